@@ -1,0 +1,248 @@
+"""The one attention function every T5 attention runs through.
+
+Registered with transformers' ``AttentionInterface`` under the name
+``"aligned"`` (and a matching entry in ``AttentionMaskInterface`` so the model
+hands us compact boolean masks). A model loaded with
+``attn_implementation="aligned"`` calls :func:`aligned_attention` for encoder
+self-attention, decoder self-attention and cross-attention alike; the function
+finds out which one it is serving from the module it is given
+(``is_decoder`` / ``is_causal`` / ``layer_idx``), so the model never needs to
+know who listens.
+
+Per-call settings (the temperature schedule, the CosScale value, which
+attentions to touch, the probe recorder) travel in a :class:`contextvars.ContextVar`
+set by :func:`attention_call`. Context variables are per thread (and per
+asyncio task), so two Streamlit sessions sharing one cached model never see
+each other's tau. With no call active the function is exactly T5's own
+attention (tau = 1).
+
+Why chunked: T5 adds a learned bias to q.k, so fused kernels that never
+materialise probabilities cannot give us Pmax/entropy. We therefore compute
+the softmax ourselves, over blocks of query rows, so at most
+``batch x heads x chunk x L`` probabilities exist at once, and feed the probes
+from each block before it is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.probes import Recorder
+
+ATTN_NAME = "aligned"
+
+#: The attention kinds a temperature can be applied to.
+ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
+KINDS = (ENCODER, DECODER, CROSS)
+
+#: Bytes of float32 scores one query-row chunk may hold (per chunk, all heads
+#: and batch items). 256 MiB keeps a 16k-token pass within a few GB while
+#: leaving the matmuls large enough to be efficient.
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+TauSpec = float | Sequence[float] | Sequence[Sequence[float]]
+
+
+def tau_matrix(tau: TauSpec, n_layers: int, n_heads: int) -> torch.Tensor:
+    """Normalise a tau schedule to a float64 ``[layers, heads]`` matrix.
+
+    Accepts one number (every layer and head), one number per layer, or one
+    number per layer and head, the three shapes the paper and its per-layer
+    extension need. Raises ``ValueError`` for a wrong shape or a tau <= 0.
+    """
+    t = torch.as_tensor(tau, dtype=torch.float64)
+    if t.ndim == 0:
+        t = t.expand(n_layers, n_heads)
+    elif t.ndim == 1:
+        if t.numel() != n_layers:
+            raise ValueError(f"a per-layer tau needs {n_layers} values, got {t.numel()}")
+        t = t[:, None].expand(n_layers, n_heads)
+    elif t.ndim == 2:
+        if tuple(t.shape) != (n_layers, n_heads):
+            raise ValueError(f"a per-head tau needs shape ({n_layers}, {n_heads}), got {tuple(t.shape)}")
+    else:
+        raise ValueError("tau must be a number, a list per layer, or a list of lists per layer and head")
+    if not torch.isfinite(t).all() or (t <= 0).any():
+        raise ValueError("tau must be finite and > 0")
+    return t.clone()
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """What one forward pass should do to the attention logits.
+
+    ``tau``: schedule (see :func:`tau_matrix`), dividing q.k + bias.
+    ``targets``: which attentions the schedule and ``cosine_scale`` touch; the
+    paper scales encoder self-attention only.
+    ``cosine_scale``: for models trained with cosine attention, the s in
+    ``s * cos(q, k)`` used on the targeted attentions (None: the trained s).
+    ``chunk_bytes``: budget for one block of query rows (memory vs speed).
+    """
+
+    tau: TauSpec = 1.0
+    targets: tuple[str, ...] = (ENCODER,)
+    cosine_scale: float | None = None
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.targets if t not in KINDS]
+        if bad:
+            raise ValueError(f"unknown attention target(s) {bad}; choose from {KINDS}")
+        if self.cosine_scale is not None and not (self.cosine_scale > 0 and math.isfinite(self.cosine_scale)):
+            raise ValueError("cosine_scale must be a positive number")
+
+
+@dataclass
+class _Call:
+    settings: AttentionSettings
+    recorder: "Recorder | None"
+    taus: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+
+
+_CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
+
+
+@contextlib.contextmanager
+def attention_call(settings: AttentionSettings | None = None, recorder: "Recorder | None" = None) -> Iterator[None]:
+    """Run the enclosed forward passes with ``settings`` and feed ``recorder``.
+
+    The settings live in a context variable: visible to this thread (or task)
+    only, restored on exit even if the pass raises.
+    """
+    token = _CURRENT.set(_Call(settings or AttentionSettings(), recorder))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def attention_kind(module: torch.nn.Module) -> str:
+    """Which attention a T5-family attention module is: encoder, decoder self, or cross."""
+    if not getattr(module, "is_decoder", False):
+        return ENCODER
+    return DECODER if getattr(module, "is_causal", False) else CROSS
+
+
+def _tau_for(call: _Call, kind: str, layer: int, n_heads: int, device, dtype) -> torch.Tensor | None:
+    """The ``[heads, 1, 1]`` tau of one layer, or None when it is 1 everywhere."""
+    key = (kind, layer)
+    if key not in call.taus:
+        t = None
+        if kind in call.settings.targets:
+            tau = call.settings.tau
+            if isinstance(tau, (int, float)):
+                t = None if float(tau) == 1.0 else torch.full((n_heads,), float(tau), dtype=torch.float64)
+            else:
+                n_layers = len(tau)
+                m = tau_matrix(tau, n_layers, n_heads)
+                if layer >= n_layers:
+                    raise ValueError(f"tau schedule has {n_layers} layers but the model has more")
+                row = m[layer]
+                t = None if bool((row == 1.0).all()) else row
+        call.taus[key] = t
+    t = call.taus[key]
+    return None if t is None else t.to(device=device, dtype=dtype).view(n_heads, 1, 1)
+
+
+def _chunk_rows(batch: int, heads: int, q_len: int, k_len: int, budget: int) -> int:
+    per_row = max(1, batch * heads * k_len * 4)
+    return max(1, min(q_len, budget // per_row))
+
+
+def aligned_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    position_bias: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """softmax((q.k * scaling + bias + mask) / tau) @ v, in blocks of query rows.
+
+    Shapes follow transformers' attention interface: ``query`` is
+    ``[batch, heads, q_len, d]``, ``key``/``value`` ``[batch, heads, k_len, d]``,
+    ``attention_mask`` boolean (True = attend) or additive float,
+    ``[batch, 1, q_len, k_len]`` or None; ``position_bias`` ``[1|batch, heads,
+    q_len, k_len]``. Returns ``[batch, q_len, heads, d]`` and no weights (they
+    are never held whole; probes get them block by block).
+    """
+    call = _CURRENT.get()
+    kind = attention_kind(module)
+    layer = int(getattr(module, "layer_idx", 0) or 0)
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[-2]
+    config = getattr(module, "config", None)
+    cosine = bool(getattr(config, "cosine_attention", False))
+
+    if cosine:
+        # CosScale: logits = s * cos(q, k). The trained s lives in the config;
+        # a per-call value overrides it on the targeted attentions.
+        s = float(getattr(config, "cosine_scale", 1.0))
+        if call is not None and call.settings.cosine_scale is not None and kind in call.settings.targets:
+            s = float(call.settings.cosine_scale)
+        query = torch.nn.functional.normalize(query, dim=-1) * s
+        key = torch.nn.functional.normalize(key, dim=-1)
+    elif scaling is not None and scaling != 1.0:
+        query = query * scaling
+
+    tau = None if call is None else _tau_for(call, kind, layer, heads, query.device, torch.float32)
+    recorder = call.recorder if call is not None and kind == ENCODER else None
+    if recorder is not None:
+        recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s if cosine else None)
+
+    causal = attention_mask is None and getattr(module, "is_causal", False) and q_len > 1
+    budget = call.settings.chunk_bytes if call is not None else DEFAULT_CHUNK_BYTES
+    step = _chunk_rows(batch, heads, q_len, k_len, budget)
+    keyT = key.transpose(-1, -2)
+    out = []
+    for r0 in range(0, q_len, step):
+        r1 = min(q_len, r0 + step)
+        scores = torch.matmul(query[:, :, r0:r1], keyT)
+        if position_bias is not None:
+            scores = scores + position_bias[:, :, r0:r1]
+        raw = scores.float()
+        scores = raw if tau is None else raw / tau
+        if attention_mask is not None:
+            m = attention_mask[:, :, r0:r1] if attention_mask.shape[-2] > 1 else attention_mask
+            if m.dtype == torch.bool:
+                scores = scores.masked_fill(~m, torch.finfo(scores.dtype).min)
+            else:
+                scores = scores + m.float()
+        elif causal:
+            offset = k_len - q_len
+            rows = torch.arange(r0, r1, device=scores.device)[:, None] + offset
+            cols = torch.arange(k_len, device=scores.device)[None, :]
+            scores = scores.masked_fill(cols > rows, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1)
+        if recorder is not None:
+            recorder.observe(layer, r0, r1, raw, scores, probs)
+        if dropout and module.training:
+            probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
+        out.append(torch.matmul(probs.to(value.dtype), value))
+    attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    if recorder is not None:
+        recorder.end_layer(layer)
+    return attn.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make ``attn_implementation="aligned"`` available to transformers (idempotent)."""
+    AttentionInterface.register(ATTN_NAME, aligned_attention)
+    # Boolean masks (True = attend), None when there is no padding: 4x smaller
+    # than additive float masks, and nothing at all in the common case.
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+register()

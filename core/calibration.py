@@ -1,0 +1,187 @@
+"""Turning a method name into a tau schedule for a document, with forward passes where needed.
+
+:mod:`core.temperature` holds the maths and the searches over a ``measure``
+callable; this module builds those callables from :mod:`core.engine` and
+chooses the L_tr reference documents: the same task, depth and seeds at the
+model's training length (for pasted text: a window of the same text around
+the needle, cut to L_tr tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from core import engine, tasks, temperature
+from core.errors import UserError
+from core.models import Loaded
+from core.probes import ProbeSpec
+from core.temperature import Calibration, LayerStats
+
+Progress = Callable[[float], None]
+
+
+def reference_document(loaded: Loaded, document: tasks.Document, length: int | None = None) -> tasks.Document:
+    """The document's counterpart at L_tr (or ``length``): same task, depth and seed."""
+    length = length or loaded.train_length
+    if document.task in tasks.TASKS:
+        haystack = document.meta.get("haystack", "default")
+        return tasks.make(document.task, loaded.tokenizer, length, depth=document.depth, seed=document.seed, haystack=haystack)
+    return _text_window(loaded, document, length)
+
+
+def _text_window(loaded: Loaded, doc: tasks.Document, length: int) -> tasks.Document:
+    """A window of a pasted document's context around its needle, plus the question, in ``length`` tokens."""
+    tok = loaded.tokenizer
+    q0 = doc.question_span[0] if doc.question_span[1] > doc.question_span[0] else len(doc.text)
+    context, question = doc.text[:q0], doc.text[q0:]
+    if len(tok(doc.text).input_ids) <= length:
+        return doc
+    a, b = doc.needle_span if doc.needle_span[1] > doc.needle_span[0] else (0, 0)
+    centre = (a + b) // 2
+
+    def window(chars: int) -> tuple[int, int]:
+        lo = max(0, min(centre - chars // 2, len(context) - chars))
+        return lo, min(len(context), lo + chars)
+
+    lo_c, hi_c = max(b - a, 1), len(context)
+    while lo_c < hi_c:  # the widest window that fits
+        mid = (lo_c + hi_c + 1) // 2
+        s, e = window(mid)
+        if len(tok(context[s:e] + question).input_ids) <= length:
+            lo_c = mid
+        else:
+            hi_c = mid - 1
+    s, e = window(lo_c)
+    text = context[s:e] + question
+    shift = -s
+    needle = (max(0, a + shift), max(0, b + shift)) if b > a else (0, 0)
+    qa = len(context[s:e])
+    return replace(doc, text=text, needle_span=needle, question_span=(qa, qa + len(question)))
+
+
+def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSettings | None = None) -> Callable[[object], LayerStats]:
+    """tau schedule -> mean per-layer Pmax/H over ``documents`` (stats-only probes, no generation), memoised."""
+    base = base or engine.RunSettings()
+    base = replace(base, probes=ProbeSpec.stats_only(), generate=False)
+    encoded = [engine.encode(loaded, d) for d in documents]
+    cache: dict[tuple, LayerStats] = {}
+
+    def fn(tau) -> LayerStats:
+        key = tuple(np.atleast_1d(np.asarray(tau, dtype=float)).ravel().round(6))
+        if key not in cache:
+            res = engine.run_encoded(loaded, documents, encoded, replace(base, tau=tau))
+            cache[key] = LayerStats(
+                pmax=np.mean([r.probes.layer_pmax for r in res], axis=0),
+                entropy=np.mean([r.probes.layer_entropy for r in res], axis=0),
+            )
+        return cache[key]
+
+    fn.passes = lambda: len(cache)  # type: ignore[attr-defined]
+    return fn
+
+
+def siblings(document: tasks.Document, loaded: Loaded, samples: int) -> list[tasks.Document]:
+    """``samples`` documents like this one (seeds seed, seed+1, ...); pasted text has only itself."""
+    if samples <= 1 or document.task not in tasks.TASKS:
+        return [document]
+    n = len(loaded.tokenizer(document.text).input_ids)
+    haystack = document.meta.get("haystack", "default")
+    return [document] + [
+        tasks.make(document.task, loaded.tokenizer, n, depth=document.depth, seed=document.seed + i, haystack=haystack)
+        for i in range(1, samples)
+    ]
+
+
+def calibrate(
+    loaded: Loaded,
+    document: tasks.Document,
+    criterion: str = "pmax",
+    fast: bool = False,
+    samples: int = 1,
+    base: engine.RunSettings | None = None,
+    progress: Progress | None = None,
+) -> Calibration:
+    """Algorithm 1 at the document's length (``samples`` documents), reference at L_tr with tau = 1."""
+    docs = siblings(document, loaded, samples)
+    refs = [reference_document(loaded, d) for d in docs]
+    reference = measure(loaded, refs, base)(1.0)
+    if criterion == "per-layer":
+        return temperature.per_layer(measure(loaded, docs, base), reference, loaded.n_layers, "pmax", progress=progress)
+    return temperature.algorithm1(measure(loaded, docs, base), reference, criterion, fast=fast, progress=progress)
+
+
+def logit_stats(loaded: Loaded, document: tasks.Document, base: engine.RunSettings | None = None) -> dict:
+    """sigma (std of layer 0's average sorted logit vector) at L_ex and L_tr, and Pmax at L_tr, tau = 1."""
+    spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
+    settings = replace(base or engine.RunSettings(), tau=1.0, probes=spec, generate=False)
+    ex = engine.run(loaded, document, settings)
+    tr = engine.run(loaded, reference_document(loaded, document), settings)
+    return {
+        "sigma_ex": ex.probes.sigma,
+        "sigma_tr": tr.probes.sigma,
+        "pmax_tr": float(tr.probes.pmax[0][0].mean()),  # layer 0, the layer sigma comes from
+        "l_max_ex": ex.probes.l_max,
+        "l_max_tr": tr.probes.l_max,
+        "length": ex.tokens,
+        "train_length": loaded.train_length,
+    }
+
+
+def resolve(
+    loaded: Loaded,
+    document: tasks.Document,
+    method: str,
+    tau: float | list | None = None,
+    samples: int = 1,
+    base: engine.RunSettings | None = None,
+    progress: Progress | None = None,
+) -> tuple[float | list, dict]:
+    """The schedule a method gives for this document, and what it was computed from.
+
+    Returns ``(schedule, info)``; ``schedule`` is a number or, for per-layer
+    alignment, one number per layer.
+    """
+    if method not in temperature.METHODS:
+        raise UserError(f"Unknown method '{method}'; choose from {', '.join(temperature.METHODS)}")
+    n = len(loaded.tokenizer(document.text).input_ids)
+    lt = loaded.train_length
+    if method == "none":
+        return 1.0, {}
+    if method == "fixed":
+        if tau is None:
+            raise UserError("Method 'fixed' needs a tau (--tau)")
+        return tau, {}
+    if method == "log-length":
+        return temperature.log_length(lt, n), {"length": n, "train_length": lt}
+    if method == "infoscale":
+        return temperature.infoscale(lt, n, loaded.d_kv), {"length": n, "train_length": lt, "d": loaded.d_kv}
+    if method in ("prop1", "prop2"):
+        st = logit_stats(loaded, document, base)
+        try:
+            if method == "prop1":
+                t = temperature.prop1(lt, n, st["pmax_tr"], st["sigma_tr"], st["sigma_ex"])
+            else:
+                t = temperature.prop2(lt, n, st["sigma_tr"], st["sigma_ex"])
+        except ValueError as err:
+            raise UserError(f"{method}: {err}") from None
+        return float(t), st
+    crit = "per-layer" if method == "per-layer" else method
+    cal = calibrate(loaded, document, crit, fast=True, samples=samples, base=base, progress=progress)
+    return (cal.schedule if cal.schedule is not None else cal.tau), cal.to_dict()
+
+
+def all_methods(loaded: Loaded, document: tasks.Document, samples: int = 1, progress: Progress | None = None) -> dict[str, float | list | str]:
+    """Every method's tau for this document (errors become a short string), for tables."""
+    out: dict[str, float | list | str] = {}
+    names = [m for m in temperature.METHODS if m not in ("none", "fixed")]
+    for i, m in enumerate(names):
+        try:
+            out[m] = resolve(loaded, document, m, samples=samples)[0]
+        except UserError as err:
+            out[m] = f"n/a ({err})"
+        if progress:
+            progress((i + 1) / len(names))
+    return out

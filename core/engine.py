@@ -1,0 +1,327 @@
+"""``run(loaded, document, settings) -> Result``: the one entry the app, the CLI and sweeps share.
+
+One encoder pass, with the tau schedule applied and the probes riding along,
+then greedy generation *from that encoder output* (the encoder is never run
+twice), then scoring. Every stage is timed. :func:`run_batch` does the same
+for several documents at once (right-padded, padding masked), which is what
+batch runs use; :func:`run` is its one-document case with all probes on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+from transformers.modeling_outputs import BaseModelOutput
+
+from core import tasks
+from core.attention import DEFAULT_CHUNK_BYTES, ENCODER, AttentionSettings, TauSpec, attention_call, tau_matrix
+from core.errors import InputTooLong, NumericalError, UserError
+from core.models import Loaded
+from core.probes import ProbeRecord, ProbeSpec, Recorder
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run one document. ``tau`` is an already resolved schedule; ``method`` says where it came from."""
+
+    tau: TauSpec = 1.0
+    method: str = "fixed"
+    targets: tuple[str, ...] = (ENCODER,)
+    cosine_scale: float | None = None
+    probes: ProbeSpec = field(default_factory=ProbeSpec)
+    max_new_tokens: int = 10
+    generate: bool = True
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    def attention(self) -> AttentionSettings:
+        return AttentionSettings(self.tau, self.targets, self.cosine_scale, self.chunk_bytes)
+
+
+@dataclass
+class Encoded:
+    """A tokenised document and where its needle and question sit, in tokens."""
+
+    input_ids: np.ndarray  # [n]
+    offsets: np.ndarray  # [n, 2] character span of each token in document.text ((0, 0) for specials)
+    needle_tokens: tuple[int, int] | None
+    question_tokens: tuple[int, int] | None
+
+    @property
+    def n(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Result:
+    """Everything one run produced, as plain numbers and numpy arrays."""
+
+    task: str
+    answer: str
+    expected: str
+    correct: bool | None
+    parsed: str | None
+    method: str
+    tau: np.ndarray  # [layers, heads] the encoder schedule used
+    tokens: int
+    train_length: int
+    needle_tokens: tuple[int, int] | None
+    question_tokens: tuple[int, int] | None
+    probes: ProbeRecord
+    seconds: dict[str, float]
+    offsets: np.ndarray | None = None
+    cosine_scale: float | None = None
+
+    @property
+    def tau_mean(self) -> float:
+        return float(np.mean(self.tau))
+
+    @property
+    def pmax(self) -> float:
+        """Mean Pmax over layers, heads and real rows."""
+        return float(self.probes.pmax[0].mean())
+
+    @property
+    def entropy(self) -> float:
+        return float(self.probes.entropy[0].mean())
+
+    def layers(self) -> list[dict]:
+        return [
+            {"layer": i, "pmax": float(p), "entropy": float(h)}
+            for i, (p, h) in enumerate(zip(self.probes.layer_pmax, self.probes.layer_entropy))
+        ]
+
+    def summary(self) -> dict:
+        """The CLI's ``run --json`` object (a stable contract)."""
+        tau = self.tau
+        same = bool(np.all(tau == tau.flat[0]))
+        return {
+            "task": self.task,
+            "answer": self.answer,
+            "expected": self.expected,
+            "correct": self.correct,
+            "parsed": self.parsed,
+            "method": self.method,
+            "tau": float(tau.flat[0]) if same else tau.mean(axis=1).round(4).tolist(),
+            "tokens": self.tokens,
+            "train_length": self.train_length,
+            "ratio": round(self.tokens / self.train_length, 3),
+            "seconds": round(self.seconds["total"], 4),
+            "timings": {k: round(v, 4) for k, v in self.seconds.items()},
+            "pmax": self.pmax,
+            "entropy": self.entropy,
+            "sigma": self.probes.sigma,
+            "l_max": self.probes.l_max,
+            "layers": self.layers(),
+            **({"cosine_scale": self.cosine_scale} if self.cosine_scale is not None else {}),
+        }
+
+
+# -- memory ----------------------------------------------------------------------
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # not Linux: assume 8 GB
+        return 8 * 2**30
+
+
+def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """The longest input this machine can run now, from free memory.
+
+    T5 itself materialises the relative bias ``[1, heads, L, L]`` once (layer 0
+    computes it, every layer reuses it), and a padded batch adds a boolean
+    mask ``[batch, 1, L, L]``; our attention holds only one block of rows at a
+    time. We allow 70 % of free memory for those, after a fixed allowance for
+    the weights, activations and a few blocks.
+    """
+    elt = torch.finfo(loaded.dtype).bits // 8
+    per_l2 = loaded.n_heads * elt + (batch if batch > 1 else 0)
+    budget = 0.7 * _free_bytes(loaded.device) - 6 * chunk_bytes - 4 * loaded.n_params * elt
+    return max(0, int(math.sqrt(max(0.0, budget) / per_l2)))
+
+
+# -- tokenising ------------------------------------------------------------------
+
+def _token_span(offsets: np.ndarray, span: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Tokens whose characters overlap ``span`` (``[start, end)`` in characters)."""
+    if span is None or span[1] <= span[0]:
+        return None
+    a, b = span
+    hit = np.nonzero((offsets[:, 1] > a) & (offsets[:, 0] < b) & (offsets[:, 1] > offsets[:, 0]))[0]
+    return (int(hit[0]), int(hit[-1]) + 1) if len(hit) else None
+
+
+def _offsets(tokenizer, text: str, ids: list[int]) -> np.ndarray:
+    """Character offsets per token; slow tokenizers get them by tokenising prefixes."""
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, return_offsets_mapping=True)
+        return np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    # Slow tokenizer (e.g. ByT5): token i covers the characters whose prefix
+    # grows the token count past i. Binary search keeps this O(n log n).
+    n_special = len(tokenizer("").input_ids)
+    ends, pos = [], 0
+    counts = {}
+
+    def count(k: int) -> int:
+        if k not in counts:
+            counts[k] = len(tokenizer(text[:k]).input_ids) - n_special
+        return counts[k]
+
+    real = len(ids) - n_special
+    for i in range(real):
+        lo, hi = pos, len(text)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if count(mid) > i:
+                hi = mid
+            else:
+                lo = mid + 1
+        ends.append((pos, lo))
+        pos = lo
+    ends += [(0, 0)] * n_special
+    return np.asarray(ends, dtype=np.int64).reshape(-1, 2)
+
+
+def encode(loaded: Loaded, document: tasks.Document) -> Encoded:
+    """Tokenise a document (nothing is truncated) and map its needle and question to tokens."""
+    if not document.text or not document.text.strip():
+        raise UserError("The document is empty: paste some text or generate a document.")
+    ids = loaded.tokenizer(document.text).input_ids
+    offsets = _offsets(loaded.tokenizer, document.text, ids)
+    return Encoded(
+        input_ids=np.asarray(ids, dtype=np.int64),
+        offsets=offsets,
+        needle_tokens=_token_span(offsets, document.needle_span),
+        question_tokens=_token_span(offsets, document.question_span),
+    )
+
+
+def check_length(loaded: Loaded, n: int, batch: int = 1) -> None:
+    """Refuse, with the limit in the message, an input this machine cannot hold."""
+    cap = max_tokens(loaded, batch)
+    if n > cap:
+        raise InputTooLong(
+            f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
+            f"this machine can run at most about {cap:,} tokens now "
+            f"({_free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document."
+        )
+
+
+# -- running ---------------------------------------------------------------------
+
+def run(loaded: Loaded, document: tasks.Document, settings: RunSettings | None = None, encoded: Encoded | None = None) -> Result:
+    """Run one document with all probes (question profile included) and return a :class:`Result`."""
+    settings = settings or RunSettings()
+    t0 = time.perf_counter()
+    enc = encoded or encode(loaded, document)
+    probes = settings.probes
+    if probes.profile_rows is None and enc.question_tokens is not None:
+        probes = replace(probes, profile_rows=enc.question_tokens)
+    t_tok = time.perf_counter() - t0
+    (res,) = run_encoded(loaded, [document], [enc], replace(settings, probes=probes))
+    res.seconds["tokenize"] = t_tok
+    res.seconds["total"] += t_tok
+    res.offsets = enc.offsets
+    return res
+
+
+def run_batch(
+    loaded: Loaded, documents: list[tasks.Document], settings: RunSettings | None = None, batch_size: int = 8
+) -> list[Result]:
+    """Run many documents, batched by similar length, stats-only probes unless asked otherwise.
+
+    Results come back in the order of ``documents``.
+    """
+    settings = settings or RunSettings(probes=ProbeSpec.stats_only())
+    encs = [encode(loaded, d) for d in documents]
+    order = sorted(range(len(documents)), key=lambda i: encs[i].n)
+    out: list[Result | None] = [None] * len(documents)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        for i, r in zip(idx, run_encoded(loaded, [documents[i] for i in idx], [encs[i] for i in idx], settings)):
+            out[i] = r
+    return out  # type: ignore[return-value]
+
+
+@torch.inference_mode()
+def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], settings: RunSettings) -> list[Result]:
+    """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
+    n = max(e.n for e in encs)
+    check_length(loaded, n, len(encs))
+    pad = loaded.tokenizer.pad_token_id or 0
+    ids = torch.full((len(encs), n), pad, dtype=torch.long)
+    mask = torch.zeros((len(encs), n), dtype=torch.long)
+    for i, e in enumerate(encs):
+        ids[i, : e.n] = torch.from_numpy(e.input_ids)
+        mask[i, : e.n] = 1
+    ids, mask = ids.to(loaded.device), mask.to(loaded.device)
+    tau = tau_matrix(settings.tau, loaded.n_layers, loaded.n_heads)
+    attn = settings.attention()
+    recorder = Recorder(settings.probes, mask.bool())
+    # A batch without padding needs no mask at all (and gets the fast path).
+    enc_mask = None if bool(mask.all()) else mask
+
+    t0 = time.perf_counter()
+    with attention_call(attn, recorder):
+        hidden = loaded.model.get_encoder()(input_ids=ids, attention_mask=enc_mask).last_hidden_state
+    record = recorder.finish()
+    if record.nonfinite_layers or not bool(torch.isfinite(hidden).all()):
+        where = f" (encoder layer(s) {record.nonfinite_layers})" if record.nonfinite_layers else ""
+        raise NumericalError(
+            f"NaN/inf appeared in the attention{where} with dtype {loaded.dtype}. T5 overflows in float16: "
+            "run in float32 (CPU) or bfloat16 (GPU); a very small tau can also overflow."
+        )
+    t_enc = time.perf_counter() - t0
+
+    answers = [""] * len(encs)
+    t1 = time.perf_counter()
+    if settings.generate:
+        with attention_call(attn, None):
+            out = loaded.model.generate(
+                encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+                attention_mask=mask,
+                max_new_tokens=settings.max_new_tokens,
+                do_sample=False,
+                num_beams=1,
+            )
+        answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
+    t_gen = time.perf_counter() - t1
+
+    results = []
+    for i, (doc, enc) in enumerate(zip(docs, encs)):
+        sc = tasks.score(doc.task, answers[i], doc.expected) if settings.generate and doc.expected else None
+        rec = record if len(encs) == 1 else _item(record, i)
+        results.append(
+            Result(
+                task=doc.task,
+                answer=answers[i],
+                expected=doc.expected,
+                correct=None if sc is None else sc.correct,
+                parsed=None if sc is None else sc.parsed,
+                method=settings.method,
+                tau=tau.numpy(),
+                tokens=enc.n,
+                train_length=loaded.train_length,
+                needle_tokens=enc.needle_tokens,
+                question_tokens=enc.question_tokens,
+                probes=rec,
+                seconds={"encode": t_enc / len(encs), "generate": t_gen / len(encs), "total": (t_enc + t_gen) / len(encs)},
+                cosine_scale=settings.cosine_scale if loaded.cosine else None,
+            )
+        )
+    return results
+
+
+def _item(record: ProbeRecord, i: int) -> ProbeRecord:
+    """Item ``i``'s stats from a batch record (views are item 0 only, so they stay with item 0)."""
+    d = asdict(record) if i == 0 else {"nonfinite_layers": record.nonfinite_layers}
+    d.update(pmax=record.pmax[i : i + 1], entropy=record.entropy[i : i + 1], rows=record.rows[i : i + 1])
+    return ProbeRecord(**d)

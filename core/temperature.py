@@ -1,0 +1,268 @@
+"""Ways to choose the softmax temperature tau for a length L_ex > L_tr.
+
+All logits (q.k + bias) of the targeted attention are divided by tau; tau < 1
+sharpens. The methods, from the cheapest to the most measured:
+
+* ``none``: tau = 1.
+* ``fixed``: a number the user chose.
+* ``log-length``: tau = log L_tr / log L_ex, the paper's baseline (keeps
+  the scale of a log L normaliser constant).
+* ``infoscale``: InfoScale (Li et al., "Information Entropy Invariance",
+  ICML 2025) multiplies logits by lambda = sqrt(1 - n^(-2/d)) / sqrt(1 -
+  n_tr^(-2/d)); as a temperature tau = 1 / lambda. We take d = d_kv, the
+  per-head query/key dimension, which is the d of their entropy derivation
+  (the dimension of the vectors whose dot product forms a logit).
+* ``prop1`` / ``prop2``: the paper's closed forms (Prop. 1 matches Pmax,
+  Prop. 2 matches entropy) from the measured std sigma of the layer-0 average
+  sorted logit vector at L_tr and L_ex, and Pmax at L_tr.
+* ``pmax`` / ``entropy``: Algorithm 1, a grid search for the tau whose mean
+  Pmax (or H) at L_ex matches the mean at L_tr with tau = 1; plus a bisection
+  that finds the same grid point in fewer forward passes, and per-layer
+  alignment (the paper's suggested extension).
+
+The search functions take a ``measure`` callable (tau schedule -> per-layer
+means) so this module does no model work itself; :mod:`core.calibration`
+builds those callables from :mod:`core.engine`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
+CRITERIA = ("pmax", "entropy")
+#: Every method a user can name (CLI ``--method``, the app's select box).
+METHODS = ("none", "fixed", "log-length", "infoscale", "pmax", "entropy", "prop1", "prop2", "per-layer")
+#: Methods whose tau depends on the document length (re-resolve them at a new length).
+LENGTH_DEPENDENT = ("log-length", "infoscale", "pmax", "entropy", "prop1", "prop2", "per-layer")
+#: Methods that need forward passes to resolve.
+MEASURED = ("pmax", "entropy", "prop1", "prop2", "per-layer")
+
+
+def log_length(train_length: int, length: int) -> float:
+    """The paper's baseline tau = log(L_tr) / log(L_ex); 1 when L_ex <= L_tr."""
+    if train_length < 2 or length < 2:
+        raise ValueError("lengths must be at least 2 tokens")
+    return min(1.0, math.log(train_length) / math.log(length))
+
+
+def infoscale(train_length: int, length: int, d: int) -> float:
+    """InfoScale as a temperature: 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)).
+
+    Only sharpens (returns 1 for n <= n_tr), like the log-length baseline.
+    """
+    if d < 1:
+        raise ValueError("d must be >= 1")
+    if length <= train_length:
+        return 1.0
+    lam = math.sqrt(1 - length ** (-2 / d)) / math.sqrt(1 - train_length ** (-2 / d))
+    return 1.0 / lam
+
+
+def prop1(train_length: int, length: int, pmax_tr: float, sigma_tr: float, sigma_ex: float) -> float:
+    """Prop. 1: larger root of A tau^2 - B tau + C = 0, matching Pmax.
+
+    A = log L_ex + log Pmax_tr, B = log L_tr + log Pmax_tr + sigma_tr^2 / 2,
+    C = sigma_ex^2 / 2. Raises ValueError when the quadratic has no real
+    positive root (Pmax_tr so small that A <= 0, or a negative discriminant):
+    the Gaussian-logit model behind it does not fit those numbers.
+    """
+    if not (0 < pmax_tr <= 1):
+        raise ValueError("Pmax at L_tr must be in (0, 1]")
+    a = math.log(length) + math.log(pmax_tr)
+    b = math.log(train_length) + math.log(pmax_tr) + sigma_tr**2 / 2
+    c = sigma_ex**2 / 2
+    disc = b * b - 4 * a * c
+    if a == 0:
+        if b == 0:
+            raise ValueError("Prop. 1 is degenerate for these numbers (A = B = 0)")
+        return c / b
+    if disc < 0:
+        raise ValueError(f"Prop. 1 has no real root here (discriminant {disc:.3g} < 0)")
+    root = (b + math.sqrt(disc)) / (2 * a) if a > 0 else (b - math.sqrt(disc)) / (2 * a)
+    if not root > 0:
+        raise ValueError("Prop. 1 has no positive root for these numbers")
+    return root
+
+
+def prop2(train_length: int, length: int, sigma_tr: float, sigma_ex: float) -> float:
+    """Prop. 2: tau = sigma_ex / sqrt(sigma_tr^2 + 2 log(L_ex / L_tr)), matching entropy."""
+    denom = sigma_tr**2 + 2 * math.log(length / train_length)
+    if denom <= 0:
+        raise ValueError("Prop. 2 is undefined here (sigma_tr^2 + 2 log(L_ex/L_tr) <= 0)")
+    return sigma_ex / math.sqrt(denom)
+
+
+# -- Algorithm 1 ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerStats:
+    """Mean Pmax and entropy per encoder layer (over heads, real rows and documents)."""
+
+    pmax: np.ndarray
+    entropy: np.ndarray
+
+    def criterion(self, name: str) -> np.ndarray:
+        if name not in CRITERIA:
+            raise ValueError(f"unknown criterion '{name}'; choose from {CRITERIA}")
+        return self.pmax if name == "pmax" else self.entropy
+
+
+Measure = Callable[[object], LayerStats]  # tau schedule (float or per-layer list) -> stats
+
+
+@dataclass
+class Calibration:
+    """Algorithm 1's outcome: the whole curve, not just the pick."""
+
+    criterion: str
+    grid: list[float]
+    curve: list[float | None]  # S_ex(tau) per grid point; None where not evaluated (fast search)
+    reference: float  # S_tr(1)
+    tau: float
+    passes: int
+    schedule: list[float] | None = None  # per-layer alignment only
+    layer_curves: list[list[float | None]] = field(default_factory=list)
+    layer_references: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "criterion": self.criterion,
+            "grid": self.grid,
+            "curve": self.curve,
+            "reference": self.reference,
+            "tau": self.tau,
+            "passes": self.passes,
+            **({"schedule": self.schedule} if self.schedule is not None else {}),
+        }
+
+
+def _closest(values: dict[int, float], reference: float) -> int:
+    """Grid index whose value is closest to the reference; ties go to the larger tau (smaller index)."""
+    return min(values, key=lambda i: (abs(values[i] - reference), i))
+
+
+def grid_search(
+    score: Callable[[float], float], reference: float, grid: Sequence[float] = GRID, progress: Callable[[float], None] | None = None
+) -> tuple[int, dict[int, float]]:
+    """Evaluate every grid point; return the pick and all values."""
+    values = {}
+    for i, t in enumerate(grid):
+        values[i] = score(t)
+        if progress:
+            progress((i + 1) / len(grid))
+    return _closest(values, reference), values
+
+
+def bisect_search(
+    score: Callable[[float], float], reference: float, grid: Sequence[float] = GRID, progress: Callable[[float], None] | None = None
+) -> tuple[int, dict[int, float]]:
+    """Same pick as :func:`grid_search` when the score is monotone in tau, in ~log2(n)+2 passes.
+
+    Pmax rises and entropy falls as tau drops, so along the grid the score
+    crosses the reference at most once. We bisect for the first index past the
+    crossing and compare it with its neighbour.
+    """
+    n = len(grid)
+    values: dict[int, float] = {}
+
+    def at(i: int) -> float:
+        if i not in values:
+            values[i] = score(grid[i])
+            if progress:
+                progress(min(1.0, len(values) / (math.log2(n) + 2)))
+        return values[i]
+
+    first, last = at(0), at(n - 1)
+    sign = 1.0 if last >= first else -1.0  # orient so the score increases along the grid
+    if sign * (first - reference) >= 0:
+        return 0, values
+    if sign * (last - reference) <= 0:
+        return n - 1, values
+    lo, hi = 0, n - 1  # sign*(at(lo)-ref) < 0 < sign*(at(hi)-ref)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if sign * (at(mid) - reference) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return _closest({lo: at(lo), hi: at(hi)}, reference), values
+
+
+def algorithm1(
+    measure: Measure,
+    reference: LayerStats,
+    criterion: str = "pmax",
+    grid: Sequence[float] = GRID,
+    fast: bool = False,
+    progress: Callable[[float], None] | None = None,
+) -> Calibration:
+    """Algorithm 1: the tau of ``grid`` whose mean criterion at L_ex matches L_tr's at tau = 1.
+
+    ``measure(tau)`` runs the L_ex documents; ``reference`` is the stats of the
+    L_tr documents at tau = 1. The mean is over all layers (each layer has the
+    same heads and rows, so this equals the mean over layers, heads and rows).
+    """
+    ref = float(np.mean(reference.criterion(criterion)))
+
+    def score(t: float) -> float:
+        return float(np.mean(measure(t).criterion(criterion)))
+
+    pick, values = (bisect_search if fast else grid_search)(score, ref, grid, progress)
+    return Calibration(
+        criterion=criterion,
+        grid=list(grid),
+        curve=[values.get(i) for i in range(len(grid))],
+        reference=ref,
+        tau=float(grid[pick]),
+        passes=len(values),
+    )
+
+
+def per_layer(
+    measure: Measure,
+    reference: LayerStats,
+    n_layers: int,
+    criterion: str = "pmax",
+    grid: Sequence[float] = GRID,
+    fast: bool = True,
+    progress: Callable[[float], None] | None = None,
+) -> Calibration:
+    """Algorithm 1 layer by layer: layer l's tau is chosen with layers < l already aligned.
+
+    Layer l's statistics depend only on layers <= l, so layers above stay at
+    tau = 1 while l is searched. Returns a per-layer schedule.
+    """
+    schedule = [1.0] * n_layers
+    passes = 0
+    curves, refs = [], []
+    for layer in range(n_layers):
+        ref = float(reference.criterion(criterion)[layer])
+
+        def score(t: float, layer: int = layer) -> float:
+            trial = schedule.copy()
+            trial[layer] = t
+            return float(measure(trial).criterion(criterion)[layer])
+
+        sub = None if progress is None else (lambda f, layer=layer: progress((layer + f) / n_layers))
+        pick, values = (bisect_search if fast else grid_search)(score, ref, grid, sub)
+        schedule[layer] = float(grid[pick])
+        passes += len(values)
+        curves.append([values.get(i) for i in range(len(grid))])
+        refs.append(ref)
+    mean_ref = float(np.mean(refs))
+    return Calibration(
+        criterion=criterion,
+        grid=list(grid),
+        curve=[None] * len(grid),
+        reference=mean_ref,
+        tau=float(np.mean(schedule)),
+        passes=passes,
+        schedule=schedule,
+        layer_curves=curves,
+        layer_references=refs,
+    )

@@ -1,0 +1,51 @@
+"""Tiny T5 models built by the tests and saved to a temp folder, loaded through the real ``load()``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration
+
+
+def build_tiny_t5(folder, *, layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, cosine: float | None = None,
+                  train_length: int = 64, vocab: int = 384):
+    """Save a random tiny T5 (ByT5 byte tokenizer: needs no vocab file) and a card.json to ``folder``."""
+    torch.manual_seed(seed)
+    cfg = T5Config(
+        vocab_size=vocab, d_model=64, d_kv=d_kv, d_ff=128, num_layers=layers, num_decoder_layers=1,
+        num_heads=heads, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )
+    if cosine is not None:
+        cfg.cosine_attention = True
+        cfg.cosine_scale = float(cosine)
+    model = T5ForConditionalGeneration(cfg)
+    # Random T5 init gives near-uniform attention; sharpen the bias and q so
+    # probes see structure (and temperature effects are visible).
+    with torch.no_grad():
+        for blk in model.encoder.block:
+            blk.layer[0].SelfAttention.q.weight.mul_(8.0)
+        model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.normal_(0, 2.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    ByT5Tokenizer().save_pretrained(folder)
+    (folder / "card.json").write_text(json.dumps({"train_length": train_length}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir):
+    from core.models import load
+
+    return load(str(tiny_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_cos_dir(tmp_path_factory):
+    return build_tiny_t5(tmp_path_factory.mktemp("tiny-cos"), cosine=24.0, seed=1)

@@ -1,0 +1,139 @@
+"""The registered attention equals transformers' own path at tau = 1, and tau/chunking/threads behave."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from transformers import T5ForConditionalGeneration
+
+from core.attention import AttentionSettings, attention_call, tau_matrix
+from core.probes import ProbeSpec, Recorder
+
+
+def _batch(seed=0, n=60, pad_from=45):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 300, (2, n), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, pad_from:] = 0
+    ids[1, pad_from:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_equals_transformers_at_tau_one(tiny, tiny_dir, impl):
+    ref = T5ForConditionalGeneration.from_pretrained(str(tiny_dir), attn_implementation=impl).eval()
+    ids, mask = _batch()
+    dec = torch.tensor([[0, 5, 7, 9], [0, 11, 13, 2]])
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+        got = tiny.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+        with attention_call(AttentionSettings(tau=1.0, targets=("encoder", "decoder", "cross"))):
+            got2 = tiny.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+    assert tiny.model.config._attn_implementation == "aligned"
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert torch.allclose(got2, want, atol=1e-5)
+
+
+def test_generate_equals_transformers(tiny, tiny_dir):
+    ref = T5ForConditionalGeneration.from_pretrained(str(tiny_dir), attn_implementation="sdpa").eval()
+    ids, mask = _batch(3)
+    kw = dict(max_new_tokens=6, do_sample=False, num_beams=1)
+    with torch.no_grad():
+        assert torch.equal(ref.generate(input_ids=ids, attention_mask=mask, **kw),
+                           tiny.model.generate(input_ids=ids, attention_mask=mask, **kw))
+
+
+def _stats(model, ids, mask, tau=1.0, chunk_bytes=256 * 2**20, spec=None, targets=("encoder",)):
+    rec = Recorder(spec or ProbeSpec(), mask.bool())
+    with torch.no_grad(), attention_call(AttentionSettings(tau=tau, chunk_bytes=chunk_bytes, targets=targets), rec):
+        h = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    return h, rec.finish()
+
+
+def test_tau_below_one_sharpens_every_layer(tiny):
+    ids, mask = _batch(1)
+    _, r1 = _stats(tiny.model, ids, mask, 1.0)
+    _, r6 = _stats(tiny.model, ids, mask, 0.6)
+    assert (r6.pmax.mean(-1) > r1.pmax.mean(-1)).all()
+    assert (r6.entropy.mean(-1) < r1.entropy.mean(-1)).all()
+
+
+def test_tau_changes_only_targeted_attention(tiny):
+    ids, mask = _batch(2)
+    h1, _ = _stats(tiny.model, ids, mask, 1.0)
+    h_dec, _ = _stats(tiny.model, ids, mask, 0.5, targets=("decoder",))
+    h_enc, _ = _stats(tiny.model, ids, mask, 0.5, targets=("encoder",))
+    assert torch.equal(h1, h_dec)  # decoder-only tau leaves the encoder alone
+    assert not torch.allclose(h1, h_enc)
+
+
+def test_chunked_equals_unchunked(tiny):
+    ids, mask = _batch(4, n=90, pad_from=70)
+    h_big, r_big = _stats(tiny.model, ids, mask, 0.7)
+    # a budget of ~1 row per block: 90 blocks per layer
+    h_small, r_small = _stats(tiny.model, ids, mask, 0.7, chunk_bytes=1)
+    assert torch.allclose(h_big, h_small, atol=1e-5)
+    np.testing.assert_allclose(r_big.pmax, r_small.pmax, atol=1e-6)
+    np.testing.assert_allclose(r_big.entropy, r_small.entropy, atol=1e-5)
+    np.testing.assert_allclose(r_big.heatmap_mean, r_small.heatmap_mean, atol=1e-6)
+    np.testing.assert_allclose(r_big.sorted_logits, r_small.sorted_logits, atol=1e-4)
+
+
+def test_per_layer_and_per_head_schedules(tiny):
+    ids, mask = _batch(5)
+    _, r_one = _stats(tiny.model, ids, mask, 0.6)
+    _, r_layers = _stats(tiny.model, ids, mask, [0.6, 0.6])
+    _, r_heads = _stats(tiny.model, ids, mask, [[0.6] * 4, [0.6] * 4])
+    np.testing.assert_allclose(r_one.pmax, r_layers.pmax)
+    np.testing.assert_allclose(r_one.pmax, r_heads.pmax)
+    _, r_mixed = _stats(tiny.model, ids, mask, [0.6, 1.0])
+    _, r_base = _stats(tiny.model, ids, mask, 1.0)
+    assert r_mixed.pmax[:, 0].mean() > r_base.pmax[:, 0].mean()  # layer 0 sharpened
+    with pytest.raises(ValueError):
+        tau_matrix([0.5, 0.5, 0.5], 2, 4)
+    with pytest.raises(ValueError):
+        tau_matrix(0.0, 2, 4)
+
+
+def test_threads_keep_their_own_tau(tiny):
+    ids, mask = _batch(6)
+    want = {t: _stats(tiny.model, ids, mask, t)[1].pmax for t in (1.0, 0.6)}
+    got: dict[float, list] = {1.0: [], 0.6: []}
+    barrier = threading.Barrier(2)
+
+    def worker(t):
+        barrier.wait()
+        for _ in range(4):
+            got[t].append(_stats(tiny.model, ids, mask, t, chunk_bytes=2000)[1].pmax)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in (1.0, 0.6)]
+    [th.start() for th in threads]
+    [th.join() for th in threads]
+    for t in (1.0, 0.6):
+        assert len(got[t]) == 4
+        for p in got[t]:
+            np.testing.assert_allclose(p, want[t], atol=1e-6)
+    assert not np.allclose(want[1.0], want[0.6])
+
+
+def test_cosine_mode(tiny_cos_dir):
+    from core.models import load
+
+    cos = load(str(tiny_cos_dir), device="cpu")
+    assert cos.cosine and cos.cosine_scale == 24.0
+    ids, mask = _batch(7)
+    rec = Recorder(ProbeSpec(), mask.bool())
+    with torch.no_grad(), attention_call(AttentionSettings(), rec):
+        cos.model.get_encoder()(input_ids=ids, attention_mask=mask)
+    r = rec.finish()
+    assert r.cosine_hist is not None and r.cosine_hist.sum() > 0
+    # larger s -> sharper attention (CosScale approaches a window)
+    _, lo = _stats(cos.model, ids, mask, 1.0)
+    rec = Recorder(ProbeSpec(), mask.bool())
+    with torch.no_grad(), attention_call(AttentionSettings(cosine_scale=96.0), rec):
+        cos.model.get_encoder()(input_ids=ids, attention_mask=mask)
+    hi = rec.finish()
+    assert hi.pmax.mean() > lo.pmax.mean()

@@ -1,0 +1,125 @@
+"""Temperature methods: the paper's numbers, the approximations behind Prop. 1/2, and the searches."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from core import temperature as T
+
+
+@pytest.mark.parametrize(
+    "lt,lx,want",
+    [(512, 1024, 0.90), (512, 2048, 0.82), (512, 4096, 0.75), (512, 8192, 0.69), (512, 15000, 0.65), (768, 16000, 0.69)],
+)
+def test_log_length_matches_paper(lt, lx, want):
+    assert round(T.log_length(lt, lx), 2) == want
+
+
+def test_log_length_never_above_one():
+    assert T.log_length(512, 256) == 1.0
+
+
+def test_infoscale():
+    d = 64
+    lam = math.sqrt(1 - 4096 ** (-2 / d)) / math.sqrt(1 - 512 ** (-2 / d))
+    assert T.infoscale(512, 4096, d) == pytest.approx(1 / lam)
+    assert T.infoscale(512, 4096, d) < 1.0
+    assert T.infoscale(512, 512, d) == 1.0
+    # longer -> sharper
+    assert T.infoscale(512, 16000, d) < T.infoscale(512, 4096, d)
+
+
+def _brute(sigma, tau, L, rows=64, seed=0):
+    z = np.random.default_rng(seed).normal(0, sigma, (rows, L)) / tau
+    lse = np.log(np.exp(z).sum(1)).mean()
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    return lse, float(-(p * np.log(p)).sum(1).mean())
+
+
+@pytest.mark.parametrize("sigma,tau", [(0.25, 1.0), (0.5, 0.7), (1.0, 1.0), (1.0, 0.7), (1.5, 1.0)])
+def test_gaussian_approximations_hold_for_small_sigma_over_tau(sigma, tau):
+    """softmax denominator ~ L exp(sigma^2 / 2 tau^2) and H ~ log L - sigma^2 / (2 tau^2).
+
+    They hold while sigma/tau <~ 1.5 (L = 4096): the log-denominator within 0.02,
+    the entropy within 0.1 nats.
+    """
+    L = 4096
+    lse, h = _brute(sigma, tau, L)
+    assert abs(lse - (math.log(L) + sigma**2 / (2 * tau**2))) < 0.02
+    assert abs(h - (math.log(L) - sigma**2 / (2 * tau**2))) < 0.1
+
+
+def test_gaussian_approximation_breaks_for_large_sigma():
+    """And they fail once sigma/tau is large (a few max logits dominate): here sigma/tau ~ 4.3."""
+    L = 4096
+    _, h = _brute(3.0, 0.7, L)
+    assert abs(h - (math.log(L) - 9 / (2 * 0.49))) > 1.0
+
+
+def test_prop2_keeps_entropy_constant_under_the_gaussian_model():
+    lt, lx, s_tr, s_ex = 512, 4096, 1.0, 1.1
+    tau = T.prop2(lt, lx, s_tr, s_ex)
+    h_tr = math.log(lt) - s_tr**2 / 2
+    h_ex = math.log(lx) - s_ex**2 / (2 * tau**2)
+    assert h_ex == pytest.approx(h_tr)
+    assert 0 < tau < 1
+
+
+def test_prop1_is_the_larger_root():
+    lt, lx, p, s_tr, s_ex = 512, 4096, 0.3, 1.2, 1.3
+    tau = T.prop1(lt, lx, p, s_tr, s_ex)
+    a = math.log(lx) + math.log(p)
+    b = math.log(lt) + math.log(p) + s_tr**2 / 2
+    c = s_ex**2 / 2
+    assert a * tau**2 - b * tau + c == pytest.approx(0, abs=1e-9)
+    other = c / (a * tau)  # product of roots = c/a
+    assert tau > other
+
+
+def test_prop1_reports_no_real_root():
+    with pytest.raises(ValueError):
+        T.prop1(512, 4096, 0.9, 0.1, 30.0)
+
+
+def _monotone_measure(slope_pmax=0.4):
+    calls = []
+
+    def measure(tau):
+        calls.append(tau)
+        t = np.atleast_1d(np.asarray(tau, dtype=float))
+        t = np.broadcast_to(t, (3,)) if t.size == 1 else t
+        # Pmax rises and entropy falls as tau drops, per layer with different slopes
+        pm = 0.2 + slope_pmax * (1 - t) * np.array([1.0, 0.7, 1.3])
+        return T.LayerStats(pmax=pm, entropy=3.0 - 2.0 * (1 - t) * np.array([1.0, 0.5, 1.5]))
+
+    return measure, calls
+
+
+@pytest.mark.parametrize("crit", ["pmax", "entropy"])
+@pytest.mark.parametrize("target_tau", [1.0, 0.93, 0.81, 0.66, 0.52, 0.4])
+def test_fast_search_picks_the_grid_point(crit, target_tau):
+    measure, _ = _monotone_measure()
+    reference = measure(target_tau)
+    full = T.algorithm1(measure, reference, crit, fast=False)
+    fast = T.algorithm1(measure, reference, crit, fast=True)
+    assert full.tau == fast.tau
+    assert full.passes == 11 and fast.passes <= 6
+    assert full.tau == min(T.GRID, key=lambda g: (abs(g - target_tau), -g))
+    assert full.reference == pytest.approx(float(np.mean(reference.criterion(crit))))
+    assert len(full.curve) == 11 and None not in full.curve
+
+
+def test_per_layer_alignment_finds_each_layer():
+    # layer l's stats depend on its own tau only here: per-layer must recover each
+    def measure(tau):
+        t = np.broadcast_to(np.atleast_1d(np.asarray(tau, float)), (3,))
+        return T.LayerStats(pmax=0.2 + 0.5 * (1 - t), entropy=3 - 2 * (1 - t))
+
+    ref = measure([0.9, 0.7, 0.55])
+    cal = T.per_layer(measure, ref, 3, "pmax")
+    assert cal.schedule == [0.9, 0.7, 0.55]
+    assert cal.passes < 3 * 11
