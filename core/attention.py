@@ -110,6 +110,15 @@ class _Call:
 
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
 
+#: Attribute of an attention module holding a standing call (``core.apply.install``):
+#: used when no :func:`attention_call` is active, so it is per model, not global.
+INSTALLED_ATTR = "_aligned_installed_call"
+
+
+def standing_call(settings: AttentionSettings) -> _Call:
+    """A call without a recorder to pin on a model's attention modules (see :data:`INSTALLED_ATTR`)."""
+    return _Call(settings, None)
+
 
 @contextlib.contextmanager
 def attention_call(settings: AttentionSettings | None = None, recorder: "Recorder | None" = None) -> Iterator[None]:
@@ -179,6 +188,8 @@ def aligned_attention(
     are never held whole; probes get them block by block).
     """
     call = _CURRENT.get()
+    if call is None:
+        call = module.__dict__.get(INSTALLED_ATTR)
     kind = attention_kind(module)
     layer = int(getattr(module, "layer_idx", 0) or 0)
     batch, heads, q_len, _ = query.shape

@@ -56,19 +56,21 @@ def _parser() -> argparse.ArgumentParser:
     _common(s)
     s.add_argument("--lengths", default=None, help="comma list of token counts, or multiples like 1x,2x,4x of L_tr")
     s.add_argument("--depths", default="0.5", help="comma list of depths 0..1")
-    s.add_argument("--methods", default="none,log-length", help="comma list of method names and/or fixed taus")
+    s.add_argument("--methods", default=None,
+                   help="comma list of method names and/or fixed taus (default: none,log-length; with --data: "
+                        "the --settings/--tau/--method choice)")
     s.add_argument("--out", help="CSV written row by row")
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
     s.add_argument("--data", help="JSONL of your own documents (see README, batch runs)")
-    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--batch-size", type=int, default=8, help="--data: documents per padded batch")
+    s.add_argument("--max-new-tokens", type=int, default=10, help="--data: answer length limit in tokens")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     rp.add_argument("--model")
     rp.add_argument("--train-length", type=int)
     rp.add_argument("--query", type=int, default=None, help="query position m (default: L_tr // 2)")
     rp.add_argument("--length", type=int, default=None, help="keys 0..length-1 (default: 4 L_tr)")
     rp.add_argument("--out", required=True)
-    tr = sub.add_parser("train", help="train a bundled model (see core.train)")
-    tr.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("train", help="train a bundled model: python -m core train --help")
     return p
 
 
@@ -130,13 +132,14 @@ def _progress(desc: str):
 
 
 def cmd_run(args) -> int:
-    from core import calibration, engine
+    from core import batch, engine
 
     st = _settings(args)
     loaded = _load(st.model, st.train_length, args.device)
     doc = st.document.build(loaded.tokenizer, loaded.train_length)
     prog = _progress("calibrating") if st.method in ("pmax", "entropy", "per-layer") else None
-    tau, info = calibration.resolve(loaded, doc, st.method, st.tau, samples=args.samples, progress=prog)
+    # a stored schedule is used at the length it was chosen at; any other length re-resolves it
+    tau, info = batch.resolve_tau(loaded, doc, st.method, st.tau, st.chosen_at, samples=args.samples, progress=prog)
     if prog:
         prog.close()
     res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=st.method, targets=st.targets, cosine_scale=st.cosine_scale))
@@ -205,7 +208,7 @@ def cmd_sweep(args) -> int:
             lengths=_lengths(args.lengths, loaded.train_length),
             depths=[float(d) for d in args.depths.split(",")],
             seeds=[(st.document.seed or 0) + i for i in range(max(1, args.samples))],
-            methods=[m.strip() for m in args.methods.split(",") if m.strip()],
+            methods=[m.strip() for m in (args.methods or "none,log-length").split(",") if m.strip()],
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
@@ -245,12 +248,13 @@ def cmd_rpe(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # its options belong to core.train's own parser
+        from core.train import main as train_main
+
+        return train_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
-        if args.cmd == "train":
-            from core.train import main as train_main
-
-            return train_main(args.rest)
         return {"run": cmd_run, "calibrate": cmd_calibrate, "sweep": cmd_sweep, "rpe": cmd_rpe}[args.cmd](args)
     except (UserError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

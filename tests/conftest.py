@@ -10,7 +10,7 @@ from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration
 
 
 def build_tiny_t5(folder, *, layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, cosine: float | None = None,
-                  train_length: int = 64, vocab: int = 384):
+                  train_length: int = 256, vocab: int = 384):
     """Save a random tiny T5 (ByT5 byte tokenizer: needs no vocab file) and a card.json to ``folder``."""
     torch.manual_seed(seed)
     cfg = T5Config(

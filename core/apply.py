@@ -1,0 +1,323 @@
+"""Put a chosen tau on a T5-family model you already hold, for your own ``generate`` calls.
+
+Two ways:
+
+* a context manager, for a block of code::
+
+      from core.apply import apply
+
+      with apply(model, tau=0.7):                    # one number: every encoder layer and head
+          out = model.generate(**tok(text, return_tensors="pt"), max_new_tokens=20)
+      with apply(model, schedule=[0.8, 0.7, 0.7]):   # one tau per encoder layer (or per layer and head)
+          ...
+      with apply(model, settings="settings.json"):   # the app's export (core.settings.Settings)
+          ...
+
+  Inside the block the model runs our registered attention function
+  (``attn_implementation="aligned"``, :mod:`core.attention`) and the schedule
+  travels in :mod:`core.attention`'s context variable (``attention_call``), so
+  it is seen by everything that runs *in this thread* inside the block:
+  ``model.generate``, a pipeline built on the model, your own forward calls.
+  On exit the model's previous attention implementation is put back exactly
+  (the top config and every sub-model config, e.g. T5's encoder and decoder
+  stacks) and nothing of ours is left on it.
+
+* a permanent variant, for a model that should always run with the tau (a
+  server, a model handed to code you do not control, work in other threads)::
+
+      from core import apply
+      apply.install(model, tau=0.7)
+      ...                                            # any thread, any time
+      apply.uninstall(model)                         # back to exactly what it was
+
+  ``install`` pins the settings on the model's own attention modules (an
+  attribute the attention function reads when no ``attention_call`` is
+  active), so two installed models keep their own tau and nothing is global.
+  An explicit ``attention_call``/``apply`` block still wins over it.
+
+Architectures: T5-family models whose attention goes through transformers'
+``AttentionInterface`` and passes T5's relative position bias to it. In
+transformers 5.23 that is ``model_type`` ``t5``, ``mt5`` and ``umt5``: the
+``*ForConditionalGeneration``, ``*EncoderModel``, ``*Model``,
+``*ForSequenceClassification``, ``*ForTokenClassification`` and
+``*ForQuestionAnswering`` classes of T5, MT5 and UMT5 (Flan-T5, T5 v1.1 /
+LM-adapted, CodeT5+ 220m/770m, mT5, umT5 checkpoints load as these). UMT5
+has its own bias in every layer; the schedule applies to each layer's
+logits the same way. Anything else (BART, GPT-2, LongT5's local attention,
+encoder-only BERTs, ...) is refused with a :class:`core.errors.UserError`.
+
+What is *not* done here: re-resolving a length-dependent method (log-length,
+InfoScale, Algorithm 1, Prop. 1/2, per-layer) at your inputs' length. The
+stored schedule is used as is, whatever ``chosen_at`` says; for per-document
+re-resolution use the CLI (``python -m core run|sweep --settings FILE``),
+which has the document at hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from core import attention
+from core.attention import DEFAULT_CHUNK_BYTES, ENCODER, AttentionSettings, attention_call, tau_matrix
+from core.errors import UserError
+
+#: transformers ``model_type`` values whose attention we can take over.
+SUPPORTED_TYPES = ("t5", "mt5", "umt5")
+#: The model classes that work (per supported type), for messages and docs.
+SUPPORTED_CLASSES = tuple(
+    f"{p}{c}"
+    for p in ("T5", "MT5", "UMT5")
+    for c in ("ForConditionalGeneration", "EncoderModel", "Model", "ForSequenceClassification",
+              "ForTokenClassification", "ForQuestionAnswering")
+)
+#: Attribute on the *model* holding what :func:`uninstall` restores.
+_RESTORE_ATTR = "_aligned_restore"
+
+
+# -- checks and settings ---------------------------------------------------------
+
+def check_supported(model) -> None:
+    """Raise :class:`UserError` unless ``model`` is a T5/MT5/UMT5 model whose attention we can take over."""
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    works = ", ".join(SUPPORTED_CLASSES[:3] + SUPPORTED_CLASSES[6:9] + SUPPORTED_CLASSES[12:15])
+    if not isinstance(model, torch.nn.Module) or model_type not in SUPPORTED_TYPES:
+        raise UserError(
+            f"core.apply does not support {name} (model_type {model_type!r}): the temperature method needs "
+            f"T5's relative-position-bias attention. It works with model_type {', '.join(SUPPORTED_TYPES)}: "
+            f"{works} (and their sequence/token classification and QA heads)."
+        )
+    if not hasattr(model, "set_attn_implementation") or not type(model)._can_set_attn_implementation():
+        raise UserError(f"{name} cannot switch its attention implementation in this transformers version.")
+
+
+def _n_layers_heads(model) -> tuple[int, int, int]:
+    c = model.config
+    enc = int(c.num_layers)
+    dec = int(getattr(c, "num_decoder_layers", None) or enc)
+    return enc, dec, int(c.num_heads)
+
+
+def attention_settings(
+    model,
+    tau: float | None = None,
+    *,
+    schedule=None,
+    settings=None,
+    targets=None,
+    cosine_scale: float | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> AttentionSettings:
+    """Merge the ways of giving a schedule into one :class:`AttentionSettings`, checked against ``model``.
+
+    ``tau`` (one number) and ``schedule`` (per layer, or per layer and head)
+    are alternatives. ``settings`` is a :class:`core.settings.Settings` or the
+    path of its JSON; explicit ``tau``/``schedule``/``targets``/``cosine_scale``
+    override what it holds. Its stored schedule is used as is (see the module
+    docstring: no re-resolution at another length here).
+    """
+    from core.settings import Settings
+
+    if tau is not None and schedule is not None:
+        raise UserError("Give either tau (one number) or schedule (per layer / per layer and head), not both")
+    st = None
+    if settings is not None:
+        st = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
+    value = tau if tau is not None else schedule
+    if value is None and st is not None:
+        if st.method == "none":
+            value = 1.0
+        elif st.tau is None:
+            raise UserError(
+                f"The settings hold method '{st.method}' but no resolved tau: resolve it in the app (or with "
+                "`python -m core calibrate`) before exporting, or pass tau=/schedule= here."
+            )
+        else:
+            value = st.tau
+    if value is None:
+        raise UserError("No tau given: pass tau=0.7, schedule=[...] or settings=FILE")
+    if targets is None:
+        targets = st.targets if st is not None else (ENCODER,)
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    if cosine_scale is None and st is not None:
+        cosine_scale = st.cosine_scale
+    enc, dec, heads = _n_layers_heads(model)
+    try:
+        m = tau_matrix(value, enc, heads)
+        if isinstance(value, (int, float)) or torch.as_tensor(value).ndim == 0:
+            value = float(value)
+        else:
+            value = m.tolist() if torch.as_tensor(value).ndim == 2 else m[:, 0].tolist()
+            if dec != enc and any(t != ENCODER for t in targets):
+                raise UserError(
+                    f"A per-layer schedule has {enc} values (encoder layers) but the decoder has {dec} layers: "
+                    "use one number for decoder/cross targets"
+                )
+        return AttentionSettings(value, targets, cosine_scale, chunk_bytes)
+    except UserError:
+        raise
+    except ValueError as err:
+        raise UserError(f"Bad tau schedule for {type(model).__name__} ({enc} layers x {heads} heads): {err}") from None
+
+
+# -- switching the attention implementation --------------------------------------
+
+def _configs(model) -> list:
+    """Every config the model's attention reads ``_attn_implementation`` from, each once."""
+    seen: dict[int, object] = {}
+
+    def add(cfg) -> None:
+        if cfg is None or id(cfg) in seen:
+            return
+        seen[id(cfg)] = cfg
+        for key in getattr(cfg, "sub_configs", {}) or {}:
+            add(getattr(cfg, key, None))
+
+    add(model.config)
+    for mod in model.modules():
+        add(getattr(mod, "config", None))
+    return list(seen.values())
+
+
+@dataclass
+class _Snapshot:
+    entries: list  # [(config, _attn_implementation_internal)]
+
+    @classmethod
+    def take(cls, model) -> "_Snapshot":
+        return cls([(c, c.__dict__.get("_attn_implementation_internal")) for c in _configs(model)])
+
+    def restore(self, model) -> None:
+        top = next(v for c, v in self.entries if c is model.config)
+        if isinstance(top, str) and top != model.config._attn_implementation:
+            try:  # the public way first; then make every config exactly what it was
+                model.set_attn_implementation(top)
+            except Exception:  # noqa: BLE001 - e.g. a kernel no longer loadable; the loop below still restores
+                pass
+        for cfg, value in self.entries:
+            if cfg.__dict__.get("_attn_implementation_internal") != value:
+                cfg.__dict__["_attn_implementation_internal"] = value
+
+
+def _switch_on(model) -> _Snapshot:
+    snap = _Snapshot.take(model)
+    if any(c._attn_implementation != attention.ATTN_NAME for c, _ in snap.entries):
+        model.set_attn_implementation(attention.ATTN_NAME)
+        for cfg in _configs(model):  # sub-configs set_attn_implementation could not reach
+            if cfg._attn_implementation != attention.ATTN_NAME:
+                cfg.__dict__["_attn_implementation_internal"] = attention.ATTN_NAME
+    return snap
+
+
+def _attention_modules(model) -> list[torch.nn.Module]:
+    from transformers.models.mt5.modeling_mt5 import MT5Attention
+    from transformers.models.t5.modeling_t5 import T5Attention
+    from transformers.models.umt5.modeling_umt5 import UMT5Attention
+
+    return [m for m in model.modules() if isinstance(m, (T5Attention, MT5Attention, UMT5Attention))]
+
+
+# -- the public API --------------------------------------------------------------
+
+@contextlib.contextmanager
+def apply(
+    model,
+    tau: float | None = None,
+    *,
+    schedule=None,
+    settings=None,
+    targets=None,
+    cosine_scale: float | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    recorder=None,
+) -> Iterator[AttentionSettings]:
+    """Run ``model`` with our attention and a tau schedule inside the block; restore it exactly on exit.
+
+    ``tau``: one number for every targeted layer and head (< 1 sharpens).
+    ``schedule``: one tau per encoder layer, or a ``[layers][heads]`` list.
+    ``settings``: a :class:`core.settings.Settings` or the path of the app's
+    exported JSON; its *stored* schedule is used as is, even for a
+    length-dependent method chosen at another length (``chosen_at``): this
+    function never sees your documents, so it cannot re-resolve. Use
+    ``python -m core run|sweep --settings FILE`` for per-document resolution.
+    ``targets``: which attentions the schedule touches (default: the
+    settings' targets, else encoder self-attention only, as in the paper).
+    ``cosine_scale``: CosScale s for cosine-attention models.
+    ``recorder``: an optional :class:`core.probes.Recorder` fed by encoder passes.
+
+    Yields the :class:`AttentionSettings` in force. The schedule is carried
+    by a context variable: code in *this thread* (generate, a pipeline,
+    forward calls) sees it; other threads do not. The model's attention
+    implementation is switched for the block's duration, so do not share
+    this model with other threads meanwhile, unless it already runs
+    ``"aligned"`` (e.g. loaded with :func:`core.models.load`), in which case
+    the model is not touched at all. Any other T5 model running ``"aligned"``
+    in this thread inside the block also sees the schedule.
+
+    Raises :class:`core.errors.UserError` for an unsupported architecture or
+    a bad schedule.
+    """
+    check_supported(model)
+    st = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
+                            cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
+    snap = _switch_on(model)
+    try:
+        with attention_call(st, recorder):
+            yield st
+    finally:
+        snap.restore(model)
+
+
+def install(
+    model,
+    tau: float | None = None,
+    *,
+    schedule=None,
+    settings=None,
+    targets=None,
+    cosine_scale: float | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> AttentionSettings:
+    """Make ``model`` always run with this schedule (every thread), until :func:`uninstall`.
+
+    Same arguments as :func:`apply`. Installing again replaces the schedule
+    (``uninstall`` still restores what the model was before the first
+    install). The settings are pinned on the model's attention modules, not
+    in a global, and not in ``model.config`` (so ``save_pretrained`` writes
+    nothing of ours).
+    """
+    check_supported(model)
+    st = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
+                            cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
+    if _RESTORE_ATTR not in model.__dict__:
+        snap = _switch_on(model)
+        model.__dict__[_RESTORE_ATTR] = snap
+    call = attention.standing_call(st)
+    for m in _attention_modules(model):
+        m.__dict__[attention.INSTALLED_ATTR] = call
+    return st
+
+
+def installed(model) -> AttentionSettings | None:
+    """The settings :func:`install` put on ``model``, or None."""
+    if _RESTORE_ATTR not in getattr(model, "__dict__", {}):
+        return None
+    mods = _attention_modules(model)
+    call = mods[0].__dict__.get(attention.INSTALLED_ATTR) if mods else None
+    return None if call is None else call.settings
+
+
+def uninstall(model) -> None:
+    """Undo :func:`install`: the previous attention implementation, and no attribute of ours left. No-op if not installed."""
+    saved = model.__dict__.pop(_RESTORE_ATTR, None)
+    if saved is None:
+        return
+    for m in _attention_modules(model):
+        m.__dict__.pop(attention.INSTALLED_ATTR, None)
+    saved.restore(model)

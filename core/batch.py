@@ -1,0 +1,469 @@
+"""Batch runs over your own documents: ``python -m core sweep --data docs.jsonl --out rows.csv``.
+
+Input: JSON Lines, one document per line, either
+
+* ``{"text": "..."}``: the whole encoder input, used as is; or
+* ``{"context": "...", "question": "..."}``: built like the app's "your own
+  text" with no needle (``context`` + newline + ``question``, exactly what
+  ``python -m core run --task text --needle "" --question Q`` does);
+
+plus optional ``"expected"`` (the gold answer: scored with
+:func:`core.tasks.score` ``("text", ...)``: when it is a whole number the
+first integer of the answer must equal it, otherwise the normalised expected
+words must appear, in order, in the normalised answer) and optional ``"id"``
+(a string or number, unique; it keys ``--resume``, else the line number
+does). Other keys are ignored. Bad lines (not JSON, not an object, no or
+empty text, a duplicate id) are reported on stderr with their line number and
+skipped; the run goes on.
+
+Output: one CSV row per document and setting (:data:`COLUMNS`), appended,
+flushed and fsynced as each batch finishes, so a killed run keeps what it
+finished; ``--resume`` skips the (id or line, setting) pairs already in the
+file (a half-written last line is dropped and redone).
+
+Settings (the "setting" column): ``--methods a,b,...`` (method names and/or
+numbers = fixed taus) when given, else the one from ``--settings FILE``,
+``--tau X`` or ``--method M`` (explicit options override the file).
+
+How tau is found per document (:func:`resolve_tau`): ``none`` and fixed taus
+as they are. A length-dependent method (log-length, InfoScale, Algorithm 1
+pmax/entropy, Prop. 1/2, per-layer) whose stored schedule was chosen at this
+document's token count (the settings' ``chosen_at``) uses the stored schedule;
+at any other length it is re-resolved *for that document*
+(:func:`core.calibration.resolve`: closed forms from its length; measured
+methods with forward passes on it, Algorithm 1 in its fast search).
+
+Batching: documents that share a tau (fixed taus, ``none``, or the same
+resolved value) run together, sorted by length, right-padded with masks
+(:func:`core.engine.run_encoded`, stats-only probes); per-document taus
+(measured methods, and closed forms whose tau differs by length) run one by
+one. The model runs on CUDA with bf16 when present (:func:`core.models.load`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from core import calibration, engine, tasks, temperature
+from core.errors import UserError
+from core.models import Loaded
+from core.probes import ProbeSpec
+
+COLUMNS = ["line", "id", "setting", "method", "tau", "tokens", "answer", "expected", "correct",
+           "pmax", "entropy", "seconds"]
+
+
+# -- input -----------------------------------------------------------------------
+
+@dataclass
+class Item:
+    """One valid JSONL line: its document and token ids."""
+
+    line: int  # 1-based
+    id: str | None
+    doc: tasks.Document
+    ids: np.ndarray
+
+    @property
+    def key(self) -> str:
+        return self.id if self.id is not None else f"#{self.line}"
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+
+def parse_line(raw: str) -> tuple[str | None, tasks.Document] | None:
+    """One JSONL line -> ``(id, Document)``; None for a blank line; :class:`UserError` saying what is wrong."""
+    s = raw.strip()
+    if not s:
+        return None
+    try:
+        obj = json.loads(s)
+    except json.JSONDecodeError as err:
+        raise UserError(f"not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"not a JSON object but {type(obj).__name__}")
+    if "text" in obj and "context" in obj:
+        raise UserError('give either "text" or "context" (+ "question"), not both')
+    field = "context" if "context" in obj else "text"
+    body = obj.get(field)
+    if body is None:
+        raise UserError('no "text" (or "context" + "question")')
+    if not isinstance(body, str):
+        raise UserError(f'"{field}" must be a string')
+    if not body.strip():
+        raise UserError(f'empty "{field}"')
+    question = obj.get("question")
+    if question is not None and (not isinstance(question, str) or not question.strip()):
+        raise UserError('"question" must be a non-empty string')
+    expected = obj.get("expected")
+    if expected is not None:
+        if isinstance(expected, bool) or not isinstance(expected, (str, int, float)):
+            raise UserError('"expected" must be a string or a number')
+        if isinstance(expected, float) and expected.is_integer():
+            expected = int(expected)
+        expected = str(expected)
+    ident = obj.get("id")
+    if ident is not None:
+        if isinstance(ident, bool) or not isinstance(ident, (str, int)) or not str(ident).strip():
+            raise UserError('"id" must be a non-empty string or an integer')
+        ident = str(ident)
+    if question:
+        doc = tasks.from_text(body, needle="", question=question, expected=expected)
+    else:
+        doc = tasks.Document(task="text", text=body, expected=expected or "", needle_span=(0, 0),
+                             question_span=(len(body), len(body)), depth=0.0, seed=0)
+    return ident, doc
+
+
+def read_jsonl(path: str | Path, tokenizer, report: Callable[[str], None]) -> list[Item]:
+    """Valid documents of a JSONL file; each bad line goes to ``report`` as ``"line N: why; skipped"``."""
+    try:
+        f = open(path, encoding="utf-8", errors="strict")
+    except OSError as err:
+        raise UserError(f"Cannot read --data file: {err}") from None
+    items: list[Item] = []
+    first: dict[str, int] = {}
+    with f:
+        lineno = 0
+        while True:
+            lineno += 1
+            try:
+                raw = f.readline()
+            except UnicodeDecodeError:
+                report(f"line {lineno}: not UTF-8 text; skipped (lines after it cannot be read)")
+                break
+            if raw == "":
+                break
+            try:
+                parsed = parse_line(raw)
+                if parsed is None:
+                    continue
+                ident, doc = parsed
+                if ident is not None and ident in first:
+                    raise UserError(f"duplicate id {ident!r} (first on line {first[ident]})")
+            except (UserError, ValueError) as err:
+                report(f"line {lineno}: {err}; skipped")
+                continue
+            if ident is not None:
+                first[ident] = lineno
+            items.append(Item(lineno, ident, doc, np.asarray(tokenizer(doc.text).input_ids, dtype=np.int64)))
+    return items
+
+
+# -- settings --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Choice:
+    """One setting of a batch run: a label for the CSV and how to get tau."""
+
+    label: str
+    method: str
+    tau: float | list | None = None  # stored / fixed schedule
+    chosen_at: int | None = None  # tokens the stored schedule was resolved at
+
+
+def _label(method: str, tau) -> str:
+    if method == "fixed":
+        return f"tau={float(tau):g}" if np.ndim(tau) == 0 else "fixed-schedule"
+    return method
+
+
+def choices(args, settings) -> list[Choice]:
+    """The settings to run: ``--methods`` when given, else the merged ``--settings``/``--tau``/``--method``."""
+    from core.sweep import method_label
+
+    spec = getattr(args, "methods", None)
+    if spec:
+        out = []
+        for m in (p.strip() for p in spec.split(",")):
+            if not m:
+                continue
+            try:
+                label = method_label(m)
+            except ValueError as err:
+                raise UserError(str(err)) from None
+            out.append(Choice(label, "fixed", float(m)) if label.startswith("tau=") else Choice(label, m))
+        if not out:
+            raise UserError("--methods is empty")
+        return out
+    if settings.method == "fixed" and settings.tau is None:
+        raise UserError("Method 'fixed' needs a tau (--tau)")
+    return [Choice(_label(settings.method, settings.tau), settings.method, settings.tau, settings.chosen_at)]
+
+
+def resolve_tau(
+    loaded: Loaded,
+    document: tasks.Document,
+    method: str,
+    tau=None,
+    chosen_at: int | None = None,
+    samples: int = 1,
+    progress=None,
+    tokens: int | None = None,
+) -> tuple[float | list, dict]:
+    """The schedule for this document: the stored one when it applies, else :func:`core.calibration.resolve`.
+
+    Stored means: ``none`` -> 1, ``fixed`` -> ``tau``, and a length-dependent
+    method whose ``tau`` was chosen at exactly this document's token count
+    (``chosen_at``). Any other length re-resolves the method on this
+    document. ``info["source"]`` says which happened.
+    """
+    n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
+    if method == "none":
+        return 1.0, {"source": "none"}
+    if method == "fixed":
+        if tau is None:
+            raise UserError("Method 'fixed' needs a tau (--tau)")
+        return tau, {"source": "fixed"}
+    if tau is not None and (method not in temperature.LENGTH_DEPENDENT or chosen_at == n):
+        return tau, {"source": "stored", "chosen_at": chosen_at, "length": n}
+    t, info = calibration.resolve(loaded, document, method, tau, samples=samples, progress=progress)
+    return t, {**info, "source": "resolved", "chosen_at": chosen_at, "length": n}
+
+
+def _needs_passes(item: Item, c: Choice) -> bool:
+    if c.method in ("none", "fixed") or (c.tau is not None and c.chosen_at == item.n):
+        return False
+    return c.method in temperature.MEASURED
+
+
+def _tau_key(tau) -> tuple:
+    return (np.ndim(tau),) + tuple(np.round(np.asarray(tau, dtype=float).ravel(), 12))
+
+
+def _tau_cell(tau) -> str:
+    a = np.asarray(tau, dtype=float)
+    if a.ndim == 0 or np.all(a == a.flat[0]):
+        return f"{float(a.flat[0]):.6g}"
+    return json.dumps(np.round(a, 6).tolist())
+
+
+# -- output ----------------------------------------------------------------------
+
+def _prepare_out(path: Path, resume: bool) -> set[tuple[str, str]]:
+    """Done (key, setting) pairs when resuming (after dropping a half-written last line); else start afresh."""
+    if not resume or not path.exists() or path.stat().st_size == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        return set()
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):  # killed mid-write: drop the partial row, it will be redone
+        data = data[: data.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(len(data))
+    rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+    if not rows:
+        return set()
+    if rows[0] != COLUMNS:
+        raise UserError(f"{path} is not a batch-run CSV (its header is {rows[0][:6]}...); use another --out or drop --resume")
+    col = {c: i for i, c in enumerate(COLUMNS)}
+    done = set()
+    for r in rows[1:]:
+        if len(r) == len(COLUMNS):
+            done.add((r[col["id"]] or f"#{r[col['line']]}", r[col["setting"]]))
+    return done
+
+
+class _Writer:
+    """CSV rows to a file (flush + fsync per row) or to stdout."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.f = open(path, "a", newline="", encoding="utf-8") if path else sys.stdout
+        self.w = csv.DictWriter(self.f, fieldnames=COLUMNS)
+        if path is None or path.stat().st_size == 0:
+            self.w.writeheader()
+            self._sync()
+
+    def _sync(self) -> None:
+        self.f.flush()
+        if self.path is not None:
+            os.fsync(self.f.fileno())
+
+    def row(self, row: dict) -> None:
+        self.w.writerow(row)
+        self._sync()
+
+    def close(self) -> None:
+        if self.path is not None:
+            self.f.close()
+
+
+# -- running ---------------------------------------------------------------------
+
+def _batches(items: list[Item], batch_size: int) -> list[list[Item]]:
+    """Length-sorted runs of at most ``batch_size`` items, split where the longest would exceed twice the shortest."""
+    out: list[list[Item]] = []
+    for it in sorted(items, key=lambda i: i.n):
+        if out and len(out[-1]) < batch_size and (it.n <= 2 * out[-1][0].n or it.n <= 256):
+            out[-1].append(it)
+        else:
+            out.append([it])
+    return out
+
+
+def run_items(
+    loaded: Loaded,
+    items: list[Item],
+    settings_list: list[Choice],
+    out: str | Path | None = None,
+    resume: bool = False,
+    batch_size: int = 8,
+    max_new_tokens: int = 10,
+    targets: tuple[str, ...] = ("encoder",),
+    cosine_scale: float | None = None,
+    samples: int = 1,
+    report: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Run every (item, setting) not yet in ``out``; write each row as it finishes.
+
+    Returns counts: ``written``, ``skipped`` (already done), ``failed``.
+    ``progress(k)`` is called with the number of rows just handled.
+    """
+    if batch_size < 1:
+        raise UserError("--batch-size must be at least 1")
+    path = Path(out) if out else None
+    if resume and path is None:
+        raise UserError("--resume needs --out FILE")
+    done = _prepare_out(path, resume) if path else set()
+    writer = _Writer(path)
+    counts = {"written": 0, "skipped": 0, "failed": 0}
+    base = engine.RunSettings(probes=ProbeSpec.stats_only(), max_new_tokens=max_new_tokens,
+                              targets=tuple(targets), cosine_scale=cosine_scale)
+    tick = progress or (lambda k: None)
+
+    def write(item: Item, c: Choice, tau, res: engine.Result, extra_s: float) -> None:
+        writer.row({
+            "line": item.line, "id": item.id or "", "setting": c.label, "method": c.method,
+            "tau": _tau_cell(tau), "tokens": res.tokens, "answer": res.answer, "expected": res.expected,
+            "correct": "" if res.correct is None else bool(res.correct),
+            "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
+            "seconds": round(res.seconds["total"] + extra_s, 4),
+        })
+        counts["written"] += 1
+        tick(1)
+
+    def fail(batch: list[Item], c: Choice, err: Exception) -> None:
+        for it in batch:
+            report(f"line {it.line}{f' (id {it.id})' if it.id else ''}, setting {c.label}: {err}; skipped")
+        counts["failed"] += len(batch)
+        tick(len(batch))
+
+    def run(batch: list[Item], c: Choice, tau, extra_s: float = 0.0) -> None:
+        encs = [engine.Encoded(it.ids, np.zeros((it.n, 2), dtype=np.int64), None, None) for it in batch]
+        try:
+            results = engine.run_encoded(loaded, [it.doc for it in batch], encs,
+                                         replace(base, tau=tau, method=c.method))
+        except UserError as err:  # too long for memory as a batch, NaN, ...: retry one by one
+            if len(batch) == 1:
+                fail(batch, c, err)
+                return
+            for it in batch:
+                run([it], c, tau)
+            return
+        for it, res in zip(batch, results):
+            write(it, c, tau, res, extra_s)
+
+    try:
+        for c in settings_list:
+            todo = []
+            for it in items:
+                if (it.key, c.label) in done:
+                    counts["skipped"] += 1
+                    tick(1)
+                else:
+                    todo.append(it)
+            shared: dict[tuple, tuple[object, list[Item]]] = {}
+            single: list[Item] = []
+            for it in todo:
+                if _needs_passes(it, c):
+                    single.append(it)
+                    continue
+                try:
+                    tau, _ = resolve_tau(loaded, it.doc, c.method, c.tau, c.chosen_at, samples, tokens=it.n)
+                except UserError as err:
+                    fail([it], c, err)
+                    continue
+                shared.setdefault(_tau_key(tau), (tau, []))[1].append(it)
+            for tau, group in shared.values():
+                for batch in _batches(group, batch_size):
+                    run(batch, c, tau)
+            for it in sorted(single, key=lambda i: i.n):
+                t0 = time.perf_counter()
+                try:
+                    tau, _ = resolve_tau(loaded, it.doc, c.method, c.tau, c.chosen_at, samples, tokens=it.n)
+                except UserError as err:
+                    fail([it], c, err)
+                    continue
+                run([it], c, tau, extra_s=time.perf_counter() - t0)
+    finally:
+        writer.close()
+    return counts
+
+
+def summary(path: Path) -> str:
+    """Rows and accuracy per setting of a batch CSV, as a few lines of text."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    lines = [f"{path}: {len(rows)} rows"]
+    by: dict[str, list] = {}
+    for r in rows:
+        by.setdefault(r["setting"], []).append(r)
+    for label, rs in by.items():
+        scored = [r["correct"] == "True" for r in rs if r["correct"] != ""]
+        acc = f"accuracy {100 * np.mean(scored):.1f}% of {len(scored)} scored" if scored else "no expected answers"
+        lines.append(f"  {label}: {len(rs)} documents, {acc}, mean tau {np.mean([_mean_tau(r['tau']) for r in rs]):.4g}")
+    return "\n".join(lines)
+
+
+def _mean_tau(cell: str) -> float:
+    return float(np.mean(json.loads(cell))) if cell.startswith("[") else float(cell)
+
+
+def run_jsonl(loaded: Loaded, args, settings) -> int:
+    """``python -m core sweep --data FILE.jsonl ...``: see the module docstring. Returns the exit status."""
+    from tqdm import tqdm
+
+    bad: list[str] = []
+
+    def report(msg: str) -> None:
+        bad.append(msg)
+        tqdm.write(msg, file=sys.stderr)
+
+    items = read_jsonl(args.data, loaded.tokenizer, report)
+    n_bad = len(bad)
+    if not items:
+        raise UserError(f"No usable documents in {args.data} ({len(bad)} bad line(s))")
+    settings_list = choices(args, settings)
+    bar = tqdm(total=len(items) * len(settings_list), desc="batch", unit="doc", file=sys.stderr, dynamic_ncols=True)
+    try:
+        counts = run_items(
+            loaded, items, settings_list, out=args.out, resume=bool(getattr(args, "resume", False)),
+            batch_size=int(getattr(args, "batch_size", 8) or 8),
+            max_new_tokens=int(getattr(args, "max_new_tokens", 10) or 10),
+            targets=settings.targets, cosine_scale=settings.cosine_scale,
+            samples=max(1, int(getattr(args, "samples", 1) or 1)), report=report, progress=bar.update,
+        )
+    finally:
+        bar.close()
+    msg = (f"{counts['written']} rows written, {counts['skipped']} already done, {counts['failed']} failed, "
+           f"{n_bad} bad line(s) skipped")
+    if args.out:
+        print(summary(Path(args.out)))
+        print(msg)
+    else:
+        print(msg, file=sys.stderr)
+    return 0

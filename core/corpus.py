@@ -1,0 +1,301 @@
+"""Offline haystack text: English paragraphs harvested from texts that ship with Python.
+
+Why: the classic passkey filler ("The grass is green. ...") is a handful of
+sentences repeated, so a model trained only on it can learn shortcuts. Real
+prose makes training haystacks varied, and it must be available offline, with
+no download, identical on every machine running Python 3.11.
+
+Where the text comes from (no module is imported for its docstrings, so there
+are no import side effects and no platform-dependent members):
+
+1. ``pydoc_data.topics``: the language reference rendered as plain text
+   (the data behind ``help("assert")``), a pure data module.
+2. Docstrings of the stdlib's own ``.py`` sources, read as text and scanned
+   for statement-level triple-quoted strings (a regex, ~10x faster than
+   ``ast`` over 10 MB of source).
+
+Both are walked in sorted order, cleaned (ASCII prose, collapsed whitespace,
+no code/tables/lists) and deduplicated, so the list is a pure function of the
+Python 3.11.x sources (a patch release that edits a docstring can change it).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import os
+import re
+import sysconfig
+from collections.abc import Iterable, Sequence
+
+__all__ = ["paragraphs", "split_train_eval", "pool", "stats"]
+
+MIN_WORDS = 20
+MAX_WORDS = 120
+
+# Top-level stdlib names never read: GUI/demo/test code, side-effect modules,
+# and packages some distributions split out or replace (Debian ships distutils
+# and lib2to3 separately; setuptools hijacks distutils), which would make the
+# corpus differ between machines.
+_SKIP_TOP = frozenset(
+    {
+        "antigravity",
+        "this",
+        "idlelib",
+        "tkinter",
+        "turtle",
+        "turtledemo",
+        "test",
+        "tests",
+        "lib2to3",
+        "distutils",
+        "ensurepip",
+        "site-packages",
+        "dist-packages",
+        "pydoc_data",  # read separately, as the reference topics
+    }
+)
+
+# Typographic characters folded to ASCII before the ASCII check.
+_FOLD = str.maketrans(
+    {
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u2013": "-",
+        "\u2014": "-",
+        "\u00a0": " ",
+        "\u2026": "...",
+    }
+)
+
+# Statement-level triple-quoted strings (docstrings, mostly): the quotes open
+# at the start of a line, after indentation and an optional prefix.
+_DOCSTRING = re.compile(
+    r'^[ \t]*[rRuU]?("""|\'\'\')(.*?)\1', re.DOTALL | re.MULTILINE
+)
+_CODE_LINE = re.compile(
+    r"^(>>>|\.\.\.|\.\. |\$ |def |class |import |from \S+ import|@\w|[-+=*_~^#|]{3,}|[-*+] |"
+    r"\d+[.)] |\(?[a-z]\) |[\w.]+\s*=\s)"
+)
+_SYMBOLS = re.compile(r"[(){}\[\]=<>_*`\\#@|%$^~&;/]")
+_LONG_NUMBER = re.compile(r"\d{4,}")
+_WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
+
+
+def _stdlib_sources() -> list[tuple[str, str]]:
+    """(relative path, absolute path) of the stdlib .py files we read, sorted.
+
+    Sorting by the path relative to the stdlib folder makes the order
+    independent of the file system and of where Python is installed.
+    """
+    root = sysconfig.get_paths().get("stdlib") or os.path.dirname(os.__file__)
+    found: list[tuple[str, str]] = []
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        parts = [] if rel == "." else rel.split(os.sep)
+        if parts and (
+            parts[0] in _SKIP_TOP
+            or parts[0].startswith(("_", "config-", "turtle"))
+            or any(p in ("test", "tests", "__pycache__") or p.startswith("idle_test") for p in parts)
+        ):
+            dirs[:] = []
+            continue
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            stem = name[:-3]
+            if not parts and (stem in _SKIP_TOP or stem.startswith(("_", "turtle"))):
+                continue
+            found.append(("/".join(parts + [name]), os.path.join(folder, name)))
+    found.sort()
+    return found
+
+
+def _blocks(text: str) -> Iterable[list[str]]:
+    """Blank-line separated blocks of a text, as lists of raw lines."""
+    block: list[str] = []
+    for line in text.splitlines():
+        if line.strip():
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+_BULLET = re.compile(r"^([*+-]|\d+\.|\([a-z0-9]\)) +")
+_MARKUP = re.compile(r"\*\*|(?<![\w*])\*(?=\w)|(?<=\w)\*(?![\w*])|:[a-z]+:`|`")
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+
+
+def _clean_block(lines: list[str]) -> str | None:
+    """One block -> clean prose (any length), or None when it is not prose.
+
+    Code, tables, doctests and indented examples are dropped (an indented first
+    line, or any line that looks like code, kills the block); a bullet item
+    keeps its text. Emphasis markup is stripped, a trailing "For example:"
+    sentence (it introduces code we dropped) is cut, and runs of 4+ digits are
+    refused so that the 5-digit needles are the only long numbers in a
+    document.
+    """
+    first = lines[0]
+    if first[:1] in (" ", "\t"):
+        return None
+    bullet = _BULLET.match(first)
+    if bullet:
+        lines = [first[bullet.end():]] + lines[1:]
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if (
+            (i > 0 and indent > (4 if bullet else 0))
+            or _CODE_LINE.match(stripped)
+            or stripped.endswith("::")
+            or stripped.count("|") >= 2
+        ):
+            return None
+    text = " ".join(line.strip() for line in lines).translate(_FOLD)
+    text = _MARKUP.sub("", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    if text.endswith(":"):
+        ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+        text = text[: ends[-1]] if ends else ""
+    if not text.isascii() or not text[:1].isupper() or text[-1:] not in ".!?":
+        return None
+    if _LONG_NUMBER.search(text) or "pass key" in text.lower():
+        return None
+    words = text.split()
+    # Prose has few code symbols and most of its tokens are plain words.
+    if len(_SYMBOLS.findall(text)) > max(2, len(text) // 80):
+        return None
+    plain = sum(1 for w in words if _WORD.fullmatch(w.strip("\"',.;:!?()")))
+    if plain < 0.8 * len(words):
+        return None
+    return text
+
+
+def _split_long(text: str) -> list[str]:
+    """Cut prose longer than MAX_WORDS at sentence ends into <= MAX_WORDS pieces."""
+    if len(text.split()) <= MAX_WORDS:
+        return [text]
+    pieces: list[str] = []
+    current: list[str] = []
+    start = 0
+    for m in _SENTENCE_END.finditer(text):
+        sentence = text[start : m.end()].strip()
+        start = m.end()
+        if current and len(" ".join(current + [sentence]).split()) > MAX_WORDS:
+            pieces.append(" ".join(current))
+            current = []
+        current.append(sentence)
+    if current:
+        pieces.append(" ".join(current))
+    return [p for p in pieces if MIN_WORDS <= len(p.split()) <= MAX_WORDS]
+
+
+def _text_paragraphs(text: str) -> Iterable[str]:
+    """Paragraphs of one source text: consecutive short prose blocks are merged
+    (docstring summaries are often one line), long ones split at sentences."""
+    pending = ""
+    for block in _blocks(text):
+        prose = _clean_block(block)
+        if prose is None:
+            pending = ""  # never merge across dropped code: the prose would jump
+            continue
+        pending = f"{pending} {prose}" if pending else prose
+        if len(pending.split()) >= MIN_WORDS:
+            yield from _split_long(pending)
+            pending = ""
+
+
+def _reference_texts() -> list[str]:
+    """The language reference topics (help() texts), sorted by topic name."""
+    try:
+        from pydoc_data.topics import topics  # pure data module, no side effects
+    except Exception:  # stripped-down installs
+        return []
+    return [topics[key] for key in sorted(topics)]
+
+
+def _docstring_texts() -> Iterable[str]:
+    """Docstrings (dedented) of the stdlib sources, in sorted path order."""
+    for _rel, path in _stdlib_sources():
+        try:
+            with open(path, encoding="utf-8") as fh:
+                source = fh.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for match in _DOCSTRING.finditer(source):
+            yield inspect.cleandoc(match.group(2))
+
+
+@functools.lru_cache(maxsize=1)
+def _paragraphs() -> tuple[str, ...]:
+    seen: set[str] = set()
+    out: list[str] = []
+    for source in (_reference_texts(), _docstring_texts()):
+        for text in source:
+            for para in _text_paragraphs(text):
+                if para not in seen:
+                    seen.add(para)
+                    out.append(para)
+    return tuple(out)
+
+
+def paragraphs() -> list[str]:
+    """All haystack paragraphs (20-120 words each), deterministic order.
+
+    Built once per process (cached); a fresh list is returned so callers may
+    mutate it without poisoning the cache.
+    """
+    return list(_paragraphs())
+
+
+def _eval_bucket(text: str, eval_fraction: float) -> bool:
+    # sha1, not hash(): Python's str hash is salted per process.
+    digest = hashlib.sha1(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
+
+
+def split_train_eval(paragraphs: Sequence[str], eval_fraction: float = 0.2) -> tuple[list[str], list[str]]:
+    """Split paragraphs into disjoint (train, eval) pools by a hash of each text.
+
+    Why a hash and not a shuffle: membership of a paragraph depends only on its
+    own text, so adding or removing other paragraphs (another Python patch
+    release) never moves a paragraph from eval into train. Order is kept.
+    """
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    train: list[str] = []
+    evaluation: list[str] = []
+    for text in paragraphs:
+        (evaluation if _eval_bucket(text, eval_fraction) else train).append(text)
+    return train, evaluation
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(name: str) -> tuple[str, ...]:
+    train, evaluation = split_train_eval(_paragraphs())
+    return tuple(train if name == "train" else evaluation)
+
+
+def pool(name: str) -> tuple[str, ...]:
+    """The cached "train" or "eval" pool (immutable), as used by core.tasks."""
+    if name not in ("train", "eval"):
+        raise ValueError(f"unknown corpus pool {name!r}; use 'train' or 'eval'")
+    return _pool(name)
+
+
+def stats() -> dict[str, int]:
+    """Sizes, for reports and the UI: paragraphs and words per pool."""
+    train, evaluation = pool("train"), pool("eval")
+    return {
+        "paragraphs": len(train) + len(evaluation),
+        "words": sum(len(p.split()) for p in _paragraphs()),
+        "train_paragraphs": len(train),
+        "eval_paragraphs": len(evaluation),
+    }

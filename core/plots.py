@@ -1,0 +1,396 @@
+"""Pure functions: arrays / results / tables -> plotly figures (and one HTML view).
+
+Nothing here imports Streamlit or touches a model; the app's pages call these
+with numbers that :mod:`core` computed, so every figure can be unit-tested
+and reused from a notebook. Figures keep plotly's toolbar (PNG download in
+the browser); the pages offer the data behind each as CSV.
+
+Sizes are bounded on purpose: heatmaps arrive pooled (at most 512 x 512,
+float32, see :mod:`core.probes`), and long per-position curves are max-pooled
+to at most ``max_points`` points, so a 16k-token document never ships
+megabytes of JSON to the browser.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from statistics import NormalDist
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+MAX_HEATMAP = 512
+NEEDLE_COLOR = "rgba(214, 39, 40, 0.9)"
+QUESTION_COLOR = "rgba(31, 119, 180, 0.9)"
+#: Relative deviation from the L_tr reference below which a meter is "on target", and the "far off" bound.
+NEAR, FAR = 0.10, 0.30
+COLORS = {"near": "#2ca02c", "mid": "#ff7f0e", "far": "#d62728"}
+
+
+def _layout(fig: go.Figure, title: str | None = None, height: int = 360) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(l=50, r=20, t=50 if title else 20, b=45))
+    return fig
+
+
+# -- pooling helpers --------------------------------------------------------------
+
+def pool_max(values: np.ndarray, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    """Max-pool a 1-D array to at most ``max_points`` bins: returns (bin start positions, maxima).
+
+    Peaks survive pooling (a needle one token wide still shows), which mean
+    pooling would wash out.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    n = len(v)
+    if n <= max_points:
+        return np.arange(n), v
+    edges = (np.arange(max_points + 1) * n) // max_points
+    return edges[:-1], np.maximum.reduceat(v, edges[:-1])
+
+
+def normal_quantiles(n: int) -> np.ndarray:
+    """Standard normal quantiles at plotting positions (i + 0.5) / n, ascending."""
+    nd = NormalDist()
+    return np.array([nd.inv_cdf((i + 0.5) / n) for i in range(n)])
+
+
+def deviation(values: Sequence[float], reference: Sequence[float]) -> np.ndarray:
+    """Relative deviation (v - ref) / |ref| per layer (0 where the reference is 0)."""
+    v, r = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(np.abs(r) > 0, (v - r) / np.abs(r), 0.0)
+    return d
+
+
+def deviation_colors(values: Sequence[float], reference: Sequence[float]) -> list[str]:
+    """Green within NEAR (10 %) of the reference, orange within FAR (30 %), red beyond."""
+    out = []
+    for d in np.abs(deviation(values, reference)):
+        out.append(COLORS["near"] if d < NEAR else COLORS["mid"] if d < FAR else COLORS["far"])
+    return out
+
+
+# -- Explore ------------------------------------------------------------------------
+
+def heatmap(
+    z: np.ndarray,
+    edges: np.ndarray | None = None,
+    needle: tuple[int, int] | None = None,
+    question: tuple[int, int] | None = None,
+    log: bool = False,
+    title: str | None = None,
+) -> go.Figure:
+    """Pooled attention map: rows are query positions, columns key positions (token index of each bin's start).
+
+    ``log`` shows log10(p) (the tail of a dispersed attention becomes visible).
+    Needle keys and queries are marked by red lines, the question rows by blue ones.
+    """
+    z = np.asarray(z, dtype=np.float32)
+    if z.ndim != 2:
+        raise ValueError(f"heatmap needs a 2-D array, got shape {z.shape}")
+    if max(z.shape) > MAX_HEATMAP:
+        raise ValueError(f"heatmap is {z.shape}; pool it to at most {MAX_HEATMAP} x {MAX_HEATMAP} first")
+    if edges is None:
+        edges = np.arange(z.shape[0] + 1)
+    pos = np.asarray(edges[:-1])
+    if log:
+        z = np.log10(np.maximum(z, np.float32(1e-8))).astype(np.float32)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=pos, y=pos, colorscale="Viridis",
+            colorbar=dict(title="log10 p" if log else "p"),
+            hovertemplate="query %{y}<br>key %{x}<br>" + ("log10 p" if log else "p") + " %{z:.3g}<extra></extra>",
+        )
+    )
+    for span, color, name in ((needle, NEEDLE_COLOR, "needle"), (question, QUESTION_COLOR, "question")):
+        if span is None:
+            continue
+        for v in span:
+            fig.add_vline(x=v, line=dict(color=color, width=1, dash="dot"))
+            fig.add_hline(y=v, line=dict(color=color, width=1, dash="dot"))
+        fig.add_annotation(x=span[0], y=0, yref="paper", yanchor="top", text=name, showarrow=False,
+                           font=dict(color=color, size=11))
+    fig.update_yaxes(autorange="reversed", title="query token")
+    fig.update_xaxes(title="key token")
+    return _layout(fig, title, height=480)
+
+
+def layer_meters(
+    values: Sequence[float],
+    reference: Sequence[float],
+    name: str = "Pmax",
+    baseline: Sequence[float] | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Per-layer bars of a statistic, coloured by distance to the L_tr reference (black ticks).
+
+    ``baseline`` (the same document at tau = 1) is drawn as grey hollow
+    markers, so one sees how far the chosen tau moved each layer.
+    """
+    values = np.asarray(values, dtype=float)
+    reference = np.asarray(reference, dtype=float)
+    if values.shape != reference.shape:
+        raise ValueError(f"values {values.shape} and reference {reference.shape} differ")
+    layers = np.arange(len(values))
+    dev = deviation(values, reference)
+    fig = go.Figure()
+    fig.add_bar(
+        x=layers, y=values, name=f"{name} (chosen tau)", marker_color=deviation_colors(values, reference),
+        customdata=dev * 100, hovertemplate="layer %{x}<br>" + name + " %{y:.4f}<br>%{customdata:+.1f} % vs L_tr<extra></extra>",
+    )
+    fig.add_scatter(
+        x=layers, y=reference, mode="markers", name=f"{name} at L_tr (tau = 1)",
+        marker=dict(symbol="line-ew", size=28, line=dict(width=3, color="black")),
+    )
+    if baseline is not None:
+        fig.add_scatter(
+            x=layers, y=np.asarray(baseline, dtype=float), mode="markers", name=f"{name} here at tau = 1",
+            marker=dict(symbol="circle-open", size=10, color="grey", line=dict(width=2)),
+        )
+    fig.update_xaxes(title="encoder layer", tickmode="linear", dtick=1)
+    fig.update_yaxes(title=name)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25), barmode="overlay")
+    return _layout(fig, title)
+
+
+def question_profile(
+    profile: np.ndarray,
+    needle: tuple[int, int] | None = None,
+    question: tuple[int, int] | None = None,
+    layers: Sequence[int] | None = None,
+    max_points: int = 2000,
+    log_y: bool = False,
+    title: str | None = None,
+) -> go.Figure:
+    """Attention from the question's tokens to every position, one line per layer, needle shaded.
+
+    ``profile`` is ``[layers, n]`` (head mean, averaged over question rows);
+    each line is max-pooled to ``max_points`` positions.
+    """
+    profile = np.asarray(profile)
+    if profile.ndim != 2:
+        raise ValueError(f"profile must be [layers, n], got shape {profile.shape}")
+    layers = list(range(profile.shape[0])) if layers is None else list(layers)
+    fig = go.Figure()
+    for l in layers:
+        x, y = pool_max(profile[l], max_points)
+        fig.add_scatter(x=x, y=y, mode="lines", name=f"layer {l}", line=dict(width=1.2))
+    if needle is not None:
+        fig.add_vrect(x0=needle[0], x1=needle[1], fillcolor="red", opacity=0.18, line_width=0,
+                      annotation_text="needle", annotation_position="top left")
+    if question is not None:
+        fig.add_vrect(x0=question[0], x1=question[1], fillcolor="royalblue", opacity=0.12, line_width=0,
+                      annotation_text="question", annotation_position="top right")
+    fig.update_xaxes(title="document token")
+    fig.update_yaxes(title="attention from the question", type="log" if log_y else "linear")
+    return _layout(fig, title)
+
+
+def rpe_curves(
+    curves: np.ndarray,
+    heads: Sequence[int] | None = None,
+    query: int | None = None,
+    train_length: int | None = None,
+    max_distance: int | None = 128,
+    title: str | None = None,
+) -> go.Figure:
+    """T5 relative-position bias b(m, n) against key position n for a fixed query m (paper Fig. 1)."""
+    curves = np.asarray(curves, dtype=float)
+    if curves.ndim != 2:
+        raise ValueError(f"curves must be [heads, length], got shape {curves.shape}")
+    heads = list(range(curves.shape[0])) if heads is None else list(heads)
+    x = np.arange(curves.shape[1])
+    fig = go.Figure()
+    for h in heads:
+        fig.add_scatter(x=x, y=curves[h], mode="lines", name=f"head {h}", line=dict(width=1.4, shape="hv"))
+    if train_length is not None:
+        fig.add_vline(x=train_length, line=dict(color="black", dash="dash"), annotation_text="L_tr",
+                      annotation_position="top")
+    if query is not None:
+        fig.add_vline(x=query, line=dict(color="grey", dash="dot"), annotation_text="query m",
+                      annotation_position="bottom")
+        if max_distance:
+            for s in (-1, 1):
+                fig.add_vline(x=query + s * max_distance, line=dict(color="lightgrey", dash="dot"))
+    fig.update_xaxes(title="key position n")
+    fig.update_yaxes(title="bias b(m, n)")
+    return _layout(fig, title)
+
+
+def token_shading_html(
+    text: str,
+    offsets: np.ndarray,
+    weights: np.ndarray,
+    center: tuple[int, int] | None = None,
+    window: int = 200,
+    highlight: tuple[int, int] | None = None,
+) -> str:
+    """The document's text with each token's background shaded by ``weights`` (e.g. attention from the question).
+
+    Shows tokens ``[center[0] - window, center[1] + window)`` (all when
+    ``center`` is None); shading is relative to the largest weight in view.
+    Tokens in ``highlight`` (the needle) are underlined. Text is HTML-escaped.
+    """
+    offsets = np.asarray(offsets)
+    w = np.asarray(weights, dtype=float)
+    n = min(len(offsets), len(w))
+    if center is None:
+        lo, hi = 0, n
+    else:
+        lo, hi = max(0, center[0] - window), min(n, center[1] + window)
+    real = [i for i in range(lo, hi) if offsets[i][1] > offsets[i][0]]
+    if not real:
+        return "<div></div>"
+    top = max(float(np.max(w[real])), 1e-12)
+    parts = []
+    if offsets[real[0]][0] > 0:
+        parts.append("… ")
+    prev_end = int(offsets[real[0]][0])
+    for i in real:
+        a, b = int(offsets[i][0]), int(offsets[i][1])
+        if a > prev_end:  # characters no token covers (whitespace the tokenizer dropped)
+            parts.append(html.escape(text[prev_end:a]))
+        alpha = min(1.0, max(0.0, float(w[i]) / top))
+        style = f"background: rgba(255, 80, 0, {alpha:.3f});"
+        if highlight is not None and highlight[0] <= i < highlight[1]:
+            style += " text-decoration: underline; text-decoration-color: #d62728;"
+        parts.append(f'<span title="token {i}: {float(w[i]):.3g}" style="{style}">{html.escape(text[a:b])}</span>')
+        prev_end = b
+    if prev_end < len(text) and real[-1] < n - 1:
+        parts.append(" …")
+    body = "".join(parts).replace("\n", "<br>")
+    return f'<div style="font-family: monospace; line-height: 1.6; white-space: pre-wrap;">{body}</div>'
+
+
+# -- Calibrate ----------------------------------------------------------------------
+
+def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> go.Figure:
+    """S_ex(tau) over the grid per criterion with the S_tr(1) reference line and the pick (paper's Algorithm 1).
+
+    ``panels``: criterion -> {"grid", "curve" (None where not evaluated), "reference", "tau"}.
+    """
+    names = list(panels)
+    if not names:
+        raise ValueError("no calibration to plot")
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[f"criterion: {n}" for n in names])
+    for c, name in enumerate(names, start=1):
+        p = panels[name]
+        pts = [(t, v) for t, v in zip(p["grid"], p["curve"]) if v is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"S_ex(tau), {name}", row=1, col=c)
+        fig.add_hline(y=p["reference"], line=dict(color="black", dash="dash"), row=1, col=c,
+                      annotation_text="S_tr(1)", annotation_position="bottom right")
+        fig.add_vline(x=p["tau"], line=dict(color="#d62728", dash="dot"), row=1, col=c,
+                      annotation_text=f"tau = {p['tau']:.2f}", annotation_position="top left")
+        fig.update_xaxes(title="tau", autorange="reversed", row=1, col=c)
+        fig.update_yaxes(title="mean Pmax" if name == "pmax" else "mean entropy H" if name == "entropy" else name,
+                         row=1, col=c)
+    fig.update_layout(showlegend=False)
+    return _layout(fig, title)
+
+
+# -- Theory -------------------------------------------------------------------------
+
+def qq_plot(vectors: Mapping[str, np.ndarray], max_points: int = 1000, title: str | None = None) -> go.Figure:
+    """QQ plot of average sorted logit vectors against a normal distribution (paper Fig. 2).
+
+    Each vector's values are plotted against standard normal quantiles, with
+    the line mean + sigma * z it would follow if it were exactly Gaussian.
+    """
+    fig = go.Figure()
+    for name, vec in vectors.items():
+        v = np.sort(np.asarray(vec, dtype=float))
+        if len(v) < 2:
+            continue
+        n = len(v)
+        idx = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(int))
+        nd = NormalDist()
+        zq = np.array([nd.inv_cdf((i + 0.5) / n) for i in idx])
+        fig.add_scatter(x=zq, y=v[idx], mode="markers", marker=dict(size=4), name=f"{name} (n = {n})")
+        mu, sd = float(v.mean()), float(v.std())
+        fig.add_scatter(x=[zq[0], zq[-1]], y=[mu + sd * zq[0], mu + sd * zq[-1]], mode="lines",
+                        line=dict(dash="dash", width=1), name=f"normal fit, {name} (sigma = {sd:.3g})")
+    fig.update_xaxes(title="standard normal quantile")
+    fig.update_yaxes(title="average sorted logit (layer 0)")
+    return _layout(fig, title, height=420)
+
+
+def lmax_vs_length(df: pd.DataFrame, train_length: int | None = None, title: str | None = None) -> go.Figure:
+    """l_max (and sigma) of layer 0's average sorted logit vector across lengths (paper Table 8)."""
+    need = {"tokens", "l_max"}
+    if not need <= set(df.columns):
+        raise ValueError(f"table needs columns {sorted(need)}")
+    d = df.sort_values("tokens")
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=d["tokens"], y=d["l_max"], mode="lines+markers", name="l_max", secondary_y=False)
+    if "sigma" in d:
+        fig.add_scatter(x=d["tokens"], y=d["sigma"], mode="lines+markers", name="sigma", line=dict(dash="dot"),
+                        secondary_y=True)
+    if train_length:
+        fig.add_vline(x=train_length, line=dict(color="black", dash="dash"), annotation_text="L_tr")
+    fig.update_xaxes(title="document tokens", type="log")
+    fig.update_yaxes(title="l_max", secondary_y=False)
+    fig.update_yaxes(title="sigma", secondary_y=True)
+    return _layout(fig, title)
+
+
+def temperature_curves(
+    curves: Mapping[str, tuple[Sequence[int], Sequence[float | None]]],
+    dots: Mapping[str, tuple[Sequence[int], Sequence[float]]] | None = None,
+    train_length: int | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """tau against document length per method (lines, each ``(lengths, taus)``), Algorithm 1 picks as dots (paper Fig. 3/4).
+
+    ``None`` taus (a formula without a solution there) leave a gap.
+    """
+    fig = go.Figure()
+    for name, (xs, ys) in curves.items():
+        ys = [np.nan if y is None else float(y) for y in ys]
+        if len(ys) != len(xs):
+            raise ValueError(f"curve '{name}' has {len(ys)} values for {len(xs)} lengths")
+        fig.add_scatter(x=list(xs), y=ys, mode="lines+markers", name=name, marker=dict(size=5))
+    for name, (xs, ys) in (dots or {}).items():
+        fig.add_scatter(x=list(xs), y=list(ys), mode="markers", name=name, marker=dict(size=12, symbol="diamond"))
+    if train_length:
+        fig.add_vline(x=train_length, line=dict(color="black", dash="dash"), annotation_text="L_tr")
+    fig.update_xaxes(title="document tokens", type="log")
+    fig.update_yaxes(title="tau")
+    return _layout(fig, title, height=420)
+
+
+def cosine_hist(counts: np.ndarray, edges: np.ndarray, title: str | None = None) -> go.Figure:
+    """Histogram of cos(q, k) in layer 0 for a cosine-attention model."""
+    counts, edges = np.asarray(counts, dtype=float), np.asarray(edges, dtype=float)
+    if len(edges) != len(counts) + 1:
+        raise ValueError("edges must have one more entry than counts")
+    total = counts.sum()
+    frac = counts / total if total > 0 else counts
+    fig = go.Figure(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=frac, width=np.diff(edges), name="cos(q, k)"))
+    fig.update_xaxes(title="cos(q, k)", range=[-1, 1])
+    fig.update_yaxes(title="fraction of (query, key) pairs")
+    return _layout(fig, title)
+
+
+# -- Sweep --------------------------------------------------------------------------
+
+def accuracy_heatmap(table: pd.DataFrame, title: str | None = None, x_title: str = "document tokens",
+                     y_title: str | None = None) -> go.Figure:
+    """An accuracy pivot (percent) as a red-to-green heatmap with the numbers written in the cells."""
+    if table.empty:
+        raise ValueError("empty accuracy table")
+    z = table.to_numpy(dtype=float)
+    text = [["" if math.isnan(v) else f"{v:.0f}" for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[str(c) for c in table.columns], y=[str(i) for i in table.index], zmin=0, zmax=100,
+        colorscale="RdYlGn", text=text, texttemplate="%{text}", colorbar=dict(title="acc %"),
+        hovertemplate="%{y} / %{x}: %{z:.1f} %<extra></extra>",
+    ))
+    fig.update_xaxes(title=x_title, type="category")
+    fig.update_yaxes(title=y_title or table.index.name, type="category")
+    return _layout(fig, title)

@@ -1,0 +1,284 @@
+"""Train the bundled models: small T5s that learn retrieval at a short L_tr, reproducibly.
+
+``python -m core train --out assets/models/NAME [--config FILE.json] [--steps N] ...``
+
+The model is transformers' own ``T5ForConditionalGeneration`` (learned
+relative position bias, 32 buckets, max distance 128: exactly the mechanism
+the paper studies), run through our ``aligned`` attention so a cosine-attention
+variant (``logits = s * cos(q, k) + bias``) trains with the same code.
+Documents come from :mod:`core.tasks`, generated on the fly in a background
+process (varied haystacks from :mod:`core.corpus`' training pool, random needle
+depth, lengths up to L_tr). A length curriculum grows the longest document
+from ``min_length`` to ``train_length``: without it the copy solution is found
+much later (see shared/notes/feasibility.md).
+
+Everything is seeded; the config, the final metrics, the time it took and the
+machine are written to ``card.json`` next to the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from core import tasks
+
+EVAL_SEED = 1_000_000  # evaluation seeds start here: never used in training
+
+
+@dataclass
+class TrainConfig:
+    name: str = "passkey-t5"
+    tasks: dict[str, float] = field(default_factory=lambda: {"passkey": 0.3, "line": 0.3, "topic": 0.1, "multidoc": 0.15, "code": 0.15})
+    train_length: int = 128
+    min_length: int = 40
+    curriculum_steps: int = 1500
+    corpus_haystack: float = 0.5  # share of passkey/topic/multidoc docs with corpus paragraphs as haystack
+    vocab_size: int = 2048
+    d_model: int = 128
+    d_kv: int = 32
+    d_ff: int = 512
+    num_heads: int = 4
+    encoder_layers: int = 3
+    decoder_layers: int = 1
+    cosine_scale: float | None = None  # set: train with cosine attention at this s
+    steps: int = 6000
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup: int = 200
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 500
+    eval_docs: int = 40
+    threads: int = 0  # 0: torch's default
+    default: bool = False  # mark as the app's default model
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "TrainConfig":
+        d = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def build_model(cfg: TrainConfig, vocab_size: int):
+    """A fresh T5 with the config's sizes (our attention; cosine mode if asked)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from core import attention  # noqa: F401  registers "aligned"
+
+    tcfg = T5Config(
+        vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
+        num_layers=cfg.encoder_layers, num_decoder_layers=cfg.decoder_layers, num_heads=cfg.num_heads,
+        relative_attention_num_buckets=32, relative_attention_max_distance=128,
+        dropout_rate=0.0, feed_forward_proj="relu", tie_word_embeddings=True,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, n_positions=cfg.train_length,
+    )
+    if cfg.cosine_scale:
+        tcfg.cosine_attention = True
+        tcfg.cosine_scale = float(cfg.cosine_scale)
+    tcfg._attn_implementation = attention.ATTN_NAME
+    torch.manual_seed(cfg.seed)
+    model = T5ForConditionalGeneration(tcfg)
+    model.config._attn_implementation = attention.ATTN_NAME
+    return model
+
+
+def get_tokenizer(cfg: TrainConfig, reuse: str | Path | None = None):
+    """Reuse a saved tokenizer (all bundled models share one), or train the BPE of :mod:`core.tokenizer`."""
+    from transformers import AutoTokenizer
+
+    if reuse and (Path(reuse) / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(reuse))
+    from core.tokenizer import train_tokenizer, training_texts
+
+    return train_tokenizer(training_texts(), vocab_size=cfg.vocab_size)
+
+
+def _max_len(cfg: TrainConfig, step: int) -> int:
+    if step >= cfg.curriculum_steps:
+        return cfg.train_length
+    f = step / max(1, cfg.curriculum_steps)
+    return int(cfg.min_length + f * (cfg.train_length - cfg.min_length))
+
+
+def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: int) -> tasks.Document:
+    names, weights = zip(*cfg.tasks.items())
+    task = rng.choices(names, weights)[0]
+    n = rng.randint(min(cfg.min_length, max_len), max_len)
+    haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
+    seed = rng.randrange(EVAL_SEED)
+    depth = rng.random()
+    while True:  # early in the curriculum some tasks cannot fit yet: grow until they do
+        try:
+            return tasks.make(task, tokenizer, n, depth=depth, seed=seed, haystack=haystack)
+        except ValueError:
+            if n > 4 * cfg.train_length:
+                raise
+            n = int(n * 1.25) + 8
+
+
+def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, start_step: int, stop) -> None:
+    """Producer process: tokenised batches in step order (so training is reproducible)."""
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    for step in range(start_step, cfg.steps):
+        if stop.is_set():
+            return
+        rng = random.Random(cfg.seed * 1_000_003 + step)
+        docs = [sample_document(cfg, tok, rng, _max_len(cfg, step)) for _ in range(cfg.batch_size)]
+        enc = tok([d.text for d in docs], padding=True, return_tensors="pt")
+        lab = tok([d.expected for d in docs], padding=True, return_tensors="pt").input_ids
+        lab[lab == tok.pad_token_id] = -100
+        # numpy, not torch: torch tensors cross processes as shared-memory handles
+        # that die with the producer
+        queue.put((step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy()))
+    queue.put(None)
+
+
+def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None = None) -> dict[str, float]:
+    """Accuracy per task on fresh seeds (>= EVAL_SEED) at ``length`` (default L_tr), eval haystacks."""
+    from core import engine
+    from core.models import Loaded, ModelSpec
+
+    model.eval()
+    length = length or cfg.train_length
+    loaded = Loaded(ModelSpec(cfg.name, "", cfg.train_length, "bundled"), model, tokenizer, torch.device("cpu"), torch.float32)
+    out = {}
+    for task in cfg.tasks:
+        rng = random.Random(EVAL_SEED + hash(task) % 1000)
+        docs = [tasks.make(task, tokenizer, length, depth=rng.random(), seed=EVAL_SEED + i,
+                           haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default")
+                for i in range(n_docs)]
+        res = engine.run_batch(loaded, docs, batch_size=16)
+        out[task] = 100.0 * sum(bool(r.correct) for r in res) / len(res)
+    model.train()
+    return out
+
+
+def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False) -> dict:
+    """Train and save to ``out``; returns the card (metrics included)."""
+    import multiprocessing as mp
+
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    tokenizer = get_tokenizer(cfg, reuse_tokenizer)
+    tokenizer.save_pretrained(out)
+    model = build_model(cfg, len(tokenizer))
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        f = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * f))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    ctx = mp.get_context("spawn")
+    queue, stop = ctx.Queue(maxsize=8), ctx.Event()
+    producer = ctx.Process(target=_batches, args=(cfg, str(out), queue, 0, stop), daemon=True)
+    producer.start()
+    t0 = time.time()
+    losses: list[float] = []
+    history: list[dict] = []
+    bar = tqdm(total=cfg.steps, desc=f"train {cfg.name}", file=sys.stderr, disable=quiet)
+    try:
+        while True:
+            item = queue.get()
+            if item is None:
+                break
+            step, ids, mask, lab = item[0], *(torch.from_numpy(a) for a in item[1:])
+            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}", L=int(ids.shape[1]))
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                acc = evaluate(model, tokenizer, cfg, cfg.eval_docs)
+                history.append({"step": step + 1, "loss": sum(losses[-50:]) / len(losses[-50:]), "accuracy": acc,
+                                "minutes": round((time.time() - t0) / 60, 2)})
+                bar.write(json.dumps(history[-1]))
+                _save(model, out, cfg, history, t0, final=False)
+    finally:
+        stop.set()
+        producer.join(timeout=5)
+        if producer.is_alive():
+            producer.terminate()
+        bar.close()
+    acc = evaluate(model, tokenizer, cfg, max(cfg.eval_docs, 100))
+    history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "accuracy": acc,
+                    "minutes": round((time.time() - t0) / 60, 2)})
+    return _save(model, out, cfg, history, t0, final=True, losses=losses)
+
+
+def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None) -> dict:
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, max_new_tokens=10)
+    model.save_pretrained(out, safe_serialization=True)
+    card = {
+        "name": cfg.name,
+        "train_length": cfg.train_length,
+        "tasks": list(cfg.tasks),
+        "summary": f"T5 {cfg.encoder_layers}+{cfg.decoder_layers} layers, {cfg.num_heads} heads, d_model {cfg.d_model}"
+                   + (f", cosine attention s={cfg.cosine_scale:g}" if cfg.cosine_scale else "")
+                   + f", trained here at L_tr={cfg.train_length} tokens",
+        "default": cfg.default,
+        "finished": final,
+        "steps_done": history[-1]["step"] if history else 0,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "metrics": history[-1] if history else {},
+        "history": history,
+        "minutes": round((time.time() - t0) / 60, 2),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}",
+        "config": asdict(cfg),
+    }
+    if losses is not None:
+        card["loss_every_100"] = [round(sum(losses[i:i + 100]) / len(losses[i:i + 100]), 4) for i in range(0, len(losses), 100)]
+    (out / "card.json").write_text(json.dumps(card, indent=2))
+    return card
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m core train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output folder, e.g. assets/models/passkey-t5")
+    p.add_argument("--config", help="JSON with TrainConfig fields")
+    p.add_argument("--tokenizer", help="reuse the tokenizer of this folder")
+    for f in fields(TrainConfig):
+        if f.type in ("int", "float", "str", "float | None") and f.name != "name":
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=float if "float" in f.type else (int if f.type == "int" else str))
+    p.add_argument("--name")
+    args = p.parse_args(argv)
+    cfg = TrainConfig.from_json(args.config) if args.config else TrainConfig()
+    for f in fields(TrainConfig):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            setattr(cfg, f.name, v)
+    card = train(cfg, args.out, reuse_tokenizer=args.tokenizer)
+    print(json.dumps({"out": args.out, "metrics": card["metrics"], "minutes": card["minutes"]}))
+    return 0

@@ -1,0 +1,101 @@
+"""engine.run end to end on a tiny model: spans, probes, batching, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from core import calibration, engine, tasks
+from core.errors import InputTooLong, NumericalError, UserError
+from core.probes import ProbeSpec
+
+
+@pytest.fixture(scope="module")
+def doc(tiny):
+    return tasks.make("passkey", tiny.tokenizer, 600, depth=0.3, seed=1)
+
+
+def test_run_maps_needle_and_question(tiny, doc):
+    r = engine.run(tiny, doc)
+    a, b = r.needle_tokens
+    text = doc.text[r.offsets[a][0] : r.offsets[b - 1][1]]
+    assert doc.expected in text and "pass key" in text
+    qa, qb = r.question_tokens
+    assert "What is the pass key?" in doc.text[r.offsets[qa][0] : r.offsets[qb - 1][1]]
+    assert r.tokens == len(tiny.tokenizer(doc.text).input_ids)
+    assert r.probes.profile.shape == (tiny.n_layers, r.tokens)
+    assert r.probes.pmax.shape == (1, tiny.n_layers, tiny.n_heads)
+    s = r.summary()
+    for key in ("answer", "expected", "correct", "tau", "tokens", "train_length", "seconds", "layers"):
+        assert key in s
+    assert [l["layer"] for l in s["layers"]] == list(range(tiny.n_layers))
+    assert set(r.seconds) >= {"tokenize", "encode", "generate", "total"}
+
+
+def test_tau_in_result_and_sharper(tiny, doc):
+    r1 = engine.run(tiny, doc, engine.RunSettings(tau=1.0))
+    r6 = engine.run(tiny, doc, engine.RunSettings(tau=0.6))
+    assert np.all(r6.tau == 0.6) and r6.pmax > r1.pmax and r6.entropy < r1.entropy
+
+
+def test_batch_equals_single(tiny):
+    docs = [tasks.make("passkey", tiny.tokenizer, n, seed=s) for n, s in [(290, 1), (340, 2), (300, 3)]]
+    singles = [engine.run(tiny, d, engine.RunSettings(tau=0.8)) for d in docs]
+    batch = engine.run_batch(tiny, docs, engine.RunSettings(tau=0.8, probes=ProbeSpec.stats_only()), batch_size=3)
+    for s, b in zip(singles, batch):
+        assert s.answer == b.answer
+        np.testing.assert_allclose(s.probes.pmax, b.probes.pmax, atol=1e-5)
+        np.testing.assert_allclose(s.probes.entropy, b.probes.entropy, atol=1e-4)
+
+
+def test_too_long_is_refused_with_the_limit(tiny, doc, monkeypatch):
+    monkeypatch.setattr(engine, "_free_bytes", lambda device: 4 * 2**30)
+    cap = engine.max_tokens(tiny)
+    long_doc = tasks.make("passkey", tiny.tokenizer, cap + 200, seed=0)
+    with pytest.raises(InputTooLong) as err:
+        engine.run(tiny, long_doc)
+    assert f"{cap:,}" in str(err.value)
+
+
+def test_empty_text_is_refused(tiny):
+    with pytest.raises(UserError, match="empty"):
+        engine.run(tiny, tasks.Document("text", "   ", "", (0, 0), (0, 0), 0.5, 0))
+
+
+def test_nan_attention_is_reported(tiny_dir, doc):
+    from core.models import load
+
+    broken = load(str(tiny_dir), device="cpu", train_length=257)  # a separate cached copy
+    with torch.no_grad():
+        broken.model.encoder.block[1].layer[0].SelfAttention.q.weight.fill_(float("nan"))
+    with pytest.raises(NumericalError, match="NaN"):
+        engine.run(broken, doc)
+
+
+def test_reference_document_is_at_train_length(tiny, doc):
+    ref = calibration.reference_document(tiny, doc)
+    n = len(tiny.tokenizer(ref.text).input_ids)
+    assert abs(n - tiny.train_length) <= 16 and ref.seed == doc.seed and ref.task == doc.task
+
+
+def test_text_reference_keeps_needle(tiny):
+    text = " ".join(f"Sentence number {i} talks about nothing much." for i in range(60))
+    d = tasks.from_text(text, tiny.tokenizer, depth=0.7, seed=3)
+    ref = calibration.reference_document(tiny, d)
+    assert len(tiny.tokenizer(ref.text).input_ids) <= tiny.train_length
+    assert d.expected in ref.text[ref.needle_span[0] : ref.needle_span[1]]
+
+
+def test_resolve_methods(tiny, doc):
+    n = len(tiny.tokenizer(doc.text).input_ids)
+    assert calibration.resolve(tiny, doc, "none")[0] == 1.0
+    assert calibration.resolve(tiny, doc, "log-length")[0] == pytest.approx(np.log(256) / np.log(n))
+    fast = calibration.resolve(tiny, doc, "pmax")
+    grid = calibration.calibrate(tiny, doc, "pmax", fast=False)
+    assert fast[0] == grid.tau  # the bisection finds Algorithm 1's grid point
+    assert fast[1]["passes"] < grid.passes == 11
+    sched, _ = calibration.resolve(tiny, doc, "per-layer")
+    assert len(sched) == tiny.n_layers
+    with pytest.raises(UserError):
+        calibration.resolve(tiny, doc, "fixed")
