@@ -1,0 +1,108 @@
+"""The CLI contract: JSON shapes, sweeps that resume, exit status 2 with one line on bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_run_json(tiny_dir, capsys):
+    out = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--tokens", "400", "--seed", "3"])
+    for key in ("answer", "expected", "correct", "tau", "tokens", "train_length", "seconds"):
+        assert key in out
+    assert out["tau"] == 1.0 and out["train_length"] == 256 and abs(out["tokens"] - 400) <= 16
+    assert [l["layer"] for l in out["layers"]] == [0, 1]
+    sharp = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--tokens", "400", "--seed", "3", "--tau", "0.6"])
+    assert sharp["tau"] == 0.6 and sharp["pmax"] > out["pmax"]
+    ll = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--tokens", "400", "--seed", "3", "--method", "log-length"])
+    assert ll["tau"] < 1.0 and ll["method"] == "log-length"
+
+
+def test_run_text_file(tiny_dir, tmp_path, capsys):
+    f = tmp_path / "doc.txt"
+    f.write_text("Caf\u00e9 notes. " * 40, encoding="utf-8")
+    out = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--task", "text", "--text-file", str(f), "--seed", "2"])
+    assert out["task"] == "text" and len(out["expected"]) == 5
+
+
+def test_calibrate_json(tiny_dir, capsys):
+    out = _json(capsys, ["calibrate", "--json", "--model", str(tiny_dir), "--tokens", "500"])
+    assert set(out) >= {"criterion", "grid", "curve", "reference", "tau", "passes", "methods"}
+    assert len(out["grid"]) == len(out["curve"]) == 11 and out["passes"] == 11
+    assert out["tau"] in out["grid"]
+    assert set(out["methods"]) >= {"log-length", "infoscale", "pmax", "entropy", "prop1", "prop2"}
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_sweep_writes_and_resumes(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "s.csv"
+    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "300,1.5x", "--depths", "0.2,0.8",
+            "--methods", "none,0.7", "--samples", "2", "--out", str(out)]
+    assert main(argv) == 0
+    rows = _rows(out)
+    assert len(rows) == 2 * 2 * 2 * 2
+    for key in ("model", "task", "tokens", "depth", "seed", "method", "tau", "answer", "expected", "correct"):
+        assert key in rows[0]
+    assert {r["tokens"] for r in rows} == {"300", "384"}
+    assert {r["method"] for r in rows} == {"none", "tau=0.7"}
+    # a "killed" sweep: drop the last rows, resume, and every row is there exactly once
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:-5]))
+    assert main(argv + ["--resume"]) == 0
+    rows2 = _rows(out)
+    keys = [(r["tokens"], r["depth"], r["seed"], r["method"]) for r in rows2]
+    assert len(keys) == 16 and len(set(keys)) == 16
+    capsys.readouterr()
+
+
+def test_rpe_csv(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "rpe.csv"
+    assert main(["rpe", "--model", str(tiny_dir), "--out", str(out), "--length", "300"]) == 0
+    rows = _rows(out)
+    assert len(rows) == 300 and {"n", "distance", "head0", "head3"} <= set(rows[0])
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["run", "--model", "no-such-model"], "Unknown model"),
+        (["run", "--task", "text", "--text-file", "EMPTY"], "empty"),
+        (["run", "--depth", "1.5"], "depth"),
+        (["run", "--tokens", "5"], "too small"),
+        (["run", "--settings", "MISSING.json"], "not found"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tiny_dir, tmp_path, capsys, argv, needle):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n")
+    argv = [a.replace("EMPTY", str(empty)).replace("MISSING", str(tmp_path / "missing")) for a in argv]
+    if "--model" not in argv:
+        argv += ["--model", str(tiny_dir)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and needle in err[0]
+
+
+def test_module_entry_point(tiny_dir):
+    p = subprocess.run([sys.executable, "-m", "core", "run", "--json", "--model", str(tiny_dir), "--tokens", "300"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["tokens"] > 0
