@@ -168,7 +168,8 @@ def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None
     return out
 
 
-def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False) -> dict:
+def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False,
+          evaluate_at_end: bool = True) -> dict:
     """Train and save to ``out``; returns the card (metrics included)."""
     import multiprocessing as mp
 
@@ -230,7 +231,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         if producer.is_alive():
             producer.terminate()
         bar.close()
-    acc = evaluate(model, tokenizer, cfg, max(cfg.eval_docs, 100))
+    acc = evaluate(model, tokenizer, cfg, max(cfg.eval_docs, 100)) if evaluate_at_end else {}
     history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "accuracy": acc,
                     "minutes": round((time.time() - t0) / 60, 2)})
     return _save(model, out, cfg, history, t0, final=True, losses=losses)
@@ -259,9 +260,31 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
         "config": asdict(cfg),
     }
     if losses is not None:
-        card["loss_every_100"] = [round(sum(losses[i:i + 100]) / len(losses[i:i + 100]), 4) for i in range(0, len(losses), 100)]
+        w = max(1, len(losses) // 50)
+        card["loss_window"] = w
+        card["loss_curve"] = [round(sum(losses[i:i + w]) / len(losses[i:i + w]), 4) for i in range(0, len(losses), w)]
     (out / "card.json").write_text(json.dumps(card, indent=2))
     return card
+
+
+def search_cosine_scale(cfg: TrainConfig, scales: list[float], steps: int, out: str | Path,
+                        reuse_tokenizer: str | Path | None = None) -> dict[float, float]:
+    """Pick CosScale's s by short pilot runs: mean loss of the last 20 % of ``steps`` per s.
+
+    Cosine logits are bounded by s (plus the bias), so s sets how sharp
+    attention can get at all: too small and the key cannot be singled out,
+    too large and training is as brittle as unscaled dot products. A pilot of
+    a few hundred steps separates the candidates cheaply.
+    """
+    results = {}
+    for sc in scales:
+        pilot = TrainConfig(**{**asdict(cfg), "cosine_scale": float(sc), "steps": steps, "eval_every": 0,
+                               "curriculum_steps": steps, "name": f"pilot-s{sc:g}"})
+        card = train(pilot, Path(out) / f"pilot-s{sc:g}", reuse_tokenizer=reuse_tokenizer, quiet=True, evaluate_at_end=False)
+        tail = card["loss_curve"][-max(1, len(card["loss_curve"]) // 5):]
+        results[float(sc)] = round(sum(tail) / len(tail), 4)
+        print(json.dumps({"cosine_scale": sc, "final_loss": results[float(sc)]}), file=sys.stderr)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,12 +296,24 @@ def main(argv: list[str] | None = None) -> int:
         if f.type in ("int", "float", "str", "float | None") and f.name != "name":
             p.add_argument(f"--{f.name.replace('_', '-')}", type=float if "float" in f.type else (int if f.type == "int" else str))
     p.add_argument("--name")
+    p.add_argument("--cosine-search", help="comma list of s: pilot runs pick CosScale's s (see --pilot-steps)")
+    p.add_argument("--pilot-steps", type=int, default=400)
     args = p.parse_args(argv)
     cfg = TrainConfig.from_json(args.config) if args.config else TrainConfig()
     for f in fields(TrainConfig):
         v = getattr(args, f.name, None)
         if v is not None:
             setattr(cfg, f.name, v)
+    if args.cosine_search:
+        scales = [float(x) for x in args.cosine_search.split(",")]
+        found = search_cosine_scale(cfg, scales, args.pilot_steps, Path(args.out).parent / "pilots", args.tokenizer)
+        cfg.cosine_scale = min(found, key=found.get)
+        cfg_note = {"cosine_search": {str(k): v for k, v in found.items()}, "pilot_steps": args.pilot_steps}
+    else:
+        cfg_note = {}
     card = train(cfg, args.out, reuse_tokenizer=args.tokenizer)
+    if cfg_note:
+        card.update(cfg_note)
+        (Path(args.out) / "card.json").write_text(json.dumps(card, indent=2))
     print(json.dumps({"out": args.out, "metrics": card["metrics"], "minutes": card["minutes"]}))
     return 0

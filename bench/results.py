@@ -1,0 +1,160 @@
+"""The README's results tables for the bundled models, in one command.
+
+    python bench/results.py [--models retrieval-t5 ...] [--tasks passkey line ...] [--samples 100]
+                            [--multiples 1 2 4 8 16] [--out assets/results]
+
+For each model and task, at L_tr x multiples: accuracy for tau = 1,
+log-length, InfoScale, Algorithm 1 (Pmax), Algorithm 1 (entropy), per-layer
+Pmax alignment, and every fixed tau of a grid (the best one is reported);
+plus the dispersion table (mean Pmax and H per layer at each length, tau = 1;
+the paper's Table 1). Test documents use seeds 0..samples-1 with needle depth
+drawn per seed; measured methods are calibrated per length on 4 documents
+with seeds from 100,000 on (never the test documents). Writes
+``<out>/<model>.csv`` (one row per task, length, method) and
+``<out>/<model>.md`` (tables), with a progress bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core import calibration, engine, tasks, temperature  # noqa: E402
+from core.models import bundled_specs, load  # noqa: E402
+from core.probes import ProbeSpec  # noqa: E402
+from core.temperature import infoscale, log_length  # noqa: E402
+
+FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
+MEASURED = ("pmax", "entropy", "per-layer")
+CALIB_SEED = 100_000
+
+
+def docs_for(loaded, task: str, n: int, samples: int, seed0: int = 0) -> list[tasks.Document]:
+    out = []
+    for s in range(seed0, seed0 + samples):
+        depth = random.Random(s * 7919 + n).random()
+        out.append(tasks.make(task, loaded.tokenizer, n, depth=depth, seed=s))
+    return out
+
+
+def evaluate(loaded, docs, encs, tau, batch: int) -> tuple[float, float, float, np.ndarray, np.ndarray]:
+    st = engine.RunSettings(tau=tau, probes=ProbeSpec.stats_only())
+    res = []
+    for i in range(0, len(docs), batch):
+        res += engine.run_encoded(loaded, docs[i : i + batch], encs[i : i + batch], st)
+    acc = 100.0 * np.mean([bool(r.correct) for r in res])
+    pm = np.mean([r.probes.layer_pmax for r in res], axis=0)
+    h = np.mean([r.probes.layer_entropy for r in res], axis=0)
+    return acc, float(pm.mean()), float(h.mean()), pm, h
+
+
+def run_model(name: str, task_names: list[str], multiples: list[float], samples: int, batch: int, out: Path) -> pd.DataFrame:
+    loaded = load(name)
+    lt = loaded.train_length
+    rows = []
+    total = len(task_names) * len(multiples)
+    bar = tqdm(total=total, desc=name, file=sys.stderr)
+    for task in task_names:
+        for k in multiples:
+            n = int(round(k * lt))
+            t0 = time.time()
+            docs = docs_for(loaded, task, n, samples)
+            encs = [engine.encode(loaded, d) for d in docs]
+            calib_docs = docs_for(loaded, task, n, 4, CALIB_SEED)
+            refs = [calibration.reference_document(loaded, d) for d in calib_docs]
+            taus: dict[str, object] = {"none": 1.0, "log-length": log_length(lt, n), "infoscale": infoscale(lt, n, loaded.d_kv)}
+            measure = calibration.measure(loaded, calib_docs)
+            reference = calibration.measure(loaded, refs)(1.0)
+            for m in MEASURED:
+                if k == 1:
+                    taus[m] = 1.0 if m != "per-layer" else [1.0] * loaded.n_layers
+                elif m == "per-layer":
+                    taus[m] = temperature.per_layer(measure, reference, loaded.n_layers, "pmax").schedule
+                else:
+                    taus[m] = temperature.algorithm1(measure, reference, m, fast=True).tau
+            for t in FIXED:
+                taus[f"tau={t:g}"] = t
+            cache = {}
+            for m, tau in taus.items():
+                key = tuple(np.atleast_1d(np.asarray(tau, float)).round(6))
+                if key not in cache:
+                    cache[key] = evaluate(loaded, docs, encs, tau, batch)
+                acc, pm, h, pml, hl = cache[key]
+                rows.append({"model": name, "task": task, "multiple": k, "tokens": n, "method": m,
+                             "tau": float(np.mean(tau)), "schedule": np.round(np.atleast_1d(tau), 3).tolist(),
+                             "accuracy": acc, "pmax": pm, "entropy": h,
+                             "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
+                             "samples": samples})
+            bar.update(1)
+            bar.set_postfix(task=task, n=n, s=f"{time.time() - t0:.0f}")
+            pd.DataFrame(rows).to_csv(out / f"{name}.csv", index=False)
+    bar.close()
+    df = pd.DataFrame(rows)
+    (out / f"{name}.md").write_text(markdown(df, loaded, samples))
+    return df
+
+
+def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
+    lt = loaded.train_length
+    lines = [f"### {loaded.spec.name} (L_tr = {lt} tokens)", "",
+             f"Accuracy (%) over {samples} documents per cell (seeds 0..{samples - 1}, needle depth drawn per seed); "
+             "measured methods calibrated on 4 other documents per length (seeds >= 100000).", ""]
+    for task, d in df.groupby("task", sort=False):
+        mult = sorted(d["multiple"].unique())
+        head = "| method | " + " | ".join(f"{m:g}x ({int(m * lt)})" for m in mult) + " |"
+        lines += [f"**{task}**", "", head, "|---" * (len(mult) + 1) + "|"]
+        fixed = d[d["method"].str.startswith("tau=")]
+        for method in ["none", "log-length", "infoscale", "pmax", "entropy", "per-layer"]:
+            cells = []
+            for m in mult:
+                r = d[(d["method"] == method) & (d["multiple"] == m)].iloc[0]
+                cells.append(f"{r['accuracy']:.0f} (tau {r['tau']:.2f})")
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        cells = []
+        for m in mult:
+            f = fixed[fixed["multiple"] == m]
+            best = f.loc[f["accuracy"].idxmax()]
+            cells.append(f"{best['accuracy']:.0f} (tau {best['tau']:.2f})")
+        lines.append("| best fixed tau | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["**Dispersion at tau = 1** (mean Pmax / H per encoder layer, passkey; the paper's Table 1)", "",
+              "| tokens | " + " | ".join(f"layer {i}" for i in range(loaded.n_layers)) + " | mean |",
+              "|---" * (loaded.n_layers + 2) + "|"]
+    d = df[(df["method"] == "none")]
+    first = d["task"].iloc[0]
+    for _, r in d[d["task"] == first].iterrows():
+        cells = [f"{p:.3f} / {h:.2f}" for p, h in zip(r["pmax_layers"], r["entropy_layers"])]
+        lines.append(f"| {r['tokens']} | " + " | ".join(cells) + f" | {r['pmax']:.3f} / {r['entropy']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="*", default=None)
+    p.add_argument("--tasks", nargs="*", default=None)
+    p.add_argument("--multiples", nargs="*", type=float, default=[1, 2, 4, 8, 16])
+    p.add_argument("--samples", type=int, default=100)
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--out", default="assets/results")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in a.models or [s.name for s in bundled_specs()]:
+        loaded = load(name)
+        card = json.loads((Path(loaded.spec.source) / "card.json").read_text())
+        run_model(name, a.tasks or card["tasks"], a.multiples, a.samples, a.batch, out)
+        print((out / f"{name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

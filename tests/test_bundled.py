@@ -1,0 +1,64 @@
+"""The bundled models: they load through core.models.load, answer at L_tr, and training works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core import engine, tasks
+from core.models import bundled_specs, default_model, load
+from core.train import TrainConfig, train
+
+BUNDLED = bundled_specs()
+needs_bundled = pytest.mark.skipif(not BUNDLED, reason="no bundled model in assets/models")
+
+
+@needs_bundled
+@pytest.mark.parametrize("spec", BUNDLED, ids=lambda s: s.name)
+def test_bundled_model_loads(spec):
+    loaded = load(spec.name)
+    card = json.loads((loaded.spec.source and open(f"{spec.source}/card.json").read()))
+    assert loaded.train_length == card["train_length"] == spec.train_length
+    assert loaded.model.config._attn_implementation == "aligned"
+    assert loaded.cosine == bool(card["config"].get("cosine_scale"))
+    if loaded.cosine:
+        assert loaded.cosine_scale == card["config"]["cosine_scale"]
+
+
+@needs_bundled
+def test_default_model_is_bundled():
+    assert default_model() in {s.name for s in BUNDLED}
+
+
+@needs_bundled
+@pytest.mark.parametrize("task", ["passkey", "line"])
+def test_default_model_answers_at_train_length(task):
+    """A regression guard on fresh seeds (never used in training: those are < 1,000,000)."""
+    loaded = load(default_model())
+    docs = [tasks.make(task, loaded.tokenizer, loaded.train_length, depth=d, seed=2_000_000 + i)
+            for i, d in enumerate((0.1, 0.3, 0.5, 0.7, 0.9, 0.5))]
+    res = engine.run_batch(loaded, docs)
+    assert sum(bool(r.correct) for r in res) >= 5, [(r.answer, r.expected) for r in res]
+
+
+@needs_bundled
+@pytest.mark.parametrize("text", ["plain ascii", "  leading spaces", "Gr\u00fc\u00dfe, \u0645\u0631\u062d\u0628\u0627, \u4f60\u597d \U0001f600\n\ttabs 12345",
+                                  "</s> <pad> literal specials", "\u00e9\u0301 combining \u200b zero-width"])
+def test_bundled_tokenizer_round_trips_unicode(text):
+    tok = load(default_model()).tokenizer
+    ids = tok(text).input_ids
+    assert tok.unk_token_id not in ids
+    assert tok.decode(ids, skip_special_tokens=True) == text
+
+
+def test_train_a_few_steps_lowers_the_loss(tmp_path):
+    cfg = TrainConfig(name="t", tasks={"passkey": 1.0}, train_length=96, min_length=80, curriculum_steps=1,
+                      d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
+                      steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=0, vocab_size=400, threads=1)
+    card = train(cfg, tmp_path / "m", quiet=True, evaluate_at_end=False)
+    curve = card["loss_curve"]
+    assert curve[-1] < 0.8 * curve[0], curve
+    assert (tmp_path / "m" / "model.safetensors").exists() and card["train_length"] == 96
+    loaded = load(str(tmp_path / "m"), device="cpu")
+    assert loaded.train_length == 96 and loaded.n_layers == 1
