@@ -59,7 +59,8 @@ def _text_window(loaded: Loaded, doc: tasks.Document, length: int) -> tasks.Docu
     shift = -s
     needle = (max(0, a + shift), max(0, b + shift)) if b > a else (0, 0)
     qa = len(context[s:e])
-    return replace(doc, text=text, needle_span=needle, question_span=(qa, qa + len(question)))
+    meta = {**doc.meta, "tokens": len(tok(text).input_ids), "window": (s, e)}
+    return replace(doc, text=text, needle_span=needle, question_span=(qa, qa + len(question)), meta=meta)
 
 
 def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSettings | None = None) -> Callable[[object], LayerStats]:

@@ -195,6 +195,7 @@ def encode(loaded: Loaded, document: tasks.Document) -> Encoded:
     if not document.text or not document.text.strip():
         raise UserError("The document is empty: paste some text or generate a document.")
     ids = loaded.tokenizer(document.text).input_ids
+    check_length(loaded, len(ids))  # before the offsets: a slow tokenizer's are O(n log n) calls
     offsets = _offsets(loaded.tokenizer, document.text, ids)
     return Encoded(
         input_ids=np.asarray(ids, dtype=np.int64),

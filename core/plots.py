@@ -36,6 +36,25 @@ def _layout(fig: go.Figure, title: str | None = None, height: int = 360) -> go.F
     return fig
 
 
+def _vline(x: float, color: str = "black", dash: str = "dash", width: float = 1) -> dict:
+    """A vertical line across the plot as a plain shape dict (fig.add_vline re-validates every shape: slow)."""
+    return dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color=color, dash=dash, width=width))
+
+
+def _hline(y: float, color: str = "black", dash: str = "dash", width: float = 1) -> dict:
+    return dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=dict(color=color, dash=dash, width=width))
+
+
+def _vrect(x0: float, x1: float, color: str, opacity: float) -> dict:
+    return dict(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, fillcolor=color, opacity=opacity,
+                line=dict(width=0), layer="below")
+
+
+def _label(x: float, text: str, y: float = 1.0, color: str = "black", yanchor: str = "bottom", xanchor: str = "center") -> dict:
+    return dict(x=x, xref="x", y=y, yref="paper", text=text, showarrow=False, font=dict(color=color, size=11),
+                yanchor=yanchor, xanchor=xanchor)
+
+
 # -- pooling helpers --------------------------------------------------------------
 
 def pool_max(values: np.ndarray, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
@@ -106,14 +125,14 @@ def heatmap(
             hovertemplate="query %{y}<br>key %{x}<br>" + ("log10 p" if log else "p") + " %{z:.3g}<extra></extra>",
         )
     )
+    shapes, notes = [], []
     for span, color, name in ((needle, NEEDLE_COLOR, "needle"), (question, QUESTION_COLOR, "question")):
         if span is None:
             continue
         for v in span:
-            fig.add_vline(x=v, line=dict(color=color, width=1, dash="dot"))
-            fig.add_hline(y=v, line=dict(color=color, width=1, dash="dot"))
-        fig.add_annotation(x=span[0], y=0, yref="paper", yanchor="top", text=name, showarrow=False,
-                           font=dict(color=color, size=11))
+            shapes += [_vline(v, color, "dot"), _hline(v, color, "dot")]
+        notes.append(_label(span[0], name, y=0, color=color, yanchor="top"))
+    fig.update_layout(shapes=shapes, annotations=notes)
     fig.update_yaxes(autorange="reversed", title="query token")
     fig.update_xaxes(title="key token")
     return _layout(fig, title, height=480)
@@ -179,12 +198,14 @@ def question_profile(
     for l in layers:
         x, y = pool_max(profile[l], max_points)
         fig.add_scatter(x=x, y=y, mode="lines", name=f"layer {l}", line=dict(width=1.2))
+    shapes, notes = [], []
     if needle is not None:
-        fig.add_vrect(x0=needle[0], x1=needle[1], fillcolor="red", opacity=0.18, line_width=0,
-                      annotation_text="needle", annotation_position="top left")
+        shapes.append(_vrect(needle[0], needle[1], "red", 0.18))
+        notes.append(_label(needle[0], "needle", color="#d62728", xanchor="left"))
     if question is not None:
-        fig.add_vrect(x0=question[0], x1=question[1], fillcolor="royalblue", opacity=0.12, line_width=0,
-                      annotation_text="question", annotation_position="top right")
+        shapes.append(_vrect(question[0], question[1], "royalblue", 0.12))
+        notes.append(_label(question[1], "question", color="#1f77b4", xanchor="right"))
+    fig.update_layout(shapes=shapes, annotations=notes)
     fig.update_xaxes(title="document token")
     fig.update_yaxes(title="attention from the question", type="log" if log_y else "linear")
     return _layout(fig, title)
@@ -207,15 +228,16 @@ def rpe_curves(
     fig = go.Figure()
     for h in heads:
         fig.add_scatter(x=x, y=curves[h], mode="lines", name=f"head {h}", line=dict(width=1.4, shape="hv"))
+    shapes, notes = [], []
     if train_length is not None:
-        fig.add_vline(x=train_length, line=dict(color="black", dash="dash"), annotation_text="L_tr",
-                      annotation_position="top")
+        shapes.append(_vline(train_length))
+        notes.append(_label(train_length, "L_tr"))
     if query is not None:
-        fig.add_vline(x=query, line=dict(color="grey", dash="dot"), annotation_text="query m",
-                      annotation_position="bottom")
+        shapes.append(_vline(query, "grey", "dot"))
+        notes.append(_label(query, "query m", y=0, yanchor="top"))
         if max_distance:
-            for s in (-1, 1):
-                fig.add_vline(x=query + s * max_distance, line=dict(color="lightgrey", dash="dot"))
+            shapes += [_vline(query + sgn * max_distance, "lightgrey", "dot") for sgn in (-1, 1)]
+    fig.update_layout(shapes=shapes, annotations=notes)
     fig.update_xaxes(title="key position n")
     fig.update_yaxes(title="bias b(m, n)")
     return _layout(fig, title)
@@ -320,6 +342,18 @@ def qq_plot(vectors: Mapping[str, np.ndarray], max_points: int = 1000, title: st
     return _layout(fig, title, height=420)
 
 
+def _log_vline(fig: go.Figure, x: float | None, label: str = "L_tr") -> None:
+    """A dashed vertical line at ``x`` on a log x axis, labelled.
+
+    plotly.js places shapes on a log axis in data units but annotations in
+    log10 units (checked in a browser: a label at x = 256 stretched the axis
+    to 1e256).
+    """
+    if x:
+        fig.add_shape(_vline(x))
+        fig.add_annotation(_label(math.log10(x), label))
+
+
 def lmax_vs_length(df: pd.DataFrame, train_length: int | None = None, title: str | None = None) -> go.Figure:
     """l_max (and sigma) of layer 0's average sorted logit vector across lengths (paper Table 8)."""
     need = {"tokens", "l_max"}
@@ -331,8 +365,7 @@ def lmax_vs_length(df: pd.DataFrame, train_length: int | None = None, title: str
     if "sigma" in d:
         fig.add_scatter(x=d["tokens"], y=d["sigma"], mode="lines+markers", name="sigma", line=dict(dash="dot"),
                         secondary_y=True)
-    if train_length:
-        fig.add_vline(x=train_length, line=dict(color="black", dash="dash"), annotation_text="L_tr")
+    _log_vline(fig, train_length)
     fig.update_xaxes(title="document tokens", type="log")
     fig.update_yaxes(title="l_max", secondary_y=False)
     fig.update_yaxes(title="sigma", secondary_y=True)
@@ -357,8 +390,7 @@ def temperature_curves(
         fig.add_scatter(x=list(xs), y=ys, mode="lines+markers", name=name, marker=dict(size=5))
     for name, (xs, ys) in (dots or {}).items():
         fig.add_scatter(x=list(xs), y=list(ys), mode="markers", name=name, marker=dict(size=12, symbol="diamond"))
-    if train_length:
-        fig.add_vline(x=train_length, line=dict(color="black", dash="dash"), annotation_text="L_tr")
+    _log_vline(fig, train_length)
     fig.update_xaxes(title="document tokens", type="log")
     fig.update_yaxes(title="tau")
     return _layout(fig, title, height=420)

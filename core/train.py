@@ -43,6 +43,8 @@ class TrainConfig:
     train_length: int = 128
     min_length: int = 40
     curriculum_steps: int = 1500
+    first_tasks: dict[str, float] | None = None  # tasks of the first `first_steps` steps (None: `tasks`)
+    first_steps: int = 0
     corpus_haystack: float = 0.5  # share of passkey/topic/multidoc docs with corpus paragraphs as haystack
     vocab_size: int = 2048
     d_model: int = 128
@@ -112,8 +114,12 @@ def _max_len(cfg: TrainConfig, step: int) -> int:
     return int(cfg.min_length + f * (cfg.train_length - cfg.min_length))
 
 
-def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: int) -> tasks.Document:
-    names, weights = zip(*cfg.tasks.items())
+def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: int, step: int = 10**9) -> tasks.Document:
+    """One training document. The first ``first_steps`` steps draw from ``first_tasks`` only:
+    passkey alone teaches the copy skill fastest (short documents, one needle),
+    and the other tasks reuse it once it exists."""
+    mix = cfg.first_tasks if (cfg.first_tasks and step < cfg.first_steps) else cfg.tasks
+    names, weights = zip(*mix.items())
     task = rng.choices(names, weights)[0]
     n = rng.randint(min(cfg.min_length, max_len), max_len)
     haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
@@ -138,7 +144,7 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, start_step: int, stop)
         if stop.is_set():
             return
         rng = random.Random(cfg.seed * 1_000_003 + step)
-        docs = [sample_document(cfg, tok, rng, _max_len(cfg, step)) for _ in range(cfg.batch_size)]
+        docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
         enc = tok([d.text for d in docs], padding=True, return_tensors="pt")
         lab = tok([d.expected for d in docs], padding=True, return_tensors="pt").input_ids
         lab[lab == tok.pad_token_id] = -100

@@ -1,0 +1,219 @@
+"""The Streamlit app through AppTest: every page renders, tau moves the numbers, user errors show as st.error.
+
+The app's default model comes from AAE_MODEL: a tiny random T5 (ByT5 bytes,
+L_tr = 256, the smallest length that holds the pass key task) built once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from conftest import build_tiny_t5  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+PAGES = ("pages/explore.py", "pages/calibrate.py", "pages/sweep.py", "pages/theory.py")
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="session")
+def app_model(tmp_path_factory):
+    return build_tiny_t5(tmp_path_factory.mktemp("app-t5"), train_length=256)
+
+
+@pytest.fixture
+def env(app_model, monkeypatch):
+    monkeypatch.setenv("AAE_MODEL", str(app_model))
+    return app_model
+
+
+def _ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def _metric(at: AppTest, label: str) -> float:
+    (m,) = [m for m in at.metric if m.label == label]
+    return float(m.value)
+
+
+def test_every_page_through_navigation(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert at.get("plotly_chart"), "Explore draws its figures"
+    assert any(m.label == "mean Pmax" for m in at.metric)
+    at.session_state["tau_value"] = 0.8  # sidebar state must survive page switches
+    at.run()
+    for page in PAGES[1:] + PAGES[:1]:
+        at.switch_page(page).run()
+        _ok(at)
+        assert at.title, page
+        assert at.session_state["tau_value"] == pytest.approx(0.8), page
+        assert at.sidebar.slider(key="tau_value").value == pytest.approx(0.8), page
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_runs_alone(env, page):
+    at = AppTest.from_file(str(ROOT / page), default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert at.sidebar.selectbox(key="model_choice").value == str(env)
+    assert at.caption, "every view explains itself"
+
+
+def test_tau_slider_raises_pmax(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert at.sidebar.selectbox(key="tau_method").value == "fixed"
+    before = _metric(at, "mean Pmax")
+    assert _metric(at, "mean Pmax at tau = 1") == pytest.approx(before)
+    at.sidebar.slider(key="tau_value").set_value(0.6).run()
+    _ok(at)
+    after = _metric(at, "mean Pmax")
+    assert after > before + 0.01, (before, after)
+    assert _metric(at, "mean Pmax at tau = 1") == pytest.approx(before)  # the tau = 1 card stays
+    assert _metric(at, "mean entropy H") < _metric(at, "mean entropy H at tau = 1")
+    # Back to 1.0: served from the cache, same number as the first run.
+    at.sidebar.slider(key="tau_value").set_value(1.0).run()
+    assert _metric(at, "mean Pmax") == pytest.approx(before)
+
+
+def test_tour_first_step_sets_the_sidebar(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.button(key="tour_0").click().run()
+    _ok(at)
+    assert at.session_state["tau_method"] == "none"
+    assert at.session_state["doc_tokens"] == 256
+    assert any("Step 1" in i.value for i in at.info)
+
+
+def test_calibrate_use_this_tau_and_export(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/calibrate.py").run()
+    at.button(key="cal_run").click().run()
+    _ok(at)
+    labels = [m.label for m in at.metric]
+    assert "Algorithm 1 (pmax)" in labels and "Algorithm 1 (entropy)" in labels
+    methods = set(at.dataframe[0].value["label"])
+    assert {"InfoScale", "Prop. 1 (match Pmax)", "Algorithm 1, Pmax"} <= methods
+    at.button(key="use_pmax").click().run()
+    _ok(at)
+    assert at.session_state["tau_method"] == "fixed"
+    assert 0.3 <= at.session_state["tau_value"] <= 1.0
+    assert any("python -m core run --settings choice.json" in c.value for c in at.code)
+    assert any('"schema": "attention-alignment-explorer/settings@1"' in c.value for c in at.code)
+
+
+def test_sweep_runs_one_cell(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/sweep.py").run()
+    at.multiselect(key="sw_lengths").set_value([1])
+    at.multiselect(key="sw_depths").set_value([50])
+    at.multiselect(key="sw_methods").set_value(["none"])
+    at.number_input(key="sw_seeds").set_value(1)
+    at.button(key="sw_start").click().run()
+    _ok(at)
+    table = at.dataframe[0].value
+    assert list(table.index) == ["none"] and list(table.columns) == [256]
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_theory_measures_lengths(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/theory.py").run()
+    at.multiselect(key="th_multiples").set_value([1, 2]).run()
+    at.button(key="th_measure").click().run()
+    _ok(at)
+    stats = at.dataframe[0].value
+    assert len(stats) == 2 and stats["tokens"].is_monotonic_increasing
+
+
+# -- errors a person can act on -----------------------------------------------------------
+
+def _error_text(at: AppTest) -> str:
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.error, "expected an st.error"
+    return " ".join(e.value for e in at.error)
+
+
+def test_empty_text_error(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.radio(key="doc_mode").set_value("Paste").run()
+    at.sidebar.text_area(key="doc_text").input("   \n ").run()
+    assert "text is empty" in _error_text(at)
+
+
+def test_document_too_long_shows_engine_message(env, monkeypatch):
+    from core import engine
+
+    monkeypatch.setattr(engine, "max_tokens", lambda loaded, batch=1, chunk_bytes=0: 100)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    msg = _error_text(at)
+    assert "at most about 100 tokens" in msg and "Use a shorter document" in msg
+
+
+def test_unknown_model_error(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.text_input(key="model_other").input("no-such-model-xyz").run()
+    assert "Unknown model 'no-such-model-xyz'" in _error_text(at)
+
+
+def test_not_t5_model_error(env, tmp_path):
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.text_input(key="model_other").input(str(tmp_path)).run()
+    assert "not T5-family" in _error_text(at)
+
+
+def test_nan_attention_error(env, tmp_path):
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    folder = build_tiny_t5(tmp_path / "nan-t5", train_length=256)
+    model = T5ForConditionalGeneration.from_pretrained(folder)
+    with torch.no_grad():
+        model.encoder.block[0].layer[0].SelfAttention.q.weight.fill_(float("nan"))
+    model.save_pretrained(folder, safe_serialization=True)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.text_input(key="model_other").input(str(folder)).run()
+    assert "NaN/inf appeared in the attention" in _error_text(at)
+
+
+def test_measured_method_resolves_in_sidebar(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.selectbox(key="tau_method").set_value("pmax").run()
+    _ok(at)
+    shown = " ".join(m.value for m in at.sidebar.markdown)
+    assert "resolves to **tau = " in shown
+    assert at.sidebar.slider(key="tau_value").disabled
+
+
+def test_pasted_text_with_own_needle(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.radio(key="doc_mode").set_value("Paste").run()
+    at.sidebar.text_area(key="doc_text").input("The sky is blue. The grass is green. " * 4).run()
+    at.sidebar.radio(key="doc_needle_mode").set_value("my needle + question").run()
+    at.sidebar.text_input(key="doc_needle").input("The secret colour is teal.")
+    at.sidebar.text_input(key="doc_question").input("What is the secret colour?")
+    at.sidebar.text_input(key="doc_expected").input("teal").run()
+    _ok(at)
+    assert any("expected: `teal`" in m.value for m in at.markdown)
+
+
+def test_cosine_model_has_cosscale_and_histogram(tmp_path, monkeypatch):
+    folder = build_tiny_t5(tmp_path / "cos-t5", train_length=256, cosine=24.0, seed=1)
+    monkeypatch.setenv("AAE_MODEL", str(folder))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert at.sidebar.slider(key="cos_scale").value == pytest.approx(24.0)
+    at.sidebar.slider(key="cos_scale").set_value(12.0).run()
+    _ok(at)
+    at.switch_page("pages/theory.py").run()
+    _ok(at)
+    assert any("cos(q, k)" in h.value for h in at.subheader)

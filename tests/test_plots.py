@@ -1,0 +1,162 @@
+"""core.plots: pure figure builders; check the numbers and marks they carry, not the look."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from core import plots
+
+
+def _shapes(fig: go.Figure, kind: str | None = None) -> list:
+    return [s for s in fig.layout.shapes if kind is None or s.type == kind]
+
+
+def test_pool_max_keeps_peaks_and_bounds_points():
+    v = np.zeros(10_000)
+    v[7_777] = 5.0
+    x, y = plots.pool_max(v, 500)
+    assert len(x) == len(y) == 500
+    assert y.max() == 5.0 and x[np.argmax(y)] <= 7_777 < x[np.argmax(y)] + 20
+    x2, y2 = plots.pool_max(np.arange(5.0), 500)  # short: untouched
+    assert list(y2) == [0, 1, 2, 3, 4] and list(x2) == [0, 1, 2, 3, 4]
+
+
+def test_normal_quantiles_symmetric():
+    z = plots.normal_quantiles(101)
+    assert z[50] == pytest.approx(0.0, abs=1e-12)
+    assert z[0] == pytest.approx(-z[-1]) and np.all(np.diff(z) > 0)
+
+
+def test_heatmap_float32_log_and_needle_lines():
+    z = np.full((4, 4), 0.25)
+    z[3, 1] = 1.0
+    fig = plots.heatmap(z, np.array([0, 10, 20, 30, 40]), needle=(10, 20), question=(30, 40), log=True)
+    hm = fig.data[0]
+    assert isinstance(hm, go.Heatmap)
+    zz = np.asarray(hm.z)
+    assert zz.dtype == np.float32
+    assert zz[3, 1] == pytest.approx(0.0) and zz[0, 0] == pytest.approx(np.log10(0.25), rel=1e-6)
+    assert list(hm.x) == [0, 10, 20, 30]
+    lines = _shapes(fig, "line")
+    assert len(lines) == 8  # two spans x (start, end) x (row, column)
+    assert {s.x0 for s in lines if s.xref == "x"} >= {10, 20, 30, 40}
+    assert fig.layout.yaxis.autorange == "reversed"
+
+
+def test_heatmap_rejects_unpooled():
+    with pytest.raises(ValueError, match="pool"):
+        plots.heatmap(np.zeros((600, 600)))
+    with pytest.raises(ValueError):
+        plots.heatmap(np.zeros(5))
+
+
+def test_layer_meters_colours_by_distance():
+    ref = [0.5, 0.5, 0.5]
+    fig = plots.layer_meters([0.52, 0.6, 0.2], ref, "Pmax", baseline=[0.1, 0.1, 0.1])
+    bar, refs, base = fig.data
+    assert list(bar.marker.color) == [plots.COLORS["near"], plots.COLORS["mid"], plots.COLORS["far"]]
+    assert list(refs.y) == ref and list(base.y) == [0.1, 0.1, 0.1]
+    assert np.allclose(bar.customdata, [4.0, 20.0, -60.0])
+    with pytest.raises(ValueError):
+        plots.layer_meters([1, 2], [1, 2, 3])
+
+
+def test_deviation_handles_zero_reference():
+    assert list(plots.deviation([1.0, 2.0], [0.0, 1.0])) == [0.0, 1.0]
+
+
+def test_question_profile_pools_and_shades_needle():
+    prof = np.random.default_rng(0).random((3, 5000))
+    fig = plots.question_profile(prof, needle=(100, 140), question=(4900, 5000), layers=[0, 2], max_points=1000)
+    assert [t.name for t in fig.data] == ["layer 0", "layer 2"]
+    assert all(len(t.x) == 1000 for t in fig.data)
+    assert np.asarray(fig.data[1].y).max() == pytest.approx(prof[2].max())
+    rects = _shapes(fig, "rect")
+    assert (rects[0].x0, rects[0].x1) == (100, 140)
+    with pytest.raises(ValueError):
+        plots.question_profile(np.zeros(10))
+
+
+def test_rpe_curves_mark_train_length():
+    curves = np.vstack([np.linspace(0, 1, 300), np.linspace(1, 0, 300)])
+    fig = plots.rpe_curves(curves, heads=[1], query=100, train_length=256, max_distance=128)
+    assert len(fig.data) == 1 and fig.data[0].name == "head 1"
+    assert list(fig.data[0].y) == list(curves[1])
+    xs = sorted(s.x0 for s in _shapes(fig, "line"))
+    assert xs == [-28, 100, 228, 256]
+
+
+def test_token_shading_html_escapes_zooms_and_shades():
+    text = "a<b> needle z"
+    offsets = np.array([[0, 1], [1, 4], [5, 11], [12, 13], [0, 0]])
+    w = np.array([0.0, 0.1, 1.0, 0.5, 0.0])
+    out = plots.token_shading_html(text, offsets, w, center=(2, 3), window=1, highlight=(2, 3))
+    assert "&lt;b&gt;" in out and "<b>" not in out
+    assert "rgba(255, 80, 0, 1.000)" in out and "underline" in out
+    assert "a</span>" not in out  # token 0 is outside the window
+    assert out.count("<span") == 3
+
+
+def test_calibration_curves_two_panels_with_gaps():
+    grid = [1.0, 0.9, 0.8]
+    fig = plots.calibration_curves({
+        "pmax": {"grid": grid, "curve": [0.2, None, 0.4], "reference": 0.35, "tau": 0.8},
+        "entropy": {"grid": grid, "curve": [3.0, 2.5, 2.0], "reference": 2.6, "tau": 0.9},
+    })
+    assert len(fig.data) == 2
+    assert list(fig.data[0].x) == [1.0, 0.8]  # the unevaluated point is skipped
+    hlines = [s for s in _shapes(fig, "line") if s.y0 == s.y1 and s.xref.endswith("domain")]
+    assert sorted(s.y0 for s in hlines) == [0.35, 2.6]
+    with pytest.raises(ValueError):
+        plots.calibration_curves({})
+
+
+def test_qq_plot_gaussian_lies_on_line():
+    v = np.sort(np.random.default_rng(1).normal(2.0, 3.0, 4000))[::-1]
+    fig = plots.qq_plot({"L": v}, max_points=200)
+    pts, line = fig.data
+    assert len(pts.x) <= 200
+    slope = np.polyfit(pts.x, pts.y, 1)[0]
+    assert slope == pytest.approx(3.0, rel=0.05)
+    assert line.y[0] == pytest.approx(v.mean() + v.std() * line.x[0])
+
+
+def test_lmax_and_temperature_curves():
+    df = pd.DataFrame({"tokens": [1024, 256, 512], "l_max": [3.0, 1.0, 2.0], "sigma": [1.0, 1.0, 1.0]})
+    fig = plots.lmax_vs_length(df, 256)
+    assert list(fig.data[0].x) == [256, 512, 1024] and list(fig.data[0].y) == [1.0, 2.0, 3.0]
+    (vline,) = _shapes(fig, "line")
+    assert vline.x0 == 256  # log axis: shapes in data units, annotations in log10 units
+    assert fig.layout.annotations[-1].x == pytest.approx(np.log10(256))
+    with pytest.raises(ValueError):
+        plots.lmax_vs_length(pd.DataFrame({"tokens": [1]}))
+    fig = plots.temperature_curves({"a": ([256, 512], [1.0, None])}, {"Alg": ([512], [0.8])}, 256)
+    assert np.isnan(fig.data[0].y[1]) and fig.data[1].marker.symbol == "diamond"
+    assert _shapes(fig, "line")[0].x0 == 256 and fig.layout.annotations[-1].x == pytest.approx(np.log10(256))
+    with pytest.raises(ValueError):
+        plots.temperature_curves({"a": ([1, 2], [1.0])})
+
+
+def test_cosine_hist_normalises():
+    fig = plots.cosine_hist(np.array([1.0, 3.0]), np.array([-1.0, 0.0, 1.0]))
+    assert list(fig.data[0].y) == [0.25, 0.75] and list(fig.data[0].x) == [-0.5, 0.5]
+    with pytest.raises(ValueError):
+        plots.cosine_hist(np.ones(3), np.ones(3))
+
+
+def test_accuracy_heatmap_from_table():
+    from core.sweep import accuracy_table
+
+    df = pd.DataFrame({"method": ["none", "none", "pmax", "pmax"], "tokens": [256, 512, 256, 512],
+                       "correct": [True, False, True, True]})
+    table = accuracy_table(df, "method", "tokens")
+    fig = plots.accuracy_heatmap(table)
+    hm = fig.data[0]
+    assert np.asarray(hm.z).tolist() == [[100.0, 0.0], [100.0, 100.0]]
+    assert list(hm.y) == ["none", "pmax"] and list(hm.x) == ["256", "512"]
+    assert hm.text[0][1] == "0"
+    with pytest.raises(ValueError):
+        plots.accuracy_heatmap(pd.DataFrame())

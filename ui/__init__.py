@@ -1,0 +1,36 @@
+"""Streamlit glue shared by the pages: the sidebar (ui.sidebar), the cached backend (ui.cache), small helpers.
+
+No maths here: numbers come from :mod:`core`, figures from :mod:`core.plots`.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import streamlit as st
+
+TITLE = "Attention Alignment Explorer"
+PAPER = "Chi, Fan & Rudnicky 2023, *Attention Alignment and Flexible Positional Embeddings Improve Transformer Length Extrapolation*, [arXiv 2311.00684](https://arxiv.org/abs/2311.00684)"
+PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+
+
+def page_setup(name: str) -> None:
+    """Page title and wide layout (callable from every page; the first call of a run wins the layout)."""
+    st.set_page_config(page_title=f"{name} · {TITLE}", layout="wide")
+
+
+def csv_of(df_fn):
+    """A lazy CSV payload for st.download_button: built only when the button is clicked."""
+    def build() -> bytes:
+        df = df_fn()
+        buf = io.StringIO()
+        df.to_csv(buf, index=not isinstance(df.index, pd.RangeIndex))
+        return buf.getvalue().encode()
+
+    return build
+
+
+def chart(fig, key: str | None = None) -> None:
+    """A plotly figure with the toolbar kept (PNG download in the browser)."""
+    st.plotly_chart(fig, width="stretch", config=PLOTLY_CONFIG, key=key)

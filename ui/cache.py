@@ -1,0 +1,292 @@
+"""The app's cached backend: models, documents, encodings, runs and calibrations.
+
+Two layers:
+
+* the model: ``st.cache_resource`` around :func:`core.models.load` (one copy
+  per process, shared by every session; :mod:`core.models` caches too);
+* everything computed from it: a small thread-safe LRU per kind, itself held
+  in one ``st.cache_resource`` so all sessions share it. Keys are explicit
+  tuples of the settings that change a result (model, document request, tau
+  schedule, targets, CosScale, probe spec), so moving tau re-runs only the
+  forward pass (the document and its tokenisation are cached separately), and
+  returning to an earlier tau is a dictionary lookup, no pickling. Values are
+  shared between sessions: treat them as read-only.
+
+Why not ``st.cache_data`` for results: long calibrations report progress
+through callbacks that update an ``st.progress`` bar created outside the
+cached function, which ``st.cache_data`` would try to record and replay; and
+a :class:`core.engine.Result` would be unpickled again on every rerun. The
+functions here work without a Streamlit runtime too (``bench/app_latency.py``
+calls them directly).
+
+User-fixable errors (:class:`core.errors.UserError`) are never cached: they
+propagate to the page, which shows them with ``st.error``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any, Callable, Hashable
+
+import numpy as np
+import streamlit as st
+
+from core import calibration, engine, rpe, tasks, temperature
+from core.errors import UserError
+from core.models import Loaded, load
+from core.probes import ProbeSpec
+from core.settings import DocumentRequest
+
+MISSING = object()
+Progress = Callable[[float], None] | None
+
+
+class LRU:
+    """A small least-recently-used map with a lock (values computed outside the lock)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._d: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def peek(self, key: Hashable) -> Any:
+        with self._lock:
+            if key in self._d:
+                self._d.move_to_end(key)
+                return self._d[key]
+        return MISSING
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        v = self.peek(key)
+        if v is not MISSING:
+            self.hits += 1
+            return v
+        self.misses += 1
+        v = compute()
+        with self._lock:
+            self._d[key] = v
+            self._d.move_to_end(key)
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+        return v
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+SIZES = {"doc": 64, "enc": 24, "run": 96, "tau": 128, "cal": 48, "stats": 96, "rpe": 32}
+
+
+@st.cache_resource(show_spinner=False)
+def stores() -> dict[str, LRU]:
+    """One LRU per kind of value, shared by all sessions of this process."""
+    return {k: LRU(v) for k, v in SIZES.items()}
+
+
+def clear() -> None:
+    """Forget every cached document, run and calibration (models stay loaded)."""
+    for s in stores().values():
+        s.clear()
+
+
+# -- models -------------------------------------------------------------------------
+
+@st.cache_resource(show_spinner="Loading the model…", max_entries=4)
+def model(ref: str, device: str | None = None, train_length: int | None = None) -> Loaded:
+    """A loaded model by registry name, hub id or folder (raises ModelLoadError, never cached)."""
+    return load(ref, device=device, train_length=train_length)
+
+
+def mkey(loaded: Loaded) -> tuple:
+    return (loaded.spec.source, loaded.train_length, str(loaded.device), str(loaded.dtype))
+
+
+def tau_key(tau) -> Hashable:
+    """A hashable, rounded form of a tau schedule (number, per layer, or per layer and head)."""
+    a = np.asarray(tau, dtype=float)
+    if a.ndim == 0:
+        return round(float(a), 6)
+    return tuple(map(tuple, np.round(np.atleast_2d(a), 6).tolist())) if a.ndim == 2 else tuple(np.round(a, 6).tolist())
+
+
+# -- documents ----------------------------------------------------------------------
+
+def document(loaded: Loaded, req: DocumentRequest):
+    """The document a request builds (raises UserError for empty text, bad depth, too few tokens)."""
+    return stores()["doc"].get((mkey(loaded), req), lambda: req.build(loaded.tokenizer, loaded.train_length))
+
+
+def reference_document(loaded: Loaded, req: DocumentRequest):
+    """The request's counterpart at L_tr: same task, depth and seed (pasted text: a window around the needle)."""
+    doc = document(loaded, req)
+    return stores()["doc"].get((mkey(loaded), "ref", req), lambda: calibration.reference_document(loaded, doc))
+
+
+def token_count(loaded: Loaded, req: DocumentRequest) -> int:
+    doc = document(loaded, req)
+    n = doc.meta.get("tokens")
+    return int(n) if n is not None else len(loaded.tokenizer(doc.text).input_ids)
+
+
+def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
+    return stores()["enc"].get((mkey(loaded), doc_key), lambda: engine.encode(loaded, doc))
+
+
+# -- runs ---------------------------------------------------------------------------
+
+def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings) -> engine.Result:
+    key = (mkey(loaded), doc_key, tau_key(settings.tau), tuple(settings.targets), settings.cosine_scale,
+           settings.probes, settings.max_new_tokens, settings.generate)
+    # Refuse a too-long input first, also on a cache hit (free memory changes); the message is the engine's own.
+    # Checking before tokenising matters: slow tokenizers need seconds for a long text.
+    n = doc.meta.get("tokens") if doc.task in tasks.TASKS else None  # a pasted text's window keeps the full text's meta
+    n = n or len(loaded.tokenizer(doc.text).input_ids)
+    engine.check_length(loaded, int(n))
+    res = stores()["run"].get(key, lambda: engine.run(loaded, doc, settings, encoded=encoded(loaded, doc_key, doc)))
+    return res if res.method == settings.method else replace(res, method=settings.method)
+
+
+def run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> engine.Result:
+    """One run of the request's document (cached by every setting that changes the result; not the method label)."""
+    return _run_doc(loaded, req, document(loaded, req), settings)
+
+
+def run_reference(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
+                  probes: ProbeSpec | None = None) -> engine.Result:
+    """The L_tr counterpart at tau = 1, no generation: the reference the meters compare with."""
+    probes = probes or ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
+    settings = engine.RunSettings(tau=1.0, method="none", targets=targets, cosine_scale=cosine_scale, probes=probes,
+                                  generate=False)
+    return _run_doc(loaded, ("ref", req), reference_document(loaded, req), settings)
+
+
+#: Pooled heatmap cells per side on the Explore page (<= 512): enough to see the needle, cheap to pool and to ship.
+HEATMAP_SIZE = 256
+
+
+def explore_probes(layer: int, head: int | None) -> ProbeSpec:
+    """What the Explore page records: stats, one pooled heatmap, the question profile.
+
+    No sorted logits and no cosine histogram: those feed the Theory page
+    only, and sorting layer 0's L x L logits costs as much as the rest of
+    the probes together.
+    """
+    return ProbeSpec(heatmap_layer=int(layer), heatmap_head=head, heatmap_size=HEATMAP_SIZE, sorted_logits=False,
+                     cosine_hist_bins=0)
+
+
+# -- temperature --------------------------------------------------------------------
+
+def _base(targets: tuple, cosine_scale: float | None) -> engine.RunSettings:
+    return engine.RunSettings(targets=tuple(targets), cosine_scale=cosine_scale)
+
+
+def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | None = None, targets: tuple = ("encoder",),
+                cosine_scale: float | None = None, samples: int = 1, progress: Progress = None,
+                compute: bool = True) -> tuple[Any, dict] | None:
+    """(schedule, info) for a method on this document, via :func:`core.calibration.resolve`."""
+    if method == "fixed":
+        if tau is None:
+            raise UserError("Method 'fixed' needs a tau")
+        return float(tau), {}
+    key = (mkey(loaded), req, method, tuple(targets), cosine_scale, samples)
+    if not compute:
+        v = stores()["tau"].peek(key)
+        return None if v is MISSING else v
+    doc = document(loaded, req)
+    if method in temperature.MEASURED:
+        engine.check_length(loaded, token_count(loaded, req))
+    return stores()["tau"].get(key, lambda: calibration.resolve(
+        loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale), progress=progress))
+
+
+def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, samples: int = 1, targets: tuple = ("encoder",),
+                   cosine_scale: float | None = None, progress: Progress = None,
+                   compute: bool = True) -> dict[str, temperature.Calibration] | None:
+    """Algorithm 1 for both criteria at the document's length, sharing one set of forward passes.
+
+    The same documents, reference and memoised ``measure`` serve Pmax and
+    entropy (each pass yields both statistics), so the second criterion
+    costs no extra pass on the full grid.
+    """
+    key = (mkey(loaded), req, fast, samples, tuple(targets), cosine_scale)
+    if not compute:
+        v = stores()["cal"].peek(key)
+        return None if v is MISSING else v
+
+    def work():
+        doc = document(loaded, req)
+        engine.check_length(loaded, token_count(loaded, req))
+        base = _base(targets, cosine_scale)
+        docs = calibration.siblings(doc, loaded, samples)
+        refs = [calibration.reference_document(loaded, d) for d in docs]
+        reference = calibration.measure(loaded, refs, base)(1.0)
+        meas = calibration.measure(loaded, docs, base)
+        out = {}
+        for i, crit in enumerate(temperature.CRITERIA):
+            sub = None if progress is None else (lambda f, i=i: progress((i + f) / len(temperature.CRITERIA)))
+            cal = temperature.algorithm1(meas, reference, crit, fast=fast, progress=sub)
+            out[crit] = cal
+        return out
+
+    return stores()["cal"].get(key, work)
+
+
+def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:
+    """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2)."""
+    key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale)
+    return stores()["stats"].get(key, lambda: calibration.logit_stats(loaded, document(loaded, req), _base(targets, cosine_scale)))
+
+
+def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:
+    """tau from log-length, InfoScale, Prop. 1 and Prop. 2 (Prop.s share one pair of passes); errors as 'n/a (...)'."""
+    n, lt = token_count(loaded, req), loaded.train_length
+    out: dict[str, Any] = {
+        "log-length": temperature.log_length(lt, n) if n >= 2 else 1.0,
+        "infoscale": temperature.infoscale(lt, n, loaded.d_kv),
+    }
+    st_ = logit_stats(loaded, req, targets, cosine_scale)
+    for name, fn in (("prop1", lambda: temperature.prop1(lt, n, st_["pmax_tr"], st_["sigma_tr"], st_["sigma_ex"])),
+                     ("prop2", lambda: temperature.prop2(lt, n, st_["sigma_tr"], st_["sigma_ex"]))):
+        try:
+            out[name] = float(fn())
+        except ValueError as err:
+            out[name] = f"n/a ({err})"
+    return out
+
+
+def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> dict | None:
+    """tau = 1 layer-0 logit statistics (sigma, l_max, Pmax) of the request's document, no generation."""
+    key = (mkey(loaded), req, "length_stats")
+    if not compute:
+        v = stores()["stats"].peek(key)
+        return None if v is MISSING else v
+
+    def work():
+        spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
+        r = run(loaded, req, engine.RunSettings(tau=1.0, method="none", probes=spec, generate=False))
+        return {"tokens": r.tokens, "l_max": r.probes.l_max, "sigma": r.probes.sigma,
+                "pmax_layer0": float(r.probes.pmax[0][0].mean()), "pmax": r.pmax, "entropy": r.entropy}
+
+    return stores()["stats"].get(key, work)
+
+
+# -- rpe ----------------------------------------------------------------------------
+
+def bias_curves(loaded: Loaded, query: int, length: int) -> np.ndarray:
+    """b(m, n) per head for keys 0..length-1 (raises UserError for models without a relative bias)."""
+    def work():
+        try:
+            return rpe.bias_curves(loaded.model, query, length)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+
+    return stores()["rpe"].get((mkey(loaded), int(query), int(length)), work)

@@ -1,0 +1,324 @@
+"""The shared sidebar: model, document, temperature. Every page calls :func:`sidebar` itself.
+
+Why every page and not ``app.py``: Streamlit runs a page file *alone* in
+some cases (legacy multipage mode before ``st.navigation`` has run once in
+the process, ``AppTest.switch_page``, a browser opening ``/theory`` first),
+so a page must never rely on ``app.py`` having drawn anything.
+
+State: every widget has a fixed key whose default lives in :data:`DEFAULTS`.
+:func:`init_state` sets missing defaults and re-assigns every known key to
+itself, which turns widget-owned values into plain session values; that stops
+Streamlit from dropping them when the user switches pages (widget ids include
+the page, so the "same" sidebar widget on another page is a new widget that
+starts from the session value). Widgets are therefore created without
+``value=``/``index=``, only with ``key=``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import streamlit as st
+
+from core import engine, tasks, temperature
+from core.attention import CROSS, DECODER, ENCODER
+from core.errors import UserError
+from core.models import Loaded, bundled_specs, default_model, registry
+from core.settings import DocumentRequest, Settings
+from ui import cache
+
+ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
+OTHER_HINT = "…or a hub id / local folder (overrides the list)"
+MULTIPLES = (1, 2, 4, 8, 16)
+TAU_MIN, TAU_MAX, TAU_STEP = 0.30, 1.00, 0.01
+
+METHOD_LABELS = {
+    "none": "none (tau = 1)",
+    "fixed": "fixed tau (slider)",
+    "log-length": "log-length: log L_tr / log L",
+    "infoscale": "InfoScale",
+    "pmax": "Algorithm 1, Pmax",
+    "entropy": "Algorithm 1, entropy",
+    "prop1": "Prop. 1 (match Pmax)",
+    "prop2": "Prop. 2 (match entropy)",
+    "per-layer": "per-layer Algorithm 1 (Pmax)",
+}
+NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
+
+DEFAULTS: dict[str, Any] = {
+    "model_choice": None,  # filled from AAE_MODEL / the bundled default
+    "model_other": "",
+    "doc_mode": "Generate",
+    "doc_task": "passkey",
+    "doc_tokens": None,  # filled with L_tr once the model is known
+    "doc_depth": 50,
+    "doc_seed": 0,
+    "doc_text": "",
+    "doc_needle_mode": NEEDLE_MODES[0],
+    "doc_needle": "",
+    "doc_question": "",
+    "doc_expected": "",
+    "tau_method": "fixed",
+    "tau_value": 1.0,
+    "tgt_encoder": True,
+    "tgt_decoder": False,
+    "tgt_cross": False,
+    "cos_scale": None,
+}
+#: Page widgets whose values should also survive page switches (defaults are set by the pages).
+PAGE_KEYS = (
+    "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",
+    "ex_text_layer", "ex_text_window", "cal_fast", "cal_samples", "cal_pick", "cal_export", "sw_lengths", "sw_depths",
+    "sw_seeds", "sw_methods", "sw_fixed", "sw_samples", "sw_heat_method", "th_multiples", "tour_step",
+)
+
+
+# -- state --------------------------------------------------------------------------
+
+def default_model_ref() -> str:
+    """AAE_MODEL when set, else the bundled default, else the first registry model (may need the hub)."""
+    env = os.environ.get(ENV_MODEL, "").strip()
+    if env:
+        return env
+    return default_model() or next(iter(registry()))
+
+
+def model_options() -> list[str]:
+    """The env model (if any), bundled models, then the registry's hub models."""
+    env = os.environ.get(ENV_MODEL, "").strip()
+    opts = ([env] if env else []) + [s.name for s in bundled_specs()]
+    opts += [n for n, s in registry().items() if not s.bundled and n not in opts]
+    return opts
+
+
+def init_state() -> None:
+    """Set defaults and keep every known key alive across page switches (see the module docstring)."""
+    ss = st.session_state
+    for k, v in DEFAULTS.items():
+        if k not in ss and v is not None:
+            ss[k] = v
+    if ss.get("model_choice") not in model_options():
+        ss["model_choice"] = default_model_ref()
+    for k in list(DEFAULTS) + list(PAGE_KEYS):
+        if k in ss:
+            ss[k] = ss[k]
+
+
+def set_state(**values: Any) -> None:
+    """For on_click callbacks: write widget values before the next run draws them."""
+    for k, v in values.items():
+        st.session_state[k] = v
+
+
+def _set_tokens(n: int) -> None:
+    st.session_state["doc_tokens"] = int(n)
+
+
+def _read_upload() -> None:
+    f = st.session_state.get("doc_file")
+    if f is None:
+        return
+    try:
+        st.session_state["doc_text"] = f.getvalue().decode("utf-8")
+    except UnicodeDecodeError:
+        st.session_state["upload_error"] = f"'{f.name}' is not UTF-8 text; save it as UTF-8 (.txt) and upload again."
+
+
+# -- context ------------------------------------------------------------------------
+
+@dataclass
+class Context:
+    """What the sidebar chose, resolved: every page works from this."""
+
+    loaded: Loaded
+    model_ref: str
+    request: DocumentRequest
+    document: tasks.Document
+    tokens: int
+    method: str
+    tau_input: float
+    schedule: Any  # number or per-layer list
+    tau_info: dict = field(default_factory=dict)
+    targets: tuple[str, ...] = (ENCODER,)
+    cosine_scale: float | None = None
+
+    @property
+    def train_length(self) -> int:
+        return self.loaded.train_length
+
+    @property
+    def ratio(self) -> float:
+        return self.tokens / self.train_length
+
+    @property
+    def tau_mean(self) -> float:
+        return float(np.mean(self.schedule))
+
+    def tau_text(self, schedule: Any = None) -> str:
+        s = self.schedule if schedule is None else schedule
+        a = np.asarray(s, dtype=float)
+        if a.ndim == 0:
+            return f"{float(a):.3f}"
+        return "per layer " + ", ".join(f"{v:.2f}" for v in a.reshape(len(a), -1).mean(1)) + f" (mean {a.mean():.3f})"
+
+    def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
+        return engine.RunSettings(
+            tau=self.schedule if tau is None else tau, method=method or self.method, targets=self.targets,
+            cosine_scale=self.cosine_scale, **kw,
+        )
+
+    def settings(self, method: str | None = None, tau: Any = None, criterion: str = "pmax") -> Settings:
+        """The exportable JSON settings (the CLI's ``--settings``); a fixed schedule by default."""
+        method = method or ("fixed" if self.method not in ("none",) else "none")
+        sched = self.schedule if tau is None else tau
+        if isinstance(sched, np.ndarray):
+            sched = sched.tolist()
+        return Settings(
+            model=self.model_ref, train_length=self.train_length, method=method,
+            tau=None if method == "none" else sched, criterion=criterion, targets=self.targets,
+            cosine_scale=self.cosine_scale, chosen_at=self.tokens, document=self.request,
+        )
+
+
+def cli_command(file_name: str = "choice.json") -> str:
+    return f"python -m core run --settings {file_name} --json"
+
+
+# -- drawing ------------------------------------------------------------------------
+
+def _fail(err: Exception) -> None:
+    """Show a user-fixable error in the page (never a traceback) and end this run."""
+    st.error(str(err))
+    st.stop()
+
+
+def _model_section() -> Loaded:
+    sb = st.sidebar
+    sb.subheader("Model")
+    sb.selectbox("Model", model_options(), key="model_choice",
+                 help="Bundled models first, then T5 models from the Hugging Face hub (need internet or a local copy).")
+    sb.text_input(OTHER_HINT, key="model_other", placeholder="google/flan-t5-base or ./my-t5-folder")
+    ref = (st.session_state.get("model_other") or "").strip() or st.session_state["model_choice"]
+    st.session_state["_model_ref"] = ref
+    try:
+        loaded = cache.model(ref)
+    except UserError as err:
+        _fail(err)
+    d = loaded.describe()
+    sb.caption(
+        f"**{d['name']}** · L_tr = **{d['train_length']:,}** tokens · {d['parameters'] / 1e6:.2f} M parameters · "
+        f"{d['layers']} layers × {d['heads']} heads (d_kv {d['d_kv']}) · {d['device']} / {d['dtype']} · "
+        f"attention: {d['attention']}"
+    )
+    return loaded
+
+
+def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, int]:
+    ss, sb = st.session_state, st.sidebar
+    lt = loaded.train_length
+    if ss.get("_ltr") != (ss["_model_ref"], lt) or ss.get("doc_tokens") is None:
+        if ss.get("_ltr") is not None or ss.get("doc_tokens") is None:
+            ss["doc_tokens"] = lt  # a new model: start at its training length
+        ss["_ltr"] = (ss["_model_ref"], lt)
+    sb.subheader("Document")
+    sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
+    if ss["doc_mode"] == "Generate":
+        if ss.get("doc_task") not in tasks.TASKS:
+            ss["doc_task"] = "passkey"
+        sb.selectbox("Task", tasks.TASKS, key="doc_task",
+                     help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over documents; code: a key in Python.")
+        sb.number_input("Length in tokens", min_value=16, max_value=4_000_000, step=max(1, lt // 4), key="doc_tokens")
+        row = sb.container(horizontal=True, gap="small")
+        for k in MULTIPLES:
+            row.button(f"{k}×", key=f"len_{k}x", on_click=_set_tokens, args=(k * lt,), help=f"{k} × L_tr = {k * lt:,} tokens")
+        sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
+        sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
+        req = DocumentRequest(task=ss["doc_task"], tokens=int(ss["doc_tokens"]), depth=ss["doc_depth"] / 100,
+                              seed=int(ss["doc_seed"]))
+    else:
+        sb.text_area("Your text", key="doc_text", height=150, placeholder="Paste the text to search in…")
+        sb.file_uploader("…or upload a .txt file", type=["txt"], key="doc_file", on_change=_read_upload)
+        if ss.get("upload_error"):
+            st.error(ss.pop("upload_error"))
+        sb.radio("Needle", NEEDLE_MODES, key="doc_needle_mode")
+        mode = ss["doc_needle_mode"]
+        needle = question = expected = None
+        if mode == NEEDLE_MODES[1]:
+            sb.text_input("Needle sentence", key="doc_needle", placeholder="The secret colour is teal.")
+        if mode != NEEDLE_MODES[0]:
+            sb.text_input("Question", key="doc_question", placeholder="What is the secret colour?")
+            sb.text_input("Expected answer", key="doc_expected", placeholder="teal")
+            question, expected = ss["doc_question"] or None, ss["doc_expected"] or None
+            needle = ss["doc_needle"] if mode == NEEDLE_MODES[1] else ""
+            if mode == NEEDLE_MODES[1] and not (needle or "").strip():
+                _fail(UserError("Type the needle sentence to insert (or choose 'pass key sentence')."))
+        if mode != NEEDLE_MODES[2]:
+            sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
+        sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
+        req = DocumentRequest(task="text", depth=ss["doc_depth"] / 100, seed=int(ss["doc_seed"]), text=ss["doc_text"],
+                              needle=needle, question=question, expected=expected)
+    try:
+        doc = cache.document(loaded, req)
+        n = cache.token_count(loaded, req)
+    except UserError as err:
+        _fail(err)
+    cap = engine.max_tokens(loaded)
+    sb.caption(f"**{n:,} tokens** = **{n / lt:.2f}× L_tr** · this machine can run about {cap:,} tokens now")
+    return req, doc, n
+
+
+def _temperature_section(loaded: Loaded, req: DocumentRequest) -> tuple[str, float, Any, dict, tuple, float | None]:
+    ss, sb = st.session_state, st.sidebar
+    sb.subheader("Temperature")
+    if ss.get("tau_method") not in temperature.METHODS:
+        ss["tau_method"] = "fixed"
+    sb.selectbox("Method", temperature.METHODS, key="tau_method", format_func=lambda m: METHOD_LABELS.get(m, m),
+                 help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).")
+    method = ss["tau_method"]
+    resolved_slot = sb.empty()
+    sb.slider("tau (fixed)", TAU_MIN, TAU_MAX, step=TAU_STEP, key="tau_value", disabled=method != "fixed",
+              help="Every targeted attention logit is divided by tau; tau < 1 sharpens.")
+    sb.caption("tau applies to:")
+    row = sb.container(horizontal=True, gap="small")
+    row.checkbox("encoder", key="tgt_encoder", help="encoder self-attention (where dispersion happens; the probes measure it)")
+    row.checkbox("decoder", key="tgt_decoder", help="decoder self-attention")
+    row.checkbox("cross", key="tgt_cross", help="decoder -> encoder cross-attention")
+    targets = tuple(k for k, on in ((ENCODER, ss["tgt_encoder"]), (DECODER, ss["tgt_decoder"]), (CROSS, ss["tgt_cross"])) if on)
+    cos = None
+    if loaded.cosine:
+        s = float(loaded.cosine_scale)
+        if ss.get("cos_scale") is None or ss.get("_cos_model") != ss["_model_ref"]:
+            ss["cos_scale"], ss["_cos_model"] = s, ss["_model_ref"]
+        sb.slider("CosScale s", 1.0, float(max(4 * s, 64.0)), step=0.5, key="cos_scale",
+                  help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
+        cos = float(ss["cos_scale"])
+    tau_input = float(ss["tau_value"])
+    bar = None
+    if method in temperature.MEASURED and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
+        bar = sb.progress(0.0, text=f"resolving {METHOD_LABELS[method]}…")
+    try:
+        schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
+                                           progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
+    except UserError as err:
+        _fail(err)
+    if bar is not None:
+        bar.empty()
+    a = np.asarray(schedule, dtype=float)
+    shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} layers)"
+    resolved_slot.markdown(f"resolves to **tau = {shown}**")
+    return method, tau_input, schedule, info, targets, cos
+
+
+def sidebar() -> Context:
+    """Draw the sidebar, resolve model, document and tau; show a user error and stop the page if any."""
+    init_state()
+    loaded = _model_section()
+    req, doc, n = _document_section(loaded)
+    method, tau_input, schedule, info, targets, cos = _temperature_section(loaded, req)
+    return Context(
+        loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n, method=method,
+        tau_input=tau_input, schedule=schedule, tau_info=info, targets=targets, cosine_scale=cos,
+    )
