@@ -65,6 +65,7 @@ class TrainConfig:
     eval_docs: int = 40
     threads: int = 0  # 0: torch's default
     default: bool = False  # mark as the app's default model
+    init_from: str | None = None  # start from these weights (a saved model folder) instead of random
 
     @classmethod
     def from_json(cls, path: str | Path) -> "TrainConfig":
@@ -190,6 +191,13 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     tokenizer = get_tokenizer(cfg, reuse_tokenizer)
     tokenizer.save_pretrained(out)
     model = build_model(cfg, len(tokenizer))
+    if cfg.init_from:
+        from safetensors.torch import load_file
+
+        state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if not k.endswith("embed_tokens.weight") and k != "lm_head.weight"]:
+            raise ValueError(f"--init-from {cfg.init_from} does not match this config ({missing[:3]} {unexpected[:3]})")
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="JSON with TrainConfig fields")
     p.add_argument("--tokenizer", help="reuse the tokenizer of this folder")
     for f in fields(TrainConfig):
-        if f.type in ("int", "float", "str", "float | None") and f.name != "name":
+        if f.type in ("int", "float", "str", "float | None", "str | None") and f.name != "name":
             p.add_argument(f"--{f.name.replace('_', '-')}", type=float if "float" in f.type else (int if f.type == "int" else str))
     p.add_argument("--name")
     p.add_argument("--cosine-search", help="comma list of s: pilot runs pick CosScale's s (see --pilot-steps)")
