@@ -130,24 +130,21 @@ def parse_line(raw: str) -> tuple[str | None, tasks.Document] | None:
 def read_jsonl(path: str | Path, tokenizer, report: Callable[[str], None]) -> list[Item]:
     """Valid documents of a JSONL file; each bad line goes to ``report`` as ``"line N: why; skipped"``."""
     try:
-        f = open(path, encoding="utf-8", errors="strict")
+        f = open(path, "rb")
     except OSError as err:
         raise UserError(f"Cannot read --data file: {err}") from None
     items: list[Item] = []
     first: dict[str, int] = {}
     with f:
-        lineno = 0
-        while True:
-            lineno += 1
+        for lineno, raw in enumerate(f, 1):
             try:
-                raw = f.readline()
-            except UnicodeDecodeError:
-                report(f"line {lineno}: not UTF-8 text; skipped (lines after it cannot be read)")
-                break
-            if raw == "":
-                break
-            try:
-                parsed = parse_line(raw)
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise UserError(f"not UTF-8 text (byte {err.start + 1})") from None
+                if lineno == 1:
+                    text = text.lstrip("\ufeff")  # a byte-order mark some editors write
+                parsed = parse_line(text)
                 if parsed is None:
                     continue
                 ident, doc = parsed

@@ -117,14 +117,26 @@ class Recorder:
         self._layer_qk = None
 
     @torch.no_grad()
-    def observe(self, layer: int, r0: int, r1: int, raw: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor) -> None:
-        """Take one block of rows ``[r0, r1)``: raw logits, scaled+masked scores, probabilities."""
+    def observe(self, layer: int, r0: int, r1: int, raw: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
+                norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Take one block of rows ``[r0, r1)``: raw logits, scaled+masked scores, probabilities.
+
+        ``norm`` = (row max of ``scores``, sum of exp(scores - max)) when the
+        caller has them: then Pmax and H cost one multiply-reduce instead of a
+        max pass and a log over every probability.
+        """
         spec = self.spec
         probs = probs.detach()
         if spec.stats:
             rowmask = self.mask[:, r0:r1].to(probs.device, probs.dtype)[:, None, :]  # [B,1,c]
-            pmax = probs.amax(-1)
-            ent = -torch.special.xlogy(probs, probs).sum(-1)
+            if norm is None:
+                pmax = probs.amax(-1)
+                ent = -torch.special.xlogy(probs, probs).sum(-1)
+            else:
+                top, total = norm
+                pmax = total.reciprocal()
+                # masked scores are finfo.min where p == 0 exactly: 0 * min = 0
+                ent = top + total.log() - (probs * scores).sum(-1)
             if not (torch.isfinite(pmax).all() and torch.isfinite(ent).all()):
                 self._nonfinite.add(layer)
                 pmax, ent = torch.nan_to_num(pmax), torch.nan_to_num(ent)

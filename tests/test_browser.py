@@ -171,8 +171,19 @@ def test_tau_moves_in_the_browser(server, tmp_path):
             assert 0 < before <= 1
 
             thumb = page.locator('.st-key-tau_value input[type="range"]')
-            _slide_to(page, thumb, 0.60)
-            expect(card).to_contain_text("tau = 0.600", timeout=30_000)
+            # A press that lands while a rerun redraws the slider can be shown
+            # but never sent; nudge the slider again if the card does not follow.
+            for attempt in range(4):
+                _slide_to(page, thumb, 0.60)
+                try:
+                    expect(card).to_contain_text("tau = 0.600", timeout=20_000)
+                    break
+                except AssertionError:
+                    if attempt == 3:
+                        raise
+                    thumb.focus()
+                    page.keyboard.press("ArrowRight")
+                    page.wait_for_timeout(1500)
             page.wait_for_function(IDLE, timeout=30_000)
             after = _pmax(page)
             assert after > before, (before, after)

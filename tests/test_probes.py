@@ -82,3 +82,24 @@ def test_profile_and_sorted_logits(tiny):
         z = q @ k.transpose(-1, -2) + attn.compute_bias(n, n)
     want = z.sort(-1, descending=True).values.mean(dim=(0, 1, 2)).numpy()
     np.testing.assert_allclose(v, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fast_pmax_entropy_match_the_definitions():
+    """The attention hands the probes (row max, normaliser); both routes give the same Pmax and H."""
+    g = torch.Generator().manual_seed(5)
+    scores = torch.randn(2, 3, 7, 40, generator=g) * 3
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 30:] = False
+    scores[1, :, :, 30:] = torch.finfo(torch.float32).min
+    top = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - top)
+    total = e.sum(-1, keepdim=True)
+    probs = e / total
+    recs = []
+    for norm in (None, (top.squeeze(-1), total.squeeze(-1))):
+        rec = Recorder(ProbeSpec.stats_only(), torch.ones(2, 7, dtype=torch.bool))
+        rec.observe(0, 0, 7, scores, scores, probs, norm)
+        recs.append(rec.finish())
+    np.testing.assert_allclose(recs[0].pmax, recs[1].pmax, rtol=1e-6)
+    np.testing.assert_allclose(recs[0].entropy, recs[1].entropy, atol=2e-5)
+    assert np.isfinite(recs[1].entropy).all()
