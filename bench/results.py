@@ -146,9 +146,21 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=100)
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--out", default="assets/results")
+    p.add_argument("--tables-only", action="store_true", help="rewrite the .md tables from the existing .csv files")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.tables_only:
+        import ast
+
+        for name in a.models or [s.name for s in bundled_specs()]:
+            if (out / f"{name}.csv").exists():
+                df = pd.read_csv(out / f"{name}.csv")
+                for col in ("pmax_layers", "entropy_layers", "schedule"):
+                    df[col] = df[col].map(ast.literal_eval)
+                (out / f"{name}.md").write_text(markdown(df, load(name), int(df["samples"].iloc[0])))
+                print((out / f"{name}.md").read_text())
+        return
     for name in a.models or [s.name for s in bundled_specs()]:
         loaded = load(name)
         card = json.loads((Path(loaded.spec.source) / "card.json").read_text())

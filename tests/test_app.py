@@ -217,3 +217,19 @@ def test_cosine_model_has_cosscale_and_histogram(tmp_path, monkeypatch):
     at.switch_page("pages/theory.py").run()
     _ok(at)
     assert any("cos(q, k)" in h.value for h in at.subheader)
+
+
+def test_default_bundled_model(monkeypatch):
+    """With no AAE_MODEL the app opens on the bundled default model, and tau 1.0 -> 0.6 raises Pmax."""
+    from core.models import default_model
+
+    if default_model() is None:
+        pytest.skip("no bundled model in assets/models")
+    monkeypatch.delenv("AAE_MODEL", raising=False)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert at.sidebar.selectbox(key="model_choice").value == default_model()
+    before = _metric(at, "mean Pmax")
+    at.sidebar.slider(key="tau_value").set_value(0.6).run()
+    _ok(at)
+    assert _metric(at, "mean Pmax") > before
