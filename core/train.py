@@ -38,31 +38,32 @@ EVAL_SEED = 1_000_000  # evaluation seeds start here: never used in training
 
 @dataclass
 class TrainConfig:
-    name: str = "passkey-t5"
+    name: str = "retrieval-t5"
+    # Defaults = the shipped default model (assets/models/retrieval-t5/train_config.json).
     tasks: dict[str, float] = field(default_factory=lambda: {"passkey": 0.3, "line": 0.3, "topic": 0.1, "multidoc": 0.15, "code": 0.15})
-    train_length: int = 128
+    train_length: int = 256
     min_length: int = 40
     curriculum_steps: int = 1500
-    first_tasks: dict[str, float] | None = None  # tasks of the first `first_steps` steps (None: `tasks`)
-    first_steps: int = 0
+    first_tasks: dict[str, float] | None = field(default_factory=lambda: {"passkey": 1.0})  # the first `first_steps` steps
+    first_steps: int = 1200
     corpus_haystack: float = 0.5  # share of passkey/topic/multidoc docs with corpus paragraphs as haystack
     vocab_size: int = 2048
     d_model: int = 128
     d_kv: int = 32
-    d_ff: int = 512
+    d_ff: int = 256
     num_heads: int = 4
     encoder_layers: int = 3
     decoder_layers: int = 1
     cosine_scale: float | None = None  # set: train with cosine attention at this s
-    steps: int = 6000
-    batch_size: int = 32
+    steps: int = 5000
+    batch_size: int = 16
     lr: float = 1e-3
-    warmup: int = 200
+    warmup: int = 100
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
     eval_every: int = 500
-    eval_docs: int = 40
+    eval_docs: int = 20
     threads: int = 0  # 0: torch's default
     default: bool = False  # mark as the app's default model
     init_from: str | None = None  # start from these weights (a saved model folder) instead of random
