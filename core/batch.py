@@ -25,7 +25,7 @@ Settings (the "setting" column): ``--methods a,b,...`` (method names and/or
 numbers = fixed taus) when given, else the one from ``--settings FILE``,
 ``--tau X`` or ``--method M`` (explicit options override the file).
 
-How tau is found per document (:func:`resolve_tau`): ``none`` and fixed taus
+How tau is found per document (:func:`core.calibration.resolve`): ``none`` and fixed taus
 as they are. A length-dependent method (log-length, InfoScale, Algorithm 1
 pmax/entropy, Prop. 1/2, per-layer) whose stored schedule was chosen at this
 document's token count (the settings' ``chosen_at``) uses the stored schedule;
@@ -200,36 +200,6 @@ def choices(args, settings) -> list[Choice]:
     return [Choice(_label(settings.method, settings.tau), settings.method, settings.tau, settings.chosen_at)]
 
 
-def resolve_tau(
-    loaded: Loaded,
-    document: tasks.Document,
-    method: str,
-    tau=None,
-    chosen_at: int | None = None,
-    samples: int = 1,
-    progress=None,
-    tokens: int | None = None,
-) -> tuple[float | list, dict]:
-    """The schedule for this document: the stored one when it applies, else :func:`core.calibration.resolve`.
-
-    Stored means: ``none`` -> 1, ``fixed`` -> ``tau``, and a length-dependent
-    method whose ``tau`` was chosen at exactly this document's token count
-    (``chosen_at``). Any other length re-resolves the method on this
-    document. ``info["source"]`` says which happened.
-    """
-    n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
-    if method == "none":
-        return 1.0, {"source": "none"}
-    if method == "fixed":
-        if tau is None:
-            raise UserError("Method 'fixed' needs a tau (--tau)")
-        return tau, {"source": "fixed"}
-    if tau is not None and (method not in temperature.LENGTH_DEPENDENT or chosen_at == n):
-        return tau, {"source": "stored", "chosen_at": chosen_at, "length": n}
-    t, info = calibration.resolve(loaded, document, method, tau, samples=samples, progress=progress)
-    return t, {**info, "source": "resolved", "chosen_at": chosen_at, "length": n}
-
-
 def _needs_passes(item: Item, c: Choice) -> bool:
     if c.method in ("none", "fixed") or (c.tau is not None and c.chosen_at == item.n):
         return False
@@ -390,7 +360,7 @@ def run_items(
                     single.append(it)
                     continue
                 try:
-                    tau, _ = resolve_tau(loaded, it.doc, c.method, c.tau, c.chosen_at, samples, tokens=it.n)
+                    tau, _ = calibration.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
                 except UserError as err:
                     fail([it], c, err)
                     continue
@@ -401,7 +371,7 @@ def run_items(
             for it in sorted(single, key=lambda i: i.n):
                 t0 = time.perf_counter()
                 try:
-                    tau, _ = resolve_tau(loaded, it.doc, c.method, c.tau, c.chosen_at, samples, tokens=it.n)
+                    tau, _ = calibration.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
                 except UserError as err:
                     fail([it], c, err)
                     continue

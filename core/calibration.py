@@ -139,26 +139,35 @@ def resolve(
     samples: int = 1,
     base: engine.RunSettings | None = None,
     progress: Progress | None = None,
+    chosen_at: int | None = None,
+    tokens: int | None = None,
 ) -> tuple[float | list, dict]:
     """The schedule a method gives for this document, and what it was computed from.
 
     Returns ``(schedule, info)``; ``schedule`` is a number or, for per-layer
-    alignment, one number per layer.
+    alignment, one number per layer. A stored ``tau`` (from a settings file)
+    is used as is for ``fixed``, and for a length-dependent method only when
+    it was chosen at exactly this document's length (``chosen_at``); any other
+    length re-resolves the method here. ``info["source"]`` says which
+    happened (``none``, ``fixed``, ``stored`` or ``resolved``).
     """
     if method not in temperature.METHODS:
         raise UserError(f"Unknown method '{method}'; choose from {', '.join(temperature.METHODS)}")
-    n = len(loaded.tokenizer(document.text).input_ids)
+    n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
     lt = loaded.train_length
     if method == "none":
-        return 1.0, {}
+        return 1.0, {"source": "none"}
     if method == "fixed":
         if tau is None:
             raise UserError("Method 'fixed' needs a tau (--tau)")
-        return tau, {}
+        return tau, {"source": "fixed"}
+    if tau is not None and chosen_at == n:
+        return tau, {"source": "stored", "chosen_at": chosen_at, "length": n}
+    info: dict = {"source": "resolved", "chosen_at": chosen_at, "length": n, "train_length": lt}
     if method == "log-length":
-        return temperature.log_length(lt, n), {"length": n, "train_length": lt}
+        return temperature.log_length(lt, n), info
     if method == "infoscale":
-        return temperature.infoscale(lt, n, loaded.d_kv), {"length": n, "train_length": lt, "d": loaded.d_kv}
+        return temperature.infoscale(lt, n, loaded.d_kv), {**info, "d": loaded.d_kv}
     if method in ("prop1", "prop2"):
         st = logit_stats(loaded, document, base)
         try:
@@ -168,10 +177,10 @@ def resolve(
                 t = temperature.prop2(lt, n, st["sigma_tr"], st["sigma_ex"])
         except ValueError as err:
             raise UserError(f"{method}: {err}") from None
-        return float(t), st
+        return float(t), {**info, **st}
     crit = "per-layer" if method == "per-layer" else method
     cal = calibrate(loaded, document, crit, fast=True, samples=samples, base=base, progress=progress)
-    return (cal.schedule if cal.schedule is not None else cal.tau), cal.to_dict()
+    return (cal.schedule if cal.schedule is not None else cal.tau), {**info, **cal.to_dict()}
 
 
 def all_methods(loaded: Loaded, document: tasks.Document, samples: int = 1, progress: Progress | None = None) -> dict[str, float | list | str]:

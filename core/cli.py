@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _settings(args):
     """Merge a --settings file with explicit options (options win)."""
-    from core.settings import DocumentRequest, Settings
+    from core.settings import Settings
 
     base = Settings.load(args.settings) if getattr(args, "settings", None) else Settings()
     doc = base.document
@@ -132,14 +132,14 @@ def _progress(desc: str):
 
 
 def cmd_run(args) -> int:
-    from core import batch, engine
+    from core import calibration, engine
 
     st = _settings(args)
     loaded = _load(st.model, st.train_length, args.device)
     doc = st.document.build(loaded.tokenizer, loaded.train_length)
     prog = _progress("calibrating") if st.method in ("pmax", "entropy", "per-layer") else None
     # a stored schedule is used at the length it was chosen at; any other length re-resolves it
-    tau, info = batch.resolve_tau(loaded, doc, st.method, st.tau, st.chosen_at, samples=args.samples, progress=prog)
+    tau, info = calibration.resolve(loaded, doc, st.method, st.tau, samples=args.samples, progress=prog, chosen_at=st.chosen_at)
     if prog:
         prog.close()
     res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=st.method, targets=st.targets, cosine_scale=st.cosine_scale))
