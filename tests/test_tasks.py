@@ -11,7 +11,6 @@ import ast
 import math
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -445,12 +444,3 @@ def test_corpus_haystack_uses_its_pool(tok):
     assert not any(s in train and s not in evaluation for s in found)
 
 
-# --------------------------------------------------------------------------- speed
-
-
-def test_generation_is_fast(tok):
-    make("passkey", tok, 512, seed=0)  # warm caches
-    start = time.perf_counter()
-    for seed in range(40):
-        make("passkey", tok, 512, depth=(seed % 11) / 10, seed=seed)
-    assert time.perf_counter() - start < 4.0  # ~0.2 s here; generous for a shared CI core
