@@ -163,12 +163,11 @@ def _token_span(offsets: np.ndarray, span: tuple[int, int] | None) -> tuple[int,
 
 
 def _offsets(tokenizer, text: str, ids: list[int]) -> np.ndarray:
-    """Character offsets per token; slow tokenizers get them by tokenising prefixes."""
-    if getattr(tokenizer, "is_fast", False):
-        enc = tokenizer(text, return_offsets_mapping=True)
-        return np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-    # Slow tokenizer (e.g. ByT5): token i covers the characters whose prefix
-    # grows the token count past i. Binary search keeps this O(n log n).
+    """Character offsets per token for a slow tokenizer (fast ones return them directly).
+
+    Token i covers the characters whose prefix grows the token count past i;
+    binary search keeps this O(n log n) tokenizer calls.
+    """
     n_special = len(tokenizer("").input_ids)
     ends, pos = [], 0
     counts = {}
@@ -197,9 +196,15 @@ def encode(loaded: Loaded, document: tasks.Document) -> Encoded:
     """Tokenise a document (nothing is truncated) and map its needle and question to tokens."""
     if not document.text or not document.text.strip():
         raise UserError("The document is empty: paste some text or generate a document.")
-    ids = loaded.tokenizer(document.text).input_ids
+    tok = loaded.tokenizer
+    fast = getattr(tok, "is_fast", False)
+    enc = tok(document.text, return_offsets_mapping=True) if fast else tok(document.text)
+    ids = enc["input_ids"]
     check_length(loaded, len(ids))  # before the offsets: a slow tokenizer's are O(n log n) calls
-    offsets = _offsets(loaded.tokenizer, document.text, ids)
+    if fast:
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    else:
+        offsets = _offsets(tok, document.text, ids)
     return Encoded(
         input_ids=np.asarray(ids, dtype=np.int64),
         offsets=offsets,

@@ -78,3 +78,15 @@ def test_train_a_few_steps_lowers_the_loss(tmp_path):
     assert (tmp_path / "m" / "model.safetensors").exists() and card["train_length"] == 96
     loaded = load(str(tmp_path / "m"), device="cpu")
     assert loaded.train_length == 96 and loaded.n_layers == 1
+
+
+@needs_bundled
+def test_needle_maps_to_tokens_with_the_fast_tokenizer():
+    loaded = load(default_model())
+    doc = tasks.make("passkey", loaded.tokenizer, 2 * loaded.train_length, depth=0.4, seed=7)
+    r = engine.run(loaded, doc)
+    a, b = r.needle_tokens
+    assert doc.expected in doc.text[r.offsets[a][0] : r.offsets[b - 1][1]]
+    qa, qb = r.question_tokens
+    assert doc.text[r.offsets[qa][0] : r.offsets[qb - 1][1]].strip().startswith("What is the pass key?")
+    assert r.probes.profile.shape == (loaded.n_layers, r.tokens)
