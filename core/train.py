@@ -65,6 +65,7 @@ class TrainConfig:
     eval_every: int = 500
     eval_docs: int = 20
     threads: int = 0  # 0: torch's default
+    workers: int = 1  # producer processes making batches (step order, hence the result, does not depend on it)
     default: bool = False  # mark as the app's default model
     init_from: str | None = None  # start from these weights (a saved model folder) instead of random
 
@@ -136,13 +137,15 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
             n = int(n * 1.25) + 8
 
 
-def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, start_step: int, stop) -> None:
-    """Producer process: tokenised batches in step order (so training is reproducible)."""
+def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop) -> None:
+    """Producer process ``worker`` of ``cfg.workers``: the tokenised batches of steps
+    ``worker, worker + workers, ...``. Each step's documents depend only on the
+    seed and the step, so the trainer gets the same data whatever the worker count."""
     from transformers import AutoTokenizer
 
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    for step in range(start_step, cfg.steps):
+    for step in range(worker, cfg.steps, max(1, cfg.workers)):
         if stop.is_set():
             return
         rng = random.Random(cfg.seed * 1_000_003 + step)
@@ -163,7 +166,8 @@ def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None
 
     model.eval()
     length = length or cfg.train_length
-    loaded = Loaded(ModelSpec(cfg.name, "", cfg.train_length, "bundled"), model, tokenizer, torch.device("cpu"), torch.float32)
+    device = next(model.parameters()).device
+    loaded = Loaded(ModelSpec(cfg.name, "", cfg.train_length, "bundled"), model, tokenizer, device, torch.float32)
     out = {}
     for task in cfg.tasks:
         rng = random.Random(EVAL_SEED + hash(task) % 1000)
@@ -177,8 +181,12 @@ def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None
 
 
 def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False,
-          evaluate_at_end: bool = True) -> dict:
-    """Train and save to ``out``; returns the card (metrics included)."""
+          evaluate_at_end: bool = True, device: str | None = None) -> dict:
+    """Train and save to ``out``; returns the card (metrics included).
+
+    ``device``: "cpu", "cuda" or None (CUDA when present). Training runs in
+    float32 on either: the models are small, and the app runs them in float32
+    on the CPU, so there is no precision gap between training and use."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -199,7 +207,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if not k.endswith("embed_tokens.weight") and k != "lm_head.weight"]:
             raise ValueError(f"--init-from {cfg.init_from} does not match this config ({missing[:3]} {unexpected[:3]})")
-    model.train()
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(dev).train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
@@ -212,19 +221,28 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     ctx = mp.get_context("spawn")
-    queue, stop = ctx.Queue(maxsize=8), ctx.Event()
-    producer = ctx.Process(target=_batches, args=(cfg, str(out), queue, 0, stop), daemon=True)
-    producer.start()
+    workers = max(1, cfg.workers)
+    queue, stop = ctx.Queue(maxsize=8 * workers), ctx.Event()
+    producers = [ctx.Process(target=_batches, args=(cfg, str(out), queue, w, stop), daemon=True) for w in range(workers)]
+    for pr in producers:
+        pr.start()
+    pending: dict[int, tuple] = {}  # batches that arrived ahead of their step
+    finished = 0
     t0 = time.time()
     losses: list[float] = []
     history: list[dict] = []
     bar = tqdm(total=cfg.steps, desc=f"train {cfg.name}", file=sys.stderr, disable=quiet)
     try:
-        while True:
-            item = queue.get()
-            if item is None:
-                break
-            step, ids, mask, lab = item[0], *(torch.from_numpy(a) for a in item[1:])
+        for step in range(cfg.steps):
+            while step not in pending:
+                item = queue.get()
+                if item is None:
+                    finished += 1
+                    if finished == workers:
+                        raise RuntimeError(f"producers stopped before step {step}")
+                    continue
+                pending[item[0]] = item[1:]
+            ids, mask, lab = (torch.from_numpy(a).to(dev) for a in pending.pop(step))
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -242,9 +260,10 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                 _save(model, out, cfg, history, t0, final=False)
     finally:
         stop.set()
-        producer.join(timeout=5)
-        if producer.is_alive():
-            producer.terminate()
+        for pr in producers:
+            pr.join(timeout=5)
+            if pr.is_alive():
+                pr.terminate()
         bar.close()
     acc = evaluate(model, tokenizer, cfg, max(cfg.eval_docs, 100)) if evaluate_at_end else {}
     history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "accuracy": acc,
@@ -257,6 +276,10 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
 
     model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, max_new_tokens=10)
     model.save_pretrained(out, safe_serialization=True)
+    dev = next(model.parameters()).device
+    machine = f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}"
+    if dev.type == "cuda":
+        machine = f"{torch.cuda.get_device_name(dev)} (float32), {machine}, {cfg.workers} data workers"
     card = {
         "name": cfg.name,
         "train_length": cfg.train_length,
@@ -271,7 +294,7 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
         "metrics": history[-1] if history else {},
         "history": history,
         "minutes": round((time.time() - t0) / 60, 2),
-        "machine": f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}",
+        "machine": machine,
         "config": asdict(cfg),
     }
     if losses is not None:
@@ -313,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name")
     p.add_argument("--cosine-search", help="comma list of s: pilot runs pick CosScale's s (see --pilot-steps)")
     p.add_argument("--pilot-steps", type=int, default=400)
+    p.add_argument("--device", help="cpu | cuda (default: CUDA when present); training is float32 on both")
     args = p.parse_args(argv)
     cfg = TrainConfig.from_json(args.config) if args.config else TrainConfig()
     for f in fields(TrainConfig):
@@ -326,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg_note = {"cosine_search": {str(k): v for k, v in found.items()}, "pilot_steps": args.pilot_steps}
     else:
         cfg_note = {}
-    card = train(cfg, args.out, reuse_tokenizer=args.tokenizer)
+    card = train(cfg, args.out, reuse_tokenizer=args.tokenizer, device=args.device)
     if cfg_note:
         card.update(cfg_note)
         (Path(args.out) / "card.json").write_text(json.dumps(card, indent=2))

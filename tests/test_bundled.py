@@ -90,3 +90,13 @@ def test_needle_maps_to_tokens_with_the_fast_tokenizer():
     qa, qb = r.question_tokens
     assert doc.text[r.offsets[qa][0] : r.offsets[qb - 1][1]].strip().startswith("What is the pass key?")
     assert r.probes.profile.shape == (loaded.n_layers, r.tokens)
+
+
+def test_training_data_do_not_depend_on_the_worker_count(tmp_path):
+    """Several producer processes must hand the trainer exactly the batches one would."""
+    base = dict(name="t", tasks={"passkey": 0.5, "line": 0.5}, train_length=96, min_length=60, curriculum_steps=10,
+                first_tasks=None, d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
+                steps=12, batch_size=4, lr=3e-3, warmup=2, eval_every=0, vocab_size=400, threads=1)
+    one = train(TrainConfig(**base, workers=1), tmp_path / "one", quiet=True, evaluate_at_end=False, device="cpu")
+    three = train(TrainConfig(**base, workers=3), tmp_path / "three", quiet=True, evaluate_at_end=False, device="cpu")
+    assert one["loss_curve"] == three["loss_curve"]
