@@ -274,16 +274,17 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     ids, mask = ids.to(loaded.device), mask.to(loaded.device)
     tau = tau_matrix(settings.tau, loaded.n_layers, loaded.n_heads)
     attn = settings.attention()
-    recorder = Recorder(settings.probes, mask.bool())
+    # No probe asked for: no recorder, so the attention takes torch's fused kernel.
+    recorder = Recorder(settings.probes, mask.bool()) if settings.probes.wanted else None
     # A batch without padding needs no mask at all (and gets the fast path).
     enc_mask = None if bool(mask.all()) else mask
 
     t0 = time.perf_counter()
     with attention_call(attn, recorder):
         hidden = loaded.model.get_encoder()(input_ids=ids, attention_mask=enc_mask).last_hidden_state
-    record = recorder.finish()
-    if record.nonfinite_layers or not bool(torch.isfinite(hidden).all()):
-        where = f" (encoder layer(s) {record.nonfinite_layers})" if record.nonfinite_layers else ""
+    record = recorder.finish() if recorder is not None else None
+    if (record is not None and record.nonfinite_layers) or not bool(torch.isfinite(hidden).all()):
+        where = f" (encoder layer(s) {record.nonfinite_layers})" if record is not None and record.nonfinite_layers else ""
         raise NumericalError(
             f"NaN/inf appeared in the attention{where} with dtype {loaded.dtype}. T5 overflows in float16: "
             "run in float32 (CPU) or bfloat16 (GPU); a very small tau can also overflow."
@@ -307,7 +308,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     results = []
     for i, (doc, enc) in enumerate(zip(docs, encs)):
         sc = tasks.score(doc.task, answers[i], doc.expected) if settings.generate and doc.expected else None
-        rec = record if len(encs) == 1 else _item(record, i)
+        rec = record if (record is None or len(encs) == 1) else _item(record, i)
         results.append(
             Result(
                 task=doc.task,

@@ -46,6 +46,15 @@ class ProbeSpec:
     def stats_only(cls) -> "ProbeSpec":
         return cls(heatmap=False, sorted_logits=False, cosine_hist_bins=0)
 
+    @classmethod
+    def off(cls) -> "ProbeSpec":
+        """Record nothing: the attention then runs torch's fused kernel (accuracy-only sweeps)."""
+        return cls(stats=False, heatmap=False, sorted_logits=False, cosine_hist_bins=0)
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.stats or self.heatmap or self.profile_rows or self.sorted_logits or self.cosine_hist_bins)
+
 
 @dataclass
 class ProbeRecord:

@@ -99,3 +99,21 @@ def test_resolve_methods(tiny, doc):
     assert len(sched) == tiny.n_layers
     with pytest.raises(UserError):
         calibration.resolve(tiny, doc, "fixed")
+
+
+def test_probes_off_takes_the_fused_path_with_the_same_answers(tiny, tiny_dir, doc):
+    """Accuracy-only sweeps run without a recorder; tau and padding must still apply."""
+    docs = [tasks.make("passkey", tiny.tokenizer, n, seed=s) for n, s in [(290, 1), (340, 2)]]
+    for tau in (1.0, 0.6):
+        probed = engine.run_batch(tiny, docs, engine.RunSettings(tau=tau, probes=ProbeSpec.stats_only()), batch_size=2)
+        off = engine.run_batch(tiny, docs, engine.RunSettings(tau=tau, probes=ProbeSpec.off()), batch_size=2)
+        assert [r.answer for r in off] == [r.answer for r in probed]
+        assert all(r.probes is None for r in off)
+
+    from core.models import load
+
+    broken = load(str(tiny_dir), device="cpu", train_length=258)
+    with torch.no_grad():
+        broken.model.encoder.block[0].layer[0].SelfAttention.k.weight.fill_(float("nan"))
+    with pytest.raises(NumericalError, match="NaN"):
+        engine.run(broken, doc, engine.RunSettings(probes=ProbeSpec.off()))
