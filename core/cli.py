@@ -249,14 +249,14 @@ def cmd_rpe(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # its options belong to core.train's own parser
-        from core.train import main as train_main
-
-        return train_main(argv[1:])
-    args = _parser().parse_args(argv)
     try:
+        if argv[:1] == ["train"]:  # its options belong to core.train's own parser
+            from core.train import main as train_main
+
+            return train_main(argv[1:])
+        args = _parser().parse_args(argv)
         return {"run": cmd_run, "calibrate": cmd_calibrate, "sweep": cmd_sweep, "rpe": cmd_rpe}[args.cmd](args)
-    except (UserError, ValueError) as err:
+    except (UserError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except MemoryError:

@@ -204,8 +204,14 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         from safetensors.torch import load_file
 
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or [k for k in missing if not k.endswith("embed_tokens.weight") and k != "lm_head.weight"]:
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as err:  # tensor shapes differ: another d_model, d_ff, heads...
+            raise ValueError(f"--init-from {cfg.init_from} has other sizes than this config: {str(err).splitlines()[1].strip()}") from None
+        # Blocks the source does not have (e.g. a second decoder layer) start fresh; anything else must match.
+        src_blocks = {".".join(k.split(".")[:3]) for k in state if ".block." in k}
+        new_block = lambda k: ".block." in k and ".".join(k.split(".")[:3]) not in src_blocks  # noqa: E731
+        if unexpected or [k for k in missing if not k.endswith("embed_tokens.weight") and k != "lm_head.weight" and not new_block(k)]:
             raise ValueError(f"--init-from {cfg.init_from} does not match this config ({missing[:3]} {unexpected[:3]})")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev).train()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from core import engine, tasks
 from core.models import bundled_specs, default_model, load
@@ -100,3 +101,22 @@ def test_training_data_do_not_depend_on_the_worker_count(tmp_path):
     one = train(TrainConfig(**base, workers=1), tmp_path / "one", quiet=True, evaluate_at_end=False, device="cpu")
     three = train(TrainConfig(**base, workers=3), tmp_path / "three", quiet=True, evaluate_at_end=False, device="cpu")
     assert one["loss_curve"] == three["loss_curve"]
+
+
+def test_init_from_keeps_weights_and_adds_fresh_blocks(tmp_path):
+    """--init-from copies every tensor the source has; blocks it lacks (a second decoder layer) start fresh."""
+    from safetensors.torch import load_file
+
+    base = dict(name="t", tasks={"passkey": 1.0}, train_length=96, min_length=80, curriculum_steps=1, first_tasks=None,
+                d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
+                steps=3, batch_size=2, lr=1e-3, warmup=1, eval_every=0, vocab_size=400, threads=1)
+    train(TrainConfig(**base), tmp_path / "src", quiet=True, evaluate_at_end=False, device="cpu")
+    grown = TrainConfig(**{**base, "decoder_layers": 2, "steps": 1, "lr": 0.0, "init_from": str(tmp_path / "src")})
+    train(grown, tmp_path / "grown", quiet=True, evaluate_at_end=False, device="cpu")
+    src, out = load_file(str(tmp_path / "src" / "model.safetensors")), load_file(str(tmp_path / "grown" / "model.safetensors"))
+    assert "decoder.block.1.layer.0.SelfAttention.q.weight" in out
+    for k in ("encoder.block.0.layer.0.SelfAttention.q.weight", "decoder.block.0.layer.1.EncDecAttention.k.weight"):
+        assert torch.equal(src[k], out[k]), k
+    wider = TrainConfig(**{**base, "d_model": 48, "steps": 1, "init_from": str(tmp_path / "src")})
+    with pytest.raises(ValueError, match="other sizes"):
+        train(wider, tmp_path / "wider", quiet=True, evaluate_at_end=False, device="cpu")

@@ -106,3 +106,9 @@ def test_module_entry_point(tiny_dir):
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["tokens"] > 0
+
+
+def test_train_with_a_missing_config_exits_2_with_one_line(tmp_path, capsys):
+    assert main(["train", "--config", str(tmp_path / "missing.json"), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "missing.json" in err[0]
