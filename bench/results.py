@@ -50,21 +50,22 @@ def docs_for(loaded, task: str, n: int, samples: int, seed0: int = 0) -> list[ta
     return out
 
 
-def accuracy(loaded, docs, encs, tau, batch: int) -> float:
-    """Accuracy (%) at ``tau``. No probes: the attention takes torch's fused kernel (about 5x faster)."""
-    st = engine.RunSettings(tau=tau, probes=ProbeSpec.off())
+def _run(loaded, docs, encs, settings: engine.RunSettings, batch: int) -> list[engine.Result]:
     res = []
     for i in range(0, len(docs), batch):
-        res += engine.run_encoded(loaded, docs[i : i + batch], encs[i : i + batch], st)
+        res += engine.run_encoded(loaded, docs[i : i + batch], encs[i : i + batch], settings)
+    return res
+
+
+def accuracy(loaded, docs, encs, tau, batch: int) -> float:
+    """Accuracy (%) at ``tau``. No probes: the attention takes torch's fused kernel (about 5x faster)."""
+    res = _run(loaded, docs, encs, engine.RunSettings(tau=tau, probes=ProbeSpec.off()), batch)
     return 100.0 * float(np.mean([bool(r.correct) for r in res]))
 
 
 def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """Mean Pmax and H per layer at tau = 1 (over all heads and query rows, then documents)."""
-    st = engine.RunSettings(tau=1.0, probes=ProbeSpec.stats_only(), generate=False)
-    res = []
-    for i in range(0, len(docs), batch):
-        res += engine.run_encoded(loaded, docs[i : i + batch], encs[i : i + batch], st)
+    res = _run(loaded, docs, encs, engine.RunSettings(tau=1.0, probes=ProbeSpec.stats_only(), generate=False), batch)
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 

@@ -70,7 +70,7 @@ class Result:
     train_length: int
     needle_tokens: tuple[int, int] | None
     question_tokens: tuple[int, int] | None
-    probes: ProbeRecord
+    probes: ProbeRecord | None  # None when the run asked for no probes (ProbeSpec.off())
     seconds: dict[str, float]
     offsets: np.ndarray | None = None
     cosine_scale: float | None = None
@@ -283,8 +283,9 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     with attention_call(attn, recorder):
         hidden = loaded.model.get_encoder()(input_ids=ids, attention_mask=enc_mask).last_hidden_state
     record = recorder.finish() if recorder is not None else None
-    if (record is not None and record.nonfinite_layers) or not bool(torch.isfinite(hidden).all()):
-        where = f" (encoder layer(s) {record.nonfinite_layers})" if record is not None and record.nonfinite_layers else ""
+    bad_layers = record.nonfinite_layers if record is not None else []
+    if bad_layers or not bool(torch.isfinite(hidden).all()):
+        where = f" (encoder layer(s) {bad_layers})" if bad_layers else ""
         raise NumericalError(
             f"NaN/inf appeared in the attention{where} with dtype {loaded.dtype}. T5 overflows in float16: "
             "run in float32 (CPU) or bfloat16 (GPU); a very small tau can also overflow."

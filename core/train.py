@@ -207,12 +207,15 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # tensor shapes differ: another d_model, d_ff, heads...
-            raise ValueError(f"--init-from {cfg.init_from} has other sizes than this config: {str(err).splitlines()[1].strip()}") from None
-        # Blocks the source does not have (e.g. a second decoder layer) start fresh; anything else must match.
-        src_blocks = {".".join(k.split(".")[:3]) for k in state if ".block." in k}
-        new_block = lambda k: ".block." in k and ".".join(k.split(".")[:3]) not in src_blocks  # noqa: E731
-        if unexpected or [k for k in missing if not k.endswith("embed_tokens.weight") and k != "lm_head.weight" and not new_block(k)]:
-            raise ValueError(f"--init-from {cfg.init_from} does not match this config ({missing[:3]} {unexpected[:3]})")
+            first = next((ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln), str(err).splitlines()[0])
+            raise ValueError(f"--init-from {cfg.init_from} has other sizes than this config: {first}") from None
+        # Tied embeddings, and blocks the source does not have (e.g. a second
+        # decoder layer), may be missing: they start fresh. Anything else must match.
+        src_blocks = {_block(k) for k in state} - {None}
+        odd = [k for k in missing if not k.endswith("embed_tokens.weight") and k != "lm_head.weight"
+               and _block(k) in src_blocks | {None}]
+        if unexpected or odd:
+            raise ValueError(f"--init-from {cfg.init_from} does not match this config ({odd[:3]} {unexpected[:3]})")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev).train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -275,6 +278,12 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "accuracy": acc,
                     "minutes": round((time.time() - t0) / 60, 2)})
     return _save(model, out, cfg, history, t0, final=True, losses=losses)
+
+
+def _block(key: str) -> str | None:
+    """"encoder.block.2.layer.0..." -> "encoder.block.2"; None for tensors outside the blocks."""
+    parts = key.split(".")
+    return ".".join(parts[:3]) if len(parts) > 3 and parts[1] == "block" else None
 
 
 def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None) -> dict:

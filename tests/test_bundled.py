@@ -15,6 +15,11 @@ BUNDLED = bundled_specs()
 needs_bundled = pytest.mark.skipif(not BUNDLED, reason="no bundled model in assets/models")
 
 
+# A training config small enough for seconds of CPU (the tests below vary steps, lr, tasks).
+TINY_TRAIN = dict(name="t", tasks={"passkey": 1.0}, first_tasks=None, train_length=96, min_length=80, curriculum_steps=1,
+                  d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
+                  eval_every=0, vocab_size=400, threads=1)
+
 @needs_bundled
 @pytest.mark.parametrize("spec", BUNDLED, ids=lambda s: s.name)
 def test_bundled_model_loads(spec):
@@ -70,9 +75,7 @@ def test_bundled_tokenizer_round_trips_unicode(text):
 
 
 def test_train_a_few_steps_lowers_the_loss(tmp_path):
-    cfg = TrainConfig(name="t", tasks={"passkey": 1.0}, train_length=96, min_length=80, curriculum_steps=1,
-                      d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
-                      steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=0, vocab_size=400, threads=1)
+    cfg = TrainConfig(**{**TINY_TRAIN, "steps": 60, "batch_size": 8, "lr": 3e-3, "warmup": 5})
     card = train(cfg, tmp_path / "m", quiet=True, evaluate_at_end=False)
     curve = card["loss_curve"]
     assert curve[-1] < 0.8 * curve[0], curve
@@ -95,11 +98,10 @@ def test_needle_maps_to_tokens_with_the_fast_tokenizer():
 
 def test_training_data_do_not_depend_on_the_worker_count(tmp_path):
     """Several producer processes must hand the trainer exactly the batches one would."""
-    base = dict(name="t", tasks={"passkey": 0.5, "line": 0.5}, train_length=96, min_length=60, curriculum_steps=10,
-                first_tasks=None, d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
-                steps=12, batch_size=4, lr=3e-3, warmup=2, eval_every=0, vocab_size=400, threads=1)
-    one = train(TrainConfig(**base, workers=1), tmp_path / "one", quiet=True, evaluate_at_end=False, device="cpu")
-    three = train(TrainConfig(**base, workers=3), tmp_path / "three", quiet=True, evaluate_at_end=False, device="cpu")
+    base = {**TINY_TRAIN, "tasks": {"passkey": 0.5, "line": 0.5}, "min_length": 60, "curriculum_steps": 10,
+            "steps": 12, "batch_size": 4, "lr": 3e-3, "warmup": 2}
+    one = train(TrainConfig(**{**base, "workers": 1}), tmp_path / "one", quiet=True, evaluate_at_end=False, device="cpu")
+    three = train(TrainConfig(**{**base, "workers": 3}), tmp_path / "three", quiet=True, evaluate_at_end=False, device="cpu")
     assert one["loss_curve"] == three["loss_curve"]
 
 
@@ -107,9 +109,7 @@ def test_init_from_keeps_weights_and_adds_fresh_blocks(tmp_path):
     """--init-from copies every tensor the source has; blocks it lacks (a second decoder layer) start fresh."""
     from safetensors.torch import load_file
 
-    base = dict(name="t", tasks={"passkey": 1.0}, train_length=96, min_length=80, curriculum_steps=1, first_tasks=None,
-                d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
-                steps=3, batch_size=2, lr=1e-3, warmup=1, eval_every=0, vocab_size=400, threads=1)
+    base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
     train(TrainConfig(**base), tmp_path / "src", quiet=True, evaluate_at_end=False, device="cpu")
     grown = TrainConfig(**{**base, "decoder_layers": 2, "steps": 1, "lr": 0.0, "init_from": str(tmp_path / "src")})
     train(grown, tmp_path / "grown", quiet=True, evaluate_at_end=False, device="cpu")
