@@ -2,6 +2,9 @@
 
 ``python -m core train --out assets/models/NAME [--config FILE.json] [--steps N] ...``
 
+``FILE.json`` holds one config or a list of them (stages: each starts from the
+previous stage's weights; the default model is trained that way).
+
 The model is transformers' own ``T5ForConditionalGeneration`` (learned
 relative position bias, 32 buckets, max distance 128: exactly the mechanism
 the paper studies), run through our ``aligned`` attention so a cosine-attention
@@ -70,10 +73,70 @@ class TrainConfig:
     init_from: str | None = None  # start from these weights (a saved model folder) instead of random
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "TrainConfig":
-        d = json.loads(Path(path).read_text())
+    def from_dict(cls, d: dict) -> "TrainConfig":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "TrainConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def load_stages(path: str | Path) -> list[TrainConfig]:
+    """A training config file: one object (one run) or a list of objects (stages).
+
+    Why stages: the default model was grown, not trained in one go (a pass-key
+    curriculum first, then a second decoder layer, then more line data). A list
+    keeps that whole recipe in the one ``train_config.json`` next to the weights,
+    so one command retrains it; each stage after the first starts from the
+    previous stage's weights (its own ``init_from`` is ignored)."""
+    d = json.loads(Path(path).read_text())
+    items = d if isinstance(d, list) else [d]
+    if not items or not all(isinstance(x, dict) for x in items):
+        raise ValueError(f"{path}: expected a JSON object or a non-empty list of objects (training stages)")
+    return [TrainConfig.from_dict(x) for x in items]
+
+
+def stage_dir(out: str | Path, k: int, stages_dir: str | Path = "runs") -> Path:
+    """Where stage ``k`` (all but the last) of a staged run is saved: under ``stages_dir``
+    (git-ignored ``runs/`` by default), never beside ``out``: a folder with a card
+    in ``assets/models/`` would be registered as a bundled model."""
+    return Path(stages_dir) / f"{Path(out).name}.stage{k}"
+
+
+def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str | Path | None = None,
+                 quiet: bool = False, device: str | None = None, evaluate_at_end: bool = True,
+                 stages_dir: str | Path = "runs") -> dict:
+    """Train ``cfgs`` in turn, each from the previous one's weights; the last lands in ``out``.
+
+    Returns the last stage's card with ``stages`` (steps, minutes and metrics of
+    each stage) and ``minutes_total`` added, so the card says what the whole
+    recipe cost. Only the last stage runs the final 100-document evaluation."""
+    summaries, prev = [], None
+    for k, cfg in enumerate(cfgs):
+        last = k == len(cfgs) - 1
+        target = Path(out) if last else stage_dir(out, k, stages_dir)
+        if prev is not None:
+            cfg.init_from = str(prev)
+        if not quiet and len(cfgs) > 1:
+            print(f"stage {k + 1}/{len(cfgs)} -> {target}", file=sys.stderr)
+        card = train(cfg, target, reuse_tokenizer=reuse_tokenizer if prev is None else prev, quiet=quiet,
+                     evaluate_at_end=last and evaluate_at_end, device=device)
+        summaries.append(stage_summary(card))
+        prev = target
+    if len(cfgs) > 1:
+        card["stages"] = summaries
+        card["minutes_total"] = round(sum(s["minutes"] for s in summaries), 2)
+        (Path(out) / "card.json").write_text(json.dumps(card, indent=2))
+    return card
+
+
+def stage_summary(card: dict) -> dict:
+    """What a staged card keeps of one stage's own card."""
+    c = card["config"]
+    return {"steps": card["steps_done"], "minutes": card["minutes"], "machine": card["machine"],
+            "layers": f"{c['encoder_layers']}+{c['decoder_layers']}", "tasks": c["tasks"], "lr": c["lr"],
+            "init_from": c.get("init_from"), "metrics": card["metrics"]}
 
 
 def build_model(cfg: TrainConfig, vocab_size: int):
@@ -343,8 +406,9 @@ def search_cosine_scale(cfg: TrainConfig, scales: list[float], steps: int, out: 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m core train", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder, e.g. assets/models/passkey-t5")
-    p.add_argument("--config", help="JSON with TrainConfig fields")
+    p.add_argument("--config", help="JSON with TrainConfig fields, or a list of them: stages, each from the previous one's weights")
     p.add_argument("--tokenizer", help="reuse the tokenizer of this folder")
+    p.add_argument("--stages-dir", default="runs", help="where a staged config keeps its intermediate stages (default: runs/)")
     for f in fields(TrainConfig):
         if f.type in ("int", "float", "str", "float | None", "str | None") and f.name != "name":
             p.add_argument(f"--{f.name.replace('_', '-')}", type=float if "float" in f.type else (int if f.type == "int" else str))
@@ -353,11 +417,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pilot-steps", type=int, default=400)
     p.add_argument("--device", help="cpu | cuda (default: CUDA when present); training is float32 on both")
     args = p.parse_args(argv)
-    cfg = TrainConfig.from_json(args.config) if args.config else TrainConfig()
-    for f in fields(TrainConfig):
-        v = getattr(args, f.name, None)
-        if v is not None:
-            setattr(cfg, f.name, v)
+    cfgs = load_stages(args.config) if args.config else [TrainConfig()]
+    for cfg in cfgs:  # command-line values apply to every stage
+        for f in fields(TrainConfig):
+            v = getattr(args, f.name, None)
+            if v is not None:
+                setattr(cfg, f.name, v)
+    if len(cfgs) > 1:
+        if args.cosine_search:
+            raise ValueError("--cosine-search picks s for a one-stage config; set cosine_scale in each stage instead")
+        card = train_stages(cfgs, args.out, reuse_tokenizer=args.tokenizer, device=args.device, stages_dir=args.stages_dir)
+        print(json.dumps({"out": args.out, "metrics": card["metrics"], "minutes_total": card["minutes_total"]}))
+        return 0
+    cfg = cfgs[0]
     if args.cosine_search:
         scales = [float(x) for x in args.cosine_search.split(",")]
         found = search_cosine_scale(cfg, scales, args.pilot_steps, Path(args.out).parent / "pilots", args.tokenizer)

@@ -120,3 +120,32 @@ def test_init_from_keeps_weights_and_adds_fresh_blocks(tmp_path):
     wider = TrainConfig(**{**base, "d_model": 48, "steps": 1, "init_from": str(tmp_path / "src")})
     with pytest.raises(ValueError, match="other sizes"):
         train(wider, tmp_path / "wider", quiet=True, evaluate_at_end=False, device="cpu")
+
+
+def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
+    """A list in --config is a recipe: stage 2 starts from stage 1's weights (its own init_from ignored),
+    may grow the model, and the final card sums up every stage."""
+    from safetensors.torch import load_file
+
+    from core.train import load_stages, stage_dir, train_stages
+
+    base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
+    stages = [base, {**base, "decoder_layers": 2, "lr": 0.0, "steps": 1, "init_from": "ignored/elsewhere"}]
+    (tmp_path / "recipe.json").write_text(json.dumps(stages))
+    train_stages(load_stages(tmp_path / "recipe.json"), tmp_path / "m", quiet=True, device="cpu", evaluate_at_end=False,
+                 stages_dir=tmp_path / "runs")
+    first, final = load_file(str(stage_dir(tmp_path / "m", 0, tmp_path / "runs") / "model.safetensors")), load_file(str(tmp_path / "m" / "model.safetensors"))
+    k = "encoder.block.0.layer.0.SelfAttention.q.weight"
+    assert torch.equal(first[k], final[k])  # lr 0 in stage 2: stage 1's weights came through
+    assert "decoder.block.1.layer.0.SelfAttention.q.weight" in final
+    card = json.loads((tmp_path / "m" / "card.json").read_text())
+    assert [s["layers"] for s in card["stages"]] == ["1+1", "1+2"]
+    assert card["stages"][1]["init_from"] == str(stage_dir(tmp_path / "m", 0, tmp_path / "runs"))
+    assert card["minutes_total"] == pytest.approx(sum(s["minutes"] for s in card["stages"]), abs=0.02)
+
+
+def test_staged_config_refuses_an_empty_list(tmp_path):
+    from core.cli import main as cli_main
+
+    (tmp_path / "empty.json").write_text("[]")
+    assert cli_main(["train", "--config", str(tmp_path / "empty.json"), "--out", str(tmp_path / "m")]) == 2
