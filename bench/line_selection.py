@@ -29,9 +29,13 @@ from core.probes import ProbeSpec  # noqa: E402
 VALUE = re.compile(r"REGISTER_CONTENT is (\d+)")
 
 
-def classify(text: str, expected: str, answer: str) -> int | str:
+def record_values(text: str) -> list[str]:
+    """The register values of the record, in order (the question after it repeats none)."""
+    return VALUE.findall(text)
+
+
+def classify(values: list[str], expected: str, answer: str) -> int | str:
     """``0`` for the asked line, ``+-k`` for the line k lines after/before it, ``"garbled"`` otherwise."""
-    values = VALUE.findall(text.split("Now the record is over.")[0])
     got = answer.strip()
     if got not in values:
         return "garbled"
@@ -52,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.lengths:
         docs = [tasks.make("line", loaded.tokenizer, n, depth=(s * 0.618) % 1.0, seed=5000 + s) for s in range(args.samples)]
         res = engine.run_batch(loaded, docs, engine.RunSettings(probes=ProbeSpec.off()), batch_size=args.batch)
-        kinds = collections.Counter(classify(d.text, r.expected, r.answer) for d, r in zip(docs, res))
-        lines = sum(len(VALUE.findall(d.text.split("Now the record is over.")[0])) for d in docs) / len(docs)
+        values = [record_values(d.text) for d in docs]
+        kinds = collections.Counter(classify(v, r.expected, r.answer) for v, r in zip(values, res))
+        lines = sum(map(len, values)) / len(docs)
         wrong = sum(v for k, v in kinds.items() if k not in (0, "garbled"))
         offsets = ", ".join(f"{k:+d}: {v}" for k, v in sorted((k, v) for k, v in kinds.items() if k not in (0, "garbled")))
         print(f"| {n} | {lines:.1f} | {kinds[0]} | {wrong} | {kinds['garbled']} | {args.samples / lines:.0f} | {offsets} |",

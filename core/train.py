@@ -77,10 +77,6 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
-    @classmethod
-    def from_json(cls, path: str | Path) -> "TrainConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
 
 def load_stages(path: str | Path) -> list[TrainConfig]:
     """A training config file: one object (one run) or a list of objects (stages).
@@ -423,23 +419,17 @@ def main(argv: list[str] | None = None) -> int:
             v = getattr(args, f.name, None)
             if v is not None:
                 setattr(cfg, f.name, v)
-    if len(cfgs) > 1:
-        if args.cosine_search:
-            raise ValueError("--cosine-search picks s for a one-stage config; set cosine_scale in each stage instead")
-        card = train_stages(cfgs, args.out, reuse_tokenizer=args.tokenizer, device=args.device, stages_dir=args.stages_dir)
-        print(json.dumps({"out": args.out, "metrics": card["metrics"], "minutes_total": card["minutes_total"]}))
-        return 0
-    cfg = cfgs[0]
+    cfg_note = {}
     if args.cosine_search:
+        if len(cfgs) > 1:
+            raise ValueError("--cosine-search picks s for a one-stage config; set cosine_scale in each stage instead")
         scales = [float(x) for x in args.cosine_search.split(",")]
-        found = search_cosine_scale(cfg, scales, args.pilot_steps, Path(args.out).parent / "pilots", args.tokenizer)
-        cfg.cosine_scale = min(found, key=found.get)
+        found = search_cosine_scale(cfgs[0], scales, args.pilot_steps, Path(args.out).parent / "pilots", args.tokenizer)
+        cfgs[0].cosine_scale = min(found, key=found.get)
         cfg_note = {"cosine_search": {str(k): v for k, v in found.items()}, "pilot_steps": args.pilot_steps}
-    else:
-        cfg_note = {}
-    card = train(cfg, args.out, reuse_tokenizer=args.tokenizer, device=args.device)
+    card = train_stages(cfgs, args.out, reuse_tokenizer=args.tokenizer, device=args.device, stages_dir=args.stages_dir)
     if cfg_note:
         card.update(cfg_note)
         (Path(args.out) / "card.json").write_text(json.dumps(card, indent=2))
-    print(json.dumps({"out": args.out, "metrics": card["metrics"], "minutes": card["minutes"]}))
+    print(json.dumps({"out": args.out, "metrics": card["metrics"], "minutes": card.get("minutes_total", card["minutes"])}))
     return 0
