@@ -1,6 +1,6 @@
 """Where line retrieval fails: picking the line, or copying its number?
 
-    python bench/line_selection.py [--model PATH_OR_NAME] [--lengths 170 190 220 256] [--samples 40]
+    python bench/line_selection.py [--model PATH_OR_NAME] [--lengths 170 190 220 256] [--samples 40] [--labels classic]
 
 For LongChat line-retrieval documents of each length, it sorts the model's
 answers (tau = 1) into: the asked line's number (right), another line's
@@ -48,13 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[170, 190, 220, 256])
     p.add_argument("--samples", type=int, default=40)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--labels", default="compact", choices=sorted(tasks.LINE_LABELS),
+                   help="line index word list (classic: the ~8-token labels of the first attempts)")
     args = p.parse_args(argv)
     loaded = load(args.model or default_model())
-    print(f"model {loaded.spec.name}: line retrieval at tau = 1, {args.samples} documents per length")
+    print(f"model {loaded.spec.name}: line retrieval at tau = 1, {args.samples} documents per length, {args.labels} labels")
     print("| tokens | lines | right | wrong line | garbled | chance | wrong-line offsets |")
     print("|---|---|---|---|---|---|---|")
     for n in args.lengths:
-        docs = [tasks.make("line", loaded.tokenizer, n, depth=(s * 0.618) % 1.0, seed=5000 + s) for s in range(args.samples)]
+        docs = [tasks.make("line", loaded.tokenizer, n, depth=(s * 0.618) % 1.0, seed=5000 + s, labels=args.labels) for s in range(args.samples)]
         res = engine.run_batch(loaded, docs, engine.RunSettings(probes=ProbeSpec.off()), batch_size=args.batch)
         values = [record_values(d.text) for d in docs]
         kinds = collections.Counter(classify(v, r.expected, r.answer) for v, r in zip(values, res))

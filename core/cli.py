@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
     s.add_argument("--data", help="JSONL of your own documents (see README, batch runs)")
     s.add_argument("--batch-size", type=int, default=8, help="--data: documents per padded batch")
-    s.add_argument("--max-new-tokens", type=int, default=10, help="--data: answer length limit in tokens")
+    s.add_argument("--max-new-tokens", type=int, default=16, help="--data: answer length limit in tokens")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     rp.add_argument("--model")
     rp.add_argument("--train-length", type=int)

@@ -119,24 +119,50 @@ LINE_INTRO = (
     "index, memorize its corresponding <REGISTER_CONTENT>. At the end of the record, I will ask you "
     "to retrieve the corresponding <REGISTER_CONTENT> of a certain line index. Now the record start:"
 )
-_ADJECTIVES: tuple[str, ...] = (
-    "swift", "quiet", "brave", "calm", "eager", "fancy", "gentle", "happy", "jolly", "kind",
-    "lively", "merry", "nimble", "proud", "silly", "witty", "zesty", "bold", "bright", "clever",
-    "cosy", "crisp", "daring", "dusty", "fuzzy", "grand", "hasty", "icy", "jumpy", "lucky",
-    "mellow", "misty", "noble", "odd", "plain", "rapid", "rosy", "rusty", "shy", "sleepy",
-    "smooth", "snowy", "sour", "spicy", "steady", "stormy", "sunny", "tidy", "tiny", "vivid",
-    "wild", "wise", "young", "amber", "azure", "coral", "golden", "ivory", "lemon", "olive",
-    "scarlet", "silver", "violet", "woolly",
-)
-_NOUNS: tuple[str, ...] = (
-    "otter", "falcon", "badger", "beaver", "bison", "camel", "cobra", "crane", "dingo", "eagle",
-    "ferret", "gecko", "heron", "hippo", "ibis", "jackal", "koala", "lemur", "llama", "lynx",
-    "magpie", "marmot", "moose", "newt", "ocelot", "oriole", "osprey", "panda", "parrot", "pelican",
-    "puffin", "python", "quail", "rabbit", "raven", "salmon", "seal", "shark", "sloth", "snail",
-    "sparrow", "spider", "squid", "stork", "swan", "tapir", "tiger", "toucan", "trout", "turtle",
-    "viper", "walrus", "weasel", "whale", "wombat", "yak", "zebra", "anchor", "barrel", "candle",
-    "harbor", "lantern", "meadow", "pebble",
-)
+# Line labels are adjective-noun pairs, as in LongChat ("line righteous-ethernet").
+# "compact" (the default) uses words the bundled 2,048-token BPE spells in few
+# pieces: each label is 3-4 tokens (" quiet", "-", "mo", "on"), about what a
+# LLaMA-size vocabulary spends on LongChat's labels. "classic" is the first
+# list (swift-otter, ...): about 8 byte-level pieces per label, and matching an
+# 8-piece label between question and record was the step our 3-layer models
+# failed at (README: "Line retrieval: what was tried"). It stays because the
+# default model's first training stages used it (their train_config says so).
+LINE_LABELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "compact": (
+        (
+            "blue", "bold", "brave", "bright", "calm", "gentle", "green", "icy", "lively", "odd",
+            "plain", "proud", "quiet", "red", "sleepy", "sour", "wild", "yellow", "kind", "good",
+            "old", "new", "large", "small", "short", "long", "high", "full", "empty", "simple",
+            "hidden", "open",
+        ),
+        (
+            "ember", "moon", "storm", "tiger", "army", "block", "book", "cloud", "coast", "coins",
+            "fish", "hill", "leaf", "loop", "map", "node", "otter", "path", "pie", "queue",
+            "river", "root", "sea", "seal", "sky", "star", "stone", "sun", "swan", "tree",
+            "yak", "lock",
+        ),
+    ),
+    "classic": (
+        (
+            "swift", "quiet", "brave", "calm", "eager", "fancy", "gentle", "happy", "jolly", "kind",
+            "lively", "merry", "nimble", "proud", "silly", "witty", "zesty", "bold", "bright", "clever",
+            "cosy", "crisp", "daring", "dusty", "fuzzy", "grand", "hasty", "icy", "jumpy", "lucky",
+            "mellow", "misty", "noble", "odd", "plain", "rapid", "rosy", "rusty", "shy", "sleepy",
+            "smooth", "snowy", "sour", "spicy", "steady", "stormy", "sunny", "tidy", "tiny", "vivid",
+            "wild", "wise", "young", "amber", "azure", "coral", "golden", "ivory", "lemon", "olive",
+            "scarlet", "silver", "violet", "woolly",
+        ),
+        (
+            "otter", "falcon", "badger", "beaver", "bison", "camel", "cobra", "crane", "dingo", "eagle",
+            "ferret", "gecko", "heron", "hippo", "ibis", "jackal", "koala", "lemur", "llama", "lynx",
+            "magpie", "marmot", "moose", "newt", "ocelot", "oriole", "osprey", "panda", "parrot", "pelican",
+            "puffin", "python", "quail", "rabbit", "raven", "salmon", "seal", "shark", "sloth", "snail",
+            "sparrow", "spider", "squid", "stork", "swan", "tapir", "tiger", "toucan", "trout", "turtle",
+            "viper", "walrus", "weasel", "whale", "wombat", "yak", "zebra", "anchor", "barrel", "candle",
+            "harbor", "lantern", "meadow", "pebble",
+        ),
+    ),
+}
 _TOPIC_EXTRA = (
     "By the way, there is a lot more to say about this, so feel free to ask follow up questions "
     "whenever you like and we can go into as much detail as you want."
@@ -298,6 +324,29 @@ def _score_text(answer: str, expected: str) -> Score:
     if not words:
         return Score(False, None)
     return Score(_contains(words, normalize_answer(expected)), " ".join(words))
+
+
+LINE_ANSWERS: tuple[str, ...] = ("number", "label")
+
+
+def target(doc: Document, line_answer: str = "number") -> str:
+    """The decoder's training target for ``doc``: the gold answer, except that a
+    line answer may name its line first ("label": ``"line quiet-moon: 12345"``,
+    spelled as in the record so that its tokens are the record's).
+
+    Why "label": a model that must output the number alone has to find the
+    question's label and match it against every line inside one forward pass.
+    Writing the label first turns the lookup into copying: the label is copied
+    from the question (a fixed spot), then the number that follows that label
+    in the record, the copy skill pass key already teaches. LongChat's scorer
+    takes the last number of the answer for the same reason (chat models
+    answer "line quiet-moon: REGISTER_CONTENT is 12345"); ``score`` does too.
+    """
+    if line_answer not in LINE_ANSWERS:
+        raise ValueError(f"line_answer must be one of {LINE_ANSWERS}, got {line_answer!r}")
+    if doc.task == "line" and line_answer == "label":
+        return f"line {doc.meta['line_index']}: {doc.expected}"
+    return doc.expected
 
 
 def score(task: str, answer: str, expected: str) -> Score:
@@ -673,7 +722,7 @@ def _unique_ints(rng: random.Random, size: int) -> Iterator[int]:
 
     Why: unique line indices / function names without shuffling a big list per
     document; rejection sampling stays O(1) per draw below 3/4 occupancy, and
-    callers turn ``value // size`` into a suffix ("swift-otter-2").
+    callers turn ``value // size`` into a suffix ("quiet-moon-2").
     """
     for epoch in itertools.count():
         used: set[int] = set()
@@ -686,14 +735,18 @@ def _unique_ints(rng: random.Random, size: int) -> Iterator[int]:
 
 def _line(tokenizer: Any, rng: random.Random, haystack: str, seed: int, options: dict) -> tuple[_Layout, dict]:
     key = _key(rng, options)
-    pairs = len(_ADJECTIVES) * len(_NOUNS)
+    labels = options.pop("labels", "compact")
+    if labels not in LINE_LABELS:
+        raise ValueError(f"labels must be one of {sorted(LINE_LABELS)}, got {labels!r}")
+    adjectives, nouns = LINE_LABELS[labels]
+    pairs = len(adjectives) * len(nouns)
     unit_rng = random.Random(f"line:{seed}:units")
     indices = _unique_ints(unit_rng, pairs)
 
     def idx(value: int) -> str:
         epoch, pair = divmod(value, pairs)
-        a, n = divmod(pair, len(_NOUNS))
-        return f"{_ADJECTIVES[a]}-{_NOUNS[n]}" + (f"-{epoch + 1}" if epoch else "")
+        a, n = divmod(pair, len(nouns))
+        return f"{adjectives[a]}-{nouns[n]}" + (f"-{epoch + 1}" if epoch else "")
 
     asked = idx(next(indices))
 
@@ -708,7 +761,7 @@ def _line(tokenizer: Any, rng: random.Random, haystack: str, seed: int, options:
     question = f"Tell me what is the REGISTER_CONTENT in line {asked}? I need the number."
 
     def lengthen(unit: str, salt: int) -> str:
-        # "swift-otter" -> "swift-otter-moon": still unique, never a prefix of
+        # "quiet-moon" -> "quiet-moon-river": still unique, never a prefix of
         # the asked index (its pair appears once).
         head, _, rest = unit.partition(": ")
         return f"{head}-{_LINE_EXTRAS[salt % len(_LINE_EXTRAS)]}: {rest}"
@@ -965,7 +1018,8 @@ def make(
     topic and multidoc; line and code have no prose and always use their own
     filler (recorded in ``meta["haystack"]``).
     options: ``key=`` (5-digit int) for passkey/line/code, ``attribute=``
-    ("capital" | "born") for multidoc.
+    ("capital" | "born") for multidoc, ``labels=`` ("compact" | "classic",
+    the word list of the line indices) for line.
 
     Raises ValueError for an unknown task/haystack/option, a depth outside
     [0, 1], or a ``tokens`` too small to hold the needle and question.

@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from queue import Empty
 
 import torch
 
@@ -50,6 +51,10 @@ class TrainConfig:
     first_tasks: dict[str, float] | None = field(default_factory=lambda: {"passkey": 1.0})  # the first `first_steps` steps
     first_steps: int = 1200
     corpus_haystack: float = 0.5  # share of passkey/topic/multidoc docs with corpus paragraphs as haystack
+    # per-task options for tasks.make, e.g. {"line": {"labels": "classic"}}: the
+    # default model's early stages ran on the classic line labels
+    task_options: dict[str, dict] = field(default_factory=dict)
+    line_answer: str = "number"  # "label": line targets name the line first (tasks.target says why)
     vocab_size: int = 2048
     d_model: int = 128
     d_kv: int = 32
@@ -189,32 +194,43 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
     depth = rng.random()
     while True:  # early in the curriculum some tasks cannot fit yet: grow until they do
         try:
-            return tasks.make(task, tokenizer, n, depth=depth, seed=seed, haystack=haystack)
+            return tasks.make(task, tokenizer, n, depth=depth, seed=seed, haystack=haystack,
+                              **cfg.task_options.get(task, {}))
         except ValueError:
             if n > 4 * cfg.train_length:
                 raise
             n = int(n * 1.25) + 8
 
 
-def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop) -> None:
+def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, parent: int) -> None:
     """Producer process ``worker`` of ``cfg.workers``: the tokenised batches of steps
     ``worker, worker + workers, ...``. Each step's documents depend only on the
-    seed and the step, so the trainer gets the same data whatever the worker count."""
+    seed and the step, so the trainer gets the same data whatever the worker count.
+
+    A failure is sent to the trainer as ``("error", message)`` (else the trainer
+    would wait forever on the queue), and a producer whose trainer was killed
+    (its parent pid changed) stops instead of lingering as an orphan."""
+    import traceback
+
     from transformers import AutoTokenizer
 
-    torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    for step in range(worker, cfg.steps, max(1, cfg.workers)):
-        if stop.is_set():
-            return
-        rng = random.Random(cfg.seed * 1_000_003 + step)
-        docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
-        enc = tok([d.text for d in docs], padding=True, return_tensors="pt")
-        lab = tok([d.expected for d in docs], padding=True, return_tensors="pt").input_ids
-        lab[lab == tok.pad_token_id] = -100
-        # numpy, not torch: torch tensors cross processes as shared-memory handles
-        # that die with the producer
-        queue.put((step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy()))
+    try:
+        torch.set_num_threads(1)
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        for step in range(worker, cfg.steps, max(1, cfg.workers)):
+            if stop.is_set() or os.getppid() != parent:
+                return
+            rng = random.Random(cfg.seed * 1_000_003 + step)
+            docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
+            enc = tok([d.text for d in docs], padding=True, return_tensors="pt")
+            lab = tok([tasks.target(d, cfg.line_answer) for d in docs], padding=True, return_tensors="pt").input_ids
+            lab[lab == tok.pad_token_id] = -100
+            # numpy, not torch: torch tensors cross processes as shared-memory handles
+            # that die with the producer
+            queue.put((step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy()))
+    except Exception:
+        queue.put(("error", traceback.format_exc(limit=-3)))
+        return
     queue.put(None)
 
 
@@ -231,7 +247,8 @@ def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None
     for task in cfg.tasks:
         rng = random.Random(EVAL_SEED + hash(task) % 1000)
         docs = [tasks.make(task, tokenizer, length, depth=rng.random(), seed=EVAL_SEED + i,
-                           haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default")
+                           haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default",
+                           **cfg.task_options.get(task, {}))
                 for i in range(n_docs)]
         res = engine.run_batch(loaded, docs, batch_size=16)
         out[task] = 100.0 * sum(bool(r.correct) for r in res) / len(res)
@@ -257,6 +274,13 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tokenizer = get_tokenizer(cfg, reuse_tokenizer)
+    if cfg.line_answer not in tasks.LINE_ANSWERS:
+        raise ValueError(f"line_answer must be one of {tasks.LINE_ANSWERS}, got {cfg.line_answer!r}")
+    for task, opts in cfg.task_options.items():  # a bad option fails here, not deep in a producer
+        try:
+            tasks.make(task, tokenizer, cfg.train_length, **opts)
+        except ValueError as e:
+            raise ValueError(f"task_options[{task!r}]: {e}") from None
     tokenizer.save_pretrained(out)
     model = build_model(cfg, len(tokenizer))
     if cfg.init_from:
@@ -291,7 +315,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     ctx = mp.get_context("spawn")
     workers = max(1, cfg.workers)
     queue, stop = ctx.Queue(maxsize=8 * workers), ctx.Event()
-    producers = [ctx.Process(target=_batches, args=(cfg, str(out), queue, w, stop), daemon=True) for w in range(workers)]
+    producers = [ctx.Process(target=_batches, args=(cfg, str(out), queue, w, stop, os.getpid()), daemon=True) for w in range(workers)]
     for pr in producers:
         pr.start()
     pending: dict[int, tuple] = {}  # batches that arrived ahead of their step
@@ -303,7 +327,14 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     try:
         for step in range(cfg.steps):
             while step not in pending:
-                item = queue.get()
+                try:
+                    item = queue.get(timeout=30)
+                except Empty:
+                    if not any(pr.is_alive() for pr in producers):
+                        raise RuntimeError(f"training data producers died before step {step}") from None
+                    continue
+                if item is not None and item[0] == "error":
+                    raise RuntimeError(f"training data producer failed:\n{item[1]}")
                 if item is None:
                     finished += 1
                     if finished == workers:
@@ -348,7 +379,7 @@ def _block(key: str) -> str | None:
 def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None) -> dict:
     from transformers import GenerationConfig
 
-    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, max_new_tokens=10)
+    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, max_new_tokens=16)
     model.save_pretrained(out, safe_serialization=True)
     dev = next(model.parameters()).device
     machine = f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}"

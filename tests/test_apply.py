@@ -30,7 +30,7 @@ CONTEXT = (
 )
 QUESTION = "How many boats were counted?"
 TEXT = CONTEXT + "\n" + QUESTION  # what from_text(needle="") builds
-GEN = dict(max_new_tokens=10, do_sample=False, num_beams=1)  # what core.engine.run generates with
+GEN = dict(max_new_tokens=16, do_sample=False, num_beams=1)  # what core.engine.run generates with
 
 
 def build_chatty_t5(folder, seed: int = 0, train_length: int = 64):

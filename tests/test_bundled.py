@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -149,3 +150,65 @@ def test_staged_config_refuses_an_empty_list(tmp_path):
 
     (tmp_path / "empty.json").write_text("[]")
     assert cli_main(["train", "--config", str(tmp_path / "empty.json"), "--out", str(tmp_path / "m")]) == 2
+
+
+@needs_bundled
+def test_task_options_reach_the_training_documents(tmp_path):
+    """task_options are passed to tasks.make for training and evaluation; a bad one fails before training."""
+    import random
+
+    from core.train import sample_document
+
+    cfg = TrainConfig(**{**TINY_TRAIN, "tasks": {"line": 1.0}, "task_options": {"line": {"labels": "classic"}}})
+    compact = TrainConfig(**{**TINY_TRAIN, "tasks": {"line": 1.0}})
+    tok = load(default_model()).tokenizer
+    classic_adj, _ = tasks.LINE_LABELS["classic"]
+    compact_adj, _ = tasks.LINE_LABELS["compact"]
+    only_classic = set(classic_adj) - set(compact_adj)
+    words = lambda doc: {w.split("-")[0] for w in re.findall(r"^line (\S+):", doc.text, flags=re.M)}
+    got = set().union(*(words(sample_document(cfg, tok, random.Random(s), 200)) for s in range(6)))
+    assert got & only_classic
+    got = set().union(*(words(sample_document(compact, tok, random.Random(s), 200)) for s in range(6)))
+    assert got <= set(compact_adj)
+    bad = TrainConfig(**{**TINY_TRAIN, "steps": 1, "task_options": {"line": {"labels": "emoji"}}})
+    with pytest.raises(ValueError, match="task_options.*labels must be one of"):
+        train(bad, tmp_path / "bad", quiet=True, evaluate_at_end=False, device="cpu")
+
+
+@needs_bundled
+def test_compact_line_labels_are_a_few_tokens_of_the_bundled_tokenizer():
+    """Why the compact list exists: each label costs 3-4 tokens (the classic list ~8)."""
+    tok = load(default_model()).tokenizer
+    cost = lambda adj, nouns: [len(tok(f" {a}-{n}", add_special_tokens=False).input_ids) for a in adj for n in nouns]
+    compact = cost(*tasks.LINE_LABELS["compact"])
+    classic = cost(*tasks.LINE_LABELS["classic"])
+    assert max(compact) <= 4
+    assert sum(classic) / len(classic) > 1.5 * sum(compact) / len(compact)
+
+
+
+def test_a_failing_data_producer_stops_training_with_its_error(tmp_path):
+    """A producer that raises must not leave the trainer waiting on an empty queue forever.
+    Topic documents cannot fit in 20 tokens (nor in the 4x the sampler grows to)."""
+    cfg = TrainConfig(**{**TINY_TRAIN, "steps": 3, "batch_size": 2, "tasks": {"topic": 1.0},
+                         "train_length": 20, "min_length": 20})
+    with pytest.raises(RuntimeError, match="producer failed"):
+        train(cfg, tmp_path / "b", quiet=True, evaluate_at_end=False, device="cpu")
+
+
+@needs_bundled
+def test_line_answer_label_names_the_line_then_the_number():
+    """line_answer="label": the target is the record's own line minus its middle, scored right, and fits
+    in what the engine generates; other tasks keep the bare answer."""
+    tok = load(default_model()).tokenizer
+    doc = tasks.make("line", tok, 256, seed=3)
+    labelled = tasks.target(doc, "label")
+    assert labelled == f"line {doc.meta['line_index']}: {doc.expected}"
+    assert labelled in doc.text.replace(": REGISTER_CONTENT is ", ": ")
+    assert tasks.score("line", labelled, doc.expected).correct
+    assert len(tok(labelled).input_ids) <= engine.RunSettings().max_new_tokens
+    assert tasks.target(doc) == doc.expected
+    key = tasks.make("passkey", tok, 256, seed=3)
+    assert tasks.target(key, "label") == key.expected
+    with pytest.raises(ValueError, match="line_answer"):
+        tasks.target(doc, "essay")

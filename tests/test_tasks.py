@@ -444,3 +444,16 @@ def test_corpus_haystack_uses_its_pool(tok):
     assert not any(s in train and s not in evaluation for s in found)
 
 
+
+
+def test_line_label_sets(tok):
+    """``labels=`` picks the word list; both give unique indices; an unknown set is refused."""
+    for labels in tasks.LINE_LABELS:
+        adjectives, nouns = tasks.LINE_LABELS[labels]
+        doc = make("line", tok, 700, seed=4, labels=labels)
+        idx = re.findall(r"^line (\S+): REGISTER_CONTENT is \d+$", doc.text, flags=re.M)
+        assert len(idx) == len(set(idx)) > 5
+        assert all(i.split("-")[0] in adjectives and i.split("-")[1] in nouns for i in idx)
+    assert make("line", tok, 700, seed=4).text == make("line", tok, 700, seed=4, labels="compact").text
+    with pytest.raises(ValueError, match="labels must be one of"):
+        make("line", tok, 700, seed=4, labels="emoji")
