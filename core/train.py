@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from queue import Empty
+from queue import Empty, Full
 
 import torch
 
@@ -227,7 +227,14 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
             lab[lab == tok.pad_token_id] = -100
             # numpy, not torch: torch tensors cross processes as shared-memory handles
             # that die with the producer
-            queue.put((step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy()))
+            item = (step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy())
+            while True:  # a full queue must not keep an orphan alive: re-check the trainer every few s
+                try:
+                    queue.put(item, timeout=5)
+                    break
+                except Full:
+                    if stop.is_set() or os.getppid() != parent:
+                        return
     except Exception:
         queue.put(("error", traceback.format_exc(limit=-3)))
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -212,3 +213,50 @@ def test_line_answer_label_names_the_line_then_the_number():
     assert tasks.target(key, "label") == key.expected
     with pytest.raises(ValueError, match="line_answer"):
         tasks.target(doc, "essay")
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(p))
+    return kids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find the producer")
+def test_producer_exits_when_its_trainer_is_killed(tmp_path):
+    """SIGKILL on the trainer (no cleanup runs) must not leave its data producer running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = {**TINY_TRAIN, "steps": 100000, "batch_size": 2, "eval_every": 0}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "core", "train", "--config", str(tmp_path / "c.json"),
+                             "--out", str(tmp_path / "m")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        producers, deadline = [], time.time() + 120
+        while time.time() < deadline and not (tmp_path / "m" / "tokenizer.json").exists():
+            time.sleep(0.5)
+        while time.time() < deadline and not producers:  # the spawned producer (the resource tracker is another child)
+            producers = [k for k in _children(proc.pid) if "spawn_main" in open(f"/proc/{k}/cmdline").read()]
+            time.sleep(0.5)
+        assert producers, "no producer process appeared"
+        proc.send_signal(signal.SIGSTOP)  # the trainer stops taking batches ...
+        time.sleep(3)  # ... so the queue fills and the producer waits in put()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and any(os.path.exists(f"/proc/{k}") for k in producers):
+        time.sleep(0.5)
+    alive = [k for k in producers if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]
+    for k in alive:
+        os.kill(k, 9)
+    assert not alive, "the producer outlived its trainer"
