@@ -123,10 +123,11 @@ LINE_INTRO = (
 # "compact" (the default) uses words the bundled 2,048-token BPE spells in few
 # pieces: each label is 3-4 tokens (" quiet", "-", "mo", "on"), about what a
 # LLaMA-size vocabulary spends on LongChat's labels. "classic" is the first
-# list (swift-otter, ...): about 8 byte-level pieces per label, and matching an
-# 8-piece label between question and record was the step our 3-layer models
-# failed at (README: "Line retrieval: what was tried"). It stays because the
-# default model's first training stages used it (their train_config says so).
+# list (swift-otter, ...): about 8 byte-level pieces per label. Label length
+# turned out not to be why our small models miss lines (README: "Line
+# retrieval: what was tried"), but the compact list is the closer analogue.
+# "classic" stays because the default model's first training stages used it
+# (their train_config says so).
 LINE_LABELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "compact": (
         (
@@ -336,11 +337,12 @@ def target(doc: Document, line_answer: str = "number") -> str:
 
     Why "label": a model that must output the number alone has to find the
     question's label and match it against every line inside one forward pass.
-    Writing the label first turns the lookup into copying: the label is copied
-    from the question (a fixed spot), then the number that follows that label
-    in the record, the copy skill pass key already teaches. LongChat's scorer
-    takes the last number of the answer for the same reason (chat models
-    answer "line quiet-moon: REGISTER_CONTENT is 12345"); ``score`` does too.
+    Writing the label first splits that: copy the label from the question (a
+    fixed spot), then the number that follows that label in the record.
+    LongChat's scorer takes the last number of the answer for the same reason
+    (chat models answer "line quiet-moon: REGISTER_CONTENT is 12345");
+    ``score`` does too. On our 1.2 M-parameter model it did not help: the
+    label came out right every time, the number after it did not (README).
     """
     if line_answer not in LINE_ANSWERS:
         raise ValueError(f"line_answer must be one of {LINE_ANSWERS}, got {line_answer!r}")

@@ -210,15 +210,16 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
     A failure is sent to the trainer as ``("error", message)`` (else the trainer
     would wait forever on the queue), and a producer whose trainer was killed
     (its parent pid changed) stops instead of lingering as an orphan."""
-    import traceback
-
     from transformers import AutoTokenizer
+
+    def unwanted() -> bool:
+        return stop.is_set() or os.getppid() != parent
 
     try:
         torch.set_num_threads(1)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
         for step in range(worker, cfg.steps, max(1, cfg.workers)):
-            if stop.is_set() or os.getppid() != parent:
+            if unwanted():
                 return
             rng = random.Random(cfg.seed * 1_000_003 + step)
             docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
@@ -233,10 +234,10 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
                     queue.put(item, timeout=5)
                     break
                 except Full:
-                    if stop.is_set() or os.getppid() != parent:
+                    if unwanted():
                         return
-    except Exception:
-        queue.put(("error", traceback.format_exc(limit=-3)))
+    except Exception as err:  # documents that cannot be made: a config problem, reported in one line
+        queue.put(("error", f"{type(err).__name__}: {err}"))
         return
     queue.put(None)
 
@@ -341,7 +342,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                         raise RuntimeError(f"training data producers died before step {step}") from None
                     continue
                 if item is not None and item[0] == "error":
-                    raise RuntimeError(f"training data producer failed:\n{item[1]}")
+                    raise ValueError(f"training data producer failed: {item[1]}")
                 if item is None:
                     finished += 1
                     if finished == workers:

@@ -193,7 +193,7 @@ def test_a_failing_data_producer_stops_training_with_its_error(tmp_path):
     Topic documents cannot fit in 20 tokens (nor in the 4x the sampler grows to)."""
     cfg = TrainConfig(**{**TINY_TRAIN, "steps": 3, "batch_size": 2, "tasks": {"topic": 1.0},
                          "train_length": 20, "min_length": 20})
-    with pytest.raises(RuntimeError, match="producer failed"):
+    with pytest.raises(ValueError, match="producer failed: ValueError: "):
         train(cfg, tmp_path / "b", quiet=True, evaluate_at_end=False, device="cpu")
 
 
