@@ -740,6 +740,9 @@ def _line(tokenizer: Any, rng: random.Random, haystack: str, seed: int, options:
     labels = options.pop("labels", "compact")
     if labels not in LINE_LABELS:
         raise ValueError(f"labels must be one of {sorted(LINE_LABELS)}, got {labels!r}")
+    intro = options.pop("intro", True)  # False: a bare record (a training curriculum, not LongChat's format)
+    if not isinstance(intro, bool):
+        raise ValueError(f"intro must be true or false, got {intro!r}")
     adjectives, nouns = LINE_LABELS[labels]
     pairs = len(adjectives) * len(nouns)
     unit_rng = random.Random(f"line:{seed}:units")
@@ -769,7 +772,7 @@ def _line(tokenizer: Any, rng: random.Random, haystack: str, seed: int, options:
         return f"{head}-{_LINE_EXTRAS[salt % len(_LINE_EXTRAS)]}: {rest}"
 
     layout = _Layout(
-        head=LINE_INTRO + "\n\n",
+        head=LINE_INTRO + "\n\n" if intro else "",
         tail="\n\nNow the record is over. " + question,
         question=question,
         sep="\n",
@@ -1021,7 +1024,8 @@ def make(
     filler (recorded in ``meta["haystack"]``).
     options: ``key=`` (5-digit int) for passkey/line/code, ``attribute=``
     ("capital" | "born") for multidoc, ``labels=`` ("compact" | "classic",
-    the word list of the line indices) for line.
+    the word list of the line indices) and ``intro=False`` (the record
+    without LongChat's instructions) for line.
 
     Raises ValueError for an unknown task/haystack/option, a depth outside
     [0, 1], or a ``tokens`` too small to hold the needle and question.

@@ -457,3 +457,15 @@ def test_line_label_sets(tok):
     assert make("line", tok, 700, seed=4).text == make("line", tok, 700, seed=4, labels="compact").text
     with pytest.raises(ValueError, match="labels must be one of"):
         make("line", tok, 700, seed=4, labels="emoji")
+
+
+def test_line_bare_record_has_no_instructions(tok):
+    """``intro=False``: the record starts at its first line (a training curriculum); the question stays."""
+    doc = make("line", tok, 300, seed=4, intro=False)
+    assert doc.text.startswith("line ") and tasks.LINE_INTRO not in doc.text
+    assert doc.text.endswith("? I need the number.") and f"REGISTER_CONTENT is {doc.expected}" in doc.text
+    with_intro = make("line", tok, 300, seed=4)
+    assert with_intro.text.startswith(tasks.LINE_INTRO)
+    assert doc.text.count("REGISTER_CONTENT is") > with_intro.text.count("REGISTER_CONTENT is")
+    with pytest.raises(ValueError, match="intro must be"):
+        make("line", tok, 300, seed=4, intro="no")
