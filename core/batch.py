@@ -288,7 +288,7 @@ def run_items(
     out: str | Path | None = None,
     resume: bool = False,
     batch_size: int = 8,
-    max_new_tokens: int = 16,
+    max_new_tokens: int = tasks.MAX_ANSWER_TOKENS,
     targets: tuple[str, ...] = ("encoder",),
     cosine_scale: float | None = None,
     samples: int = 1,
@@ -420,7 +420,7 @@ def run_jsonl(loaded: Loaded, args, settings) -> int:
         counts = run_items(
             loaded, items, settings_list, out=args.out, resume=bool(getattr(args, "resume", False)),
             batch_size=int(getattr(args, "batch_size", 8) or 8),
-            max_new_tokens=int(getattr(args, "max_new_tokens", 16) or 16),
+            max_new_tokens=int(getattr(args, "max_new_tokens", None) or tasks.MAX_ANSWER_TOKENS),
             targets=settings.targets, cosine_scale=settings.cosine_scale,
             samples=max(1, int(getattr(args, "samples", 1) or 1)), report=report, progress=bar.update,
         )

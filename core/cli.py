@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from core.errors import UserError
+from core.tasks import MAX_ANSWER_TOKENS
 
 TASK_CHOICES = ("passkey", "line", "topic", "multidoc", "code", "text")
 
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
     s.add_argument("--data", help="JSONL of your own documents (see README, batch runs)")
     s.add_argument("--batch-size", type=int, default=8, help="--data: documents per padded batch")
-    s.add_argument("--max-new-tokens", type=int, default=16, help="--data: answer length limit in tokens")
+    s.add_argument("--max-new-tokens", type=int, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     rp.add_argument("--model")
     rp.add_argument("--train-length", type=int)

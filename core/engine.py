@@ -33,7 +33,7 @@ class RunSettings:
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
     probes: ProbeSpec = field(default_factory=ProbeSpec)
-    max_new_tokens: int = 16  # a labelled line answer ("line quiet-moon: 12345") is up to 13 tokens
+    max_new_tokens: int = tasks.MAX_ANSWER_TOKENS
     generate: bool = True
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 

@@ -328,6 +328,17 @@ def _score_text(answer: str, expected: str) -> Score:
 
 
 LINE_ANSWERS: tuple[str, ...] = ("number", "label")
+# Answer length limit for generation (engine, batch runs, CLI, saved models):
+# the longest target, a labelled line answer "line quiet-moon: 12345", is 13
+# tokens of the bundled tokenizer.
+MAX_ANSWER_TOKENS = 16
+
+
+def check_line_answer(line_answer: str) -> str:
+    """``line_answer`` if it is one of LINE_ANSWERS, else a ValueError (training checks it up front)."""
+    if line_answer not in LINE_ANSWERS:
+        raise ValueError(f"line_answer must be one of {LINE_ANSWERS}, got {line_answer!r}")
+    return line_answer
 
 
 def target(doc: Document, line_answer: str = "number") -> str:
@@ -344,9 +355,7 @@ def target(doc: Document, line_answer: str = "number") -> str:
     ``score`` does too. On our 1.2 M-parameter model it did not help: the
     label came out right every time, the number after it did not (README).
     """
-    if line_answer not in LINE_ANSWERS:
-        raise ValueError(f"line_answer must be one of {LINE_ANSWERS}, got {line_answer!r}")
-    if doc.task == "line" and line_answer == "label":
+    if check_line_answer(line_answer) == "label" and doc.task == "line":
         return f"line {doc.meta['line_index']}: {doc.expected}"
     return doc.expected
 

@@ -282,8 +282,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tokenizer = get_tokenizer(cfg, reuse_tokenizer)
-    if cfg.line_answer not in tasks.LINE_ANSWERS:
-        raise ValueError(f"line_answer must be one of {tasks.LINE_ANSWERS}, got {cfg.line_answer!r}")
+    tasks.check_line_answer(cfg.line_answer)
     for task, opts in cfg.task_options.items():  # a bad option fails here, not deep in a producer
         try:
             tasks.make(task, tokenizer, cfg.train_length, **opts)
@@ -387,7 +386,8 @@ def _block(key: str) -> str | None:
 def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None) -> dict:
     from transformers import GenerationConfig
 
-    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, max_new_tokens=16)
+    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
+                                               max_new_tokens=tasks.MAX_ANSWER_TOKENS)
     model.save_pretrained(out, safe_serialization=True)
     dev = next(model.parameters()).device
     machine = f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}"

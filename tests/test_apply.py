@@ -23,6 +23,7 @@ from core.attention import ATTN_NAME, INSTALLED_ATTR
 from core.cli import main as cli
 from core.errors import UserError
 from core.settings import DocumentRequest, Settings
+from core.tasks import MAX_ANSWER_TOKENS
 
 CONTEXT = (
     "The harbour town kept its records in a stone tower. Every spring the keepers counted the boats, "
@@ -30,7 +31,7 @@ CONTEXT = (
 )
 QUESTION = "How many boats were counted?"
 TEXT = CONTEXT + "\n" + QUESTION  # what from_text(needle="") builds
-GEN = dict(max_new_tokens=16, do_sample=False, num_beams=1)  # what core.engine.run generates with
+GEN = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False, num_beams=1)  # what core.engine.run generates with
 
 
 def build_chatty_t5(folder, seed: int = 0, train_length: int = 64):
