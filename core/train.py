@@ -136,7 +136,7 @@ def stage_summary(card: dict) -> dict:
     """What a staged card keeps of one stage's own card."""
     c = card["config"]
     return {"steps": card["steps_done"], "minutes": card["minutes"], "machine": card["machine"],
-            "layers": f"{c['encoder_layers']}+{c['decoder_layers']}", "tasks": c["tasks"], "lr": c["lr"],
+            "layers": f"{c['encoder_layers']}+{c['decoder_layers']}", "heads": c.get("num_heads"), "tasks": c["tasks"], "lr": c["lr"],
             "init_from": c.get("init_from"), "metrics": card["metrics"]}
 
 
@@ -294,6 +294,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         from safetensors.torch import load_file
 
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
+        state = widen_heads(state, model.state_dict(), cfg.d_kv)
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # tensor shapes differ: another d_model, d_ff, heads...
@@ -375,6 +376,40 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "accuracy": acc,
                     "minutes": round((time.time() - t0) / 60, 2)})
     return _save(model, out, cfg, history, t0, final=True, losses=losses)
+
+
+def widen_heads(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor], d_kv: int) -> dict[str, torch.Tensor]:
+    """Fit a source state with fewer attention heads into ``target``'s shapes, keeping its function.
+
+    Why: the default model could not learn to match line labels with four
+    heads a layer (the heads it has are busy with position and pass-key
+    work); growing heads keeps everything it learned and gives the new
+    heads room. The old heads keep their slots (the first ones); the new
+    heads' q, k, v and position biases start from ``target``'s fresh
+    initialisation and their output columns start at zero, so the grown
+    model computes exactly what the source did until training moves them
+    (gradients still reach the zero columns, through the new heads' values).
+    Tensors of any other mismatched shape are left alone (loading then fails
+    with a clear size message)."""
+    out = dict(state)
+    for key, src in state.items():
+        dst = target.get(key)
+        if dst is None or dst.shape == src.shape or src.ndim != 2:
+            continue
+        name = key.rsplit(".", 2)[-2]
+        if name in ("q", "k", "v") and src.shape[1] == dst.shape[1] and src.shape[0] < dst.shape[0] and src.shape[0] % d_kv == 0:
+            grown = dst.clone()
+            grown[: src.shape[0]] = src
+        elif name == "o" and src.shape[0] == dst.shape[0] and src.shape[1] < dst.shape[1] and src.shape[1] % d_kv == 0:
+            grown = torch.zeros_like(dst)
+            grown[:, : src.shape[1]] = src
+        elif name == "relative_attention_bias" and src.shape[0] == dst.shape[0] and src.shape[1] < dst.shape[1]:
+            grown = dst.clone()
+            grown[:, : src.shape[1]] = src
+        else:
+            continue
+        out[key] = grown.to(src.dtype)
+    return out
 
 
 def _block(key: str) -> str | None:

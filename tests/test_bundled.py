@@ -124,6 +124,32 @@ def test_init_from_keeps_weights_and_adds_fresh_blocks(tmp_path):
         train(wider, tmp_path / "wider", quiet=True, evaluate_at_end=False, device="cpu")
 
 
+def test_init_from_grows_heads_without_changing_what_the_model_computes(tmp_path):
+    """More heads than the source: old heads keep their slots, new heads start with zero output
+    columns, so the grown model's logits equal the source's; then training moves the new heads."""
+    from safetensors.torch import load_file
+
+    from core import models
+
+    base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
+    train(TrainConfig(**base), tmp_path / "src", quiet=True, evaluate_at_end=False, device="cpu")
+    grown = {**base, "num_heads": 2 * TINY_TRAIN["num_heads"], "init_from": str(tmp_path / "src")}
+    train(TrainConfig(**{**grown, "steps": 1, "lr": 0.0}), tmp_path / "same", quiet=True, evaluate_at_end=False, device="cpu")
+    src, same = models.load(tmp_path / "src"), models.load(tmp_path / "same")
+    assert same.model.config.num_heads == 2 * src.model.config.num_heads
+    ids = src.tokenizer("What is the pass key? The pass key is 12345.", return_tensors="pt")
+    start = torch.zeros((1, 1), dtype=torch.long)
+    with torch.no_grad():
+        a = src.model(**ids, decoder_input_ids=start).logits
+        b = same.model(**ids, decoder_input_ids=start).logits
+    assert torch.allclose(a, b, atol=1e-5)
+    o = "encoder.block.0.layer.0.SelfAttention.o.weight"
+    inner = src.model.config.num_heads * src.model.config.d_kv
+    assert not load_file(str(tmp_path / "same" / "model.safetensors"))[o][:, inner:].any()
+    train(TrainConfig(**{**grown, "steps": 2, "lr": 1e-2}), tmp_path / "moved", quiet=True, evaluate_at_end=False, device="cpu")
+    assert load_file(str(tmp_path / "moved" / "model.safetensors"))[o][:, inner:].abs().sum() > 0
+
+
 def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
     """A list in --config is a recipe: stage 2 starts from stage 1's weights (its own init_from ignored),
     may grow the model, and the final card sums up every stage."""
