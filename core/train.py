@@ -381,10 +381,10 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
 def widen_heads(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor], d_kv: int) -> dict[str, torch.Tensor]:
     """Fit a source state with fewer attention heads into ``target``'s shapes, keeping its function.
 
-    Why: the default model could not learn to match line labels with four
-    heads a layer (the heads it has are busy with position and pass-key
-    work); growing heads keeps everything it learned and gives the new
-    heads room. The old heads keep their slots (the first ones); the new
+    Why: a stage can then add heads (room for a new skill) without losing
+    what the model learned; retraining from scratch costs hours on a CPU.
+    (Tried for line retrieval: 8 heads instead of 4 did not help; README.)
+    The old heads keep their slots (the first ones); the new
     heads' q, k, v and position biases start from ``target``'s fresh
     initialisation and their output columns start at zero, so the grown
     model computes exactly what the source did until training moves them
