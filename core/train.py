@@ -294,6 +294,10 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         from safetensors.torch import load_file
 
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
+        src_cfg = Path(cfg.init_from) / "config.json"
+        src_kv = json.loads(src_cfg.read_text()).get("d_kv") if src_cfg.exists() else None
+        if src_kv is not None and src_kv != cfg.d_kv:  # equal shapes would load, with every head cut anew
+            raise ValueError(f"--init-from {cfg.init_from} has d_kv {src_kv}, this config {cfg.d_kv}: heads cannot be regrouped")
         state = widen_heads(state, model.state_dict(), cfg.d_kv)
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)

@@ -148,6 +148,10 @@ def test_init_from_grows_heads_without_changing_what_the_model_computes(tmp_path
     assert not load_file(str(tmp_path / "same" / "model.safetensors"))[o][:, inner:].any()
     train(TrainConfig(**{**grown, "steps": 2, "lr": 1e-2}), tmp_path / "moved", quiet=True, evaluate_at_end=False, device="cpu")
     assert load_file(str(tmp_path / "moved" / "model.safetensors"))[o][:, inner:].abs().sum() > 0
+    # Same tensor shapes, other head split (2 x 8 -> 4 x 4): must refuse, not load heads cut anew.
+    regrouped = {**base, "num_heads": 2 * TINY_TRAIN["num_heads"], "d_kv": TINY_TRAIN["d_kv"] // 2, "init_from": str(tmp_path / "src")}
+    with pytest.raises(ValueError, match="d_kv"):
+        train(TrainConfig(**regrouped), tmp_path / "regrouped", quiet=True, evaluate_at_end=False, device="cpu")
 
 
 def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
