@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core import tasks  # noqa: E402
 from core.calibration import measure  # noqa: E402
 from core.models import default_model, load  # noqa: E402
-
-GRID = [round(1 - 0.05 * i, 2) for i in range(11)]
+from core.temperature import GRID  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -295,8 +295,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
 
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
         src_cfg = Path(cfg.init_from) / "config.json"
-        src_kv = json.loads(src_cfg.read_text()).get("d_kv") if src_cfg.exists() else None
-        if src_kv is not None and src_kv != cfg.d_kv:  # equal shapes would load, with every head cut anew
+        src_kv = json.loads(src_cfg.read_text()).get("d_kv") if src_cfg.exists() else cfg.d_kv
+        if src_kv != cfg.d_kv:  # equal shapes would load, with every head cut anew
             raise ValueError(f"--init-from {cfg.init_from} has d_kv {src_kv}, this config {cfg.d_kv}: heads cannot be regrouped")
         state = widen_heads(state, model.state_dict(), cfg.d_kv)
         try:
@@ -395,23 +395,20 @@ def widen_heads(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
     (gradients still reach the zero columns, through the new heads' values).
     Tensors of any other mismatched shape are left alone (loading then fails
     with a clear size message)."""
+    axes = {"q": 0, "k": 0, "v": 0, "o": 1, "relative_attention_bias": 1}  # the axis that holds the heads
     out = dict(state)
     for key, src in state.items():
         dst = target.get(key)
-        if dst is None or dst.shape == src.shape or src.ndim != 2:
-            continue
         name = key.rsplit(".", 2)[-2]
-        if name in ("q", "k", "v") and src.shape[1] == dst.shape[1] and src.shape[0] < dst.shape[0] and src.shape[0] % d_kv == 0:
-            grown = dst.clone()
-            grown[: src.shape[0]] = src
-        elif name == "o" and src.shape[0] == dst.shape[0] and src.shape[1] < dst.shape[1] and src.shape[1] % d_kv == 0:
-            grown = torch.zeros_like(dst)
-            grown[:, : src.shape[1]] = src
-        elif name == "relative_attention_bias" and src.shape[0] == dst.shape[0] and src.shape[1] < dst.shape[1]:
-            grown = dst.clone()
-            grown[:, : src.shape[1]] = src
-        else:
+        axis = axes.get(name)
+        if dst is None or axis is None or src.ndim != 2 or dst.shape == src.shape:
             continue
+        unit = 1 if name == "relative_attention_bias" else d_kv  # one head's width along that axis
+        n = src.shape[axis]
+        if src.shape[1 - axis] != dst.shape[1 - axis] or n >= dst.shape[axis] or n % unit:
+            continue
+        grown = torch.zeros_like(dst) if name == "o" else dst.clone()
+        grown.narrow(axis, 0, n).copy_(src)
         out[key] = grown.to(src.dtype)
     return out
 
