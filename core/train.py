@@ -98,6 +98,40 @@ def load_stages(path: str | Path) -> list[TrainConfig]:
     return [TrainConfig.from_dict(x) for x in items]
 
 
+_FIXED_SIZES = ("d_model", "d_kv", "d_ff")  # a stage cannot change these (weights would not load)
+_GROWABLE = ("num_heads", "encoder_layers", "decoder_layers")  # a stage may raise these (fresh heads, fresh blocks)
+
+
+def check_stages(cfgs: list[TrainConfig]) -> None:
+    """Refuse a recipe whose stages cannot chain, before any of it trains.
+
+    Why: a staged recipe runs for hours; a stage that changes ``d_kv`` or shrinks
+    the head count would otherwise fail (or, for ``d_kv``, silently regroup
+    heads) only when its turn comes. The first stage is checked against its
+    ``init_from`` folder's ``config.json`` the same way."""
+    def sizes(c: TrainConfig) -> dict:
+        return {k: getattr(c, k) for k in _FIXED_SIZES + _GROWABLE}
+
+    prev: dict | None = None
+    if cfgs and cfgs[0].init_from:
+        src = Path(cfgs[0].init_from)
+        if not (src / "model.safetensors").exists() or not (src / "config.json").exists():
+            raise ValueError(f"init_from {src}: no model.safetensors and config.json there")
+        c = json.loads((src / "config.json").read_text())
+        prev = {"d_model": c.get("d_model"), "d_kv": c.get("d_kv"), "d_ff": c.get("d_ff"), "num_heads": c.get("num_heads"), "encoder_layers": c.get("num_layers"),
+                "decoder_layers": c.get("num_decoder_layers", c.get("num_layers"))}
+    for k, cfg in enumerate(cfgs):
+        cur, where = sizes(cfg), f"stage {k + 1}" if len(cfgs) > 1 else "this config"
+        if prev is not None:
+            for key in _FIXED_SIZES:
+                if prev.get(key) != cur[key]:
+                    raise ValueError(f"{where}: {key} {cur[key]} differs from the weights it starts from ({prev.get(key)})")
+            for key in _GROWABLE:
+                if prev.get(key) is not None and cur[key] < prev[key]:
+                    raise ValueError(f"{where}: {key} {cur[key]} is below the weights it starts from ({prev[key]}); stages may only grow")
+        prev = cur
+
+
 def stage_dir(out: str | Path, k: int, stages_dir: str | Path = "runs") -> Path:
     """Where stage ``k`` (all but the last) of a staged run is saved: under ``stages_dir``
     (git-ignored ``runs/`` by default), never beside ``out``: a folder with a card
@@ -113,6 +147,7 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
     Returns the last stage's card with ``stages`` (steps, minutes and metrics of
     each stage) and ``minutes_total`` added, so the card says what the whole
     recipe cost. Only the last stage runs the final 100-document evaluation."""
+    check_stages(cfgs)
     summaries, prev = [], None
     for k, cfg in enumerate(cfgs):
         last = k == len(cfgs) - 1

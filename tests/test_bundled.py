@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -174,6 +175,45 @@ def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
     assert [s["layers"] for s in card["stages"]] == ["1+1", "1+2"]
     assert card["stages"][1]["init_from"] == str(stage_dir(tmp_path / "m", 0, tmp_path / "runs"))
     assert card["minutes_total"] == pytest.approx(sum(s["minutes"] for s in card["stages"]), abs=0.02)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = sorted(glob.glob(f"{_ROOT}/assets/models/*/train_config.json") + glob.glob(f"{_ROOT}/recipes/*.json"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: os.path.relpath(p, _ROOT))
+def test_shipped_recipes_chain(path, monkeypatch):
+    """Every recipe we ship (a bundled model's train_config.json, recipes/*.json) is one that can run:
+    stages keep d_model/d_kv/d_ff and only grow heads and layers, from an init_from that exists."""
+    from core.train import check_stages, load_stages
+
+    monkeypatch.chdir(_ROOT)  # recipes name init_from relative to the repository, as the README runs them
+
+    cfgs = load_stages(path)
+    check_stages(cfgs)
+    model_dir = os.path.dirname(path)
+    if path.endswith("train_config.json"):  # its last stage made the weights beside it
+        c = json.loads(open(os.path.join(model_dir, "config.json")).read())
+        assert (c["num_heads"], c["num_layers"], c["num_decoder_layers"]) == (
+            cfgs[-1].num_heads, cfgs[-1].encoder_layers, cfgs[-1].decoder_layers)
+
+
+def test_a_recipe_that_cannot_chain_is_refused_before_it_trains(tmp_path):
+    from core.cli import main as cli_main
+    from core.train import check_stages
+
+    base = {**TINY_TRAIN, "steps": 1, "batch_size": 2}
+    with pytest.raises(ValueError, match="d_kv"):
+        check_stages([TrainConfig(**base), TrainConfig(**{**base, "num_heads": 4, "d_kv": 4})])
+    with pytest.raises(ValueError, match="num_heads .* only grow"):
+        check_stages([TrainConfig(**{**base, "num_heads": 4}), TrainConfig(**base)])
+    with pytest.raises(ValueError, match="init_from"):
+        check_stages([TrainConfig(**{**base, "init_from": str(tmp_path / "nowhere")})])
+    check_stages([TrainConfig(**base), TrainConfig(**{**base, "num_heads": 4, "decoder_layers": 2})])  # growth is fine
+    (tmp_path / "bad.json").write_text(json.dumps([base, {**base, "d_model": 48}]))
+    assert cli_main(["train", "--config", str(tmp_path / "bad.json"), "--out", str(tmp_path / "m"),
+                     "--stages-dir", str(tmp_path / "runs")]) == 2
+    assert not (tmp_path / "m").exists() and not (tmp_path / "runs").exists()  # nothing trained
 
 
 def test_staged_config_refuses_an_empty_list(tmp_path):
