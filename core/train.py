@@ -117,9 +117,9 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
         src = Path(cfgs[0].init_from)
         if not (src / "model.safetensors").exists() or not (src / "config.json").exists():
             raise ValueError(f"init_from {src}: no model.safetensors and config.json there")
-        c = json.loads((src / "config.json").read_text())
-        prev = {"d_model": c.get("d_model"), "d_kv": c.get("d_kv"), "d_ff": c.get("d_ff"), "num_heads": c.get("num_heads"), "encoder_layers": c.get("num_layers"),
-                "decoder_layers": c.get("num_decoder_layers", c.get("num_layers"))}
+        c = json.loads((src / "config.json").read_text())  # T5Config's names for our fields
+        prev = {k: c.get(k) for k in ("d_model", "d_kv", "d_ff", "num_heads")}
+        prev |= {"encoder_layers": c.get("num_layers"), "decoder_layers": c.get("num_decoder_layers", c.get("num_layers"))}
     for k, cfg in enumerate(cfgs):
         cur, where = sizes(cfg), f"stage {k + 1}" if len(cfgs) > 1 else "this config"
         if prev is not None:
