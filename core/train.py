@@ -125,7 +125,7 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
         if prev is not None:
             for key in _FIXED_SIZES:
                 if prev.get(key) != cur[key]:
-                    raise ValueError(f"{where}: {key} {cur[key]} differs from the weights it starts from ({prev.get(key)})")
+                    raise ValueError(f"{where} has other sizes than the weights it starts from: {key} {cur[key]}, not {prev.get(key)}")
             for key in _GROWABLE:
                 if prev.get(key) is not None and cur[key] < prev[key]:
                     raise ValueError(f"{where}: {key} {cur[key]} is below the weights it starts from ({prev[key]}); stages may only grow")
@@ -329,10 +329,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         from safetensors.torch import load_file
 
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
-        src_cfg = Path(cfg.init_from) / "config.json"
-        src_kv = json.loads(src_cfg.read_text()).get("d_kv") if src_cfg.exists() else cfg.d_kv
-        if src_kv != cfg.d_kv:  # equal shapes would load, with every head cut anew
-            raise ValueError(f"--init-from {cfg.init_from} has d_kv {src_kv}, this config {cfg.d_kv}: heads cannot be regrouped")
+        check_stages([cfg])  # e.g. another d_kv: equal shapes would load, with every head cut anew
         state = widen_heads(state, model.state_dict(), cfg.d_kv)
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,9 +192,8 @@ def test_shipped_recipes_chain(path, monkeypatch):
 
     cfgs = load_stages(path)
     check_stages(cfgs)
-    model_dir = os.path.dirname(path)
     if path.endswith("train_config.json"):  # its last stage made the weights beside it
-        c = json.loads(open(os.path.join(model_dir, "config.json")).read())
+        c = json.loads((Path(path).parent / "config.json").read_text())
         assert (c["num_heads"], c["num_layers"], c["num_decoder_layers"]) == (
             cfgs[-1].num_heads, cfgs[-1].encoder_layers, cfgs[-1].decoder_layers)
 
