@@ -145,7 +145,8 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
     """Train ``cfgs`` in turn, each from the previous one's weights; the last lands in ``out``.
 
     Returns the last stage's card with ``stages`` (steps, minutes and metrics of
-    each stage) and ``minutes_total`` added, so the card says what the whole
+    each stage), ``minutes_total`` and ``tasks`` (every stage's, in first-taught
+    order) added, so the card says what the whole
     recipe cost. Only the last stage runs the final 100-document evaluation."""
     check_stages(cfgs)
     summaries, prev = [], None
@@ -161,6 +162,9 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
         summaries.append(stage_summary(card))
         prev = target
     if len(cfgs) > 1:
+        # The model knows every task some stage taught it, not only the last stage's mix:
+        # the card's task list drives what the results bench and the regression tests ask of it.
+        card["tasks"] = list(dict.fromkeys(t for c in cfgs for t in [*(c.first_tasks or {}), *c.tasks]))
         card["stages"] = summaries
         card["minutes_total"] = round(sum(s["minutes"] for s in summaries), 2)
         (Path(out) / "card.json").write_text(json.dumps(card, indent=2))

@@ -164,7 +164,8 @@ def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
     from core.train import load_stages, stage_dir, train_stages
 
     base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
-    stages = [base, {**base, "decoder_layers": 2, "lr": 0.0, "steps": 1, "init_from": "ignored/elsewhere"}]
+    stages = [base, {**base, "decoder_layers": 2, "lr": 0.0, "steps": 1, "init_from": "ignored/elsewhere",
+                     "tasks": {"line": 0.5, "code": 0.5}}]
     (tmp_path / "recipe.json").write_text(json.dumps(stages))
     train_stages(load_stages(tmp_path / "recipe.json"), tmp_path / "m", quiet=True, device="cpu", evaluate_at_end=False,
                  stages_dir=tmp_path / "runs")
@@ -174,6 +175,7 @@ def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
     assert "decoder.block.1.layer.0.SelfAttention.q.weight" in final
     card = json.loads((tmp_path / "m" / "card.json").read_text())
     assert [s["layers"] for s in card["stages"]] == ["1+1", "1+2"]
+    assert card["tasks"] == ["passkey", "line", "code"]  # every stage's tasks, not only the last one's
     assert card["stages"][1]["init_from"] == str(stage_dir(tmp_path / "m", 0, tmp_path / "runs"))
     assert card["minutes_total"] == pytest.approx(sum(s["minutes"] for s in card["stages"]), abs=0.02)
 
