@@ -41,31 +41,33 @@ def test_default_model_is_bundled():
     assert default_model() in {s.name for s in BUNDLED}
 
 
-def _claimed() -> list[tuple[str, str]]:
-    """(model, task) pairs whose card claims >= 80 % at L_tr: what the regression guard holds them to."""
+def _claimed() -> list[tuple[str, str, float]]:
+    """(model, task, accuracy) where the card claims >= 80 % at L_tr: what the regression guard holds them to."""
     out = []
     for spec in BUNDLED:
         card = json.loads(open(f"{spec.source}/card.json").read())
-        out += [(spec.name, t) for t, acc in card["metrics"].get("accuracy", {}).items() if acc >= 80]
+        out += [(spec.name, t, acc) for t, acc in card["metrics"].get("accuracy", {}).items() if acc >= 80]
     return out
 
 
 @needs_bundled
-@pytest.mark.parametrize("name,task", _claimed(), ids=lambda x: str(x))
-def test_bundled_model_answers_at_train_length(name, task):
-    """A regression guard on fresh seeds (never used in training: those are < 1,000,000)."""
+@pytest.mark.parametrize("name,task,claimed", _claimed(), ids=lambda x: str(x))
+def test_bundled_model_answers_at_train_length(name, task, claimed):
+    """A regression guard on fresh seeds (never used in training: those are < 1,000,000):
+    at most one answer fewer than the card's accuracy predicts (5 of 6 at 100 %, 4 of 6 at 80-90 %)."""
     loaded = load(name)
     docs = [tasks.make(task, loaded.tokenizer, loaded.train_length, depth=d, seed=2_000_000 + i)
             for i, d in enumerate((0.1, 0.3, 0.5, 0.7, 0.9, 0.5))]
     res = engine.run_batch(loaded, docs)
-    assert sum(bool(r.correct) for r in res) >= 5, [(r.answer, r.expected) for r in res]
+    need = round(len(docs) * claimed / 100) - 1
+    assert sum(bool(r.correct) for r in res) >= need, [(r.answer, r.expected) for r in res]
 
 
 def test_default_model_guards_passkey():
     """The app's default model must at least do the pass key task (its tour relies on it)."""
     if not BUNDLED:
         pytest.skip("no bundled model in assets/models")
-    assert (default_model(), "passkey") in _claimed()
+    assert (default_model(), "passkey") in {(m, t) for m, t, _ in _claimed()}
 
 
 @needs_bundled
