@@ -132,6 +132,15 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
         prev = cur
 
 
+def taught_tasks(cfgs: list[TrainConfig]) -> list[str]:
+    """Every task some stage taught (``first_tasks`` too), in first-taught order.
+
+    Why: a card's task list drives what the results bench and the regression
+    tests ask of the model, and a model knows every task it was taught, not
+    only the last stage's mix."""
+    return list(dict.fromkeys(t for c in cfgs for t in [*(c.first_tasks or {}), *c.tasks]))
+
+
 def stage_dir(out: str | Path, k: int, stages_dir: str | Path = "runs") -> Path:
     """Where stage ``k`` (all but the last) of a staged run is saved: under ``stages_dir``
     (git-ignored ``runs/`` by default), never beside ``out``: a folder with a card
@@ -162,9 +171,7 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
         summaries.append(stage_summary(card))
         prev = target
     if len(cfgs) > 1:
-        # The model knows every task some stage taught it, not only the last stage's mix:
-        # the card's task list drives what the results bench and the regression tests ask of it.
-        card["tasks"] = list(dict.fromkeys(t for c in cfgs for t in [*(c.first_tasks or {}), *c.tasks]))
+        card["tasks"] = taught_tasks(cfgs)
         card["stages"] = summaries
         card["minutes_total"] = round(sum(s["minutes"] for s in summaries), 2)
         (Path(out) / "card.json").write_text(json.dumps(card, indent=2))
@@ -332,8 +339,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     if cfg.init_from:
         from safetensors.torch import load_file
 
+        check_stages([cfg])  # before reading weights; e.g. another d_kv: equal shapes would load, heads cut anew
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
-        check_stages([cfg])  # e.g. another d_kv: equal shapes would load, with every head cut anew
         state = widen_heads(state, model.state_dict(), cfg.d_kv)
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
@@ -468,7 +475,7 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
     card = {
         "name": cfg.name,
         "train_length": cfg.train_length,
-        "tasks": list(cfg.tasks),
+        "tasks": taught_tasks([cfg]),
         "summary": f"T5 {cfg.encoder_layers}+{cfg.decoder_layers} layers, {cfg.num_heads} heads, d_model {cfg.d_model}"
                    + (f", cosine attention s={cfg.cosine_scale:g}" if cfg.cosine_scale else "")
                    + f", trained here at L_tr={cfg.train_length} tokens",
