@@ -76,6 +76,10 @@ class TrainConfig:
     workers: int = 1  # producer processes making batches (step order, hence the result, does not depend on it)
     default: bool = False  # mark as the app's default model
     init_from: str | None = None  # start from these weights (a saved model folder) instead of random
+    # blocks init_from lacks (a layer more): "fresh" (random, as the shipped recipe's
+    # stages grew them) or "identity" (zero output projections: the grown model
+    # first computes exactly what the source did; see identity_blocks)
+    new_blocks: str = "fresh"
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -329,6 +333,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     torch.manual_seed(cfg.seed)
     tokenizer = get_tokenizer(cfg, reuse_tokenizer)
     tasks.check_line_answer(cfg.line_answer)
+    if cfg.new_blocks not in ("fresh", "identity"):
+        raise ValueError(f"new_blocks must be 'fresh' or 'identity', got {cfg.new_blocks!r}")
     for task, opts in cfg.task_options.items():  # a bad option fails here, not deep in a producer
         try:
             tasks.make(task, tokenizer, cfg.train_length, **opts)
@@ -354,6 +360,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                and _block(k) in src_blocks | {None}]
         if unexpected or odd:
             raise ValueError(f"--init-from {cfg.init_from} does not match this config ({odd[:3]} {unexpected[:3]})")
+        if cfg.new_blocks == "identity":
+            identity_blocks(model, {_block(k) for k in missing} - src_blocks - {None})
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev).train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -454,6 +462,22 @@ def widen_heads(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
         grown.narrow(axis, 0, n).copy_(src)
         out[key] = grown.to(src.dtype)
     return out
+
+
+def identity_blocks(model, blocks: set[str]) -> None:
+    """Zero the output projections (attention ``o``, feed-forward ``wo``) of ``blocks``.
+
+    Why: a T5 block adds its outputs to the residual stream, so a block whose
+    output projections are zero is the identity, and a layer grown this way
+    keeps what the source model computes (like ``widen_heads`` for heads).
+    A random fresh layer instead scrambles the stream, and the first steps
+    are spent recovering skills the source had. Gradients still reach the
+    zero projections (their inputs are not zero), so the layer starts learning
+    at once."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if _block(name) in blocks and name.endswith((".o.weight", ".wo.weight")):
+                p.zero_()
 
 
 def _block(key: str) -> str | None:

@@ -128,6 +128,34 @@ def test_init_from_keeps_weights_and_adds_fresh_blocks(tmp_path):
         train(wider, tmp_path / "wider", quiet=True, evaluate_at_end=False, device="cpu")
 
 
+def test_identity_blocks_grow_a_layer_without_changing_what_the_model_computes(tmp_path):
+    """new_blocks="identity": a layer the source lacks starts with zero output projections, so the
+    grown model's logits equal the source's ("fresh" ones differ); training then moves the new layer."""
+    from safetensors.torch import load_file
+
+    from core import models
+
+    base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
+    train(TrainConfig(**base), tmp_path / "src", quiet=True, evaluate_at_end=False, device="cpu")
+    grown = {**base, "decoder_layers": TINY_TRAIN["decoder_layers"] + 1, "init_from": str(tmp_path / "src")}
+    for mode in ("identity", "fresh"):
+        train(TrainConfig(**{**grown, "new_blocks": mode, "steps": 1, "lr": 0.0}), tmp_path / mode, quiet=True,
+              evaluate_at_end=False, device="cpu")
+    src, same, fresh = (models.load(tmp_path / d) for d in ("src", "identity", "fresh"))
+    ids = src.tokenizer("What is the pass key? The pass key is 12345.", return_tensors="pt")
+    start = torch.zeros((1, 1), dtype=torch.long)
+    with torch.no_grad():
+        a, b, c = (m.model(**ids, decoder_input_ids=start).logits for m in (src, same, fresh))
+    assert torch.allclose(a, b, atol=1e-5)
+    assert not torch.allclose(a, c, atol=1e-3)
+    wo = f"decoder.block.{TINY_TRAIN['decoder_layers']}.layer.2.DenseReluDense.wo.weight"
+    train(TrainConfig(**{**grown, "new_blocks": "identity", "steps": 2, "lr": 1e-2}), tmp_path / "moved", quiet=True,
+          evaluate_at_end=False, device="cpu")
+    assert load_file(str(tmp_path / "moved" / "model.safetensors"))[wo].abs().sum() > 0
+    with pytest.raises(ValueError, match="new_blocks"):
+        train(TrainConfig(**{**grown, "new_blocks": "zero"}), tmp_path / "bad", quiet=True, evaluate_at_end=False, device="cpu")
+
+
 def test_init_from_grows_heads_without_changing_what_the_model_computes(tmp_path):
     """More heads than the source: old heads keep their slots, new heads start with zero output
     columns, so the grown model's logits equal the source's; then training moves the new heads."""
