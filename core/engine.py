@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from core import tasks
@@ -261,6 +262,17 @@ def run_batch(
 
 
 @torch.inference_mode()
+def decoder_cache() -> EncoderDecoderCache:
+    """An empty key/value cache for ``generate`` whose layers grow as the decoder fills them.
+
+    Why not let ``generate`` make one: it sizes the cache from the config's
+    ``num_hidden_layers``, which T5's config maps to the *encoder* depth
+    (``num_layers``), so a model with more decoder than encoder layers (one a
+    training stage grew) fails with an IndexError in its last decoder layer
+    (transformers 5.23)."""
+    return EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+
 def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], settings: RunSettings) -> list[Result]:
     """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
     n = max(e.n for e in encs)
@@ -302,6 +314,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 max_new_tokens=settings.max_new_tokens,
                 do_sample=False,
                 num_beams=1,
+                past_key_values=decoder_cache(),
             )
         answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
     t_gen = time.perf_counter() - t1

@@ -10,11 +10,11 @@ from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration
 
 
 def build_tiny_t5(folder, *, layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, cosine: float | None = None,
-                  train_length: int = 256, vocab: int = 384):
+                  train_length: int = 256, vocab: int = 384, decoder_layers: int = 1):
     """Save a random tiny T5 (ByT5 byte tokenizer: needs no vocab file) and a card.json to ``folder``."""
     torch.manual_seed(seed)
     cfg = T5Config(
-        vocab_size=vocab, d_model=64, d_kv=d_kv, d_ff=128, num_layers=layers, num_decoder_layers=1,
+        vocab_size=vocab, d_model=64, d_kv=d_kv, d_ff=128, num_layers=layers, num_decoder_layers=decoder_layers,
         num_heads=heads, relative_attention_num_buckets=32, relative_attention_max_distance=128,
         dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
     )

@@ -117,3 +117,15 @@ def test_probes_off_takes_the_fused_path_with_the_same_answers(tiny, tiny_dir, d
         broken.model.encoder.block[0].layer[0].SelfAttention.k.weight.fill_(float("nan"))
     with pytest.raises(NumericalError, match="NaN"):
         engine.run(broken, doc, engine.RunSettings(probes=ProbeSpec.off()))
+
+
+def test_more_decoder_than_encoder_layers_still_generates(tmp_path, doc):
+    """generate sizes its own cache from T5's num_layers (the encoder depth); a model a training
+    stage grew to more decoder layers must still answer (the engine hands generate a growing cache)."""
+    from conftest import build_tiny_t5
+
+    from core.models import load
+
+    deep = load(str(build_tiny_t5(tmp_path / "deep", layers=1, decoder_layers=3)), device="cpu")
+    r = engine.run(deep, doc, engine.RunSettings(max_new_tokens=4))
+    assert r.correct is not None  # scored: generate ran through all three decoder layers
