@@ -314,6 +314,21 @@ def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None
     return out
 
 
+def _try_evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int) -> dict:
+    """``{"accuracy": ...}``, or ``{"accuracy": {}, "eval_error": why}`` when the engine refuses.
+
+    Why: an evaluation is a side look, and the engine may refuse it for a
+    passing reason (free memory is low while another process runs); that must
+    not throw away an hour of training, so the step's record says why instead."""
+    from core.errors import UserError
+
+    try:
+        return {"accuracy": evaluate(model, tokenizer, cfg, n_docs)}
+    except UserError as err:
+        model.train()
+        return {"accuracy": {}, "eval_error": str(err)}
+
+
 def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False,
           evaluate_at_end: bool = True, device: str | None = None) -> dict:
     """Train and save to ``out``; returns the card (metrics included).
@@ -415,8 +430,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
             bar.update(1)
             bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}", L=int(ids.shape[1]))
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                acc = evaluate(model, tokenizer, cfg, cfg.eval_docs)
-                history.append({"step": step + 1, "loss": sum(losses[-50:]) / len(losses[-50:]), "accuracy": acc,
+                history.append({"step": step + 1, "loss": sum(losses[-50:]) / len(losses[-50:]),
+                                **_try_evaluate(model, tokenizer, cfg, cfg.eval_docs),
                                 "minutes": round((time.time() - t0) / 60, 2)})
                 bar.write(json.dumps(history[-1]))
                 _save(model, out, cfg, history, t0, final=False)
@@ -427,8 +442,11 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
             if pr.is_alive():
                 pr.terminate()
         bar.close()
-    acc = evaluate(model, tokenizer, cfg, max(cfg.eval_docs, 100)) if evaluate_at_end else {}
-    history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "accuracy": acc,
+    final = _try_evaluate(model, tokenizer, cfg, max(cfg.eval_docs, 100)) if evaluate_at_end else {"accuracy": {}}
+    if "eval_error" in final and not quiet:
+        print(f"warning: final evaluation skipped ({final['eval_error']}); the weights are saved, "
+              f"evaluate them with bench/results.py or the card's test", file=sys.stderr)
+    history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), **final,
                     "minutes": round((time.time() - t0) / 60, 2)})
     return _save(model, out, cfg, history, t0, final=True, losses=losses)
 

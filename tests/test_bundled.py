@@ -362,3 +362,17 @@ def test_producer_exits_when_its_trainer_is_killed(tmp_path):
     for k in alive:
         os.kill(k, 9)
     assert not alive, "the producer outlived its trainer"
+
+
+def test_a_refused_evaluation_does_not_lose_the_training(tmp_path, monkeypatch):
+    """When the engine refuses to evaluate (here: no free memory), training goes on, the weights
+    are saved, and the card's history says why the step has no accuracy."""
+    from core import engine
+
+    monkeypatch.setattr(engine, "_free_bytes", lambda device: 0)
+    cfg = TrainConfig(**{**TINY_TRAIN, "train_length": 200, "min_length": 160, "steps": 4, "batch_size": 2,
+                         "eval_every": 2, "eval_docs": 2, "warmup": 1})
+    card = train(cfg, tmp_path / "m", quiet=True, device="cpu")
+    assert (tmp_path / "m" / "model.safetensors").exists()
+    assert [h["step"] for h in card["history"]] == [2, 4]
+    assert all(h["accuracy"] == {} and "tokens" in h["eval_error"] for h in card["history"])
