@@ -261,7 +261,6 @@ def run_batch(
     return out  # type: ignore[return-value]
 
 
-@torch.inference_mode()
 def decoder_cache() -> EncoderDecoderCache:
     """An empty key/value cache for ``generate`` whose layers grow as the decoder fills them.
 
@@ -273,6 +272,7 @@ def decoder_cache() -> EncoderDecoderCache:
     return EncoderDecoderCache(DynamicCache(), DynamicCache())
 
 
+@torch.inference_mode()
 def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], settings: RunSettings) -> list[Result]:
     """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
     n = max(e.n for e in encs)
