@@ -36,6 +36,7 @@ from queue import Empty, Full
 import torch
 
 from core import tasks
+from core.errors import UserError
 
 EVAL_SEED = 1_000_000  # evaluation seeds start here: never used in training
 
@@ -111,8 +112,9 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
 
     Why: a staged recipe runs for hours; a stage that changes ``d_kv`` or shrinks
     the head count would otherwise fail (or, for ``d_kv``, silently regroup
-    heads) only when its turn comes. The first stage is checked against its
-    ``init_from`` folder's ``config.json`` the same way."""
+    heads) only when its turn comes; so would a misspelt ``new_blocks``. The
+    first stage is checked against its ``init_from`` folder's ``config.json``
+    the same way."""
     def sizes(c: TrainConfig) -> dict:
         return {k: getattr(c, k) for k in _FIXED_SIZES + _GROWABLE}
 
@@ -126,6 +128,8 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
         prev |= {"encoder_layers": c.get("num_layers"), "decoder_layers": c.get("num_decoder_layers", c.get("num_layers"))}
     for k, cfg in enumerate(cfgs):
         cur, where = sizes(cfg), f"stage {k + 1}" if len(cfgs) > 1 else "this config"
+        if cfg.new_blocks not in ("fresh", "identity"):
+            raise ValueError(f"{where}: new_blocks must be 'fresh' or 'identity', got {cfg.new_blocks!r}")
         if prev is not None:
             for key in _FIXED_SIZES:
                 if prev.get(key) != cur[key]:
@@ -320,8 +324,6 @@ def _try_evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int) -> dict:
     Why: an evaluation is a side look, and the engine may refuse it for a
     passing reason (free memory is low while another process runs); that must
     not throw away an hour of training, so the step's record says why instead."""
-    from core.errors import UserError
-
     try:
         return {"accuracy": evaluate(model, tokenizer, cfg, n_docs)}
     except UserError as err:
@@ -348,8 +350,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     torch.manual_seed(cfg.seed)
     tokenizer = get_tokenizer(cfg, reuse_tokenizer)
     tasks.check_line_answer(cfg.line_answer)
-    if cfg.new_blocks not in ("fresh", "identity"):
-        raise ValueError(f"new_blocks must be 'fresh' or 'identity', got {cfg.new_blocks!r}")
+    check_stages([cfg])  # before reading any weights; e.g. another d_kv: equal shapes would load, heads cut anew
     for task, opts in cfg.task_options.items():  # a bad option fails here, not deep in a producer
         try:
             tasks.make(task, tokenizer, cfg.train_length, **opts)
@@ -360,7 +361,6 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     if cfg.init_from:
         from safetensors.torch import load_file
 
-        check_stages([cfg])  # before reading weights; e.g. another d_kv: equal shapes would load, heads cut anew
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
         state = widen_heads(state, model.state_dict(), cfg.d_kv)
         try:

@@ -13,7 +13,7 @@ import torch
 
 from core import engine, tasks
 from core.models import bundled_specs, default_model, load
-from core.train import TrainConfig, train
+from core.train import TrainConfig, check_stages, train
 
 BUNDLED = bundled_specs()
 needs_bundled = pytest.mark.skipif(not BUNDLED, reason="no bundled model in assets/models")
@@ -128,6 +128,14 @@ def test_init_from_keeps_weights_and_adds_fresh_blocks(tmp_path):
         train(wider, tmp_path / "wider", quiet=True, evaluate_at_end=False, device="cpu")
 
 
+def _first_logits(*loaded) -> list[torch.Tensor]:
+    """Each model's logits for the first decoder step of one fixed input: what "computes the same" compares."""
+    ids = loaded[0].tokenizer("What is the pass key? The pass key is 12345.", return_tensors="pt")
+    start = torch.zeros((1, 1), dtype=torch.long)
+    with torch.no_grad():
+        return [m.model(**ids, decoder_input_ids=start).logits for m in loaded]
+
+
 def test_identity_blocks_grow_a_layer_without_changing_what_the_model_computes(tmp_path):
     """new_blocks="identity": a layer the source lacks starts with zero output projections, so the
     grown model's logits equal the source's ("fresh" ones differ); training then moves the new layer."""
@@ -141,11 +149,7 @@ def test_identity_blocks_grow_a_layer_without_changing_what_the_model_computes(t
     for mode in ("identity", "fresh"):
         train(TrainConfig(**{**grown, "new_blocks": mode, "steps": 1, "lr": 0.0}), tmp_path / mode, quiet=True,
               evaluate_at_end=False, device="cpu")
-    src, same, fresh = (models.load(tmp_path / d) for d in ("src", "identity", "fresh"))
-    ids = src.tokenizer("What is the pass key? The pass key is 12345.", return_tensors="pt")
-    start = torch.zeros((1, 1), dtype=torch.long)
-    with torch.no_grad():
-        a, b, c = (m.model(**ids, decoder_input_ids=start).logits for m in (src, same, fresh))
+    a, b, c = _first_logits(*(models.load(tmp_path / d) for d in ("src", "identity", "fresh")))
     assert torch.allclose(a, b, atol=1e-5)
     assert not torch.allclose(a, c, atol=1e-3)
     wo = f"decoder.block.{TINY_TRAIN['decoder_layers']}.layer.2.DenseReluDense.wo.weight"
@@ -154,6 +158,8 @@ def test_identity_blocks_grow_a_layer_without_changing_what_the_model_computes(t
     assert load_file(str(tmp_path / "moved" / "model.safetensors"))[wo].abs().sum() > 0
     with pytest.raises(ValueError, match="new_blocks"):
         train(TrainConfig(**{**grown, "new_blocks": "zero"}), tmp_path / "bad", quiet=True, evaluate_at_end=False, device="cpu")
+    with pytest.raises(ValueError, match="stage 2: new_blocks"):  # a recipe is refused before stage 1 trains
+        check_stages([TrainConfig(**base), TrainConfig(**{**base, "new_blocks": "zero"})])
 
 
 def test_init_from_grows_heads_without_changing_what_the_model_computes(tmp_path):
@@ -169,11 +175,7 @@ def test_init_from_grows_heads_without_changing_what_the_model_computes(tmp_path
     train(TrainConfig(**{**grown, "steps": 1, "lr": 0.0}), tmp_path / "same", quiet=True, evaluate_at_end=False, device="cpu")
     src, same = models.load(tmp_path / "src"), models.load(tmp_path / "same")
     assert same.model.config.num_heads == 2 * src.model.config.num_heads
-    ids = src.tokenizer("What is the pass key? The pass key is 12345.", return_tensors="pt")
-    start = torch.zeros((1, 1), dtype=torch.long)
-    with torch.no_grad():
-        a = src.model(**ids, decoder_input_ids=start).logits
-        b = same.model(**ids, decoder_input_ids=start).logits
+    a, b = _first_logits(src, same)
     assert torch.allclose(a, b, atol=1e-5)
     o = "encoder.block.0.layer.0.SelfAttention.o.weight"
     inner = src.model.config.num_heads * src.model.config.d_kv
@@ -218,7 +220,7 @@ RECIPES = sorted(glob.glob(f"{_ROOT}/assets/models/*/train_config.json") + glob.
 def test_shipped_recipes_chain(path, monkeypatch):
     """Every recipe we ship (a bundled model's train_config.json, recipes/*.json) is one that can run:
     stages keep d_model/d_kv/d_ff and only grow heads and layers, from an init_from that exists."""
-    from core.train import check_stages, load_stages
+    from core.train import load_stages
 
     monkeypatch.chdir(_ROOT)  # recipes name init_from relative to the repository, as the README runs them
 
@@ -232,7 +234,6 @@ def test_shipped_recipes_chain(path, monkeypatch):
 
 def test_a_recipe_that_cannot_chain_is_refused_before_it_trains(tmp_path):
     from core.cli import main as cli_main
-    from core.train import check_stages
 
     base = {**TINY_TRAIN, "steps": 1, "batch_size": 2}
     with pytest.raises(ValueError, match="d_kv"):
