@@ -267,7 +267,12 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
     from transformers import AutoTokenizer
 
     def unwanted() -> bool:
-        return stop.is_set() or os.getppid() != parent
+        if stop.is_set() or os.getppid() != parent:
+            # Nobody will read what is still buffered: without this, exit joins the queue's
+            # feeder thread, which is blocked writing a batch larger than the pipe's buffer.
+            queue.cancel_join_thread()
+            return True
+        return False
 
     try:
         torch.set_num_threads(1)

@@ -332,14 +332,19 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find the producer")
-def test_producer_exits_when_its_trainer_is_killed(tmp_path):
-    """SIGKILL on the trainer (no cleanup runs) must not leave its data producer running."""
+@pytest.mark.parametrize("batch_size", [2, 128], ids=["small-batches", "batches-larger-than-a-pipe"])
+def test_producer_exits_when_its_trainer_is_killed(tmp_path, batch_size):
+    """SIGKILL on the trainer (no cleanup runs) must not leave its data producer running.
+
+    With batches larger than a pipe's buffer (64 KiB), the queue's feeder thread is stuck
+    writing when the trainer stops reading; a producer that returns would then hang at exit
+    joining that thread (seen: an orphan blocked in a pipe write for 20+ minutes)."""
     import signal
     import subprocess
     import sys
     import time
 
-    cfg = {**TINY_TRAIN, "steps": 100000, "batch_size": 2, "eval_every": 0}
+    cfg = {**TINY_TRAIN, "steps": 100000, "batch_size": batch_size, "eval_every": 0}
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     proc = subprocess.Popen([sys.executable, "-m", "core", "train", "--config", str(tmp_path / "c.json"),
                              "--out", str(tmp_path / "m")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
