@@ -2,6 +2,7 @@
 
     python bench/engine.py                       # L = 1k, 4k, 16k tokens, CPU
     python bench/engine.py --lengths 1024,4096 --threads 1
+    python bench/engine.py --lengths 4096 --heads 8 --variants sdpa,no-probes   # the default model's head count
 
 For every length L and every variant
 
@@ -80,7 +81,7 @@ def rss_now() -> int:
         return max_rss()
 
 
-def child(variant: str, length: int, reps: int, threads: int | None) -> dict:
+def child(variant: str, length: int, reps: int, threads: int | None, heads: int = 4) -> dict:
     """One measurement in this (fresh) process."""
     import torch
 
@@ -89,7 +90,7 @@ def child(variant: str, length: int, reps: int, threads: int | None) -> dict:
     from core import attention  # registers "aligned"
     from core.probes import ProbeSpec, Recorder
 
-    model = tiny_t5(attn="sdpa" if variant == "sdpa" else attention.ATTN_NAME)
+    model = tiny_t5(heads=heads, attn="sdpa" if variant == "sdpa" else attention.ATTN_NAME)
     enc = model.get_encoder()
     g = torch.Generator().manual_seed(1)
 
@@ -117,12 +118,13 @@ def child(variant: str, length: int, reps: int, threads: int | None) -> dict:
     one(256)  # warm-up: allocator, kernels, lazy imports
     before = rss_now()
     times = [one(length) for _ in range(reps)]
-    return {"variant": variant, "length": length, "seconds": min(times), "all": times,
+    return {"variant": variant, "length": length, "heads": heads, "seconds": min(times), "all": times,
             "rss_before": before, "rss_peak": max_rss(), "threads": torch.get_num_threads()}
 
 
-def run_child(variant: str, length: int, reps: int, threads: int | None, mem_limit_gb: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", variant, str(length), str(reps), "--mem-limit-gb", str(mem_limit_gb)]
+def run_child(variant: str, length: int, reps: int, threads: int | None, mem_limit_gb: float, heads: int = 4) -> dict:
+    cmd = [sys.executable, __file__, "--child", variant, str(length), str(reps), "--mem-limit-gb", str(mem_limit_gb),
+           "--heads", str(heads)]
     if threads:
         cmd += ["--threads", str(threads)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -152,6 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="1024,4096,16384")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads of the tiny T5 (the bundled default has 8)")
     ap.add_argument("--mem-limit-gb", type=float, default=18.0,
                     help="address-space cap per measurement, so a too-big pass fails instead of waking the OOM killer")
     ap.add_argument("--child", nargs=3, metavar=("VARIANT", "L", "REPS"), help=argparse.SUPPRESS)
@@ -160,7 +163,7 @@ def main(argv=None) -> int:
         if args.mem_limit_gb > 0:
             lim = int(args.mem_limit_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-        print(json.dumps(child(args.child[0], int(args.child[1]), int(args.child[2]), args.threads)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), int(args.child[2]), args.threads, args.heads)))
         return 0
 
     print(f"machine: {machine()}")
@@ -170,12 +173,12 @@ def main(argv=None) -> int:
     for n in lengths:
         reps = 5 if n <= 2048 else 3 if n <= 8192 else 1
         for v in variants:
-            r = run_child(v, n, reps, args.threads, args.mem_limit_gb)
+            r = run_child(v, n, reps, args.threads, args.mem_limit_gb, args.heads)
             rows.append(r)
             print(f"  measured {v:>13} at L={n:>6}: "
                   + (r["error"] if "error" in r else f"{r['seconds']:.3f}s, peak {r['rss_peak'] / 2**30:.2f} GiB"),
                   file=sys.stderr, flush=True)
-    print(f"threads: {next((r['threads'] for r in rows if 'threads' in r), '?')}; load average after: "
+    print(f"heads: {args.heads}; threads: {next((r['threads'] for r in rows if 'threads' in r), '?')}; load average after: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'L':>6} {'variant':>13} {'seconds':>9} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}")
     for n in lengths:

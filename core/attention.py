@@ -54,6 +54,12 @@ KINDS = (ENCODER, DECODER, CROSS)
 #: leaving the matmuls large enough to be efficient.
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 
+#: A pass's bias (over tau) is kept, contiguous, for every layer when it is at
+#: most this many chunk budgets: with 2, a 4,096-token input with 8 heads in
+#: float32 (512 MiB) is divided once per pass instead of once per layer.
+#: ``core.engine.max_tokens`` counts it in its memory allowance.
+PASS_BIAS_CHUNKS = 2
+
 TauSpec = float | Sequence[float] | Sequence[Sequence[float]]
 
 
@@ -277,10 +283,17 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int, cal
     Exact rewriting of softmax((q.k + bias) / tau + mask) @ v (T5 does not
     scale q.k; a cosine model's q and k arrive already normalised and scaled).
     The bias is still cut into the same blocks of query rows, so the float
-    mask handed to the kernel never exceeds the chunk budget. A bias that
-    fits in one block's budget is divided by tau once and kept on the call
-    (at most ``chunk_bytes``, until the next bias or the call's end), since
-    T5 passes the same bias tensor to every layer. Returns
+    mask handed to the kernel never exceeds the chunk budget.
+
+    Why the bias gets copied on purpose: T5 hands over its bias as a permuted
+    view of an ``[L, L, heads]`` lookup, and torch's kernel wants each mask
+    row contiguous, so it would copy every block into fresh memory itself
+    (page faults included), after our division had already made one strided
+    copy: together more time than the attention (measured, bench/engine.py).
+    Instead each block is divided (or copied) once into one reused buffer.
+    A bias within :data:`PASS_BIAS_CHUNKS` block budgets is made contiguous and divided by
+    tau once per pass and kept on the call (until the next bias or the call's
+    end), since T5 passes the same bias tensor to every layer. Returns
     ``[batch, q_len, heads, d]``.
     """
     scale = 1.0
@@ -291,29 +304,36 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int, cal
         else:
             query = query / tau.to(query.dtype)
         tau = tau.to(query.dtype)
-        if (call is not None and position_bias is not None
-                and position_bias.numel() * position_bias.element_size() <= budget):
-            hit = call.scaled_bias
-            if hit is not None and hit[0]() is position_bias and torch.equal(hit[1], tau):
-                scaled = hit[2]
-            else:
-                scaled = position_bias / tau
-                call.scaled_bias = (weakref.ref(position_bias), tau, scaled)
-            position_bias, tau = scaled, None
+    if (call is not None and position_bias is not None
+            and position_bias.numel() * position_bias.element_size() <= PASS_BIAS_CHUNKS * budget):
+        position_bias, tau = _pass_bias(call, position_bias, tau), None
     q_len = query.shape[-2]
+    scratch: dict[str, torch.Tensor] = {}  # one buffer per role, reused by every block of this layer
+
+    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        full = (*shape[:2], step, shape[-1])
+        if role not in scratch:
+            scratch[role] = torch.empty(full, dtype=dtype, device=query.device)
+        return scratch[role][:, :, : shape[2]]
+
     out = []
     for r0 in range(0, q_len, step):
         r1 = min(q_len, r0 + step)
         mask = None
         if position_bias is not None:
             b = position_bias[:, :, r0:r1]
-            mask = b if tau is None else b / tau
+            if tau is not None or b.stride(-1) != 1 or b.dtype != query.dtype:
+                dst = buffer("bias", tuple(b.shape), query.dtype)
+                b = torch.div(b, tau, out=dst) if tau is not None else dst.copy_(b)
+            mask = b
         if attention_mask is not None:
             m = attention_mask[:, :, r0:r1] if attention_mask.shape[-2] > 1 else attention_mask
             if mask is None:
                 mask = m if m.dtype == torch.bool else m.to(query.dtype)
             elif m.dtype == torch.bool:
-                mask = torch.where(m, mask, torch.finfo(mask.dtype).min)
+                shape = torch.broadcast_shapes(m.shape, mask.shape)
+                floor = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+                mask = torch.where(m, mask, floor, out=buffer("masked", tuple(shape), mask.dtype))
             else:
                 mask = mask + m.to(mask.dtype)
         if mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
@@ -322,6 +342,24 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int, cal
             query[:, :, r0:r1], key, value, attn_mask=mask, scale=scale))
     attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
     return attn.transpose(1, 2).contiguous()
+
+
+def _pass_bias(call: _Call, position_bias: torch.Tensor, tau: torch.Tensor | None) -> torch.Tensor:
+    """``position_bias / tau`` as a contiguous tensor, computed once per pass and kept on the call.
+
+    The key is the bias object itself (weakly held: T5 makes a new one each
+    pass) and tau, so a new pass or a new layer schedule recomputes it."""
+    hit = call.scaled_bias
+    if (hit is not None and hit[0]() is position_bias
+            and (hit[1] is None if tau is None else hit[1] is not None and torch.equal(hit[1], tau))):
+        return hit[2]
+    scaled = torch.empty(position_bias.shape, dtype=position_bias.dtype, device=position_bias.device)
+    if tau is None:
+        scaled.copy_(position_bias)
+    else:
+        torch.div(position_bias, tau, out=scaled)
+    call.scaled_bias = (weakref.ref(position_bias), tau, scaled)
+    return scaled
 
 
 def register() -> None:

@@ -82,6 +82,27 @@ def test_chunked_equals_unchunked(tiny):
     np.testing.assert_allclose(r_big.sorted_logits, r_small.sorted_logits, atol=1e-4)
 
 
+@pytest.mark.parametrize("tau", [1.0, 0.6, [[0.5, 0.7, 0.9, 1.0], [0.8, 0.6, 1.0, 0.55]]],
+                         ids=["tau-1", "tau-0.6", "per-head"])
+@pytest.mark.parametrize("chunk_bytes", [1, 2000, 256 * 2**20], ids=["row-blocks", "small-blocks", "one-block"])
+def test_fused_path_equals_the_probed_path(tiny, tau, chunk_bytes):
+    """Without a recorder the blocks go through torch's fused kernel, the bias divided into a
+    reused buffer (or, when it fits one block, once per pass): the encoder must compute exactly
+    what the probed softmax does, padded rows included, whatever the block size."""
+    ids, mask = _batch(7, n=90, pad_from=70)
+    want, _ = _stats(tiny.model, ids, mask, tau)
+    settings = AttentionSettings(tau=tau, chunk_bytes=chunk_bytes)
+    with torch.no_grad(), attention_call(settings):
+        enc = tiny.model.get_encoder()
+        got = enc(input_ids=ids, attention_mask=mask).last_hidden_state
+        again = enc(input_ids=ids, attention_mask=mask).last_hidden_state  # a second pass in the same call
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()  # q / tau per head rounds ~2e-5
+    assert torch.equal(got, again)
+    with torch.no_grad(), attention_call(AttentionSettings(tau=0.5, chunk_bytes=chunk_bytes)):
+        other = tiny.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert not torch.allclose(other, got, atol=1e-3)  # tau does reach the fused path
+
+
 def test_per_layer_and_per_head_schedules(tiny):
     ids, mask = _batch(5)
     _, r_one = _stats(tiny.model, ids, mask, 0.6)
