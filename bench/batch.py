@@ -177,11 +177,11 @@ def mem_child(length: int, chunk_bytes: int, threads: int | None) -> dict:
 
 
 def bench_memory(lengths, threads, limit_gb: float) -> list[dict]:
-    from core.attention import DEFAULT_CHUNK_BYTES
+    from core.attention import default_chunk_bytes
 
     out = []
     for n in lengths:
-        for label, cb in (("chunked", DEFAULT_CHUNK_BYTES), ("unchunked", 2**62)):
+        for label, cb in (("chunked", default_chunk_bytes("cpu")), ("unchunked", 2**62)):
             cmd = [sys.executable, __file__, "--mem-child", str(n), str(cb), "--mem-limit-gb", str(limit_gb)]
             if threads:
                 cmd += ["--threads", str(threads)]

@@ -63,7 +63,7 @@ from typing import Iterator
 import torch
 
 from core import attention
-from core.attention import DEFAULT_CHUNK_BYTES, ENCODER, AttentionSettings, attention_call, tau_matrix
+from core.attention import ENCODER, AttentionSettings, attention_call, tau_matrix
 from core.errors import UserError
 
 #: transformers ``model_type`` values whose attention we can take over.
@@ -112,7 +112,7 @@ def attention_settings(
     settings=None,
     targets=None,
     cosine_scale: float | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> AttentionSettings:
     """Merge the ways of giving a schedule into one :class:`AttentionSettings`, checked against ``model``.
 
@@ -234,7 +234,7 @@ def apply(
     settings=None,
     targets=None,
     cosine_scale: float | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     recorder=None,
 ) -> Iterator[AttentionSettings]:
     """Run ``model`` with our attention and a tau schedule inside the block; restore it exactly on exit.
@@ -282,7 +282,7 @@ def install(
     settings=None,
     targets=None,
     cosine_scale: float | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> AttentionSettings:
     """Make ``model`` always run with this schedule (every thread), until :func:`uninstall`.
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -49,16 +48,21 @@ ATTN_NAME = "aligned"
 ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
 KINDS = (ENCODER, DECODER, CROSS)
 
-#: Bytes of float32 scores one query-row chunk may hold (per chunk, all heads
-#: and batch items). 256 MiB keeps a 16k-token pass within a few GB while
-#: leaving the matmuls large enough to be efficient.
-DEFAULT_CHUNK_BYTES = 256 * 2**20
+#: Bytes of float32 scores one block of query rows may hold (all heads and
+#: batch items), per device type. On the CPU a block above glibc's mmap
+#: threshold (32 MiB at most) is fresh mmap'd memory every time it is
+#: allocated, and the page faults cost more than the softmax: 8 MiB blocks
+#: made probed passes of the default model 1.7-2.6x faster than 256 MiB at
+#: 2k-4k tokens (bench/README.md). A GPU's caching allocator reuses memory,
+#: and large blocks keep its kernels busy. Either way a 16k-token pass holds
+#: only a few blocks at once.
+CHUNK_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
 
-#: A pass's bias (over tau) is kept, contiguous, for every layer when it is at
-#: most this many chunk budgets: with 2, a 4,096-token input with 8 heads in
-#: float32 (512 MiB) is divided once per pass instead of once per layer.
-#: ``core.engine.max_tokens`` counts it in its memory allowance.
-PASS_BIAS_CHUNKS = 2
+
+def default_chunk_bytes(device: torch.device | str) -> int:
+    """The block budget for ``device`` (see :data:`CHUNK_BYTES`; other devices get the CPU's)."""
+    return CHUNK_BYTES.get(torch.device(device).type, CHUNK_BYTES["cpu"])
+
 
 TauSpec = float | Sequence[float] | Sequence[Sequence[float]]
 
@@ -96,13 +100,14 @@ class AttentionSettings:
     paper scales encoder self-attention only.
     ``cosine_scale``: for models trained with cosine attention, the s in
     ``s * cos(q, k)`` used on the targeted attentions (None: the trained s).
-    ``chunk_bytes``: budget for one block of query rows (memory vs speed).
+    ``chunk_bytes``: budget for one block of query rows (memory vs speed;
+    None: the device's default, :func:`default_chunk_bytes`).
     """
 
     tau: TauSpec = 1.0
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         bad = [t for t in self.targets if t not in KINDS]
@@ -110,6 +115,8 @@ class AttentionSettings:
             raise ValueError(f"unknown attention target(s) {bad}; choose from {KINDS}")
         if self.cosine_scale is not None and not (self.cosine_scale > 0 and math.isfinite(self.cosine_scale)):
             raise ValueError("cosine_scale must be a positive number")
+        if self.chunk_bytes is not None and not (isinstance(self.chunk_bytes, int) and self.chunk_bytes > 0):
+            raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
 
 
 @dataclass
@@ -117,9 +124,6 @@ class _Call:
     settings: AttentionSettings
     recorder: "Recorder | None"
     taus: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-    # (weakref to a position bias, tau, bias / tau): T5 hands every layer the same bias
-    # tensor, so without probes it is divided once per pass, not once per layer.
-    scaled_bias: tuple | None = None
 
 
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
@@ -228,11 +232,11 @@ def aligned_attention(
         recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s if cosine else None)
 
     causal = attention_mask is None and getattr(module, "is_causal", False) and q_len > 1
-    budget = call.settings.chunk_bytes if call is not None else DEFAULT_CHUNK_BYTES
-    step = _chunk_rows(batch, heads, q_len, k_len, budget)
+    budget = call.settings.chunk_bytes if call is not None else None
+    step = _chunk_rows(batch, heads, q_len, k_len, budget or default_chunk_bytes(query.device))
     if recorder is None and not causal and not (dropout and module.training):
         # Nobody needs the probabilities: let torch's fused kernel do the softmax.
-        return _fused(query, key, value, attention_mask, position_bias, tau, step, call, budget), None
+        return _fused(query, key, value, attention_mask, position_bias, tau, step), None
     keyT = key.transpose(-1, -2)
     out = []
     for r0 in range(0, q_len, step):
@@ -276,25 +280,21 @@ def aligned_attention(
     return attn.transpose(1, 2).contiguous(), None
 
 
-def _fused(query, key, value, attention_mask, position_bias, tau, step: int, call: _Call | None = None,
-           budget: int = DEFAULT_CHUNK_BYTES) -> torch.Tensor:
+def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> torch.Tensor:
     """The fast path without probes: ``sdpa(q / tau, k, v, mask = bias / tau + mask, scale = 1)``.
 
     Exact rewriting of softmax((q.k + bias) / tau + mask) @ v (T5 does not
     scale q.k; a cosine model's q and k arrive already normalised and scaled).
     The bias is still cut into the same blocks of query rows, so the float
-    mask handed to the kernel never exceeds the chunk budget.
+    mask handed to the kernel never exceeds the block budget.
 
-    Why the bias gets copied on purpose: T5 hands over its bias as a permuted
+    Why the bias is copied on purpose: T5 hands over its bias as a permuted
     view of an ``[L, L, heads]`` lookup, and torch's kernel wants each mask
     row contiguous, so it would copy every block into fresh memory itself
     (page faults included), after our division had already made one strided
-    copy: together more time than the attention (measured, bench/engine.py).
-    Instead each block is divided (or copied) once into one reused buffer.
-    A bias within :data:`PASS_BIAS_CHUNKS` block budgets is made contiguous and divided by
-    tau once per pass and kept on the call (until the next bias or the call's
-    end), since T5 passes the same bias tensor to every layer. Returns
-    ``[batch, q_len, heads, d]``.
+    copy: on the 8-head default at 4,096 tokens, more time than the attention
+    (bench/README.md). Instead each block is divided (or copied) once into one
+    buffer that every block of the layer reuses. Returns ``[batch, q_len, heads, d]``.
     """
     scale = 1.0
     if tau is not None:
@@ -304,16 +304,12 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int, cal
         else:
             query = query / tau.to(query.dtype)
         tau = tau.to(query.dtype)
-    if (call is not None and position_bias is not None
-            and position_bias.numel() * position_bias.element_size() <= PASS_BIAS_CHUNKS * budget):
-        position_bias, tau = _pass_bias(call, position_bias, tau), None
     q_len = query.shape[-2]
     scratch: dict[str, torch.Tensor] = {}  # one buffer per role, reused by every block of this layer
 
     def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        full = (*shape[:2], step, shape[-1])
         if role not in scratch:
-            scratch[role] = torch.empty(full, dtype=dtype, device=query.device)
+            scratch[role] = torch.empty((*shape[:2], step, shape[-1]), dtype=dtype, device=query.device)
         return scratch[role][:, :, : shape[2]]
 
     out = []
@@ -336,30 +332,10 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int, cal
                 mask = torch.where(m, mask, floor, out=buffer("masked", tuple(shape), mask.dtype))
             else:
                 mask = mask + m.to(mask.dtype)
-        if mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
-            mask = mask.to(query.dtype)
         out.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, r0:r1], key, value, attn_mask=mask, scale=scale))
     attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
     return attn.transpose(1, 2).contiguous()
-
-
-def _pass_bias(call: _Call, position_bias: torch.Tensor, tau: torch.Tensor | None) -> torch.Tensor:
-    """``position_bias / tau`` as a contiguous tensor, computed once per pass and kept on the call.
-
-    The key is the bias object itself (weakly held: T5 makes a new one each
-    pass) and tau, so a new pass or a new layer schedule recomputes it."""
-    hit = call.scaled_bias
-    if (hit is not None and hit[0]() is position_bias
-            and (hit[1] is None if tau is None else hit[1] is not None and torch.equal(hit[1], tau))):
-        return hit[2]
-    scaled = torch.empty(position_bias.shape, dtype=position_bias.dtype, device=position_bias.device)
-    if tau is None:
-        scaled.copy_(position_bias)
-    else:
-        torch.div(position_bias, tau, out=scaled)
-    call.scaled_bias = (weakref.ref(position_bias), tau, scaled)
-    return scaled
 
 
 def register() -> None:

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from core import tasks
-from core.attention import DEFAULT_CHUNK_BYTES, ENCODER, PASS_BIAS_CHUNKS, AttentionSettings, TauSpec, attention_call, tau_matrix
+from core.attention import ENCODER, AttentionSettings, TauSpec, attention_call, default_chunk_bytes, tau_matrix
 from core.errors import InputTooLong, NumericalError, UserError
 from core.models import Loaded
 from core.probes import ProbeRecord, ProbeSpec, Recorder
@@ -36,7 +36,7 @@ class RunSettings:
     probes: ProbeSpec = field(default_factory=ProbeSpec)
     max_new_tokens: int = tasks.MAX_ANSWER_TOKENS
     generate: bool = True
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    chunk_bytes: int | None = None  # None: the device's default (attention.default_chunk_bytes)
 
     def attention(self) -> AttentionSettings:
         return AttentionSettings(self.tau, self.targets, self.cosine_scale, self.chunk_bytes)
@@ -134,7 +134,7 @@ def _free_bytes(device: torch.device) -> int:
         return 8 * 2**30
 
 
-def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -> int:
     """The longest input this machine can run now, from free memory.
 
     T5 itself materialises the relative bias ``[1, heads, L, L]`` once per
@@ -143,14 +143,13 @@ def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int = DEFAULT_CHUNK_
     tokens with 4 heads in float32 (bench/README.md) is 12.65 GiB, about
     ``heads x 4 + 33`` bytes per ``L^2``. A padded batch adds a boolean mask
     ``[batch, 1, L, L]``; our attention holds only one block of rows at a
-    time, plus the pass's bias over tau when it is small enough to keep
-    (``PASS_BIAS_CHUNKS`` blocks). We allow 80 % of free memory for those,
-    after a fixed allowance for the weights, activations and a few blocks.
+    time. We allow 80 % of free memory for those, after a fixed allowance
+    for the weights, activations and a few blocks.
     """
     elt = torch.finfo(loaded.dtype).bits // 8
     per_l2 = loaded.n_heads * elt + 36 + (batch if batch > 1 else 0)
-    blocks = 6 + PASS_BIAS_CHUNKS
-    budget = 0.8 * _free_bytes(loaded.device) - blocks * chunk_bytes - 4 * loaded.n_params * elt
+    chunk = chunk_bytes or default_chunk_bytes(loaded.device)
+    budget = 0.8 * _free_bytes(loaded.device) - 6 * chunk - 4 * loaded.n_params * elt
     return max(0, int(math.sqrt(max(0.0, budget) / per_l2)))
 
 

@@ -158,3 +158,9 @@ def test_cosine_mode(tiny_cos_dir):
         cos.model.get_encoder()(input_ids=ids, attention_mask=mask)
     hi = rec.finish()
     assert hi.pmax.mean() > lo.pmax.mean()
+
+
+def test_block_budget_is_checked():
+    for bad in (0, -5, 1.5):
+        with pytest.raises(ValueError, match="chunk_bytes"):
+            AttentionSettings(chunk_bytes=bad)
