@@ -305,9 +305,13 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
             query = query / tau.to(query.dtype)
         tau = tau.to(query.dtype)
     q_len = query.shape[-2]
-    scratch: dict[str, torch.Tensor] = {}  # one buffer per role, reused by every block of this layer
+    # One buffer per role, reused by every block of this layer. Not while training:
+    # autograd cannot differentiate through out= arguments (and keeps each block anyway).
+    scratch: dict[str, torch.Tensor] | None = None if torch.is_grad_enabled() else {}
 
-    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        if scratch is None:
+            return None
         if role not in scratch:
             scratch[role] = torch.empty((*shape[:2], step, shape[-1]), dtype=dtype, device=query.device)
         return scratch[role][:, :, : shape[2]]
@@ -320,7 +324,10 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
             b = position_bias[:, :, r0:r1]
             if tau is not None or b.stride(-1) != 1 or b.dtype != query.dtype:
                 dst = buffer("bias", tuple(b.shape), query.dtype)
-                b = torch.div(b, tau, out=dst) if tau is not None else dst.copy_(b)
+                if dst is None:
+                    b = (b if tau is None else b / tau).to(query.dtype)
+                else:
+                    b = torch.div(b, tau, out=dst) if tau is not None else dst.copy_(b)
             mask = b
         if attention_mask is not None:
             m = attention_mask[:, :, r0:r1] if attention_mask.shape[-2] > 1 else attention_mask
@@ -329,7 +336,8 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
             elif m.dtype == torch.bool:
                 shape = torch.broadcast_shapes(m.shape, mask.shape)
                 floor = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
-                mask = torch.where(m, mask, floor, out=buffer("masked", tuple(shape), mask.dtype))
+                dst = buffer("masked", tuple(shape), mask.dtype)
+                mask = torch.where(m, mask, floor) if dst is None else torch.where(m, mask, floor, out=dst)
             else:
                 mask = mask + m.to(mask.dtype)
         out.append(torch.nn.functional.scaled_dot_product_attention(
