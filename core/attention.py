@@ -59,6 +59,11 @@ KINDS = (ENCODER, DECODER, CROSS)
 CHUNK_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
 
 
+#: While autograd records (training), every block is kept for the backward pass
+#: anyway, so small blocks would save no memory and only add work.
+GRAD_CHUNK_BYTES = 256 * 2**20
+
+
 def default_chunk_bytes(device: torch.device | str) -> int:
     """The block budget for ``device`` (see :data:`CHUNK_BYTES`; other devices get the CPU's)."""
     return CHUNK_BYTES.get(torch.device(device).type, CHUNK_BYTES["cpu"])
@@ -233,7 +238,9 @@ def aligned_attention(
 
     causal = attention_mask is None and getattr(module, "is_causal", False) and q_len > 1
     budget = call.settings.chunk_bytes if call is not None else None
-    step = _chunk_rows(batch, heads, q_len, k_len, budget or default_chunk_bytes(query.device))
+    if budget is None:
+        budget = GRAD_CHUNK_BYTES if torch.is_grad_enabled() else default_chunk_bytes(query.device)
+    step = _chunk_rows(batch, heads, q_len, k_len, budget)
     if recorder is None and not causal and not (dropout and module.training):
         # Nobody needs the probabilities: let torch's fused kernel do the softmax.
         return _fused(query, key, value, attention_mask, position_bias, tau, step), None
