@@ -324,6 +324,7 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
         return scratch[role][:, :, : shape[2]]
 
     out = []
+    floor: torch.Tensor | None = None
     for r0 in range(0, q_len, step):
         r1 = min(q_len, r0 + step)
         mask = None
@@ -342,7 +343,8 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
                 mask = m if m.dtype == torch.bool else m.to(query.dtype)
             elif m.dtype == torch.bool:
                 shape = torch.broadcast_shapes(m.shape, mask.shape)
-                floor = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+                if floor is None:  # made once per layer: a scalar tensor per block would sync a GPU each time
+                    floor = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
                 dst = buffer("masked", tuple(shape), mask.dtype)
                 mask = torch.where(m, mask, floor) if dst is None else torch.where(m, mask, floor, out=dst)
             else:
