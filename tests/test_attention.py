@@ -87,7 +87,7 @@ def test_chunked_equals_unchunked(tiny):
 @pytest.mark.parametrize("chunk_bytes", [1, 2000, 256 * 2**20], ids=["row-blocks", "small-blocks", "one-block"])
 def test_fused_path_equals_the_probed_path(tiny, tau, chunk_bytes):
     """Without a recorder the blocks go through torch's fused kernel, the bias divided into a
-    reused buffer (or, when it fits one block, once per pass): the encoder must compute exactly
+    buffer every block of the layer reuses: the encoder must compute exactly
     what the probed softmax does, padded rows included, whatever the block size."""
     ids, mask = _batch(7, n=90, pad_from=70)
     want, _ = _stats(tiny.model, ids, mask, tau)
