@@ -317,6 +317,7 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
     scratch: dict[str, torch.Tensor] | None = None if torch.is_grad_enabled() else {}
 
     def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """This block's slice of the role's buffer, or None (``out=None``: a fresh tensor) while training."""
         if scratch is None:
             return None
         if role not in scratch:
@@ -331,12 +332,9 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
         if position_bias is not None:
             b = position_bias[:, :, r0:r1]
             if tau is not None or b.stride(-1) != 1 or b.dtype != query.dtype:
-                dst = buffer("bias", tuple(b.shape), query.dtype)
-                if dst is None:
-                    b = (b if tau is None else b / tau).to(query.dtype)
-                else:
-                    b = torch.div(b, tau, out=dst) if tau is not None else dst.copy_(b)
-            mask = b
+                # one pass: divide (by 1 when tau is None), cast and lay out contiguously
+                b = torch.div(b, 1.0 if tau is None else tau, out=buffer("bias", tuple(b.shape), query.dtype))
+            mask = b.to(query.dtype)
         if attention_mask is not None:
             m = attention_mask[:, :, r0:r1] if attention_mask.shape[-2] > 1 else attention_mask
             if mask is None:
@@ -345,8 +343,7 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
                 shape = torch.broadcast_shapes(m.shape, mask.shape)
                 if floor is None:  # made once per layer: a scalar tensor per block would sync a GPU each time
                     floor = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
-                dst = buffer("masked", tuple(shape), mask.dtype)
-                mask = torch.where(m, mask, floor) if dst is None else torch.where(m, mask, floor, out=dst)
+                mask = torch.where(m, mask, floor, out=buffer("masked", tuple(shape), mask.dtype))
             else:
                 mask = mask + m.to(mask.dtype)
         out.append(torch.nn.functional.scaled_dot_product_attention(
