@@ -103,8 +103,8 @@ def load_stages(path: str | Path) -> list[TrainConfig]:
     return [TrainConfig.from_dict(x) for x in items]
 
 
-_FIXED_SIZES = ("d_model", "d_kv", "d_ff")  # a stage cannot change these (weights would not load)
-_GROWABLE = ("num_heads", "encoder_layers", "decoder_layers")  # a stage may raise these (fresh heads, fresh blocks)
+_FIXED_SIZES = ("d_kv",)  # a stage cannot change this (heads would be cut anew)
+_GROWABLE = ("num_heads", "encoder_layers", "decoder_layers", "d_model", "d_ff")  # a stage may raise these (grow_state, fresh blocks)
 
 
 def check_stages(cfgs: list[TrainConfig]) -> None:
@@ -367,7 +367,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         from safetensors.torch import load_file
 
         state = load_file(str(Path(cfg.init_from) / "model.safetensors"))
-        state = widen_heads(state, model.state_dict(), cfg.d_kv)
+        state = grow_state(state, model.state_dict())
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # tensor shapes differ: another d_model, d_ff, heads...
@@ -456,34 +456,44 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     return _save(model, out, cfg, history, t0, final=True, losses=losses)
 
 
-def widen_heads(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor], d_kv: int) -> dict[str, torch.Tensor]:
-    """Fit a source state with fewer attention heads into ``target``'s shapes, keeping its function.
+# Tensors that write into the residual stream (attention ``o``, feed-forward
+# ``wo``) or are it (the tied embedding): where they grow, they start at zero,
+# so the grown model computes what its source did. Everything else that grows
+# (q, k, v, wi, position biases) takes the target's fresh initialisation there:
+# a random reader of zeros adds nothing, and it hands the zero writers a
+# gradient (zero on both sides would be a saddle that training never leaves).
+_ZERO_WHERE_GROWN = (".o.weight", ".wo.weight", "shared.weight", "embed_tokens.weight", "lm_head.weight")
 
-    Why: a stage can then add heads (room for a new skill) without losing
-    what the model learned; retraining from scratch costs hours on a CPU.
-    (Tried for line retrieval: 8 heads instead of 4 did not help; README.)
-    The old heads keep their slots (the first ones); the new
-    heads' q, k, v and position biases start from ``target``'s fresh
-    initialisation and their output columns start at zero, so the grown
-    model computes exactly what the source did until training moves them
-    (gradients still reach the zero columns, through the new heads' values).
-    Tensors of any other mismatched shape are left alone (loading then fails
-    with a clear size message)."""
-    axes = {"q": 0, "k": 0, "v": 0, "o": 1, "relative_attention_bias": 1}  # the axis that holds the heads
+
+def grow_state(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fit a smaller source state (fewer heads, a narrower ``d_model`` or ``d_ff``)
+    into ``target``'s shapes, keeping its function.
+
+    Why: a stage can then add room (heads for a new skill, width for more
+    labels to tell apart) without losing what the model learned; retraining
+    from scratch costs hours on a CPU. Every source tensor keeps the leading
+    block of its grown tensor (old heads keep their slots, old units their
+    rows); see ``_ZERO_WHERE_GROWN`` for what fills the rest. A wider
+    ``d_model`` pads the residual stream with zeros, which shrinks the mean
+    square that T5's RMS norms divide by (by d_src / d_dst): each norm's weight
+    is scaled by sqrt(d_src / d_dst) to undo it, except the decoder's final
+    norm, whose output the tied head scales by d_model ** -0.5, which moves by
+    the inverse factor. Tensors that would shrink, or differ in rank, are left
+    alone (loading then fails with a clear size message)."""
     out = dict(state)
     for key, src in state.items():
         dst = target.get(key)
-        name = key.rsplit(".", 2)[-2]
-        axis = axes.get(name)
-        if dst is None or axis is None or src.ndim != 2 or dst.shape == src.shape:
+        if dst is None or dst.shape == src.shape or dst.ndim != src.ndim or any(a > b for a, b in zip(src.shape, dst.shape)):
             continue
-        unit = 1 if name == "relative_attention_bias" else d_kv  # one head's width along that axis
-        n = src.shape[axis]
-        if src.shape[1 - axis] != dst.shape[1 - axis] or n >= dst.shape[axis] or n % unit:
-            continue
-        grown = torch.zeros_like(dst) if name == "o" else dst.clone()
-        grown.narrow(axis, 0, n).copy_(src)
+        grown = torch.zeros_like(dst) if key.endswith(_ZERO_WHERE_GROWN) else dst.clone()
+        grown[tuple(slice(0, n) for n in src.shape)] = src
         out[key] = grown.to(src.dtype)
+    d_src = state["shared.weight"].shape[1] if "shared.weight" in state else 0
+    d_dst = target["shared.weight"].shape[1] if "shared.weight" in target else 0
+    if d_src and d_dst > d_src:
+        for key in out:
+            if key.endswith("layer_norm.weight") and key != "decoder.final_layer_norm.weight":
+                out[key] = out[key] * math.sqrt(d_src / d_dst)
     return out
 
 
@@ -492,7 +502,7 @@ def identity_blocks(model, blocks: set[str]) -> None:
 
     Why: a T5 block adds its outputs to the residual stream, so a block whose
     output projections are zero is the identity, and a layer grown this way
-    keeps what the source model computes (like ``widen_heads`` for heads).
+    keeps what the source model computes (like ``grow_state`` for heads and width).
     A random fresh layer instead scrambles the stream, and the first steps
     are spent recovering skills the source had. Gradients still reach the
     zero projections (their inputs are not zero), so the layer starts learning

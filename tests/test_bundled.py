@@ -123,9 +123,9 @@ def test_init_from_keeps_weights_and_adds_fresh_blocks(tmp_path):
     assert "decoder.block.1.layer.0.SelfAttention.q.weight" in out
     for k in ("encoder.block.0.layer.0.SelfAttention.q.weight", "decoder.block.0.layer.1.EncDecAttention.k.weight"):
         assert torch.equal(src[k], out[k]), k
-    wider = TrainConfig(**{**base, "d_model": 48, "steps": 1, "init_from": str(tmp_path / "src")})
-    with pytest.raises(ValueError, match="other sizes"):
-        train(wider, tmp_path / "wider", quiet=True, evaluate_at_end=False, device="cpu")
+    narrower = TrainConfig(**{**base, "d_model": 16, "steps": 1, "init_from": str(tmp_path / "src")})
+    with pytest.raises(ValueError, match="d_model 16 is below"):
+        train(narrower, tmp_path / "narrower", quiet=True, evaluate_at_end=False, device="cpu")
 
 
 def _first_logits(*loaded) -> list[torch.Tensor]:
@@ -186,6 +186,31 @@ def test_init_from_grows_heads_without_changing_what_the_model_computes(tmp_path
     regrouped = {**base, "num_heads": 2 * TINY_TRAIN["num_heads"], "d_kv": TINY_TRAIN["d_kv"] // 2, "init_from": str(tmp_path / "src")}
     with pytest.raises(ValueError, match="d_kv"):
         train(TrainConfig(**regrouped), tmp_path / "regrouped", quiet=True, evaluate_at_end=False, device="cpu")
+
+
+def test_init_from_grows_width_without_changing_what_the_model_computes(tmp_path):
+    """A wider d_model and d_ff than the source: the residual stream is padded with zeros (its
+    writers start at zero there, the RMS norms rescaled), so the grown model's logits equal the
+    source's; then training writes into the new dimensions."""
+    from safetensors.torch import load_file
+
+    from core import models
+
+    base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
+    train(TrainConfig(**base), tmp_path / "src", quiet=True, evaluate_at_end=False, device="cpu")
+    d = TINY_TRAIN["d_model"]
+    grown = {**base, "d_model": 2 * d, "d_ff": 3 * TINY_TRAIN["d_ff"], "num_heads": 2 * TINY_TRAIN["num_heads"],
+             "init_from": str(tmp_path / "src")}
+    train(TrainConfig(**{**grown, "steps": 1, "lr": 0.0}), tmp_path / "same", quiet=True, evaluate_at_end=False, device="cpu")
+    src, same = models.load(tmp_path / "src"), models.load(tmp_path / "same")
+    assert same.model.config.d_model == 2 * d
+    a, b = _first_logits(src, same)
+    assert torch.allclose(a, b, atol=1e-5)
+    wo = "encoder.block.0.layer.1.DenseReluDense.wo.weight"
+    assert not load_file(str(tmp_path / "same" / "model.safetensors"))[wo][d:].any()
+    train(TrainConfig(**{**grown, "steps": 2, "lr": 1e-2}), tmp_path / "moved", quiet=True, evaluate_at_end=False, device="cpu")
+    moved = load_file(str(tmp_path / "moved" / "model.safetensors"))
+    assert moved[wo][d:].abs().sum() > 0 and moved["shared.weight"][:, d:].abs().sum() > 0
 
 
 def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
