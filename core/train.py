@@ -22,6 +22,7 @@ machine are written to ``card.json`` next to the weights.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -301,6 +302,20 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
     queue.put(None)
 
 
+def eval_documents(tokenizer, cfg: TrainConfig, task: str, n_docs: int, length: int) -> list[tasks.Document]:
+    """The evaluation documents of one task: fresh seeds (>= EVAL_SEED), half on eval haystacks.
+
+    The same in every process: the depths come from a generator seeded with a
+    digest of the task's name (Python's ``hash`` of a str is salted per
+    process, which once made every run's evaluation documents differ)."""
+    salt = int(hashlib.sha1(task.encode()).hexdigest(), 16) % 1000
+    rng = random.Random(EVAL_SEED + salt)
+    return [tasks.make(task, tokenizer, length, depth=rng.random(), seed=EVAL_SEED + i,
+                       haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default",
+                       **cfg.task_options.get(task, {}))
+            for i in range(n_docs)]
+
+
 def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None = None) -> dict[str, float]:
     """Accuracy per task on fresh seeds (>= EVAL_SEED) at ``length`` (default L_tr), eval haystacks."""
     from core import engine
@@ -312,12 +327,7 @@ def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None
     loaded = Loaded(ModelSpec(cfg.name, "", cfg.train_length, "bundled"), model, tokenizer, device, torch.float32)
     out = {}
     for task in cfg.tasks:
-        rng = random.Random(EVAL_SEED + hash(task) % 1000)
-        docs = [tasks.make(task, tokenizer, length, depth=rng.random(), seed=EVAL_SEED + i,
-                           haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default",
-                           **cfg.task_options.get(task, {}))
-                for i in range(n_docs)]
-        res = engine.run_batch(loaded, docs, batch_size=16)
+        res = engine.run_batch(loaded, eval_documents(tokenizer, cfg, task, n_docs, length), batch_size=16)
         out[task] = 100.0 * sum(bool(r.correct) for r in res) / len(res)
     model.train()
     return out

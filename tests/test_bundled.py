@@ -102,6 +102,22 @@ def test_needle_maps_to_tokens_with_the_fast_tokenizer():
     assert r.probes.profile.shape == (loaded.n_layers, r.tokens)
 
 
+def test_evaluation_documents_are_the_same_in_every_process():
+    """The cards' accuracies compare across runs only if every process evaluates the same
+    documents: two interpreters with different str-hash salts must build identical ones."""
+    import subprocess
+    import sys
+
+    code = ("import hashlib, sys; from core.train import TrainConfig, eval_documents, get_tokenizer; "
+            "cfg = TrainConfig(**{**TINY, 'tasks': {'line': 1.0}}); tok = get_tokenizer(cfg, 'assets/models/retrieval-t5'); "
+            "print(hashlib.sha1(''.join(d.text for d in eval_documents(tok, cfg, 'line', 4, 200)).encode()).hexdigest())")
+    code = code.replace("TINY", repr(TINY_TRAIN))
+    root = Path(__file__).resolve().parents[1]
+    digests = {subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONHASHSEED": salt},
+                              capture_output=True, text=True, check=True).stdout.strip() for salt in ("1", "2", "3")}
+    assert len(digests) == 1 and len(digests.pop()) == 40
+
+
 def test_training_data_do_not_depend_on_the_worker_count(tmp_path):
     """Several producer processes must hand the trainer exactly the batches one would."""
     base = {**TINY_TRAIN, "tasks": {"passkey": 0.5, "line": 0.5}, "min_length": 60, "curriculum_steps": 10,
