@@ -752,6 +752,13 @@ def _line(tokenizer: Any, rng: random.Random, haystack: str, seed: int, options:
     intro = options.pop("intro", True)  # False: a bare record (a training curriculum, not LongChat's format)
     if not isinstance(intro, bool):
         raise ValueError(f"intro must be true or false, got {intro!r}")
+    # share (training only): the chance that a line's label shares a word with
+    # the asked one ("long-queue" when "wild-queue" is asked). The bundled
+    # model's misses were mostly such lines: it matched the noun and barely
+    # the adjective; lines like these are the hard negatives that teach both.
+    share = options.pop("share", 0.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+        raise ValueError(f"share must be a number in [0, 1], got {share!r}")
     adjectives, nouns = LINE_LABELS[labels]
     pairs = len(adjectives) * len(nouns)
     unit_rng = random.Random(f"line:{seed}:units")
@@ -762,10 +769,25 @@ def _line(tokenizer: Any, rng: random.Random, haystack: str, seed: int, options:
         a, n = divmod(pair, len(nouns))
         return f"{adjectives[a]}-{nouns[n]}" + (f"-{epoch + 1}" if epoch else "")
 
-    asked = idx(next(indices))
+    asked_value = next(indices)
+    asked = idx(asked_value)
+    used = {asked_value}
+
+    def sharing() -> int:
+        """A pair of the first epoch that keeps the asked adjective or noun (the other word drawn anew)."""
+        a, n = divmod(asked_value % pairs, len(nouns))
+        if unit_rng.random() < 0.5:
+            return a * len(nouns) + unit_rng.randrange(len(nouns))
+        return unit_rng.randrange(len(adjectives)) * len(nouns) + n
 
     def lines() -> Iterator[str]:
         for value in indices:
+            if share and unit_rng.random() < share:
+                candidate = sharing()
+                value = value if candidate in used else candidate  # all taken: the plain draw
+            if value in used:  # a plain draw that a sharing line took before
+                continue
+            used.add(value)
             number = unit_rng.randint(10000, 99999)
             if number == key:
                 number = 10000 + (number - 10000 + 1) % 90000
@@ -1033,8 +1055,10 @@ def make(
     filler (recorded in ``meta["haystack"]``).
     options: ``key=`` (5-digit int) for passkey/line/code, ``attribute=``
     ("capital" | "born") for multidoc, ``labels=`` ("compact" | "classic",
-    the word list of the line indices) and ``intro=False`` (the record
-    without LongChat's instructions) for line.
+    the word list of the line indices), ``intro=False`` (the record
+    without LongChat's instructions) and ``share=`` (0..1: the chance that a
+    line's label shares a word with the asked one; hard negatives for
+    training) for line.
 
     Raises ValueError for an unknown task/haystack/option, a depth outside
     [0, 1], or a ``tokens`` too small to hold the needle and question.

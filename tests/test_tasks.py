@@ -469,3 +469,23 @@ def test_line_bare_record_has_no_instructions(tok):
     assert doc.text.count("REGISTER_CONTENT is") > with_intro.text.count("REGISTER_CONTENT is")
     with pytest.raises(ValueError, match="intro must be"):
         make("line", tok, 300, seed=4, intro="no")
+
+
+def test_line_share_adds_hard_negatives_and_leaves_the_default_documents_alone(tok):
+    """``share=``: lines whose label keeps the asked adjective or noun (training's hard negatives);
+    labels stay unique, the answer stays the asked line's number, and share=0 is the plain document."""
+    plain = make("line", tok, 600, seed=11)
+    assert make("line", tok, 600, seed=11, share=0.0).text == plain.text
+    for seed in range(5):
+        doc = make("line", tok, 600, seed=seed, share=0.6)
+        asked = doc.meta["line_index"]
+        labels = re.findall(r"^line (\S+): REGISTER_CONTENT is (\d+)$", doc.text, flags=re.M)
+        assert len({lab for lab, _ in labels}) == len(labels) > 8
+        assert dict(labels)[asked] == doc.expected
+        adj, noun = asked.split("-")[:2]
+        sharing = [lab for lab, _ in labels if lab != asked and (lab.split("-")[0] == adj or lab.split("-")[1] == noun)]
+        assert len(sharing) >= len(labels) // 4, (asked, labels)
+    long = make("line", tok, 4000, seed=1, share=1.0)  # more lines than sharing pairs: plain draws fill in
+    assert long.meta["tokens"] > 3900
+    with pytest.raises(ValueError, match="share must be"):
+        make("line", tok, 300, seed=4, share=2)
