@@ -284,7 +284,7 @@ def test_a_recipe_that_cannot_chain_is_refused_before_it_trains(tmp_path):
     with pytest.raises(ValueError, match="init_from"):
         check_stages([TrainConfig(**{**base, "init_from": str(tmp_path / "nowhere")})])
     check_stages([TrainConfig(**base), TrainConfig(**{**base, "num_heads": 4, "decoder_layers": 2})])  # growth is fine
-    (tmp_path / "bad.json").write_text(json.dumps([base, {**base, "d_model": 48}]))
+    (tmp_path / "bad.json").write_text(json.dumps([base, {**base, "d_model": 16}]))
     assert cli_main(["train", "--config", str(tmp_path / "bad.json"), "--out", str(tmp_path / "m"),
                      "--stages-dir", str(tmp_path / "runs")]) == 2
     assert not (tmp_path / "m").exists() and not (tmp_path / "runs").exists()  # nothing trained
