@@ -423,3 +423,27 @@ def test_a_refused_evaluation_does_not_lose_the_training(tmp_path, monkeypatch):
     assert (tmp_path / "m" / "model.safetensors").exists()
     assert [h["step"] for h in card["history"]] == [2, 4]
     assert all(h["accuracy"] == {} and "tokens" in h["eval_error"] for h in card["history"])
+
+
+@needs_bundled
+def test_line_misses_sorts_misses_by_what_the_labels_share(capsys):
+    """bench/line_misses.py: the relation of two labels, and a small run that prints both tables."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "line_misses.py"
+    spec = importlib.util.spec_from_file_location("line_misses", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tok = load(default_model()).tokenizer
+
+    def pieces(word):
+        return {t for t in tok.tokenize(word) if t != "-"}
+
+    assert mod.relation("wild-queue", "long-queue", pieces) == "noun"
+    assert mod.relation("red-seal", "red-tiger", pieces) == "adjective"
+    assert mod.relation("new-map", "kind-path", pieces) == "a noun piece"  # -ma p / -p ath
+    assert mod.relation("bold-river", "empty-sea", pieces) == "nothing"
+    assert mod.relation("quiet-moon-river", "calm-moon", pieces) == "noun"  # a lengthened label keeps its pair
+    assert mod.main(["--samples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 documents of 256 tokens" in out and "| noun |" in out and "| right |" in out
