@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import re
 import sys
 from pathlib import Path
@@ -70,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         place = labels.index(asked)
         by_place[place][0] += bool(r.correct)
         by_place[place][1] += 1
-        for a, b in itertools.permutations(labels, 2):
-            if a == asked:
-                pairs[relation(a, b, pieces)] += 1
+        pairs.update(relation(asked, other, pieces) for other in labels if other != asked)
         if not r.correct:
             named = [lab for lab, value in lines if value == r.answer.strip()]
             misses[relation(asked, named[0], pieces) if named else "no line's number"] += 1
