@@ -190,6 +190,21 @@ def _chunk_rows(batch: int, heads: int, q_len: int, k_len: int, budget: int) -> 
     return max(1, min(q_len, budget // per_row))
 
 
+def logit_operands(query: torch.Tensor, key: torch.Tensor, scaling: float | None,
+                   cosine_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q', k')`` with ``q' @ k'.T`` the logits before the bias: ``s * cos(q, k)``
+    in cosine mode (``cosine_scale`` = s), else ``q.k * scaling`` (T5 passes 1).
+
+    One place for the rule, because the trainer's cross-attention tap
+    (:class:`core.train.CrossAttentionTap`) must compute the same logits."""
+    if cosine_scale is not None:
+        return (torch.nn.functional.normalize(query, dim=-1) * cosine_scale,
+                torch.nn.functional.normalize(key, dim=-1))
+    if scaling is not None and scaling != 1.0:
+        query = query * scaling
+    return query, key
+
+
 def aligned_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -220,21 +235,19 @@ def aligned_attention(
     config = getattr(module, "config", None)
     cosine = bool(getattr(config, "cosine_attention", False))
 
+    s = None
     if cosine:
         # CosScale: logits = s * cos(q, k). The trained s lives in the config;
         # a per-call value overrides it on the targeted attentions.
         s = float(getattr(config, "cosine_scale", 1.0))
         if call is not None and call.settings.cosine_scale is not None and kind in call.settings.targets:
             s = float(call.settings.cosine_scale)
-        query = torch.nn.functional.normalize(query, dim=-1) * s
-        key = torch.nn.functional.normalize(key, dim=-1)
-    elif scaling is not None and scaling != 1.0:
-        query = query * scaling
+    query, key = logit_operands(query, key, scaling, s)
 
     tau = None if call is None else _tau_for(call, kind, layer, heads, query.device, torch.float32)
     recorder = call.recorder if call is not None and kind == ENCODER else None
     if recorder is not None:
-        recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s if cosine else None)
+        recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s)
 
     causal = attention_mask is None and getattr(module, "is_causal", False) and q_len > 1
     budget = call.settings.chunk_bytes if call is not None else None

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from queue import Empty, Full
 
+import numpy as np
 import torch
 
 from core import tasks
@@ -57,6 +58,10 @@ class TrainConfig:
     # default model's early stages ran on the classic line labels
     task_options: dict[str, dict] = field(default_factory=dict)
     line_answer: str = "number"  # "label": line targets name the line first (tasks.target says why)
+    # Attention supervision, per task: weight of a loss that asks some decoder
+    # cross-attention head to put its mass on the needle (the asked line) while
+    # the answer is written (needle_attention_loss says how and why), e.g. {"line": 0.5}.
+    needle_attention: dict[str, float] = field(default_factory=dict)
     vocab_size: int = 2048
     d_model: int = 128
     d_kv: int = 32
@@ -283,12 +288,17 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
                 return
             rng = random.Random(cfg.seed * 1_000_003 + step)
             docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
-            enc = tok([d.text for d in docs], padding=True, return_tensors="pt")
+            enc = tok([d.text for d in docs], padding=True, return_tensors="pt",
+                      return_offsets_mapping=bool(cfg.needle_attention))
             lab = tok([tasks.target(d, cfg.line_answer) for d in docs], padding=True, return_tensors="pt").input_ids
             lab[lab == tok.pad_token_id] = -100
+            needle = None
+            if cfg.needle_attention:
+                needle = (needle_token_mask(enc.offset_mapping.numpy(), [d.needle_span for d in docs]),
+                          np.array([cfg.needle_attention.get(d.task, 0.0) for d in docs], dtype=np.float32))
             # numpy, not torch: torch tensors cross processes as shared-memory handles
             # that die with the producer
-            item = (step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy())
+            item = (step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy(), needle)
             while True:  # a full queue must not keep an orphan alive: re-check the trainer every few s
                 try:
                     queue.put(item, timeout=5)
@@ -365,6 +375,10 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     torch.manual_seed(cfg.seed)
     tokenizer = get_tokenizer(cfg, reuse_tokenizer)
     tasks.check_line_answer(cfg.line_answer)
+    for task, w in cfg.needle_attention.items():
+        if task not in tasks.TASKS or isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+            raise ValueError(f"needle_attention wants {{task: weight >= 0}} with tasks from {list(tasks.TASKS)}, "
+                             f"got {task!r}: {w!r}")
     check_stages([cfg])  # before reading any weights; e.g. another d_kv: equal shapes would load, heads cut anew
     for task, opts in cfg.task_options.items():  # a bad option fails here, not deep in a producer
         try:
@@ -417,6 +431,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     losses: list[float] = []
     history: list[dict] = []
     bar = tqdm(total=cfg.steps, desc=f"train {cfg.name}", file=sys.stderr, disable=quiet)
+    tap = CrossAttentionTap(model) if cfg.needle_attention else None
+    looks: list[float] = []  # the needle-attention loss, apart from `losses` (the LM loss)
     try:
         for step in range(cfg.steps):
             while step not in pending:
@@ -434,23 +450,33 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                         raise RuntimeError(f"producers stopped before step {step}")
                     continue
                 pending[item[0]] = item[1:]
-            ids, mask, lab = (torch.from_numpy(a).to(dev) for a in pending.pop(step))
+            ids, mask, lab, needle = pending.pop(step)
+            ids, mask, lab = (torch.from_numpy(a).to(dev) for a in (ids, mask, lab))
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+            losses.append(loss.item())
+            if tap is not None:
+                look = needle_attention_loss(tap.logits(), mask.bool(), torch.from_numpy(needle[0]).to(dev),
+                                             torch.from_numpy(needle[1]).to(dev), lab != -100)
+                looks.append(look.item())
+                loss = loss + look
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             sched.step()
-            losses.append(loss.item())
             bar.update(1)
-            bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}", L=int(ids.shape[1]))
+            bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}", L=int(ids.shape[1]),
+                            **({"look": f"{sum(looks[-50:]) / len(looks[-50:]):.3f}"} if looks else {}))
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 history.append({"step": step + 1, "loss": sum(losses[-50:]) / len(losses[-50:]),
+                                **({"needle_attention": sum(looks[-50:]) / len(looks[-50:])} if looks else {}),
                                 **_try_evaluate(model, tokenizer, cfg, cfg.eval_docs),
                                 "minutes": round((time.time() - t0) / 60, 2)})
                 bar.write(json.dumps(history[-1]))
                 _save(model, out, cfg, history, t0, final=False)
     finally:
+        if tap is not None:
+            tap.remove()
         stop.set()
         for pr in producers:
             pr.join(timeout=5)
@@ -463,7 +489,97 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
               f"evaluate them with bench/results.py or the card's test", file=sys.stderr)
     history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), **final,
                     "minutes": round((time.time() - t0) / 60, 2)})
-    return _save(model, out, cfg, history, t0, final=True, losses=losses)
+    return _save(model, out, cfg, history, t0, final=True, losses=losses, looks=looks)
+
+
+def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """``[batch, tokens]``: True where a token's characters overlap its document's
+    needle span. ``offsets`` is the fast tokenizer's ``offset_mapping``; special
+    tokens and padding have empty offsets and are never part of a needle."""
+    a, b = offsets[..., 0], offsets[..., 1]
+    start = np.array([s for s, _ in spans])[:, None]
+    end = np.array([e for _, e in spans])[:, None]
+    return (b > a) & (b > start) & (a < end)
+
+
+class CrossAttentionTap:
+    """The decoder's cross-attention logits of the last forward, with their gradient.
+
+    Forward hooks on each cross-attention's ``q`` and ``k`` projections (the
+    model never knows who listens). Our attention function hands torch's fused
+    kernel the softmax and never holds the probabilities; recomputing the
+    cross-attention logits is cheap (answer tokens x document tokens)."""
+
+    def __init__(self, model) -> None:
+        from core.attention import logit_operands
+
+        self._operands = logit_operands
+        self._q: dict[int, torch.Tensor] = {}
+        self._k: dict[int, torch.Tensor] = {}
+        self._handles = []
+        cfg = model.config
+        self._cosine = float(cfg.cosine_scale) if getattr(cfg, "cosine_attention", False) else None
+        for i, block in enumerate(model.decoder.block):
+            att = block.layer[1].EncDecAttention
+            self._heads, self._d_kv, self._scaling = att.n_heads, att.key_value_proj_dim, getattr(att, "scaling", 1.0)
+            self._handles.append(att.q.register_forward_hook(lambda m, i_, out, i=i: self._q.__setitem__(i, out)))
+            self._handles.append(att.k.register_forward_hook(lambda m, i_, out, i=i: self._k.__setitem__(i, out)))
+
+    def logits(self) -> list[torch.Tensor]:
+        """Per decoder layer, ``[batch, heads, answer tokens, document tokens]`` (no mask applied)."""
+        out = []
+        for i in sorted(self._q):
+            q, k = self._q[i], self._k[i]
+            q = q.view(*q.shape[:2], self._heads, self._d_kv).transpose(1, 2)
+            k = k.view(*k.shape[:2], self._heads, self._d_kv).transpose(1, 2)
+            q, k = self._operands(q, k, self._scaling, self._cosine)
+            out.append(q @ k.transpose(-1, -2))
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+LOOKUP_SHARE = 0.5  # a head that gives the needle at least this share on a batch is a lookup head
+
+
+def needle_attention_loss(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle: torch.Tensor,
+                          weight: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Minus the log of the share of attention the lookup heads give the needle,
+    averaged over the answer's tokens and the lookup heads, weighted per document.
+
+    Why: the bundled model's line misses are lookups gone soft. Its decoder
+    already has heads that find the asked line (about 0.8 of their mass on it
+    when the answer is right, about 0.3 when it is wrong: README, "Attention
+    supervision"); the LM loss sharpens them only through the right digits.
+    This loss asks for the lookup itself, at training time only.
+
+    The lookup heads are found on each batch, not named: those whose mean
+    share on the needle (detached) is at least ``LOOKUP_SHARE``; if none is,
+    the best one. The others (one must read the question first) are left free.
+    A max over heads would not do: on almost every document some head (one that
+    always looks at a fixed place, say) happens to sit on the needle.
+
+    ``logits``: per layer ``[B, H, T, S]``; ``enc_mask``/``needle`` ``[B, S]``
+    bool; ``weight`` ``[B]``; ``answer`` ``[B, T]`` bool (the label tokens)."""
+    needle = needle | ~needle.any(1, keepdim=True)  # no needle (weight 0): a finite dummy
+    shares = []
+    for lg in logits:
+        logp = lg.float().masked_fill(~enc_mask[:, None, None, :], float("-inf")).log_softmax(-1)
+        shares.append(logp.masked_fill(~needle[:, None, None, :], float("-inf")).logsumexp(-1))
+    log_share = torch.cat(shares, 1)  # [B, heads of all layers, T]
+    tokens = answer[:, None, :].float()
+    per_head = -(log_share * tokens).sum(2) / tokens.sum(2).clamp(min=1)  # [B, heads]
+    used = weight > 0
+    with torch.no_grad():
+        mean_share = (log_share.exp() * tokens).sum(2) / tokens.sum(2).clamp(min=1)
+        mean_share = mean_share[used].mean(0) if used.any() else mean_share.mean(0)
+        lookup = mean_share >= LOOKUP_SHARE
+        if not lookup.any():
+            lookup = mean_share == mean_share.max()
+    per_doc = per_head[:, lookup].mean(1)
+    return (per_doc * weight).sum() / used.sum().clamp(min=1)
 
 
 # Tensors that write into the residual stream (attention ``o``, feed-forward
@@ -529,7 +645,8 @@ def _block(key: str) -> str | None:
     return ".".join(parts[:3]) if len(parts) > 3 and parts[1] == "block" else None
 
 
-def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None) -> dict:
+def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None,
+          looks=None) -> dict:
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
@@ -560,6 +677,9 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
         w = max(1, len(losses) // 50)
         card["loss_window"] = w
         card["loss_curve"] = [round(sum(losses[i:i + w]) / len(losses[i:i + w]), 4) for i in range(0, len(losses), w)]
+        if looks:  # the needle-attention loss, same windows (one value per step, like losses)
+            card["needle_attention_curve"] = [round(sum(looks[i:i + w]) / len(looks[i:i + w]), 4)
+                                              for i in range(0, len(looks), w)]
     (out / "card.json").write_text(json.dumps(card, indent=2))
     return card
 

@@ -447,3 +447,111 @@ def test_line_misses_sorts_misses_by_what_the_labels_share(capsys):
     assert mod.main(["--samples", "3"]) == 0
     out = capsys.readouterr().out
     assert "3 documents of 256 tokens" in out and "| noun |" in out and "| right |" in out
+
+
+# --------------------------------------------------------------------------- attention supervision
+
+
+@needs_bundled
+def test_needle_token_mask_marks_exactly_the_needle():
+    from core.train import needle_token_mask
+
+    tok = load(default_model()).tokenizer
+    docs = [tasks.make(t, tok, 200, depth=0.3 + 0.2 * i, seed=11 + i) for i, t in enumerate(("line", "passkey", "code"))]
+    enc = tok([d.text for d in docs], padding=True, return_tensors="pt", return_offsets_mapping=True)
+    mask = needle_token_mask(enc.offset_mapping.numpy(), [d.needle_span for d in docs])
+    for i, d in enumerate(docs):
+        picked = enc.input_ids[i][torch.from_numpy(mask[i])]
+        assert tok.decode(picked).strip() == d.text[slice(*d.needle_span)].strip()
+        assert not mask[i][enc.attention_mask[i] == 0].any()
+
+
+@pytest.mark.parametrize("cosine", [None, 24.0], ids=["dot", "cosine"])
+def test_cross_attention_tap_gives_the_probabilities_the_model_uses(tmp_path, cosine):
+    """softmax(tap logits) @ v must equal what each cross-attention hands its output projection."""
+    from tests.conftest import build_tiny_t5
+
+    from core.train import CrossAttentionTap
+
+    loaded = load(str(build_tiny_t5(tmp_path / "m", decoder_layers=2, cosine=cosine)), device="cpu")
+    model = loaded.model
+    seen: dict[str, torch.Tensor] = {}
+    hooks = []
+    for i, block in enumerate(model.decoder.block):
+        att = block.layer[1].EncDecAttention
+        hooks.append(att.v.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(f"v{i}", out)))
+        hooks.append(att.o.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(f"o{i}", a[0])))
+    tap = CrossAttentionTap(model)
+    enc = loaded.tokenizer(["a short document, then a question?", "another one"], padding=True, return_tensors="pt")
+    labels = loaded.tokenizer(["12345", "7"], padding=True, return_tensors="pt").input_ids
+    with torch.no_grad():
+        model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, labels=labels)
+    logits = tap.logits()
+    tap.remove()
+    for h in hooks:
+        h.remove()
+    assert len(logits) == 2
+    heads, d_kv = model.config.num_heads, model.config.d_kv
+    for i, lg in enumerate(logits):
+        p = lg.masked_fill(enc.attention_mask[:, None, None, :] == 0, float("-inf")).softmax(-1)
+        v = seen[f"v{i}"].view(2, -1, heads, d_kv).transpose(1, 2)
+        mine = (p @ v).transpose(1, 2).reshape(2, labels.shape[1], heads * d_kv)
+        assert torch.allclose(mine, seen[f"o{i}"], atol=1e-5), (i, (mine - seen[f"o{i}"]).abs().max())
+
+
+def test_needle_attention_loss_asks_the_lookup_heads_only():
+    from core.train import needle_attention_loss
+
+    B, S, T = 2, 6, 3
+    needle = torch.zeros(B, S, dtype=torch.bool)
+    needle[:, 2:4] = True
+    enc_mask = torch.ones(B, S, dtype=torch.bool)
+    answer = torch.ones(B, T, dtype=torch.bool)
+    weight = torch.ones(B)
+
+    def head(on_needle: float) -> torch.Tensor:
+        """Logits whose softmax gives the needle (two tokens) this share."""
+        lg = torch.zeros(B, 1, T, S)
+        lg[..., 2:4] = torch.log(torch.tensor(on_needle / (1 - on_needle) * 4 / 2))
+        return lg
+
+    sharp, soft, elsewhere = head(0.9), head(0.6), head(0.05)
+    loss = needle_attention_loss([torch.cat([sharp, soft], 1), elsewhere], enc_mask, needle, weight, answer)
+    # the two lookup heads (shares 0.9 and 0.6) count; the one that looks elsewhere does not
+    assert loss.item() == pytest.approx(-(torch.log(torch.tensor(0.9)) + torch.log(torch.tensor(0.6))).item() / 2, rel=1e-4)
+    # documents of weight 0 (other tasks) and padding of the encoder change nothing
+    pad = enc_mask.clone()
+    pad[:, 5] = False
+    lg = torch.cat([sharp, soft], 1).clone()
+    lg[..., 5] = 50.0  # all mass on a padded token: ignored
+    assert needle_attention_loss([lg], pad, needle, weight, answer).item() < loss.item() + 0.2
+    assert needle_attention_loss([elsewhere], enc_mask, needle, torch.zeros(B), answer).item() == 0.0
+    # no lookup head yet: the best head is asked
+    assert needle_attention_loss([elsewhere], enc_mask, needle, weight, answer).item() == pytest.approx(-torch.log(torch.tensor(0.05)).item(), rel=1e-4)
+
+
+def test_needle_attention_training_sharpens_the_lookup(tmp_path):
+    """Training with the supervision raises the needle's share of cross-attention over the same run without it."""
+    from core.train import CrossAttentionTap, get_tokenizer, needle_token_mask
+
+    base = {**TINY_TRAIN, "steps": 40, "batch_size": 8, "lr": 3e-3, "warmup": 5, "seed": 3}
+    shares = {}
+    for name, sup in (("plain", {}), ("supervised", {"passkey": 1.0})):
+        train(TrainConfig(**{**base, "needle_attention": sup}), tmp_path / name, quiet=True, evaluate_at_end=False, device="cpu")
+        loaded = load(str(tmp_path / name), device="cpu")
+        docs = [tasks.make("passkey", loaded.tokenizer, 160, depth=0.1 * i, seed=10**6 + i) for i in range(8)]
+        enc = loaded.tokenizer([d.text for d in docs], padding=True, return_tensors="pt", return_offsets_mapping=True)
+        needle = torch.from_numpy(needle_token_mask(enc.offset_mapping.numpy(), [d.needle_span for d in docs]))
+        labels = loaded.tokenizer([d.expected for d in docs], padding=True, return_tensors="pt").input_ids
+        tap = CrossAttentionTap(loaded.model)
+        with torch.no_grad():
+            loaded.model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, labels=labels)
+        p = tap.logits()[0].masked_fill(enc.attention_mask[:, None, None, :] == 0, float("-inf")).softmax(-1)
+        shares[name] = (p * needle[:, None, None, :]).sum(-1)[:, :, 0].max(1).values.mean().item()
+    assert shares["supervised"] > shares["plain"] + 0.2, shares
+
+
+def test_needle_attention_refuses_unknown_tasks(tmp_path):
+    cfg = TrainConfig(**{**TINY_TRAIN, "steps": 1, "needle_attention": {"lines": 0.5}})
+    with pytest.raises(ValueError, match="needle_attention"):
+        train(cfg, tmp_path / "m", quiet=True, evaluate_at_end=False, device="cpu")
