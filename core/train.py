@@ -58,9 +58,9 @@ class TrainConfig:
     # default model's early stages ran on the classic line labels
     task_options: dict[str, dict] = field(default_factory=dict)
     line_answer: str = "number"  # "label": line targets name the line first (tasks.target says why)
-    # Attention supervision, per task: weight of a loss that asks some decoder
-    # cross-attention head to put its mass on the needle (the asked line) while
-    # the answer is written (needle_attention_loss says how and why), e.g. {"line": 0.5}.
+    # Attention supervision, per task: weight of a loss that asks the decoder's
+    # lookup heads to put their cross-attention on the needle (the asked line)
+    # while the answer is written (needle_attention_loss says how and why), e.g. {"line": 0.3}.
     needle_attention: dict[str, float] = field(default_factory=dict)
     vocab_size: int = 2048
     d_model: int = 128
