@@ -8,8 +8,10 @@ document at tau = 1 and prints (1) accuracy by the asked line's place in the
 record and (2) for each miss whose answer is another line's number, what that
 line's label shares with the asked one: the noun, the adjective, only a BPE
 piece (``-ma p`` / ``-p ath``), or nothing, next to how often a random pair of
-labels shares each. A lookup that matched whole labels would spread its
-misses like the random pairs; the README's "The noun decides" uses this.
+labels shares each, and (3) how many misses name a label the generator
+lengthened to three words (``high-pie-cloud``) against how many such lines
+there are. A lookup that matched whole labels would spread its misses like
+the random pairs; the README's "The noun decides" uses this.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     by_place: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
     misses: collections.Counter[str] = collections.Counter()
     pairs: collections.Counter[str] = collections.Counter()
+    # lengthened labels (a third word the generator adds to fit the length):
+    # [misses naming one, misses naming a line, such among the other lines, other lines]
+    longer = [0, 0, 0, 0]
     for doc, r in zip(docs, res):
         lines = LINE.findall(doc.text)
         labels = [lab for lab, _ in lines]
@@ -69,10 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         place = labels.index(asked)
         by_place[place][0] += bool(r.correct)
         by_place[place][1] += 1
-        pairs.update(relation(asked, other, pieces) for other in labels if other != asked)
+        others = [other for other in labels if other != asked]
+        pairs.update(relation(asked, other, pieces) for other in others)
+        longer[2] += sum(other.count("-") >= 2 for other in others)
+        longer[3] += len(others)
         if not r.correct:
             named = [lab for lab, value in lines if value == r.answer.strip()]
             misses[relation(asked, named[0], pieces) if named else "no line's number"] += 1
+            if named:
+                longer[0] += named[0].count("-") >= 2
+                longer[1] += 1
     right = sum(bool(r.correct) for r in res)
     print(f"model {loaded.spec.name}: line retrieval at tau = 1, {len(docs)} documents of {tokens} tokens: "
           f"{right} right ({100 * right / len(docs):.1f} %)")
@@ -85,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for k in KINDS:
         print(f"| {k} | {misses[k]} | {100 * pairs[k] / max(1, total_pairs):.1f} % |")
+    print(f"\nmisses naming a lengthened (three-word) label: {longer[0]} of {longer[1]}; "
+          f"such labels among the other lines: {longer[2]} of {longer[3]}")
     garbled = misses["no line's number"]
     if garbled:
         print(f"\n{garbled} answers are no line's number")

@@ -447,6 +447,8 @@ def test_line_misses_sorts_misses_by_what_the_labels_share(capsys):
     assert mod.main(["--samples", "3"]) == 0
     out = capsys.readouterr().out
     assert "3 documents of 256 tokens" in out and "| noun |" in out and "| right |" in out
+    lengthened = re.search(r"such labels among the other lines: (\d+) of (\d+)", out)
+    assert lengthened and 0 < int(lengthened.group(1)) < int(lengthened.group(2)) == 3 * 7  # 8 lines at L_tr
 
 
 # --------------------------------------------------------------------------- attention supervision
