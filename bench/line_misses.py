@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     by_place: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
     misses: collections.Counter[str] = collections.Counter()
     pairs: collections.Counter[str] = collections.Counter()
-    # lengthened labels (a third word the generator adds to fit the length):
-    # [misses naming one, misses naming a line, such among the other lines, other lines]
-    longer = [0, 0, 0, 0]
+    # labels the generator lengthened with a third word to fit the length: among
+    # the picked lines of the misses, and among all other lines
+    longer: collections.Counter[str] = collections.Counter()
     for doc, r in zip(docs, res):
         lines = LINE.findall(doc.text)
         labels = [lab for lab, _ in lines]
@@ -76,14 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         by_place[place][1] += 1
         others = [other for other in labels if other != asked]
         pairs.update(relation(asked, other, pieces) for other in others)
-        longer[2] += sum(other.count("-") >= 2 for other in others)
-        longer[3] += len(others)
+        longer["others"] += sum(other.count("-") >= 2 for other in others)
         if not r.correct:
             named = [lab for lab, value in lines if value == r.answer.strip()]
             misses[relation(asked, named[0], pieces) if named else "no line's number"] += 1
-            if named:
-                longer[0] += named[0].count("-") >= 2
-                longer[1] += 1
+            longer["picked"] += bool(named) and named[0].count("-") >= 2
     right = sum(bool(r.correct) for r in res)
     print(f"model {loaded.spec.name}: line retrieval at tau = 1, {len(docs)} documents of {tokens} tokens: "
           f"{right} right ({100 * right / len(docs):.1f} %)")
@@ -96,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for k in KINDS:
         print(f"| {k} | {misses[k]} | {100 * pairs[k] / max(1, total_pairs):.1f} % |")
-    print(f"\nmisses naming a lengthened (three-word) label: {longer[0]} of {longer[1]}; "
-          f"such labels among the other lines: {longer[2]} of {longer[3]}")
+    print(f"\nmisses naming a lengthened (three-word) label: {longer['picked']} of {named}; "
+          f"such labels among the other lines: {longer['others']} of {total_pairs}")
     garbled = misses["no line's number"]
     if garbled:
         print(f"\n{garbled} answers are no line's number")

@@ -519,9 +519,10 @@ class CrossAttentionTap:
         self._handles = []
         cfg = model.config
         self._cosine = float(cfg.cosine_scale) if getattr(cfg, "cosine_attention", False) else None
+        first = model.decoder.block[0].layer[1].EncDecAttention
+        self._heads, self._d_kv, self._scaling = first.n_heads, first.key_value_proj_dim, getattr(first, "scaling", 1.0)
         for i, block in enumerate(model.decoder.block):
             att = block.layer[1].EncDecAttention
-            self._heads, self._d_kv, self._scaling = att.n_heads, att.key_value_proj_dim, getattr(att, "scaling", 1.0)
             self._handles.append(att.q.register_forward_hook(lambda m, i_, out, i=i: self._q.__setitem__(i, out)))
             self._handles.append(att.k.register_forward_hook(lambda m, i_, out, i=i: self._k.__setitem__(i, out)))
 
@@ -539,6 +540,19 @@ class CrossAttentionTap:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+def needle_log_shares(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle: torch.Tensor) -> torch.Tensor:
+    """``[B, heads of all layers, T]``: log of the attention share each head gives the needle.
+
+    ``logits`` per layer ``[B, H, T, S]`` (:meth:`CrossAttentionTap.logits`);
+    ``enc_mask``/``needle`` ``[B, S]`` bool. A document with no needle token
+    gets ``-inf``."""
+    shares = []
+    for lg in logits:
+        logp = lg.float().masked_fill(~enc_mask[:, None, None, :], float("-inf")).log_softmax(-1)
+        shares.append(logp.masked_fill(~needle[:, None, None, :], float("-inf")).logsumexp(-1))
+    return torch.cat(shares, 1)
 
 
 LOOKUP_SHARE = 0.5  # a head that gives the needle at least this share on a batch is a lookup head
@@ -564,11 +578,7 @@ def needle_attention_loss(logits: list[torch.Tensor], enc_mask: torch.Tensor, ne
     ``logits``: per layer ``[B, H, T, S]``; ``enc_mask``/``needle`` ``[B, S]``
     bool; ``weight`` ``[B]``; ``answer`` ``[B, T]`` bool (the label tokens)."""
     needle = needle | ~needle.any(1, keepdim=True)  # no needle (weight 0): a finite dummy
-    shares = []
-    for lg in logits:
-        logp = lg.float().masked_fill(~enc_mask[:, None, None, :], float("-inf")).log_softmax(-1)
-        shares.append(logp.masked_fill(~needle[:, None, None, :], float("-inf")).logsumexp(-1))
-    log_share = torch.cat(shares, 1)  # [B, heads of all layers, T]
+    log_share = needle_log_shares(logits, enc_mask, needle)
     tokens = answer[:, None, :].float()
     per_head = -(log_share * tokens).sum(2) / tokens.sum(2).clamp(min=1)  # [B, heads]
     used = weight > 0

@@ -534,7 +534,7 @@ def test_needle_attention_loss_asks_the_lookup_heads_only():
 
 def test_needle_attention_training_sharpens_the_lookup(tmp_path):
     """Training with the supervision raises the needle's share of cross-attention over the same run without it."""
-    from core.train import CrossAttentionTap, get_tokenizer, needle_token_mask
+    from core.train import CrossAttentionTap, needle_log_shares, needle_token_mask
 
     base = {**TINY_TRAIN, "steps": 40, "batch_size": 8, "lr": 3e-3, "warmup": 5, "seed": 3}
     shares = {}
@@ -548,8 +548,8 @@ def test_needle_attention_training_sharpens_the_lookup(tmp_path):
         tap = CrossAttentionTap(loaded.model)
         with torch.no_grad():
             loaded.model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, labels=labels)
-        p = tap.logits()[0].masked_fill(enc.attention_mask[:, None, None, :] == 0, float("-inf")).softmax(-1)
-        shares[name] = (p * needle[:, None, None, :]).sum(-1)[:, :, 0].max(1).values.mean().item()
+        share = needle_log_shares(tap.logits()[:1], enc.attention_mask.bool(), needle).exp()
+        shares[name] = share[:, :, 0].max(1).values.mean().item()
     assert shares["supervised"] > shares["plain"] + 0.2, shares
 
 
