@@ -62,6 +62,12 @@ class TrainConfig:
     # lookup heads to put their cross-attention on the needle (the asked line)
     # while the answer is written (needle_attention_loss says how and why), e.g. {"line": 0.3}.
     needle_attention: dict[str, float] = field(default_factory=dict)
+    # Per task: the chance that a training document's needle is the last unit,
+    # right before the question, e.g. {"line": 0.25}. A uniform depth puts the
+    # needle there in only about 1 in 16 line documents (the edges get half a
+    # place's share), and that place is where the line model misses most
+    # (bench/line_misses.py); this gives it more of the gradient.
+    last_needle: dict[str, float] = field(default_factory=dict)
     vocab_size: int = 2048
     d_model: int = 128
     d_kv: int = 32
@@ -252,6 +258,8 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
     haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
     seed = rng.randrange(EVAL_SEED)
     depth = rng.random()
+    if cfg.last_needle.get(task, 0.0) and rng.random() < cfg.last_needle[task]:  # no extra draw otherwise: old recipes replay
+        depth = 1.0
     while True:  # early in the curriculum some tasks cannot fit yet: grow until they do
         try:
             return tasks.make(task, tokenizer, n, depth=depth, seed=seed, haystack=haystack,
@@ -379,6 +387,10 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         if task not in tasks.TASKS or isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
             raise ValueError(f"needle_attention wants {{task: weight >= 0}} with tasks from {list(tasks.TASKS)}, "
                              f"got {task!r}: {w!r}")
+    for task, p in cfg.last_needle.items():
+        if task not in tasks.TASKS or isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ValueError(f"last_needle wants {{task: chance in [0, 1]}} with tasks from {list(tasks.TASKS)}, "
+                             f"got {task!r}: {p!r}")
     check_stages([cfg])  # before reading any weights; e.g. another d_kv: equal shapes would load, heads cut anew
     for task, opts in cfg.task_options.items():  # a bad option fails here, not deep in a producer
         try:

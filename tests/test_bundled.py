@@ -321,6 +321,36 @@ def test_task_options_reach_the_training_documents(tmp_path):
 
 
 @needs_bundled
+def test_last_needle_puts_the_asked_line_right_before_the_question(tmp_path):
+    """last_needle {"line": p}: with p = 1 every line document asks its last line; a knob for
+    another task leaves the line documents exactly as before (old recipes replay)."""
+    import random
+
+    from core.train import sample_document
+
+    tok = load(default_model()).tokenizer
+    base = {**TINY_TRAIN, "tasks": {"line": 1.0}}
+
+    def places(cfg):
+        out = []
+        for s in range(8):
+            doc = sample_document(cfg, tok, random.Random(s), 220)
+            lines = re.findall(r"^line (\S+): REGISTER_CONTENT is (\d+)$", doc.text, flags=re.M)
+            out.append(([n for _, n in lines].index(doc.expected), len(lines), doc.text))
+        return out
+
+    plain = places(TrainConfig(**base))
+    last = places(TrainConfig(**{**base, "last_needle": {"line": 1.0}}))
+    other = places(TrainConfig(**{**base, "last_needle": {"passkey": 1.0}}))
+    assert all(i == n - 1 for i, n, _ in last)
+    assert sum(i != n - 1 for i, n, _ in plain) >= 4  # a uniform depth rarely picks the last line
+    assert [t for *_, t in other] == [t for *_, t in plain]
+    with pytest.raises(ValueError, match="last_needle"):
+        train(TrainConfig(**{**TINY_TRAIN, "steps": 1, "last_needle": {"line": 1.5}}), tmp_path / "bad",
+              quiet=True, evaluate_at_end=False, device="cpu")
+
+
+@needs_bundled
 def test_compact_line_labels_are_a_few_tokens_of_the_bundled_tokenizer():
     """Why the compact list exists: each label costs 3-4 tokens (the classic list ~8)."""
     tok = load(default_model()).tokenizer
