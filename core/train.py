@@ -198,6 +198,13 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
     return card
 
 
+def _check_per_task(name: str, values: dict, what: str, high: float) -> None:
+    """A ``{task: number}`` config field: known tasks, numbers in [0, high]; fails before training starts."""
+    for task, v in values.items():
+        if task not in tasks.TASKS or isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= high:
+            raise ValueError(f"{name} wants {{task: {what}}} with tasks from {list(tasks.TASKS)}, got {task!r}: {v!r}")
+
+
 def stage_summary(card: dict) -> dict:
     """What a staged card keeps of one stage's own card."""
     c = card["config"]
@@ -383,14 +390,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     torch.manual_seed(cfg.seed)
     tokenizer = get_tokenizer(cfg, reuse_tokenizer)
     tasks.check_line_answer(cfg.line_answer)
-    for task, w in cfg.needle_attention.items():
-        if task not in tasks.TASKS or isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
-            raise ValueError(f"needle_attention wants {{task: weight >= 0}} with tasks from {list(tasks.TASKS)}, "
-                             f"got {task!r}: {w!r}")
-    for task, p in cfg.last_needle.items():
-        if task not in tasks.TASKS or isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
-            raise ValueError(f"last_needle wants {{task: chance in [0, 1]}} with tasks from {list(tasks.TASKS)}, "
-                             f"got {task!r}: {p!r}")
+    _check_per_task("needle_attention", cfg.needle_attention, "weight >= 0", math.inf)
+    _check_per_task("last_needle", cfg.last_needle, "chance in [0, 1]", 1.0)
     check_stages([cfg])  # before reading any weights; e.g. another d_kv: equal shapes would load, heads cut anew
     for task, opts in cfg.task_options.items():  # a bad option fails here, not deep in a producer
         try:
