@@ -33,6 +33,11 @@ LINE = re.compile(r"^line (\S+): REGISTER_CONTENT is (\d+)$", re.M)
 KINDS = ("noun", "adjective", "a noun piece", "nothing")
 
 
+def lengthened(label: str) -> bool:
+    """A label the generator lengthened with a third word to fit the length (``high-pie-cloud``)."""
+    return label.count("-") >= 2
+
+
 def relation(asked: str, other: str, pieces) -> str:
     """What label ``other`` shares with ``asked``: "noun", "adjective", "a noun piece" or "nothing"."""
     (a1, n1), (a2, n2) = asked.split("-")[:2], other.split("-")[:2]
@@ -76,24 +81,24 @@ def main(argv: list[str] | None = None) -> int:
         by_place[place][1] += 1
         others = [other for other in labels if other != asked]
         pairs.update(relation(asked, other, pieces) for other in others)
-        longer["others"] += sum(other.count("-") >= 2 for other in others)
+        longer["others"] += sum(map(lengthened, others))
         if not r.correct:
             named = [lab for lab, value in lines if value == r.answer.strip()]
             misses[relation(asked, named[0], pieces) if named else "no line's number"] += 1
-            longer["picked"] += bool(named) and named[0].count("-") >= 2
+            longer["picked"] += bool(named) and lengthened(named[0])
     right = sum(bool(r.correct) for r in res)
     print(f"model {loaded.spec.name}: line retrieval at tau = 1, {len(docs)} documents of {tokens} tokens: "
           f"{right} right ({100 * right / len(docs):.1f} %)")
     print("\n| asked line's place | " + " | ".join(str(k + 1) for k in sorted(by_place)) + " |")
     print("|---|" + "---|" * len(by_place))
     print("| right | " + " | ".join(f"{a} / {n}" for a, n in (by_place[k] for k in sorted(by_place))) + " |")
-    named = sum(misses[k] for k in KINDS)
+    naming = sum(misses[k] for k in KINDS)
     total_pairs = sum(pairs.values())
-    print(f"\n| the picked line shares with the asked label | misses ({named} name a line) | random (asked, other) pairs in these documents |")
+    print(f"\n| the picked line shares with the asked label | misses ({naming} name a line) | random (asked, other) pairs in these documents |")
     print("|---|---|---|")
     for k in KINDS:
         print(f"| {k} | {misses[k]} | {100 * pairs[k] / max(1, total_pairs):.1f} % |")
-    print(f"\nmisses naming a lengthened (three-word) label: {longer['picked']} of {named}; "
+    print(f"\nmisses naming a lengthened (three-word) label: {longer['picked']} of {naming}; "
           f"such labels among the other lines: {longer['others']} of {total_pairs}")
     garbled = misses["no line's number"]
     if garbled:

@@ -265,7 +265,8 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
     haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
     seed = rng.randrange(EVAL_SEED)
     depth = rng.random()
-    if cfg.last_needle.get(task, 0.0) and rng.random() < cfg.last_needle[task]:  # no extra draw otherwise: old recipes replay
+    last = cfg.last_needle.get(task, 0.0)
+    if last and rng.random() < last:  # no extra draw otherwise: old recipes replay
         depth = 1.0
     while True:  # early in the curriculum some tasks cannot fit yet: grow until they do
         try:
