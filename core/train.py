@@ -168,6 +168,27 @@ def stage_dir(out: str | Path, k: int, stages_dir: str | Path = "runs") -> Path:
     return Path(stages_dir) / f"{Path(out).name}.stage{k}"
 
 
+def source_recipe(init_from: str | None) -> tuple[list[dict], list[dict]]:
+    """The recipe (config dicts) and stage summaries that made the weights in ``init_from``.
+
+    Why: a model continued from another (say the bundled default) is only
+    reproducible with the source's own recipe in front of the new stages, and
+    only honest about its cost with the source's minutes counted; a folder that
+    ``train`` wrote keeps both (``train_config.json``, ``card.json``), so the
+    continued model inherits them. A folder without a card gives nothing: the
+    recipe then starts at its ``init_from``."""
+    src = Path(init_from) if init_from else None
+    if src is None or not (src / "card.json").is_file():
+        return [], []
+    card = json.loads((src / "card.json").read_text())
+    if (src / "train_config.json").is_file():
+        recipe = json.loads((src / "train_config.json").read_text())
+        recipe = recipe if isinstance(recipe, list) else [recipe]
+    else:
+        recipe = [card["config"]]
+    return recipe, card.get("stages") or [stage_summary(card)]
+
+
 def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str | Path | None = None,
                  quiet: bool = False, device: str | None = None, evaluate_at_end: bool = True,
                  stages_dir: str | Path = "runs") -> dict:
@@ -176,8 +197,15 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
     Returns the last stage's card with ``stages`` (steps, minutes and metrics of
     each stage), ``minutes_total`` and ``tasks`` (every stage's, in first-taught
     order) added, so the card says what the whole
-    recipe cost. Only the last stage runs the final 100-document evaluation."""
+    recipe cost. Only the last stage runs the final 100-document evaluation.
+    When the first stage starts from a folder ``train`` wrote, that folder's
+    stages come first (``source_recipe``). ``out/train_config.json`` gets the
+    whole recipe, so ``--config out/train_config.json`` retrains it."""
     check_stages(cfgs)
+    earlier_recipe, earlier_stages = source_recipe(cfgs[0].init_from)
+    recipe = earlier_recipe + [asdict(c) for c in cfgs]
+    for d in recipe[1:]:
+        d.pop("init_from", None)  # a later stage starts from the one before it (load_stages)
     summaries, prev = [], None
     for k, cfg in enumerate(cfgs):
         last = k == len(cfgs) - 1
@@ -190,11 +218,15 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
                      evaluate_at_end=last and evaluate_at_end, device=device)
         summaries.append(stage_summary(card))
         prev = target
-    if len(cfgs) > 1:
-        card["tasks"] = taught_tasks(cfgs)
-        card["stages"] = summaries
-        card["minutes_total"] = round(sum(s["minutes"] for s in summaries), 2)
+    if earlier_stages:
+        summaries[0]["init_from"] = "previous stage"
+    stages = earlier_stages + summaries
+    if len(stages) > 1:
+        card["tasks"] = taught_tasks([TrainConfig.from_dict(d) for d in recipe])
+        card["stages"] = stages
+        card["minutes_total"] = round(sum(s["minutes"] for s in stages), 2)
         (Path(out) / "card.json").write_text(json.dumps(card, indent=2))
+    (Path(out) / "train_config.json").write_text(json.dumps(recipe, indent=1))
     return card
 
 

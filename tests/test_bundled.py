@@ -253,6 +253,31 @@ def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
     assert card["minutes_total"] == pytest.approx(sum(s["minutes"] for s in card["stages"]), abs=0.02)
 
 
+def test_a_continued_model_keeps_its_sources_recipe_and_retrains_from_it(tmp_path):
+    """Continuing a model that train wrote (init_from) puts the source's stages in front: the card
+    counts every stage and minute, and out/train_config.json alone retrains the same weights."""
+    from safetensors.torch import load_file
+
+    from core.train import load_stages, train_stages
+
+    base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
+    train_stages([TrainConfig(**base)], tmp_path / "src", quiet=True, device="cpu", evaluate_at_end=False)
+    more = [TrainConfig(**{**base, "init_from": str(tmp_path / "src"), "decoder_layers": 2, "new_blocks": "identity",
+                           "tasks": {"line": 1.0}, "seed": 7}),
+            TrainConfig(**{**base, "decoder_layers": 2, "steps": 2, "seed": 8})]
+    card = train_stages(more, tmp_path / "cont", reuse_tokenizer=tmp_path / "src", quiet=True, device="cpu",
+                        evaluate_at_end=False, stages_dir=tmp_path / "runs")
+    assert [s["layers"] for s in card["stages"]] == ["1+1", "1+2", "1+2"]
+    assert [s["init_from"] for s in card["stages"][1:]] == ["previous stage", str(tmp_path / "runs" / "cont.stage0")]
+    assert card["tasks"] == ["passkey", "line"]  # the source taught pass key
+    assert card["minutes_total"] == pytest.approx(sum(s["minutes"] for s in card["stages"]), abs=0.02)
+    recipe = load_stages(tmp_path / "cont" / "train_config.json")
+    assert [c.seed for c in recipe] == [0, 7, 8] and all(c.init_from is None for c in recipe)
+    train_stages(recipe, tmp_path / "again", quiet=True, device="cpu", evaluate_at_end=False, stages_dir=tmp_path / "runs2")
+    a, b = load_file(str(tmp_path / "cont" / "model.safetensors")), load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(f"{_ROOT}/assets/models/*/train_config.json") + glob.glob(f"{_ROOT}/recipes/*.json"))
 
