@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
+import transformers
+from packaging.version import Version
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -273,6 +275,11 @@ def decoder_cache() -> EncoderDecoderCache:
     return EncoderDecoderCache(DynamicCache(), DynamicCache())
 
 
+# generate() takes that cache as ``cache`` from transformers 5.24 on (``past_key_values``
+# still works there, with a FutureWarning on every run, until 6.0); older 5.x know only the old name.
+_CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+
+
 @torch.inference_mode()
 def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], settings: RunSettings) -> list[Result]:
     """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
@@ -315,7 +322,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 max_new_tokens=settings.max_new_tokens,
                 do_sample=False,
                 num_beams=1,
-                past_key_values=decoder_cache(),
+                **{_CACHE_KWARG: decoder_cache()},
             )
         answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
     t_gen = time.perf_counter() - t1
