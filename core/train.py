@@ -175,18 +175,19 @@ def source_recipe(init_from: str | None) -> tuple[list[dict], list[dict]]:
     reproducible with the source's own recipe in front of the new stages, and
     only honest about its cost with the source's minutes counted; a folder that
     ``train`` wrote keeps both (``train_config.json``, ``card.json``), so the
-    continued model inherits them. A folder without a card gives nothing: the
-    recipe then starts at its ``init_from``."""
+    continued model inherits them. A folder without a card gives nothing (nor
+    does a staged card without its ``train_config.json``: the card keeps only
+    the last stage's config): the recipe then starts at its ``init_from``."""
     src = Path(init_from) if init_from else None
     if src is None or not (src / "card.json").is_file():
         return [], []
     card = json.loads((src / "card.json").read_text())
     if (src / "train_config.json").is_file():
         recipe = json.loads((src / "train_config.json").read_text())
-        recipe = recipe if isinstance(recipe, list) else [recipe]
-    else:
-        recipe = [card["config"]]
-    return recipe, card.get("stages") or [stage_summary(card)]
+        return (recipe if isinstance(recipe, list) else [recipe]), card.get("stages") or [stage_summary(card)]
+    if card.get("stages"):
+        return [], []
+    return [card["config"]], [stage_summary(card)]
 
 
 def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str | Path | None = None,
@@ -203,7 +204,7 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
     whole recipe, so ``--config out/train_config.json`` retrains it."""
     check_stages(cfgs)
     earlier_recipe, earlier_stages = source_recipe(cfgs[0].init_from)
-    recipe = earlier_recipe + [asdict(c) for c in cfgs]
+    recipe = earlier_recipe + [asdict(c) for c in cfgs]  # snapshots: the loop below rewrites init_from
     for d in recipe[1:]:
         d.pop("init_from", None)  # a later stage starts from the one before it (load_stages)
     summaries, prev = [], None
@@ -222,7 +223,7 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
         summaries[0]["init_from"] = "previous stage"
     stages = earlier_stages + summaries
     if len(stages) > 1:
-        card["tasks"] = taught_tasks([TrainConfig.from_dict(d) for d in recipe])
+        card["tasks"] = taught_tasks([TrainConfig.from_dict(d) for d in earlier_recipe] + cfgs)
         card["stages"] = stages
         card["minutes_total"] = round(sum(s["minutes"] for s in stages), 2)
         (Path(out) / "card.json").write_text(json.dumps(card, indent=2))
