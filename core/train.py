@@ -203,11 +203,8 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
     stages come first (``source_recipe``). ``out/train_config.json`` gets the
     whole recipe, so ``--config out/train_config.json`` retrains it."""
     check_stages(cfgs)
-    earlier_recipe, earlier_stages = source_recipe(cfgs[0].init_from)
-    recipe = earlier_recipe + [asdict(c) for c in cfgs]  # snapshots: the loop below rewrites init_from
-    for d in recipe[1:]:
-        d.pop("init_from", None)  # a later stage starts from the one before it (load_stages)
-    summaries, prev = [], None
+    recipe, stages = source_recipe(cfgs[0].init_from)
+    prev, card = None, {}
     for k, cfg in enumerate(cfgs):
         last = k == len(cfgs) - 1
         target = Path(out) if last else stage_dir(out, k, stages_dir)
@@ -216,19 +213,28 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
         if not quiet and len(cfgs) > 1:
             print(f"stage {k + 1}/{len(cfgs)} -> {target}", file=sys.stderr)
         card = train(cfg, target, reuse_tokenizer=reuse_tokenizer if prev is None else prev, quiet=quiet,
-                     evaluate_at_end=last and evaluate_at_end, device=device)
-        summaries.append(stage_summary(card))
+                     evaluate_at_end=last and evaluate_at_end, device=device, lineage=(recipe, stages))
+        recipe, stages = source_recipe(target)
         prev = target
-    if earlier_stages:
-        summaries[0]["init_from"] = "previous stage"
-    stages = earlier_stages + summaries
-    if len(stages) > 1:
-        card["tasks"] = taught_tasks([TrainConfig.from_dict(d) for d in earlier_recipe] + cfgs)
-        card["stages"] = stages
-        card["minutes_total"] = round(sum(s["minutes"] for s in stages), 2)
-        (Path(out) / "card.json").write_text(json.dumps(card, indent=2))
-    (Path(out) / "train_config.json").write_text(json.dumps(recipe, indent=1))
     return card
+
+
+def lineage_entries(cfg: TrainConfig, card: dict, lineage: tuple[list[dict], list[dict]]) -> tuple[list[dict], list[dict]]:
+    """The recipe and stage summaries of a run with ``cfg``, after the ``lineage`` it continues.
+
+    Why a function of its own: ``_save`` writes them at every save, not only
+    when a run ends, so any folder ``train`` leaves behind (a stage of a
+    staged run, a halfway save) can be continued without losing the stages
+    that made it. Stages after the first drop ``init_from``: each starts from
+    the one before it (``load_stages``)."""
+    earlier_recipe, earlier_stages = lineage
+    mine = asdict(cfg)
+    summary = stage_summary(card)
+    if earlier_recipe:
+        mine.pop("init_from", None)
+    if earlier_stages:
+        summary["init_from"] = "previous stage"
+    return earlier_recipe + [mine], earlier_stages + [summary]
 
 
 def _check_per_task(name: str, values: dict, what: str, high: float) -> None:
@@ -406,8 +412,13 @@ def _try_evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int) -> dict:
 
 
 def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False,
-          evaluate_at_end: bool = True, device: str | None = None) -> dict:
+          evaluate_at_end: bool = True, device: str | None = None,
+          lineage: tuple[list[dict], list[dict]] = ([], [])) -> dict:
     """Train and save to ``out``; returns the card (metrics included).
+
+    ``lineage``: the recipe and stage summaries of what ``cfg.init_from`` holds
+    (``source_recipe``); every save writes them, with this run after them, to
+    ``out/train_config.json`` and the card (``lineage_entries``).
 
     ``device``: "cpu", "cuda" or None (CUDA when present). Training runs in
     float32 on either: the models are small, and the app runs them in float32
@@ -520,7 +531,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                                 **_try_evaluate(model, tokenizer, cfg, cfg.eval_docs),
                                 "minutes": round((time.time() - t0) / 60, 2)})
                 bar.write(json.dumps(history[-1]))
-                _save(model, out, cfg, history, t0, final=False)
+                _save(model, out, cfg, history, t0, final=False, lineage=lineage)
     finally:
         if tap is not None:
             tap.remove()
@@ -536,7 +547,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
               f"evaluate them with bench/results.py or the card's test", file=sys.stderr)
     history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), **final,
                     "minutes": round((time.time() - t0) / 60, 2)})
-    return _save(model, out, cfg, history, t0, final=True, losses=losses, looks=looks)
+    return _save(model, out, cfg, history, t0, final=True, losses=losses, looks=looks, lineage=lineage)
 
 
 def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
@@ -703,7 +714,7 @@ def _block(key: str) -> str | None:
 
 
 def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None,
-          looks=None) -> dict:
+          looks=None, lineage: tuple[list[dict], list[dict]] = ([], [])) -> dict:
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
@@ -737,7 +748,13 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
         if looks:  # the needle-attention loss, same windows (one value per step, like losses)
             card["needle_attention_curve"] = [round(sum(looks[i:i + w]) / len(looks[i:i + w]), 4)
                                               for i in range(0, len(looks), w)]
+    recipe, stages = lineage_entries(cfg, card, lineage)
+    if len(stages) > 1:
+        card["tasks"] = taught_tasks([TrainConfig.from_dict(d) for d in recipe])
+        card["stages"] = stages
+        card["minutes_total"] = round(sum(st["minutes"] for st in stages), 2)
     (out / "card.json").write_text(json.dumps(card, indent=2))
+    (out / "train_config.json").write_text(json.dumps(recipe, indent=1))
     return card
 
 

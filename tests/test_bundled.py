@@ -249,7 +249,7 @@ def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
     card = json.loads((tmp_path / "m" / "card.json").read_text())
     assert [s["layers"] for s in card["stages"]] == ["1+1", "1+2"]
     assert card["tasks"] == ["passkey", "line", "code"]  # every stage's tasks, not only the last one's
-    assert card["stages"][1]["init_from"] == str(stage_dir(tmp_path / "m", 0, tmp_path / "runs"))
+    assert card["stages"][1]["init_from"] == "previous stage"
     assert card["minutes_total"] == pytest.approx(sum(s["minutes"] for s in card["stages"]), abs=0.02)
 
 
@@ -268,7 +268,7 @@ def test_a_continued_model_keeps_its_sources_recipe_and_retrains_from_it(tmp_pat
     card = train_stages(more, tmp_path / "cont", reuse_tokenizer=tmp_path / "src", quiet=True, device="cpu",
                         evaluate_at_end=False, stages_dir=tmp_path / "runs")
     assert [s["layers"] for s in card["stages"]] == ["1+1", "1+2", "1+2"]
-    assert [s["init_from"] for s in card["stages"][1:]] == ["previous stage", str(tmp_path / "runs" / "cont.stage0")]
+    assert [s["init_from"] for s in card["stages"][1:]] == ["previous stage", "previous stage"]
     assert card["tasks"] == ["passkey", "line"]  # the source taught pass key
     assert card["minutes_total"] == pytest.approx(sum(s["minutes"] for s in card["stages"]), abs=0.02)
     recipe = load_stages(tmp_path / "cont" / "train_config.json")
@@ -276,6 +276,39 @@ def test_a_continued_model_keeps_its_sources_recipe_and_retrains_from_it(tmp_pat
     train_stages(recipe, tmp_path / "again", quiet=True, device="cpu", evaluate_at_end=False, stages_dir=tmp_path / "runs2")
     a, b = load_file(str(tmp_path / "cont" / "model.safetensors")), load_file(str(tmp_path / "again" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_every_folder_train_leaves_keeps_its_lineage(tmp_path, monkeypatch):
+    """A stage of a staged run, or a run's halfway save, is a model one may continue (the line
+    model was continued from such folders); each holds the recipe and stages that made it, so the
+    continuation's card counts them and its train_config.json retrains it."""
+    from core.train import load_stages, source_recipe, train_stages
+
+    import core.train
+
+    halfway = []  # what a mid-run save left on disk: the lineage must be there before the run ends
+    real_save = core.train._save
+
+    def save_and_look(model, out, *args, final, **kw):
+        card = real_save(model, out, *args, final=final, **kw)
+        if not final:
+            halfway.append(json.loads((out / "train_config.json").read_text()))
+        return card
+
+    monkeypatch.setattr(core.train, "_save", save_and_look)
+    base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1, "train_length": 192, "min_length": 180}
+    tok = os.path.join(_ROOT, "assets", "models", "retrieval-t5")  # the halfway evaluation needs room for a pass key
+    train_stages([TrainConfig(**base)], tmp_path / "src", reuse_tokenizer=tok, quiet=True, device="cpu", evaluate_at_end=False)
+    two = [TrainConfig(**{**base, "init_from": str(tmp_path / "src"), "seed": 5}),
+           TrainConfig(**{**base, "seed": 6, "steps": 4, "eval_every": 2, "eval_docs": 1})]
+    train_stages(two, tmp_path / "two", reuse_tokenizer=tok, quiet=True, device="cpu", evaluate_at_end=False, stages_dir=tmp_path / "runs")
+    recipe, stages = source_recipe(tmp_path / "runs" / "two.stage0")  # an intermediate stage
+    assert [d["seed"] for d in recipe] == [0, 5] and len(stages) == 2
+    card = train_stages([TrainConfig(**{**base, "init_from": str(tmp_path / "runs" / "two.stage0"), "seed": 9})],
+                        tmp_path / "three", reuse_tokenizer=tok, quiet=True, device="cpu", evaluate_at_end=False)
+    assert [s["steps"] for s in card["stages"]] == [3, 3, 3]
+    assert [c.seed for c in load_stages(tmp_path / "three" / "train_config.json")] == [0, 5, 9]
+    assert [[d["seed"] for d in r] for r in halfway] == [[0, 5, 6]]  # stage 2's save at step 2 of 4
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
