@@ -312,7 +312,7 @@ def test_every_folder_train_leaves_keeps_its_lineage(tmp_path, monkeypatch):
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = sorted(glob.glob(f"{_ROOT}/assets/models/*/train_config.json") + glob.glob(f"{_ROOT}/recipes/*.json"))
+RECIPES = sorted(glob.glob(f"{_ROOT}/assets/*/*/train_config.json") + glob.glob(f"{_ROOT}/recipes/*.json"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: os.path.relpath(p, _ROOT))
