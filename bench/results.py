@@ -1,6 +1,6 @@
 """The README's results tables for the bundled models, in one command.
 
-    python bench/results.py [--models retrieval-t5 ...] [--tasks passkey line ...] [--samples 100]
+    python bench/results.py [--models retrieval-t5 ./a/local/folder ...] [--tasks passkey line ...] [--samples 100]
                             [--multiples 1 2 4 8 16] [--out assets/results]
 
 For each model and task, at L_tr x multiples: accuracy for tau = 1,
@@ -69,12 +69,21 @@ def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 
+def _stem(name: str) -> str:
+    """The file stem of a model's CSV and tables: a registry name as is, a local folder by its last part.
+
+    Why: ``--models ./runs/my-t5`` must write ``<out>/my-t5.csv``, not a path
+    that leaves ``<out>``."""
+    return Path(name).name if Path(name).is_dir() else name
+
+
 def run_model(name: str, task_names: list[str], multiples: list[float], samples: int, batch: int, out: Path,
               stats_docs: int = 20) -> pd.DataFrame:
     """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes)."""
     loaded = load(name)
     lt = loaded.train_length
-    done = _read_csv(out / f"{name}.csv")
+    csv = out / f"{_stem(name)}.csv"
+    done = _read_csv(csv)
     rows = done.to_dict("records") if done is not None else []
     have = {(r["task"], float(r["multiple"])) for r in rows if int(r["samples"]) == samples}
     rows = [r for r in rows if (r["task"], float(r["multiple"])) in have]
@@ -109,17 +118,17 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
                 key = tuple(np.atleast_1d(np.asarray(tau, float)).round(6))
                 if key not in cache:
                     cache[key] = accuracy(loaded, docs, encs, tau, batch)
-                rows.append({"model": name, "task": task, "multiple": k, "tokens": n, "method": m,
+                rows.append({"model": _stem(name), "task": task, "multiple": k, "tokens": n, "method": m,
                              "tau": float(np.mean(tau)), "schedule": np.round(np.atleast_1d(tau), 3).tolist(),
                              "accuracy": cache[key], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
                              "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
                              "samples": samples, "stats_docs": min(stats_docs, samples)})
             bar.update(1)
             bar.set_postfix(task=task, n=n, s=f"{time.time() - t0:.0f}")
-            pd.DataFrame(rows).to_csv(out / f"{name}.csv", index=False)
+            pd.DataFrame(rows).to_csv(csv, index=False)
     bar.close()
     df = pd.DataFrame(rows)
-    (out / f"{name}.md").write_text(markdown(df, loaded, samples))
+    csv.with_suffix(".md").write_text(markdown(df, loaded, samples))
     return df
 
 
@@ -185,16 +194,17 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if a.tables_only:
         for name in a.models or [s.name for s in bundled_specs()]:
-            df = _read_csv(out / f"{name}.csv")
+            md = out / f"{_stem(name)}.md"
+            df = _read_csv(md.with_suffix(".csv"))
             if df is not None:
-                (out / f"{name}.md").write_text(markdown(df, load(name), int(df["samples"].iloc[0])))
-                print((out / f"{name}.md").read_text())
+                md.write_text(markdown(df, load(name), int(df["samples"].iloc[0])))
+                print(md.read_text())
         return
     for name in a.models or [s.name for s in bundled_specs()]:
         loaded = load(name)
         card = json.loads((Path(loaded.spec.source) / "card.json").read_text())
         run_model(name, a.tasks or card["tasks"], a.multiples, a.samples, a.batch, out, a.stats_docs)
-        print((out / f"{name}.md").read_text())
+        print((out / f"{_stem(name)}.md").read_text())
 
 
 if __name__ == "__main__":
