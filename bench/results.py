@@ -69,12 +69,12 @@ def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 
-def _stem(name: str) -> str:
-    """The file stem of a model's CSV and tables: a registry name as is, a local folder by its last part.
+def csv_path(out: Path, name: str) -> Path:
+    """``<out>/<stem>.csv`` (its tables: the same path with ``.md``); a local folder's stem is its last part.
 
     Why: ``--models ./runs/my-t5`` must write ``<out>/my-t5.csv``, not a path
     that leaves ``<out>``."""
-    return Path(name).name if Path(name).is_dir() else name
+    return out / f"{Path(name).name if Path(name).is_dir() else name}.csv"
 
 
 def run_model(name: str, task_names: list[str], multiples: list[float], samples: int, batch: int, out: Path,
@@ -82,7 +82,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
     """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes)."""
     loaded = load(name)
     lt = loaded.train_length
-    csv = out / f"{_stem(name)}.csv"
+    csv = csv_path(out, name)
     done = _read_csv(csv)
     rows = done.to_dict("records") if done is not None else []
     have = {(r["task"], float(r["multiple"])) for r in rows if int(r["samples"]) == samples}
@@ -118,7 +118,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
                 key = tuple(np.atleast_1d(np.asarray(tau, float)).round(6))
                 if key not in cache:
                     cache[key] = accuracy(loaded, docs, encs, tau, batch)
-                rows.append({"model": _stem(name), "task": task, "multiple": k, "tokens": n, "method": m,
+                rows.append({"model": csv.stem, "task": task, "multiple": k, "tokens": n, "method": m,
                              "tau": float(np.mean(tau)), "schedule": np.round(np.atleast_1d(tau), 3).tolist(),
                              "accuracy": cache[key], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
                              "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
@@ -194,7 +194,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if a.tables_only:
         for name in a.models or [s.name for s in bundled_specs()]:
-            md = out / f"{_stem(name)}.md"
+            md = csv_path(out, name).with_suffix(".md")
             df = _read_csv(md.with_suffix(".csv"))
             if df is not None:
                 md.write_text(markdown(df, load(name), int(df["samples"].iloc[0])))
@@ -204,7 +204,7 @@ def main() -> None:
         loaded = load(name)
         card = json.loads((Path(loaded.spec.source) / "card.json").read_text())
         run_model(name, a.tasks or card["tasks"], a.multiples, a.samples, a.batch, out, a.stats_docs)
-        print((out / f"{_stem(name)}.md").read_text())
+        print(csv_path(out, name).with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":
