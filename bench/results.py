@@ -14,7 +14,11 @@ no probes, so the attention takes torch's fused kernel (about 5x faster on the
 CPU); Pmax and H are measured at tau = 1 on the first ``--stats-docs``
 documents. Writes ``<out>/<model>.csv`` (one row per task, length, method)
 cell by cell, so a killed run picks up where it stopped, and
-``<out>/<model>.md`` (tables), with a progress bar.
+``<out>/<model>.md`` (tables), with a progress bar. Inside a cell every
+finished accuracy run (and the cell's calibrated taus and dispersion) goes to
+``<out>/<model>.partial.json`` as it ends, so a 16x cell (close to an hour of
+one CPU core) cut short by the end of a session resumes from its last run,
+not from nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +73,61 @@ def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 
+def calibrated_taus(loaded, task: str, k: float, n: int) -> dict[str, object]:
+    """Every method's tau (a schedule for per-layer) at ``n`` = ``k`` x L_tr tokens.
+
+    Measured methods calibrate on 4 documents from seed CALIB_SEED on, never
+    the test documents; at L_tr they are 1 by definition."""
+    lt = loaded.train_length
+    taus: dict[str, object] = {"none": 1.0, "log-length": log_length(lt, n), "infoscale": infoscale(lt, n, loaded.d_kv)}
+    calib_docs = docs_for(loaded, task, n, 4, CALIB_SEED)
+    measure = calibration.measure(loaded, calib_docs)
+    reference = calibration.measure(loaded, [calibration.reference_document(loaded, d) for d in calib_docs])(1.0)
+    for m in MEASURED:
+        if k == 1:
+            taus[m] = 1.0 if m != "per-layer" else [1.0] * loaded.n_layers
+        elif m == "per-layer":
+            taus[m] = [float(t) for t in temperature.per_layer(measure, reference, loaded.n_layers, "pmax").schedule]
+        else:
+            taus[m] = float(temperature.algorithm1(measure, reference, m, fast=True).tau)
+    for t in FIXED:
+        taus[f"tau={t:g}"] = t
+    return taus
+
+
+class Partial:
+    """What a cell has finished so far, in a JSON file beside the CSV.
+
+    Why: a 16x cell is about ten accuracy runs of 100 documents of 4,096
+    tokens, close to an hour of one CPU core; a run cut short (the end of a
+    session) keeps every finished run and resumes after it. Keys start with
+    the cell (``task|multiple|samples``); a finished cell's keys are dropped,
+    the file when none is left."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, object] = json.loads(path.read_text()) if path.exists() else {}
+
+    def get(self, key: str):
+        return self.data.get(key)
+
+    def put(self, key: str, value) -> None:
+        self.data[key] = value
+        self._write()
+
+    def drop(self, cell: str) -> None:
+        self.data = {k: v for k, v in self.data.items() if not k.startswith(cell + "|")}
+        if self.data:
+            self._write()
+        elif self.path.exists():
+            self.path.unlink()
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data))
+        tmp.replace(self.path)  # atomic: a kill mid-write leaves the previous file
+
+
 def csv_path(out: Path, name: str) -> Path:
     """``<out>/<stem>.csv`` (its tables: the same path with ``.md``); a local folder's stem is its last part.
 
@@ -82,11 +141,13 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
     """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes)."""
     loaded = load(name)
     lt = loaded.train_length
+    out.mkdir(parents=True, exist_ok=True)
     csv = csv_path(out, name)
     done = _read_csv(csv)
     rows = done.to_dict("records") if done is not None else []
     have = {(r["task"], float(r["multiple"])) for r in rows if int(r["samples"]) == samples}
     rows = [r for r in rows if (r["task"], float(r["multiple"])) in have]
+    partial = Partial(csv.with_suffix(".partial.json"))
     total = len(task_names) * len(multiples)
     bar = tqdm(total=total, desc=name, file=sys.stderr)
     for task in task_names:
@@ -98,26 +159,25 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
             t0 = time.time()
             docs = docs_for(loaded, task, n, samples)
             encs = [engine.encode(loaded, d) for d in docs]
-            calib_docs = docs_for(loaded, task, n, 4, CALIB_SEED)
-            refs = [calibration.reference_document(loaded, d) for d in calib_docs]
-            taus: dict[str, object] = {"none": 1.0, "log-length": log_length(lt, n), "infoscale": infoscale(lt, n, loaded.d_kv)}
-            measure = calibration.measure(loaded, calib_docs)
-            reference = calibration.measure(loaded, refs)(1.0)
-            for m in MEASURED:
-                if k == 1:
-                    taus[m] = 1.0 if m != "per-layer" else [1.0] * loaded.n_layers
-                elif m == "per-layer":
-                    taus[m] = temperature.per_layer(measure, reference, loaded.n_layers, "pmax").schedule
-                else:
-                    taus[m] = temperature.algorithm1(measure, reference, m, fast=True).tau
-            for t in FIXED:
-                taus[f"tau={t:g}"] = t
-            pml, hl = dispersion(loaded, docs[:stats_docs], encs[:stats_docs], batch)
+            cell = f"{task}|{k:g}|{samples}"
+            taus = partial.get(f"{cell}|taus")
+            if taus is None:
+                taus = calibrated_taus(loaded, task, k, n)
+                partial.put(f"{cell}|taus", taus)
+            stats = partial.get(f"{cell}|dispersion|{stats_docs}")
+            if stats is None:
+                stats = [a.tolist() for a in dispersion(loaded, docs[:stats_docs], encs[:stats_docs], batch)]
+                partial.put(f"{cell}|dispersion|{stats_docs}", stats)
+            pml, hl = (np.asarray(a) for a in stats)
             cache = {}
             for m, tau in taus.items():
                 key = tuple(np.atleast_1d(np.asarray(tau, float)).round(6))
                 if key not in cache:
-                    cache[key] = accuracy(loaded, docs, encs, tau, batch)
+                    done_key = f"{cell}|accuracy|" + ",".join(repr(float(x)) for x in key)
+                    cache[key] = partial.get(done_key)
+                    if cache[key] is None:
+                        cache[key] = accuracy(loaded, docs, encs, tau, batch)
+                        partial.put(done_key, cache[key])
                 rows.append({"model": csv.stem, "task": task, "multiple": k, "tokens": n, "method": m,
                              "tau": float(np.mean(tau)), "schedule": np.round(np.atleast_1d(tau), 3).tolist(),
                              "accuracy": cache[key], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
@@ -126,6 +186,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
             bar.update(1)
             bar.set_postfix(task=task, n=n, s=f"{time.time() - t0:.0f}")
             pd.DataFrame(rows).to_csv(csv, index=False)
+            partial.drop(cell)
     bar.close()
     df = pd.DataFrame(rows)
     csv.with_suffix(".md").write_text(markdown(df, loaded, samples))

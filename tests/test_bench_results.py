@@ -1,0 +1,65 @@
+"""bench/results.py: the results tables resume cell by cell, and inside a cell run by run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+
+def _results_module():
+    path = Path(__file__).resolve().parents[1] / "bench" / "results.py"
+    spec = importlib.util.spec_from_file_location("results_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Stop(Exception):
+    """Stands for the end of a session arriving in the middle of a cell."""
+
+
+def test_a_cell_cut_short_resumes_after_its_last_finished_run(tiny_dir, tmp_path, monkeypatch):
+    rb = _results_module()
+    real = rb.accuracy
+    runs: list[object] = []
+
+    def stops_after_three(loaded, docs, encs, tau, batch):
+        if len(runs) == 3:
+            raise Stop
+        runs.append(tau)
+        return real(loaded, docs, encs, tau, batch)
+
+    out = tmp_path / "cut"
+    args = (str(tiny_dir), ["passkey"], [2], 3, 3)
+    monkeypatch.setattr(rb, "accuracy", stops_after_three)
+    with pytest.raises(Stop):
+        rb.run_model(*args, out, stats_docs=2)
+    # No cell finished, but the cell kept its taus, its dispersion and the three runs that ended.
+    partial = json.loads((out / f"{tiny_dir.name}.partial.json").read_text())
+    assert sum(k.startswith("passkey|2|3|accuracy|") for k in partial) == 3
+    assert "passkey|2|3|taus" in partial and "passkey|2|3|dispersion|2" in partial
+    assert not (out / f"{tiny_dir.name}.csv").exists()
+
+    runs.clear()
+
+    def counts(loaded, docs, encs, tau, batch):
+        runs.append(tau)
+        return real(loaded, docs, encs, tau, batch)
+
+    monkeypatch.setattr(rb, "accuracy", counts)
+    resumed = rb.run_model(*args, out, stats_docs=2)
+    distinct = {tuple(np.round(np.atleast_1d(t), 6)) for t in partial["passkey|2|3|taus"].values()}
+    assert len(distinct) >= 7 and len(runs) == len(distinct) - 3  # only the runs the cut left undone
+    assert not (out / f"{tiny_dir.name}.partial.json").exists()  # the finished cell lives in the CSV now
+
+    runs.clear()
+    again = rb.run_model(*args, out, stats_docs=2)  # a finished cell is not run again
+    assert runs == [] and len(again) == len(resumed) == 12
+
+    clean = rb.run_model(*args, tmp_path / "clean", stats_docs=2)
+    pd.testing.assert_frame_equal(resumed.reset_index(drop=True), clean.reset_index(drop=True))
