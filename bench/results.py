@@ -115,8 +115,9 @@ class Partial:
         self.data[key] = value
         self._write()
 
-    def drop(self, cell: str) -> None:
-        self.data = {k: v for k, v in self.data.items() if not k.startswith(cell + "|")}
+    def drop(self, *cells: str) -> None:
+        """Forget finished cells and save (the file goes when nothing is left)."""
+        self.data = {k: v for k, v in self.data.items() if not k.startswith(tuple(c + "|" for c in cells))}
         if self.data:
             self._write()
         elif self.path.exists():
@@ -193,6 +194,36 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
     return df
 
 
+def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
+    """Fold the cells of ``sources`` (other ``--out`` folders) into ``<out>/<name>.csv``, its tables and partial file.
+
+    Why: one process may write one ``--out`` (it rewrites its whole CSV), so a
+    table computed by several processes side by side (one per core, say
+    ``--tasks`` split) is written to several folders and merged here. A cell
+    already in ``out`` wins over the same cell elsewhere; cells are ordered
+    by the model card's tasks, then length; unfinished runs of every partial
+    file are kept for cells still missing."""
+    loaded = load(name)
+    csv = csv_path(out, name)
+    frames = [df for df in (_read_csv(csv_path(d, name)) for d in [out, *sources]) if df is not None]
+    if not frames:
+        return None
+    df = pd.concat(frames, ignore_index=True).drop_duplicates(["task", "multiple", "method"])
+    card = json.loads((Path(loaded.spec.source) / "card.json").read_text())
+    order = {t: i for i, t in enumerate(card.get("tasks", []))}
+    df = df.sort_values(["task", "multiple"], key=lambda c: c.map(lambda t: order.get(t, len(order))) if c.name == "task" else c,
+                        kind="stable").reset_index(drop=True)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(csv, index=False)
+    partial = Partial(csv.with_suffix(".partial.json"))
+    for d in sources:
+        partial.data.update({k: v for k, v in Partial(csv_path(d, name).with_suffix(".partial.json")).data.items()
+                             if k not in partial.data})
+    partial.drop(*(f"{task}|{k:g}|{n}" for (task, k, n), _ in df.groupby(["task", "multiple", "samples"])))
+    csv.with_suffix(".md").write_text(markdown(df, loaded, int(df["samples"].iloc[0])))
+    return df
+
+
 def _read_csv(path: Path) -> pd.DataFrame | None:
     import ast
 
@@ -250,9 +281,16 @@ def main() -> None:
     p.add_argument("--stats-docs", type=int, default=20, help="documents whose Pmax/H (tau = 1) the dispersion table averages")
     p.add_argument("--out", default="assets/results")
     p.add_argument("--tables-only", action="store_true", help="rewrite the .md tables from the existing .csv files")
+    p.add_argument("--merge", nargs="+", metavar="DIR", default=None,
+                   help="fold the cells of these other --out folders into --out (runs side by side need one --out each)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.merge:
+        for name in a.models or [s.name for s in bundled_specs()]:
+            if merge(name, [Path(d) for d in a.merge], out) is not None:
+                print(csv_path(out, name).with_suffix(".md").read_text())
+        return
     if a.tables_only:
         for name in a.models or [s.name for s in bundled_specs()]:
             md = csv_path(out, name).with_suffix(".md")

@@ -63,3 +63,44 @@ def test_a_cell_cut_short_resumes_after_its_last_finished_run(tiny_dir, tmp_path
 
     clean = rb.run_model(*args, tmp_path / "clean", stats_docs=2)
     pd.testing.assert_frame_equal(resumed.reset_index(drop=True), clean.reset_index(drop=True))
+
+
+def test_tables_computed_side_by_side_merge_into_one(tiny_dir, tmp_path, monkeypatch):
+    """--merge: cells from several --out folders, and a cut cell's finished runs, land in one CSV that
+    equals a single run's, and the merged folder resumes where the pieces stopped."""
+    rb = _results_module()
+    real = rb.accuracy
+    runs: list[object] = []
+
+    def counted(loaded, docs, encs, tau, batch):
+        if len(runs) == limit:
+            raise Stop
+        runs.append(tau)
+        return real(loaded, docs, encs, tau, batch)
+
+    monkeypatch.setattr(rb, "accuracy", counted)
+    limit = None
+    name, a, b = str(tiny_dir), tmp_path / "a", tmp_path / "b"
+    rb.run_model(name, ["passkey"], [1], 3, 3, a, stats_docs=2)
+    rb.run_model(name, ["passkey"], [2], 3, 3, b, stats_docs=2)
+    runs.clear()
+    limit = 2
+    with pytest.raises(Stop):
+        rb.run_model(name, ["passkey"], [2, 4], 3, 3, b, stats_docs=2)  # 2x is done there: the cut falls in 4x
+
+    merged = rb.merge(name, [a, b], tmp_path / "m")
+    assert sorted(merged["multiple"].unique()) == [1, 2]
+    partial = json.loads((tmp_path / "m" / f"{tiny_dir.name}.partial.json").read_text())
+    assert sum(k.startswith("passkey|4|3|accuracy|") for k in partial) == 2 and not any(k.startswith("passkey|2|") for k in partial)
+    assert "**passkey**" in (tmp_path / "m" / f"{tiny_dir.name}.md").read_text()
+
+    limit = None
+    single = rb.run_model(name, ["passkey"], [1, 2], 3, 3, tmp_path / "one", stats_docs=2)
+    pd.testing.assert_frame_equal(rb._read_csv(tmp_path / "m" / f"{tiny_dir.name}.csv"),
+                                  rb._read_csv(tmp_path / "one" / f"{tiny_dir.name}.csv"))
+    assert len(single) == 24
+
+    runs.clear()
+    rb.run_model(name, ["passkey"], [1, 2, 4], 3, 3, tmp_path / "m", stats_docs=2)
+    distinct = {tuple(np.round(np.atleast_1d(t), 6)) for t in partial["passkey|4|3|taus"].values()}
+    assert len(runs) == len(distinct) - 2  # 1x and 2x merged, two runs of 4x carried over
