@@ -286,20 +286,21 @@ def main() -> None:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    names = a.models or [s.name for s in bundled_specs()]
     if a.merge:
-        for name in a.models or [s.name for s in bundled_specs()]:
+        for name in names:
             if merge(name, [Path(d) for d in a.merge], out) is not None:
                 print(csv_path(out, name).with_suffix(".md").read_text())
         return
     if a.tables_only:
-        for name in a.models or [s.name for s in bundled_specs()]:
+        for name in names:
             md = csv_path(out, name).with_suffix(".md")
             df = _read_csv(md.with_suffix(".csv"))
             if df is not None:
                 md.write_text(markdown(df, load(name), int(df["samples"].iloc[0])))
                 print(md.read_text())
         return
-    for name in a.models or [s.name for s in bundled_specs()]:
+    for name in names:
         loaded = load(name)
         card = json.loads((Path(loaded.spec.source) / "card.json").read_text())
         run_model(name, a.tasks or card["tasks"], a.multiples, a.samples, a.batch, out, a.stats_docs)
