@@ -129,6 +129,12 @@ class Partial:
         tmp.replace(self.path)  # atomic: a kill mid-write leaves the previous file
 
 
+def card_tasks(loaded) -> list[str]:
+    """The tasks the model's card lists, in its order: what a table covers and how its cells are sorted."""
+    card = Path(loaded.spec.source) / "card.json"
+    return json.loads(card.read_text()).get("tasks", []) if card.is_file() else []
+
+
 def csv_path(out: Path, name: str) -> Path:
     """``<out>/<stem>.csv`` (its tables: the same path with ``.md``); a local folder's stem is its last part.
 
@@ -209,8 +215,7 @@ def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
     if not frames:
         return None
     df = pd.concat(frames, ignore_index=True).drop_duplicates(["task", "multiple", "method"])
-    card = json.loads((Path(loaded.spec.source) / "card.json").read_text())
-    order = {t: i for i, t in enumerate(card.get("tasks", []))}
+    order = {t: i for i, t in enumerate(card_tasks(loaded))}
     df = df.sort_values(["task", "multiple"], key=lambda c: c.map(lambda t: order.get(t, len(order))) if c.name == "task" else c,
                         kind="stable").reset_index(drop=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,7 +290,6 @@ def main() -> None:
                    help="fold the cells of these other --out folders into --out (runs side by side need one --out each)")
     a = p.parse_args()
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     names = a.models or [s.name for s in bundled_specs()]
     if a.merge:
         for name in names:
@@ -301,9 +305,7 @@ def main() -> None:
                 print(md.read_text())
         return
     for name in names:
-        loaded = load(name)
-        card = json.loads((Path(loaded.spec.source) / "card.json").read_text())
-        run_model(name, a.tasks or card["tasks"], a.multiples, a.samples, a.batch, out, a.stats_docs)
+        run_model(name, a.tasks or card_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs)
         print(csv_path(out, name).with_suffix(".md").read_text())
 
 
