@@ -102,10 +102,17 @@ def heatmap(
     question: tuple[int, int] | None = None,
     log: bool = False,
     title: str | None = None,
+    zrange: tuple[float, float] | None = None,
+    rows: np.ndarray | None = None,
+    height: int = 480,
 ) -> go.Figure:
     """Pooled attention map: rows are query positions, columns key positions (token index of each bin's start).
 
     ``log`` shows log10(p) (the tail of a dispersed attention becomes visible).
+    ``zrange`` = (low, high) in p fixes the colour scale, so two maps drawn
+    side by side (tau = 1 and the chosen tau) compare colour for colour
+    (:func:`shared_range`). ``rows``: the token index of each row when the
+    rows are not the pooled bins (the question's own rows, one token each).
     Needle keys and queries are marked by red lines, the question rows by blue ones.
     """
     z = np.asarray(z, dtype=np.float32)
@@ -114,28 +121,45 @@ def heatmap(
     if max(z.shape) > MAX_HEATMAP:
         raise ValueError(f"heatmap is {z.shape}; pool it to at most {MAX_HEATMAP} x {MAX_HEATMAP} first")
     if edges is None:
-        edges = np.arange(z.shape[0] + 1)
+        edges = np.arange(z.shape[1] + 1)
     pos = np.asarray(edges[:-1])
+    ys = pos if rows is None else np.asarray(rows)
+    lo = hi = None
+    if zrange is not None:
+        lo, hi = (float(np.log10(max(v, 1e-8))) for v in zrange) if log else (0.0, float(zrange[1]))
     if log:
         z = np.log10(np.maximum(z, np.float32(1e-8))).astype(np.float32)
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=pos, y=pos, colorscale="Viridis",
-            colorbar=dict(title="log10 p" if log else "p"),
+            z=z, x=pos, y=ys, colorscale="Viridis", zmin=lo, zmax=hi,
+            colorbar=dict(title="log10 p" if log else "p", thickness=12),
             hovertemplate="query %{y}<br>key %{x}<br>" + ("log10 p" if log else "p") + " %{z:.3g}<extra></extra>",
         )
     )
     shapes, notes = [], []
+    y_lo, y_hi = float(ys[0]), float(ys[-1]) + (1 if rows is not None else float(edges[-1] - ys[-1]))
     for span, color, name in ((needle, NEEDLE_COLOR, "needle"), (question, QUESTION_COLOR, "question")):
         if span is None:
             continue
         for v in span:
-            shapes += [_vline(v, color, "dot"), _hline(v, color, "dot")]
+            shapes.append(_vline(v, color, "dot"))
+            if y_lo <= v <= y_hi and rows is None:
+                shapes.append(_hline(v, color, "dot"))
         notes.append(_label(span[0], name, y=0, color=color, yanchor="top"))
     fig.update_layout(shapes=shapes, annotations=notes)
-    fig.update_yaxes(autorange="reversed", title="query token")
+    fig.update_yaxes(autorange="reversed", title="query token" if rows is None else "question token")
     fig.update_xaxes(title="key token")
-    return _layout(fig, title, height=480)
+    return _layout(fig, title, height=height)
+
+
+def shared_range(*maps: np.ndarray | None) -> tuple[float, float] | None:
+    """(smallest positive, largest) value over several maps: one colour scale for all of them."""
+    vals = [np.asarray(m, dtype=np.float32) for m in maps if m is not None and np.size(m)]
+    if not vals:
+        return None
+    hi = max(float(v.max()) for v in vals)
+    pos = [float(v[v > 0].min()) for v in vals if (v > 0).any()]
+    return (min(pos) if pos else 0.0, hi)
 
 
 def layer_meters(
@@ -211,6 +235,33 @@ def question_profile(
     return _layout(fig, title)
 
 
+def _stacked_labels(items: Sequence[tuple[float, str, str]], x_range: tuple[float, float],
+                    plot_px: float = 700.0, row_px: int = 15) -> tuple[list[dict], int]:
+    """Labels (x, text, color) above the plot area, moved up a row where they would touch a neighbour.
+
+    Widths are estimated from the text length (about 6.5 px a character at
+    font size 11) on a plot ``plot_px`` wide, which errs on the narrow side, so
+    labels that fit on one row in the browser are never drawn on each other.
+    Returns the annotations and the number of rows used.
+    """
+    lo, hi = x_range
+    span = max(hi - lo, 1e-9)
+    rows_end: list[float] = []  # right edge (fraction of the width) of the last label in each row
+    notes = []
+    for x, text, color in sorted(items, key=lambda t: t[0]):
+        frac = (x - lo) / span
+        half = (len(text) * 6.5 + 8) / 2 / plot_px
+        row = next((r for r, end in enumerate(rows_end) if frac - half > end), len(rows_end))
+        if row == len(rows_end):
+            rows_end.append(frac + half)
+        else:
+            rows_end[row] = frac + half
+        note = _label(x, text, color=color)
+        note["yshift"] = row * row_px
+        notes.append(note)
+    return notes, len(rows_end)
+
+
 def rpe_curves(
     curves: np.ndarray,
     heads: Sequence[int] | None = None,
@@ -219,7 +270,12 @@ def rpe_curves(
     max_distance: int | None = 128,
     title: str | None = None,
 ) -> go.Figure:
-    """T5 relative-position bias b(m, n) against key position n for a fixed query m (paper Fig. 1)."""
+    """T5 relative-position bias b(m, n) against key position n for a fixed query m (paper Fig. 1).
+
+    The marked positions (L_tr, the query m and m ± max_distance, where the
+    last bucket starts) are labelled above the plot, stacked in rows where
+    they are close, so no label covers another or the axis' tick labels.
+    """
     curves = np.asarray(curves, dtype=float)
     if curves.ndim != 2:
         raise ValueError(f"curves must be [heads, length], got shape {curves.shape}")
@@ -228,19 +284,25 @@ def rpe_curves(
     fig = go.Figure()
     for h in heads:
         fig.add_scatter(x=x, y=curves[h], mode="lines", name=f"head {h}", line=dict(width=1.4, shape="hv"))
-    shapes, notes = [], []
+    shapes, labels = [], []
     if train_length is not None:
         shapes.append(_vline(train_length))
-        notes.append(_label(train_length, "L_tr"))
+        labels.append((train_length, "L_tr", "black"))
     if query is not None:
         shapes.append(_vline(query, "grey", "dot"))
-        notes.append(_label(query, "query m", y=0, yanchor="top"))
+        labels.append((query, "query m", "dimgrey"))
         if max_distance:
-            shapes += [_vline(query + sgn * max_distance, "lightgrey", "dot") for sgn in (-1, 1)]
+            for sgn in (-1, 1):
+                shapes.append(_vline(query + sgn * max_distance, "lightgrey", "dot"))
+                labels.append((query + sgn * max_distance, f"m{'+' if sgn > 0 else '−'}{max_distance}", "grey"))
+    xs = [0, max(len(x) - 1, 1)] + [t[0] for t in labels]
+    notes, rows = _stacked_labels(labels, (min(xs), max(xs)))
     fig.update_layout(shapes=shapes, annotations=notes)
     fig.update_xaxes(title="key position n")
     fig.update_yaxes(title="bias b(m, n)")
-    return _layout(fig, title)
+    _layout(fig, title)
+    fig.update_layout(margin=dict(t=(50 if title else 6) + 16 * max(rows, 1)))
+    return fig
 
 
 def token_shading_html(
@@ -294,26 +356,35 @@ def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> 
     """S_ex(tau) over the grid per criterion with the S_tr(1) reference line and the pick (paper's Algorithm 1).
 
     ``panels``: criterion -> {"grid", "curve" (None where not evaluated), "reference", "tau"}.
+
+    Labels never sit on each other: the pick is named in the panel's title
+    (the red dotted line marks it), the dashed reference line's "S_tr(1)" label
+    sits just outside the panel's right edge, at the line's height.
     """
     names = list(panels)
     if not names:
         raise ValueError("no calibration to plot")
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[f"criterion: {n}" for n in names])
+    titles = [f"{n}: Algorithm 1 picks tau = {panels[n]['tau']:.2f}" for n in names]
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=titles, horizontal_spacing=0.14)
+    fig.update_annotations(font_size=14)
     for c, name in enumerate(names, start=1):
         p = panels[name]
         pts = [(t, v) for t, v in zip(p["grid"], p["curve"]) if v is not None]
         if pts:
             xs, ys = zip(*pts)
             fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"S_ex(tau), {name}", row=1, col=c)
-        fig.add_hline(y=p["reference"], line=dict(color="black", dash="dash"), row=1, col=c,
-                      annotation_text="S_tr(1)", annotation_position="bottom right")
-        fig.add_vline(x=p["tau"], line=dict(color="#d62728", dash="dot"), row=1, col=c,
-                      annotation_text=f"tau = {p['tau']:.2f}", annotation_position="top left")
+        fig.add_hline(y=p["reference"], line=dict(color="black", dash="dash"), row=1, col=c)
+        suffix = "" if c == 1 else str(c)
+        fig.add_annotation(x=1, xref=f"x{suffix} domain", y=p["reference"], yref=f"y{suffix}", text="S_tr(1)",
+                           showarrow=False, xanchor="left", xshift=4, font=dict(size=11))
+        fig.add_vline(x=p["tau"], line=dict(color="#d62728", dash="dot"), row=1, col=c)
         fig.update_xaxes(title="tau", autorange="reversed", row=1, col=c)
         fig.update_yaxes(title="mean Pmax" if name == "pmax" else "mean entropy H" if name == "entropy" else name,
                          row=1, col=c)
     fig.update_layout(showlegend=False)
-    return _layout(fig, title)
+    _layout(fig, title)
+    fig.update_layout(margin=dict(r=60, t=(50 if title else 30) + 10))
+    return fig
 
 
 # -- Theory -------------------------------------------------------------------------
@@ -354,6 +425,24 @@ def _log_vline(fig: go.Figure, x: float | None, label: str = "L_tr") -> None:
         fig.add_annotation(_label(math.log10(x), label))
 
 
+def _length_ticks(fig: go.Figure, lengths: Sequence[float], train_length: int | None = None) -> None:
+    """Readable ticks on a log length axis: L_tr times powers of two (256, 512, 1,024, ...), or the data's lengths.
+
+    plotly's own log ticks label minor ticks with bare digits ("3 4 5 ... 1000 2"), which reads as nonsense.
+    """
+    xs = [float(x) for x in lengths if x and x > 0]
+    if not xs:
+        return
+    lo, hi = min(xs), max(xs)
+    if train_length:
+        base = float(train_length)
+        k0, k1 = math.floor(math.log2(lo / base) + 1e-9), math.ceil(math.log2(hi / base) - 1e-9)
+        ticks = [base * 2.0 ** k for k in range(k0, k1 + 1)]
+    else:
+        ticks = sorted(set(xs))
+    fig.update_xaxes(tickvals=ticks, ticktext=[f"{t:,.0f}" for t in ticks])
+
+
 def lmax_vs_length(df: pd.DataFrame, train_length: int | None = None, title: str | None = None) -> go.Figure:
     """l_max (and sigma) of layer 0's average sorted logit vector across lengths (paper Table 8)."""
     need = {"tokens", "l_max"}
@@ -367,6 +456,7 @@ def lmax_vs_length(df: pd.DataFrame, train_length: int | None = None, title: str
                         secondary_y=True)
     _log_vline(fig, train_length)
     fig.update_xaxes(title="document tokens", type="log")
+    _length_ticks(fig, list(d["tokens"]) + ([train_length] if train_length else []), train_length)
     fig.update_yaxes(title="l_max", secondary_y=False)
     fig.update_yaxes(title="sigma", secondary_y=True)
     return _layout(fig, title)
@@ -392,6 +482,8 @@ def temperature_curves(
         fig.add_scatter(x=list(xs), y=list(ys), mode="markers", name=name, marker=dict(size=12, symbol="diamond"))
     _log_vline(fig, train_length)
     fig.update_xaxes(title="document tokens", type="log")
+    every = [x for xs, _ in list(curves.values()) + list((dots or {}).values()) for x in xs]
+    _length_ticks(fig, every + ([train_length] if train_length else []), train_length)
     fig.update_yaxes(title="tau")
     return _layout(fig, title, height=420)
 

@@ -12,7 +12,8 @@ Recorded, for encoder self-attention only:
   probability (Pmax) and entropy (H), with padded keys excluded by the mask
   and padded query rows skipped, plus the row count (means = sums / rows);
 * one pooled heatmap (a chosen layer, one head or the head mean) of batch
-  item 0, at most ``size x size`` cells, mean- and max-pooled;
+  item 0, at most ``size x size`` cells, mean- and max-pooled, plus the
+  question's rows of that map one token per row (keys pooled alike);
 * the question -> document profile: attention from the question's token rows
   to every position, per layer, head mean (batch item 0);
 * layer 0's *average sorted logit vector* (the paper's Sec. 4: sort each row
@@ -68,6 +69,9 @@ class ProbeRecord:
     heatmap_edges: np.ndarray | None = None  # [bins + 1] token index where each bin starts (last = n)
     heatmap_layer: int | None = None
     heatmap_head: int | None = None
+    question_rows: np.ndarray | None = None  # [q] token index of each question row of the heatmap's layer/head
+    question_map_mean: np.ndarray | None = None  # [q, bins] those rows, keys pooled like the heatmap (mean)
+    question_map_max: np.ndarray | None = None  # [q, bins] (max)
     profile: np.ndarray | None = None  # [layers, n] question -> position attention
     sorted_logits: np.ndarray | None = None  # [n] descending average sorted logit vector
     sigma: float | None = None
@@ -117,6 +121,7 @@ class Recorder:
         self._sorted_rows = 0
         self._cos_hist: torch.Tensor | None = None
         self._layer_qk: tuple[torch.Tensor, torch.Tensor, float] | None = None
+        self._qrows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- called by the attention function ---------------------------------
     def begin_layer(self, layer: int, query, key, attention_mask, cosine_scale: float | None = None) -> None:
@@ -125,6 +130,10 @@ class Recorder:
     def end_layer(self, layer: int) -> None:
         self._layer_qk = None
 
+    def wants_raw(self, layer: int) -> bool:
+        """Whether :meth:`observe_exp` needs this layer's raw logits (q.k + bias before tau): layer 0's sorted logits."""
+        return layer == 0 and self.spec.sorted_logits
+
     @torch.no_grad()
     def observe(self, layer: int, r0: int, r1: int, raw: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
                 norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -132,12 +141,12 @@ class Recorder:
 
         ``norm`` = (row max of ``scores``, sum of exp(scores - max)) when the
         caller has them: then Pmax and H cost one multiply-reduce instead of a
-        max pass and a log over every probability.
+        max pass and a log over every probability. The attention function
+        itself uses the cheaper :meth:`observe_exp`; this form is the
+        definition the tests check that one against.
         """
-        spec = self.spec
         probs = probs.detach()
-        if spec.stats:
-            rowmask = self.mask[:, r0:r1].to(probs.device, probs.dtype)[:, None, :]  # [B,1,c]
+        if self.spec.stats:
             if norm is None:
                 pmax = probs.amax(-1)
                 ent = -torch.special.xlogy(probs, probs).sum(-1)
@@ -146,27 +155,62 @@ class Recorder:
                 pmax = total.reciprocal()
                 # masked scores are finfo.min where p == 0 exactly: 0 * min = 0
                 ent = top + total.log() - (probs * scores).sum(-1)
-            if not (torch.isfinite(pmax).all() and torch.isfinite(ent).all()):
-                self._nonfinite.add(layer)
-                pmax, ent = torch.nan_to_num(pmax), torch.nan_to_num(ent)
-            add_p = (pmax * rowmask).sum(-1).double().cpu()
-            add_e = (ent * rowmask).sum(-1).double().cpu()
-            self._pmax[layer] = self._pmax.get(layer, 0) + add_p
-            self._ent[layer] = self._ent.get(layer, 0) + add_e
+            self._stats(layer, r0, r1, pmax, ent)
+        self._views(layer, r0, r1, lambda a, b: probs[0, :, a - r0 : b - r0, : self.n0], raw)
+
+    @torch.no_grad()
+    def observe_exp(self, layer: int, r0: int, r1: int, raw: torch.Tensor | None, shifted: torch.Tensor,
+                    exp: torch.Tensor, total: torch.Tensor) -> None:
+        """The same as :meth:`observe`, from the softmax's unnormalised pieces, so nobody divides the whole block.
+
+        ``shifted`` = scores - row max, ``exp`` = exp(shifted), ``total`` = its
+        row sums ``[B, H, c, 1]``. With p = exp / total: Pmax = 1 / total and
+        H = -sum p log p = log total - sum(exp * shifted) / total. Only the
+        rows a view needs (one layer's heatmap, the question's rows) are
+        normalised. ``raw`` (logits before tau) is needed only where
+        :meth:`wants_raw` says so.
+        """
+        if self.spec.stats:
+            t = total.squeeze(-1)
+            dot = torch.einsum("bhck,bhck->bhc", exp, shifted)
+            self._stats(layer, r0, r1, t.reciprocal(), t.log() - dot / t)
+        self._views(layer, r0, r1, lambda a, b: exp[0, :, a - r0 : b - r0, : self.n0] / total[0, :, a - r0 : b - r0], raw)
+
+    def _stats(self, layer: int, r0: int, r1: int, pmax: torch.Tensor, ent: torch.Tensor) -> None:
+        """Add one block's per-row Pmax and H ``[B, H, c]`` to the running sums (padded query rows skipped)."""
+        rowmask = self.mask[:, r0:r1].to(pmax.device, pmax.dtype)[:, None, :]  # [B,1,c]
+        if not (torch.isfinite(pmax).all() and torch.isfinite(ent).all()):
+            self._nonfinite.add(layer)
+            pmax, ent = torch.nan_to_num(pmax), torch.nan_to_num(ent)
+        add_p = (pmax * rowmask).sum(-1).double().cpu()
+        add_e = (ent * rowmask).sum(-1).double().cpu()
+        self._pmax[layer] = self._pmax.get(layer, 0) + add_p
+        self._ent[layer] = self._ent.get(layer, 0) + add_e
+
+    def _views(self, layer: int, r0: int, r1: int, probs_of, raw: torch.Tensor | None) -> None:
+        """Heatmap, question profile, sorted logits, cosine histogram from one block of item 0.
+
+        ``probs_of(a, b)`` gives item 0's probabilities ``[H, b - a, n0]`` of
+        rows ``[a, b)`` (inside the block), computed only when a view needs them.
+        """
+        spec = self.spec
         n0 = self.n0
         q1 = min(r1, n0)
         if q1 <= r0:
             return
-        p0 = probs[0, :, : q1 - r0, :n0]  # [H, c, n0] item 0's real rows and keys
         if spec.heatmap and layer == spec.heatmap_layer:
-            self._add_tile(p0, r0, q1)
+            self._add_tile(probs_of(r0, q1), r0, q1)
+            if spec.profile_rows is not None:
+                a, b = max(spec.profile_rows[0], r0), min(spec.profile_rows[1], q1)
+                if b > a:
+                    self._add_question_rows(probs_of(a, b), a)
         if spec.profile_rows is not None:
             a, b = spec.profile_rows
             a, b = max(a, r0), min(b, q1)
             if b > a:
-                rows = p0[:, a - r0 : b - r0].mean(0).sum(0).double().cpu()
+                rows = probs_of(a, b).mean(0).sum(0).double().cpu()
                 self._profile[layer] = self._profile.get(layer, 0) + rows
-        if layer == 0 and spec.sorted_logits:
+        if layer == 0 and spec.sorted_logits and raw is not None:
             z = raw[0, :, : q1 - r0, :n0].detach().float()
             srt = torch.sort(z, dim=-1, descending=True).values.sum(dim=(0, 1)).double().cpu()
             self._sorted = srt if self._sorted is None else self._sorted + srt
@@ -193,6 +237,24 @@ class Recorder:
         self._tile_sum.index_add_(0, rbin, ksum.double())
         self._tile_max.scatter_reduce_(0, rbin[:, None].expand(-1, nb), kmax, "amax", include_self=True)
 
+    def _add_question_rows(self, p0: torch.Tensor, a: int) -> None:
+        """The question's own rows of the heatmap's layer/head, keys pooled like the heatmap, rows kept one by one.
+
+        In the square map a question of 20 tokens in 16k is a fraction of one
+        pooled row; here each question token gets a row, so the needle's
+        column can be seen lighting up (or not)."""
+        spec = self.spec
+        p = p0[spec.heatmap_head] if spec.heatmap_head is not None else p0.mean(0)  # [rows, n0]
+        p = p.float().cpu()
+        nb = len(self._edges) - 1
+        kbin = self._bin
+        rows = p.shape[0]
+        ksum = torch.zeros(rows, nb).index_add_(1, kbin, p)
+        kmax = torch.zeros(rows, nb).scatter_reduce_(1, kbin.expand(rows, -1), p, "amax", include_self=True)
+        sizes = torch.from_numpy(np.diff(self._edges)).float()
+        for i in range(rows):
+            self._qrows[a + i] = (ksum[i] / sizes, kmax[i])
+
     # -- results -----------------------------------------------------------
     def finish(self) -> ProbeRecord:
         """Turn the running sums into a :class:`ProbeRecord` of numpy arrays."""
@@ -211,6 +273,11 @@ class Recorder:
             rec.heatmap_max = self._tile_max.numpy()
             rec.heatmap_edges = self._edges
             rec.heatmap_layer, rec.heatmap_head = self.spec.heatmap_layer, self.spec.heatmap_head
+        if self._qrows:
+            order = sorted(self._qrows)
+            rec.question_rows = np.asarray(order)
+            rec.question_map_mean = torch.stack([self._qrows[r][0] for r in order]).numpy()
+            rec.question_map_max = torch.stack([self._qrows[r][1] for r in order]).numpy()
         if self._profile:
             a, b = self.spec.profile_rows
             n_rows = max(1, min(b, self.n0) - a)

@@ -54,7 +54,7 @@ def test_every_page_through_navigation(env):
         _ok(at)
         assert at.title, page
         assert at.session_state["tau_value"] == pytest.approx(0.8), page
-        assert at.sidebar.slider(key="tau_value").value == pytest.approx(0.8), page
+        assert at.slider(key="tau_value").value == pytest.approx(0.8), page
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -68,17 +68,17 @@ def test_page_runs_alone(env, page):
 def test_tau_slider_raises_pmax(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     _ok(at)
-    assert at.sidebar.selectbox(key="tau_method").value == "fixed"
+    assert at.selectbox(key="tau_method").value == "fixed"
     before = _metric(at, "mean Pmax")
     assert _metric(at, "mean Pmax at tau = 1") == pytest.approx(before)
-    at.sidebar.slider(key="tau_value").set_value(0.6).run()
+    at.slider(key="tau_value").set_value(0.6).run()
     _ok(at)
     after = _metric(at, "mean Pmax")
     assert after > before + 0.01, (before, after)
     assert _metric(at, "mean Pmax at tau = 1") == pytest.approx(before)  # the tau = 1 card stays
     assert _metric(at, "mean entropy H") < _metric(at, "mean entropy H at tau = 1")
     # Back to 1.0: served from the cache, same number as the first run.
-    at.sidebar.slider(key="tau_value").set_value(1.0).run()
+    at.slider(key="tau_value").set_value(1.0).run()
     assert _metric(at, "mean Pmax") == pytest.approx(before)
 
 
@@ -185,13 +185,13 @@ def test_nan_attention_error(env, tmp_path):
     assert "NaN/inf appeared in the attention" in _error_text(at)
 
 
-def test_measured_method_resolves_in_sidebar(env):
+def test_measured_method_resolves_beside_the_cards(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.sidebar.selectbox(key="tau_method").set_value("pmax").run()
+    at.selectbox(key="tau_method").set_value("pmax").run()
     _ok(at)
-    shown = " ".join(m.value for m in at.sidebar.markdown)
+    shown = " ".join(m.value for m in at.caption)
     assert "resolves to **tau = " in shown
-    assert at.sidebar.slider(key="tau_value").disabled
+    assert at.slider(key="tau_value").disabled
 
 
 def test_pasted_text_with_own_needle(env):
@@ -211,8 +211,8 @@ def test_cosine_model_has_cosscale_and_histogram(tmp_path, monkeypatch):
     monkeypatch.setenv("AAE_MODEL", str(folder))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     _ok(at)
-    assert at.sidebar.slider(key="cos_scale").value == pytest.approx(24.0)
-    at.sidebar.slider(key="cos_scale").set_value(12.0).run()
+    assert at.slider(key="cos_scale").value == pytest.approx(24.0)
+    at.slider(key="cos_scale").set_value(12.0).run()
     _ok(at)
     at.switch_page("pages/theory.py").run()
     _ok(at)
@@ -230,6 +230,6 @@ def test_default_bundled_model(monkeypatch):
     _ok(at)
     assert at.sidebar.selectbox(key="model_choice").value == default_model()
     before = _metric(at, "mean Pmax")
-    at.sidebar.slider(key="tau_value").set_value(0.6).run()
+    at.slider(key="tau_value").set_value(0.6).run()
     _ok(at)
     assert _metric(at, "mean Pmax") > before

@@ -82,13 +82,75 @@ class LRU:
         return len(self._d)
 
 
-SIZES = {"doc": 64, "enc": 24, "run": 96, "tau": 128, "cal": 48, "stats": 96, "rpe": 32}
+SIZES = {"doc": 64, "enc": 24, "run": 96, "tau": 128, "cal": 48, "stats": 96, "rpe": 32, "grid": 4096}
+
+
+class PassGate:
+    """One forward pass at a time in this process, and the person waiting goes first.
+
+    Two passes at once on a 2-core machine are each more than twice as slow
+    (torch's worker threads fight over the cores) and may together need more
+    memory than the free-memory check allowed for one. Foreground work (a
+    page a person is waiting on) announces itself with :meth:`foreground`;
+    background work (:mod:`ui.prefetch`) takes :meth:`background` only while
+    nobody waits, so a slider move waits for at most the one background pass
+    already under way.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # re-entrant: a foreground computation may nest passes
+        self._cond = threading.Condition()
+        self._waiting = 0
+
+    @property
+    def busy(self) -> bool:
+        """Someone is waiting for (or running) a foreground pass."""
+        return self._waiting > 0
+
+    def foreground(self):
+        gate = self
+
+        class _Fg:
+            def __enter__(self_inner):
+                with gate._cond:
+                    gate._waiting += 1
+                gate._lock.acquire()
+
+            def __exit__(self_inner, *exc):
+                gate._lock.release()
+                with gate._cond:
+                    gate._waiting -= 1
+                    gate._cond.notify_all()
+
+        return _Fg()
+
+    def background(self, timeout: float = 0.5) -> bool:
+        """Take the gate for one background pass; False (try later) while foreground work waits."""
+        with self._cond:
+            if self._waiting:
+                self._cond.wait(timeout)
+                return False
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        if self._waiting:  # someone arrived meanwhile: let them go first
+            self._lock.release()
+            return False
+        return True
+
+    def release_background(self) -> None:
+        self._lock.release()
 
 
 @st.cache_resource(show_spinner=False)
 def stores() -> dict[str, LRU]:
     """One LRU per kind of value, shared by all sessions of this process."""
     return {k: LRU(v) for k, v in SIZES.items()}
+
+
+@st.cache_resource(show_spinner=False)
+def gate() -> PassGate:
+    """The process's one :class:`PassGate` (shared by every session and the prefetcher)."""
+    return PassGate()
 
 
 def clear() -> None:
@@ -142,16 +204,92 @@ def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
 
 # -- runs ---------------------------------------------------------------------------
 
-def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings) -> engine.Result:
-    key = (mkey(loaded), doc_key, tau_key(settings.tau), tuple(settings.targets), settings.cosine_scale,
-           settings.probes, settings.max_new_tokens, settings.generate)
+def _run_key(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings) -> tuple:
+    return (mkey(loaded), doc_key, tau_key(settings.tau), tuple(settings.targets), settings.cosine_scale,
+            settings.probes, settings.max_new_tokens, settings.generate)
+
+
+def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings, guarded: bool = True) -> engine.Result:
+    key = _run_key(loaded, doc_key, settings)
     # Refuse a too-long input first, also on a cache hit (free memory changes); the message is the engine's own.
     # Checking before tokenising matters: slow tokenizers need seconds for a long text.
     n = doc.meta.get("tokens") if doc.task in tasks.TASKS else None  # a pasted text's window keeps the full text's meta
     n = n or len(loaded.tokenizer(doc.text).input_ids)
     engine.check_length(loaded, int(n))
-    res = stores()["run"].get(key, lambda: engine.run(loaded, doc, settings, encoded=encoded(loaded, doc_key, doc)))
+    res = stores()["run"].peek(key)
+    if res is MISSING:
+        def compute() -> engine.Result:
+            return engine.run(loaded, doc, settings, encoded=encoded(loaded, doc_key, doc))
+
+        if guarded:
+            with gate().foreground():  # re-checks the store inside: the prefetcher may have just made it
+                res = stores()["run"].get(key, compute)
+        else:
+            res = stores()["run"].get(key, compute)
+        _note_stats(loaded, doc_key, settings, res)
     return res if res.method == settings.method else replace(res, method=settings.method)
+
+
+def has_run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> bool:
+    """Whether :func:`run` would answer from the store (no pass)."""
+    return stores()["run"].peek(_run_key(loaded, req, settings)) is not MISSING
+
+
+def run_unguarded(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> engine.Result:
+    """:func:`run` for a caller that already holds the pass gate (the prefetcher)."""
+    return _run_doc(loaded, req, document(loaded, req), settings, guarded=False)
+
+
+def session_id() -> str:
+    """This browser session's id ("" outside a Streamlit run: scripts and benchmarks)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx(suppress_warning=True)
+    return ctx.session_id if ctx is not None else ""
+
+
+def want_grid(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> None:
+    """Ask the prefetcher for this document's tau grid with these run settings (this session's document now)."""
+    from ui.prefetch import Job
+
+    prefetcher().want(session_id(), Job(loaded, req, settings))
+
+
+def grid_note(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> str:
+    """One sentence on the background grid: how many of its passes are ready."""
+    from ui.prefetch import Job, progress
+
+    done, total = progress(Job(loaded, req, settings))
+    if done >= total:
+        return f"All {total} grid taus (1.0, 0.95, …, 0.5) of this document are computed: moving onto them is instant."
+    return (f"Computing the grid taus 1.0, 0.95, …, 0.5 in the background: {done} of {total} ready "
+            "(then those moves, Algorithm 1 and Calibrate need no new pass).")
+
+
+@st.cache_resource(show_spinner=False)
+def prefetcher():
+    """The process's one background grid worker (:class:`ui.prefetch.Prefetcher`)."""
+    from ui.prefetch import Prefetcher
+
+    return Prefetcher()
+
+
+def grid_key(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None) -> tuple:
+    """Key of one document's statistics at one tau: what Algorithm 1 needs of a pass, whatever else it recorded."""
+    return (mkey(loaded), doc_key, tau_key(tau), tuple(targets), cosine_scale)
+
+
+def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings, res: engine.Result) -> None:
+    """Keep a run's per-layer Pmax/H by (document, tau): any later Algorithm 1 on this document reads it."""
+    if res.probes is not None and settings.probes.stats and res.probes.pmax.size:
+        stats = temperature.LayerStats(pmax=res.probes.layer_pmax, entropy=res.probes.layer_entropy)
+        stores()["grid"].get(grid_key(loaded, doc_key, settings.tau, settings.targets, settings.cosine_scale), lambda: stats)
+
+
+def known_stats(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None):
+    """The stored :class:`core.temperature.LayerStats` of a document at tau, or None."""
+    v = stores()["grid"].peek(grid_key(loaded, doc_key, tau, targets, cosine_scale))
+    return None if v is MISSING else v
 
 
 def run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> engine.Result:
@@ -204,8 +342,19 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
     doc = document(loaded, req)
     if method in temperature.MEASURED:
         engine.check_length(loaded, token_count(loaded, req))
-    return stores()["tau"].get(key, lambda: calibration.resolve(
-        loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale), progress=progress))
+    if method in temperature.CRITERIA and samples <= 1:
+        # Algorithm 1 by bisection on the shared grid (the passes the slider and Calibrate use too).
+        def work():
+            cal = calibrate_both(loaded, req, fast=True, samples=1, targets=targets, cosine_scale=cosine_scale,
+                                 progress=progress)[method]
+            return cal.tau, {"source": "resolved", "length": token_count(loaded, req), "train_length": loaded.train_length,
+                             **cal.to_dict()}
+    else:
+        def work():
+            with gate().foreground():
+                return calibration.resolve(loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale),
+                                           progress=progress)
+    return stores()["tau"].get(key, work)
 
 
 def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, samples: int = 1, targets: tuple = ("encoder",),
@@ -226,10 +375,17 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
         doc = document(loaded, req)
         engine.check_length(loaded, token_count(loaded, req))
         base = _base(targets, cosine_scale)
-        docs = calibration.siblings(doc, loaded, samples)
-        refs = [calibration.reference_document(loaded, d) for d in docs]
-        reference = calibration.measure(loaded, refs, base)(1.0)
-        meas = calibration.measure(loaded, docs, base)
+        if samples <= 1:
+            # One document: the passes are the ones the slider and the prefetcher
+            # make of this very document (and its L_tr reference), so read and
+            # fill the shared grid instead of running them again.
+            reference = shared_measure(loaded, req, ("ref", req), reference_document(loaded, req), targets, cosine_scale)(1.0)
+            meas = shared_measure(loaded, req, req, doc, targets, cosine_scale)
+        else:
+            docs = calibration.siblings(doc, loaded, samples)
+            refs = [calibration.reference_document(loaded, d) for d in docs]
+            reference = calibration.measure(loaded, refs, base)(1.0)
+            meas = calibration.measure(loaded, docs, base)
         out = {}
         for i, crit in enumerate(temperature.CRITERIA):
             sub = None if progress is None else (lambda f, i=i: progress((i + f) / len(temperature.CRITERIA)))
@@ -237,13 +393,41 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
             out[crit] = cal
         return out
 
-    return stores()["cal"].get(key, work)
+    def guarded():
+        with gate().foreground():
+            return work()
+
+    return stores()["cal"].get(key, guarded)
+
+
+def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc, targets: tuple,
+                   cosine_scale: float | None) -> Callable[[Any], temperature.LayerStats]:
+    """``measure(tau)`` for Algorithm 1 on one document, reading the shared grid first.
+
+    A miss runs a stats-only pass (no generation) through the gate and
+    stores its statistics, so the slider, the prefetcher and Calibrate never
+    compute the same document at the same tau twice in this process.
+    """
+    base = replace(_base(targets, cosine_scale), probes=ProbeSpec.stats_only(), generate=False)
+
+    def fn(tau) -> temperature.LayerStats:
+        hit = known_stats(loaded, doc_key, tau, targets, cosine_scale)
+        if hit is not None:
+            return hit
+        _run_doc(loaded, doc_key, doc, replace(base, tau=tau))
+        return known_stats(loaded, doc_key, tau, targets, cosine_scale)
+
+    return fn
 
 
 def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:
     """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2)."""
     key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale)
-    return stores()["stats"].get(key, lambda: calibration.logit_stats(loaded, document(loaded, req), _base(targets, cosine_scale)))
+    def work():
+        with gate().foreground():
+            return calibration.logit_stats(loaded, document(loaded, req), _base(targets, cosine_scale))
+
+    return stores()["stats"].get(key, work)
 
 
 def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:

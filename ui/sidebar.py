@@ -17,7 +17,7 @@ starts from the session value). Widgets are therefore created without
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded, bundled_specs, default_model, registry
 from core.settings import DocumentRequest, Settings
-from ui import cache
+from ui import cache, url
 
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
@@ -94,9 +94,13 @@ def model_options() -> list[str]:
     return opts
 
 
-def init_state() -> None:
-    """Set defaults and keep every known key alive across page switches (see the module docstring)."""
+def init_state() -> list[str]:
+    """Set defaults, take a newly opened URL's view (:mod:`ui.url`), keep every known key alive across page switches.
+
+    Returns the URL parameters that could not be used (one message each).
+    """
     ss = st.session_state
+    problems = url.apply()
     for k, v in DEFAULTS.items():
         if k not in ss and v is not None:
             ss[k] = v
@@ -105,6 +109,7 @@ def init_state() -> None:
     for k in list(DEFAULTS) + list(PAGE_KEYS):
         if k in ss:
             ss[k] = ss[k]
+    return problems
 
 
 def set_state(**values: Any) -> None:
@@ -128,6 +133,18 @@ def _read_upload() -> None:
 
 
 # -- context ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Temperature:
+    """The temperature the controls chose, resolved for the document."""
+
+    method: str
+    tau_input: float
+    schedule: Any  # number or per-layer list
+    info: dict
+    targets: tuple[str, ...]
+    cosine_scale: float | None
+
 
 @dataclass
 class Context:
@@ -163,6 +180,10 @@ class Context:
         if a.ndim == 0:
             return f"{float(a):.3f}"
         return "per layer " + ", ".join(f"{v:.2f}" for v in a.reshape(len(a), -1).mean(1)) + f" (mean {a.mean():.3f})"
+
+    def with_temperature(self, t: Temperature) -> "Context":
+        return replace(self, method=t.method, tau_input=t.tau_input, schedule=t.schedule, tau_info=t.info,
+                       targets=t.targets, cosine_scale=t.cosine_scale)
 
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
         return engine.RunSettings(
@@ -223,6 +244,8 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
         if ss.get("_ltr") is not None or ss.get("doc_tokens") is None:
             ss["doc_tokens"] = lt  # a new model: start at its training length
         ss["_ltr"] = (ss["_model_ref"], lt)
+    if ss.get("_url_multiple"):
+        ss["doc_tokens"] = int(ss.pop("_url_multiple")) * lt
     sb.subheader("Document")
     sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
     if ss["doc_mode"] == "Generate":
@@ -270,19 +293,24 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     return req, doc, n
 
 
-def _temperature_section(loaded: Loaded, req: DocumentRequest) -> tuple[str, float, Any, dict, tuple, float | None]:
-    ss, sb = st.session_state, st.sidebar
-    sb.subheader("Temperature")
+def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Temperature:
+    """Draw method, tau slider, targets and CosScale in ``where`` (the sidebar, or Explore's live panel); resolve tau.
+
+    One function for both places, so the widgets (same keys) and the
+    resolution are written once. Explore draws them beside its answer cards,
+    inside the fragment that reruns on a tau move; other pages in the sidebar.
+    """
+    ss = st.session_state
     if ss.get("tau_method") not in temperature.METHODS:
         ss["tau_method"] = "fixed"
-    sb.selectbox("Method", temperature.METHODS, key="tau_method", format_func=lambda m: METHOD_LABELS.get(m, m),
+    c1, c2 = where.columns([1, 1.4], vertical_alignment="bottom") if where is not st.sidebar else (where, where)
+    c1.selectbox("Method", temperature.METHODS, key="tau_method", format_func=lambda m: METHOD_LABELS.get(m, m),
                  help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).")
     method = ss["tau_method"]
-    resolved_slot = sb.empty()
-    sb.slider("tau (fixed)", TAU_MIN, TAU_MAX, step=TAU_STEP, key="tau_value", disabled=method != "fixed",
+    c2.slider("tau (fixed)", TAU_MIN, TAU_MAX, step=TAU_STEP, key="tau_value", disabled=method != "fixed",
               help="Every targeted attention logit is divided by tau; tau < 1 sharpens.")
-    sb.caption("tau applies to:")
-    row = sb.container(horizontal=True, gap="small")
+    row = where.container(horizontal=True, gap="small", vertical_alignment="center")
+    row.caption("tau applies to:")
     row.checkbox("encoder", key="tgt_encoder", help="encoder self-attention (where dispersion happens; the probes measure it)")
     row.checkbox("decoder", key="tgt_decoder", help="decoder self-attention")
     row.checkbox("cross", key="tgt_cross", help="decoder -> encoder cross-attention")
@@ -292,13 +320,13 @@ def _temperature_section(loaded: Loaded, req: DocumentRequest) -> tuple[str, flo
         s = float(loaded.cosine_scale)
         if ss.get("cos_scale") is None or ss.get("_cos_model") != ss["_model_ref"]:
             ss["cos_scale"], ss["_cos_model"] = s, ss["_model_ref"]
-        sb.slider("CosScale s", 1.0, float(max(4 * s, 64.0)), step=0.5, key="cos_scale",
-                  help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
+        where.slider("CosScale s", 1.0, float(max(4 * s, 64.0)), step=0.5, key="cos_scale",
+                     help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
         cos = float(ss["cos_scale"])
     tau_input = float(ss["tau_value"])
     bar = None
     if method in temperature.MEASURED and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
-        bar = sb.progress(0.0, text=f"resolving {METHOD_LABELS[method]}…")
+        bar = where.progress(0.0, text=f"resolving {METHOD_LABELS[method]}…")
     try:
         schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
                                            progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
@@ -306,19 +334,31 @@ def _temperature_section(loaded: Loaded, req: DocumentRequest) -> tuple[str, flo
         _fail(err)
     if bar is not None:
         bar.empty()
-    a = np.asarray(schedule, dtype=float)
-    shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} layers)"
-    resolved_slot.markdown(f"resolves to **tau = {shown}**")
-    return method, tau_input, schedule, info, targets, cos
+    if method != "fixed":
+        a = np.asarray(schedule, dtype=float)
+        shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} layers)"
+        where.caption(f"{METHOD_LABELS[method]} resolves to **tau = {shown}**")
+    return Temperature(method, tau_input, schedule, info, targets, cos)
 
 
-def sidebar() -> Context:
-    """Draw the sidebar, resolve model, document and tau; show a user error and stop the page if any."""
-    init_state()
+def sidebar(temperature: bool = True) -> Context:
+    """Draw the sidebar, resolve model, document and (unless ``temperature`` is False) tau.
+
+    Shows a user error and stops the page if any. With ``temperature=False``
+    the page draws :func:`temperature_controls` itself (Explore, in its live
+    fragment) and completes the context with :meth:`Context.with_temperature`;
+    until then the context carries the session's method at tau = 1.
+    """
+    problems = init_state()
+    if problems:
+        st.sidebar.error("This link has values that cannot be used, so they were left as they were: " + "; ".join(problems))
     loaded = _model_section()
     req, doc, n = _document_section(loaded)
-    method, tau_input, schedule, info, targets, cos = _temperature_section(loaded, req)
-    return Context(
-        loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n, method=method,
-        tau_input=tau_input, schedule=schedule, tau_info=info, targets=targets, cosine_scale=cos,
-    )
+    ctx = Context(loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n,
+                  method=st.session_state.get("tau_method", "fixed"), tau_input=float(st.session_state["tau_value"]),
+                  schedule=1.0)
+    if temperature:
+        st.sidebar.subheader("Temperature")
+        ctx = ctx.with_temperature(temperature_controls(st.sidebar, loaded, req))
+        url.sync(ctx)
+    return ctx

@@ -1,0 +1,44 @@
+"""The data behind each Explore view as a table (the CSV a person downloads), built from plain results.
+
+Kept out of the pages so a page only arranges widgets, and so the same
+tables can be produced from a notebook or a script from a
+:class:`core.engine.Result`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from core.engine import Result
+
+
+def meters_table(chosen: Result, base: Result, ref: Result) -> pd.DataFrame:
+    """Per-layer mean Pmax and H: the chosen tau, tau = 1 on this document, and the L_tr reference."""
+    return pd.DataFrame({
+        "layer": range(len(chosen.probes.layer_pmax)), "pmax": chosen.probes.layer_pmax,
+        "pmax_tau1": base.probes.layer_pmax, "pmax_ref_Ltr": ref.probes.layer_pmax,
+        "entropy": chosen.probes.layer_entropy, "entropy_tau1": base.probes.layer_entropy,
+        "entropy_ref_Ltr": ref.probes.layer_entropy,
+    })
+
+
+def heatmap_table(res: Result, pool: str = "mean") -> pd.DataFrame:
+    """The pooled map, rows and columns named by the token index where each bin starts."""
+    z = res.probes.heatmap_mean if pool == "mean" else res.probes.heatmap_max
+    pos = res.probes.heatmap_edges[:-1]
+    return pd.DataFrame(z, index=pd.Index(pos, name="query_token"), columns=[f"key_{p}" for p in pos])
+
+
+def profile_table(chosen: Result, base: Result) -> pd.DataFrame:
+    """Question -> position attention per layer, at the chosen tau and at tau = 1."""
+    d: dict[str, np.ndarray] = {"token": np.arange(chosen.probes.profile.shape[1])}
+    for l in range(chosen.probes.profile.shape[0]):
+        d[f"layer_{l}"] = chosen.probes.profile[l]
+        d[f"layer_{l}_tau1"] = base.probes.profile[l]
+    return pd.DataFrame(d)
+
+
+def rpe_table(curves: np.ndarray) -> pd.DataFrame:
+    """Bias b(m, n) per head (columns) over key positions n (rows)."""
+    return pd.DataFrame(curves.T, columns=[f"head_{h}" for h in range(curves.shape[0])]).rename_axis("key_position")

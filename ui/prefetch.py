@@ -1,0 +1,143 @@
+"""The tau grid of the document on screen, computed in the background and shared by every session.
+
+Why: a person who opened a document will move the slider, open Calibrate
+or ask for Algorithm 1 next, and each of those needs passes of this very
+document at the grid's taus (1.0, 0.95, ..., 0.5). Computing them while the
+person reads means a slider move onto a grid value, the Algorithm 1 curve
+and Calibrate are dictionary look-ups, and no pass is computed twice in the
+process: the passes land in :mod:`ui.cache`'s run store (the slider's key)
+and its statistics store (Algorithm 1's key).
+
+How: one daemon thread per process. Each session says which document it
+shows (:func:`want`); the thread works on the newest wanted document, one
+pass at a time, and drops a document as soon as no session shows it any
+more (a length change cancels the rest of the old grid). Passes go through
+:class:`ui.cache.PassGate` as background work, so a person's own pass never
+waits for more than the one background pass already running.
+
+Nothing here touches Streamlit elements: the thread only computes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Hashable
+
+from core import engine, temperature
+from core.errors import UserError
+from core.models import Loaded
+from core.settings import DocumentRequest
+
+#: The taus computed ahead: Algorithm 1's grid (the slider's 0.05 marks).
+GRID = temperature.GRID
+
+
+@dataclass(frozen=True)
+class Job:
+    """One document's grid: the model, the request and the run settings every grid pass uses (tau aside)."""
+
+    loaded: Loaded
+    request: DocumentRequest
+    settings: engine.RunSettings
+
+    @property
+    def key(self) -> Hashable:
+        from ui import cache
+
+        s = self.settings
+        return (cache.mkey(self.loaded), self.request, tuple(s.targets), s.cosine_scale, s.probes, s.generate)
+
+    def pending(self) -> list[float]:
+        """Grid taus whose pass is not in the run store yet."""
+        from ui import cache
+
+        return [t for t in GRID if not cache.has_run(self.loaded, self.request, replace(self.settings, tau=t))]
+
+
+class Prefetcher:
+    """The background thread and what each session wants of it (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._wanted: dict[str, tuple[float, Job]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0  # computed by this thread (tests and the benchmark read it)
+        self.failed: dict[Hashable, str] = {}
+        self._stop = threading.Event()
+        # A daemon thread still inside torch when the interpreter exits aborts the
+        # process ("terminate called without an active exception", exit 134): stop it first.
+        atexit.register(self.stop)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Finish the pass under way, then end the thread (called at exit)."""
+        self._stop.set()
+        self._wake.set()
+        t = self._thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(timeout)
+
+    def want(self, session: str, job: Job | None) -> None:
+        """``session`` now shows ``job``'s document (None: nothing to prefetch for it)."""
+        with self._lock:
+            if job is None:
+                self._wanted.pop(session, None)
+            else:
+                old = self._wanted.get(session)
+                if old is None or old[1].key != job.key:
+                    self._wanted[session] = (time.monotonic(), job)
+            if self._stop.is_set():
+                return
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="aae-prefetch", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _next(self) -> tuple[Job, float] | None:
+        """The newest wanted document that still has a pending grid tau, and that tau."""
+        with self._lock:
+            jobs = sorted(self._wanted.values(), key=lambda x: -x[0])
+        for _, job in jobs:
+            if job.key in self.failed:
+                continue
+            todo = job.pending()
+            if todo:
+                return job, todo[0]
+        return None
+
+    def _still_wanted(self, job: Job) -> bool:
+        with self._lock:
+            return any(j.key == job.key for _, j in self._wanted.values())
+
+    def _loop(self) -> None:
+        from ui import cache
+
+        gate = cache.gate()
+        while not self._stop.is_set():
+            nxt = self._next()
+            if nxt is None:
+                self._wake.wait(5.0)
+                self._wake.clear()
+                continue
+            job, tau = nxt
+            if not gate.background():
+                continue  # a person is waiting for a pass: let them go first
+            if self._stop.is_set():
+                gate.release_background()
+                break
+            try:
+                if self._still_wanted(job):
+                    cache.run_unguarded(job.loaded, job.request, replace(job.settings, tau=tau, method="fixed"))
+                    self.passes += 1
+            except (UserError, ValueError, RuntimeError) as err:  # too long, out of memory: stop this grid
+                self.failed[job.key] = str(err)
+            finally:
+                gate.release_background()
+
+
+def progress(job: Job) -> tuple[int, int]:
+    """(grid passes ready, grid size) for a document."""
+    return len(GRID) - len(job.pending()), len(GRID)

@@ -1,0 +1,146 @@
+"""The view in the URL: a link reopens exactly this model, document and temperature.
+
+``?model=retrieval-t5&task=passkey&tokens=2048&depth=50&seed=0&method=fixed&tau=0.7``
+on the page's own path (``/``, ``/calibrate``, ``/theory``, ``/sweep``): the
+path is the page. A teacher copies the address bar and the class opens the
+same view; the browser's back button steps through earlier views (Streamlit
+pushes a history entry whenever the query string changes, and re-runs the
+page with the old query string on back/forward).
+
+How: :func:`apply` runs first in every full run. When the URL differs from
+what this session last wrote (a link just opened, or back/forward), each
+known parameter is checked and copied into the widgets' session state;
+values that cannot be used are listed in one message and left as they were.
+:func:`sync` writes the current view at the end of a run (also from a
+fragment's rerun). Pasted text is not put in the URL (too long); such a view
+carries only the model and the temperature.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import streamlit as st
+
+from core import tasks, temperature
+
+#: URL parameter -> (session-state key, parser that returns the value or raises ValueError with a reason).
+_WRITTEN = "_url_written"
+
+
+def _int_in(lo: int, hi: int, step: int = 1) -> Callable[[str], int]:
+    def parse(v: str) -> int:
+        try:
+            x = int(float(v))
+        except ValueError:
+            raise ValueError("not a whole number") from None
+        if not lo <= x <= hi:
+            raise ValueError(f"outside {lo:,}-{hi:,}")
+        return int(round(x / step) * step)
+
+    return parse
+
+
+def _choice(options) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        if v not in options:
+            raise ValueError(f"choose from {', '.join(options)}")
+        return v
+
+    return parse
+
+
+def _tau(v: str) -> float:
+    from ui.sidebar import TAU_MAX, TAU_MIN
+
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not TAU_MIN <= x <= TAU_MAX:  # also refuses nan
+        raise ValueError(f"outside {TAU_MIN}-{TAU_MAX}")
+    return round(x, 2)
+
+
+def _tokens(v: str) -> int | str:
+    """A token count, or a multiple of L_tr written ``8x`` (resolved once the model is known)."""
+    if v.lower().endswith("x"):
+        k = _int_in(1, 64)(v[:-1])
+        return f"{k}x"
+    return _int_in(16, 4_000_000)(v)
+
+
+def _model(v: str) -> str:
+    v = v.strip()
+    if not v or len(v) > 300:
+        raise ValueError("empty or too long")
+    return v
+
+
+PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "model": ("_url_model", _model),
+    "task": ("doc_task", _choice(tasks.TASKS)),
+    "tokens": ("doc_tokens", _tokens),
+    "depth": ("doc_depth", _int_in(0, 100, 5)),
+    "seed": ("doc_seed", _int_in(0, 10**9)),
+    "method": ("tau_method", _choice(temperature.METHODS)),
+    "tau": ("tau_value", _tau),
+}
+
+
+def _current() -> dict[str, str]:
+    return {k: v for k, v in st.query_params.to_dict().items() if k in PARAMS}
+
+
+def apply() -> list[str]:
+    """Copy a newly opened URL's view into session state; returns one message per unusable parameter."""
+    ss = st.session_state
+    url = _current()
+    if not url or url == ss.get(_WRITTEN):
+        return []
+    problems = []
+    for name, raw in url.items():
+        key, parse = PARAMS[name]
+        try:
+            value = parse(raw)
+        except ValueError as err:
+            problems.append(f"{name}={raw[:40]!r} ({err})")
+            continue
+        if name == "model":
+            from ui.sidebar import model_options
+
+            if value in model_options():
+                ss["model_choice"], ss["model_other"] = value, ""
+            else:
+                ss["model_other"] = value  # a folder or hub id: loaded (or refused) like a typed one
+            continue
+        if name == "tokens":
+            ss["_ltr"] = None  # keep the URL's length whatever model loads (see ui.sidebar._document_section)
+            if isinstance(value, str):  # "8x": the sidebar resolves it with the model's L_tr
+                ss["_url_multiple"] = int(value[:-1])
+                continue
+        ss[key] = value
+    if "task" in url or "tokens" in url:
+        ss["doc_mode"] = "Generate"
+    ss[_WRITTEN] = url  # applied once; the next sync() writes the resolved view
+    return problems
+
+
+def view(ctx) -> dict[str, str]:
+    """The URL parameters of a sidebar :class:`ui.sidebar.Context`."""
+    out = {"model": ctx.model_ref}
+    if ctx.request.task in tasks.TASKS:
+        r = ctx.request
+        out.update(task=r.task, tokens=str(r.tokens), depth=str(int(round(r.depth * 100))), seed=str(r.seed))
+    out["method"] = ctx.method
+    if ctx.method == "fixed":
+        out["tau"] = f"{ctx.tau_input:.2f}"
+    return out
+
+
+def sync(ctx) -> None:
+    """Write the view into the address bar (a new history entry when it changed)."""
+    v = view(ctx)
+    if _current() != v:
+        st.query_params.from_dict(v)
+    st.session_state[_WRITTEN] = v
