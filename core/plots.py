@@ -152,14 +152,30 @@ def heatmap(
     return _layout(fig, title, height=height)
 
 
+def _nice_up(x: float) -> float:
+    """The next value of 1, 2, 5 x 10^k at or above ``x`` (> 0)."""
+    k = math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        if m * 10**k >= x * (1 - 1e-9):
+            return float(m * 10**k)
+    return float(10 ** (k + 1))
+
+
 def shared_range(*maps: np.ndarray | None) -> tuple[float, float] | None:
-    """(smallest positive, largest) value over several maps: one colour scale for all of them."""
+    """One colour scale for several maps: (a power of ten below the smallest positive, 1/2/5 x 10^k above the largest).
+
+    Rounded outwards on purpose: the tau = 1 map then keeps the same scale
+    while the chosen tau moves within a step, so its figure is unchanged and
+    Streamlit does not send it to the browser again.
+    """
     vals = [np.asarray(m, dtype=np.float32) for m in maps if m is not None and np.size(m)]
     if not vals:
         return None
     hi = max(float(v.max()) for v in vals)
     pos = [float(v[v > 0].min()) for v in vals if (v > 0).any()]
-    return (min(pos) if pos else 0.0, hi)
+    if hi <= 0 or not pos:
+        return (0.0, 1.0)
+    return (float(10 ** math.floor(math.log10(min(pos)))), _nice_up(hi))
 
 
 def layer_meters(

@@ -233,3 +233,50 @@ def test_default_bundled_model(monkeypatch):
     at.slider(key="tau_value").set_value(0.6).run()
     _ok(at)
     assert _metric(at, "mean Pmax") > before
+
+
+def test_a_link_reopens_the_view(env):
+    """Query parameters set model, document and temperature; the app writes the view back into the URL."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(model=str(env), task="passkey", tokens="512", depth="30", seed="3", method="fixed", tau="0.7")
+    at.run()
+    _ok(at)
+    ss = at.session_state
+    assert (ss["doc_task"], ss["doc_tokens"], ss["doc_depth"], ss["doc_seed"]) == ("passkey", 512, 30, 3)
+    assert ss["tau_method"] == "fixed" and ss["tau_value"] == pytest.approx(0.7)
+    assert any("tau = 0.700" in m.value for m in at.markdown)
+    assert dict(at.query_params)["tau"] in ("0.70", ["0.70"])
+    # a tau move is written back, so copying the address bar shares it
+    at.slider(key="tau_value").set_value(0.6).run()
+    _ok(at)
+    assert dict(at.query_params)["tau"] in ("0.60", ["0.60"])
+
+
+def test_a_link_in_multiples_of_ltr(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(tokens="2x", method="log-length")
+    at.run()
+    _ok(at)
+    assert at.session_state["doc_tokens"] == 2 * 256
+    assert at.session_state["tau_method"] == "log-length"
+
+
+def test_bad_link_values_get_one_message(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(tau="abc", tokens="-5", method="nope", depth="nan", seed="1")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    (err,) = at.sidebar.error
+    for name in ("tau=", "tokens=", "method=", "depth="):
+        assert name in err.value
+    assert at.session_state["doc_seed"] == 1  # the usable value is taken
+    assert at.session_state["tau_value"] == pytest.approx(1.0)  # the others are left as they were
+    assert any(m.label == "mean Pmax" for m in at.metric), "the page still works"
+
+
+def test_unknown_model_in_a_link(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(model="no-such-model-xyz")
+    at.run()
+    assert not at.exception
+    assert "no-such-model-xyz" in " ".join(e.value for e in at.error)

@@ -103,3 +103,50 @@ def test_fast_pmax_entropy_match_the_definitions():
     np.testing.assert_allclose(recs[0].pmax, recs[1].pmax, rtol=1e-6)
     np.testing.assert_allclose(recs[0].entropy, recs[1].entropy, atol=2e-5)
     assert np.isfinite(recs[1].entropy).all()
+
+
+def test_unnormalised_route_matches_the_definitions():
+    """observe_exp (what the attention calls: exp(s - max) and its row sums, never p) gives the same Pmax, H,
+    heatmap and profile as the definitions on normalised probabilities, padding included."""
+    g = torch.Generator().manual_seed(7)
+    n = 40
+    scores = torch.randn(2, 3, n, n, generator=g) * 4
+    scores[1, :, :, 30:] = torch.finfo(torch.float32).min
+    probs = torch.softmax(scores, -1)
+    shifted = (scores - scores.amax(-1, keepdim=True)).clamp(min=-87.0)
+    e = torch.exp(shifted)
+    total = e.sum(-1, keepdim=True)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, 30:] = False
+    spec = ProbeSpec(heatmap_size=8, profile_rows=(33, 38), sorted_logits=False, cosine_hist_bins=0)
+    a, b = Recorder(spec, mask), Recorder(spec, mask)
+    for r0 in range(0, n, 16):  # blocks of rows, as the attention hands them over
+        r1 = min(n, r0 + 16)
+        a.observe(0, r0, r1, scores[:, :, r0:r1], scores[:, :, r0:r1], probs[:, :, r0:r1])
+        b.observe_exp(0, r0, r1, None, shifted[:, :, r0:r1], e[:, :, r0:r1], total[:, :, r0:r1])
+    ra, rb = a.finish(), b.finish()
+    np.testing.assert_allclose(ra.pmax, rb.pmax, rtol=1e-5)
+    np.testing.assert_allclose(ra.entropy, rb.entropy, atol=1e-4)
+    np.testing.assert_allclose(ra.heatmap_mean, rb.heatmap_mean, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ra.profile, rb.profile, rtol=1e-5, atol=1e-7)
+    # the question's rows of the map: one row per question token, keys pooled like the map
+    assert list(rb.question_rows) == list(range(33, 38))
+    want = probs[0, :, 33:38].mean(0)
+    edges = rb.heatmap_edges
+    pooled = np.stack([want[:, s:t].mean(-1).numpy() for s, t in zip(edges[:-1], edges[1:])], 1)
+    np.testing.assert_allclose(rb.question_map_mean, pooled, rtol=1e-5, atol=1e-7)
+
+
+def test_probed_attention_far_keys_do_not_change_the_numbers():
+    """Clamping exponents at EXP_FLOOR (the CPU's exp is slow below it) changes no statistic float32 can show."""
+    from core.attention import EXP_FLOOR
+
+    g = torch.Generator().manual_seed(11)
+    scores = torch.randn(1, 2, 8, 300, generator=g) * 60  # many keys 100+ below each row's max
+    top = scores.amax(-1, keepdim=True)
+    exact = torch.softmax(scores.double(), -1)
+    shifted = (scores - top).clamp(min=EXP_FLOOR)
+    e = torch.exp(shifted)
+    p = e / e.sum(-1, keepdim=True)
+    assert (scores - top).min() < EXP_FLOOR  # the clamp was exercised
+    np.testing.assert_allclose(p.double().numpy(), exact.numpy(), atol=1e-30, rtol=1e-5)

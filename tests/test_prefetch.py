@@ -1,0 +1,106 @@
+"""The background tau grid (ui.prefetch) and the pass gate (ui.cache.PassGate), without a browser.
+
+The grid must land in the very stores the slider and Algorithm 1 read, so
+that after it Calibrate needs no pass; and a person's pass must never wait
+behind more than one background pass.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from core import engine
+from core.settings import DocumentRequest
+
+
+@pytest.fixture
+def cache_mod():
+    from ui import cache
+
+    cache.clear()
+    return cache
+
+
+def _wait(pred, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
+    from ui.prefetch import GRID, Job, progress
+
+    cache = cache_mod
+    req = DocumentRequest(task="passkey", tokens=512, depth=0.5, seed=4)
+    probes = cache.explore_probes(1, None)
+    settings = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
+    job = Job(tiny, req, settings)
+    assert progress(job) == (0, len(GRID))
+    cache.prefetcher().want("test-session", job)
+    _wait(lambda: progress(job)[0] == len(GRID))
+    # the slider's own key: a grid tau is a hit, an off-grid one is not
+    assert cache.has_run(tiny, req, engine.RunSettings(tau=0.65, method="fixed", probes=probes))
+    assert not cache.has_run(tiny, req, engine.RunSettings(tau=0.66, method="fixed", probes=probes))
+    cache.run_reference(tiny, req)  # the page has its L_tr reference already
+    runs = cache.stores()["run"]
+    misses = runs.misses
+    cals = cache.calibrate_both(tiny, req, fast=False)
+    assert runs.misses == misses, "Algorithm 1 on the full grid ran a pass the grid already had"
+    assert set(cals) == {"pmax", "entropy"} and all(c.passes == len(GRID) for c in cals.values())
+    # and the numbers are Algorithm 1's own: the same as calibrating from scratch
+    from core import calibration
+
+    fresh = calibration.calibrate(tiny, cache.document(tiny, req), "pmax")
+    assert cals["pmax"].tau == fresh.tau
+    assert cals["pmax"].curve == pytest.approx(fresh.curve, rel=1e-5)
+    cache.prefetcher().want("test-session", None)
+
+
+def test_a_new_document_cancels_the_old_grid(tiny, cache_mod):
+    from ui.prefetch import GRID, Job, progress
+
+    cache = cache_mod
+    probes = cache.explore_probes(1, None)
+    s = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
+    old = Job(tiny, DocumentRequest(task="passkey", tokens=1024, depth=0.5, seed=1), s)
+    new = Job(tiny, DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2), s)
+    pf = cache.prefetcher()
+    gate = cache.gate()
+    with gate.foreground():  # hold the worker back until both wishes are in
+        pf.want("s1", old)
+        pf.want("s1", new)  # the same session moved on: the old document is no longer wanted
+    _wait(lambda: progress(new)[0] == len(GRID))
+    assert progress(old)[0] <= 1  # at most the pass that was under way
+    pf.want("s1", None)
+
+
+def test_foreground_goes_first():
+    from ui.cache import PassGate
+
+    gate = PassGate()
+    order: list[str] = []
+    assert gate.background()  # a background pass is running
+    waiting = threading.Event()
+
+    def person():
+        waiting.set()
+        with gate.foreground():
+            order.append("person")
+
+    t = threading.Thread(target=person)
+    t.start()
+    waiting.wait()
+    _wait(lambda: gate.busy, 5)
+    assert not gate.background(timeout=0.01)  # nothing new starts while the person waits
+    assert order == []
+    gate.release_background()
+    t.join(5)
+    assert order == ["person"]
+    assert gate.background(timeout=1)  # and the background goes on afterwards
+    gate.release_background()
