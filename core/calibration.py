@@ -119,6 +119,11 @@ def logit_stats(loaded: Loaded, document: tasks.Document, base: engine.RunSettin
     settings = replace(base or engine.RunSettings(), tau=1.0, probes=spec, generate=False)
     ex = engine.run(loaded, document, settings)
     tr = engine.run(loaded, reference_document(loaded, document), settings)
+    return logit_stats_of(ex, tr, loaded.train_length)
+
+
+def logit_stats_of(ex: engine.Result, tr: engine.Result, train_length: int) -> dict:
+    """The inputs of Prop. 1 and 2 from two tau = 1 runs with sorted logits: this document (``ex``) and its L_tr reference."""
     return {
         "sigma_ex": ex.probes.sigma,
         "sigma_tr": tr.probes.sigma,
@@ -126,7 +131,7 @@ def logit_stats(loaded: Loaded, document: tasks.Document, base: engine.RunSettin
         "l_max_ex": ex.probes.l_max,
         "l_max_tr": tr.probes.l_max,
         "length": ex.tokens,
-        "train_length": loaded.train_length,
+        "train_length": train_length,
     }
 
 

@@ -40,10 +40,10 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     req = DocumentRequest(task="passkey", tokens=512, depth=0.5, seed=4)
     probes = cache.explore_probes(1, None)
     settings = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
-    job = Job(tiny, req, settings)
-    assert progress(job) == (0, len(GRID))
+    job = cache.grid_job(tiny, req, settings)
+    assert progress(job) == (0, len(GRID) + 1)  # the grid and Theory's tau = 1 pass
     cache.prefetcher().want("test-session", job)
-    _wait(lambda: progress(job)[0] == len(GRID))
+    _wait(lambda: progress(job)[0] == len(GRID) + 1)
     # the slider's own key: a grid tau is a hit, an off-grid one is not
     assert cache.has_run(tiny, req, engine.RunSettings(tau=0.65, method="fixed", probes=probes))
     assert not cache.has_run(tiny, req, engine.RunSettings(tau=0.66, method="fixed", probes=probes))
@@ -51,7 +51,9 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     runs = cache.stores()["run"]
     misses = runs.misses
     cals = cache.calibrate_both(tiny, req, fast=False)
-    assert runs.misses == misses, "Algorithm 1 on the full grid ran a pass the grid already had"
+    forms = cache.closed_forms(tiny, req)
+    assert runs.misses == misses, "Algorithm 1 or Prop. 1/2 ran a pass the background job already had"
+    assert set(forms) == {"log-length", "infoscale", "prop1", "prop2"}
     assert set(cals) == {"pmax", "entropy"} and all(c.passes == len(GRID) for c in cals.values())
     # and the numbers are Algorithm 1's own: the same as calibrating from scratch
     from core import calibration

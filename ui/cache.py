@@ -248,21 +248,28 @@ def session_id() -> str:
     return ctx.session_id if ctx is not None else ""
 
 
-def want_grid(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> None:
-    """Ask the prefetcher for this document's tau grid with these run settings (this session's document now)."""
+def grid_job(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings):
+    """The background job of a document shown with these run settings: its tau grid, then Theory's tau = 1 pass."""
     from ui.prefetch import Job
 
-    prefetcher().want(session_id(), Job(loaded, req, settings))
+    return Job(loaded, req, replace(settings, tau=1.0, method="fixed"),
+               extras=(theory_settings(loaded, settings.targets, settings.cosine_scale),))
+
+
+def want_grid(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> None:
+    """Ask the prefetcher for this document's tau grid with these run settings (this session's document now)."""
+    prefetcher().want(session_id(), grid_job(loaded, req, settings))
 
 
 def grid_note(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> str:
     """One sentence on the background grid: how many of its passes are ready."""
-    from ui.prefetch import Job, progress
+    from ui.prefetch import progress
 
-    done, total = progress(Job(loaded, req, settings))
+    done, total = progress(grid_job(loaded, req, settings))
     if done >= total:
-        return f"All {total} grid taus (1.0, 0.95, …, 0.5) of this document are computed: moving onto them is instant."
-    return (f"Computing the grid taus 1.0, 0.95, …, 0.5 in the background: {done} of {total} ready "
+        return ("The tau grid (1.0, 0.95, …, 0.5) of this document is computed: moving onto it, Algorithm 1 and "
+                "Calibrate need no new pass.")
+    return (f"Computing the tau grid 1.0, 0.95, …, 0.5 in the background: {done} of {total} passes ready "
             "(then those moves, Algorithm 1 and Calibrate need no new pass).")
 
 
@@ -424,10 +431,20 @@ def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder
     """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2)."""
     key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale)
     def work():
-        with gate().foreground():
-            return calibration.logit_stats(loaded, document(loaded, req), _base(targets, cosine_scale))
+        # The same two passes the Theory page draws (and the prefetcher computes ahead): one per document and length.
+        ex = run(loaded, req, theory_settings(loaded, targets, cosine_scale))
+        tr = run_reference(loaded, req, targets, cosine_scale)
+        return calibration.logit_stats_of(ex, tr, loaded.train_length)
 
     return stores()["stats"].get(key, work)
+
+
+def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> engine.RunSettings:
+    """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation:
+    what the Theory page and Prop. 1/2 read, one key for both."""
+    spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if loaded.cosine else 0)
+    return engine.RunSettings(tau=1.0, method="none", targets=tuple(targets), cosine_scale=cosine_scale, probes=spec,
+                              generate=False)
 
 
 def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:

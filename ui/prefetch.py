@@ -42,19 +42,24 @@ class Job:
     loaded: Loaded
     request: DocumentRequest
     settings: engine.RunSettings
+    extras: tuple[engine.RunSettings, ...] = ()  # after the grid: other passes a page will want (Theory's tau = 1)
 
     @property
     def key(self) -> Hashable:
         from ui import cache
 
         s = self.settings
-        return (cache.mkey(self.loaded), self.request, tuple(s.targets), s.cosine_scale, s.probes, s.generate)
+        return (cache.mkey(self.loaded), self.request, tuple(s.targets), s.cosine_scale, s.probes, s.generate, self.extras)
 
-    def pending(self) -> list[float]:
-        """Grid taus whose pass is not in the run store yet."""
+    def passes(self) -> list[engine.RunSettings]:
+        """Every pass of the job, in the order they are computed: the grid, then the extras."""
+        return [replace(self.settings, tau=t, method="fixed") for t in GRID] + list(self.extras)
+
+    def pending(self) -> list[engine.RunSettings]:
+        """The job's passes not in the run store yet."""
         from ui import cache
 
-        return [t for t in GRID if not cache.has_run(self.loaded, self.request, replace(self.settings, tau=t))]
+        return [s for s in self.passes() if not cache.has_run(self.loaded, self.request, s)]
 
 
 class Prefetcher:
@@ -96,8 +101,8 @@ class Prefetcher:
                 self._thread.start()
         self._wake.set()
 
-    def _next(self) -> tuple[Job, float] | None:
-        """The newest wanted document that still has a pending grid tau, and that tau."""
+    def _next(self) -> tuple[Job, engine.RunSettings] | None:
+        """The newest wanted document that still has a pending pass, and that pass."""
         with self._lock:
             jobs = sorted(self._wanted.values(), key=lambda x: -x[0])
         for _, job in jobs:
@@ -122,7 +127,7 @@ class Prefetcher:
                 self._wake.wait(5.0)
                 self._wake.clear()
                 continue
-            job, tau = nxt
+            job, settings = nxt
             if not gate.background():
                 continue  # a person is waiting for a pass: let them go first
             if self._stop.is_set():
@@ -130,7 +135,7 @@ class Prefetcher:
                 break
             try:
                 if self._still_wanted(job):
-                    cache.run_unguarded(job.loaded, job.request, replace(job.settings, tau=tau, method="fixed"))
+                    cache.run_unguarded(job.loaded, job.request, settings)
                     self.passes += 1
             except (UserError, ValueError, RuntimeError) as err:  # too long, out of memory: stop this grid
                 self.failed[job.key] = str(err)
@@ -139,5 +144,6 @@ class Prefetcher:
 
 
 def progress(job: Job) -> tuple[int, int]:
-    """(grid passes ready, grid size) for a document."""
-    return len(GRID) - len(job.pending()), len(GRID)
+    """(passes ready, passes in all) of a job: the grid and its extras."""
+    total = len(job.passes())
+    return total - len(job.pending()), total
