@@ -7,6 +7,14 @@ what the rest of the library needs to know (training length L_tr, heads,
 head size, device, dtype, attention mode). Loaded models are cached per
 (source, device): Streamlit sessions, the CLI and sweeps share one copy.
 
+Hub ids are looked up in the local Hugging Face cache first (``HF_HUB_CACHE``,
+else ``HF_HOME/hub``, read when ``load`` runs) and a complete cached copy is
+loaded from its snapshot folder without touching the network. Only when
+nothing usable is cached is the hub asked: at once refused when
+``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` is set, else after one short
+reachability probe (about 1.5 s), so an offline machine says what is missing
+right away instead of retrying for half a minute.
+
 Device policy: CUDA with bfloat16 when a GPU is present (T5 overflows to NaN
 in float16), otherwise CPU with float32.
 """
@@ -15,7 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
+import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +93,135 @@ def default_model() -> str | None:
     return (flagged or b)[0].name if b else None
 
 
+def _folder_train_length(path: Path) -> int | None:
+    """L_tr from ``card.json`` next to the weights, else the config's ``n_positions``; None if neither says."""
+    card = path / "card.json"
+    lt = json.loads(card.read_text()).get("train_length") if card.exists() else None
+    if lt is None and (path / "config.json").exists():
+        lt = json.loads((path / "config.json").read_text()).get("n_positions")
+    return int(lt) if lt is not None else None
+
+
+# --- the local Hugging Face cache and the hub --------------------------------
+
+_TRUE = {"1", "ON", "YES", "TRUE"}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache as the environment says *now*.
+
+    Same precedence as ``huggingface_hub.constants`` (``HF_HUB_CACHE``, legacy
+    ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME/hub``, ``XDG_CACHE_HOME/huggingface/hub``,
+    ``~/.cache/huggingface/hub``), but read at call time: those constants are
+    frozen when huggingface_hub is imported.
+    """
+    env = os.environ
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        raw = env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]
+    else:
+        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+        raw = os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(raw)))
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` asks for no network."""
+    return any(os.environ.get(v, "").strip().upper() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def cached_snapshot(repo_id: str, revision: str = "main") -> Path | None:
+    """The snapshot folder of ``repo_id`` in the local hub cache when it holds a
+    ``config.json`` (``models--org--name/snapshots/<hash>/`` via ``refs/<revision>``), else None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(hub_cache_dir()), revision=revision)
+    except Exception:  # noqa: BLE001 - a malformed id or unreadable cache simply means "not cached"
+        return None
+    return Path(hit).parent if isinstance(hit, str) else None
+
+
+def _has_weights(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in WEIGHT_FILES)
+
+
+def _hub_address() -> tuple[str, int]:
+    """Host and port a hub request would connect to first: the HTTPS proxy if one is set, else the endpoint."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    parsed = urllib.parse.urlsplit(endpoint)
+    host = parsed.hostname or "huggingface.co"
+    port = parsed.port or (80 if parsed.scheme == "http" else 443)
+    proxy = urllib.request.getproxies().get(parsed.scheme or "https")
+    if proxy and not urllib.request.proxy_bypass(host):
+        p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        if p.hostname:
+            return p.hostname, p.port or (443 if p.scheme == "https" else 80)
+    return host, port
+
+
+_REACH: dict[tuple[str, int], tuple[float, bool]] = {}
+_REACH_TTL = 30.0
+
+
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """One TCP connect to the hub (or its proxy), bounded by ``timeout`` seconds including DNS.
+
+    The connect runs in a daemon thread so a hanging name lookup cannot hold
+    the caller longer than ``timeout``; the answer is remembered for 30 s.
+    """
+    addr = _hub_address()
+    seen = _REACH.get(addr)
+    if seen and time.monotonic() - seen[0] < _REACH_TTL:
+        return seen[1]
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection(addr, timeout=timeout):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    worker = threading.Thread(target=probe, daemon=True, name="hub-probe")
+    worker.start()
+    worker.join(timeout + 0.2)
+    ok = bool(result and result[0])
+    _REACH[addr] = (time.monotonic(), ok)
+    return ok
+
+
+def _not_here(repo_id: str, why: str) -> ModelLoadError:
+    short = repo_id.rstrip("/").split("/")[-1]
+    return ModelLoadError(
+        f"Model '{repo_id}' is not on this machine and {why}: download it where there is internet "
+        f"(`hf download {repo_id} --local-dir ./{short}`) and pass that folder (--model ./{short}, or the app's "
+        f"'hub id or folder' box), or set HF_HOME to a Hugging Face cache that holds it (looked in {hub_cache_dir()})."
+    )
+
+
+def locate(source: str) -> tuple[str, bool]:
+    """Where to load ``source`` from: ``(folder, True)`` for a local folder or a complete
+    cached hub snapshot, ``(hub id, False)`` when it must be downloaded and the hub answers.
+
+    Raises :class:`ModelLoadError` at once (no retries) when a hub id has no
+    usable local copy and offline mode is on or the hub cannot be reached.
+    """
+    if Path(source).is_dir():
+        return source, True
+    snap = cached_snapshot(source)
+    if snap is not None and _has_weights(snap):
+        return str(snap), True
+    partial = f" (the cached copy in {snap} has no {WEIGHT_FILES[0]})" if snap is not None else ""
+    if hub_offline():
+        flag = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE else "TRANSFORMERS_OFFLINE"
+        raise _not_here(source, f"offline mode is on ({flag}){partial}")
+    if not hub_reachable():
+        host = _hub_address()[0]
+        raise _not_here(source, f"the Hugging Face hub ({host}) cannot be reached{partial}")
+    return source, False
+
+
 def resolve(name: str, train_length: int | None = None) -> ModelSpec:
     """Registry name, hub id or local folder -> :class:`ModelSpec`.
 
@@ -96,13 +237,12 @@ def resolve(name: str, train_length: int | None = None) -> ModelSpec:
     if spec is None:
         path = Path(name).expanduser()
         if path.is_dir():
-            card = path / "card.json"
-            lt = json.loads(card.read_text()).get("train_length") if card.exists() else None
-            if lt is None and (path / "config.json").exists():
-                lt = json.loads((path / "config.json").read_text()).get("n_positions")
-            spec = ModelSpec(path.name, str(path.resolve()), int(lt or 512), "custom")
+            spec = ModelSpec(path.name, str(path.resolve()), int(_folder_train_length(path) or 512), "custom")
         elif "/" in name and not name.startswith((".", "/", "~")):
-            spec = ModelSpec(name, name, 512, "custom", "hub id not in the registry: L_tr assumed 512")
+            snap = cached_snapshot(name)
+            lt = _folder_train_length(snap) if snap else None
+            note = "hub id not in the registry: " + ("L_tr from the cached copy" if lt else "L_tr assumed 512")
+            spec = ModelSpec(name, name, int(lt or 512), "custom", note)
         else:
             known = ", ".join(list(reg)[:6])
             raise ModelLoadError(
@@ -205,15 +345,18 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype) -> Lo
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     src = spec.source
-    local = Path(src).is_dir()
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    where, local = locate(src)  # raises at once when a hub id is neither cached nor reachable
+    folder = Path(src).is_dir()
+    # Hub downloads go to (and cached snapshots come from) the cache the environment names now.
+    opts = {"local_files_only": True} if local else {"cache_dir": str(hub_cache_dir())}
     try:
-        config = AutoConfig.from_pretrained(src, trust_remote_code=False, local_files_only=local or offline)
-    except Exception as err:  # noqa: BLE001 - many hub/network error types; all mean "not reachable"
+        config = AutoConfig.from_pretrained(where, trust_remote_code=False, **opts)
+    except Exception as err:  # noqa: BLE001 - many hub/network error types
+        what = "the folder has no usable config.json" if folder else f"its config could not be read ({type(err).__name__})"
         raise ModelLoadError(
-            f"Could not load model '{src}': {'the folder has no usable config.json' if local else 'no local copy and the hub is unreachable'}. "
-            f"Download it on a machine with internet (e.g. `hf download {src} --local-dir ./{Path(src).name}`) "
-            f"and pass that folder (--model ./{Path(src).name}, or the app's 'hub id or folder' box). [{type(err).__name__}]"
+            f"Could not load model '{src}': {what}. Download it on a machine with internet "
+            f"(e.g. `hf download {src} --local-dir ./{Path(src).name}`) and pass that folder "
+            f"(--model ./{Path(src).name}, or the app's 'hub id or folder' box)."
         ) from None
     if config.model_type not in T5_FAMILY:
         raise ModelLoadError(
@@ -222,15 +365,15 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype) -> Lo
         )
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(
-            src,
+            where,
             config=config,
             dtype=dtype,
             use_safetensors=True,
             trust_remote_code=False,
             attn_implementation=attention.ATTN_NAME,
-            local_files_only=local or offline,
+            **opts,
         )
-        tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=local or offline)
+        tokenizer = AutoTokenizer.from_pretrained(where, **opts)
     except Exception as err:  # noqa: BLE001
         raise ModelLoadError(
             f"Could not load the weights or tokenizer of '{src}' ({type(err).__name__}: {str(err).splitlines()[0][:200]}). "

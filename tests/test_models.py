@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import socket
+import time
 
 import pytest
 import torch
 
+from core import models
 from core.errors import ModelLoadError
 from core.models import load, pick_device, registry, resolve
 
@@ -33,12 +39,128 @@ def test_registry_knows_the_paper_models():
     assert resolve("google/flan-t5-base").name == "flan-t5-base"
 
 
-def test_unreachable_hub_model_says_how_to_use_a_folder(monkeypatch):
+def test_unreachable_hub_model_says_how_to_use_a_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError) as err:
         load("google/flan-t5-small", device="cpu")
     msg = str(err.value)
     assert "google/flan-t5-small" in msg and "folder" in msg
+
+
+# --- hub ids: the local cache first, and a fast, clear refusal without one -----
+
+def _fake_hub_cache(cache: "os.PathLike", repo_id: str, model_dir, revision_hash: str = "0123456789abcdef" * 2 + "01234567") -> "os.PathLike":
+    """Lay ``model_dir`` out like huggingface_hub's cache: ``models--org--name/{blobs,snapshots/<hash>,refs/main}``,
+    snapshot files as relative symlinks to content-addressed blobs (as ``hf download`` writes them)."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / revision_hash
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision_hash)
+    for f in sorted(model_dir.iterdir()):
+        data = f.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    return snap
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any reachability probe fails the test: a cached model must load without one."""
+    def probe(*a, **k):
+        raise AssertionError("the hub was probed although the model is cached")
+
+    monkeypatch.setattr(models, "hub_reachable", probe)
+    monkeypatch.setattr(models, "_CACHE", {})  # loads here must not leak a fake model into other tests
+
+
+@pytest.mark.parametrize("flag", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_uncached_hub_id_offline_fails_at_once(monkeypatch, tmp_path, flag):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(flag, "1")
+    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("offline mode must not probe the hub"))
+    t0 = time.perf_counter()
+    with pytest.raises(ModelLoadError) as err:
+        load("google/flan-t5-base", device="cpu")
+    assert time.perf_counter() - t0 < 5
+    msg = str(err.value)
+    assert "google/flan-t5-base" in msg and "not on this machine" in msg and flag in msg
+    assert "hf download google/flan-t5-base" in msg and "folder" in msg and "HF_HOME" in msg
+    assert "\n" not in msg and "Traceback" not in msg and "Retry" not in msg
+
+
+def test_uncached_hub_id_unreachable_hub_fails_at_once(monkeypatch, tmp_path, capfd):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    calls = []
+    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: calls.append(1) or False)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelLoadError) as err:
+        load("flan-t5-base", device="cpu")  # registry name -> google/flan-t5-base
+    assert time.perf_counter() - t0 < 5 and calls == [1]
+    msg = str(err.value)
+    assert "'google/flan-t5-base' is not on this machine" in msg and "cannot be reached" in msg
+    assert str(tmp_path / "hf" / "hub") in msg  # says where it looked
+    assert "\n" not in msg and "Traceback" not in msg
+    assert "Retry" not in capfd.readouterr().err
+
+
+def test_cached_hub_id_loads_offline(monkeypatch, tmp_path, tiny_dir, no_network):
+    _fake_hub_cache(tmp_path / "hub", "test-org/tiny-t5", tiny_dir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = resolve("test-org/tiny-t5")
+    assert spec.source == "test-org/tiny-t5" and spec.train_length == 256  # card.json of the cached copy
+    m = load("test-org/tiny-t5", device="cpu")
+    assert m.n_layers == 2 and m.n_heads == 4 and m.model.config._attn_implementation == "aligned"
+    assert m.spec.source == "test-org/tiny-t5"
+
+
+def test_cached_registry_model_loads_from_hf_home_without_offline_flag(monkeypatch, tmp_path, tiny_dir, no_network):
+    _fake_hub_cache(tmp_path / "home" / "hub", "google/flan-t5-small", tiny_dir)
+    for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    m = load("flan-t5-small", device="cpu")  # no probe, no network: the complete cached copy is enough
+    assert m.spec.name == "flan-t5-small" and m.train_length == 512 and m.n_layers == 2
+
+
+def test_incomplete_cached_copy_is_named(monkeypatch, tmp_path, tiny_dir):
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    shutil.copy(tiny_dir / "config.json", partial / "config.json")
+    _fake_hub_cache(tmp_path / "hub", "test-org/half", partial)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="has no model.safetensors"):
+        load("test-org/half", device="cpu")
+
+
+def test_reachability_probe_on_loopback(monkeypatch):
+    """The real probe, against loopback only: an open port answers, a closed one fails fast."""
+    for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(v, raising=False)
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        monkeypatch.setattr(models, "_REACH", {})
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.getsockname()[1]}")
+        assert models.hub_reachable(timeout=1.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
+    t0 = time.perf_counter()
+    assert not models.hub_reachable(timeout=1.5)
+    assert time.perf_counter() - t0 < 2
 
 
 def test_unknown_model_name():
