@@ -343,3 +343,19 @@ def test_tau_moves_in_the_browser(server, page, deadline, tmp_path):
     shots = os.environ.get("AAE_SCREENSHOTS")
     if shots:
         _screenshots(page, server, Path(shots) if Path(shots).is_absolute() else ROOT / shots, deadline)
+
+
+def test_a_link_reopens_the_view_and_back_works(server, page, deadline):
+    """A shared link opens exactly its view (in a fresh session), tau moves are written to the address bar,
+    and the browser's back button returns to the previous tau."""
+    link = f"{server}/?task=passkey&tokens=512&depth=30&seed=3&method=fixed&tau=0.7"
+    open_settled(page, link, deadline, marker="tau = 0.700", scope=CARD)
+    assert "tokens" in _card_text(page, deadline)
+    assert abs(_slider_value(page, deadline) - 0.70) < 1e-9
+    assert "512" in page.locator(".st-key-doc_tokens input").first.input_value(timeout=deadline.ms())
+    set_tau(page, 0.65, deadline)
+    page.wait_for_function("() => location.search.includes('tau=0.65')", timeout=deadline.ms(60_000))
+    assert "depth=30" in page.evaluate("() => location.search")
+    page.go_back(timeout=deadline.ms())
+    settle(page, deadline, marker="tau = 0.700", scope=CARD)
+    assert abs(_slider_value(page, deadline) - 0.70) < 1e-9
