@@ -221,15 +221,19 @@ class Recorder:
             h = torch.histc(cos.clamp(-1, 1), bins=spec.cosine_hist_bins, min=-1.0, max=1.0).double().cpu()
             self._cos_hist = h if self._cos_hist is None else self._cos_hist + h
 
-    def _add_tile(self, p0: torch.Tensor, r0: int, q1: int) -> None:
+    def _pool_keys(self, p0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of the heatmap's head (or head mean) with keys pooled into the map's bins: (sums, maxima) ``[rows, bins]``."""
         spec = self.spec
-        p = p0[spec.heatmap_head] if spec.heatmap_head is not None else p0.mean(0)  # [c, n0]
-        p = p.float().cpu()
+        p = (p0[spec.heatmap_head] if spec.heatmap_head is not None else p0.mean(0)).float().cpu()  # [rows, n0]
         nb = len(self._edges) - 1
-        kbin = self._bin
-        c = p.shape[0]
-        ksum = torch.zeros(c, nb).index_add_(1, kbin, p)
-        kmax = torch.zeros(c, nb).scatter_reduce_(1, kbin.expand(c, -1), p, "amax", include_self=True)
+        rows = p.shape[0]
+        ksum = torch.zeros(rows, nb).index_add_(1, self._bin, p)
+        kmax = torch.zeros(rows, nb).scatter_reduce_(1, self._bin.expand(rows, -1), p, "amax", include_self=True)
+        return ksum, kmax
+
+    def _add_tile(self, p0: torch.Tensor, r0: int, q1: int) -> None:
+        ksum, kmax = self._pool_keys(p0)
+        nb = ksum.shape[1]
         rbin = self._bin[r0:q1]
         if self._tile_sum is None:
             self._tile_sum = torch.zeros(nb, nb, dtype=torch.float64)
@@ -243,16 +247,9 @@ class Recorder:
         In the square map a question of 20 tokens in 16k is a fraction of one
         pooled row; here each question token gets a row, so the needle's
         column can be seen lighting up (or not)."""
-        spec = self.spec
-        p = p0[spec.heatmap_head] if spec.heatmap_head is not None else p0.mean(0)  # [rows, n0]
-        p = p.float().cpu()
-        nb = len(self._edges) - 1
-        kbin = self._bin
-        rows = p.shape[0]
-        ksum = torch.zeros(rows, nb).index_add_(1, kbin, p)
-        kmax = torch.zeros(rows, nb).scatter_reduce_(1, kbin.expand(rows, -1), p, "amax", include_self=True)
+        ksum, kmax = self._pool_keys(p0)
         sizes = torch.from_numpy(np.diff(self._edges)).float()
-        for i in range(rows):
+        for i in range(ksum.shape[0]):
             self._qrows[a + i] = (ksum[i] / sizes, kmax[i])
 
     # -- results -----------------------------------------------------------
