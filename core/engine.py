@@ -20,7 +20,7 @@ from packaging.version import Version
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from core import tasks
+from core import tasks, timing
 from core.attention import ENCODER, AttentionSettings, TauSpec, attention_call, default_chunk_bytes, tau_matrix
 from core.errors import InputTooLong, NumericalError, UserError
 from core.models import Loaded
@@ -326,6 +326,10 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
             )
         answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
     t_gen = time.perf_counter() - t1
+    for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.timing)
+        timing.record(timing.model_key(loaded), e.n, t_enc / len(encs))
+        if settings.generate:
+            timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
 
     results = []
     for i, (doc, enc) in enumerate(zip(docs, encs)):

@@ -454,7 +454,8 @@ def _length_ticks(fig: go.Figure, lengths: Sequence[float], train_length: int | 
     lo, hi = min(xs), max(xs)
     if train_length:
         base = float(train_length)
-        k0, k1 = math.floor(math.log2(lo / base) + 1e-9), math.ceil(math.log2(hi / base) - 1e-9)
+        # a length a few tokens short of a multiple (2,045 for 8x 256) still gets that multiple's tick only
+        k0, k1 = math.floor(math.log2(lo / base) + 0.05), math.ceil(math.log2(hi / base) - 0.05)
         ticks = [base * 2.0 ** k for k in range(k0, k1 + 1)]
     else:
         ticks = sorted(set(xs))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from core import plots, temperature  # noqa: E402
+from core import plots, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
 from ui import cache  # noqa: E402
@@ -30,6 +31,19 @@ def use_tau(method: str, value) -> None:
     else:
         sb.set_state(tau_method=method)
     st.session_state["cal_used"] = f"{sb.METHOD_LABELS.get(method, method)}: tau = {np.round(a, 3).tolist()}"
+
+
+def prop1_note(value, stats: dict) -> str:
+    """Why Prop. 1 can read above 1 or 'n/a', said beside the table that shows it (README, Notes on choices)."""
+    odd = isinstance(value, str) or (value is not None and float(value) > 1)
+    sig = ""
+    if stats.get("sigma_ex") is not None and stats.get("sigma_tr") is not None:
+        sig = f" Layer 0's logits have sigma = {stats['sigma_ex']:.2f} here and {stats['sigma_tr']:.2f} at L_tr."
+    head = ("**Prop. 1 reads " + ("'n/a' (no root)" if isinstance(value, str) else f"{float(value):.3f}, above 1")
+            + " here.** ") if odd else "**About Prop. 1/2.** "
+    return (head + "Prop. 1 and 2 rest on a Gaussian model of the logits, which holds while sigma/tau is below about "
+            f"1.5.{sig} With a large sigma Prop. 1 can give tau > 1 or no root at all. The value is reported as computed, "
+            "not clipped.")
 
 
 def main() -> None:
@@ -54,13 +68,25 @@ def main() -> None:
     args = dict(fast=bool(ss["cal_fast"]), samples=int(ss["cal_samples"]), targets=ctx.targets, cosine_scale=ctx.cosine_scale)
     cals = cache.calibrate_both(ctx.loaded, ctx.request, compute=False, **args)
     if cals is None:
-        passes = (5 if args["fast"] else len(temperature.GRID)) * args["samples"]
-        st.info(f"Algorithm 1 will run about {passes + args['samples']} encoder passes at {ctx.tokens:,} tokens "
-                "(plus the L_tr reference); results are cached.")
+        mk = timing.model_key(ctx.loaded)
+        per_doc = timing.algorithm1_passes(len(temperature.GRID), args["fast"])
+        work = [(per_doc * args["samples"], ctx.tokens), (args["samples"], ctx.train_length)]
+        planned = timing.total(mk, work)
+        st.info(timing.plan_note("Algorithm 1", mk, work)
+                + (" Bisection stops early, so this is an upper bound." if args["fast"] else "")
+                + (" The extra pass is the L_tr reference;" if args["samples"] == 1 else
+                   " The extra passes are the L_tr references;") + " results are cached.")
         if c3.button("Run Algorithm 1", type="primary", key="cal_run"):
-            bar = st.progress(0.0, text="Algorithm 1: forward passes over the tau grid…")
+            label = "Algorithm 1: forward passes over the tau grid…"
+            bar = st.progress(0.0, text=timing.progress_text(label, 0.0, 0.0, planned))
+            t0 = time.perf_counter()
+
+            def progress(f: float) -> None:
+                f = min(1.0, f)
+                bar.progress(f, text=timing.progress_text(label, f, time.perf_counter() - t0, planned))
+
             try:
-                cals = cache.calibrate_both(ctx.loaded, ctx.request, progress=lambda f: bar.progress(min(1.0, f)), **args)
+                cals = cache.calibrate_both(ctx.loaded, ctx.request, progress=progress, **args)
             except UserError as err:
                 bar.empty()
                 st.error(str(err))
@@ -81,7 +107,14 @@ def main() -> None:
     chart(plots.calibration_curves(panels), "cal_curves")
     cols = st.columns(len(cals))
     for col, (crit, cal) in zip(cols, cals.items()):
-        col.metric(f"Algorithm 1 ({crit})", f"tau = {cal.tau:.2f}", help=f"{cal.passes} passes; S_tr(1) = {cal.reference:.4f}")
+        at_pick = dict(zip(cal.grid, cal.curve)).get(cal.tau)
+        gap = None if at_pick is None else round(float(at_pick) - float(cal.reference), 4) + 0.0  # no -0.0
+        # the match left at the pick; no arrow when it is exact at the shown precision (a zero has no direction)
+        col.metric(f"Algorithm 1 ({crit})", f"tau = {cal.tau:.2f}",
+                   delta=None if gap is None else f"{gap:+.4f} vs S_tr(1)", delta_color="off",
+                   delta_arrow="off" if gap == 0 else "auto",
+                   help=f"{cal.passes} passes; S_tr(1) = {cal.reference:.4f}; the delta is S_ex(tau) - S_tr(1) at "
+                        "the pick.")
         col.button(f"Use tau = {cal.tau:.2f}", key=f"use_{crit}", on_click=use_tau, args=(crit, cal.tau))
 
     def curve_df() -> pd.DataFrame:
@@ -102,7 +135,8 @@ def main() -> None:
         "formula does not fit these numbers."
     )
     try:
-        with st.spinner("Closed forms (two passes for Prop. 1/2)…"):
+        est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
+        with st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…"):
             taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
     except UserError as err:
         st.error(str(err))
@@ -118,6 +152,7 @@ def main() -> None:
                      "tau": t if a is None else (round(float(a), 4) if a.ndim == 0 else ", ".join(f"{v:.2f}" for v in a))})
     table = pd.DataFrame(rows)
     st.dataframe(table[["label", "tau"]], hide_index=True, width="stretch")
+    st.caption(prop1_note(taus.get("prop1"), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
     if per_layer is None:
         st.caption("Per-layer alignment is not in the table yet: choose it in the sidebar's Method box to compute it "
                    "(about 5 passes per layer).")

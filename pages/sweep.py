@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +14,7 @@ if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from core import plots, tasks, temperature  # noqa: E402
+from core import plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep  # noqa: E402
 from ui import PAPER, chart, page_setup  # noqa: E402
@@ -21,6 +22,9 @@ from ui import sidebar as sb  # noqa: E402
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
 SWEEP_METHODS = tuple(m for m in temperature.METHODS if m != "fixed")
+#: Short chip labels: the sidebar's long ones ("log-length: log L_tr / log L") get cut off in the chips.
+CHIP_LABELS = {"none": "tau = 1", "log-length": "log-length", "infoscale": "InfoScale", "pmax": "Alg. 1 Pmax",
+               "entropy": "Alg. 1 entropy", "prop1": "Prop. 1", "prop2": "Prop. 2", "per-layer": "per-layer Alg. 1"}
 
 
 def _stop() -> None:
@@ -74,8 +78,9 @@ def main() -> None:
     c1, c2 = st.columns(2)
     c1.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="sw_lengths", format_func=lambda k: f"{k}× = {k * lt:,}")
     c2.multiselect("Needle depths (%)", list(DEPTHS), key="sw_depths")
-    c3, c4, c5, c6 = st.columns([2, 1, 1, 1])
-    c3.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=lambda m: sb.METHOD_LABELS.get(m, m))
+    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=lambda m: CHIP_LABELS.get(m, m),
+                   help="; ".join(f"{CHIP_LABELS.get(m, m)}: {sb.METHOD_LABELS.get(m, m)}" for m in SWEEP_METHODS))
+    c4, c5, c6 = st.columns(3)
     c4.text_input("Fixed taus", key="sw_fixed", placeholder="0.8, 0.7")
     c5.number_input("Seeds", min_value=1, max_value=100, step=1, key="sw_seeds")
     c6.number_input("Calibration docs", min_value=1, max_value=16, step=1, key="sw_samples",
@@ -92,6 +97,18 @@ def main() -> None:
     )
     st.caption(f"{plan.total} runs of task `{task}` on {ctx.loaded.spec.name}. Rows are written as they finish, so a "
                "stopped sweep keeps its rows and 'Resume' skips them.")
+    mk = timing.model_key(ctx.loaded)
+    work = timing.sweep_passes(plan.lengths, len(plan.depths) * len(plan.seeds) * len(methods),
+                               [m for m in methods if m in temperature.MEASURED], plan.calib_samples, lt,
+                               ctx.loaded.n_layers, len(temperature.GRID))
+    gen = [(len(plan.depths) * len(plan.seeds) * len(methods), n) for n in plan.lengths]
+    planned, gen_s = timing.total(mk, work), timing.total(mk, gen, timing.GENERATE)
+    if plan.total:
+        note = timing.plan_note("The sweep", mk, work, name_all=True)
+        if planned is not None:
+            note += (f" Answer generation adds {timing.describe(gen_s)}: {timing.describe(planned + gen_s)} in all."
+                     if gen_s is not None else " Answer generation adds to this (not timed here yet).")
+        st.caption(note + " Calibration passes by bisection are an upper bound.")
     path = _csv_path()
     b1, b2, b3 = st.columns(3)
     start = b1.button("Start sweep", type="primary", key="sw_start", disabled=plan.total == 0)
@@ -101,12 +118,20 @@ def main() -> None:
         st.warning("Sweep stopped; the table below holds the rows finished so far.")
     if start or resume:
         ss["sw_stop"] = False
-        bar = st.progress(0.0, text="starting…")
+        full = None if planned is None or gen_s is None else planned + gen_s
+        bar = st.progress(0.0, text="starting…" + ("" if full is None else f" ({timing.describe(full)} planned)"))
+        # Time left: the time so far, scaled by the planned cost of the rows left over that of the rows run
+        # (a row at 4x L_tr costs more than one at 1x), so the load of the machine right now is taken into account.
+        weights = [timing.estimate(mk, n) or float(n) ** 2 for n, *_ in plan.cells()]
+        t0, ran = time.perf_counter(), [0.0]
 
         def progress(done: int, total: int, row: dict | None) -> None:
             msg = f"{done}/{total}"
             if row:
                 msg += f" · {row['tokens']} tokens, depth {row['depth']:g}, {row['method']}: {row['answer']!r}"
+                ran[0] += weights[done - 1]  # rows skipped on resume (row None) do not count
+                left = timing.remaining_weighted(time.perf_counter() - t0, ran[0], sum(weights[done:]))
+                msg += f" · {timing.describe(left)} left"
             bar.progress(done / max(1, total), text=msg)
 
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from core import plots, tasks, temperature  # noqa: E402
+from core import plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.probes import ProbeSpec  # noqa: E402
 from core.settings import DocumentRequest  # noqa: E402
@@ -73,11 +74,19 @@ def main() -> None:
         st.info("Pasted text has one length; these lengths use the pass key task.")
     reqs = {k: replace(base_req, tokens=k * lt) for k in sorted(ss["th_multiples"])}
     missing = [k for k, r in reqs.items() if cache.length_stats(ctx.loaded, r, compute=False) is None]
+    mk = timing.model_key(ctx.loaded)
+    if missing:
+        work = [(1, k * lt) for k in sorted(missing, reverse=True)]
+        st.caption(timing.plan_note("Measuring", mk, work, name_all=True))
     if missing and st.button(f"Measure {', '.join(f'{k}×' for k in missing)}", key="th_measure", type="primary"):
-        bar = st.progress(0.0)
+        planned = timing.total(mk, work)
+        bar = st.progress(0.0, text=timing.progress_text("Measuring…", 0.0, 0.0, planned))
+        t0 = time.perf_counter()
         try:
             for i, k in enumerate(missing):
-                bar.progress(i / len(missing), text=f"{k}× L_tr = {k * lt:,} tokens")
+                label = f"Measuring {k}× L_tr = {k * lt:,} tokens…"
+                bar.progress(i / len(missing), text=timing.progress_text(label, i / len(missing),
+                                                                         time.perf_counter() - t0, planned))
                 cache.length_stats(ctx.loaded, reqs[k])
         except UserError as err:
             bar.empty()
@@ -88,13 +97,21 @@ def main() -> None:
     stats = pd.DataFrame(rows)
     if not stats.empty:
         stats["ratio"] = (stats["tokens"] / lt).round(2)
-        c1, c2 = st.columns([2, 1])
-        with c1:
-            chart(plots.lmax_vs_length(stats, lt), "lmax")
-        with c2:
-            st.dataframe(stats[["tokens", "ratio", "l_max", "sigma", "pmax_layer0"]].round(4), hide_index=True, width="stretch")
-            st.download_button("lengths.csv", stats.to_csv(index=False).encode(), "lengths.csv", "text/csv",
-                               key="dl_lengths", on_click="ignore")
+        chart(plots.lmax_vs_length(stats, lt), "lmax")
+        # below the chart, at full width: five short columns stay readable on a laptop screen
+        st.dataframe(
+            stats[["tokens", "ratio", "l_max", "sigma", "pmax_layer0"]], hide_index=True, width="content",
+            column_config={
+                "tokens": st.column_config.NumberColumn("tokens", format="localized"),
+                "ratio": st.column_config.NumberColumn("× L_tr", format="%.2f×"),
+                "l_max": st.column_config.NumberColumn("l_max", format="%.3f", help="largest average sorted logit"),
+                "sigma": st.column_config.NumberColumn("sigma", format="%.3f", help="spread of the sorted logits"),
+                "pmax_layer0": st.column_config.NumberColumn("Pmax, layer 0", format="%.4f",
+                                                             help="mean largest attention probability in layer 0"),
+            },
+        )
+        st.download_button("lengths.csv", stats.to_csv(index=False).encode(), "lengths.csv", "text/csv",
+                           key="dl_lengths", on_click="ignore")
     elif missing:
         st.caption("Press Measure to run one tau = 1 pass per length (cached).")
 
@@ -128,12 +145,24 @@ def main() -> None:
     cal_reqs = dict(reqs)
     have = {k: cache.calibrate_both(ctx.loaded, r, fast=True, compute=False) for k, r in cal_reqs.items()}
     need = [k for k, v in have.items() if v is None]
-    if need and st.button("Add Algorithm 1 dots (bisection, ~5 passes per length)", key="th_alg1"):
-        bar = st.progress(0.0)
+    if need:
+        per = timing.algorithm1_passes(len(temperature.GRID), fast=True)
+        dots_work = [(per, k * lt) for k in sorted(need, reverse=True)] + [(len(need), lt)]
+        st.caption(timing.plan_note("Adding the Algorithm 1 dots", mk, dots_work, name_all=True)
+                   + f" Bisection: at most {per} passes per length plus one at L_tr for the reference, often fewer.")
+    if need and st.button("Add Algorithm 1 dots (bisection)", key="th_alg1"):
+        planned = timing.total(mk, dots_work)
+        bar = st.progress(0.0, text=timing.progress_text("Algorithm 1…", 0.0, 0.0, planned))
+        t0 = time.perf_counter()
         try:
             for i, k in enumerate(need):
-                bar.progress(i / len(need), text=f"Algorithm 1 at {k}× L_tr")
-                have[k] = cache.calibrate_both(ctx.loaded, cal_reqs[k], fast=True)
+                def step(f: float, i: int = i, k: int = k) -> None:
+                    done = (i + min(1.0, f)) / len(need)
+                    bar.progress(done, text=timing.progress_text(f"Algorithm 1 at {k}× L_tr…", done,
+                                                                 time.perf_counter() - t0, planned))
+
+                step(0.0)
+                have[k] = cache.calibrate_both(ctx.loaded, cal_reqs[k], fast=True, progress=step)
         except UserError as err:
             bar.empty()
             st.error(str(err))
@@ -144,6 +173,19 @@ def main() -> None:
         for crit in temperature.CRITERIA:
             dots[f"Algorithm 1 ({crit})"] = ([k * lt for k in done], [v[crit].tau for v in done.values()])
     chart(plots.temperature_curves(curves, dots, lt), "taus")
+    if "Prop. 1" in curves:
+        p1 = curves["Prop. 1"][1]
+        above = [f"{n:,}" for n, v in zip(curves["Prop. 1"][0], p1) if v is not None and v > 1]
+        no_root = [f"{n:,}" for n, v in zip(curves["Prop. 1"][0], p1) if v is None]
+        sigmas = ", ".join(f"{float(r['sigma']):.2f} at {int(r['tokens']):,}" for _, r in stats.sort_values("tokens").iterrows())
+        odd = " ".join(([f"Prop. 1 is above 1 at {', '.join(above)} tokens."] if above else [])
+                       + ([f"Prop. 1 has no root (a gap in its line) at {', '.join(no_root)} tokens."] if no_root else []))
+        st.caption(
+            (f"**{odd}** " if odd else "**About Prop. 1/2.** ")
+            + "Prop. 1 and 2 rest on a Gaussian model of the logits, which holds while sigma/tau is below about 1.5. "
+            f"Layer 0's sigma here: {sigmas} (L_tr: {float(sig_tr):.2f}). When layer 0's logits have a large sigma, "
+            "Prop. 1 can give tau > 1 or no root; its values are drawn as computed, not clipped."
+        )
 
     def tau_df() -> pd.DataFrame:
         frames = [pd.DataFrame({"method": name, "tokens": xs, "tau": ys}) for name, (xs, ys) in {**curves, **dots}.items()]

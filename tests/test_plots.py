@@ -160,3 +160,63 @@ def test_accuracy_heatmap_from_table():
     assert hm.text[0][1] == "0"
     with pytest.raises(ValueError):
         plots.accuracy_heatmap(pd.DataFrame())
+
+
+# -- labels that never sit on each other (issue 24) ------------------------------------------
+
+def test_calibration_curves_labels_apart():
+    grid = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]
+    fig = plots.calibration_curves({
+        "pmax": {"grid": grid, "curve": [0.2, 0.25, 0.3, 0.33, 0.36, 0.38], "reference": 0.39, "tau": 0.5},
+        "entropy": {"grid": grid, "curve": [4.8, 4.5, 4.2, 3.9, 3.5, 3.2], "reference": 2.6, "tau": 0.5},
+    })
+    texts = [a.text for a in fig.layout.annotations]
+    # the pick is named in each panel's title, not beside the dotted line where S_tr(1)'s label can be
+    assert texts[:2] == ["pmax: Algorithm 1 picks tau = 0.50", "entropy: Algorithm 1 picks tau = 0.50"]
+    refs = [a for a in fig.layout.annotations if a.text == "S_tr(1)"]
+    assert len(refs) == 2
+    for a in refs:  # just right of the panel, at the line's height: outside the data, away from the pick
+        assert a.x == 1 and a.xref.endswith("domain") and a.xanchor == "left"
+    assert sorted(a.y for a in refs) == [0.39, 2.6]
+    assert not any(t.startswith("tau =") for t in texts)
+
+
+def _overlaps(notes, width_px=700.0):
+    """Pairs of labels on the same row whose estimated extents touch (what _stacked_labels must avoid)."""
+    xs = [n["x"] for n in notes]
+    lo, hi = min(xs + [0]), max(xs)
+    out = []
+    for i, a in enumerate(notes):
+        for b in notes[i + 1:]:
+            if a["yshift"] != b["yshift"]:
+                continue
+            half = lambda n: (len(n["text"]) * 6.5 + 8) / 2 / width_px * (hi - lo)  # noqa: E731
+            if abs(a["x"] - b["x"]) < half(a) + half(b):
+                out.append((a["text"], b["text"]))
+    return out
+
+
+def test_rpe_labels_stack_when_close():
+    curves = np.zeros((2, 256))
+    # query just before L_tr (a 1x document): the two labels would be drawn on each other
+    fig = plots.rpe_curves(curves, query=243, train_length=256, max_distance=128)
+    notes = [a.to_plotly_json() for a in fig.layout.annotations]
+    assert {n["text"] for n in notes} == {"L_tr", "query m", "m−128", "m+128"}
+    assert not _overlaps(notes)
+    assert {n["yshift"] for n in notes if n["text"] in ("L_tr", "query m")} == {0, 15}
+    assert all(n["y"] == 1 and n["yanchor"] == "bottom" for n in notes)  # above the plot, not on the tick labels
+    assert fig.layout.margin.t >= 6 + 16 * 2
+    # far apart: one row
+    fig = plots.rpe_curves(np.zeros((2, 2048)), query=2034, train_length=256, max_distance=128)
+    notes = [a.to_plotly_json() for a in fig.layout.annotations]
+    assert {n["yshift"] for n in notes if n["text"] == "L_tr"} == {0}
+    assert not _overlaps(notes)
+
+
+def test_length_axes_have_readable_ticks():
+    df = pd.DataFrame({"tokens": [254, 509, 1022, 2045], "l_max": [1.0, 2.0, 3.0, 4.0], "sigma": [1.0] * 4})
+    fig = plots.lmax_vs_length(df, 256)
+    assert list(fig.layout.xaxis.tickvals) == [256, 512, 1024, 2048]
+    assert list(fig.layout.xaxis.ticktext) == ["256", "512", "1,024", "2,048"]
+    fig = plots.temperature_curves({"a": ([256, 4096], [1.0, 0.7])}, None, 256)
+    assert list(fig.layout.xaxis.ticktext) == ["256", "512", "1,024", "2,048", "4,096"]
