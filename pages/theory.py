@@ -17,7 +17,6 @@ import streamlit as st  # noqa: E402
 
 from core import plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
-from core.probes import ProbeSpec  # noqa: E402
 from core.settings import DocumentRequest  # noqa: E402
 from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
 from ui import cache  # noqa: E402
@@ -35,10 +34,10 @@ def main() -> None:
     ss = st.session_state
     ctx = sb.sidebar()
     lt = ctx.train_length
-    spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if ctx.loaded.cosine else 0)
     try:
         with st.spinner("Layer-0 logits at this length and at L_tr…"):
-            here = cache.run(ctx.loaded, ctx.request, ctx.run_settings(tau=1.0, method="none", probes=spec, generate=False))
+            # the same pass Prop. 1/2 read, which the background job computes after the tau grid
+            here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.targets, ctx.cosine_scale))
             ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
     except UserError as err:
         st.error(str(err))
