@@ -144,12 +144,8 @@ def live(ctx: sb.Context) -> None:
         "circles: this document at tau = 1. Green within 10 % of the tick, orange within 30 %, red beyond. "
         "Alignment means bars on the ticks (paper Sec. 4, Table 2's Pmax/entropy columns)."
     )
-    m1, m2 = st.columns(2)
-    with m1:
-        chart(plots.layer_meters(chosen.probes.layer_pmax, ref.probes.layer_pmax, "Pmax", base.probes.layer_pmax), "meter_pmax")
-    with m2:
-        chart(plots.layer_meters(chosen.probes.layer_entropy, ref.probes.layer_entropy, "entropy H",
-                                 base.probes.layer_entropy), "meter_h")
+    chosen_s, ref_s, base_s = ({"Pmax": r.probes.layer_pmax, "entropy H": r.probes.layer_entropy} for r in (chosen, ref, base))
+    chart(plots.meters_pair(chosen_s, ref_s, base_s), "meters")
 
     # -- heatmap ------------------------------------------------------------------------
     st.subheader("Attention map")
@@ -187,7 +183,7 @@ def live(ctx: sb.Context) -> None:
     st.subheader("Where the question looks")
     st.caption(
         "Attention from the question's tokens to every document position (head mean, averaged over the question "
-        "rows), one line per layer; the needle is shaded red. Retrieval works when some layer puts a clear peak "
+        "rows), one line per layer at the chosen tau, grey lines at tau = 1; the needle is shaded red. Retrieval works when some layer puts a clear peak "
         "inside the red band; dispersion flattens that peak into the filler (paper Fig. 5's intuition)."
     )
     if chosen.probes.profile is None:
@@ -196,11 +192,9 @@ def live(ctx: sb.Context) -> None:
         p1, p2 = st.columns([3, 1])
         p1.multiselect("Layers", list(range(L)), key="ex_profile_layers")
         p2.toggle("log scale", key="ex_profile_log")
-        t1, t2 = st.tabs([f"chosen tau = {ctx.tau_text()}", "tau = 1"])
-        for tab, res, k in ((t1, chosen, "prof_c"), (t2, base, "prof_b")):
-            with tab:
-                chart(plots.question_profile(res.probes.profile, res.needle_tokens, res.question_tokens,
-                                             ss["ex_profile_layers"], log_y=ss["ex_profile_log"]), k)
+        chart(plots.question_profile(chosen.probes.profile, chosen.needle_tokens, chosen.question_tokens,
+                                     ss["ex_profile_layers"], log_y=ss["ex_profile_log"], baseline=base.probes.profile,
+                                     title=f"chosen tau = {ctx.tau_text()} (colours) and tau = 1 (grey)"), "profile")
 
     # -- text view ----------------------------------------------------------------------
     if chosen.probes.profile is not None and chosen.offsets is not None:

@@ -39,7 +39,8 @@ def test_heatmap_float32_log_and_needle_lines():
     zz = np.asarray(hm.z)
     assert zz.dtype == np.float32
     assert zz[3, 1] == pytest.approx(0.0) and zz[0, 0] == pytest.approx(np.log10(0.25), rel=1e-6)
-    assert list(hm.x) == [0, 10, 20, 30]
+    # uniform cells at the bins' starts, painted as one image (see plots.heatmap)
+    assert (hm.x0, hm.dx, hm.y0, hm.dy, hm.zsmooth) == (0, 10, 0, 10, "fast")
     lines = _shapes(fig, "line")
     assert len(lines) == 8  # two spans x (start, end) x (row, column)
     assert {s.x0 for s in lines if s.xref == "x"} >= {10, 20, 30, 40}
@@ -220,3 +221,37 @@ def test_length_axes_have_readable_ticks():
     assert list(fig.layout.xaxis.ticktext) == ["256", "512", "1,024", "2,048"]
     fig = plots.temperature_curves({"a": ([256, 4096], [1.0, 0.7])}, None, 256)
     assert list(fig.layout.xaxis.ticktext) == ["256", "512", "1,024", "2,048", "4,096"]
+
+
+def test_heatmaps_share_a_rounded_scale_and_question_rows_keep_their_tokens():
+    a = np.full((4, 4), 0.01, dtype=np.float32)
+    b = a.copy()
+    b[3, 1] = 0.3
+    lo, hi = plots.shared_range(a, b)
+    assert (lo, hi) == (pytest.approx(0.01), pytest.approx(0.5))  # a power of ten below, 1/2/5 above
+    # a small move of the sharper map keeps the scale (the tau = 1 figure is then unchanged)
+    b[3, 1] = 0.45
+    assert plots.shared_range(a, b) == (lo, hi)
+    f1 = plots.heatmap(a, np.array([0, 10, 20, 30, 40]), zrange=(lo, hi))
+    f2 = plots.heatmap(b, np.array([0, 10, 20, 30, 40]), zrange=(lo, hi))
+    assert (f1.data[0].zmin, f1.data[0].zmax) == (f2.data[0].zmin, f2.data[0].zmax) == (0.0, pytest.approx(0.5))
+    q = plots.heatmap(np.ones((3, 4), dtype=np.float32), np.array([0, 10, 20, 30, 40]), rows=np.array([31, 32, 33]))
+    assert (q.data[0].y0, q.data[0].dy) == (31, 1)
+    assert q.layout.yaxis.title.text == "question token"
+
+
+def test_meters_pair_is_one_figure_with_both_statistics():
+    ref = {"Pmax": [0.5, 0.6], "entropy H": [2.0, 3.0]}
+    fig = plots.meters_pair({"Pmax": [0.5, 0.3], "entropy H": [2.1, 4.5]}, ref, {"Pmax": [0.2, 0.2], "entropy H": [5, 5]})
+    bars = [t for t in fig.data if isinstance(t, go.Bar)]
+    assert len(bars) == 2 and {b.xaxis for b in bars} == {"x", "x2"}
+    assert list(bars[1].y) == [2.1, 4.5]
+    assert sum(1 for t in fig.data if t.showlegend is not False) == 3  # one legend entry per kind, not per panel
+
+
+def test_profile_draws_tau_one_under_the_chosen_lines():
+    prof = np.random.default_rng(0).random((3, 500))
+    fig = plots.question_profile(prof, layers=[0, 2], baseline=prof * 0.5)
+    grey = [t for t in fig.data if t.name == "tau = 1"]
+    assert len(grey) == 2 and fig.data[0].name == "tau = 1"  # drawn first: under the coloured lines
+    assert np.allclose(np.asarray(grey[1].y), prof[2] * 0.5, rtol=1e-6)
