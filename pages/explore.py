@@ -228,7 +228,9 @@ def live(ctx: sb.Context) -> None:
                              key="dl_prof", on_click="ignore")
     e[3].download_button("settings.json", ctx.settings().to_json(), "choice.json", "application/json", key="dl_settings",
                          on_click="ignore")
-    st.code(sb.cli_command("choice.json"), language="bash")
+    # Inline code, not st.code: st.code makes the browser fetch and parse a 1.6 MB syntax highlighter,
+    # which on the landing page cost seconds in a fresh tab (bench/browser_latency.py).
+    st.markdown(f"Then run: `{sb.cli_command('choice.json')}`")
 
 
 def bias_section(ctx: sb.Context) -> None:
