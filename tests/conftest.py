@@ -49,3 +49,9 @@ def tiny(tiny_dir):
 @pytest.fixture(scope="session")
 def tiny_cos_dir(tmp_path_factory):
     return build_tiny_t5(tmp_path_factory.mktemp("tiny-cos"), cosine=24.0, seed=1)
+
+
+def app_ok(at) -> None:
+    """An AppTest run showed neither an exception nor an st.error (the message list is the failure text)."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import build_tiny_t5  # noqa: E402
+from conftest import app_ok, build_tiny_t5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -32,9 +32,7 @@ def env(app_model, monkeypatch):
     return app_model
 
 
-def _ok(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
+_ok = app_ok
 
 
 def _metric(at: AppTest, label: str) -> float:

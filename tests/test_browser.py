@@ -353,8 +353,10 @@ def test_a_link_reopens_the_view_and_back_works(server, page, deadline):
     assert "tokens" in _card_text(page, deadline)
     assert abs(_slider_value(page, deadline) - 0.70) < 1e-9
     assert "512" in page.locator(".st-key-doc_tokens input").first.input_value(timeout=deadline.ms())
-    set_tau(page, 0.65, deadline)
-    page.wait_for_function("() => location.search.includes('tau=0.65')", timeout=deadline.ms(60_000))
+    # one step (one rerun, one history entry): with several presses every intermediate tau is
+    # its own entry too, and back returns to the last of them
+    set_tau(page, 0.69, deadline)
+    page.wait_for_function("() => location.search.includes('tau=0.69')", timeout=deadline.ms(60_000))
     assert "depth=30" in page.evaluate("() => location.search")
     page.go_back(timeout=deadline.ms())
     settle(page, deadline, marker="tau = 0.700", scope=CARD)

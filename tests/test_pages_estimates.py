@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import build_tiny_t5  # noqa: E402
+from conftest import app_ok, build_tiny_t5  # noqa: E402
 from core import timing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,9 +33,7 @@ def env(model_dir, monkeypatch):
     return model_dir
 
 
-def _ok(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
+_ok = app_ok
 
 
 def _loaded(model_dir):
