@@ -104,6 +104,8 @@ class Prefetcher:
     def _next(self) -> tuple[Job, engine.RunSettings] | None:
         """The newest wanted document that still has a pending pass, and that pass."""
         with self._lock:
+            for session in [s for s in self._wanted if not _alive(s)]:
+                del self._wanted[session]  # the tab was closed: its document is no longer wanted
             jobs = sorted(self._wanted.values(), key=lambda x: -x[0])
         for _, job in jobs:
             if job.key in self.failed:
@@ -141,6 +143,18 @@ class Prefetcher:
                 self.failed[job.key] = str(err)
             finally:
                 gate.release_background()
+
+
+def _alive(session: str) -> bool:
+    """Whether a browser session is still connected (always True outside a Streamlit server: scripts, tests)."""
+    try:
+        from streamlit.runtime import Runtime
+
+        if not Runtime.exists():
+            return True
+        return Runtime.instance().is_active_session(session)
+    except Exception:  # an API change must not stop prefetching; at worst a closed tab's grid is finished
+        return True
 
 
 def progress(job: Job) -> tuple[int, int]:
