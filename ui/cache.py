@@ -154,7 +154,8 @@ def gate() -> PassGate:
 
 
 def clear() -> None:
-    """Forget every cached document, run and calibration (models stay loaded)."""
+    """Forget every cached document, run and calibration, and every background wish (models stay loaded)."""
+    prefetcher().forget()
     for s in stores().values():
         s.clear()
 

@@ -77,6 +77,12 @@ class Prefetcher:
         # process ("terminate called without an active exception", exit 134): stop it first.
         atexit.register(self.stop)
 
+    def forget(self) -> None:
+        """Drop every session's wish (the pass under way finishes; nothing new starts for them)."""
+        with self._lock:
+            self._wanted.clear()
+            self.failed.clear()
+
     def stop(self, timeout: float = 60.0) -> None:
         """Finish the pass under way, then end the thread (called at exit)."""
         self._stop.set()
