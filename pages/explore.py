@@ -122,7 +122,8 @@ def live(ctx: sb.Context) -> None:
     except UserError as err:
         st.error(str(err))
         return
-    cache.want_grid(ctx.loaded, ctx.request, ctx.run_settings(tau=1.0, method="fixed", probes=probes))
+    grid_settings = ctx.run_settings(tau=1.0, method="fixed", probes=probes)
+    cache.want_grid(ctx.loaded, ctx.request, grid_settings)
 
     # -- answers ------------------------------------------------------------------------
     c1, c2 = st.columns(2)
@@ -134,7 +135,7 @@ def live(ctx: sb.Context) -> None:
     st.caption(
         f"The document is {ctx.tokens:,} tokens, {ctx.ratio:.2f} × the training length L_tr = {ctx.train_length:,}. "
         "Left: no temperature; right: the temperature above. Deltas compare with the same task at L_tr (tau = 1). "
-        + cache.grid_note(ctx.loaded, ctx.request, ctx.run_settings(tau=1.0, method="fixed", probes=probes))
+        + cache.grid_note(ctx.loaded, ctx.request, grid_settings)
     )
 
     # -- meters -------------------------------------------------------------------------

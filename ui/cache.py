@@ -25,10 +25,11 @@ propagate to the page, which shows them with ``st.error``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 import numpy as np
 import streamlit as st
@@ -107,22 +108,18 @@ class PassGate:
         """Someone is waiting for (or running) a foreground pass."""
         return self._waiting > 0
 
-    def foreground(self):
-        gate = self
-
-        class _Fg:
-            def __enter__(self_inner):
-                with gate._cond:
-                    gate._waiting += 1
-                gate._lock.acquire()
-
-            def __exit__(self_inner, *exc):
-                gate._lock.release()
-                with gate._cond:
-                    gate._waiting -= 1
-                    gate._cond.notify_all()
-
-        return _Fg()
+    @contextlib.contextmanager
+    def foreground(self) -> Iterator[None]:
+        """Hold the gate for a person's pass (waiting, if need be, for the one background pass under way)."""
+        with self._cond:
+            self._waiting += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._cond:
+                self._waiting -= 1
+                self._cond.notify_all()
 
     def background(self, timeout: float = 0.5) -> bool:
         """Take the gate for one background pass; False (try later) while foreground work waits."""
@@ -222,10 +219,8 @@ def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSetting
         def compute() -> engine.Result:
             return engine.run(loaded, doc, settings, encoded=encoded(loaded, doc_key, doc))
 
-        if guarded:
-            with gate().foreground():  # re-checks the store inside: the prefetcher may have just made it
-                res = stores()["run"].get(key, compute)
-        else:
+        # get() re-checks the store under the gate: the prefetcher may have just made this very pass
+        with gate().foreground() if guarded else contextlib.nullcontext():
             res = stores()["run"].get(key, compute)
         _note_stats(loaded, doc_key, settings, res)
     return res if res.method == settings.method else replace(res, method=settings.method)
