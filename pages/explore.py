@@ -146,7 +146,7 @@ def live(ctx: sb.Context) -> None:
         "Alignment means bars on the ticks (paper Sec. 4, Table 2's Pmax/entropy columns)."
     )
     chosen_s, ref_s, base_s = ({"Pmax": r.probes.layer_pmax, "entropy H": r.probes.layer_entropy} for r in (chosen, ref, base))
-    chart(plots.meters_pair(chosen_s, ref_s, base_s), "meters")
+    chart(cache.figure(plots.meters_pair, chosen_s, ref_s, base_s), "meters")
 
     # -- heatmap ------------------------------------------------------------------------
     st.subheader("Attention map")
@@ -173,10 +173,10 @@ def live(ctx: sb.Context) -> None:
             if maps[k] is None:
                 st.info("No heatmap recorded for this run.")
                 continue
-            chart(plots.heatmap(maps[k], res.probes.heatmap_edges, res.needle_tokens, res.question_tokens,
+            chart(cache.figure(plots.heatmap, maps[k], res.probes.heatmap_edges, res.needle_tokens, res.question_tokens,
                                 log=ss["ex_log"], title=name, zrange=zr), k)
             if qmaps[qk] is not None:
-                chart(plots.heatmap(qmaps[qk], res.probes.heatmap_edges, res.needle_tokens, None, log=ss["ex_log"],
+                chart(cache.figure(plots.heatmap, qmaps[qk], res.probes.heatmap_edges, res.needle_tokens, None, log=ss["ex_log"],
                                     title=f"question rows, {name}", zrange=zr, rows=res.probes.question_rows,
                                     height=150 + 9 * len(res.probes.question_rows)), qk)
 
@@ -193,7 +193,7 @@ def live(ctx: sb.Context) -> None:
         p1, p2 = st.columns([3, 1])
         p1.multiselect("Layers", list(range(L)), key="ex_profile_layers")
         p2.toggle("log scale", key="ex_profile_log")
-        chart(plots.question_profile(chosen.probes.profile, chosen.needle_tokens, chosen.question_tokens,
+        chart(cache.figure(plots.question_profile, chosen.probes.profile, chosen.needle_tokens, chosen.question_tokens,
                                      ss["ex_profile_layers"], log_y=ss["ex_profile_log"], baseline=base.probes.profile,
                                      title=f"chosen tau = {ctx.tau_text()} (colours) and tau = 1 (grey)"), "profile")
 
@@ -260,7 +260,7 @@ def bias_section(ctx: sb.Context) -> None:
     except UserError as err:
         st.error(str(err))
         return
-    chart(plots.rpe_curves(curves, ss["ex_rpe_heads"], int(ss["ex_rpe_query"]), ctx.train_length,
+    chart(cache.figure(plots.rpe_curves, curves, ss["ex_rpe_heads"], int(ss["ex_rpe_query"]), ctx.train_length,
                            int(getattr(ctx.loaded.config, "relative_attention_max_distance", 128))), "rpe")
     st.download_button("rpe.csv", csv_of(lambda: views.rpe_table(curves)), "rpe.csv", "text/csv", key="dl_rpe",
                        on_click="ignore")
