@@ -56,6 +56,8 @@ which has the document at hand.
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -75,8 +77,8 @@ SUPPORTED_CLASSES = tuple(
     for c in ("ForConditionalGeneration", "EncoderModel", "Model", "ForSequenceClassification",
               "ForTokenClassification", "ForQuestionAnswering")
 )
-#: Attribute on the *model* holding what :func:`uninstall` restores.
-_RESTORE_ATTR = "_aligned_restore"
+#: Attribute on the *model* holding its :class:`_Hold` (what to restore, and who still needs our attention).
+_HOLD_ATTR = "_aligned_hold"
 
 
 # -- checks and settings ---------------------------------------------------------
@@ -147,6 +149,14 @@ def attention_settings(
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     if cosine_scale is None and st is not None:
         cosine_scale = st.cosine_scale
+    if cosine_scale is not None and (isinstance(cosine_scale, bool) or not isinstance(cosine_scale, numbers.Real)
+                                     or not math.isfinite(cosine_scale) or cosine_scale <= 0):
+        raise UserError(f"cosine_scale must be a finite number > 0, got {cosine_scale!r:.40}")
+    if chunk_bytes is not None and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+        raise UserError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r:.40}")
+    bad = [t for t in targets if t not in attention.KINDS]
+    if bad:
+        raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(attention.KINDS)}")
     enc, dec, heads = _n_layers_heads(model)
     try:
         m = tau_matrix(value, enc, heads)
@@ -215,6 +225,37 @@ def _switch_on(model) -> _Snapshot:
     return snap
 
 
+@dataclass
+class _Hold:
+    """Who needs the model switched to our attention, and what it was before anyone did.
+
+    One per model, so :func:`apply` blocks and :func:`install` can nest in any
+    order: the model is switched when the first of them starts and put back
+    to what it was *before the first* only when the last one ends. (A
+    snapshot per call restored the wrong state: ``install`` inside an
+    ``apply`` block lost its attention when the block ended, and
+    ``uninstall`` then left the model on ours.)
+    """
+
+    before: _Snapshot
+    blocks: int = 0
+    installed: bool = False
+
+
+def _hold(model) -> _Hold:
+    hold = model.__dict__.get(_HOLD_ATTR)
+    if hold is None:
+        hold = _Hold(_switch_on(model))
+        model.__dict__[_HOLD_ATTR] = hold
+    return hold
+
+
+def _let_go(model, hold: _Hold) -> None:
+    if hold.blocks <= 0 and not hold.installed and model.__dict__.get(_HOLD_ATTR) is hold:
+        del model.__dict__[_HOLD_ATTR]
+        hold.before.restore(model)
+
+
 def _attention_modules(model) -> list[torch.nn.Module]:
     from transformers.models.mt5.modeling_mt5 import MT5Attention
     from transformers.models.t5.modeling_t5 import T5Attention
@@ -266,12 +307,14 @@ def apply(
     check_supported(model)
     st = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
-    snap = _switch_on(model)
+    hold = _hold(model)
+    hold.blocks += 1
     try:
         with attention_call(st, recorder):
             yield st
     finally:
-        snap.restore(model)
+        hold.blocks -= 1
+        _let_go(model, hold)
 
 
 def install(
@@ -295,9 +338,7 @@ def install(
     check_supported(model)
     st = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
-    if _RESTORE_ATTR not in model.__dict__:
-        snap = _switch_on(model)
-        model.__dict__[_RESTORE_ATTR] = snap
+    _hold(model).installed = True
     call = attention.standing_call(st)
     for m in _attention_modules(model):
         m.__dict__[attention.INSTALLED_ATTR] = call
@@ -306,7 +347,8 @@ def install(
 
 def installed(model) -> AttentionSettings | None:
     """The settings :func:`install` put on ``model``, or None."""
-    if _RESTORE_ATTR not in getattr(model, "__dict__", {}):
+    hold = getattr(model, "__dict__", {}).get(_HOLD_ATTR)
+    if hold is None or not hold.installed:
         return None
     mods = _attention_modules(model)
     call = mods[0].__dict__.get(attention.INSTALLED_ATTR) if mods else None
@@ -315,9 +357,10 @@ def installed(model) -> AttentionSettings | None:
 
 def uninstall(model) -> None:
     """Undo :func:`install`: the previous attention implementation, and no attribute of ours left. No-op if not installed."""
-    saved = model.__dict__.pop(_RESTORE_ATTR, None)
-    if saved is None:
+    hold = model.__dict__.get(_HOLD_ATTR)
+    if hold is None or not hold.installed:
         return
     for m in _attention_modules(model):
         m.__dict__.pop(attention.INSTALLED_ATTR, None)
-    saved.restore(model)
+    hold.installed = False
+    _let_go(model, hold)  # inside an apply block the block still needs ours; its end restores

@@ -32,9 +32,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -75,6 +77,28 @@ EXP_FLOOR = -87.0
 TauSpec = float | Sequence[float] | Sequence[Sequence[float]]
 
 
+def _check_numbers(tau: object) -> None:
+    """Refuse anything but real numbers at the leaves of a schedule.
+
+    ``torch.as_tensor`` would take ``True`` as 1.0 (a silent wrong answer)
+    and fail with a TypeError deep in torch on ``"0.5"``.
+    """
+    if isinstance(tau, torch.Tensor):
+        if tau.dtype == torch.bool or tau.dtype.is_complex:
+            raise ValueError(f"tau must hold real numbers, got a tensor of {tau.dtype}")
+        return
+    if isinstance(tau, np.ndarray):
+        if tau.dtype.kind not in "iuf":
+            raise ValueError(f"tau must hold real numbers, got an array of {tau.dtype}")
+        return
+    if isinstance(tau, (list, tuple)):
+        for x in tau:
+            _check_numbers(x)
+        return
+    if isinstance(tau, (bool, np.bool_)) or not isinstance(tau, numbers.Real):
+        raise ValueError(f"tau must be a number (or a list of numbers), got {type(tau).__name__} {tau!r:.40}")
+
+
 def tau_matrix(tau: TauSpec, n_layers: int, n_heads: int) -> torch.Tensor:
     """Normalise a tau schedule to a float64 ``[layers, heads]`` matrix.
 
@@ -82,7 +106,11 @@ def tau_matrix(tau: TauSpec, n_layers: int, n_heads: int) -> torch.Tensor:
     number per layer and head, the three shapes the paper and its per-layer
     extension need. Raises ``ValueError`` for a wrong shape or a tau <= 0.
     """
-    t = torch.as_tensor(tau, dtype=torch.float64)
+    _check_numbers(tau)
+    try:
+        t = torch.as_tensor(tau, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as err:  # ragged lists
+        raise ValueError(f"tau must be a number, a list per layer, or a list of lists per layer and head ({err})") from None
     if t.ndim == 0:
         t = t.expand(n_layers, n_heads)
     elif t.ndim == 1:

@@ -320,3 +320,45 @@ def test_settings_json_round_trip(chatty_dir, user_model, tok, tmp_path, capsys)
         with ap.apply(user_model, settings=f):
             pass
     assert user_model.config._attn_implementation == "sdpa"
+
+
+def test_install_inside_apply_survives_the_block_and_uninstall_restores(chatty_dir, tok):
+    """install() in an apply block: the block's end keeps the install; uninstall() puts back the original."""
+    a = T5ForConditionalGeneration.from_pretrained(str(chatty_dir)).eval()
+    plain = _answer(a, tok)
+    impls, state = _impls(a), _state(a)
+    with ap.apply(a, tau=0.7):
+        want = _answer(a, tok)
+    with ap.apply(a, tau=1.0):
+        ap.install(a, tau=0.7)
+        assert _answer(a, tok) == plain  # the block's tau wins inside it
+    assert a.config._attn_implementation == ATTN_NAME  # the install is still in force
+    assert _answer(a, tok) == want
+    ap.uninstall(a)
+    assert _impls(a) == impls and _state(a) == state and _answer(a, tok) == plain
+
+    with ap.apply(a, tau=1.0):  # uninstall inside a block: ours stays until the block ends
+        ap.install(a, tau=0.7)
+        ap.uninstall(a)
+        assert a.config._attn_implementation == ATTN_NAME
+    assert _impls(a) == impls and _state(a) == state
+
+
+@pytest.mark.parametrize("bad", ["0.5", True, [True, 0.5], {"tau": 0.5}, None, [[0.5, "x"], [0.5, 0.5]],
+                                 float("nan"), -1.0, [0.5, [0.6]]])
+def test_tau_of_the_wrong_type_is_refused(user_model, bad):
+    with pytest.raises(UserError):
+        with ap.apply(user_model, schedule=bad) if isinstance(bad, list) else ap.apply(user_model, tau=bad):
+            pass
+    with pytest.raises(UserError):
+        ap.install(user_model, tau=bad) if not isinstance(bad, list) else ap.install(user_model, schedule=bad)
+    assert user_model.config._attn_implementation == "sdpa" and ap.installed(user_model) is None
+
+
+@pytest.mark.parametrize("kw", [dict(cosine_scale="2"), dict(cosine_scale=float("inf")), dict(cosine_scale=True),
+                                dict(chunk_bytes=0), dict(chunk_bytes="1k"), dict(targets="enc"), dict(targets=["encoder", 3])])
+def test_other_bad_arguments_are_refused(user_model, kw):
+    with pytest.raises(UserError):
+        with ap.apply(user_model, tau=0.7, **kw):
+            pass
+    assert user_model.config._attn_implementation == "sdpa"
