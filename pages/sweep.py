@@ -34,9 +34,8 @@ def _stop() -> None:
 def _csv_path() -> Path:
     ss = st.session_state
     if not ss.get("sw_csv"):
-        fd, path = tempfile.mkstemp(prefix="aae-sweep-", suffix=".csv")
-        Path(path).unlink()
-        ss["sw_csv"] = path
+        # A folder of its own, not mkstemp: mkstemp's open descriptor leaked once per visit.
+        ss["sw_csv"] = str(Path(tempfile.mkdtemp(prefix="aae-sweep-")) / "sweep.csv")
     return Path(ss["sw_csv"])
 
 

@@ -278,3 +278,63 @@ def test_unknown_model_in_a_link(env):
     at.run()
     assert not at.exception
     assert "no-such-model-xyz" in " ".join(e.value for e in at.error)
+
+
+def test_sessions_at_different_taus_at_once_keep_their_own(env, monkeypatch):
+    """Three browser sessions move tau at the same time; each sees exactly what a lone session sees at its tau.
+
+    Settings travel with each call (never a module global), and passes share one
+    gate and one cache: a leak between sessions would show as another session's
+    Pmax in this one's card.
+
+    The sessions share one ScriptCache, as in a real server (one per process,
+    compiling under a lock): AppTest makes one per run, and CPython 3.11.7's
+    compiler is not safe in several threads at once ("AST constructor
+    recursion depth mismatch").
+    """
+    import concurrent.futures as cf
+
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+    from streamlit.testing.v1 import app_test
+
+    shared = ScriptCache()
+    monkeypatch.setattr(app_test, "ScriptCache", lambda: shared)
+
+    taus = (0.6, 0.8, 1.0)
+    alone = {}
+    for t in taus:
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        at.slider(key="tau_value").set_value(t).run()
+        _ok(at)
+        alone[t] = _metric(at, "mean Pmax")
+    assert len(set(alone.values())) == len(taus)  # the taus do give different numbers
+
+    sessions = [AppTest.from_file(APP, default_timeout=TIMEOUT).run() for _ in taus]
+
+    def move(at: AppTest, t: float) -> float:
+        at.slider(key="tau_value").set_value(t).run()
+        _ok(at)
+        return _metric(at, "mean Pmax")
+
+    for order in (taus, taus[::-1]):  # and then each session to another tau, at once again
+        with cf.ThreadPoolExecutor(len(taus)) as pool:
+            got = list(pool.map(move, sessions, order))
+        assert got == pytest.approx([alone[t] for t in order])
+
+
+def test_sweep_page_visits_leak_no_file_descriptors(env):
+    import os
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def visit() -> None:
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        at.switch_page("pages/sweep.py").run()
+        _ok(at)
+
+    visit()  # the first visit loads the model and opens what stays open (caches, the model's files)
+    before = fds()
+    for _ in range(6):
+        visit()
+    assert fds() - before < 3, "each Sweep page visit left a file descriptor open"
