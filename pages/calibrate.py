@@ -136,7 +136,7 @@ def main() -> None:
     )
     try:
         est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
-        with st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…"):
+        with st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + cache.queue_note()):
             taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
     except UserError as err:
         st.error(str(err))

@@ -115,7 +115,7 @@ def live(ctx: sb.Context) -> None:
     url.sync(ctx)
     probes = cache.explore_probes(ss["ex_layer"], None if ss["ex_head"] == "mean" else int(ss["ex_head"]))
     try:
-        with st.spinner("Running the model…"):
+        with st.spinner("Running the model…" + cache.queue_note()):
             base = cache.run(ctx.loaded, ctx.request, ctx.run_settings(tau=1.0, method="none", probes=probes))
             chosen = cache.run(ctx.loaded, ctx.request, ctx.run_settings(probes=probes))
             ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)

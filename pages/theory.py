@@ -35,7 +35,7 @@ def main() -> None:
     ctx = sb.sidebar()
     lt = ctx.train_length
     try:
-        with st.spinner("Layer-0 logits at this length and at L_tr…"):
+        with st.spinner("Layer-0 logits at this length and at L_tr…" + cache.queue_note()):
             # the same pass Prop. 1/2 read, which the background job computes after the tau grid
             here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.targets, ctx.cosine_scale))
             ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)

@@ -106,3 +106,32 @@ def test_foreground_goes_first():
     assert order == ["person"]
     assert gate.background(timeout=1)  # and the background goes on afterwards
     gate.release_background()
+
+
+def test_a_second_session_queues_behind_the_first_and_is_told(cache_mod):
+    """Two sessions' passes never run at once (the app's memory budget), and the one waiting sees why."""
+    gate = cache_mod.gate()
+    assert cache_mod.queue_note() == ""
+    inside, release, done = threading.Event(), threading.Event(), []
+
+    def session(name: str) -> None:
+        with gate.foreground():
+            done.append(f"{name} in")
+            inside.set()
+            release.wait(10)
+            done.append(f"{name} out")
+
+    a = threading.Thread(target=session, args=("a",))
+    a.start()
+    inside.wait(5)
+    assert "Another session's pass goes first" in cache_mod.queue_note()
+    inside.clear()
+    b = threading.Thread(target=session, args=("b",))
+    b.start()
+    time.sleep(0.2)
+    assert done == ["a in"]  # b waits while a runs
+    release.set()
+    a.join(5)
+    b.join(5)
+    assert done == ["a in", "a out", "b in", "b out"]
+    assert cache_mod.queue_note() == ""

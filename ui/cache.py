@@ -151,6 +151,17 @@ def gate() -> PassGate:
     return PassGate()
 
 
+def queue_note() -> str:
+    """A sentence for a spinner when another session's pass holds the machine (empty otherwise).
+
+    Passes run one at a time in the process (:class:`PassGate`): that is the
+    app's memory budget, so two sessions that each passed the free-memory
+    check never run out of memory together. The cost is a queue, and a
+    person in it should know why their pass has not started.
+    """
+    return " Another session's pass goes first (one pass at a time on this machine)." if gate().busy else ""
+
+
 def clear() -> None:
     """Forget every cached document, run and calibration, and every background wish (models stay loaded)."""
     prefetcher().forget()
