@@ -515,10 +515,10 @@ def test_a_refused_evaluation_does_not_lose_the_training(tmp_path, monkeypatch):
 
 @needs_bundled
 def test_line_misses_sorts_misses_by_what_the_labels_share(capsys):
-    """bench/line_misses.py: the relation of two labels, and a small run that prints both tables."""
+    """research/line_misses.py: the relation of two labels, and a small run that prints both tables."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "line_misses.py"
+    path = Path(__file__).resolve().parents[1] / "research" / "line_misses.py"
     spec = importlib.util.spec_from_file_location("line_misses", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,6 +1,6 @@
 """Which wrong line does the model pick? Misses by place and by what the labels share.
 
-    python bench/line_misses.py [--model PATH_OR_NAME] [--samples 200] [--tokens N]
+    python research/line_misses.py [--model PATH_OR_NAME] [--samples 200] [--tokens N]
 
 On the training evaluation's documents (``core.train.eval_documents``: fresh
 seeds from 1,000,000, the model's L_tr unless ``--tokens``), it answers every
@@ -11,7 +11,7 @@ piece (``-ma p`` / ``-p ath``), or nothing, next to how often a random pair of
 labels shares each, and (3) how many misses name a label the generator
 lengthened to three words (``high-pie-cloud``) against how many such lines
 there are. A lookup that matched whole labels would spread its misses like
-the random pairs; the README's "The noun decides" uses this.
+the random pairs; docs/line-retrieval.md's "The noun decides" uses this.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which layer's Pmax alignment lands near the best tau? One tau per layer, measured.
 
-    python bench/layer_alignment.py [--model NAME_OR_FOLDER] [--task passkey] [--multiples 4 8 16] [--samples 4]
+    python research/layer_alignment.py [--model NAME_OR_FOLDER] [--task passkey] [--multiples 4 8 16] [--samples 4]
 
 Algorithm 1 matches the mean Pmax over all layers. This script matches each
 encoder layer on its own: for each length it measures per-layer mean Pmax
@@ -8,7 +8,7 @@ over the tau grid (1.0, 0.95, ..., 0.5) on calibration documents (seeds
 100000.., as bench/results.py calibrates; never its test seeds 0-99) and
 prints the grid tau whose Pmax is closest to that layer's value at L_tr with
 tau = 1, plus the whole curve, so a flat or non-monotone layer shows. The
-README's "Why Algorithm 1 over-sharpens" uses it.
+"Why Algorithm 1 over-sharpens" finding in docs/results.md uses it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where line retrieval fails: picking the line, or copying its number?
 
-    python bench/line_selection.py [--model PATH_OR_NAME] [--lengths 170 190 220 256] [--samples 40] [--labels classic]
+    python research/line_selection.py [--model PATH_OR_NAME] [--lengths 170 190 220 256] [--samples 40] [--labels classic]
 
 For LongChat line-retrieval documents of each length, it sorts the model's
 answers (tau = 1) into: the asked line's number (right), another line's
@@ -8,7 +8,7 @@ number (wrong line, and at which offset from the asked one), or a number that
 is in no line (garbled). Chance is 1 / lines. A model that copies whole
 numbers but picks lines near chance has the copy skill and lacks the
 associative lookup (match the question's label to a line's label); the
-README's "Line retrieval: what was tried" uses this. Test seeds 5000.. (not
+write-up in docs/line-retrieval.md uses this. Test seeds 5000.. (not
 the results tables' 0..99, not training's).
 """
 

@@ -1,6 +1,6 @@
 """Does any head look up the asked line? Attention mass on the asked line versus the others.
 
-    python bench/line_attention.py [--model NAME_OR_FOLDER] [--length 256] [--samples 30]
+    python research/line_attention.py [--model NAME_OR_FOLDER] [--length 256] [--samples 30]
 
 Line retrieval needs an associative lookup: something must attend from the
 question's label to the line with the same label. For LongChat line
@@ -8,7 +8,7 @@ documents (seeds 1000.., tau = 1) this prints, per layer and head, the
 attention mass that (a) the encoder's question rows and (b) the decoder's
 first cross-attention step put on the asked line's tokens, next to the mean
 mass on any other line. A head that matches labels shows a large ratio; a
-position prior shows none. The README's "Line retrieval: what was tried"
+position prior shows none. The write-up in docs/line-retrieval.md
 uses it. Uses transformers' eager attention to get the weights, so only
 dot-product (not cosine) models.
 """
