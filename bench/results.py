@@ -1,4 +1,4 @@
-"""The README's results tables for the bundled models, in one command.
+"""The results tables (docs/results.md) for the bundled models, in one command.
 
     python bench/results.py [--models retrieval-t5 ./a/local/folder ...] [--tasks passkey line ...] [--samples 100]
                             [--multiples 1 2 4 8 16] [--out assets/results]

@@ -124,7 +124,7 @@ LINE_INTRO = (
 # pieces: each label is 3-4 tokens (" quiet", "-", "mo", "on"), about what a
 # LLaMA-size vocabulary spends on LongChat's labels. "classic" is the first
 # list (swift-otter, ...): about 8 byte-level pieces per label. Label length
-# turned out not to be why our small models miss lines (README: "Line
+# turned out not to be why our small models miss lines (docs/line-retrieval.md: "Line
 # retrieval: what was tried"), but the compact list is the closer analogue.
 # "classic" stays because the default model's first training stages used it
 # (their train_config says so).
@@ -353,7 +353,7 @@ def target(doc: Document, line_answer: str = "number") -> str:
     LongChat's scorer takes the last number of the answer for the same reason
     (chat models answer "line quiet-moon: REGISTER_CONTENT is 12345");
     ``score`` does too. On our 1.2 M-parameter model it did not help: the
-    label came out right every time, the number after it did not (README).
+    label came out right every time, the number after it did not (docs/line-retrieval.md).
     """
     if check_line_answer(line_answer) == "label" and doc.task == "line":
         return f"line {doc.meta['line_index']}: {doc.expected}"

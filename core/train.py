@@ -66,7 +66,7 @@ class TrainConfig:
     # right before the question, e.g. {"line": 0.25}. A uniform depth puts the
     # needle there in only about 1 in 16 line documents (the edges get half a
     # place's share), and that place is where the line model misses most
-    # (bench/line_misses.py); this gives it more of the gradient.
+    # (research/line_misses.py); this gives it more of the gradient.
     last_needle: dict[str, float] = field(default_factory=dict)
     vocab_size: int = 2048
     d_model: int = 128
@@ -623,7 +623,7 @@ def needle_attention_loss(logits: list[torch.Tensor], enc_mask: torch.Tensor, ne
 
     Why: the bundled model's line misses are lookups gone soft. Its decoder
     already has heads that find the asked line (about 0.8 of their mass on it
-    when the answer is right, about 0.3 when it is wrong: README, "Attention
+    when the answer is right, about 0.3 when it is wrong: docs/line-retrieval.md, "Attention
     supervision"); the LM loss sharpens them only through the right digits.
     This loss asks for the lookup itself, at training time only.
 

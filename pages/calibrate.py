@@ -34,7 +34,7 @@ def use_tau(method: str, value) -> None:
 
 
 def prop1_note(value, stats: dict) -> str:
-    """Why Prop. 1 can read above 1 or 'n/a', said beside the table that shows it (README, Notes on choices)."""
+    """Why Prop. 1 can read above 1 or 'n/a', said beside the table that shows it (docs/library.md, Notes on choices)."""
     odd = isinstance(value, str) or (value is not None and float(value) > 1)
     sig = ""
     if stats.get("sigma_ex") is not None and stats.get("sigma_tr") is not None:
