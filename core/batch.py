@@ -13,13 +13,16 @@ first integer of the answer must equal it, otherwise the normalised expected
 words must appear, in order, in the normalised answer) and optional ``"id"``
 (a string or number, unique; it keys ``--resume``, else the line number
 does). Other keys are ignored. Bad lines (not JSON, not an object, no or
-empty text, a duplicate id) are reported on stderr with their line number and
-skipped; the run goes on.
+empty text, a duplicate id, longer than :data:`MAX_LINE_BYTES`, nested deeper
+than :data:`MAX_DEPTH`, an id over :data:`MAX_ID_CHARS` or an expected answer
+over :data:`MAX_EXPECTED_CHARS` characters) are reported on stderr with their
+line number and skipped; the run goes on.
 
 Output: one CSV row per document and setting (:data:`COLUMNS`), appended,
 flushed and fsynced as each batch finishes, so a killed run keeps what it
 finished; ``--resume`` skips the (id or line, setting) pairs already in the
-file (a half-written last line is dropped and redone).
+file (a half-written last line is dropped and redone). One run at a time
+writes a file, and text cells are spreadsheet-safe (:mod:`core.csvio`).
 
 Settings (the "setting" column): ``--methods a,b,...`` (method names and/or
 numbers = fixed taus) when given, else the one from ``--settings FILE``,
@@ -43,24 +46,27 @@ one. The model runs on CUDA with bf16 when present (:func:`core.models.load`).
 from __future__ import annotations
 
 import csv
-import io
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from core import calibration, engine, tasks, temperature
+from core import calibration, csvio, engine, tasks, temperature
 from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
 
 COLUMNS = ["line", "id", "setting", "method", "tau", "tokens", "answer", "expected", "correct",
            "pmax", "entropy", "seconds"]
+
+MAX_LINE_BYTES = 16 * 2**20  # far beyond any document a model here can take (tokens <= bytes + 1 for ByT5)
+MAX_DEPTH = 64  # JSON nesting: a document needs 1; checked before json.loads, which recurses per level
+MAX_ID_CHARS = 1_000  # ids and expected answers are read back on --resume, whose CSV fields
+MAX_EXPECTED_CHARS = 10_000  # are limited to csv.field_size_limit() (131,072 characters)
 
 
 # -- input -----------------------------------------------------------------------
@@ -75,8 +81,9 @@ class Item:
     ids: np.ndarray
 
     @property
-    def key(self) -> str:
-        return self.id if self.id is not None else f"#{self.line}"
+    def key(self) -> tuple[str, str]:
+        """What ``--resume`` matches: the id, else the line (kept apart, so an id "#5" is not line 5)."""
+        return ("id", self.id) if self.id is not None else ("line", str(self.line))
 
     @property
     def n(self) -> int:
@@ -85,13 +92,19 @@ class Item:
 
 def parse_line(raw: str) -> tuple[str | None, tasks.Document] | None:
     """One JSONL line -> ``(id, Document)``; None for a blank line; :class:`UserError` saying what is wrong."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise UserError(f"longer than {MAX_LINE_BYTES // 2**20} MiB")
     s = raw.strip()
     if not s:
         return None
+    if _nesting(s) > MAX_DEPTH:
+        raise UserError(f"nested deeper than {MAX_DEPTH} levels")
     try:
         obj = json.loads(s)
     except json.JSONDecodeError as err:
         raise UserError(f"not valid JSON ({err.msg} at column {err.colno})") from None
+    except (ValueError, RecursionError) as err:  # e.g. an integer of over 4,300 digits
+        raise UserError(f"not usable JSON ({str(err)[:80]})") from None
     if not isinstance(obj, dict):
         raise UserError(f"not a JSON object but {type(obj).__name__}")
     if "text" in obj and "context" in obj:
@@ -104,27 +117,75 @@ def parse_line(raw: str) -> tuple[str | None, tasks.Document] | None:
         raise UserError(f'"{field}" must be a string')
     if not body.strip():
         raise UserError(f'empty "{field}"')
+    _check_text(field, body)
     question = obj.get("question")
     if question is not None and (not isinstance(question, str) or not question.strip()):
         raise UserError('"question" must be a non-empty string')
+    if question is not None:
+        _check_text("question", question)
     expected = obj.get("expected")
     if expected is not None:
         if isinstance(expected, bool) or not isinstance(expected, (str, int, float)):
             raise UserError('"expected" must be a string or a number')
         if isinstance(expected, float) and expected.is_integer():
             expected = int(expected)
-        expected = str(expected)
+        expected = _check_text("expected", str(expected), MAX_EXPECTED_CHARS)
     ident = obj.get("id")
     if ident is not None:
         if isinstance(ident, bool) or not isinstance(ident, (str, int)) or not str(ident).strip():
             raise UserError('"id" must be a non-empty string or an integer')
-        ident = str(ident)
+        ident = _check_text("id", str(ident), MAX_ID_CHARS)
     if question:
         doc = tasks.from_text(body, needle="", question=question, expected=expected)
     else:
         doc = tasks.Document(task="text", text=body, expected=expected or "", needle_span=(0, 0),
                              question_span=(len(body), len(body)), depth=0.0, seed=0)
     return ident, doc
+
+
+def _check_text(field: str, text: str, limit: int | None = None) -> str:
+    """A JSON string we pass on: no lone surrogate (a "\\ud800" escape cannot be written as UTF-8), within ``limit``."""
+    if limit is not None and len(text) > limit:
+        raise UserError(f'"{field}" is longer than {limit:,} characters')
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise UserError(f'"{field}" holds an unpaired surrogate escape at character {err.start + 1}') from None
+    return text
+
+
+def _nesting(s: str) -> int:
+    """How deep ``[``/``{`` nest outside JSON strings: linear array ops, no recursion.
+
+    Exact for valid JSON (a quote after an odd run of backslashes is escaped);
+    for invalid JSON it may be off, and ``json.loads`` refuses that line anyway.
+    """
+    if s.count("[") + s.count("{") <= MAX_DEPTH:
+        return 0
+    b = np.frombuffer(s.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    idx = np.arange(len(b), dtype=np.int32)
+    last_plain = np.maximum.accumulate(np.where(b == ord("\\"), np.int32(-1), idx))
+    quotes = np.flatnonzero(b == ord('"'))
+    prev = np.maximum(quotes - 1, 0)
+    escapes = np.where(quotes > 0, prev - last_plain[prev], 0)  # backslashes right before each quote
+    toggle = np.zeros(len(b), dtype=np.int8)
+    toggle[quotes[escapes % 2 == 0]] = 1
+    outside = np.cumsum(toggle, dtype=np.int32) % 2 == 0
+    step = (np.isin(b, (ord("["), ord("{"))).astype(np.int8) - np.isin(b, (ord("]"), ord("}")))) * outside
+    return int(np.cumsum(step, dtype=np.int32).max(initial=0))
+
+
+def _lines(f: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+    """``(line number, bytes)``; None for a line over :data:`MAX_LINE_BYTES`, skipped without holding it in memory."""
+    lineno = 0
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(2**20)
+            yield lineno, None
+        else:
+            yield lineno, raw
 
 
 def read_jsonl(path: str | Path, tokenizer, report: Callable[[str], None]) -> list[Item]:
@@ -136,8 +197,10 @@ def read_jsonl(path: str | Path, tokenizer, report: Callable[[str], None]) -> li
     items: list[Item] = []
     first: dict[str, int] = {}
     with f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in _lines(f):
             try:
+                if raw is None:
+                    raise UserError(f"longer than {MAX_LINE_BYTES // 2**20} MiB")
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
@@ -219,53 +282,10 @@ def _tau_cell(tau) -> str:
 
 # -- output ----------------------------------------------------------------------
 
-def _prepare_out(path: Path, resume: bool) -> set[tuple[str, str]]:
-    """Done (key, setting) pairs when resuming (after dropping a half-written last line); else start afresh."""
-    if not resume or not path.exists() or path.stat().st_size == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-        return set()
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):  # killed mid-write: drop the partial row, it will be redone
-        data = data[: data.rfind(b"\n") + 1]
-        with open(path, "r+b") as f:
-            f.truncate(len(data))
-    rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
-    if not rows:
-        return set()
-    if rows[0] != COLUMNS:
-        raise UserError(f"{path} is not a batch-run CSV (its header is {rows[0][:6]}...); use another --out or drop --resume")
-    col = {c: i for i, c in enumerate(COLUMNS)}
-    done = set()
-    for r in rows[1:]:
-        if len(r) == len(COLUMNS):
-            done.add((r[col["id"]] or f"#{r[col['line']]}", r[col["setting"]]))
-    return done
-
-
-class _Writer:
-    """CSV rows to a file (flush + fsync per row) or to stdout."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self.f = open(path, "a", newline="", encoding="utf-8") if path else sys.stdout
-        self.w = csv.DictWriter(self.f, fieldnames=COLUMNS)
-        if path is None or path.stat().st_size == 0:
-            self.w.writeheader()
-            self._sync()
-
-    def _sync(self) -> None:
-        self.f.flush()
-        if self.path is not None:
-            os.fsync(self.f.fileno())
-
-    def row(self, row: dict) -> None:
-        self.w.writerow(row)
-        self._sync()
-
-    def close(self) -> None:
-        if self.path is not None:
-            self.f.close()
+def _row_key(row: dict[str, str]) -> tuple[tuple[str, str], str]:
+    """The (item key, setting) a written row stands for (cells restored by :mod:`core.csvio`)."""
+    item = ("id", row["id"]) if row["id"] else ("line", row["line"])
+    return item, row["setting"]
 
 
 # -- running ---------------------------------------------------------------------
@@ -300,51 +320,49 @@ def run_items(
     Returns counts: ``written``, ``skipped`` (already done), ``failed``.
     ``progress(k)`` is called with the number of rows just handled.
     """
-    if batch_size < 1:
-        raise UserError("--batch-size must be at least 1")
+    _check_batch_size(batch_size)
     path = Path(out) if out else None
     if resume and path is None:
         raise UserError("--resume needs --out FILE")
-    done = _prepare_out(path, resume) if path else set()
-    writer = _Writer(path)
-    counts = {"written": 0, "skipped": 0, "failed": 0}
-    base = engine.RunSettings(probes=ProbeSpec.stats_only(), max_new_tokens=max_new_tokens,
-                              targets=tuple(targets), cosine_scale=cosine_scale)
-    tick = progress or (lambda k: None)
+    with csvio.ResultCSV(path, COLUMNS, "batch-run", resume=resume, stream=None if path else sys.stdout) as sink:
+        done = {_row_key(r) for r in sink.rows}
+        counts = {"written": 0, "skipped": 0, "failed": 0}
+        base = engine.RunSettings(probes=ProbeSpec.stats_only(), max_new_tokens=max_new_tokens,
+                                  targets=tuple(targets), cosine_scale=cosine_scale)
+        tick = progress or (lambda k: None)
 
-    def write(item: Item, c: Choice, tau, res: engine.Result, extra_s: float) -> None:
-        writer.row({
-            "line": item.line, "id": item.id or "", "setting": c.label, "method": c.method,
-            "tau": _tau_cell(tau), "tokens": res.tokens, "answer": res.answer, "expected": res.expected,
-            "correct": "" if res.correct is None else bool(res.correct),
-            "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
-            "seconds": round(res.seconds["total"] + extra_s, 4),
-        })
-        counts["written"] += 1
-        tick(1)
+        def write(item: Item, c: Choice, tau, res: engine.Result, extra_s: float) -> None:
+            sink.write({
+                "line": item.line, "id": item.id or "", "setting": c.label, "method": c.method,
+                "tau": _tau_cell(tau), "tokens": res.tokens, "answer": res.answer, "expected": res.expected,
+                "correct": "" if res.correct is None else bool(res.correct),
+                "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
+                "seconds": round(res.seconds["total"] + extra_s, 4),
+            })
+            counts["written"] += 1
+            tick(1)
 
-    def fail(batch: list[Item], c: Choice, err: Exception) -> None:
-        for it in batch:
-            report(f"line {it.line}{f' (id {it.id})' if it.id else ''}, setting {c.label}: {err}; skipped")
-        counts["failed"] += len(batch)
-        tick(len(batch))
-
-    def run(batch: list[Item], c: Choice, tau, extra_s: float = 0.0) -> None:
-        encs = [engine.Encoded(it.ids, np.zeros((it.n, 2), dtype=np.int64), None, None) for it in batch]
-        try:
-            results = engine.run_encoded(loaded, [it.doc for it in batch], encs,
-                                         replace(base, tau=tau, method=c.method))
-        except UserError as err:  # too long for memory as a batch, NaN, ...: retry one by one
-            if len(batch) == 1:
-                fail(batch, c, err)
-                return
+        def fail(batch: list[Item], c: Choice, err: Exception) -> None:
             for it in batch:
-                run([it], c, tau)
-            return
-        for it, res in zip(batch, results):
-            write(it, c, tau, res, extra_s)
+                report(f"line {it.line}{f' (id {it.id})' if it.id else ''}, setting {c.label}: {err}; skipped")
+            counts["failed"] += len(batch)
+            tick(len(batch))
 
-    try:
+        def run(batch: list[Item], c: Choice, tau, extra_s: float = 0.0) -> None:
+            encs = [engine.Encoded(it.ids, np.zeros((it.n, 2), dtype=np.int64), None, None) for it in batch]
+            try:
+                results = engine.run_encoded(loaded, [it.doc for it in batch], encs,
+                                             replace(base, tau=tau, method=c.method))
+            except UserError as err:  # too long for memory as a batch, NaN, ...: retry one by one
+                if len(batch) == 1:
+                    fail(batch, c, err)
+                    return
+                for it in batch:
+                    run([it], c, tau)
+                return
+            for it, res in zip(batch, results):
+                write(it, c, tau, res, extra_s)
+
         for c in settings_list:
             todo = []
             for it in items:
@@ -376,9 +394,13 @@ def run_items(
                     fail([it], c, err)
                     continue
                 run([it], c, tau, extra_s=time.perf_counter() - t0)
-    finally:
-        writer.close()
-    return counts
+        return counts
+
+
+def _check_batch_size(batch_size) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"--batch-size must be an integer of at least 1, got {batch_size!r}")
+    return batch_size
 
 
 def summary(path: Path) -> str:
@@ -404,6 +426,9 @@ def run_jsonl(loaded: Loaded, args, settings) -> int:
     """``python -m core sweep --data FILE.jsonl ...``: see the module docstring. Returns the exit status."""
     from tqdm import tqdm
 
+    batch_size = _check_batch_size(8 if getattr(args, "batch_size", None) is None else args.batch_size)
+    if args.out:
+        csvio.check_out(Path(args.out))  # before reading (and tokenising) the whole --data file
     bad: list[str] = []
 
     def report(msg: str) -> None:
@@ -415,17 +440,25 @@ def run_jsonl(loaded: Loaded, args, settings) -> int:
     if not items:
         raise UserError(f"No usable documents in {args.data} ({len(bad)} bad line(s))")
     settings_list = choices(args, settings)
-    bar = tqdm(total=len(items) * len(settings_list), desc="batch", unit="doc", file=sys.stderr, dynamic_ncols=True)
+    bar: list = []  # drawn at the first row, so a refused --out (e.g. locked) prints one line only
+
+    def tick(k: int) -> None:
+        if not bar:
+            bar.append(tqdm(total=len(items) * len(settings_list), desc="batch", unit="doc", file=sys.stderr,
+                            dynamic_ncols=True))
+        bar[0].update(k)
+
     try:
         counts = run_items(
             loaded, items, settings_list, out=args.out, resume=bool(getattr(args, "resume", False)),
-            batch_size=int(getattr(args, "batch_size", 8) or 8),
+            batch_size=batch_size,
             max_new_tokens=int(getattr(args, "max_new_tokens", None) or tasks.MAX_ANSWER_TOKENS),
             targets=settings.targets, cosine_scale=settings.cosine_scale,
-            samples=max(1, int(getattr(args, "samples", 1) or 1)), report=report, progress=bar.update,
+            samples=max(1, int(getattr(args, "samples", 1) or 1)), report=report, progress=tick,
         )
     finally:
-        bar.close()
+        if bar:
+            bar[0].close()
     msg = (f"{counts['written']} rows written, {counts['skipped']} already done, {counts['failed']} failed, "
            f"{n_bad} bad line(s) skipped")
     if args.out:

@@ -2,7 +2,10 @@
 
 A sweep is the product lengths x depths x seeds x methods for one model and
 task. Each finished document is appended to the CSV at once (a killed sweep
-keeps what it finished); ``resume=True`` skips rows already there.
+keeps what it finished); ``resume=True`` skips rows already there and redoes
+a last row cut short by a kill. The whole plan is checked before the CSV is
+touched, and one sweep at a time writes a CSV (:class:`core.csvio.ResultCSV`:
+lock, resume checks, spreadsheet-safe cells).
 
 Measured methods (Algorithm 1, Prop. 1/2, per-layer) are calibrated once per
 length on *calibration* documents whose seeds are disjoint from the test
@@ -12,8 +15,8 @@ scored on.
 
 from __future__ import annotations
 
-import csv
-import os
+import math
+import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
@@ -21,7 +24,8 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from core import calibration, engine, tasks, temperature
+from core import calibration, csvio, engine, tasks, temperature
+from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
 
@@ -33,13 +37,16 @@ KEY = ("model", "task", "tokens", "depth", "seed", "method")
 
 
 def method_label(m: str | float) -> str:
-    """A method name, or a number meaning a fixed tau (``0.8`` -> ``"tau=0.8"``)."""
+    """A method name, or a number meaning a fixed tau (``0.8`` -> ``"tau=0.8"``); ValueError for anything else."""
     try:
-        return f"tau={float(m):g}"
+        tau = float(m)
     except (TypeError, ValueError):
         if m not in temperature.METHODS or m == "fixed":
-            raise ValueError(f"Unknown method '{m}'; use a number (fixed tau) or one of {', '.join(temperature.METHODS)}")
+            raise ValueError(f"Unknown method '{m}'; use a number (fixed tau) or one of {', '.join(temperature.METHODS)}") from None
         return str(m)
+    if not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"a fixed tau must be finite and > 0, got {m!r}")
+    return f"tau={tau:g}"
 
 
 @dataclass
@@ -65,12 +72,42 @@ class SweepPlan:
     def total(self) -> int:
         return len(self.lengths) * len(self.depths) * len(self.seeds) * len(self.methods)
 
+    def validated(self) -> SweepPlan:
+        """This plan with methods as labels, or a :class:`UserError` naming the first bad option.
 
-def _done_keys(path: Path) -> set[tuple]:
-    if not path.exists() or path.stat().st_size == 0:
-        return set()
-    df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    return {tuple(_norm(k, r[k]) for k in KEY) for _, r in df.iterrows()}
+        Called first by :func:`run_sweep`, so a bad option never costs the
+        rows of an existing CSV.
+        """
+        try:
+            methods = [method_label(m) for m in self.methods]
+        except ValueError as err:
+            raise UserError(f"Bad sweep option: {err}") from None
+        return replace(
+            self, lengths=[_int("length", n, 1) for n in self.lengths], depths=[_depth(d) for d in self.depths],
+            seeds=[_int("seed", s) for s in self.seeds], methods=methods,
+            calib_samples=_int("calib_samples", self.calib_samples, 1), calib_seed=_int("calib_seed", self.calib_seed),
+        )
+
+
+def _int(name: str, v, least: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or (least is not None and v < least):
+        need = "an integer" if least is None else f"an integer >= {least}"
+        raise UserError(f"Bad sweep option: {name} must be {need}, got {v!r}")
+    return int(v)
+
+
+def _depth(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:  # NaN fails too
+        raise UserError(f"Bad sweep option: depth must be a number in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _done_keys(rows: list[dict[str, str]], path: Path | None) -> set[tuple]:
+    """Keys of the rows a resumed CSV already holds (cells as written, restored by csvio)."""
+    try:
+        return {tuple(_norm(k, r[k]) for k in KEY) for r in rows}
+    except ValueError as err:
+        raise UserError(f"{path} holds a row that is not a sweep row ({err}); use another --out or drop --resume") from None
 
 
 def _norm(k: str, v) -> str:
@@ -95,24 +132,17 @@ def run_sweep(
     start with ``row=None``); ``should_stop()`` is polled between rows (the
     app's cancel button).
     """
-    plan = replace(plan, methods=[method_label(m) for m in plan.methods])
+    plan = plan.validated()
+    if plan.total:
+        _check_task(loaded, plan)
     path = Path(out) if out else None
-    done = _done_keys(path) if (path and resume) else set()
-    if path and not resume and path.exists():
-        path.unlink()
-    rows: list[dict] = []
-    if path and path.exists() and resume:
-        rows = pd.read_csv(path, keep_default_na=False).to_dict("records")
-    writer_file = open(path, "a", newline="") if path else None
-    writer = csv.DictWriter(writer_file, fieldnames=COLUMNS) if writer_file else None
-    if writer and (not path.exists() or path.stat().st_size == 0):
-        writer.writeheader()
-        writer_file.flush()
-    taus: dict[tuple[int, str], float | list] = {}
-    count = 0
-    if progress:
-        progress(0, plan.total, None)
-    try:
+    with csvio.ResultCSV(path, COLUMNS, "sweep", resume=resume) as sink:
+        done = _done_keys(sink.rows, path)
+        rows: list[dict] = _typed(path) if sink.rows else []
+        taus: dict[tuple[int, str], float | list] = {}
+        count = 0
+        if progress:
+            progress(0, plan.total, None)
         for n, depth, seed, m in plan.cells():
             key = tuple(_norm(k, v) for k, v in zip(KEY, (plan.model, plan.task, n, depth, seed, m)))
             count += 1
@@ -133,16 +163,25 @@ def run_sweep(
                 "seconds": round(res.seconds["total"], 4),
             }
             rows.append(row)
-            if writer:
-                writer.writerow(row)
-                writer_file.flush()
-                os.fsync(writer_file.fileno())
+            sink.write(row)
             if progress:
                 progress(count, plan.total, row)
-    finally:
-        if writer_file:
-            writer_file.close()
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _check_task(loaded: Loaded, plan: SweepPlan) -> None:
+    """Build the shortest document once, so an unknown task or haystack, or a length too short for the task,
+    is refused before the CSV is touched (a longer document only has more filler)."""
+    try:
+        tasks.make(plan.task, loaded.tokenizer, min(plan.lengths), depth=plan.depths[0], seed=plan.seeds[0],
+                   haystack=plan.haystack)
+    except ValueError as err:
+        raise UserError(f"Bad sweep option: {err}") from None
+
+
+def _typed(path: Path) -> list[dict]:
+    """The rows a resumed CSV holds, typed as pandas reads them, text as it was before neutralising."""
+    return csvio.restore_frame(pd.read_csv(path, keep_default_na=False)).to_dict("records")
 
 
 def _tau_for(loaded: Loaded, plan: SweepPlan, n: int, method: str, doc: tasks.Document, cache: dict) -> float | list:

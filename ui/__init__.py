@@ -5,10 +5,10 @@ No maths here: numbers come from :mod:`core`, figures from :mod:`core.plots`.
 
 from __future__ import annotations
 
-import io
-
 import pandas as pd
 import streamlit as st
+
+from core.csvio import to_csv_bytes
 
 TITLE = "Attention Alignment Explorer"
 PAPER = "Chi, Fan & Rudnicky 2023, *Attention Alignment and Flexible Positional Embeddings Improve Transformer Length Extrapolation*, [arXiv 2311.00684](https://arxiv.org/abs/2311.00684)"
@@ -21,12 +21,13 @@ def page_setup(name: str) -> None:
 
 
 def csv_of(df_fn):
-    """A lazy CSV payload for st.download_button: built only when the button is clicked."""
+    """A lazy CSV payload for st.download_button: built only when the button is clicked.
+
+    Text cells a spreadsheet would run as formulas get a leading ``'`` (:mod:`core.csvio`).
+    """
     def build() -> bytes:
         df = df_fn()
-        buf = io.StringIO()
-        df.to_csv(buf, index=not isinstance(df.index, pd.RangeIndex))
-        return buf.getvalue().encode()
+        return to_csv_bytes(df, index=not isinstance(df.index, pd.RangeIndex))
 
     return build
 
