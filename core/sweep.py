@@ -15,11 +15,12 @@ scored on.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, ContextManager, Iterable
 
 import numpy as np
 import pandas as pd
@@ -125,15 +126,19 @@ def run_sweep(
     resume: bool = False,
     progress: Callable[[int, int, dict | None], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    guard: Callable[[], ContextManager] = contextlib.nullcontext,
 ) -> pd.DataFrame:
     """Run the plan; append rows to ``out`` (CSV) as they finish; return the table.
 
     ``progress(done, total, row)`` is called after each row (and once at the
     start with ``row=None``); ``should_stop()`` is polled between rows (the
-    app's cancel button).
+    app's cancel button). ``guard()`` is entered around each row's passes:
+    the app passes its pass gate, so a sweep and other sessions' passes take
+    turns instead of sharing the memory one of them was checked against.
     """
     plan = plan.validated()
     if plan.total:
+        engine.check_length(loaded, max(plan.lengths))  # before a huge document is built, or the CSV touched
         _check_task(loaded, plan)
     path = Path(out) if out else None
     with csvio.ResultCSV(path, COLUMNS, "sweep", resume=resume) as sink:
@@ -153,8 +158,9 @@ def run_sweep(
             if should_stop and should_stop():
                 break
             doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
-            tau = _tau_for(loaded, plan, n, m, doc, taus)
-            res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
+            with guard():
+                tau = _tau_for(loaded, plan, n, m, doc, taus)
+                res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
             row = {
                 "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
                 "depth": depth, "seed": seed, "method": m,

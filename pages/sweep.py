@@ -14,10 +14,11 @@ if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from core import plots, tasks, temperature, timing  # noqa: E402
+from core import csvio, plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep  # noqa: E402
 from ui import PAPER, chart, page_setup  # noqa: E402
+from ui import cache  # noqa: E402
 from ui import sidebar as sb  # noqa: E402
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
@@ -135,7 +136,7 @@ def main() -> None:
 
         try:
             run_sweep(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
-                      should_stop=lambda: bool(st.session_state.get("sw_stop")))
+                      should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
         except UserError as err:
             st.error(str(err))
         except ValueError as err:  # tasks.make: a length too short for the task, etc.
@@ -145,7 +146,7 @@ def main() -> None:
     if not path.exists() or path.stat().st_size == 0:
         st.info("No results yet: choose the grid and press Start.")
         st.stop()
-    df = pd.read_csv(path, keep_default_na=False)
+    df = csvio.restore_frame(pd.read_csv(path, keep_default_na=False))  # cells as written, without the CSV guard
     if df.empty:
         st.info("No finished rows yet.")
         st.stop()

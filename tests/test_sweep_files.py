@@ -254,3 +254,42 @@ def test_batch_size_zero_is_refused_before_the_out_file_is_touched(tiny_dir, tmp
     assert cli(["sweep", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--batch-size", "0"]) == 2
     assert "--batch-size" in capsys.readouterr().err
     assert out.read_bytes() == b"precious\r\n"
+
+
+def test_a_length_beyond_memory_is_refused_before_anything_is_built(tiny, tmp_path):
+    """--lengths 1000000000 used to build the document first (the machine ran out of memory)."""
+    out = tmp_path / "s.csv"
+    out.write_text("keep me\n")
+    with pytest.raises(UserError, match="at most about"):
+        run_sweep(tiny, _plan(lengths=[256, 1_000_000_000]), out=out)
+    assert out.read_text() == "keep me\n"
+
+
+def test_the_guard_makes_a_sweep_take_turns_with_other_passes(tiny, tmp_path):
+    """The app passes its pass gate: while another session's pass holds it, the sweep runs no row."""
+    import threading
+    import time
+
+    from ui.cache import PassGate
+
+    gate = PassGate()
+    rows: list[dict] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def other_session() -> None:
+        with gate.foreground():
+            holding.set()
+            release.wait(30)
+
+    t = threading.Thread(target=other_session)
+    t.start()
+    holding.wait(5)
+    s = threading.Thread(target=lambda: run_sweep(tiny, _plan(), progress=lambda d, n, r: r and rows.append(r),
+                                                  guard=gate.foreground))
+    s.start()
+    time.sleep(1.0)
+    assert rows == []  # waiting for the gate
+    release.set()
+    s.join(120)
+    t.join(5)
+    assert len(rows) == _plan().total
