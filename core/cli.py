@@ -1,49 +1,156 @@
 """``python -m core run | calibrate | sweep | rpe | train``: the headless contract.
 
-Exit status 0 on success; 2 with a one-line message on bad input (unknown
-model, empty text, too long for memory, NaN attention, bad option). JSON goes
-to stdout; progress bars go to stderr, so ``--json`` output can be piped.
+Exit status 0 on success; 2 with one line ``error: ...`` on stderr for
+anything the user can fix (unknown model, empty text, a bad option or
+settings file, a document too long for this machine's memory, NaN attention,
+a file that cannot be read or written: disk full, permission). JSON goes to
+stdout; progress bars go to stderr, so ``--json`` output can be piped.
+
+Anything else is a bug: exit 1 with one line ``internal error: <Type>:
+<message> (set AAE_DEBUG=1 for the traceback)``; with ``AAE_DEBUG=1`` in the
+environment the traceback is shown instead.
+
+Order of checks, so that no input can eat the machine: every option is
+parsed and bounded (:mod:`core.validation`) and the settings are validated
+(:func:`prepare`, no model needed); then the model is loaded and every
+length is checked against this machine's memory (:func:`core.engine.max_tokens`)
+before any document is built; output files are written only after that.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
-from core.errors import UserError
-from core.tasks import MAX_ANSWER_TOKENS
+from core.errors import InputTooLong, UserError
+from core.tasks import MAX_ANSWER_TOKENS, TASKS
+from core.temperature import MEASURED, METHODS  # MEASURED: methods that need forward passes at L_tr
+from core.validation import (
+    MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Tokens,
+    TrainLength, arg_type, validate,
+)
 
-TASK_CHOICES = ("passkey", "line", "topic", "multidoc", "code", "text")
+TASK_CHOICES = TASKS + ("text",)
+METHOD_CHOICES = tuple(m for m in METHODS if m != "fixed")  # "fixed" is --tau X
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose bad option is a UserError (one line, exit 2 from :func:`main`), not a usage block and exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+# -- option types: the bounds of core.validation, with the option named by argparse ------
+
+_tokens = arg_type(Tokens, int, "a whole number of tokens")
+_train_length = arg_type(TrainLength, int, "a whole number of tokens")
+_depth = arg_type(Depth, float, "a number from 0 to 1")
+_seed = arg_type(Seed, int, "a whole number")
+_positive = arg_type(Positive, float, "a positive number")
+_samples = arg_type(Samples, int, "a whole number")
+_batch_size = arg_type(BatchSize, int, "a whole number")
+_new_tokens = arg_type(NewTokens, int, "a whole number of tokens")
+_rpe_length = arg_type(RpeLength, int, "a whole number of keys")
+_position = arg_type(Position, int, "a whole number")
+
+
+def _device(text: str) -> str:
+    from core.models import check_device
+
+    try:
+        return check_device(text)
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _targets(text: str) -> tuple[str, ...]:
+    from core.attention import KINDS
+
+    parts = tuple(t.strip() for t in text.split(","))
+    bad = [t for t in parts if t not in KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown target(s) {', '.join(map(repr, bad))[:80]}; choose from {', '.join(KINDS)}")
+    return parts
+
+
+def _comma_list(item, what: str):
+    """A ``type=`` for a comma list whose items each go through ``item`` (the first bad one is named)."""
+
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",")]
+        if not parts or any(not p for p in parts):
+            raise argparse.ArgumentTypeError(f"{what}: a comma list with no empty items, got {text[:40]!r}")
+        return [item(p) for p in parts]
+
+    return parse
+
+
+def _length_item(part: str) -> tuple[float, bool]:
+    """``"300"`` -> (300, False) tokens; ``"1.5x"`` -> (1.5, True) a multiple of L_tr (resolved after the model loads)."""
+    if part.lower().endswith("x"):
+        k = _positive(part[:-1])
+        if k > MAX_LENGTH / 2:  # L_tr >= 2, so a bigger multiple is past MAX_LENGTH for every model
+            raise argparse.ArgumentTypeError(f"{part!r} is more than {MAX_LENGTH:,} tokens for any L_tr")
+        return k, True
+    return _tokens(part), False
+
+
+def _method_item(part: str) -> str:
+    """A method name, or a number meaning a fixed tau (which must be positive and finite)."""
+    try:
+        float(part)
+    except ValueError:
+        if part not in METHOD_CHOICES:
+            raise argparse.ArgumentTypeError(f"unknown method {part[:40]!r}; use a number (fixed tau) or one of "
+                                             f"{', '.join(METHOD_CHOICES)}") from None
+        return part
+    _positive(part)
+    return part
+
+
+def _methods(text: str) -> str:
+    """``--methods`` checked item by item but kept as the comma string core.batch reads."""
+    return ",".join(_comma_list(_method_item, "--methods")(text))
+
+
+# -- the parser -------------------------------------------------------------------------
+
+def _model_options(g) -> None:
+    g.add_argument("--model", help="registry name, hub id or local folder (default: the bundled model)")
+    g.add_argument("--tokenizer", help="registry name, hub id or folder whose tokenizer to use (for a model folder without one)")
+    g.add_argument("--train-length", type=_train_length, help="override the model's training length L_tr")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and document")
-    g.add_argument("--model", help="registry name, hub id or local folder (default: the bundled model)")
-    g.add_argument("--train-length", type=int, help="override the model's training length L_tr")
-    g.add_argument("--device", help="cpu | cuda | auto (default: CUDA+bf16 when present, else CPU+fp32)")
+    _model_options(g)
+    g.add_argument("--device", type=_device, help="cpu | cuda | cuda:N | auto (default: CUDA+bf16 when present, else CPU+fp32)")
     g.add_argument("--settings", help="a settings JSON (the app's export); explicit options override it")
     g.add_argument("--task", choices=TASK_CHOICES)
-    g.add_argument("--tokens", type=int, help="document length in tokens (default: L_tr)")
-    g.add_argument("--depth", type=float, help="needle depth 0..1 (default 0.5)")
-    g.add_argument("--seed", type=int)
-    g.add_argument("--text-file", help="task text: your document (UTF-8)")
+    g.add_argument("--tokens", type=_tokens, help=f"document length in tokens, 1..{MAX_LENGTH:,} (default: L_tr)")
+    g.add_argument("--depth", type=_depth, help="needle depth 0..1 (default 0.5)")
+    g.add_argument("--seed", type=_seed)
+    g.add_argument("--text-file", help=f"task text: your document (UTF-8, at most {MAX_TEXT_CHARS:,} characters)")
     g.add_argument("--needle", help="task text: sentence to insert (default: a pass key sentence)")
     g.add_argument("--question")
     g.add_argument("--expected")
     t = p.add_argument_group("temperature")
-    t.add_argument("--tau", type=float, help="a fixed tau for every targeted attention")
-    t.add_argument("--method", choices=("none", "log-length", "infoscale", "pmax", "entropy", "prop1", "prop2", "per-layer"))
-    t.add_argument("--targets", default=None, help="comma list of encoder,decoder,cross (default: encoder)")
-    t.add_argument("--cosine-scale", type=float, help="CosScale s for cosine-attention models")
-    t.add_argument("--samples", type=int, default=1, help="documents used to calibrate measured methods")
+    t.add_argument("--tau", type=_positive, help="a fixed tau (> 0) for every targeted attention")
+    t.add_argument("--method", choices=METHOD_CHOICES)
+    t.add_argument("--targets", type=_targets, default=None, help="comma list of encoder,decoder,cross (default: encoder)")
+    t.add_argument("--cosine-scale", type=_positive, help="CosScale s for cosine-attention models")
+    t.add_argument("--samples", type=_samples, default=1, help="documents used to calibrate measured methods")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m core", description="Attention Alignment Explorer, headless.")
+    p = _Parser(prog="python -m core", description="Attention Alignment Explorer, headless.")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="answer one document and report attention statistics")
     _common(r)
@@ -55,68 +162,128 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     s = sub.add_parser("sweep", help="accuracy over lengths x depths x seeds x methods -> CSV")
     _common(s)
-    s.add_argument("--lengths", default=None, help="comma list of token counts, or multiples like 1x,2x,4x of L_tr")
-    s.add_argument("--depths", default="0.5", help="comma list of depths 0..1")
-    s.add_argument("--methods", default=None,
+    s.add_argument("--lengths", type=_comma_list(_length_item, "--lengths"), default=None,
+                   help="comma list of token counts, or multiples like 1x,2x,4x of L_tr")
+    s.add_argument("--depths", type=_comma_list(_depth, "--depths"), default=[0.5], help="comma list of depths 0..1")
+    s.add_argument("--methods", type=_methods, default=None,
                    help="comma list of method names and/or fixed taus (default: none,log-length; with --data: "
                         "the --settings/--tau/--method choice)")
     s.add_argument("--out", help="CSV written row by row")
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
     s.add_argument("--data", help="JSONL of your own documents (see README, batch runs)")
-    s.add_argument("--batch-size", type=int, default=8, help="--data: documents per padded batch")
-    s.add_argument("--max-new-tokens", type=int, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
+    s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
+    s.add_argument("--max-new-tokens", type=_new_tokens, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
-    rp.add_argument("--model")
-    rp.add_argument("--train-length", type=int)
-    rp.add_argument("--query", type=int, default=None, help="query position m (default: L_tr // 2)")
-    rp.add_argument("--length", type=int, default=None, help="keys 0..length-1 (default: 4 L_tr)")
+    _model_options(rp)
+    rp.add_argument("--query", type=_position, default=None, help="query position m (default: L_tr // 2)")
+    rp.add_argument("--length", type=_rpe_length, default=None, help="keys 0..length-1 (default: 4 L_tr)")
     rp.add_argument("--out", required=True)
     sub.add_parser("train", help="train a bundled model: python -m core train --help")
     return p
 
 
+# -- options -> validated Settings (no model needed) -------------------------------------
+
+def _read_text(path: str) -> str:
+    """The --text-file, refused by its size before it is read (UTF-8 is at most 4 bytes a character)."""
+    try:
+        if Path(path).is_dir():
+            raise UserError(f"--text-file {path} is a folder, not a file")
+        size = os.stat(path).st_size
+        if size > 4 * MAX_TEXT_CHARS:
+            raise UserError(f"--text-file {path} is {size:,} bytes; at most {MAX_TEXT_CHARS:,} characters are accepted")
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise UserError(f"--text-file {path} is not UTF-8 text") from None
+    except OSError as err:
+        raise UserError(f"Cannot read --text-file {path}: {err.strerror or err}") from None
+
+
 def _settings(args):
-    """Merge a --settings file with explicit options (options win)."""
+    """Merge a --settings file with explicit options (options win); validated as one Settings."""
     from core.settings import Settings
 
     base = Settings.load(args.settings) if getattr(args, "settings", None) else Settings()
-    doc = base.document
-    text = None
-    if getattr(args, "text_file", None):
-        try:
-            with open(args.text_file, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as err:
-            raise UserError(f"Cannot read --text-file: {err}") from None
+    text = _read_text(args.text_file) if getattr(args, "text_file", None) else None
     over = {k: v for k, v in {
         "task": args.task or ("text" if text is not None else None), "tokens": args.tokens, "depth": args.depth,
         "seed": args.seed, "text": text, "needle": args.needle, "question": args.question, "expected": args.expected,
     }.items() if v is not None}
-    doc = replace(doc, **over) if over else doc
-    method = base.method
-    tau = base.tau
+    doc = replace(base.document, **over) if over else base.document
+    method, tau = base.method, base.tau
     if args.tau is not None:
         method, tau = "fixed", args.tau
     elif args.method:
         method, tau = args.method, None
-    targets = tuple(t.strip() for t in args.targets.split(",")) if args.targets else base.targets
     return Settings(
-        model=args.model or base.model,
-        train_length=args.train_length or base.train_length,
-        method=method, tau=tau, criterion=base.criterion, targets=targets,
+        model=args.model if args.model is not None else base.model,
+        train_length=args.train_length if args.train_length is not None else base.train_length,
+        method=method, tau=tau, criterion=base.criterion, targets=args.targets or base.targets,
         cosine_scale=args.cosine_scale if args.cosine_scale is not None else base.cosine_scale,
         chosen_at=base.chosen_at, document=doc,
     )
 
 
-def _load(model: str | None, train_length: int | None, device: str | None = None):
+def _check_out(path: str, option: str = "--out") -> None:
+    """An output file's folder must exist and the path must not be a folder (checked before any work)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{option} {path} is a folder; name a file in it")
+    if not p.parent.is_dir():
+        raise UserError(f"{option} {path}: the folder {p.parent} does not exist")
+
+
+def prepare(argv: list[str]) -> argparse.Namespace:
+    """Parse and validate everything that needs no model; ``args.settings_`` holds the merged Settings.
+
+    Raises :class:`UserError` on bad input (argparse's errors included; only
+    ``--help`` exits); loads nothing, so it is cheap to call on any argument list.
+    """
+    args = _parser().parse_args(argv)
+    args.settings_ = _settings(args) if args.cmd in ("run", "calibrate", "sweep") else None
+    if getattr(args, "out", None):
+        _check_out(args.out)
+    if args.cmd == "rpe" and args.query is not None and args.length is not None and args.query >= args.length:
+        raise UserError(f"--query {args.query} must be below --length {args.length}")
+    return args
+
+
+# -- after the model is loaded: lengths against this machine's memory ----------------------
+
+def _load(model: str | None, train_length: int | None, device: str | None = None, tokenizer: str | None = None):
     from core.errors import ModelLoadError
     from core.models import default_model, load
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would break the one-line error contract on stderr
     name = model or default_model()
     if name is None:
         raise ModelLoadError("No model given and no bundled model in assets/models: pass --model NAME|HUB_ID|FOLDER")
-    return load(name, device=device, train_length=train_length)
+    return load(name, device=device, train_length=train_length, tokenizer=tokenizer)
+
+
+def _check_fits(loaded, tokens: int, what: str, batch: int = 1) -> None:
+    """Refuse, before any document is built, ``tokens`` (x ``batch`` documents) this machine cannot run now."""
+    from core import engine
+
+    cap = engine.max_tokens(loaded, batch)
+    if tokens > cap:
+        raise InputTooLong(f"{what} {tokens:,} tokens; this machine can run at most about {cap:,} tokens now"
+                           f"{f' for {batch} documents at once' if batch > 1 else ''}. Use a shorter document.")
+
+
+def _check_reference(loaded, methods, samples: int = 1) -> None:
+    """Measured methods run documents at L_tr (and ``samples`` of them at once): that length must fit too."""
+    measured = sorted({m for m in methods if m in MEASURED})
+    if measured:
+        _check_fits(loaded, loaded.train_length, f"{', '.join(measured)} measure(s) documents at L_tr =", batch=samples)
+
+
+def _document(loaded, st, samples: int = 1):
+    """The run's document, refused before it is built when it (or its calibration batch) cannot fit."""
+    return st.document.build_for(loaded, batch=samples)
 
 
 def _progress(desc: str):
@@ -135,9 +302,10 @@ def _progress(desc: str):
 def cmd_run(args) -> int:
     from core import calibration, engine
 
-    st = _settings(args)
-    loaded = _load(st.model, st.train_length, args.device)
-    doc = st.document.build(loaded.tokenizer, loaded.train_length)
+    st = args.settings_
+    loaded = _load(st.model, st.train_length, args.device, args.tokenizer)
+    _check_reference(loaded, [st.method], args.samples)
+    doc = _document(loaded, st, args.samples if st.method in MEASURED else 1)
     prog = _progress("calibrating") if st.method in ("pmax", "entropy", "per-layer") else None
     # a stored schedule is used at the length it was chosen at; any other length re-resolves it
     tau, info = calibration.resolve(loaded, doc, st.method, st.tau, samples=args.samples, progress=prog, chosen_at=st.chosen_at)
@@ -161,9 +329,10 @@ def cmd_run(args) -> int:
 def cmd_calibrate(args) -> int:
     from core import calibration
 
-    st = _settings(args)
-    loaded = _load(st.model, st.train_length, args.device)
-    doc = st.document.build(loaded.tokenizer, loaded.train_length)
+    st = args.settings_
+    loaded = _load(st.model, st.train_length, args.device, args.tokenizer)
+    _check_reference(loaded, MEASURED, args.samples)
+    doc = _document(loaded, st, args.samples)
     prog = _progress(f"Algorithm 1 ({args.criterion})")
     cal = calibration.calibrate(loaded, doc, args.criterion, fast=args.fast, samples=args.samples, progress=prog)
     prog.close()
@@ -182,34 +351,38 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def _lengths(spec: str | None, train_length: int) -> list[int]:
-    if not spec:
-        return [train_length * k for k in (1, 2, 4, 8, 16)]
+def _lengths(spec: list[tuple[float, bool]] | None, train_length: int) -> list[int]:
+    """Token counts of a parsed ``--lengths`` (multiples of L_tr resolved now; default 1,2,4,8,16 x L_tr)."""
+    spec = spec or [(k, True) for k in (1, 2, 4, 8, 16)]
     out = []
-    for part in spec.split(","):
-        part = part.strip().lower()
-        out.append(int(round(float(part[:-1]) * train_length)) if part.endswith("x") else int(part))
+    for value, multiple in spec:
+        n = int(round(value * train_length)) if multiple else int(value)
+        label = f"{value:g}x of L_tr={train_length:,}" if multiple else str(n)
+        out.append(validate(Tokens, n, f"--lengths {label}"))
     return out
 
 
 def cmd_sweep(args) -> int:
-    st = _settings(args)
-    loaded = _load(st.model, st.train_length, args.device)
+    st = args.settings_
+    loaded = _load(st.model, st.train_length, args.device, args.tokenizer)
     if args.data:
         from core.batch import run_jsonl
 
+        _check_reference(loaded, args.methods.split(",") if args.methods else [st.method])
         return run_jsonl(loaded, args, st)
     from tqdm import tqdm
 
     from core.sweep import SweepPlan, run_sweep
 
+    methods = (args.methods or "none,log-length").split(",")
+    lengths = _lengths(args.lengths, loaded.train_length)
+    _check_fits(loaded, max(lengths), "--lengths asks for documents of")
+    _check_reference(loaded, methods, 1)
+    task = st.document.task if st.document.task != "text" else "passkey"
     try:
         plan = SweepPlan(
-            model=loaded.spec.name, task=st.document.task if st.document.task != "text" else "passkey",
-            lengths=_lengths(args.lengths, loaded.train_length),
-            depths=[float(d) for d in args.depths.split(",")],
-            seeds=[(st.document.seed or 0) + i for i in range(max(1, args.samples))],
-            methods=[m.strip() for m in (args.methods or "none,log-length").split(",") if m.strip()],
+            model=loaded.spec.name, task=task, lengths=lengths, depths=list(args.depths),
+            seeds=[(st.document.seed or 0) + i for i in range(args.samples)], methods=methods,
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
@@ -230,22 +403,62 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _write_replacing(path: str, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: an existing
+    file is replaced only by a complete new one, never truncated by a failed write. A path that is
+    not a regular file (``/dev/stdout``, a pipe) is written to directly."""
+    target = Path(path)
+    if target.exists() and not target.is_file():
+        with open(target, "w") as f:
+            f.write(text)
+        return
+    target = target.resolve()  # a symlink keeps pointing where it did
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def cmd_rpe(args) -> int:
     import pandas as pd
 
     from core.rpe import bias_curves
 
-    loaded = _load(args.model, args.train_length)
+    loaded = _load(args.model, args.train_length, tokenizer=args.tokenizer)
     lt = loaded.train_length
-    length = args.length or 4 * lt
+    length = args.length if args.length is not None else 4 * lt
+    validate(RpeLength, length, f"rpe length (default 4 x L_tr = {length:,}; pass --length)")
     m = args.query if args.query is not None else min(lt // 2, length - 1)
-    curves = bias_curves(loaded.model, m, length)
+    if m >= length:
+        raise UserError(f"--query {m} must be below the length {length:,}")
+    try:
+        curves = bias_curves(loaded.model, m, length)
+    except ValueError as err:
+        raise UserError(f"rpe: {err}") from None
     df = pd.DataFrame({"n": np.arange(length), "distance": np.arange(length) - m})
     for h, c in enumerate(curves):
         df[f"head{h}"] = c
-    df.to_csv(args.out, index=False)
+    _write_replacing(args.out, df.to_csv(index=False))
     print(f"wrote {args.out}: {curves.shape[0]} heads x {length} keys, query m={m}, L_tr={lt}")
     return 0
+
+
+# -- the entry point ------------------------------------------------------------------------
+
+def _fail(message: str) -> int:
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    return 2
+
+
+def _os_message(err: OSError) -> str:
+    where = f": {err.filename}" if getattr(err, "filename", None) else ""
+    return f"{err.strerror or type(err).__name__}{where}"
+
+
+def _debug() -> bool:
+    return os.environ.get("AAE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,11 +468,19 @@ def main(argv: list[str] | None = None) -> int:
             from core.train import main as train_main
 
             return train_main(argv[1:])
-        args = _parser().parse_args(argv)
+        args = prepare(argv)
         return {"run": cmd_run, "calibrate": cmd_calibrate, "sweep": cmd_sweep, "rpe": cmd_rpe}[args.cmd](args)
-    except (UserError, ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except (UserError, ValueError) as err:
+        return _fail(str(err))
+    except OSError as err:  # disk full, permission, a vanished file
+        return _fail(_os_message(err))
     except MemoryError:
-        print("error: out of memory: use a shorter document", file=sys.stderr)
-        return 2
+        return _fail("out of memory: use a shorter document")
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line unless debugging
+        if type(err).__name__ == "OutOfMemoryError":  # torch's (a RuntimeError), without importing torch here
+            return _fail("out of memory on the device: use a shorter document or --device cpu")
+        if _debug():
+            raise
+        first = (str(err).splitlines() or [""])[0][:300]
+        print(f"internal error: {type(err).__name__}: {first} (set AAE_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1

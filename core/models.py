@@ -17,12 +17,21 @@ right away instead of retrying for half a minute.
 
 Device policy: CUDA with bfloat16 when a GPU is present (T5 overflows to NaN
 in float16), otherwise CPU with float32.
+
+What a folder must hold, checked before anything is trusted: ``card.json``
+(when present) is validated by :class:`Card` (``train_length`` a whole number
+of 2..``MAX_LENGTH`` tokens); tokenizer files (:data:`TOKENIZER_FILES`),
+unless ``load(..., tokenizer=NAME|FOLDER)`` names one. Why: without them
+transformers builds T5's tokenizer with an empty vocabulary that turns every
+word into ``<unk>``, and the model then answers nonsense with no error. A
+loaded tokenizer must also encode a plain sentence without ``<unk>`` and fit
+the model's vocabulary.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import socket
 import threading
 import time
@@ -30,11 +39,14 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 
 from core import attention  # noqa: F401  (registers the "aligned" attention)
-from core.errors import ModelLoadError
+from core.errors import ModelLoadError, UserError
+from core.validation import Str, TrainLength, one_line, read_json, validate
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
 T5_FAMILY = ("t5", "mt5", "umt5")
@@ -67,15 +79,37 @@ def _hub_specs() -> list[ModelSpec]:
     return specs
 
 
+class Card(BaseModel):
+    """The fields of a ``card.json`` we rely on (the rest, e.g. training history, is kept but unchecked)."""
+
+    model_config = ConfigDict(extra="allow")
+    train_length: TrainLength | None = None
+    summary: Str = ""
+    default: Annotated[bool, Strict()] = False
+
+
+def read_card(folder: Path) -> Card | None:
+    """The validated ``card.json`` of ``folder``, None when there is none; a bad card is a one-line ModelLoadError."""
+    path = Path(folder) / "card.json"
+    if not path.exists():
+        return None
+    try:
+        return Card.model_validate(read_json(path, "Model card"))
+    except ValidationError as err:
+        raise ModelLoadError(f"Model card {path}: {one_line(err)}") from None
+    except UserError as err:
+        raise ModelLoadError(str(err)) from None
+
+
 def bundled_specs(root: Path = ASSETS) -> list[ModelSpec]:
     """The models shipped in ``assets/models/<name>/`` (each with a ``card.json``); may be none."""
     out = []
     if root.is_dir():
-        for card in sorted(root.glob("*/card.json")):
-            info = json.loads(card.read_text())
-            out.append(
-                ModelSpec(card.parent.name, str(card.parent), int(info["train_length"]), "bundled", info.get("summary", ""))
-            )
+        for path in sorted(root.glob("*/card.json")):
+            card = read_card(path.parent)
+            if card is None or card.train_length is None:
+                raise ModelLoadError(f"Model card {path} has no train_length")
+            out.append(ModelSpec(path.parent.name, str(path.parent), card.train_length, "bundled", card.summary))
     return out
 
 
@@ -89,17 +123,21 @@ def default_model() -> str | None:
     """The app's and CLI's default: the bundled model whose card says ``"default": true``
     (else the first bundled one), or None when none ship."""
     b = bundled_specs()
-    flagged = [s for s in b if json.loads((Path(s.source) / "card.json").read_text()).get("default")]
+    flagged = [s for s in b if read_card(Path(s.source)).default]
     return (flagged or b)[0].name if b else None
 
 
 def _folder_train_length(path: Path) -> int | None:
     """L_tr from ``card.json`` next to the weights, else the config's ``n_positions``; None if neither says."""
-    card = path / "card.json"
-    lt = json.loads(card.read_text()).get("train_length") if card.exists() else None
-    if lt is None and (path / "config.json").exists():
-        lt = json.loads((path / "config.json").read_text()).get("n_positions")
-    return int(lt) if lt is not None else None
+    card = read_card(path)
+    if card is not None and card.train_length is not None:
+        return card.train_length
+    config = path / "config.json"
+    if not config.is_file():
+        return None
+    raw = read_json(config, "Model config")
+    lt = raw.get("n_positions") if isinstance(raw, dict) else None
+    return None if lt is None else validate(TrainLength, lt, f"Model config {config}: n_positions")
 
 
 # --- the local Hugging Face cache and the hub --------------------------------
@@ -250,19 +288,33 @@ def resolve(name: str, train_length: int | None = None) -> ModelSpec:
                 f"Known names include {known}."
             )
     if train_length is not None:
-        if train_length < 2:
-            raise ModelLoadError("train_length must be at least 2 tokens")
-        spec = ModelSpec(spec.name, spec.source, int(train_length), spec.kind, spec.note)
+        lt = validate(TrainLength, train_length, "train_length")
+        spec = ModelSpec(spec.name, spec.source, lt, spec.kind, spec.note)
     return spec
+
+
+_DEVICE = re.compile(r"(auto|cpu|cuda(:\d{1,3})?)")
+
+
+def check_device(requested: str | None) -> str | None:
+    """``requested`` if it names a device we run on (auto, cpu, cuda, cuda:N), else a one-line ModelLoadError."""
+    if requested in (None, ""):
+        return None
+    if not isinstance(requested, str) or not _DEVICE.fullmatch(requested.strip().lower()):
+        raise ModelLoadError(f"Unknown device {str(requested)[:40]!r}: use cpu, cuda, cuda:N or auto")
+    return requested.strip().lower()
 
 
 def pick_device(requested: str | None = None) -> tuple[torch.device, torch.dtype]:
     """CUDA + bf16 when present (fp16 overflows in T5), else CPU + fp32."""
-    if requested in (None, "", "auto"):
+    requested = check_device(requested)
+    if requested in (None, "auto"):
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(requested)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("CUDA was requested but no GPU is available; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}); use --device cuda")
     return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
 
@@ -324,24 +376,76 @@ class Loaded:
         }
 
 
-_CACHE: dict[tuple[str, str, int], Loaded] = {}
+_CACHE: dict[tuple[str, str, int, str], Loaded] = {}
 _LOCK = threading.Lock()
 
 
-def load(name: str | ModelSpec, device: str | None = None, train_length: int | None = None) -> Loaded:
-    """Load (once) a T5-family model with the ``aligned`` attention; see the module docstring."""
+def load(name: str | ModelSpec, device: str | None = None, train_length: int | None = None,
+         tokenizer: str | None = None) -> Loaded:
+    """Load (once) a T5-family model with the ``aligned`` attention; see the module docstring.
+
+    ``tokenizer``: a registry name, hub id or folder whose tokenizer to use
+    instead of the model folder's own (needed when the folder has none).
+    """
     spec = name if isinstance(name, ModelSpec) else resolve(name, train_length)
     if isinstance(name, ModelSpec) and train_length is not None:
         spec = resolve(spec.source, train_length)
     dev, dtype = pick_device(device)
-    key = (spec.source, str(dev), spec.train_length)
+    tok_ref = str(tokenizer).strip() if tokenizer is not None else ""
+    if tokenizer is not None and not tok_ref:
+        raise ModelLoadError("--tokenizer is empty: name a registry model, a hub id or a folder")
+    key = (spec.source, str(dev), spec.train_length, tok_ref)
     with _LOCK:
         if key not in _CACHE:
-            _CACHE[key] = _load_uncached(spec, dev, dtype)
+            _CACHE[key] = _load_uncached(spec, dev, dtype, tok_ref or None)
         return _CACHE[key]
 
 
-def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype) -> Loaded:
+# --- tokenizers ------------------------------------------------------------------
+
+#: Files one of which a folder's tokenizer needs (ByT5 needs only tokenizer_config.json).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model", "vocab.json", "vocab.txt")
+_PROBE = "the pass key is 12345. remember it, then answer the question."
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+def _tokenizer_source(ref: str) -> tuple[str, dict]:
+    """Where ``--tokenizer`` loads from: a folder, a registry model's source, or a (cached or reachable) hub id."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not _has_tokenizer(path):
+            raise ModelLoadError(f"Tokenizer folder '{ref}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...)")
+        return str(path), {"local_files_only": True}
+    spec = registry().get(ref)
+    source = spec.source if spec else ref
+    if spec is None and ("/" not in ref or ref.startswith((".", "/", "~"))):
+        raise ModelLoadError(f"Unknown tokenizer '{ref}': not a folder, a registry name or a hub id (owner/name)")
+    where, local = locate(source)
+    return where, ({"local_files_only": True} if local else {"cache_dir": str(hub_cache_dir())})
+
+
+def _check_tokenizer(tokenizer: Any, src: str, vocab_size: int) -> None:
+    """Refuse a tokenizer that cannot serve this model: no words (all ``<unk>``), or ids past its embedding."""
+    ids = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if not ids or (unk is not None and 4 * sum(i == unk for i in ids) >= len(ids)):
+        raise ModelLoadError(
+            f"The tokenizer of '{src}' does not know plain English words (they become <unk>): its vocabulary is "
+            "missing or empty. Copy the model's tokenizer files into the folder, or name one with --tokenizer NAME|FOLDER."
+        )
+    size = int(getattr(tokenizer, "vocab_size", None) or len(tokenizer))  # base vocabulary, without added specials
+    if size > vocab_size or max(ids) >= vocab_size:
+        raise ModelLoadError(
+            f"The tokenizer for '{src}' has {size:,} tokens but the model's vocabulary has only "
+            f"{vocab_size:,}: it belongs to another model. Name the right one with --tokenizer NAME|FOLDER."
+        )
+
+
+def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, tokenizer: str | None = None) -> Loaded:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     src = spec.source
@@ -363,6 +467,12 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype) -> Lo
             f"'{src}' is a '{config.model_type}' model, not T5-family ({', '.join(T5_FAMILY)}): "
             "the temperature method needs T5's relative-position-bias attention."
         )
+    if tokenizer is None and local and not _has_tokenizer(Path(where)):
+        raise ModelLoadError(
+            f"Model folder '{src}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy the "
+            "model's tokenizer into it, or name one with --tokenizer NAME|FOLDER."
+        )
+    tok_where, tok_opts = _tokenizer_source(tokenizer) if tokenizer is not None else (where, opts)
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(
             where,
@@ -373,11 +483,13 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype) -> Lo
             attn_implementation=attention.ATTN_NAME,
             **opts,
         )
-        tokenizer = AutoTokenizer.from_pretrained(where, **opts)
+        tok = AutoTokenizer.from_pretrained(tok_where, **tok_opts)
     except Exception as err:  # noqa: BLE001
+        first = (str(err).splitlines() or [""])[0][:200]
         raise ModelLoadError(
-            f"Could not load the weights or tokenizer of '{src}' ({type(err).__name__}: {str(err).splitlines()[0][:200]}). "
+            f"Could not load the weights or tokenizer of '{src}' ({type(err).__name__}: {first}). "
             "Only safetensors weights are accepted; pass a local folder holding config.json, model.safetensors and tokenizer files."
         ) from None
+    _check_tokenizer(tok, tokenizer or src, int(config.vocab_size))
     model.to(dev).eval()
-    return Loaded(spec=spec, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)
+    return Loaded(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dtype)

@@ -6,39 +6,79 @@ request, how tau is chosen (method, criterion) and the schedule it resolved
 to at the length it was chosen at. A length-dependent method can be resolved
 again at another length (:func:`core.calibration.resolve`); a fixed schedule is
 used as is.
+
+Both classes are frozen pydantic dataclasses: constructing one, from the
+exported JSON (:meth:`Settings.from_dict`), from CLI options or in the app,
+runs the same validator (types, finite numbers, the bounds of
+:mod:`core.validation`), and a bad value is a one-line
+:class:`~core.errors.UserError` naming the field. The memory check needs the
+model, so it happens in :meth:`DocumentRequest.build_for`, before the
+document is made.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
 
 from core import tasks
 from core.attention import ENCODER, KINDS
-from core.errors import UserError
+from core.errors import InputTooLong, UserError
 from core.temperature import CRITERIA, METHODS
+from core.validation import (
+    CHARS_PER_TOKEN, Depth, Name, Positive, Seed, Tau, Text, Tokens, TrainLength, one_line, read_json, user_errors,
+)
+
+if TYPE_CHECKING:
+    from core.models import Loaded
 
 SCHEMA = "attention-alignment-explorer/settings@1"
+_CONFIG = ConfigDict(extra="forbid")
+
+Task = Literal[tasks.TASKS + ("text",)]  # type: ignore[valid-type]
+Method = Literal[METHODS]  # type: ignore[valid-type]
+Criterion = Literal[CRITERIA]  # type: ignore[valid-type]
+Target = Literal[KINDS]  # type: ignore[valid-type]
+# a lone string is one target, never its letters
+Targets = Annotated[tuple[Target, ...], BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)]
 
 
-@dataclass(frozen=True)
+@user_errors
+@dataclass(frozen=True, config=_CONFIG)
 class DocumentRequest:
     """A document to build: a generated task, or the user's own text with an optional needle."""
 
-    task: str = "passkey"
-    tokens: int | None = None  # None: the model's L_tr
-    depth: float = 0.5
-    seed: int = 0
-    text: str | None = None  # task "text" only
-    needle: str | None = None
-    question: str | None = None
-    expected: str | None = None
+    task: Task = "passkey"
+    tokens: Tokens | None = None  # None: the model's L_tr
+    depth: Depth = 0.5
+    seed: Seed = 0
+    text: Text | None = None  # task "text" only
+    needle: Text | None = None
+    question: Text | None = None
+    expected: Text | None = None
 
-    def build(self, tokenizer, train_length: int) -> tasks.Document:
-        """Make the document (raises UserError on empty text, bad depth, too few tokens)."""
-        if not 0.0 <= self.depth <= 1.0:
-            raise UserError(f"Needle depth must be between 0 and 1 (0-100 %), got {self.depth}")
+    def length(self, train_length: int) -> int:
+        """Tokens a generated document will have (the request, else L_tr)."""
+        return int(self.tokens or train_length)
+
+    def chars(self) -> int:
+        """Characters of the pasted text and what is inserted into it."""
+        return sum(len(s) for s in (self.text, self.needle, self.question) if s)
+
+    def build(self, tokenizer, train_length: int, limit: int | None = None) -> tasks.Document:
+        """Make the document (raises UserError on empty text, too few tokens, or more than ``limit`` tokens).
+
+        ``limit`` (tokens) is checked before anything is generated or
+        tokenised: a generated document by its requested length, a pasted
+        text by its characters (at most :data:`CHARS_PER_TOKEN` per token).
+        """
+        if limit is not None:
+            self._check(train_length, limit)
         try:
             if self.task == "text":
                 if not self.text or not self.text.strip():
@@ -47,39 +87,52 @@ class DocumentRequest:
                     self.text, tokenizer, needle=self.needle, question=self.question,
                     expected=self.expected, depth=self.depth, seed=self.seed,
                 )
-            if self.task not in tasks.TASKS:
-                raise UserError(f"Unknown task '{self.task}'; choose from {', '.join(tasks.TASKS + ('text',))}")
-            return tasks.make(self.task, tokenizer, int(self.tokens or train_length), depth=self.depth, seed=self.seed)
+            return tasks.make(self.task, tokenizer, self.length(train_length), depth=self.depth, seed=self.seed)
         except UserError:
             raise
         except ValueError as err:
             raise UserError(str(err)) from None
 
+    def build_for(self, loaded: "Loaded", batch: int = 1) -> tasks.Document:
+        """:meth:`build` for a loaded model, refused first if it (``batch`` such documents at once,
+        as calibration runs its samples) cannot fit this machine's memory now."""
+        from core import engine
 
-@dataclass(frozen=True)
+        return self.build(loaded.tokenizer, loaded.train_length, limit=engine.max_tokens(loaded, batch))
+
+    def _check(self, train_length: int, limit: int) -> None:
+        if self.task == "text":
+            if self.chars() > CHARS_PER_TOKEN * limit:
+                raise InputTooLong(
+                    f"The text has {self.chars():,} characters, more than this machine can run now "
+                    f"(about {limit:,} tokens, so at most ~{CHARS_PER_TOKEN * limit:,} characters). Use a shorter text."
+                )
+        elif self.length(train_length) > limit:
+            what = "" if self.tokens else " (the default: the model's training length L_tr)"
+            raise InputTooLong(
+                f"The document would be {self.length(train_length):,} tokens{what}; this machine can run at most "
+                f"about {limit:,} tokens now. Use a shorter document (--tokens)."
+            )
+
+
+@user_errors
+@dataclass(frozen=True, config=_CONFIG)
 class Settings:
     """A chosen temperature and where it was chosen (the exported JSON)."""
 
-    model: str | None = None
-    train_length: int | None = None
-    method: str = "none"
-    tau: float | list | None = None  # the schedule: number, per layer, or per layer and head
-    criterion: str = "pmax"
-    targets: tuple[str, ...] = (ENCODER,)
-    cosine_scale: float | None = None
-    chosen_at: int | None = None  # tokens of the document tau was resolved on
+    model: Name | None = None
+    train_length: TrainLength | None = None
+    method: Method = "none"
+    tau: Tau | None = None  # the schedule: number, per layer, or per layer and head
+    criterion: Criterion = "pmax"
+    targets: Targets = (ENCODER,)
+    cosine_scale: Positive | None = None
+    chosen_at: Tokens | None = None  # tokens of the document tau was resolved on
     document: DocumentRequest = field(default_factory=DocumentRequest)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise UserError(f"Unknown method '{self.method}'; choose from {', '.join(METHODS)}")
-        if self.criterion not in CRITERIA:
-            raise UserError(f"Unknown criterion '{self.criterion}'; choose from {', '.join(CRITERIA)}")
-        bad = [t for t in self.targets if t not in KINDS]
-        if bad:
-            raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(KINDS)}")
         if self.method == "fixed" and self.tau is None:
-            raise UserError("Method 'fixed' needs a tau")
+            raise ValueError("Method 'fixed' needs a tau")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -90,30 +143,25 @@ class Settings:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Settings":
-        if d.get("schema", SCHEMA) != SCHEMA:
-            raise UserError(f"Settings file schema '{d.get('schema')}' is not '{SCHEMA}'")
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known - {"schema"}
-        if unknown:
-            raise UserError(f"Unknown settings key(s): {', '.join(sorted(unknown))}")
-        d = {k: v for k, v in d.items() if k in known}
-        doc = d.get("document") or {}
-        doc_known = {f.name for f in fields(DocumentRequest)}
-        if set(doc) - doc_known:
-            raise UserError(f"Unknown document key(s): {', '.join(sorted(set(doc) - doc_known))}")
-        d["document"] = DocumentRequest(**doc)
-        if "targets" in d:
-            d["targets"] = tuple(d["targets"])
-        return cls(**d)
+    def from_dict(cls, d: Any, where: str = "Settings") -> "Settings":
+        """Validate a parsed settings JSON (any JSON value) into Settings, or a one-line UserError."""
+        if not isinstance(d, dict):
+            kind = "null" if d is None else type(d).__name__
+            raise UserError(f"{where}: the top level must be a JSON object, got {kind}")
+        d = dict(d)
+        schema = d.pop("schema", SCHEMA)
+        if schema != SCHEMA:
+            raise UserError(f"{where}: schema {str(schema)[:80]!r} is not '{SCHEMA}'")
+        if d.get("document") is None:
+            d.pop("document", None)  # null: the default document
+        try:
+            return _ADAPTER.validate_python(d)
+        except ValidationError as err:
+            raise UserError(f"{where}: {one_line(err)}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> "Settings":
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except FileNotFoundError:
-            raise UserError(f"Settings file not found: {path}") from None
-        except json.JSONDecodeError as err:
-            raise UserError(f"Settings file {path} is not valid JSON: {err}") from None
-        except TypeError as err:
-            raise UserError(f"Settings file {path} has a bad value: {err}") from None
+        return cls.from_dict(read_json(path, "Settings file"), where=f"Settings file {path}")
+
+
+_ADAPTER = TypeAdapter(Settings)  # validates a dict (the JSON) into Settings, nested DocumentRequest included

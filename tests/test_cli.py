@@ -112,3 +112,73 @@ def test_train_with_a_missing_config_exits_2_with_one_line(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "missing.json"), "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "missing.json" in err[0]
+
+
+# -- hardening (issue 25) -----------------------------------------------------------------
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:"), err
+    return err[0]
+
+
+def test_rpe_keeps_an_existing_file_when_its_inputs_are_bad(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "keep.csv"
+    out.write_text("precious\n")
+    for argv in (["--length", "300", "--query", "300"], ["--length", "0"], ["--model", "no-such-model"]):
+        assert main(["rpe", "--model", str(tiny_dir), "--out", str(out), *argv]) == 2
+        _one_error_line(capsys)
+        assert out.read_text() == "precious\n"
+    assert main(["rpe", "--model", str(tiny_dir), "--out", str(out), "--length", "40"]) == 0
+    assert len(_rows(out)) == 40 and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_rpe_default_length_from_a_huge_card_is_refused(tiny_dir, tmp_path, capsys):
+    big = tmp_path / "big"
+    big.mkdir()
+    for f in tiny_dir.iterdir():
+        (big / f.name).write_bytes(f.read_bytes())
+    (big / "card.json").write_text(json.dumps({"train_length": 3_000_000}))
+    assert main(["rpe", "--model", str(big), "--out", str(tmp_path / "r.csv")]) == 2
+    assert "--length" in _one_error_line(capsys) and not (tmp_path / "r.csv").exists()
+
+
+def test_model_folder_without_tokenizer_runs_only_with_tokenizer_option(tiny_dir, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "card.json"):
+        (bare / name).write_bytes((tiny_dir / name).read_bytes())
+    assert main(["run", "--json", "--model", str(bare), "--tokens", "300"]) == 2
+    assert "no tokenizer files" in _one_error_line(capsys)
+    out = _json(capsys, ["run", "--json", "--model", str(bare), "--tokens", "300", "--tokenizer", str(tiny_dir)])
+    ref = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--tokens", "300"])
+    assert out["tokens"] == ref["tokens"] and out["answer"] == ref["answer"]
+
+
+def test_document_too_long_for_memory_is_refused_before_it_is_built(tiny_dir, capsys):
+    assert main(["run", "--model", str(tiny_dir), "--tokens", "3000000"]) == 2
+    assert "at most about" in _one_error_line(capsys)
+
+
+def test_unexpected_exception_is_one_line_unless_debugging(tiny_dir, capsys, monkeypatch):
+    """A bug (here injected into a library call) is exit 1 and one ``internal error`` line; AAE_DEBUG=1 re-raises it."""
+    from core import calibration
+
+    def broken(*a, **k):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(calibration, "resolve", broken)
+    argv = ["run", "--model", str(tiny_dir), "--tokens", "300"]
+    monkeypatch.delenv("AAE_DEBUG", raising=False)
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["internal error: RuntimeError: boom (set AAE_DEBUG=1 for the traceback)"]
+    monkeypatch.setenv("AAE_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(argv)
+
+
+def test_os_error_is_one_line(tiny_dir, tmp_path, capsys):
+    out = tmp_path / ("n" * 300 + ".csv")  # longer than any file system allows: open() raises OSError
+    assert main(["rpe", "--model", str(tiny_dir), "--out", str(out), "--length", "10"]) == 2
+    assert "too long" in _one_error_line(capsys).lower()

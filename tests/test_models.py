@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from core import models
-from core.errors import ModelLoadError
+from core.errors import ModelLoadError, UserError
 from core.models import load, pick_device, registry, resolve
 
 
@@ -186,3 +186,85 @@ def test_pickle_weights_are_refused(tmp_path, tiny):
 
 def test_cpu_is_float32():
     assert pick_device("cpu") == (torch.device("cpu"), torch.float32)
+
+
+# -- hardening (issue 25): cards, devices and tokenizers ----------------------------------
+
+def _copy_model(src, dst, skip=()):
+    """A copy of a model folder without the files in ``skip``."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name not in skip:
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+@pytest.mark.parametrize("card,needle", [
+    ("[1, 2]", "JSON object, got list"),
+    ("{oops", "not valid JSON"),
+    ('{"train_length": "512"}', "train_length: Input should be a whole number"),
+    ('{"train_length": -5}', "train_length: Input should be greater than or equal to 2"),
+    ('{"train_length": 1000000000}', "train_length: Input should be less than or equal to 4000000"),
+    ('{"train_length": 512.5}', "train_length: Input should be a whole number"),
+    (None, "is a folder"),
+])
+def test_bad_card_is_one_line_naming_the_card(tmp_path, tiny_dir, card, needle):
+    folder = _copy_model(tiny_dir, tmp_path / "m", skip=("card.json",))
+    if card is None:
+        (folder / "card.json").mkdir()
+    else:
+        (folder / "card.json").write_text(card)
+    with pytest.raises(ModelLoadError) as err:
+        resolve(str(folder))
+    assert needle in str(err.value) and "card.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_card_train_length_is_used(tmp_path, tiny_dir):
+    folder = _copy_model(tiny_dir, tmp_path / "m", skip=("card.json",))
+    (folder / "card.json").write_text(json.dumps({"train_length": 300, "anything": {"else": [1]}}))
+    assert resolve(str(folder)).train_length == 300
+
+
+@pytest.mark.parametrize("bad", ["bogus", "cuda:x", "gpu", "cpu cpu", ""])
+def test_unknown_device_is_one_line(bad):
+    if bad == "":
+        assert pick_device(bad)[0].type in ("cpu", "cuda")
+        return
+    with pytest.raises(ModelLoadError, match="Unknown device"):
+        pick_device(bad)
+
+
+def test_train_length_override_is_bounded(tiny_dir):
+    for bad in (0, 1, -3, 10**12):
+        with pytest.raises(UserError, match="train_length"):
+            resolve(str(tiny_dir), bad)
+
+
+def test_folder_without_tokenizer_is_refused_unless_one_is_named(tmp_path, tiny_dir, tiny):
+    bare = _copy_model(tiny_dir, tmp_path / "bare", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json"))
+    with pytest.raises(ModelLoadError, match="has no tokenizer files"):
+        load(str(bare), device="cpu")
+    named = load(str(bare), device="cpu", tokenizer=str(tiny_dir))
+    text = "the pass key is 12345"
+    assert named.tokenizer(text).input_ids == tiny.tokenizer(text).input_ids
+    with pytest.raises(ModelLoadError, match="Unknown tokenizer"):
+        load(str(bare), device="cpu", tokenizer="no-such-tokenizer")
+    with pytest.raises(ModelLoadError, match="no tokenizer files"):
+        load(str(bare), device="cpu", tokenizer=str(bare))
+
+
+def test_tokenizer_with_an_empty_vocabulary_is_refused(tmp_path, tiny_dir):
+    """Only a tokenizer_config.json naming T5Tokenizer: transformers builds it with no vocabulary (every word <unk>)."""
+    folder = _copy_model(tiny_dir, tmp_path / "cfg", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "T5Tokenizer"}))
+    with pytest.raises(ModelLoadError, match="does not know plain English words"):
+        load(str(folder), device="cpu")
+
+
+def test_tokenizer_of_a_bigger_vocabulary_is_refused(tmp_path, tiny_dir):
+    bundled = models.bundled_specs()
+    if not bundled:
+        pytest.skip("no bundled model to borrow a tokenizer from")
+    bare = _copy_model(tiny_dir, tmp_path / "bare", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json"))
+    with pytest.raises(ModelLoadError, match="vocabulary has only 384"):
+        load(str(bare), device="cpu", tokenizer=bundled[0].name)

@@ -1,0 +1,230 @@
+"""Types and bounds for everything a user can hand us, and one-line errors for them.
+
+Why one module: the settings JSON, a model's ``card.json`` and the CLI's
+options describe the same quantities (a length in tokens, a needle depth, a
+tau), so their types and bounds are written once here, as pydantic
+``Annotated`` types, and every entry point validates through them. A
+pydantic ``ValidationError`` never leaves ``core``: :func:`validate` and
+:func:`user_errors` turn it into a :class:`~core.errors.UserError` whose
+message is one line naming the field (``document.depth: Input should be a
+valid number (got '0.5')``), without pydantic's URL.
+
+The bounds are static ceilings that hold before any model is loaded; the
+memory check (:func:`core.engine.max_tokens`) comes on top, once the model
+is known, and always before a document is built.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import operator
+from pathlib import Path
+from typing import Annotated, Any, Callable, TypeVar
+
+from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
+
+from core.errors import UserError
+
+#: Longest document, sweep length or training length anywhere (tokens). The
+#: app's length box stops here too; T5's ``[heads, L, L]`` bias at this length
+#: would be ~64 TB per head, so a longer request can only be a mistake.
+MAX_LENGTH = 4_000_000
+#: Longest relative-position-bias curve (``rpe --length``): heads x keys
+#: floats plus a CSV row per key; T5's bias is constant past 128 tokens anyway.
+MAX_RPE_LENGTH = 1_000_000
+#: Longest pasted text / needle / question, in characters (before tokenising).
+MAX_TEXT_CHARS = 16_000_000
+#: A tokenizer puts at most this many characters of real text into one token
+#: on average; a text longer than ``CHARS_PER_TOKEN x`` the token limit is
+#: refused without tokenising it.
+CHARS_PER_TOKEN = 16
+#: Largest JSON file we read (settings, card): a settings file may carry a pasted text.
+MAX_JSON_BYTES = 4 * MAX_TEXT_CHARS + 2**20
+MAX_SAMPLES = 1_000  # documents per calibration / seeds per sweep cell: each is a full pass
+MAX_BATCH = 1_024  # documents per padded batch (--batch-size)
+MAX_NEW_TOKENS = 4_096  # answer length (--max-new-tokens)
+MAX_SEED = 2**63 - 1
+
+
+# -- scalar types ------------------------------------------------------------------
+
+def _whole(v: Any) -> int:
+    """A whole number, never a bool, str or float (JSON ``"512"`` or ``512.5`` is a mistake, not a length)."""
+    if isinstance(v, bool):
+        raise ValueError("Input should be a whole number, not true/false")
+    try:
+        return operator.index(v)  # numpy integers too
+    except TypeError:
+        raise ValueError("Input should be a whole number") from None
+
+
+def _real(v: Any) -> float:
+    """A real number (int or float, numpy's too), never a bool or a string."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError("Input should be a number")
+    return float(v)
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("Input should be a string")
+    return v
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+Real = Annotated[float, BeforeValidator(_real), Field(allow_inf_nan=False)]
+Str = Annotated[str, BeforeValidator(_text)]
+Text = Annotated[Str, Field(max_length=MAX_TEXT_CHARS)]
+Name = Annotated[Str, Field(min_length=1, max_length=4096)]
+
+Tokens = Annotated[Whole, Field(ge=1, le=MAX_LENGTH)]
+TrainLength = Annotated[Whole, Field(ge=2, le=MAX_LENGTH)]
+RpeLength = Annotated[Whole, Field(ge=1, le=MAX_RPE_LENGTH)]
+Position = Annotated[Whole, Field(ge=0, le=MAX_RPE_LENGTH)]
+Seed = Annotated[Whole, Field(ge=0, le=MAX_SEED)]
+Samples = Annotated[Whole, Field(ge=1, le=MAX_SAMPLES)]
+BatchSize = Annotated[Whole, Field(ge=1, le=MAX_BATCH)]
+NewTokens = Annotated[Whole, Field(ge=1, le=MAX_NEW_TOKENS)]
+Depth = Annotated[Real, Field(ge=0.0, le=1.0)]
+Positive = Annotated[Real, Field(gt=0.0)]  # a tau, a CosScale s, a length multiple
+
+
+def _tau(v: Any) -> float | list:
+    """A tau schedule: one positive number, one per layer, or one per layer and head (equal rows).
+
+    The attention divides logits by tau, so 0, negatives, NaN and inf mean
+    nothing (:func:`core.attention.tau_matrix` refuses them too); the shape
+    against a model's layers and heads is checked when the model is known.
+    """
+    why = "tau must be a positive finite number, a list of them (one per layer) or a list of lists (layer x head)"
+
+    def one(x: Any) -> float:
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not (math.isfinite(x) and x > 0):
+            raise ValueError(why + f", got {_short(x)}")
+        return float(x)
+
+    if not isinstance(v, (list, tuple)):
+        return one(v)
+    if not v:
+        raise ValueError(why + ", got an empty list")
+    if all(isinstance(row, (list, tuple)) for row in v):
+        rows = [[one(x) for x in row] for row in v]
+        if not rows[0] or any(len(r) != len(rows[0]) for r in rows):
+            raise ValueError("a per-head tau needs one non-empty row of equal length per layer")
+        return rows
+    return [one(x) for x in v]
+
+
+Tau = Annotated[Any, AfterValidator(_tau)]
+
+
+# -- errors as one line ------------------------------------------------------------------
+
+def _short(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def one_line(err: ValidationError) -> str:
+    """The first problem as ``field.path: reason (got value)``; ``(+N more)`` when there are others."""
+    first = err.errors(include_url=False)[0]
+    kind, got = first["type"], first.get("input")
+    where = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if kind in ("dataclass_type", "model_type", "dict_type"):
+        msg = f"Input should be a JSON object, got {'null' if got is None else type(got).__name__}"
+    elif kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        msg = "unknown key"
+    elif "got " not in msg and kind != "missing" and isinstance(got, (str, int, float)):
+        msg += f" (got {_short(got)})"
+    extra = err.error_count() - 1
+    text = f"{where}: {msg}" if where else msg
+    return " ".join((text + (f" (+{extra} more)" if extra else "")).split())  # one line, whatever the message held
+
+
+T = TypeVar("T")
+_ADAPTERS: dict[Any, TypeAdapter] = {}
+
+
+def adapter(tp: Any) -> TypeAdapter:
+    """One cached TypeAdapter per type (building one costs ~a millisecond)."""
+    key = repr(tp) if not isinstance(tp, type) else tp
+    if key not in _ADAPTERS:
+        _ADAPTERS[key] = TypeAdapter(tp)
+    return _ADAPTERS[key]
+
+
+def validate(tp: Any, value: Any, where: str) -> Any:
+    """``value`` as type ``tp``, or a UserError ``"<where>: <field>: <reason>"``."""
+    try:
+        return adapter(tp).validate_python(value)
+    except ValidationError as err:
+        raise UserError(f"{where}: {one_line(err)}") from None
+
+
+def user_errors(cls: type[T]) -> type[T]:
+    """Make a pydantic dataclass raise :class:`UserError` (one line) instead of ValidationError.
+
+    Why: the app, the CLI and core.apply build these objects directly and all
+    of them show a UserError's message as it is; a multi-line ValidationError
+    with a URL would reach them as an unexpected exception.
+    """
+    init = cls.__init__
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as err:
+            raise UserError(f"{cls.__name__}: {one_line(err)}") from None
+
+    __init__.__doc__ = init.__doc__
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+# -- files -------------------------------------------------------------------------------
+
+def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse a JSON file the user named, with every failure as one line naming ``what`` and the path.
+
+    The size is checked before reading, so a huge file cannot fill memory.
+    """
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise UserError(f"{what} {path} is a folder, not a file")
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise UserError(f"{what} {path} is {size:,} bytes; at most {max_bytes:,} are read")
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {path}") from None
+    except OSError as err:
+        raise UserError(f"{what} {path} cannot be read: {err.strerror or err}") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {path} is not UTF-8 text") from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        reason = f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else "nested too deeply"
+        raise UserError(f"{what} {path} is not valid JSON: {reason}") from None
+
+
+def arg_type(tp: Any, convert: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse ``type=``: ``convert`` the text, then check it against ``tp`` (the same bounds the files use)."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text.strip())
+        except (TypeError, ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{what}, got {_short(text)}") from None
+        try:
+            return adapter(tp).validate_python(value)
+        except ValidationError as err:
+            raise argparse.ArgumentTypeError(f"{one_line(err)}") from None
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
