@@ -170,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
                         "the --settings/--tau/--method choice)")
     s.add_argument("--out", help="CSV written row by row")
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
-    s.add_argument("--data", help="JSONL of your own documents (see README, batch runs)")
+    s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")
     s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
     s.add_argument("--max-new-tokens", type=_new_tokens, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
@@ -386,16 +386,23 @@ def cmd_sweep(args) -> int:
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
-    bar = tqdm(total=plan.total, desc="sweep", file=sys.stderr)
+    bars: list = []  # drawn at the first progress call: a refused sweep prints its one line and no bar
 
     def progress(done: int, total: int, row) -> None:
-        bar.n = done
-        bar.refresh()
+        if not bars:
+            bars.append(tqdm(total=total, desc="sweep", file=sys.stderr))
+        bars[0].n = done
+        bars[0].refresh()
 
-    df = run_sweep(loaded, plan, out=args.out, resume=args.resume, progress=progress)
-    bar.close()
+    try:
+        df = run_sweep(loaded, plan, out=args.out, resume=args.resume, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
     if not args.out:
-        print(df.to_csv(index=False), end="")
+        from core import csvio
+
+        print(csvio.to_csv_text(df), end="")
     else:
         from core.sweep import accuracy_table
 
@@ -440,7 +447,9 @@ def cmd_rpe(args) -> int:
     df = pd.DataFrame({"n": np.arange(length), "distance": np.arange(length) - m})
     for h, c in enumerate(curves):
         df[f"head{h}"] = c
-    _write_replacing(args.out, df.to_csv(index=False))
+    from core import csvio
+
+    _write_replacing(args.out, csvio.to_csv_text(df))
     print(f"wrote {args.out}: {curves.shape[0]} heads x {length} keys, query m={m}, L_tr={lt}")
     return 0
 

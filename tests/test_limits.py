@@ -92,3 +92,12 @@ def test_sweep_length_past_memory_is_refused_before_any_row(tiny_dir, tmp_path):
     out = tmp_path / "rows.csv"
     assert "--lengths" in _refuse(["sweep", "--model", str(tiny_dir), "--lengths", "300,10000x", "--out", str(out)])
     assert not out.exists()
+
+
+def test_the_memory_check_sees_the_address_space_cap(tiny_dir):
+    """10,000 tokens fit this machine's free memory but not the cap: refused by the check, not by running out.
+
+    Before, max_tokens read only MemAvailable, so a capped (or containerised)
+    process passed the check and then died of an out-of-memory error.
+    """
+    assert "at most about" in _refuse(["run", "--json", "--model", str(tiny_dir), "--tokens", "10000"])

@@ -229,7 +229,7 @@ def tau_key(tau) -> Hashable:
 
 def document(loaded: Loaded, req: DocumentRequest):
     """The document a request builds (raises UserError for empty text, bad depth, too few tokens)."""
-    return stores()["doc"].get((mkey(loaded), req), lambda: req.build(loaded.tokenizer, loaded.train_length))
+    return stores()["doc"].get((mkey(loaded), req), lambda: req.build_for(loaded))  # checked against memory before it is built
 
 
 def reference_document(loaded: Loaded, req: DocumentRequest):
