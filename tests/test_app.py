@@ -338,3 +338,23 @@ def test_sweep_page_visits_leak_no_file_descriptors(env):
     for _ in range(6):
         visit()
     assert fds() - before < 3, "each Sweep page visit left a file descriptor open"
+
+
+@pytest.mark.parametrize("card", [{"train_length": 3_000_000}, {"train_length": 1_000_000_000}, ["not", "a", "card"],
+                                  {"train_length": "512"}])
+def test_a_hostile_model_card_is_one_message(env, tmp_path, card):
+    """A folder whose card.json claims a huge L_tr (the default document is L_tr long) or is malformed.
+
+    Before, the app built the 1e9-token document and took the machine down with it.
+    """
+    import json
+    import shutil
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(env, folder)
+    (folder / "card.json").write_text(json.dumps(card))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.text_input(key="model_other").input(str(folder)).run()
+    assert not at.exception
+    msg = _error_text(at)
+    assert "card.json" in msg or "at most about" in msg, msg
