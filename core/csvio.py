@@ -69,13 +69,19 @@ def _text_like(s: pd.Series | pd.Index) -> bool:
     return pd.api.types.is_object_dtype(s.dtype) or pd.api.types.is_string_dtype(s.dtype)
 
 
-def safe_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``df`` with text cells, column names and index labels neutralised (numeric columns untouched)."""
+def _map_text(df: pd.DataFrame, fn) -> pd.DataFrame:
+    """A copy of ``df`` with ``fn`` applied to every text cell (numeric columns untouched)."""
     out = df.copy()
     for i in range(out.shape[1]):
         col = out.iloc[:, i]
         if _text_like(col):
-            out.isetitem(i, col.map(neutralise))
+            out.isetitem(i, col.map(fn))
+    return out
+
+
+def safe_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` with text cells, column names and index labels neutralised (numeric columns untouched)."""
+    out = _map_text(df, neutralise)
     out.columns = out.columns.map(neutralise)
     if _text_like(out.index):
         out.index = out.index.map(neutralise)
@@ -84,12 +90,7 @@ def safe_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def restore_frame(df: pd.DataFrame) -> pd.DataFrame:
     """A frame read from one of our CSVs with its text cells as they were before :func:`neutralise`."""
-    out = df.copy()
-    for i in range(out.shape[1]):
-        col = out.iloc[:, i]
-        if _text_like(col):
-            out.isetitem(i, col.map(restore))
-    return out
+    return _map_text(df, restore)
 
 
 def to_csv_text(df: pd.DataFrame, index: bool = False) -> str:

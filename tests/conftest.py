@@ -55,3 +55,15 @@ def app_ok(at) -> None:
     """An AppTest run showed neither an exception nor an st.error (the message list is the failure text)."""
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread while a test runs: tiny-model passes on a busy 2-core machine are much faster so
+    (two threads wait on each other more than they compute; see tests/test_batch.py)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

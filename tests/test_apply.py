@@ -63,13 +63,7 @@ def build_chatty_t5(folder, seed: int = 0, train_length: int = 64):
     return folder
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread (see tests/test_batch.py): much faster for tiny models on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,7 @@ from core.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a small machine shared with other jobs, torch's spinning worker
-    threads make these tiny-model runs several times slower (seen: 6x at load 7 on 2 cores)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _docs(n: int, start: int = 0) -> list[dict]:

@@ -18,14 +18,7 @@ HOSTILE = ["=HYPERLINK(\"http://x\",\"y\")", "=1+1", "+1+cmd", "-2+3", "@SUM(A1)
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cells(data: bytes) -> list[list[str]]:

@@ -18,15 +18,7 @@ from core.errors import UserError
 from core.sweep import COLUMNS, KEY, SweepPlan, run_sweep
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: tiny-model runs on a small shared machine are faster so (see test_batch.py)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _plan(**kw) -> SweepPlan:
