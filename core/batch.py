@@ -28,12 +28,12 @@ Settings (the "setting" column): ``--methods a,b,...`` (method names and/or
 numbers = fixed taus) when given, else the one from ``--settings FILE``,
 ``--tau X`` or ``--method M`` (explicit options override the file).
 
-How tau is found per document (:func:`core.calibration.resolve`): ``none`` and fixed taus
+How tau is found per document (:func:`core.methods.resolve`): ``none`` and fixed taus
 as they are. A length-dependent method (log-length, InfoScale, Algorithm 1
 pmax/entropy, Prop. 1/2, per-layer) whose stored schedule was chosen at this
 document's token count (the settings' ``chosen_at``) uses the stored schedule;
 at any other length it is re-resolved *for that document*
-(:func:`core.calibration.resolve`: closed forms from its length; measured
+(:func:`core.methods.resolve`: closed forms from its length; measured
 methods with forward passes on it, Algorithm 1 in its fast search).
 
 Batching: documents that share a tau (fixed taus, ``none``, or the same
@@ -55,7 +55,7 @@ from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from core import calibration, csvio, engine, tasks, temperature
+from core import csvio, engine, methods, tasks
 from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
@@ -266,7 +266,7 @@ def choices(args, settings) -> list[Choice]:
 def _needs_passes(item: Item, c: Choice) -> bool:
     if c.method in ("none", "fixed") or (c.tau is not None and c.chosen_at == item.n):
         return False
-    return c.method in temperature.MEASURED
+    return c.method in methods.MEASURED
 
 
 def _tau_key(tau) -> tuple:
@@ -378,7 +378,7 @@ def run_items(
                     single.append(it)
                     continue
                 try:
-                    tau, _ = calibration.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
+                    tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
                 except UserError as err:
                     fail([it], c, err)
                     continue
@@ -389,7 +389,7 @@ def run_items(
             for it in sorted(single, key=lambda i: i.n):
                 t0 = time.perf_counter()
                 try:
-                    tau, _ = calibration.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
+                    tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
                 except UserError as err:
                     fail([it], c, err)
                     continue

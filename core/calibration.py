@@ -1,7 +1,8 @@
-"""Turning a method name into a tau schedule for a document, with forward passes where needed.
+"""The forward passes a measured method needs: Algorithm 1's ``measure``, its L_tr references, Prop. 1/2's statistics.
 
 :mod:`core.temperature` holds the maths and the searches over a ``measure``
-callable; this module builds those callables from :mod:`core.engine` and
+callable; :mod:`core.methods` names the methods and resolves them; this
+module builds the callables from :mod:`core.engine` and
 chooses the L_tr reference documents: the same task, depth and seeds at the
 model's training length (for pasted text: a window of the same text around
 the needle, cut to L_tr tokens).
@@ -15,7 +16,6 @@ from typing import Callable
 import numpy as np
 
 from core import engine, tasks, temperature
-from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
 from core.temperature import Calibration, LayerStats
@@ -133,69 +133,3 @@ def logit_stats_of(ex: engine.Result, tr: engine.Result, train_length: int) -> d
         "length": ex.tokens,
         "train_length": train_length,
     }
-
-
-def resolve(
-    loaded: Loaded,
-    document: tasks.Document,
-    method: str,
-    tau: float | list | None = None,
-    samples: int = 1,
-    base: engine.RunSettings | None = None,
-    progress: Progress | None = None,
-    chosen_at: int | None = None,
-    tokens: int | None = None,
-) -> tuple[float | list, dict]:
-    """The schedule a method gives for this document, and what it was computed from.
-
-    Returns ``(schedule, info)``; ``schedule`` is a number or, for per-layer
-    alignment, one number per layer. A stored ``tau`` (from a settings file)
-    is used as is for ``fixed``, and for a length-dependent method only when
-    it was chosen at exactly this document's length (``chosen_at``); any other
-    length re-resolves the method here. ``info["source"]`` says which
-    happened (``none``, ``fixed``, ``stored`` or ``resolved``).
-    """
-    if method not in temperature.METHODS:
-        raise UserError(f"Unknown method '{method}'; choose from {', '.join(temperature.METHODS)}")
-    n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
-    lt = loaded.train_length
-    if method == "none":
-        return 1.0, {"source": "none"}
-    if method == "fixed":
-        if tau is None:
-            raise UserError("Method 'fixed' needs a tau (--tau)")
-        return tau, {"source": "fixed"}
-    if tau is not None and chosen_at == n:
-        return tau, {"source": "stored", "chosen_at": chosen_at, "length": n}
-    info: dict = {"source": "resolved", "chosen_at": chosen_at, "length": n, "train_length": lt}
-    if method == "log-length":
-        return temperature.log_length(lt, n), info
-    if method == "infoscale":
-        return temperature.infoscale(lt, n, loaded.d_kv), {**info, "d": loaded.d_kv}
-    if method in ("prop1", "prop2"):
-        st = logit_stats(loaded, document, base)
-        try:
-            if method == "prop1":
-                t = temperature.prop1(lt, n, st["pmax_tr"], st["sigma_tr"], st["sigma_ex"])
-            else:
-                t = temperature.prop2(lt, n, st["sigma_tr"], st["sigma_ex"])
-        except ValueError as err:
-            raise UserError(f"{method}: {err}") from None
-        return float(t), {**info, **st}
-    crit = "per-layer" if method == "per-layer" else method
-    cal = calibrate(loaded, document, crit, fast=True, samples=samples, base=base, progress=progress)
-    return (cal.schedule if cal.schedule is not None else cal.tau), {**info, **cal.to_dict()}
-
-
-def all_methods(loaded: Loaded, document: tasks.Document, samples: int = 1, progress: Progress | None = None) -> dict[str, float | list | str]:
-    """Every method's tau for this document (errors become a short string), for tables."""
-    out: dict[str, float | list | str] = {}
-    names = [m for m in temperature.METHODS if m not in ("none", "fixed")]
-    for i, m in enumerate(names):
-        try:
-            out[m] = resolve(loaded, document, m, samples=samples)[0]
-        except UserError as err:
-            out[m] = f"n/a ({err})"
-        if progress:
-            progress((i + 1) / len(names))
-    return out

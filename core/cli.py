@@ -30,7 +30,8 @@ import numpy as np
 
 from core.errors import InputTooLong, UserError
 from core.tasks import MAX_ANSWER_TOKENS, TASKS
-from core.temperature import MEASURED, METHODS  # MEASURED: methods that need forward passes at L_tr
+from core import methods
+from core.methods import MEASURED, NAMES as METHODS  # MEASURED: methods that need forward passes at L_tr
 from core.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Tokens,
     TrainLength, arg_type, validate,
@@ -308,7 +309,7 @@ def cmd_run(args) -> int:
     doc = _document(loaded, st, args.samples if st.method in MEASURED else 1)
     prog = _progress("calibrating") if st.method in ("pmax", "entropy", "per-layer") else None
     # a stored schedule is used at the length it was chosen at; any other length re-resolves it
-    tau, info = calibration.resolve(loaded, doc, st.method, st.tau, samples=args.samples, progress=prog, chosen_at=st.chosen_at)
+    tau, info = methods.resolve(loaded, doc, st.method, st.tau, samples=args.samples, progress=prog, chosen_at=st.chosen_at)
     if prog:
         prog.close()
     res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=st.method, targets=st.targets, cosine_scale=st.cosine_scale))
@@ -336,9 +337,9 @@ def cmd_calibrate(args) -> int:
     prog = _progress(f"Algorithm 1 ({args.criterion})")
     cal = calibration.calibrate(loaded, doc, args.criterion, fast=args.fast, samples=args.samples, progress=prog)
     prog.close()
-    methods = calibration.all_methods(loaded, doc, samples=args.samples)
-    methods[args.criterion] = cal.tau
-    out = {**cal.to_dict(), "methods": methods, "tokens": len(loaded.tokenizer(doc.text).input_ids),
+    taus = methods.all_methods(loaded, doc, samples=args.samples)
+    taus[args.criterion] = cal.tau
+    out = {**cal.to_dict(), "methods": taus, "tokens": len(loaded.tokenizer(doc.text).input_ids),
            "train_length": loaded.train_length, "model": loaded.spec.name}
     if args.json:
         print(json.dumps(out))
@@ -346,7 +347,7 @@ def cmd_calibrate(args) -> int:
         print(f"Algorithm 1 ({cal.criterion}) at {out['tokens']} tokens: tau = {cal.tau}  (reference S_tr(1) = {cal.reference:.4f}, {cal.passes} passes)")
         for t, v in zip(cal.grid, cal.curve):
             print(f"  tau {t:.2f}: {'-' if v is None else f'{v:.4f}'}")
-        for m, t in methods.items():
+        for m, t in taus.items():
             print(f"  {m:>10}: {t if isinstance(t, str) else np.round(t, 4).tolist()}")
     return 0
 

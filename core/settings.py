@@ -4,7 +4,7 @@
 (``--settings FILE``), sweeps and :func:`core.apply`: the model, the document
 request, how tau is chosen (method, criterion) and the schedule it resolved
 to at the length it was chosen at. A length-dependent method can be resolved
-again at another length (:func:`core.calibration.resolve`); a fixed schedule is
+again at another length (:func:`core.methods.resolve`); a fixed schedule is
 used as is.
 
 Both classes are frozen pydantic dataclasses: constructing one, from the
@@ -29,7 +29,8 @@ from pydantic.dataclasses import dataclass
 from core import tasks
 from core.attention import ENCODER, KINDS
 from core.errors import InputTooLong, UserError
-from core.temperature import CRITERIA, METHODS
+from core.methods import NAMES as METHODS
+from core.temperature import CRITERIA
 from core.validation import (
     CHARS_PER_TOKEN, Depth, Name, Positive, Seed, Tau, Text, Tokens, TrainLength, one_line, read_json, user_errors,
 )

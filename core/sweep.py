@@ -25,7 +25,7 @@ from typing import Callable, ContextManager, Iterable
 import numpy as np
 import pandas as pd
 
-from core import calibration, csvio, engine, tasks, temperature
+from core import csvio, engine, methods, tasks
 from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
@@ -42,8 +42,8 @@ def method_label(m: str | float) -> str:
     try:
         tau = float(m)
     except (TypeError, ValueError):
-        if m not in temperature.METHODS or m == "fixed":
-            raise ValueError(f"Unknown method '{m}'; use a number (fixed tau) or one of {', '.join(temperature.METHODS)}") from None
+        if m not in methods.NAMES or m == "fixed":
+            raise ValueError(f"Unknown method '{m}'; use a number (fixed tau) or one of {', '.join(methods.NAMES)}") from None
         return str(m)
     if not (math.isfinite(tau) and tau > 0):
         raise ValueError(f"a fixed tau must be finite and > 0, got {m!r}")
@@ -194,11 +194,11 @@ def _tau_for(loaded: Loaded, plan: SweepPlan, n: int, method: str, doc: tasks.Do
     """Resolve a method at length n once, on calibration documents (seeds disjoint from the test seeds)."""
     if method.startswith("tau="):
         return float(method[4:])
-    if method not in temperature.MEASURED:
-        return calibration.resolve(loaded, doc, method)[0]
+    if method not in methods.MEASURED:
+        return methods.resolve(loaded, doc, method)[0]
     if (n, method) not in cache:
         calib_doc = tasks.make(plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack)
-        cache[(n, method)] = calibration.resolve(loaded, calib_doc, method, samples=plan.calib_samples)[0]
+        cache[(n, method)] = methods.resolve(loaded, calib_doc, method, samples=plan.calib_samples)[0]
     return cache[(n, method)]
 
 

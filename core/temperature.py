@@ -35,12 +35,7 @@ import numpy as np
 
 GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
 CRITERIA = ("pmax", "entropy")
-#: Every method a user can name (CLI ``--method``, the app's select box).
-METHODS = ("none", "fixed", "log-length", "infoscale", "pmax", "entropy", "prop1", "prop2", "per-layer")
-#: Methods whose tau depends on the document length (re-resolve them at a new length).
-LENGTH_DEPENDENT = ("log-length", "infoscale", "pmax", "entropy", "prop1", "prop2", "per-layer")
-#: Methods that need forward passes to resolve.
-MEASURED = ("pmax", "entropy", "prop1", "prop2", "per-layer")
+# The methods a user can name, their labels and flags: core.methods.REGISTRY (one entry each).
 
 
 def log_length(train_length: int, length: int) -> float:

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from core import plots, temperature, timing  # noqa: E402
+from core import methods, plots, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
 from ui import cache  # noqa: E402
@@ -30,7 +30,7 @@ def use_tau(method: str, value) -> None:
         sb.set_state(tau_method="fixed", tau_value=float(np.clip(round(float(a), 2), sb.TAU_MIN, sb.TAU_MAX)))
     else:
         sb.set_state(tau_method=method)
-    st.session_state["cal_used"] = f"{sb.METHOD_LABELS.get(method, method)}: tau = {np.round(a, 3).tolist()}"
+    st.session_state["cal_used"] = f"{methods.label(method)}: tau = {np.round(a, 3).tolist()}"
 
 
 def prop1_note(value, stats: dict) -> str:
@@ -148,7 +148,7 @@ def main() -> None:
     rows = []
     for m, t in taus.items():
         a = None if isinstance(t, str) else np.asarray(t, dtype=float)
-        rows.append({"method": m, "label": sb.METHOD_LABELS.get(m, m),
+        rows.append({"method": m, "label": methods.label(m),
                      "tau": t if a is None else (round(float(a), 4) if a.ndim == 0 else ", ".join(f"{v:.2f}" for v in a))})
     table = pd.DataFrame(rows)
     st.dataframe(table[["label", "tau"]], hide_index=True, width="stretch")
@@ -161,7 +161,7 @@ def main() -> None:
     if ss["cal_pick"] not in usable:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])
-    u1.selectbox("Method to use", usable, key="cal_pick", format_func=lambda m: f"{sb.METHOD_LABELS.get(m, m)}: {taus[m] if np.ndim(taus[m]) == 0 else 'per layer'}")
+    u1.selectbox("Method to use", usable, key="cal_pick", format_func=lambda m: f"{methods.label(m)}: {taus[m] if np.ndim(taus[m]) == 0 else 'per layer'}")
     u2.button("Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary")
     if ss.get("cal_used"):
         st.success(f"Sidebar set to {ss['cal_used']}.")

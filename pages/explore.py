@@ -11,7 +11,7 @@ if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
 
 import streamlit as st  # noqa: E402
 
-from core import plots, views  # noqa: E402
+from core import methods, plots, views  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
 from ui import cache, url  # noqa: E402
@@ -130,7 +130,7 @@ def live(ctx: sb.Context) -> None:
     with c1:
         answer_card(base, "tau = 1 (no alignment)", ref, suffix=" at tau = 1", key="base_card")
     with c2:
-        answer_card(chosen, f"Chosen: {sb.METHOD_LABELS.get(ctx.method, ctx.method)}, tau = {ctx.tau_text()}", ref,
+        answer_card(chosen, f"Chosen: {methods.label(ctx.method)}, tau = {ctx.tau_text()}", ref,
                     key="answer_card")
     st.caption(
         f"The document is {ctx.tokens:,} tokens, {ctx.ratio:.2f} × the training length L_tr = {ctx.train_length:,}. "

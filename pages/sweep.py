@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from core import csvio, plots, tasks, temperature, timing  # noqa: E402
+from core import csvio, methods, plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep  # noqa: E402
 from ui import PAPER, chart, page_setup  # noqa: E402
@@ -22,10 +22,7 @@ from ui import cache  # noqa: E402
 from ui import sidebar as sb  # noqa: E402
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
-SWEEP_METHODS = tuple(m for m in temperature.METHODS if m != "fixed")
-#: Short chip labels: the sidebar's long ones ("log-length: log L_tr / log L") get cut off in the chips.
-CHIP_LABELS = {"none": "tau = 1", "log-length": "log-length", "infoscale": "InfoScale", "pmax": "Alg. 1 Pmax",
-               "entropy": "Alg. 1 entropy", "prop1": "Prop. 1", "prop2": "Prop. 2", "per-layer": "per-layer Alg. 1"}
+SWEEP_METHODS = tuple(m for m in methods.NAMES if m != "fixed")
 
 
 def _stop() -> None:
@@ -78,30 +75,30 @@ def main() -> None:
     c1, c2 = st.columns(2)
     c1.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="sw_lengths", format_func=lambda k: f"{k}× = {k * lt:,}")
     c2.multiselect("Needle depths (%)", list(DEPTHS), key="sw_depths")
-    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=lambda m: CHIP_LABELS.get(m, m),
-                   help="; ".join(f"{CHIP_LABELS.get(m, m)}: {sb.METHOD_LABELS.get(m, m)}" for m in SWEEP_METHODS))
+    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=lambda m: methods.get(m).short,
+                   help="; ".join(f"{methods.get(m).short}: {methods.get(m).help}" for m in SWEEP_METHODS))
     c4, c5, c6 = st.columns(3)
     c4.text_input("Fixed taus", key="sw_fixed", placeholder="0.8, 0.7")
     c5.number_input("Seeds", min_value=1, max_value=100, step=1, key="sw_seeds")
     c6.number_input("Calibration docs", min_value=1, max_value=16, step=1, key="sw_samples",
                     help="Documents per length used to calibrate Algorithm 1 / Prop. 1/2 (disjoint seeds).")
     try:
-        methods = list(ss["sw_methods"]) + _fixed_taus(ss["sw_fixed"])
+        chosen = list(ss["sw_methods"]) + _fixed_taus(ss["sw_fixed"])
     except UserError as err:
         st.error(str(err))
         st.stop()
     plan = SweepPlan(
         model=ctx.model_ref, task=task, lengths=[k * lt for k in sorted(ss["sw_lengths"])],
-        depths=[d / 100 for d in sorted(ss["sw_depths"])], seeds=list(range(int(ss["sw_seeds"]))), methods=methods,
+        depths=[d / 100 for d in sorted(ss["sw_depths"])], seeds=list(range(int(ss["sw_seeds"]))), methods=chosen,
         calib_samples=int(ss["sw_samples"]),
     )
     st.caption(f"{plan.total} runs of task `{task}` on {ctx.loaded.spec.name}. Rows are written as they finish, so a "
                "stopped sweep keeps its rows and 'Resume' skips them.")
     mk = timing.model_key(ctx.loaded)
-    work = timing.sweep_passes(plan.lengths, len(plan.depths) * len(plan.seeds) * len(methods),
-                               [m for m in methods if m in temperature.MEASURED], plan.calib_samples, lt,
+    work = timing.sweep_passes(plan.lengths, len(plan.depths) * len(plan.seeds) * len(chosen),
+                               [m for m in chosen if m in methods.MEASURED], plan.calib_samples, lt,
                                ctx.loaded.n_layers, len(temperature.GRID))
-    gen = [(len(plan.depths) * len(plan.seeds) * len(methods), n) for n in plan.lengths]
+    gen = [(len(plan.depths) * len(plan.seeds) * len(chosen), n) for n in plan.lengths]
     planned, gen_s = timing.total(mk, work), timing.total(mk, gen, timing.GENERATE)
     if plan.total:
         note = timing.plan_note("The sweep", mk, work, name_all=True)

@@ -15,12 +15,20 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from core import plots, tasks, temperature, timing  # noqa: E402
+from core import methods, plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.settings import DocumentRequest  # noqa: E402
 from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
 from ui import cache  # noqa: E402
 from ui import sidebar as sb  # noqa: E402
+
+
+def _or_none(name: str, lt: int, n: int, d: int, st: dict | None) -> float | None:
+    """A closed form's tau, or a gap in its curve where it has no answer."""
+    try:
+        return methods.formula(name, lt, n, d, st)
+    except UserError:
+        return None
 
 
 def main() -> None:
@@ -122,24 +130,16 @@ def main() -> None:
         "the diamonds, the Gaussian picture explains the aligned tau."
     )
     dense = sorted(set(np.geomspace(lt, 16 * lt, 25).round().astype(int).tolist()))
-    curves: dict[str, tuple] = {
-        "log-length": (dense, [temperature.log_length(lt, n) for n in dense]),
-        "InfoScale": (dense, [temperature.infoscale(lt, n, ctx.loaded.d_kv) for n in dense]),
-    }
     sig_tr, pmax_tr = ref.probes.sigma, float(ref.probes.pmax[0][0].mean())
-    if not stats.empty and sig_tr is not None:
-        xs, p1, p2 = [], [], []
-        for _, r in stats.sort_values("tokens").iterrows():
-            n = int(r["tokens"])
-            xs.append(n)
-            for out, fn in ((p1, lambda: temperature.prop1(lt, max(n, 2), pmax_tr, sig_tr, r["sigma"])),
-                            (p2, lambda: temperature.prop2(lt, max(n, 2), sig_tr, r["sigma"]))):
-                try:
-                    out.append(float(fn()))
-                except ValueError:
-                    out.append(None)
-        curves["Prop. 1"] = (xs, p1)
-        curves["Prop. 2"] = (xs, p2)
+    rows = [] if stats.empty or sig_tr is None else [
+        (int(r["tokens"]), {"sigma_tr": sig_tr, "pmax_tr": pmax_tr, "sigma_ex": r["sigma"]})
+        for _, r in stats.sort_values("tokens").iterrows()]
+    curves: dict[str, tuple] = {}
+    for name in methods.FORMULAS:  # every closed form of the registry: over L, or where sigma was measured
+        m = methods.get(name)
+        points = rows if m.stats else [(n, None) for n in dense]
+        if points:
+            curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, st) for n, st in points])
     dots: dict[str, tuple] = {}
     cal_reqs = dict(reqs)
     have = {k: cache.calibrate_both(ctx.loaded, r, fast=True, compute=False) for k, r in cal_reqs.items()}

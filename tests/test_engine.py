@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from core import calibration, engine, tasks
+from core import calibration, engine, methods, tasks
 from core.errors import InputTooLong, NumericalError, UserError
 from core.probes import ProbeSpec
 
@@ -91,16 +91,16 @@ def test_text_reference_keeps_needle(tiny):
 
 def test_resolve_methods(tiny, doc):
     n = len(tiny.tokenizer(doc.text).input_ids)
-    assert calibration.resolve(tiny, doc, "none")[0] == 1.0
-    assert calibration.resolve(tiny, doc, "log-length")[0] == pytest.approx(np.log(256) / np.log(n))
-    fast = calibration.resolve(tiny, doc, "pmax")
+    assert methods.resolve(tiny, doc, "none")[0] == 1.0
+    assert methods.resolve(tiny, doc, "log-length")[0] == pytest.approx(np.log(256) / np.log(n))
+    fast = methods.resolve(tiny, doc, "pmax")
     grid = calibration.calibrate(tiny, doc, "pmax", fast=False)
     assert fast[0] == grid.tau  # the bisection finds Algorithm 1's grid point
     assert fast[1]["passes"] < grid.passes == 11
-    sched, _ = calibration.resolve(tiny, doc, "per-layer")
+    sched, _ = methods.resolve(tiny, doc, "per-layer")
     assert len(sched) == tiny.n_layers
     with pytest.raises(UserError):
-        calibration.resolve(tiny, doc, "fixed")
+        methods.resolve(tiny, doc, "fixed")
 
 
 def test_probes_off_takes_the_fused_path_with_the_same_answers(tiny, tiny_dir, doc):

@@ -25,7 +25,8 @@ from core.attention import KINDS
 from core.errors import ModelLoadError, UserError
 from core.models import _folder_train_length, read_card
 from core.settings import DocumentRequest, Settings
-from core.temperature import CRITERIA, METHODS
+from core.methods import NAMES as METHODS
+from core.temperature import CRITERIA
 from core.validation import MAX_LENGTH, MAX_TEXT_CHARS
 
 FAST = hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

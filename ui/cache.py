@@ -35,7 +35,7 @@ from typing import Any, Callable, Hashable, Iterator
 import numpy as np
 import streamlit as st
 
-from core import calibration, engine, rpe, tasks, temperature
+from core import calibration, engine, methods, rpe, tasks, temperature
 from core.errors import UserError
 from core.models import Loaded, load
 from core.probes import ProbeSpec
@@ -381,7 +381,7 @@ def _base(targets: tuple, cosine_scale: float | None) -> engine.RunSettings:
 def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | None = None, targets: tuple = ("encoder",),
                 cosine_scale: float | None = None, samples: int = 1, progress: Progress = None,
                 compute: bool = True) -> tuple[Any, dict] | None:
-    """(schedule, info) for a method on this document, via :func:`core.calibration.resolve`."""
+    """(schedule, info) for a method on this document, via :func:`core.methods.resolve`."""
     if method == "fixed":
         if tau is None:
             raise UserError("Method 'fixed' needs a tau")
@@ -391,7 +391,7 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
         v = stores()["tau"].peek(key)
         return None if v is MISSING else v
     doc = document(loaded, req)
-    if method in temperature.MEASURED:
+    if method in methods.MEASURED:
         engine.check_length(loaded, token_count(loaded, req))
     if method in temperature.CRITERIA and samples <= 1:
         # Algorithm 1 by bisection on the shared grid (the passes the slider and Calibrate use too).
@@ -403,7 +403,7 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
     else:
         def work():
             with gate().foreground():
-                return calibration.resolve(loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale),
+                return methods.resolve(loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale),
                                            progress=progress)
     return stores()["tau"].get(key, work)
 
@@ -492,18 +492,14 @@ def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale:
 
 
 def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:
-    """tau from log-length, InfoScale, Prop. 1 and Prop. 2 (Prop.s share one pair of passes); errors as 'n/a (...)'."""
+    """Every closed-form method's tau (Prop.s share one pair of passes); where a form has no answer, 'n/a (why)'."""
     n, lt = token_count(loaded, req), loaded.train_length
-    out: dict[str, Any] = {
-        "log-length": temperature.log_length(lt, n) if n >= 2 else 1.0,
-        "infoscale": temperature.infoscale(lt, n, loaded.d_kv),
-    }
     st_ = logit_stats(loaded, req, targets, cosine_scale)
-    for name, fn in (("prop1", lambda: temperature.prop1(lt, n, st_["pmax_tr"], st_["sigma_tr"], st_["sigma_ex"])),
-                     ("prop2", lambda: temperature.prop2(lt, n, st_["sigma_tr"], st_["sigma_ex"]))):
+    out: dict[str, Any] = {}
+    for name in methods.FORMULAS:
         try:
-            out[name] = float(fn())
-        except ValueError as err:
+            out[name] = methods.formula(name, lt, n, loaded.d_kv, st_)
+        except UserError as err:
             out[name] = f"n/a ({err})"
     return out
 

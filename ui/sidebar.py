@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core import engine, tasks, temperature
+from core import engine, methods, tasks
 from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded, bundled_specs, default_model, registry
@@ -35,17 +35,6 @@ OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
 TAU_MIN, TAU_MAX, TAU_STEP = 0.30, 1.00, 0.01
 
-METHOD_LABELS = {
-    "none": "none (tau = 1)",
-    "fixed": "fixed tau (slider)",
-    "log-length": "log-length: log L_tr / log L",
-    "infoscale": "InfoScale",
-    "pmax": "Algorithm 1, Pmax",
-    "entropy": "Algorithm 1, entropy",
-    "prop1": "Prop. 1 (match Pmax)",
-    "prop2": "Prop. 2 (match entropy)",
-    "per-layer": "per-layer Algorithm 1 (Pmax)",
-}
 NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
 
 DEFAULTS: dict[str, Any] = {
@@ -301,11 +290,12 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
     inside the fragment that reruns on a tau move; other pages in the sidebar.
     """
     ss = st.session_state
-    if ss.get("tau_method") not in temperature.METHODS:
+    if ss.get("tau_method") not in methods.NAMES:
         ss["tau_method"] = "fixed"
     c1, c2 = where.columns([1, 1.4], vertical_alignment="bottom") if where is not st.sidebar else (where, where)
-    c1.selectbox("Method", temperature.METHODS, key="tau_method", format_func=lambda m: METHOD_LABELS.get(m, m),
-                 help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).")
+    c1.selectbox("Method", methods.NAMES, key="tau_method", format_func=methods.label,
+                 help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
+                      + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
     method = ss["tau_method"]
     c2.slider("tau (fixed)", TAU_MIN, TAU_MAX, step=TAU_STEP, key="tau_value", disabled=method != "fixed",
               help="Every targeted attention logit is divided by tau; tau < 1 sharpens.")
@@ -325,8 +315,8 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
         cos = float(ss["cos_scale"])
     tau_input = float(ss["tau_value"])
     bar = None
-    if method in temperature.MEASURED and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
-        bar = where.progress(0.0, text=f"resolving {METHOD_LABELS[method]}…")
+    if method in methods.MEASURED and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
+        bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
         schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
                                            progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
@@ -337,7 +327,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
     if method != "fixed":
         a = np.asarray(schedule, dtype=float)
         shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} layers)"
-        where.caption(f"{METHOD_LABELS[method]} resolves to **tau = {shown}**")
+        where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
     return Temperature(method, tau_input, schedule, info, targets, cos)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from core import tasks, temperature
+from core import methods, tasks
 
 #: URL parameter -> (session-state key, parser that returns the value or raises ValueError with a reason).
 _WRITTEN = "_url_written"
@@ -83,7 +83,7 @@ PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "tokens": ("doc_tokens", _tokens),
     "depth": ("doc_depth", _int_in(0, 100, 5)),
     "seed": ("doc_seed", _int_in(0, 10**9)),
-    "method": ("tau_method", _choice(temperature.METHODS)),
+    "method": ("tau_method", _choice(methods.NAMES)),
     "tau": ("tau_value", _tau),
 }
 

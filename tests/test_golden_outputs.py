@@ -1,0 +1,61 @@
+"""The CLI's JSON and CSV for fixed inputs on the bundled default model, against outputs saved before a refactor.
+
+Saved 2026-11-25 from commit 011df24 (before the method registry, core.methods):
+``python -m core run --json --tokens 512 --method pmax|infoscale``,
+``calibrate --json --tokens 512 --fast`` and ``sweep --lengths 1x,2x
+--methods none,log-length,prop2,0.8 --depths 0.5`` (stdout). Moving code
+between modules must not change a number: everything but timings is
+compared (floats to 1e-6 relative, for other CPUs' rounding).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from core.cli import main
+from core.models import default_model
+
+GOLDEN = Path(__file__).with_name("golden")
+TIMINGS = {"seconds", "timings"}
+CASES = {
+    "run_pmax.json": ["run", "--json", "--tokens", "512", "--method", "pmax"],
+    "run_infoscale.json": ["run", "--json", "--tokens", "512", "--method", "infoscale"],
+    "calibrate.json": ["calibrate", "--json", "--tokens", "512", "--fast"],
+    "sweep.csv": ["sweep", "--lengths", "1x,2x", "--methods", "none,log-length,prop2,0.8", "--depths", "0.5"],
+}
+
+pytestmark = [pytest.mark.skipif(default_model() is None, reason="no bundled model in assets/models"),
+              pytest.mark.usefixtures("one_thread")]
+
+
+def _same(got, want, where: str = "") -> None:
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) - TIMINGS == set(want) - TIMINGS, where
+        for k in set(want) - TIMINGS:
+            _same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9), where
+    else:
+        assert got == want, where
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cli_output_is_what_it_was(name, capsys):
+    capsys.readouterr()
+    assert main(CASES[name]) == 0
+    out = capsys.readouterr().out
+    want = (GOLDEN / name).read_text()
+    if name.endswith(".json"):
+        _same(json.loads(out), json.loads(want))
+    else:
+        got_df, want_df = (pd.read_csv(io.StringIO(t)).drop(columns=["seconds"]) for t in (out, want))
+        pd.testing.assert_frame_equal(got_df, want_df, rtol=1e-6)
