@@ -105,12 +105,29 @@ def calibrate(
     progress: Progress | None = None,
 ) -> Calibration:
     """Algorithm 1 at the document's length (``samples`` documents), reference at L_tr with tau = 1."""
+    meas, reference = measures(loaded, document, samples, base)
+    if criterion == "per-layer":
+        return temperature.per_layer(meas, reference, loaded.n_layers, "pmax", progress=progress)
+    return temperature.algorithm1(meas, reference, criterion, fast=fast, progress=progress)
+
+
+def measures(loaded: Loaded, document: tasks.Document, samples: int = 1,
+             base: engine.RunSettings | None = None) -> tuple[Callable[[object], LayerStats], LayerStats]:
+    """Algorithm 1's inputs: ``measure`` over the document and its siblings, and their L_tr reference at tau = 1."""
     docs = siblings(document, loaded, samples)
     refs = [reference_document(loaded, d) for d in docs]
-    reference = measure(loaded, refs, base)(1.0)
-    if criterion == "per-layer":
-        return temperature.per_layer(measure(loaded, docs, base), reference, loaded.n_layers, "pmax", progress=progress)
-    return temperature.algorithm1(measure(loaded, docs, base), reference, criterion, fast=fast, progress=progress)
+    return measure(loaded, docs, base), measure(loaded, refs, base)(1.0)
+
+
+def both_criteria(meas: Callable[[object], LayerStats], reference: LayerStats, fast: bool = False,
+                  progress: Progress | None = None) -> dict[str, Calibration]:
+    """Algorithm 1 for Pmax and for entropy from one ``measure``: each pass yields both statistics,
+    so with a memoised ``measure`` the second criterion costs no pass on the full grid."""
+    out = {}
+    for i, crit in enumerate(temperature.CRITERIA):
+        sub = None if progress is None else (lambda f, i=i: progress((i + f) / len(temperature.CRITERIA)))
+        out[crit] = temperature.algorithm1(meas, reference, crit, fast=fast, progress=sub)
+    return out
 
 
 def logit_stats(loaded: Loaded, document: tasks.Document, base: engine.RunSettings | None = None) -> dict:
@@ -120,6 +137,12 @@ def logit_stats(loaded: Loaded, document: tasks.Document, base: engine.RunSettin
     ex = engine.run(loaded, document, settings)
     tr = engine.run(loaded, reference_document(loaded, document), settings)
     return logit_stats_of(ex, tr, loaded.train_length)
+
+
+def length_stats_of(res: engine.Result) -> dict:
+    """What the Theory page plots over length from one tau = 1 pass with sorted logits: sigma, l_max, Pmax, H."""
+    return {"tokens": res.tokens, "l_max": res.probes.l_max, "sigma": res.probes.sigma,
+            "pmax_layer0": float(res.probes.pmax[0][0].mean()), "pmax": res.pmax, "entropy": res.entropy}
 
 
 def logit_stats_of(ex: engine.Result, tr: engine.Result, train_length: int) -> dict:

@@ -80,6 +80,17 @@ def formula(name: str, train_length: int, length: int, d_kv: int, stats: dict | 
         raise UserError(f"{name}: {err}") from None
 
 
+def closed_forms(train_length: int, length: int, d_kv: int, stats: dict | None) -> dict[str, float | str]:
+    """Every closed-form method's tau at this length; where a form has no answer, ``"n/a (why)"`` (for tables)."""
+    out: dict[str, float | str] = {}
+    for name in FORMULAS:
+        try:
+            out[name] = formula(name, train_length, length, d_kv, stats)
+        except UserError as err:
+            out[name] = f"n/a ({err})"
+    return out
+
+
 def _none(q: Query) -> tuple[Schedule, dict]:
     return 1.0, {}
 

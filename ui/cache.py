@@ -411,12 +411,7 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
 def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, samples: int = 1, targets: tuple = ("encoder",),
                    cosine_scale: float | None = None, progress: Progress = None,
                    compute: bool = True) -> dict[str, temperature.Calibration] | None:
-    """Algorithm 1 for both criteria at the document's length, sharing one set of forward passes.
-
-    The same documents, reference and memoised ``measure`` serve Pmax and
-    entropy (each pass yields both statistics), so the second criterion
-    costs no extra pass on the full grid.
-    """
+    """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes."""
     key = (mkey(loaded), req, fast, samples, tuple(targets), cosine_scale)
     if not compute:
         v = stores()["cal"].peek(key)
@@ -433,16 +428,8 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
             reference = shared_measure(loaded, req, ("ref", req), reference_document(loaded, req), targets, cosine_scale)(1.0)
             meas = shared_measure(loaded, req, req, doc, targets, cosine_scale)
         else:
-            docs = calibration.siblings(doc, loaded, samples)
-            refs = [calibration.reference_document(loaded, d) for d in docs]
-            reference = calibration.measure(loaded, refs, base)(1.0)
-            meas = calibration.measure(loaded, docs, base)
-        out = {}
-        for i, crit in enumerate(temperature.CRITERIA):
-            sub = None if progress is None else (lambda f, i=i: progress((i + f) / len(temperature.CRITERIA)))
-            cal = temperature.algorithm1(meas, reference, crit, fast=fast, progress=sub)
-            out[crit] = cal
-        return out
+            meas, reference = calibration.measures(loaded, doc, samples, base)
+        return calibration.both_criteria(meas, reference, fast=fast, progress=progress)
 
     def guarded():
         with gate().foreground():
@@ -492,16 +479,9 @@ def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale:
 
 
 def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:
-    """Every closed-form method's tau (Prop.s share one pair of passes); where a form has no answer, 'n/a (why)'."""
-    n, lt = token_count(loaded, req), loaded.train_length
-    st_ = logit_stats(loaded, req, targets, cosine_scale)
-    out: dict[str, Any] = {}
-    for name in methods.FORMULAS:
-        try:
-            out[name] = methods.formula(name, lt, n, loaded.d_kv, st_)
-        except UserError as err:
-            out[name] = f"n/a ({err})"
-    return out
+    """:func:`core.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
+    return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
+                                logit_stats(loaded, req, targets, cosine_scale))
 
 
 def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> dict | None:
@@ -513,9 +493,8 @@ def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> 
 
     def work():
         spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-        r = run(loaded, req, engine.RunSettings(tau=1.0, method="none", probes=spec, generate=False))
-        return {"tokens": r.tokens, "l_max": r.probes.l_max, "sigma": r.probes.sigma,
-                "pmax_layer0": float(r.probes.pmax[0][0].mean()), "pmax": r.pmax, "entropy": r.entropy}
+        return calibration.length_stats_of(run(loaded, req, engine.RunSettings(tau=1.0, method="none", probes=spec,
+                                                                               generate=False)))
 
     return stores()["stats"].get(key, work)
 
