@@ -15,8 +15,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from core import methods, plots, temperature, timing  # noqa: E402
-from core.errors import UserError  # noqa: E402
-from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
+from ui import PAPER, chart, csv_of, page_setup, user_errors  # noqa: E402
 from ui import cache  # noqa: E402
 from ui import sidebar as sb  # noqa: E402
 
@@ -85,12 +84,8 @@ def main() -> None:
                 f = min(1.0, f)
                 bar.progress(f, text=timing.progress_text(label, f, time.perf_counter() - t0, planned))
 
-            try:
+            with user_errors(bar):
                 cals = cache.calibrate_both(ctx.loaded, ctx.request, progress=progress, **args)
-            except UserError as err:
-                bar.empty()
-                st.error(str(err))
-                st.stop()
             bar.empty()
             st.rerun()  # redraw from the cache, without the 'will run' note
     if cals is None:
@@ -134,13 +129,9 @@ def main() -> None:
         "matching Pmax / entropy. Algorithm 1: the measured picks above. 'n/a' means the Gaussian model behind a "
         "formula does not fit these numbers."
     )
-    try:
-        est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
-        with st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + cache.queue_note()):
-            taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
-    except UserError as err:
-        st.error(str(err))
-        st.stop()
+    est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
+    with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + cache.queue_note()):
+        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
     taus = {**taus, "pmax": cals["pmax"].tau, "entropy": cals["entropy"].tau}
     per_layer = cache.resolve_tau(ctx.loaded, ctx.request, "per-layer", None, ctx.targets, ctx.cosine_scale, compute=False)
     if per_layer is not None:

@@ -17,7 +17,7 @@ import streamlit as st  # noqa: E402
 from core import csvio, methods, plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep  # noqa: E402
-from ui import PAPER, chart, page_setup  # noqa: E402
+from ui import PAPER, chart, page_setup, user_errors  # noqa: E402
 from ui import cache  # noqa: E402
 from ui import sidebar as sb  # noqa: E402
 
@@ -82,11 +82,8 @@ def main() -> None:
     c5.number_input("Seeds", min_value=1, max_value=100, step=1, key="sw_seeds")
     c6.number_input("Calibration docs", min_value=1, max_value=16, step=1, key="sw_samples",
                     help="Documents per length used to calibrate Algorithm 1 / Prop. 1/2 (disjoint seeds).")
-    try:
+    with user_errors():
         chosen = list(ss["sw_methods"]) + _fixed_taus(ss["sw_fixed"])
-    except UserError as err:
-        st.error(str(err))
-        st.stop()
     plan = SweepPlan(
         model=ctx.model_ref, task=task, lengths=[k * lt for k in sorted(ss["sw_lengths"])],
         depths=[d / 100 for d in sorted(ss["sw_depths"])], seeds=list(range(int(ss["sw_seeds"]))), methods=chosen,
@@ -134,10 +131,8 @@ def main() -> None:
         try:
             run_sweep(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
                       should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
-        except UserError as err:
-            st.error(str(err))
-        except ValueError as err:  # tasks.make: a length too short for the task, etc.
-            st.error(str(err))
+        except (UserError, ValueError) as err:  # ValueError: tasks.make, a length too short for the task, etc.
+            st.error(str(err))  # no st.stop: the rows finished so far are shown below
         bar.empty()
 
     if not path.exists() or path.stat().st_size == 0:

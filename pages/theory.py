@@ -18,7 +18,7 @@ import streamlit as st  # noqa: E402
 from core import methods, plots, tasks, temperature, timing  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.settings import DocumentRequest  # noqa: E402
-from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
+from ui import PAPER, chart, csv_of, page_setup, user_errors  # noqa: E402
 from ui import cache  # noqa: E402
 from ui import sidebar as sb  # noqa: E402
 
@@ -42,14 +42,10 @@ def main() -> None:
     ss = st.session_state
     ctx = sb.sidebar()
     lt = ctx.train_length
-    try:
-        with st.spinner("Layer-0 logits at this length and at L_tr…" + cache.queue_note()):
-            # the same pass Prop. 1/2 read, which the background job computes after the tau grid
-            here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.targets, ctx.cosine_scale))
-            ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
-    except UserError as err:
-        st.error(str(err))
-        st.stop()
+    with user_errors(), st.spinner("Layer-0 logits at this length and at L_tr…" + cache.queue_note()):
+        # the same pass Prop. 1/2 read, which the background job computes after the tau grid
+        here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.targets, ctx.cosine_scale))
+        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
 
     # -- QQ -------------------------------------------------------------------------------
     st.subheader("Is the average sorted logit vector Gaussian? (Fig. 2)")
@@ -89,16 +85,12 @@ def main() -> None:
         planned = timing.total(mk, work)
         bar = st.progress(0.0, text=timing.progress_text("Measuring…", 0.0, 0.0, planned))
         t0 = time.perf_counter()
-        try:
+        with user_errors(bar):
             for i, k in enumerate(missing):
                 label = f"Measuring {k}× L_tr = {k * lt:,} tokens…"
                 bar.progress(i / len(missing), text=timing.progress_text(label, i / len(missing),
                                                                          time.perf_counter() - t0, planned))
                 cache.length_stats(ctx.loaded, reqs[k])
-        except UserError as err:
-            bar.empty()
-            st.error(str(err))
-            st.stop()
         st.rerun()  # redraw from the cache, without the button
     rows = [s for s in (cache.length_stats(ctx.loaded, r, compute=False) for r in reqs.values()) if s is not None]
     stats = pd.DataFrame(rows)
@@ -153,7 +145,7 @@ def main() -> None:
         planned = timing.total(mk, dots_work)
         bar = st.progress(0.0, text=timing.progress_text("Algorithm 1…", 0.0, 0.0, planned))
         t0 = time.perf_counter()
-        try:
+        with user_errors(bar):
             for i, k in enumerate(need):
                 def step(f: float, i: int = i, k: int = k) -> None:
                     done = (i + min(1.0, f)) / len(need)
@@ -162,10 +154,6 @@ def main() -> None:
 
                 step(0.0)
                 have[k] = cache.calibrate_both(ctx.loaded, cal_reqs[k], fast=True, progress=step)
-        except UserError as err:
-            bar.empty()
-            st.error(str(err))
-            st.stop()
         st.rerun()
     done = {k: v for k, v in have.items() if v is not None}
     if done:

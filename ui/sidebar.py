@@ -28,7 +28,7 @@ from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded, bundled_specs, default_model, registry
 from core.settings import DocumentRequest, Settings
-from ui import cache, url
+from ui import cache, fail, url
 
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
@@ -199,12 +199,6 @@ def cli_command(file_name: str = "choice.json") -> str:
 
 # -- drawing ------------------------------------------------------------------------
 
-def _fail(err: Exception) -> None:
-    """Show a user-fixable error in the page (never a traceback) and end this run."""
-    st.error(str(err))
-    st.stop()
-
-
 def _model_section() -> Loaded:
     sb = st.sidebar
     sb.subheader("Model")
@@ -216,7 +210,7 @@ def _model_section() -> Loaded:
     try:
         loaded = cache.model(ref)
     except UserError as err:
-        _fail(err)
+        fail(err)
     d = loaded.describe()
     sb.caption(
         f"**{d['name']}** · L_tr = **{d['train_length']:,}** tokens · {d['parameters'] / 1e6:.2f} M parameters · "
@@ -266,7 +260,7 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
             question, expected = ss["doc_question"] or None, ss["doc_expected"] or None
             needle = ss["doc_needle"] if mode == NEEDLE_MODES[1] else ""
             if mode == NEEDLE_MODES[1] and not (needle or "").strip():
-                _fail(UserError("Type the needle sentence to insert (or choose 'pass key sentence')."))
+                fail(UserError("Type the needle sentence to insert (or choose 'pass key sentence')."))
         if mode != NEEDLE_MODES[2]:
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
@@ -276,7 +270,7 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
         doc = cache.document(loaded, req)
         n = cache.token_count(loaded, req)
     except UserError as err:
-        _fail(err)
+        fail(err)
     cap = engine.max_tokens(loaded)
     sb.caption(f"**{n:,} tokens** = **{n / lt:.2f}× L_tr** · this machine can run about {cap:,} tokens now")
     return req, doc, n
@@ -321,7 +315,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
         schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
                                            progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
     except UserError as err:
-        _fail(err)
+        fail(err)
     if bar is not None:
         bar.empty()
     if method != "fixed":
