@@ -128,27 +128,15 @@ def attention_settings(
 
     if tau is not None and schedule is not None:
         raise UserError("Give either tau (one number) or schedule (per layer / per layer and head), not both")
-    st = None
-    if settings is not None:
-        st = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
     value = tau if tau is not None else schedule
-    if value is None and st is not None:
-        if st.method == "none":
-            value = 1.0
-        elif st.tau is None:
-            raise UserError(
-                f"The settings hold method '{st.method}' but no resolved tau: resolve it in the app (or with "
-                "`python -m core calibrate`) before exporting, or pass tau=/schedule= here."
-            )
-        else:
-            value = st.tau
+    if settings is not None:  # the one Settings -> run conversion (explicit arguments win)
+        st = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
+        rs = st.run_settings(value, cosine_scale=cosine_scale)
+        value, cosine_scale = rs.tau, rs.cosine_scale
+        targets = rs.targets if targets is None else targets
     if value is None:
         raise UserError("No tau given: pass tau=0.7, schedule=[...] or settings=FILE")
-    if targets is None:
-        targets = st.targets if st is not None else (ENCODER,)
-    targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    if cosine_scale is None and st is not None:
-        cosine_scale = st.cosine_scale
+    targets = (ENCODER,) if targets is None else (targets,) if isinstance(targets, str) else tuple(targets)
     if cosine_scale is not None and (isinstance(cosine_scale, bool) or not isinstance(cosine_scale, numbers.Real)
                                      or not math.isfinite(cosine_scale) or cosine_scale <= 0):
         raise UserError(f"cosine_scale must be a finite number > 0, got {cosine_scale!r:.40}")

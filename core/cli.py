@@ -312,7 +312,7 @@ def cmd_run(args) -> int:
     tau, info = methods.resolve(loaded, doc, st.method, st.tau, samples=args.samples, progress=prog, chosen_at=st.chosen_at)
     if prog:
         prog.close()
-    res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=st.method, targets=st.targets, cosine_scale=st.cosine_scale))
+    res = engine.run(loaded, doc, st.run_settings(tau))
     out = res.summary()
     out["model"] = loaded.spec.name
     if args.json:
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv[:1] == ["train"]:  # its options belong to core.train's own parser
-            from core.train import main as train_main
+            from core.training import main as train_main
 
             return train_main(argv[1:])
         args = prepare(argv)

@@ -135,6 +135,24 @@ class Settings:
         if self.method == "fixed" and self.tau is None:
             raise ValueError("Method 'fixed' needs a tau")
 
+    def run_settings(self, schedule: Any = None, **overrides: Any) -> "engine.RunSettings":
+        """What a pass needs from these settings: the one conversion the CLI, the app and ``core.apply`` use.
+
+        ``schedule``: the tau the method resolved to for the document at hand
+        (:func:`core.methods.resolve`); by default the stored one (1 for
+        ``none``). ``overrides``: other :class:`core.engine.RunSettings`
+        fields (probes, generation, chunk size), or targets / cosine_scale.
+        """
+        from core import engine  # torch: only when a pass is near
+
+        tau = schedule if schedule is not None else (1.0 if self.method == "none" else self.tau)
+        if tau is None:
+            raise UserError(
+                f"The settings hold method '{self.method}' but no resolved tau: resolve it in the app (or with "
+                "`python -m core calibrate`) before exporting, or give tau/schedule.")
+        kw = dict(tau=tau, method=self.method, targets=tuple(self.targets), cosine_scale=self.cosine_scale)
+        return engine.RunSettings(**{**kw, **{k: v for k, v in overrides.items() if v is not None}})
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["targets"] = list(self.targets)

@@ -175,10 +175,11 @@ class Context:
                        targets=t.targets, cosine_scale=t.cosine_scale)
 
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
-        return engine.RunSettings(
-            tau=self.schedule if tau is None else tau, method=method or self.method, targets=self.targets,
-            cosine_scale=self.cosine_scale, **kw,
-        )
+        """What a pass needs, through the same conversion as the CLI and core.apply (:meth:`Settings.run_settings`)."""
+        sched = self.schedule if tau is None else tau
+        st = Settings(method=method or self.method, tau=np.asarray(sched, dtype=float).tolist(), targets=self.targets,
+                      cosine_scale=self.cosine_scale)
+        return st.run_settings(sched, **kw)
 
     def settings(self, method: str | None = None, tau: Any = None, criterion: str = "pmax") -> Settings:
         """The exportable JSON settings (the CLI's ``--settings``); a fixed schedule by default."""
