@@ -26,14 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from core import plots
+from core.engine import RunSettings
+from core.models import default_model
+from core.settings import DocumentRequest
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-from core import plots  # noqa: E402
-from core.engine import RunSettings  # noqa: E402
-from core.models import default_model  # noqa: E402
-from core.settings import DocumentRequest  # noqa: E402
 
 
 def figures(loaded, doc, chosen, base, ref, curves) -> int:

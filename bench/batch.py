@@ -34,11 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from engine import machine, max_rss, rss_now, tiny_t5  # bench/engine.py: a sibling script (bench/ is sys.path[0])
 
-from bench.engine import machine, max_rss, rss_now, tiny_t5  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def best_pair(f, g, reps: int) -> tuple[float, float]:

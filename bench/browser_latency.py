@@ -79,8 +79,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # core/ and ui/ for the model check and the backend part
-    sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -627,8 +625,7 @@ def backend_part(model: str, multiple: int, taus: list[float], results: Results)
     from streamlit.runtime.scriptrunner_utils import script_run_context
 
     logging.getLogger(script_run_context.__name__).setLevel(logging.ERROR)  # "missing ScriptRunContext": expected here
-    sys.path.insert(0, str(ROOT / "bench"))
-    import app_latency  # noqa: E402  (a sibling script)
+    import app_latency  # a sibling script: bench/ is sys.path[0] when this one runs as a script
 
     b = app_latency.backend(model, multiple, taus)
     for first, again, enc in zip(b["first"], b["again"], b["encoder"]):

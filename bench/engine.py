@@ -41,8 +41,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 VARIANTS = ("sdpa", "probes-full", "probes-stats", "no-probes")
 

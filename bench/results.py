@@ -34,12 +34,10 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core import calibration, engine, tasks, temperature  # noqa: E402
-from core.models import bundled_specs, load  # noqa: E402
-from core.probes import ProbeSpec  # noqa: E402
-from core.temperature import infoscale, log_length  # noqa: E402
+from core import calibration, engine, tasks, temperature
+from core.models import bundled_specs, load
+from core.probes import ProbeSpec
+from core.temperature import infoscale, log_length
 
 FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 MEASURED = ("pmax", "entropy", "per-layer")

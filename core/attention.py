@@ -227,7 +227,7 @@ def logit_operands(query: torch.Tensor, key: torch.Tensor, scaling: float | None
     in cosine mode (``cosine_scale`` = s), else ``q.k * scaling`` (T5 passes 1).
 
     One place for the rule, because the trainer's cross-attention tap
-    (:class:`core.train.CrossAttentionTap`) must compute the same logits."""
+    (:class:`core.training.CrossAttentionTap`) must compute the same logits."""
     if cosine_scale is not None:
         return (torch.nn.functional.normalize(query, dim=-1) * cosine_scale,
                 torch.nn.functional.normalize(key, dim=-1))

@@ -474,7 +474,7 @@ def _debug() -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv[:1] == ["train"]:  # its options belong to core.train's own parser
+        if argv[:1] == ["train"]:  # its options belong to core.training's own parser
             from core.training import main as train_main
 
             return train_main(argv[1:])

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import pandas as pd
+import streamlit as st
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from core import methods, plots, temperature, timing  # noqa: E402
-from ui import PAPER, chart, csv_of, page_setup, user_errors  # noqa: E402
-from ui import cache  # noqa: E402
-from ui import sidebar as sb  # noqa: E402
+from core import methods, plots, temperature, timing
+from ui import PAPER, chart, csv_of, page_setup, user_errors
+from ui import cache
+from ui import sidebar as sb
 
 EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
 

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
-    sys.path.insert(0, str(ROOT))
-
-import streamlit as st  # noqa: E402
-
-from core import methods, plots, views  # noqa: E402
-from core.errors import UserError  # noqa: E402
-from ui import PAPER, chart, csv_of, page_setup  # noqa: E402
-from ui import cache, url  # noqa: E402
-from ui import sidebar as sb  # noqa: E402
+from core import methods, plots, views
+from core.errors import UserError
+from ui import PAPER, chart, csv_of, page_setup
+from ui import cache, url
+from ui import sidebar as sb
 
 TOUR = [
     dict(title="1 · At L_tr", mult=1, method="none",

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
-    sys.path.insert(0, str(ROOT))
+import pandas as pd
+import streamlit as st
 
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from core import csvio, methods, plots, tasks, temperature, timing  # noqa: E402
-from core.errors import UserError  # noqa: E402
-from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep  # noqa: E402
-from ui import PAPER, chart, page_setup, user_errors  # noqa: E402
-from ui import cache  # noqa: E402
-from ui import sidebar as sb  # noqa: E402
+from core import csvio, methods, plots, tasks, temperature, timing
+from core.errors import UserError
+from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
+from ui import PAPER, chart, page_setup, user_errors
+from ui import cache
+from ui import sidebar as sb
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
 SWEEP_METHODS = tuple(m for m in methods.NAMES if m != "fixed")

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # a page may run alone (see ui.sidebar)
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import pandas as pd
+import streamlit as st
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import streamlit as st  # noqa: E402
-
-from core import methods, plots, tasks, temperature, timing  # noqa: E402
-from core.errors import UserError  # noqa: E402
-from core.settings import DocumentRequest  # noqa: E402
-from ui import PAPER, chart, csv_of, page_setup, user_errors  # noqa: E402
-from ui import cache  # noqa: E402
-from ui import sidebar as sb  # noqa: E402
+from core import methods, plots, tasks, temperature, timing
+from core.errors import UserError
+from core.settings import DocumentRequest
+from ui import PAPER, chart, csv_of, page_setup, user_errors
+from ui import cache
+from ui import sidebar as sb
 
 
 def _or_none(name: str, lt: int, n: int, d: int, st: dict | None) -> float | None:

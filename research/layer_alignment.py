@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core import tasks  # noqa: E402
-from core.calibration import measure  # noqa: E402
-from core.models import default_model, load  # noqa: E402
-from core.temperature import GRID  # noqa: E402
+from core import tasks
+from core.calibration import measure
+from core.models import default_model, load
+from core.temperature import GRID
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core import tasks  # noqa: E402
-from core.models import default_model, resolve  # noqa: E402
+from core import tasks
+from core.models import default_model, resolve
 
 LINE = re.compile(r"line ([a-z0-9-]+): REGISTER_CONTENT is \d+")
 

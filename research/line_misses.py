@@ -2,7 +2,7 @@
 
     python research/line_misses.py [--model PATH_OR_NAME] [--samples 200] [--tokens N]
 
-On the training evaluation's documents (``core.train.eval_documents``: fresh
+On the training evaluation's documents (``core.training.eval_documents``: fresh
 seeds from 1,000,000, the model's L_tr unless ``--tokens``), it answers every
 document at tau = 1 and prints (1) accuracy by the asked line's place in the
 record and (2) for each miss whose answer is another line's number, what that
@@ -20,14 +20,11 @@ import argparse
 import collections
 import re
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core import engine, tasks  # noqa: E402
-from core.models import default_model, load  # noqa: E402
-from core.probes import ProbeSpec  # noqa: E402
-from core.train import TrainConfig, eval_documents  # noqa: E402
+from core import engine, tasks
+from core.models import default_model, load
+from core.probes import ProbeSpec
+from core.training import TrainConfig, eval_documents
 
 LINE = re.compile(r"^line (\S+): REGISTER_CONTENT is (\d+)$", re.M)
 KINDS = ("noun", "adjective", "a noun piece", "nothing")

@@ -18,13 +18,10 @@ import argparse
 import collections
 import re
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core import engine, tasks  # noqa: E402
-from core.models import default_model, load  # noqa: E402
-from core.probes import ProbeSpec  # noqa: E402
+from core import engine, tasks
+from core.models import default_model, load
+from core.probes import ProbeSpec
 
 VALUE = re.compile(r"REGISTER_CONTENT is (\d+)")
 

@@ -13,7 +13,7 @@ import torch
 
 from core import engine, tasks
 from core.models import bundled_specs, default_model, load
-from core.train import TrainConfig, check_stages, train
+from core.training import TrainConfig, check_stages, train
 
 BUNDLED = bundled_specs()
 needs_bundled = pytest.mark.skipif(not BUNDLED, reason="no bundled model in assets/models")
@@ -108,7 +108,7 @@ def test_evaluation_documents_are_the_same_in_every_process():
     import subprocess
     import sys
 
-    code = ("import hashlib, sys; from core.train import TrainConfig, eval_documents, get_tokenizer; "
+    code = ("import hashlib, sys; from core.training import TrainConfig, eval_documents, get_tokenizer; "
             "cfg = TrainConfig(**{**TINY, 'tasks': {'line': 1.0}}); tok = get_tokenizer(cfg, 'assets/models/retrieval-t5'); "
             "print(hashlib.sha1(''.join(d.text for d in eval_documents(tok, cfg, 'line', 4, 200)).encode()).hexdigest())")
     code = code.replace("TINY", repr(TINY_TRAIN))
@@ -234,7 +234,7 @@ def test_staged_config_trains_each_stage_from_the_previous_one(tmp_path):
     may grow the model, and the final card sums up every stage."""
     from safetensors.torch import load_file
 
-    from core.train import load_stages, stage_dir, train_stages
+    from core.training import load_stages, stage_dir, train_stages
 
     base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
     stages = [base, {**base, "decoder_layers": 2, "lr": 0.0, "steps": 1, "init_from": "ignored/elsewhere",
@@ -258,7 +258,7 @@ def test_a_continued_model_keeps_its_sources_recipe_and_retrains_from_it(tmp_pat
     counts every stage and minute, and out/train_config.json alone retrains the same weights."""
     from safetensors.torch import load_file
 
-    from core.train import load_stages, train_stages
+    from core.training import load_stages, train_stages
 
     base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1}
     train_stages([TrainConfig(**base)], tmp_path / "src", quiet=True, device="cpu", evaluate_at_end=False)
@@ -282,12 +282,12 @@ def test_every_folder_train_leaves_keeps_its_lineage(tmp_path, monkeypatch):
     """A stage of a staged run, or a run's halfway save, is a model one may continue (the line
     model was continued from such folders); each holds the recipe and stages that made it, so the
     continuation's card counts them and its train_config.json retrains it."""
-    from core.train import load_stages, source_recipe, train_stages
+    from core.training import load_stages, source_recipe, train_stages
 
-    import core.train
+    import core.training.loop
 
     halfway = []  # what a mid-run save left on disk: the lineage must be there before the run ends
-    real_save = core.train._save
+    real_save = core.training.loop._save
 
     def save_and_look(model, out, *args, final, **kw):
         card = real_save(model, out, *args, final=final, **kw)
@@ -295,7 +295,7 @@ def test_every_folder_train_leaves_keeps_its_lineage(tmp_path, monkeypatch):
             halfway.append(json.loads((out / "train_config.json").read_text()))
         return card
 
-    monkeypatch.setattr(core.train, "_save", save_and_look)
+    monkeypatch.setattr(core.training.loop, "_save", save_and_look)
     base = {**TINY_TRAIN, "steps": 3, "batch_size": 2, "lr": 1e-3, "warmup": 1, "train_length": 192, "min_length": 180}
     tok = os.path.join(_ROOT, "assets", "models", "retrieval-t5")  # the halfway evaluation needs room for a pass key
     train_stages([TrainConfig(**base)], tmp_path / "src", reuse_tokenizer=tok, quiet=True, device="cpu", evaluate_at_end=False)
@@ -319,7 +319,7 @@ RECIPES = sorted(glob.glob(f"{_ROOT}/assets/*/*/train_config.json") + glob.glob(
 def test_shipped_recipes_chain(path, monkeypatch):
     """Every recipe we ship (a bundled model's train_config.json, recipes/*.json) is one that can run:
     stages keep d_model/d_kv/d_ff and only grow heads and layers, from an init_from that exists."""
-    from core.train import load_stages
+    from core.training import load_stages
 
     monkeypatch.chdir(_ROOT)  # recipes name init_from relative to the repository, as the README runs them
 
@@ -360,7 +360,7 @@ def test_task_options_reach_the_training_documents(tmp_path):
     """task_options are passed to tasks.make for training and evaluation; a bad one fails before training."""
     import random
 
-    from core.train import sample_document
+    from core.training import sample_document
 
     cfg = TrainConfig(**{**TINY_TRAIN, "tasks": {"line": 1.0}, "task_options": {"line": {"labels": "classic"}}})
     compact = TrainConfig(**{**TINY_TRAIN, "tasks": {"line": 1.0}})
@@ -384,7 +384,7 @@ def test_last_needle_puts_the_asked_line_right_before_the_question(tmp_path):
     another task leaves the line documents exactly as before (old recipes replay)."""
     import random
 
-    from core.train import sample_document
+    from core.training import sample_document
 
     tok = load(default_model()).tokenizer
     base = {**TINY_TRAIN, "tasks": {"line": 1.0}}
@@ -544,7 +544,7 @@ def test_line_misses_sorts_misses_by_what_the_labels_share(capsys):
 
 @needs_bundled
 def test_needle_token_mask_marks_exactly_the_needle():
-    from core.train import needle_token_mask
+    from core.training import needle_token_mask
 
     tok = load(default_model()).tokenizer
     docs = [tasks.make(t, tok, 200, depth=0.3 + 0.2 * i, seed=11 + i) for i, t in enumerate(("line", "passkey", "code"))]
@@ -561,7 +561,7 @@ def test_cross_attention_tap_gives_the_probabilities_the_model_uses(tmp_path, co
     """softmax(tap logits) @ v must equal what each cross-attention hands its output projection."""
     from tests.conftest import build_tiny_t5
 
-    from core.train import CrossAttentionTap
+    from core.training import CrossAttentionTap
 
     loaded = load(str(build_tiny_t5(tmp_path / "m", decoder_layers=2, cosine=cosine)), device="cpu")
     model = loaded.model
@@ -590,7 +590,7 @@ def test_cross_attention_tap_gives_the_probabilities_the_model_uses(tmp_path, co
 
 
 def test_needle_attention_loss_asks_the_lookup_heads_only():
-    from core.train import needle_attention_loss
+    from core.training import needle_attention_loss
 
     B, S, T = 2, 6, 3
     needle = torch.zeros(B, S, dtype=torch.bool)
@@ -622,7 +622,7 @@ def test_needle_attention_loss_asks_the_lookup_heads_only():
 
 def test_needle_attention_training_sharpens_the_lookup(tmp_path):
     """Training with the supervision raises the needle's share of cross-attention over the same run without it."""
-    from core.train import CrossAttentionTap, needle_log_shares, needle_token_mask
+    from core.training import CrossAttentionTap, needle_log_shares, needle_token_mask
 
     base = {**TINY_TRAIN, "steps": 40, "batch_size": 8, "lr": 3e-3, "warmup": 5, "seed": 3}
     shares = {}

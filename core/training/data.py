@@ -1,0 +1,113 @@
+"""The documents: each step's training batch (task mix, length curriculum), made by producer
+processes in the background, and the fixed evaluation documents (seeds from ``EVAL_SEED``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from queue import Full
+
+import numpy as np
+import torch
+
+from core import tasks
+from core.training.config import TrainConfig
+from core.training.supervision import needle_token_mask
+
+EVAL_SEED = 1_000_000  # evaluation seeds start here: never used in training
+
+
+def _max_len(cfg: TrainConfig, step: int) -> int:
+    if step >= cfg.curriculum_steps:
+        return cfg.train_length
+    f = step / max(1, cfg.curriculum_steps)
+    return int(cfg.min_length + f * (cfg.train_length - cfg.min_length))
+
+
+def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: int, step: int = 10**9) -> tasks.Document:
+    """One training document. The first ``first_steps`` steps draw from ``first_tasks`` only:
+    passkey alone teaches the copy skill fastest (short documents, one needle),
+    and the other tasks reuse it once it exists."""
+    mix = cfg.first_tasks if (cfg.first_tasks and step < cfg.first_steps) else cfg.tasks
+    names, weights = zip(*mix.items())
+    task = rng.choices(names, weights)[0]
+    n = rng.randint(min(cfg.min_length, max_len), max_len)
+    haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
+    seed = rng.randrange(EVAL_SEED)
+    depth = rng.random()
+    last = cfg.last_needle.get(task, 0.0)
+    if last and rng.random() < last:  # no extra draw otherwise: old recipes replay
+        depth = 1.0
+    while True:  # early in the curriculum some tasks cannot fit yet: grow until they do
+        try:
+            return tasks.make(task, tokenizer, n, depth=depth, seed=seed, haystack=haystack,
+                              **cfg.task_options.get(task, {}))
+        except ValueError:
+            if n > 4 * cfg.train_length:
+                raise
+            n = int(n * 1.25) + 8
+
+
+def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, parent: int) -> None:
+    """Producer process ``worker`` of ``cfg.workers``: the tokenised batches of steps
+    ``worker, worker + workers, ...``. Each step's documents depend only on the
+    seed and the step, so the trainer gets the same data whatever the worker count.
+
+    A failure is sent to the trainer as ``("error", message)`` (else the trainer
+    would wait forever on the queue), and a producer whose trainer was killed
+    (its parent pid changed) stops instead of lingering as an orphan."""
+    from transformers import AutoTokenizer
+
+    def unwanted() -> bool:
+        if stop.is_set() or os.getppid() != parent:
+            # Nobody will read what is still buffered: without this, exit joins the queue's
+            # feeder thread, which is blocked writing a batch larger than the pipe's buffer.
+            queue.cancel_join_thread()
+            return True
+        return False
+
+    try:
+        torch.set_num_threads(1)
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        for step in range(worker, cfg.steps, max(1, cfg.workers)):
+            if unwanted():
+                return
+            rng = random.Random(cfg.seed * 1_000_003 + step)
+            docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
+            enc = tok([d.text for d in docs], padding=True, return_tensors="pt",
+                      return_offsets_mapping=bool(cfg.needle_attention))
+            lab = tok([tasks.target(d, cfg.line_answer) for d in docs], padding=True, return_tensors="pt").input_ids
+            lab[lab == tok.pad_token_id] = -100
+            needle = None
+            if cfg.needle_attention:
+                needle = (needle_token_mask(enc.offset_mapping.numpy(), [d.needle_span for d in docs]),
+                          np.array([cfg.needle_attention.get(d.task, 0.0) for d in docs], dtype=np.float32))
+            # numpy, not torch: torch tensors cross processes as shared-memory handles
+            # that die with the producer
+            item = (step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy(), needle)
+            while True:  # a full queue must not keep an orphan alive: re-check the trainer every few s
+                try:
+                    queue.put(item, timeout=5)
+                    break
+                except Full:
+                    if unwanted():
+                        return
+    except Exception as err:  # documents that cannot be made: a config problem, reported in one line
+        queue.put(("error", f"{type(err).__name__}: {err}"))
+        return
+    queue.put(None)
+
+
+def eval_documents(tokenizer, cfg: TrainConfig, task: str, n_docs: int, length: int) -> list[tasks.Document]:
+    """The evaluation documents of one task: fresh seeds (>= EVAL_SEED), half on eval haystacks.
+
+    The same in every process: the depths come from a generator seeded with a
+    digest of the task's name (Python's ``hash`` of a str is salted per
+    process, which once made every run's evaluation documents differ)."""
+    salt = int(hashlib.sha1(task.encode()).hexdigest(), 16) % 1000
+    rng = random.Random(EVAL_SEED + salt)
+    return [tasks.make(task, tokenizer, length, depth=rng.random(), seed=EVAL_SEED + i,
+                       haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default",
+                       **cfg.task_options.get(task, {}))
+            for i in range(n_docs)]

@@ -1,0 +1,108 @@
+"""Attention supervision: which tokens are the needle, a tap on the decoder's cross-attention
+logits (:class:`CrossAttentionTap`), and the loss that asks the lookup heads to look at the
+needle while the answer is written (:func:`needle_attention_loss`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """``[batch, tokens]``: True where a token's characters overlap its document's
+    needle span. ``offsets`` is the fast tokenizer's ``offset_mapping``; special
+    tokens and padding have empty offsets and are never part of a needle."""
+    a, b = offsets[..., 0], offsets[..., 1]
+    start = np.array([s for s, _ in spans])[:, None]
+    end = np.array([e for _, e in spans])[:, None]
+    return (b > a) & (b > start) & (a < end)
+
+
+class CrossAttentionTap:
+    """The decoder's cross-attention logits of the last forward, with their gradient.
+
+    Forward hooks on each cross-attention's ``q`` and ``k`` projections (the
+    model never knows who listens). Our attention function hands torch's fused
+    kernel the softmax and never holds the probabilities; recomputing the
+    cross-attention logits is cheap (answer tokens x document tokens)."""
+
+    def __init__(self, model) -> None:
+        from core.attention import logit_operands
+
+        self._operands = logit_operands
+        self._q: dict[int, torch.Tensor] = {}
+        self._k: dict[int, torch.Tensor] = {}
+        self._handles = []
+        cfg = model.config
+        self._cosine = float(cfg.cosine_scale) if getattr(cfg, "cosine_attention", False) else None
+        first = model.decoder.block[0].layer[1].EncDecAttention
+        self._heads, self._d_kv, self._scaling = first.n_heads, first.key_value_proj_dim, getattr(first, "scaling", 1.0)
+        for i, block in enumerate(model.decoder.block):
+            att = block.layer[1].EncDecAttention
+            self._handles.append(att.q.register_forward_hook(lambda m, i_, out, i=i: self._q.__setitem__(i, out)))
+            self._handles.append(att.k.register_forward_hook(lambda m, i_, out, i=i: self._k.__setitem__(i, out)))
+
+    def logits(self) -> list[torch.Tensor]:
+        """Per decoder layer, ``[batch, heads, answer tokens, document tokens]`` (no mask applied)."""
+        out = []
+        for i in sorted(self._q):
+            q, k = self._q[i], self._k[i]
+            q = q.view(*q.shape[:2], self._heads, self._d_kv).transpose(1, 2)
+            k = k.view(*k.shape[:2], self._heads, self._d_kv).transpose(1, 2)
+            q, k = self._operands(q, k, self._scaling, self._cosine)
+            out.append(q @ k.transpose(-1, -2))
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def needle_log_shares(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle: torch.Tensor) -> torch.Tensor:
+    """``[B, heads of all layers, T]``: log of the attention share each head gives the needle.
+
+    ``logits`` per layer ``[B, H, T, S]`` (:meth:`CrossAttentionTap.logits`);
+    ``enc_mask``/``needle`` ``[B, S]`` bool. A document with no needle token
+    gets ``-inf``."""
+    shares = []
+    for lg in logits:
+        logp = lg.float().masked_fill(~enc_mask[:, None, None, :], float("-inf")).log_softmax(-1)
+        shares.append(logp.masked_fill(~needle[:, None, None, :], float("-inf")).logsumexp(-1))
+    return torch.cat(shares, 1)
+
+
+LOOKUP_SHARE = 0.5  # a head that gives the needle at least this share on a batch is a lookup head
+
+
+def needle_attention_loss(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle: torch.Tensor,
+                          weight: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Minus the log of the share of attention the lookup heads give the needle,
+    averaged over the answer's tokens and the lookup heads, weighted per document.
+
+    Why: the bundled model's line misses are lookups gone soft. Its decoder
+    already has heads that find the asked line (about 0.8 of their mass on it
+    when the answer is right, about 0.3 when it is wrong: docs/line-retrieval.md, "Attention
+    supervision"); the LM loss sharpens them only through the right digits.
+    This loss asks for the lookup itself, at training time only.
+
+    The lookup heads are found on each batch, not named: those whose mean
+    share on the needle (detached) is at least ``LOOKUP_SHARE``; if none is,
+    the best one. The others (one must read the question first) are left free.
+    A max over heads would not do: on almost every document some head (one that
+    always looks at a fixed place, say) happens to sit on the needle.
+
+    ``logits``: per layer ``[B, H, T, S]``; ``enc_mask``/``needle`` ``[B, S]``
+    bool; ``weight`` ``[B]``; ``answer`` ``[B, T]`` bool (the label tokens)."""
+    needle = needle | ~needle.any(1, keepdim=True)  # no needle (weight 0): a finite dummy
+    log_share = needle_log_shares(logits, enc_mask, needle)
+    tokens = answer[:, None, :].float()
+    per_head = -(log_share * tokens).sum(2) / tokens.sum(2).clamp(min=1)  # [B, heads]
+    used = weight > 0
+    with torch.no_grad():
+        mean_share = (log_share.exp() * tokens).sum(2) / tokens.sum(2).clamp(min=1)
+        mean_share = mean_share[used].mean(0) if used.any() else mean_share.mean(0)
+        lookup = mean_share >= LOOKUP_SHARE
+        if not lookup.any():
+            lookup = mean_share == mean_share.max()
+    per_doc = per_head[:, lookup].mean(1)
+    return (per_doc * weight).sum() / used.sum().clamp(min=1)
