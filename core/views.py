@@ -42,3 +42,23 @@ def profile_table(chosen: Result, base: Result) -> pd.DataFrame:
 def rpe_table(curves: np.ndarray) -> pd.DataFrame:
     """Bias b(m, n) per head (columns) over key positions n (rows)."""
     return pd.DataFrame(curves.T, columns=[f"head_{h}" for h in range(curves.shape[0])]).rename_axis("key_position")
+
+
+def calibration_table(cals: dict) -> pd.DataFrame:
+    """Algorithm 1's curves per criterion over the grid, with the L_tr reference beside each (Calibrate's CSV)."""
+    first = next(iter(cals.values()))
+    d = {"tau": list(first.grid)}
+    for crit, cal in cals.items():
+        d[f"S_ex_{crit}"] = cal.curve
+        d[f"S_tr_{crit}"] = [cal.reference] * len(cal.grid)
+    return pd.DataFrame(d)
+
+
+def method_taus_table(taus: dict, label) -> pd.DataFrame:
+    """Every method's tau for one document, shown as text: 4 decimals, per-layer lists, or the reason it has none."""
+    rows = []
+    for m, t in taus.items():
+        a = None if isinstance(t, str) else np.asarray(t, dtype=float)
+        rows.append({"method": m, "label": label(m),
+                     "tau": t if a is None else (round(float(a), 4) if a.ndim == 0 else ", ".join(f"{v:.2f}" for v in a))})
+    return pd.DataFrame(rows)

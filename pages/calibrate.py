@@ -2,41 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-import pandas as pd
 import streamlit as st
 
-from core import methods, plots, temperature, timing
-from ui import PAPER, chart, csv_of, page_setup, user_errors
-from ui import cache
+from ui import PAPER, page_setup
+from ui import calibrate_views as cv
 from ui import sidebar as sb
-
-EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
-
-
-def use_tau(method: str, value) -> None:
-    """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; per layer -> that method)."""
-    a = np.asarray(value, dtype=float)
-    if a.ndim == 0:
-        sb.set_state(tau_method="fixed", tau_value=float(np.clip(round(float(a), 2), sb.TAU_MIN, sb.TAU_MAX)))
-    else:
-        sb.set_state(tau_method=method)
-    st.session_state["cal_used"] = f"{methods.label(method)}: tau = {np.round(a, 3).tolist()}"
-
-
-def prop1_note(value, stats: dict) -> str:
-    """Why Prop. 1 can read above 1 or 'n/a', said beside the table that shows it (docs/library.md, Notes on choices)."""
-    odd = isinstance(value, str) or (value is not None and float(value) > 1)
-    sig = ""
-    if stats.get("sigma_ex") is not None and stats.get("sigma_tr") is not None:
-        sig = f" Layer 0's logits have sigma = {stats['sigma_ex']:.2f} here and {stats['sigma_tr']:.2f} at L_tr."
-    head = ("**Prop. 1 reads " + ("'n/a' (no root)" if isinstance(value, str) else f"{float(value):.3f}, above 1")
-            + " here.** ") if odd else "**About Prop. 1/2.** "
-    return (head + "Prop. 1 and 2 rest on a Gaussian model of the logits, which holds while sigma/tau is below about "
-            f"1.5.{sig} With a large sigma Prop. 1 can give tau > 1 or no root at all. The value is reported as computed, "
-            "not clipped.")
 
 
 def main() -> None:
@@ -49,7 +19,7 @@ def main() -> None:
     )
     ss = st.session_state
     ctx = sb.sidebar()
-    for k, v in (("cal_fast", False), ("cal_samples", 1), ("cal_export", EXPORT_MODES[0])):
+    for k, v in (("cal_fast", False), ("cal_samples", 1), ("cal_export", cv.EXPORT_MODES[0])):
         ss.setdefault(k, v)
     st.markdown(f"Document: **{ctx.tokens:,} tokens** ({ctx.ratio:.2f} × L_tr = {ctx.train_length:,}), task `{ctx.document.task}`.")
     c1, c2, c3 = st.columns([1, 1, 2])
@@ -58,115 +28,12 @@ def main() -> None:
                    "the curve then has gaps.")
     c2.number_input("documents", min_value=1, max_value=16, step=1, key="cal_samples",
                     help="Average the statistic over this many documents (seeds seed, seed+1, …); pasted text uses itself.")
-    args = dict(fast=bool(ss["cal_fast"]), samples=int(ss["cal_samples"]), targets=ctx.targets, cosine_scale=ctx.cosine_scale)
-    cals = cache.calibrate_both(ctx.loaded, ctx.request, compute=False, **args)
-    if cals is None:
-        mk = timing.model_key(ctx.loaded)
-        per_doc = timing.algorithm1_passes(len(temperature.GRID), args["fast"])
-        work = [(per_doc * args["samples"], ctx.tokens), (args["samples"], ctx.train_length)]
-        planned = timing.total(mk, work)
-        st.info(timing.plan_note("Algorithm 1", mk, work)
-                + (" Bisection stops early, so this is an upper bound." if args["fast"] else "")
-                + (" The extra pass is the L_tr reference;" if args["samples"] == 1 else
-                   " The extra passes are the L_tr references;") + " results are cached.")
-        if c3.button("Run Algorithm 1", type="primary", key="cal_run"):
-            label = "Algorithm 1: forward passes over the tau grid…"
-            bar = st.progress(0.0, text=timing.progress_text(label, 0.0, 0.0, planned))
-            t0 = time.perf_counter()
-
-            def progress(f: float) -> None:
-                f = min(1.0, f)
-                bar.progress(f, text=timing.progress_text(label, f, time.perf_counter() - t0, planned))
-
-            with user_errors(bar):
-                cals = cache.calibrate_both(ctx.loaded, ctx.request, progress=progress, **args)
-            bar.empty()
-            st.rerun()  # redraw from the cache, without the 'will run' note
+    cals = cv.run(ctx, c3)
     if cals is None:
         st.stop()
-
-    # -- curves ---------------------------------------------------------------------
-    st.subheader("S_ex(tau) against S_tr(1)")
-    st.caption(
-        "Each curve is the mean statistic over all layers, heads and rows of this document at each tau; the dashed "
-        "line is the same statistic at L_tr with tau = 1. Algorithm 1 picks the grid point closest to the line "
-        "(red). Pmax rises and entropy falls as tau shrinks: the attention sharpens (paper Algorithm 1, Fig. 4)."
-    )
-    panels = {c: {"grid": cal.grid, "curve": cal.curve, "reference": cal.reference, "tau": cal.tau} for c, cal in cals.items()}
-    chart(plots.calibration_curves(panels), "cal_curves")
-    cols = st.columns(len(cals))
-    for col, (crit, cal) in zip(cols, cals.items()):
-        at_pick = dict(zip(cal.grid, cal.curve)).get(cal.tau)
-        gap = None if at_pick is None else round(float(at_pick) - float(cal.reference), 4) + 0.0  # no -0.0
-        # the match left at the pick; no arrow when it is exact at the shown precision (a zero has no direction)
-        col.metric(f"Algorithm 1 ({crit})", f"tau = {cal.tau:.2f}",
-                   delta=None if gap is None else f"{gap:+.4f} vs S_tr(1)", delta_color="off",
-                   delta_arrow="off" if gap == 0 else "auto",
-                   help=f"{cal.passes} passes; S_tr(1) = {cal.reference:.4f}; the delta is S_ex(tau) - S_tr(1) at "
-                        "the pick.")
-        col.button(f"Use tau = {cal.tau:.2f}", key=f"use_{crit}", on_click=use_tau, args=(crit, cal.tau))
-
-    def curve_df() -> pd.DataFrame:
-        d = {"tau": list(temperature.GRID)}
-        for crit, cal in cals.items():
-            d[f"S_ex_{crit}"] = cal.curve
-            d[f"S_tr_{crit}"] = [cal.reference] * len(cal.grid)
-        return pd.DataFrame(d)
-
-    st.download_button("curves.csv", csv_of(curve_df), "algorithm1_curves.csv", "text/csv", key="dl_curves", on_click="ignore")
-
-    # -- every method -----------------------------------------------------------------
-    st.subheader("Every method's tau for this document")
-    st.caption(
-        "log-length: log L_tr / log L (paper baseline). InfoScale: keeps attention entropy invariant with d = d_kv. "
-        "Prop. 1 / Prop. 2: the paper's closed forms from the spread sigma of layer 0's sorted logits (Sec. 4), "
-        "matching Pmax / entropy. Algorithm 1: the measured picks above. 'n/a' means the Gaussian model behind a "
-        "formula does not fit these numbers."
-    )
-    est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
-    with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + cache.queue_note()):
-        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
-    taus = {**taus, "pmax": cals["pmax"].tau, "entropy": cals["entropy"].tau}
-    per_layer = cache.resolve_tau(ctx.loaded, ctx.request, "per-layer", None, ctx.targets, ctx.cosine_scale, compute=False)
-    if per_layer is not None:
-        taus["per-layer"] = per_layer[0]
-    rows = []
-    for m, t in taus.items():
-        a = None if isinstance(t, str) else np.asarray(t, dtype=float)
-        rows.append({"method": m, "label": methods.label(m),
-                     "tau": t if a is None else (round(float(a), 4) if a.ndim == 0 else ", ".join(f"{v:.2f}" for v in a))})
-    table = pd.DataFrame(rows)
-    st.dataframe(table[["label", "tau"]], hide_index=True, width="stretch")
-    st.caption(prop1_note(taus.get("prop1"), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
-    if per_layer is None:
-        st.caption("Per-layer alignment is not in the table yet: choose it in the sidebar's Method box to compute it "
-                   "(about 5 passes per layer).")
-    usable = [m for m, t in taus.items() if not isinstance(t, str)]
-    ss.setdefault("cal_pick", "pmax")
-    if ss["cal_pick"] not in usable:
-        ss["cal_pick"] = usable[0]
-    u1, u2 = st.columns([2, 1])
-    u1.selectbox("Method to use", usable, key="cal_pick", format_func=lambda m: f"{methods.label(m)}: {taus[m] if np.ndim(taus[m]) == 0 else 'per layer'}")
-    u2.button("Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary")
-    if ss.get("cal_used"):
-        st.success(f"Sidebar set to {ss['cal_used']}.")
-
-    # -- export -----------------------------------------------------------------------
-    st.subheader("Export the choice")
-    st.caption("A settings file for the command line: the model, this document request and the chosen tau. "
-               "'fixed' runs exactly this tau; 'method' lets the CLI resolve the method again at its document's length.")
-    st.radio("Export as", EXPORT_MODES, key="cal_export", horizontal=True)
-    pick = ss["cal_pick"]
-    crit = "entropy" if pick in ("entropy", "prop2") else "pmax"
-    if ss["cal_export"] == EXPORT_MODES[0]:
-        settings = ctx.settings(method="fixed", tau=taus[pick], criterion=crit)
-    else:
-        settings = ctx.settings(method=pick, tau=taus[pick], criterion=crit)
-    text = settings.to_json()
-    st.download_button("choice.json", text, "choice.json", "application/json", key="dl_choice", on_click="ignore")
-    st.code(sb.cli_command("choice.json"), language="bash")
-    with st.expander("choice.json"):
-        st.code(text, language="json")
+    cv.curves(cals)
+    taus = cv.every_method(ctx, cals)
+    cv.export(ctx, taus)
 
 
 main()
