@@ -1,0 +1,172 @@
+"""The Sweep page's sections, one function each: the page (pages/sweep.py) only arranges them."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from core import csvio, methods, plots, tasks, temperature, timing
+from core.errors import UserError
+from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
+from ui import chart, user_errors
+from ui import cache
+from ui import sidebar as sb
+
+DEPTHS = (0, 10, 25, 50, 75, 90, 100)
+SWEEP_METHODS = tuple(m for m in methods.NAMES if m != "fixed")
+
+
+def _stop() -> None:
+    st.session_state["sw_stop"] = True
+
+
+def _csv_path() -> Path:
+    ss = st.session_state
+    if not ss.get("sw_csv"):
+        # A folder of its own, not mkstemp: mkstemp's open descriptor leaked once per visit.
+        ss["sw_csv"] = str(Path(tempfile.mkdtemp(prefix="aae-sweep-")) / "sweep.csv")
+    return Path(ss["sw_csv"])
+
+
+def _fixed_taus(text: str) -> list[str]:
+    out = []
+    for part in (text or "").replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            v = float(part)
+        except ValueError:
+            raise UserError(f"'{part}' is not a number: list fixed taus like 0.8, 0.7") from None
+        if not 0 < v <= 2:
+            raise UserError(f"fixed tau {v} is outside (0, 2]")
+        out.append(f"{v:g}")
+    return out
+
+
+def controls(ctx: sb.Context) -> SweepPlan:
+    """The grid (lengths, depths, methods, fixed taus, seeds, calibration documents) as a :class:`SweepPlan`."""
+    ss = st.session_state
+    lt = ctx.train_length
+    task = ctx.request.task if ctx.request.task in tasks.TASKS else "passkey"
+    if ctx.request.task not in tasks.TASKS:
+        st.info("Sweeps use generated documents; your pasted text is not swept. Using the pass key task.")
+    for k, v in (("sw_lengths", [1, 2, 4]), ("sw_depths", [0, 50, 100]), ("sw_seeds", 2),
+                 ("sw_methods", ["none", "log-length"]), ("sw_fixed", ""), ("sw_samples", 2)):
+        ss.setdefault(k, v)
+
+    c1, c2 = st.columns(2)
+    c1.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="sw_lengths", format_func=lambda k: f"{k}× = {k * lt:,}")
+    c2.multiselect("Needle depths (%)", list(DEPTHS), key="sw_depths")
+    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=lambda m: methods.get(m).short,
+                   help="; ".join(f"{methods.get(m).short}: {methods.get(m).help}" for m in SWEEP_METHODS))
+    c4, c5, c6 = st.columns(3)
+    c4.text_input("Fixed taus", key="sw_fixed", placeholder="0.8, 0.7")
+    c5.number_input("Seeds", min_value=1, max_value=100, step=1, key="sw_seeds")
+    c6.number_input("Calibration docs", min_value=1, max_value=16, step=1, key="sw_samples",
+                    help="Documents per length used to calibrate Algorithm 1 / Prop. 1/2 (disjoint seeds).")
+    with user_errors():
+        chosen = list(ss["sw_methods"]) + _fixed_taus(ss["sw_fixed"])
+    plan = SweepPlan(
+        model=ctx.model_ref, task=task, lengths=[k * lt for k in sorted(ss["sw_lengths"])],
+        depths=[d / 100 for d in sorted(ss["sw_depths"])], seeds=list(range(int(ss["sw_seeds"]))), methods=chosen,
+        calib_samples=int(ss["sw_samples"]),
+    )
+    st.caption(f"{plan.total} runs of task `{task}` on {ctx.loaded.spec.name}. Rows are written as they finish, so a "
+               "stopped sweep keeps its rows and 'Resume' skips them.")
+    return plan
+
+
+def cost(ctx: sb.Context, plan: SweepPlan) -> tuple:
+    """The sweep's passes timed from this machine's measured pass times, said before it starts: (key, passes s, generation s)."""
+    chosen = plan.methods
+    lt = ctx.train_length
+    mk = timing.model_key(ctx.loaded)
+    work = timing.sweep_passes(plan.lengths, len(plan.depths) * len(plan.seeds) * len(chosen),
+                               [m for m in chosen if m in methods.MEASURED], plan.calib_samples, lt,
+                               ctx.loaded.n_layers, len(temperature.GRID))
+    gen = [(len(plan.depths) * len(plan.seeds) * len(chosen), n) for n in plan.lengths]
+    planned, gen_s = timing.total(mk, work), timing.total(mk, gen, timing.GENERATE)
+    if plan.total:
+        note = timing.plan_note("The sweep", mk, work, name_all=True)
+        if planned is not None:
+            note += (f" Answer generation adds {timing.describe(gen_s)}: {timing.describe(planned + gen_s)} in all."
+                     if gen_s is not None else " Answer generation adds to this (not timed here yet).")
+        st.caption(note + " Calibration passes by bisection are an upper bound.")
+    return mk, planned, gen_s
+
+
+def run(ctx: sb.Context, plan: SweepPlan, mk, planned, gen_s) -> Path:
+    """Start / Resume / Stop, and the sweep itself with progress and time left; the rows' CSV path."""
+    ss = st.session_state
+    path = _csv_path()
+    b1, b2, b3 = st.columns(3)
+    start = b1.button("Start sweep", type="primary", key="sw_start", disabled=plan.total == 0)
+    resume = b2.button("Resume", key="sw_resume", disabled=not path.exists() or plan.total == 0)
+    b3.button("Stop", key="sw_stop_btn", on_click=_stop, help="Stops after the current document; finished rows stay.")
+    if ss.pop("sw_stop", False) and not (start or resume):
+        st.warning("Sweep stopped; the table below holds the rows finished so far.")
+    if start or resume:
+        ss["sw_stop"] = False
+        full = None if planned is None or gen_s is None else planned + gen_s
+        bar = st.progress(0.0, text="starting…" + ("" if full is None else f" ({timing.describe(full)} planned)"))
+        # Time left: the time so far, scaled by the planned cost of the rows left over that of the rows run
+        # (a row at 4x L_tr costs more than one at 1x), so the load of the machine right now is taken into account.
+        weights = [timing.estimate(mk, n) or float(n) ** 2 for n, *_ in plan.cells()]
+        t0, ran = time.perf_counter(), [0.0]
+
+        def progress(done: int, total: int, row: dict | None) -> None:
+            msg = f"{done}/{total}"
+            if row:
+                msg += f" · {row['tokens']} tokens, depth {row['depth']:g}, {row['method']}: {row['answer']!r}"
+                ran[0] += weights[done - 1]  # rows skipped on resume (row None) do not count
+                left = timing.remaining_weighted(time.perf_counter() - t0, ran[0], sum(weights[done:]))
+                msg += f" · {timing.describe(left)} left"
+            bar.progress(done / max(1, total), text=msg)
+
+        try:
+            run_sweep(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
+                      should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
+        except (UserError, ValueError) as err:  # ValueError: tasks.make, a length too short for the task, etc.
+            st.error(str(err))  # no st.stop: the rows finished so far are shown below
+        bar.empty()
+    return path
+
+
+def results(path: Path) -> None:
+    """The finished rows: the depth x length map of one method, the method x length table, the CSV."""
+    ss = st.session_state
+    if not path.exists() or path.stat().st_size == 0:
+        st.info("No results yet: choose the grid and press Start.")
+        st.stop()
+    df = csvio.restore_frame(pd.read_csv(path, keep_default_na=False))  # cells as written, without the CSV guard
+    if df.empty:
+        st.info("No finished rows yet.")
+        st.stop()
+    df = df[[c for c in COLUMNS if c in df.columns]]
+
+    st.subheader("Needle in a haystack: depth × length")
+    st.caption("Accuracy (%) of one method for each needle depth (rows) and length (columns). Failures at long "
+               "lengths that concentrate at some depths show where dispersed attention loses the needle.")
+    present = list(dict.fromkeys(df["method"].astype(str)))
+    ss.setdefault("sw_heat_method", present[0])
+    if ss["sw_heat_method"] not in present:
+        ss["sw_heat_method"] = present[0]
+    st.selectbox("Method", present, key="sw_heat_method")
+    sub = df[df["method"].astype(str) == ss["sw_heat_method"]].copy()
+    sub["depth %"] = (sub["depth"].astype(float) * 100).round().astype(int)
+    chart(plots.accuracy_heatmap(accuracy_table(sub, "depth %", "tokens"), y_title="needle depth %"), "sw_depth")
+
+    st.subheader("Method × length (paper Table 4)")
+    st.caption("Accuracy (%) averaged over depths and seeds. The paper's finding: at 1× all methods agree; as length "
+               "grows, tau = 1 falls off while aligned temperatures hold up.")
+    table = accuracy_table(df, "method", "tokens")
+    st.dataframe(table, width="stretch")
+    chart(plots.accuracy_heatmap(table, y_title="method"), "sw_method")
+    st.download_button("sweep.csv", csvio.to_csv_bytes(df), "sweep.csv", "text/csv", key="dl_sweep", on_click="ignore")
+    with st.expander(f"All {len(df)} rows"):
+        st.dataframe(df, hide_index=True, width="stretch")
