@@ -62,3 +62,14 @@ def method_taus_table(taus: dict, label) -> pd.DataFrame:
         rows.append({"method": m, "label": label(m),
                      "tau": t if a is None else (round(float(a), 4) if a.ndim == 0 else ", ".join(f"{v:.2f}" for v in a))})
     return pd.DataFrame(rows)
+
+
+def sorted_logits_table(vectors: dict) -> pd.DataFrame:
+    """Average sorted logit vectors (one column per document), by rank: the QQ plot's data."""
+    return pd.DataFrame({k: pd.Series(v) for k, v in vectors.items()}).rename_axis("rank")
+
+
+def tau_curves_table(curves: dict) -> pd.DataFrame:
+    """tau over length, one row per (method, tokens): the formulas' curves and Algorithm 1's dots."""
+    frames = [pd.DataFrame({"method": name, "tokens": xs, "tau": ys}) for name, (xs, ys) in curves.items()]
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,196 @@
+"""The Theory page's sections, one function each: the page (pages/theory.py) only arranges them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from core import csvio, methods, plots, tasks, temperature, timing, views
+from core.errors import UserError
+from core.settings import DocumentRequest
+from ui import chart, csv_of, user_errors
+from ui import cache
+from ui import sidebar as sb
+
+
+def _or_none(name: str, lt: int, n: int, d: int, st: dict | None) -> float | None:
+    """A closed form's tau, or a gap in its curve where it has no answer."""
+    try:
+        return methods.formula(name, lt, n, d, st)
+    except UserError:
+        return None
+
+
+def qq(here, ref) -> None:
+    """Layer 0's average sorted logits against normal quantiles, here and at L_tr (paper Fig. 2)."""
+    st.subheader("Is the average sorted logit vector Gaussian? (Fig. 2)")
+    st.caption(
+        "Sort each query row's raw logits (q·k + bias) in layer 0, average over rows and heads, and compare the "
+        "resulting values with normal quantiles. Points on the dashed line mean Gaussian; the paper's Prop.s assume "
+        "this. Look at the top-right tail: the largest logit l_max sets how peaked the softmax can be."
+    )
+    vectors = {f"L_tr = {ref.tokens:,}": ref.probes.sorted_logits, f"this document, {here.tokens:,}": here.probes.sorted_logits}
+    vectors = {k: v for k, v in vectors.items() if v is not None}
+    chart(plots.qq_plot(vectors), "qq")
+    st.download_button("sorted_logits.csv", csv_of(lambda: views.sorted_logits_table(vectors)), "sorted_logits.csv",
+                       "text/csv", key="dl_qq", on_click="ignore")
+
+
+def across_lengths(ctx: sb.Context) -> tuple[dict, pd.DataFrame]:
+    """l_max and sigma at several lengths (one tau = 1 pass each, on request): (requests by multiple, stats)."""
+    ss = st.session_state
+    lt = ctx.train_length
+    st.subheader("l_max and sigma across lengths (Table 8)")
+    st.caption(
+        "The same task at several lengths, tau = 1. sigma and l_max of layer 0's average sorted logits barely move "
+        "with length, while the number of keys grows: that is why Pmax falls like 1/L and the softmax must be "
+        "sharpened by a tau that depends on L."
+    )
+    ss.setdefault("th_multiples", [1, 2, 4, 8])
+    st.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="th_multiples", format_func=lambda k: f"{k}× = {k * lt:,}")
+    if ctx.request.task in tasks.TASKS:
+        base_req = ctx.request
+    else:
+        base_req = DocumentRequest(task="passkey", depth=ctx.request.depth, seed=ctx.request.seed)
+        st.info("Pasted text has one length; these lengths use the pass key task.")
+    reqs = {k: replace(base_req, tokens=k * lt) for k in sorted(ss["th_multiples"])}
+    missing = [k for k, r in reqs.items() if cache.length_stats(ctx.loaded, r, compute=False) is None]
+    mk = timing.model_key(ctx.loaded)
+    if missing:
+        work = [(1, k * lt) for k in sorted(missing, reverse=True)]
+        st.caption(timing.plan_note("Measuring", mk, work, name_all=True))
+    if missing and st.button(f"Measure {', '.join(f'{k}×' for k in missing)}", key="th_measure", type="primary"):
+        planned = timing.total(mk, work)
+        bar = st.progress(0.0, text=timing.progress_text("Measuring…", 0.0, 0.0, planned))
+        t0 = time.perf_counter()
+        with user_errors(bar):
+            for i, k in enumerate(missing):
+                label = f"Measuring {k}× L_tr = {k * lt:,} tokens…"
+                bar.progress(i / len(missing), text=timing.progress_text(label, i / len(missing),
+                                                                         time.perf_counter() - t0, planned))
+                cache.length_stats(ctx.loaded, reqs[k])
+        st.rerun()  # redraw from the cache, without the button
+    rows = [s for s in (cache.length_stats(ctx.loaded, r, compute=False) for r in reqs.values()) if s is not None]
+    stats = pd.DataFrame(rows)
+    if not stats.empty:
+        stats["ratio"] = (stats["tokens"] / lt).round(2)
+        chart(plots.lmax_vs_length(stats, lt), "lmax")
+        # below the chart, at full width: five short columns stay readable on a laptop screen
+        st.dataframe(
+            stats[["tokens", "ratio", "l_max", "sigma", "pmax_layer0"]], hide_index=True, width="content",
+            column_config={
+                "tokens": st.column_config.NumberColumn("tokens", format="localized"),
+                "ratio": st.column_config.NumberColumn("× L_tr", format="%.2f×"),
+                "l_max": st.column_config.NumberColumn("l_max", format="%.3f", help="largest average sorted logit"),
+                "sigma": st.column_config.NumberColumn("sigma", format="%.3f", help="spread of the sorted logits"),
+                "pmax_layer0": st.column_config.NumberColumn("Pmax, layer 0", format="%.4f",
+                                                             help="mean largest attention probability in layer 0"),
+            },
+        )
+        st.download_button("lengths.csv", csvio.to_csv_bytes(stats), "lengths.csv", "text/csv",
+                           key="dl_lengths", on_click="ignore")
+    elif missing:
+        st.caption("Press Measure to run one tau = 1 pass per length (cached).")
+    return reqs, stats
+
+
+def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tuple]:
+    """Every closed form of the registry over length: over L alone, or where sigma was measured."""
+    lt = ctx.train_length
+    st.subheader("tau over length: formulas and Algorithm 1 (Fig. 3/4)")
+    st.caption(
+        "Lines: log-length (log L_tr / log L) and InfoScale need only L; Prop. 1 and 2 use sigma measured at each "
+        "length above (and Pmax, sigma at L_tr). Diamonds: Algorithm 1's measured picks. Where the formulas follow "
+        "the diamonds, the Gaussian picture explains the aligned tau."
+    )
+    dense = sorted(set(np.geomspace(lt, 16 * lt, 25).round().astype(int).tolist()))
+    sig_tr, pmax_tr = ref.probes.sigma, float(ref.probes.pmax[0][0].mean())
+    rows = [] if stats.empty or sig_tr is None else [
+        (int(r["tokens"]), {"sigma_tr": sig_tr, "pmax_tr": pmax_tr, "sigma_ex": r["sigma"]})
+        for _, r in stats.sort_values("tokens").iterrows()]
+    curves: dict[str, tuple] = {}
+    for name in methods.FORMULAS:  # every closed form of the registry: over L, or where sigma was measured
+        m = methods.get(name)
+        points = rows if m.stats else [(n, None) for n in dense]
+        if points:
+            curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points])
+    return curves
+
+
+def _algorithm1_dots(ctx: sb.Context, reqs: dict) -> dict[str, tuple]:
+    """Algorithm 1's picks at the measured lengths, from the cache or (on request) by bisection."""
+    lt = ctx.train_length
+    mk = timing.model_key(ctx.loaded)
+    dots: dict[str, tuple] = {}
+    cal_reqs = dict(reqs)
+    have = {k: cache.calibrate_both(ctx.loaded, r, fast=True, compute=False) for k, r in cal_reqs.items()}
+    need = [k for k, v in have.items() if v is None]
+    if need:
+        per = timing.algorithm1_passes(len(temperature.GRID), fast=True)
+        dots_work = [(per, k * lt) for k in sorted(need, reverse=True)] + [(len(need), lt)]
+        st.caption(timing.plan_note("Adding the Algorithm 1 dots", mk, dots_work, name_all=True)
+                   + f" Bisection: at most {per} passes per length plus one at L_tr for the reference, often fewer.")
+    if need and st.button("Add Algorithm 1 dots (bisection)", key="th_alg1"):
+        planned = timing.total(mk, dots_work)
+        bar = st.progress(0.0, text=timing.progress_text("Algorithm 1…", 0.0, 0.0, planned))
+        t0 = time.perf_counter()
+        with user_errors(bar):
+            for i, k in enumerate(need):
+                def step(f: float, i: int = i, k: int = k) -> None:
+                    done = (i + min(1.0, f)) / len(need)
+                    bar.progress(done, text=timing.progress_text(f"Algorithm 1 at {k}× L_tr…", done,
+                                                                 time.perf_counter() - t0, planned))
+
+                step(0.0)
+                have[k] = cache.calibrate_both(ctx.loaded, cal_reqs[k], fast=True, progress=step)
+        st.rerun()
+    done = {k: v for k, v in have.items() if v is not None}
+    if done:
+        for crit in temperature.CRITERIA:
+            dots[f"Algorithm 1 ({crit})"] = ([k * lt for k in done], [v[crit].tau for v in done.values()])
+    return dots
+
+
+def _prop1_note(curves: dict, stats: pd.DataFrame, sig_tr) -> None:
+    """Where Prop. 1 reads above 1 or has no root, and why, beside the curve that shows it."""
+    if "Prop. 1" in curves:
+        p1 = curves["Prop. 1"][1]
+        above = [f"{n:,}" for n, v in zip(curves["Prop. 1"][0], p1) if v is not None and v > 1]
+        no_root = [f"{n:,}" for n, v in zip(curves["Prop. 1"][0], p1) if v is None]
+        sigmas = ", ".join(f"{float(r['sigma']):.2f} at {int(r['tokens']):,}" for _, r in stats.sort_values("tokens").iterrows())
+        odd = " ".join(([f"Prop. 1 is above 1 at {', '.join(above)} tokens."] if above else [])
+                       + ([f"Prop. 1 has no root (a gap in its line) at {', '.join(no_root)} tokens."] if no_root else []))
+        st.caption(
+            (f"**{odd}** " if odd else "**About Prop. 1/2.** ")
+            + "Prop. 1 and 2 rest on a Gaussian model of the logits, which holds while sigma/tau is below about 1.5. "
+            f"Layer 0's sigma here: {sigmas} (L_tr: {float(sig_tr):.2f}). When layer 0's logits have a large sigma, "
+            "Prop. 1 can give tau > 1 or no root; its values are drawn as computed, not clipped."
+        )
+
+
+def tau_curves(ctx: sb.Context, ref, reqs: dict, stats: pd.DataFrame) -> None:
+    """tau over length: the registry's closed forms and Algorithm 1's dots (paper Fig. 3/4), with its CSV."""
+    curves = _formula_curves(ctx, ref, stats)
+    dots = _algorithm1_dots(ctx, reqs)
+    chart(plots.temperature_curves(curves, dots, ctx.train_length), "taus")
+    _prop1_note(curves, stats, ref.probes.sigma)
+    st.download_button("tau_curves.csv", csv_of(lambda: views.tau_curves_table({**curves, **dots})), "tau_curves.csv",
+                       "text/csv", key="dl_taus", on_click="ignore")
+
+
+def cosine(ctx: sb.Context, here) -> None:
+    """The cos(q, k) histogram of layer 0, for cosine-attention models only."""
+    if ctx.loaded.cosine:
+        st.subheader("cos(q, k) in layer 0 (cosine attention)")
+        st.caption(
+            "A cosine-attention model's logits are s·cos(q, k) + bias, so they are bounded by ±s whatever the length; "
+            "CosScale s plays the role of 1/tau. The histogram shows how much of the [-1, 1] range the model uses."
+        )
+        if here.probes.cosine_hist is not None:
+            chart(plots.cosine_hist(here.probes.cosine_hist, here.probes.cosine_edges), "cos")
+        else:
+            st.info("No cosine histogram was recorded.")
