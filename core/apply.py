@@ -56,8 +56,6 @@ which has the document at hand.
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -67,6 +65,7 @@ import torch
 from core import attention
 from core.attention import ENCODER, AttentionSettings, attention_call, tau_matrix
 from core.errors import UserError
+from core.validation import Bytes, Positive, validate
 
 #: transformers ``model_type`` values whose attention we can take over.
 SUPPORTED_TYPES = ("t5", "mt5", "umt5")
@@ -137,11 +136,9 @@ def attention_settings(
     if value is None:
         raise UserError("No tau given: pass tau=0.7, schedule=[...] or settings=FILE")
     targets = (ENCODER,) if targets is None else (targets,) if isinstance(targets, str) else tuple(targets)
-    if cosine_scale is not None and (isinstance(cosine_scale, bool) or not isinstance(cosine_scale, numbers.Real)
-                                     or not math.isfinite(cosine_scale) or cosine_scale <= 0):
-        raise UserError(f"cosine_scale must be a finite number > 0, got {cosine_scale!r:.40}")
-    if chunk_bytes is not None and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
-        raise UserError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r:.40}")
+    # the bounds every entry point uses (core.validation), not a second set written here
+    cosine_scale = None if cosine_scale is None else validate(Positive, cosine_scale, "cosine_scale")
+    chunk_bytes = None if chunk_bytes is None else validate(Bytes, chunk_bytes, "chunk_bytes")
     bad = [t for t in targets if t not in attention.KINDS]
     if bad:
         raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(attention.KINDS)}")

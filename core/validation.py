@@ -89,6 +89,7 @@ BatchSize = Annotated[Whole, Field(ge=1, le=MAX_BATCH)]
 NewTokens = Annotated[Whole, Field(ge=1, le=MAX_NEW_TOKENS)]
 Depth = Annotated[Real, Field(ge=0.0, le=1.0)]
 Positive = Annotated[Real, Field(gt=0.0)]  # a tau, a CosScale s, a length multiple
+Bytes = Annotated[Whole, Field(ge=1)]  # a memory budget, e.g. the attention's block size
 
 
 def _tau(v: Any) -> float | list:
