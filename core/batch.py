@@ -242,7 +242,7 @@ def _label(method: str, tau) -> str:
 
 def choices(args, settings) -> list[Choice]:
     """The settings to run: ``--methods`` when given, else the merged ``--settings``/``--tau``/``--method``."""
-    from core.sweep import method_label
+    from core.methods import method_label
 
     spec = getattr(args, "methods", None)
     if spec:

@@ -104,15 +104,11 @@ def _length_item(part: str) -> tuple[float, bool]:
 
 
 def _method_item(part: str) -> str:
-    """A method name, or a number meaning a fixed tau (which must be positive and finite)."""
+    """A method name, or a number meaning a fixed tau (positive, finite): :func:`core.methods.method_label`'s rule."""
     try:
-        float(part)
-    except ValueError:
-        if part not in METHOD_CHOICES:
-            raise argparse.ArgumentTypeError(f"unknown method {part[:40]!r}; use a number (fixed tau) or one of "
-                                             f"{', '.join(METHOD_CHOICES)}") from None
-        return part
-    _positive(part)
+        methods.method_label(part)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)[:200]) from None
     return part
 
 

@@ -14,6 +14,7 @@ searches); the passes they need come from :mod:`core.calibration`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -166,6 +167,23 @@ def label(name: str) -> str:
     """The method's label for menus and cards (the name itself for anything unknown, e.g. a fixed tau)."""
     m = REGISTRY.get(name)
     return m.label if m is not None else str(name)
+
+
+def method_label(m: str | float) -> str:
+    """A method name, or a number meaning a fixed tau (``0.8`` -> ``"tau=0.8"``); ValueError for anything else.
+
+    The column value of sweeps and batch runs, and the check of the CLI's
+    ``--methods`` items: one place decides what a method list may hold.
+    """
+    try:
+        tau = float(m)
+    except (TypeError, ValueError):
+        if m not in NAMES or m == "fixed":
+            raise ValueError(f"Unknown method '{m}'; use a number (fixed tau) or one of {', '.join(NAMES)}") from None
+        return str(m)
+    if not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"a fixed tau must be finite and > 0, got {m!r}")
+    return f"tau={tau:g}"
 
 
 def get(name: str) -> Method:

@@ -16,8 +16,6 @@ scored on.
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, ContextManager, Iterable
@@ -26,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from core import csvio, engine, methods, tasks
+from core.methods import method_label
+from core.validation import Depth, Samples, Seed, Tokens, validate
 from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
@@ -35,19 +35,6 @@ COLUMNS = [
     "answer", "expected", "correct", "pmax", "entropy", "seconds",
 ]
 KEY = ("model", "task", "tokens", "depth", "seed", "method")
-
-
-def method_label(m: str | float) -> str:
-    """A method name, or a number meaning a fixed tau (``0.8`` -> ``"tau=0.8"``); ValueError for anything else."""
-    try:
-        tau = float(m)
-    except (TypeError, ValueError):
-        if m not in methods.NAMES or m == "fixed":
-            raise ValueError(f"Unknown method '{m}'; use a number (fixed tau) or one of {', '.join(methods.NAMES)}") from None
-        return str(m)
-    if not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"a fixed tau must be finite and > 0, got {m!r}")
-    return f"tau={tau:g}"
 
 
 @dataclass
@@ -83,24 +70,14 @@ class SweepPlan:
             methods = [method_label(m) for m in self.methods]
         except ValueError as err:
             raise UserError(f"Bad sweep option: {err}") from None
+        where = "Bad sweep option"  # the bounds every entry point uses (core.validation)
         return replace(
-            self, lengths=[_int("length", n, 1) for n in self.lengths], depths=[_depth(d) for d in self.depths],
-            seeds=[_int("seed", s) for s in self.seeds], methods=methods,
-            calib_samples=_int("calib_samples", self.calib_samples, 1), calib_seed=_int("calib_seed", self.calib_seed),
+            self, lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"),
+            depths=validate(list[Depth], self.depths, f"{where}: depths"),
+            seeds=validate(list[Seed], self.seeds, f"{where}: seeds"), methods=methods,
+            calib_samples=validate(Samples, self.calib_samples, f"{where}: calib_samples"),
+            calib_seed=validate(Seed, self.calib_seed, f"{where}: calib_seed"),
         )
-
-
-def _int(name: str, v, least: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or (least is not None and v < least):
-        need = "an integer" if least is None else f"an integer >= {least}"
-        raise UserError(f"Bad sweep option: {name} must be {need}, got {v!r}")
-    return int(v)
-
-
-def _depth(v) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:  # NaN fails too
-        raise UserError(f"Bad sweep option: depth must be a number in [0, 1], got {v!r}")
-    return float(v)
 
 
 def _done_keys(rows: list[dict[str, str]], path: Path | None) -> set[tuple]:
