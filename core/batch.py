@@ -57,6 +57,7 @@ import numpy as np
 
 from core import csvio, engine, methods, tasks
 from core.errors import UserError
+from core.validation import BatchSize, validate
 from core.models import Loaded
 from core.probes import ProbeSpec
 
@@ -398,9 +399,7 @@ def run_items(
 
 
 def _check_batch_size(batch_size) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise UserError(f"--batch-size must be an integer of at least 1, got {batch_size!r}")
-    return batch_size
+    return validate(BatchSize, batch_size, "--batch-size")  # the CLI's bound (core.validation)
 
 
 def summary(path: Path) -> str:
