@@ -26,7 +26,7 @@ Progress = Callable[[float], None]
 def reference_document(loaded: Loaded, document: tasks.Document, length: int | None = None) -> tasks.Document:
     """The document's counterpart at L_tr (or ``length``): same task, depth and seed."""
     length = length or loaded.train_length
-    if document.task in tasks.TASKS:
+    if document.task in tasks.GENERATED:
         haystack = document.meta.get("haystack", "default")
         return tasks.make(document.task, loaded.tokenizer, length, depth=document.depth, seed=document.seed, haystack=haystack)
     return _text_window(loaded, document, length)
@@ -85,7 +85,7 @@ def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSet
 
 def siblings(document: tasks.Document, loaded: Loaded, samples: int) -> list[tasks.Document]:
     """``samples`` documents like this one (seeds seed, seed+1, ...); pasted text has only itself."""
-    if samples <= 1 or document.task not in tasks.TASKS:
+    if samples <= 1 or document.task not in tasks.GENERATED:
         return [document]
     n = len(loaded.tokenizer(document.text).input_ids)
     haystack = document.meta.get("haystack", "default")

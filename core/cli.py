@@ -1,4 +1,4 @@
-"""``python -m core run | calibrate | sweep | rpe | train``: the headless contract.
+"""``python -m core run | calibrate | sweep | perplexity | rpe | train``: the headless contract.
 
 Exit status 0 on success; 2 with one line ``error: ...`` on stderr for
 anything the user can fix (unknown model, empty text, a bad option or
@@ -29,15 +29,16 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputTooLong, UserError
-from core.tasks import MAX_ANSWER_TOKENS, TASKS
+from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS, TASKS
 from core import methods
 from core.methods import MEASURED, NAMES as METHODS  # MEASURED: methods that need forward passes at L_tr
 from core.validation import (
-    MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Tokens,
+    MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
+    Tokens,
     TrainLength, arg_type, validate,
 )
 
-TASK_CHOICES = TASKS + ("text",)
+TASK_CHOICES = GENERATED + ("text",)
 METHOD_CHOICES = tuple(m for m in METHODS if m != "fixed")  # "fixed" is --tau X
 
 
@@ -58,6 +59,7 @@ _positive = arg_type(Positive, float, "a positive number")
 _samples = arg_type(Samples, int, "a whole number")
 _batch_size = arg_type(BatchSize, int, "a whole number")
 _new_tokens = arg_type(NewTokens, int, "a whole number of tokens")
+_sequences = arg_type(Sequences, int, "a whole number")
 _rpe_length = arg_type(RpeLength, int, "a whole number of keys")
 _position = arg_type(Position, int, "a whole number")
 
@@ -170,6 +172,23 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")
     s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
     s.add_argument("--max-new-tokens", type=_new_tokens, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
+    pp = sub.add_parser("perplexity", help="language-modelling perplexity over lengths x methods (the paper's Table 3)")
+    _model_options(pp)
+    pp.add_argument("--device", type=_device, help="cpu | cuda | cuda:N | auto")
+    pp.add_argument("--lengths", type=_comma_list(_length_item, "--lengths"), default=None,
+                    help="comma list of prefix lengths in tokens, or multiples like 1x,2x,4x of L_tr (default 1x..16x)")
+    pp.add_argument("--methods", type=_methods, default=None,
+                    help="comma list of method names and/or fixed taus (default: none,log-length,pmax,entropy)")
+    pp.add_argument("--sequences", type=_sequences, default=200, help="held-out sequences per length (default 200)")
+    pp.add_argument("--seed", type=_seed, default=0, help="first sequence seed (seeds seed .. seed + sequences - 1)")
+    pp.add_argument("--calib-seed", type=_seed, default=100_000, help="first seed of the calibration sequences")
+    pp.add_argument("--samples", type=_samples, default=4, help="calibration sequences for measured methods")
+    pp.add_argument("--continuation", type=_new_tokens, default=CONTINUATION, help="tokens scored per sequence")
+    pp.add_argument("--batch-size", type=_batch_size, default=8, help="sequences per forward pass")
+    pp.add_argument("--targets", type=_targets, default=None, help="comma list of encoder,decoder,cross (default: encoder)")
+    pp.add_argument("--out", help="CSV written row by row (one row per length x method)")
+    pp.add_argument("--resume", action="store_true", help="skip rows already in --out")
+    pp.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     _model_options(rp)
     rp.add_argument("--query", type=_position, default=None, help="query position m (default: L_tr // 2)")
@@ -407,6 +426,47 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_perplexity(args) -> int:
+    from tqdm import tqdm
+
+    from core.perplexity import PerplexityPlan, run_perplexity, summary
+
+    loaded = _load(args.model, args.train_length, args.device, args.tokenizer)
+    methods = (args.methods or "none,log-length,pmax,entropy").split(",")
+    lengths = _lengths(args.lengths, loaded.train_length)
+    _check_fits(loaded, max(lengths), "--lengths asks for sequences of", batch=args.batch_size)
+    _check_reference(loaded, methods, args.samples)
+    plan = PerplexityPlan(
+        model=loaded.spec.name, lengths=lengths, methods=methods, sequences=args.sequences, seed=args.seed,
+        calib_seed=args.calib_seed, calib_samples=args.samples, continuation=args.continuation,
+        batch_size=args.batch_size, targets=args.targets or ("encoder",),
+    )
+    bars: list = []
+
+    def progress(done: int, total: int, row) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc="perplexity (sequences)", file=sys.stderr))
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        df = run_perplexity(loaded, plan, out=args.out, resume=args.resume, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    if args.json:
+        print(json.dumps(summary(loaded, df), indent=2))
+    elif not args.out:
+        from core import csvio
+
+        print(csvio.to_csv_text(df), end="")
+    else:
+        from core.perplexity import perplexity_table
+
+        print(perplexity_table(df).to_string() if len(df) else "nothing new to run")
+    return 0
+
+
 def _write_replacing(path: str, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: an existing
     file is replaced only by a complete new one, never truncated by a failed write. A path that is
@@ -475,7 +535,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return train_main(argv[1:])
         args = prepare(argv)
-        return {"run": cmd_run, "calibrate": cmd_calibrate, "sweep": cmd_sweep, "rpe": cmd_rpe}[args.cmd](args)
+        commands = {"run": cmd_run, "calibrate": cmd_calibrate, "sweep": cmd_sweep, "perplexity": cmd_perplexity,
+                    "rpe": cmd_rpe}
+        return commands[args.cmd](args)
     except (UserError, ValueError) as err:
         return _fail(str(err))
     except OSError as err:  # disk full, permission, a vanished file

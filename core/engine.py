@@ -77,6 +77,15 @@ class Result:
     seconds: dict[str, float]
     offsets: np.ndarray | None = None
     cosine_scale: float | None = None
+    nll: float | None = None  # language modelling (task "lm"): summed -log p of the continuation's tokens
+    scored_tokens: int | None = None  # how many continuation tokens ``nll`` sums over
+
+    @property
+    def perplexity(self) -> float | None:
+        """exp(mean -log p) of the continuation (task "lm"); None for retrieval documents."""
+        if self.nll is None or not self.scored_tokens:
+            return None
+        return float(np.exp(self.nll / self.scored_tokens))
 
     @property
     def tau_mean(self) -> float:
@@ -120,6 +129,8 @@ class Result:
             "l_max": self.probes.l_max,
             "layers": self.layers(),
             **({"cosine_scale": self.cosine_scale} if self.cosine_scale is not None else {}),
+            **({"perplexity": self.perplexity, "nll": self.nll, "scored_tokens": self.scored_tokens}
+               if self.nll is not None else {}),
         }
 
 
@@ -385,6 +396,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 **{_CACHE_KWARG: decoder_cache()},
             )
         answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
+    nll = _continuation_nll(loaded, docs, hidden, mask, attn)
     t_gen = time.perf_counter() - t1
     for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.timing)
         timing.record(timing.model_key(loaded), e.n, t_enc / len(encs))
@@ -393,7 +405,8 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
 
     results = []
     for i, (doc, enc) in enumerate(zip(docs, encs)):
-        sc = tasks.score(doc.task, answers[i], doc.expected) if settings.generate and doc.expected else None
+        scored = settings.generate and doc.expected and doc.task != tasks.LM
+        sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
         rec = record if (record is None or len(encs) == 1) else _item(record, i)
         results.append(
             Result(
@@ -411,9 +424,36 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 probes=rec,
                 seconds={"encode": t_enc / len(encs), "generate": t_gen / len(encs), "total": (t_enc + t_gen) / len(encs)},
                 cosine_scale=settings.cosine_scale if loaded.cosine else None,
+                nll=None if nll is None or nll[i] is None else nll[i][0],
+                scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
             )
         )
     return results
+
+
+def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.Tensor, mask: torch.Tensor,
+                      attn: AttentionSettings) -> list[tuple[float, int] | None] | None:
+    """Per document, (summed -log p, tokens) of a language-modelling document's continuation, teacher-forced
+    on the encoder states already computed (the decoder runs under the same settings); None for the others.
+
+    Why here and not in a task module: it is one more decoder pass over the run's own encoder output,
+    so Explore, sweeps and the perplexity table all get it from the same run."""
+    lm = [i for i, d in enumerate(docs) if d.task == tasks.LM]
+    if not lm:
+        return None
+    conts = [tasks.continuation_ids(docs[i]) for i in lm]
+    labels = torch.full((len(lm), max(len(c) for c in conts)), -100, dtype=torch.long)
+    for j, c in enumerate(conts):
+        labels[j, : len(c)] = torch.tensor(c)
+    labels = labels.to(loaded.device)
+    with attention_call(attn, None):
+        logits = loaded.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden[lm]), attention_mask=mask[lm],
+                              labels=labels).logits
+    lost = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+    out: list[tuple[float, int] | None] = [None] * len(docs)
+    for j, i in enumerate(lm):
+        out[i] = (float(lost[j].sum()), len(conts[j]))
+    return out
 
 
 def _item(record: ProbeRecord, i: int) -> ProbeRecord:

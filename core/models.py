@@ -86,6 +86,7 @@ class Card(BaseModel):
     train_length: TrainLength | None = None
     summary: Str = ""
     default: Annotated[bool, Strict()] = False
+    tasks: list[Str] = []  # what it was trained on; ["lm"]: a language model (Loaded.language_model)
 
 
 def read_card(folder: Path) -> Card | None:
@@ -355,6 +356,16 @@ class Loaded:
     @property
     def cosine_scale(self) -> float | None:
         return float(self.config.cosine_scale) if self.cosine else None
+
+    @property
+    def language_model(self) -> bool:
+        """Trained to continue text (an LM-adapted T5, or a card whose only task is "lm"): its document is an
+        LM sequence and its score a perplexity, where a retrieval model's is an answer."""
+        if self.spec.kind == "t5-lm-adapt":
+            return True
+        folder = Path(self.spec.source)
+        card = read_card(folder) if self.spec.source and folder.is_dir() else None
+        return card is not None and card.tasks == ["lm"]
 
     @property
     def n_params(self) -> int:

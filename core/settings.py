@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 SCHEMA = "attention-alignment-explorer/settings@1"
 _CONFIG = ConfigDict(extra="forbid")
 
-Task = Literal[tasks.TASKS + ("text",)]  # type: ignore[valid-type]
+Task = Literal[tasks.GENERATED + ("text",)]  # type: ignore[valid-type]
 Method = Literal[METHODS]  # type: ignore[valid-type]
 Criterion = Literal[CRITERIA]  # type: ignore[valid-type]
 Target = Literal[KINDS]  # type: ignore[valid-type]

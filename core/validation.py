@@ -43,6 +43,7 @@ CHARS_PER_TOKEN = 16
 #: Largest JSON file we read (settings, card): a settings file may carry a pasted text.
 MAX_JSON_BYTES = 4 * MAX_TEXT_CHARS + 2**20
 MAX_SAMPLES = 1_000  # documents per calibration / seeds per sweep cell: each is a full pass
+MAX_SEQUENCES = 100_000  # perplexity: sequences per length (each a distinct seed)
 MAX_BATCH = 1_024  # documents per padded batch (--batch-size)
 MAX_NEW_TOKENS = 4_096  # answer length (--max-new-tokens)
 MAX_SEED = 2**63 - 1
@@ -85,6 +86,7 @@ RpeLength = Annotated[Whole, Field(ge=1, le=MAX_RPE_LENGTH)]
 Position = Annotated[Whole, Field(ge=0, le=MAX_RPE_LENGTH)]
 Seed = Annotated[Whole, Field(ge=0, le=MAX_SEED)]
 Samples = Annotated[Whole, Field(ge=1, le=MAX_SAMPLES)]
+Sequences = Annotated[Whole, Field(ge=1, le=MAX_SEQUENCES)]  # held-out sequences per length (perplexity)
 BatchSize = Annotated[Whole, Field(ge=1, le=MAX_BATCH)]
 NewTokens = Annotated[Whole, Field(ge=1, le=MAX_NEW_TOKENS)]
 Depth = Annotated[Real, Field(ge=0.0, le=1.0)]

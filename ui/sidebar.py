@@ -227,21 +227,25 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     if ss.get("_ltr") != (ss["_model_ref"], lt) or ss.get("doc_tokens") is None:
         if ss.get("_ltr") is not None or ss.get("doc_tokens") is None:
             ss["doc_tokens"] = lt  # a new model: start at its training length
+            if loaded.language_model or ss.get("doc_task") == tasks.LM:  # and with its kind of document
+                ss["doc_task"] = tasks.LM if loaded.language_model else "passkey"
         ss["_ltr"] = (ss["_model_ref"], lt)
     if ss.get("_url_multiple"):
         ss["doc_tokens"] = int(ss.pop("_url_multiple")) * lt
     sb.subheader("Document")
     sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
     if ss["doc_mode"] == "Generate":
-        if ss.get("doc_task") not in tasks.TASKS:
-            ss["doc_task"] = "passkey"
-        sb.selectbox("Task", tasks.TASKS, key="doc_task",
-                     help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over documents; code: a key in Python.")
+        if ss.get("doc_task") not in tasks.GENERATED:
+            ss["doc_task"] = tasks.LM if loaded.language_model else "passkey"
+        sb.selectbox("Task", tasks.GENERATED, key="doc_task",
+                     help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
+                          "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).")
         sb.number_input("Length in tokens", min_value=16, max_value=4_000_000, step=max(1, lt // 4), key="doc_tokens")
         row = sb.container(horizontal=True, gap="small")
         for k in MULTIPLES:
             row.button(f"{k}×", key=f"len_{k}x", on_click=_set_tokens, args=(k * lt,), help=f"{k} × L_tr = {k * lt:,} tokens")
-        sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
+        if ss["doc_task"] != tasks.LM:  # an LM sequence has no needle
+            sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
         req = DocumentRequest(task=ss["doc_task"], tokens=int(ss["doc_tokens"]), depth=ss["doc_depth"] / 100,
                               seed=int(ss["doc_seed"]))
@@ -263,6 +267,7 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
             if mode == NEEDLE_MODES[1] and not (needle or "").strip():
                 fail(UserError("Type the needle sentence to insert (or choose 'pass key sentence')."))
         if mode != NEEDLE_MODES[2]:
+            if ss["doc_task"] != tasks.LM:  # an LM sequence has no needle
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
         req = DocumentRequest(task="text", depth=ss["doc_depth"] / 100, seed=int(ss["doc_seed"]), text=ss["doc_text"],

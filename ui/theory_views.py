@@ -52,7 +52,7 @@ def across_lengths(ctx: sb.Context) -> tuple[dict, pd.DataFrame]:
     )
     ss.setdefault("th_multiples", [1, 2, 4, 8])
     st.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="th_multiples", format_func=lambda k: f"{k}× = {k * lt:,}")
-    if ctx.request.task in tasks.TASKS:
+    if ctx.request.task in tasks.GENERATED:
         base_req = ctx.request
     else:
         base_req = DocumentRequest(task="passkey", depth=ctx.request.depth, seed=ctx.request.seed)

@@ -79,7 +79,7 @@ def _model(v: str) -> str:
 
 PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model": ("_url_model", _model),
-    "task": ("doc_task", _choice(tasks.TASKS)),
+    "task": ("doc_task", _choice(tasks.GENERATED)),
     "tokens": ("doc_tokens", _tokens),
     "depth": ("doc_depth", _int_in(0, 100, 5)),
     "seed": ("doc_seed", _int_in(0, 10**9)),
@@ -129,7 +129,7 @@ def apply() -> list[str]:
 def view(ctx) -> dict[str, str]:
     """The URL parameters of a sidebar :class:`ui.sidebar.Context`."""
     out = {"model": ctx.model_ref}
-    if ctx.request.task in tasks.TASKS:
+    if ctx.request.task in tasks.GENERATED:
         r = ctx.request
         out.update(task=r.task, tokens=str(r.tokens), depth=str(int(round(r.depth * 100))), seed=str(r.seed))
     out["method"] = ctx.method

@@ -47,6 +47,8 @@ Package layout (one module per task, plus what the tasks share):
 - ``passkey``, ``line``, ``topic``, ``multidoc``, ``code``: one task each
   (its texts and its layout builder).
 - ``generate``: ``make``; ``text``: ``from_text``.
+- ``lm``: language modelling (``make("lm", ...)``): a held-out prefix and the
+  continuation the decoder is scored on (perplexity, not retrieval).
 
 Everything callers use is re-exported here: ``from core import tasks`` and
 ``tasks.make(...)`` as before.
@@ -54,10 +56,11 @@ Everything callers use is re-exported here: ``from core import tasks`` and
 
 from __future__ import annotations
 
-from core.tasks.document import TASKS, Document
+from core.tasks.document import GENERATED, TASKS, Document
 from core.tasks.filler import HAYSTACKS
 from core.tasks.generate import make
 from core.tasks.layout import count_tokens
+from core.tasks.lm import CONTINUATION, LM, continuation_ids
 from core.tasks.line import LINE_INTRO, LINE_LABELS
 from core.tasks.multidoc import MULTIDOC_INTRO
 from core.tasks.passkey import PASSKEY_FILLER, PASSKEY_INTRO, PASSKEY_QUESTION, passkey_needle
@@ -77,6 +80,10 @@ __all__ = [
     "Document",
     "Score",
     "TASKS",
+    "GENERATED",
+    "LM",
+    "CONTINUATION",
+    "continuation_ids",
     "HAYSTACKS",
     "make",
     "from_text",

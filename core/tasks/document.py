@@ -29,6 +29,8 @@ class Document:
 
 
 TASKS: tuple[str, ...] = ("passkey", "line", "topic", "multidoc", "code")  # generated tasks; "text" is user text
+#: Every task ``make`` generates: the retrieval ``TASKS`` and language modelling ("lm", core.tasks.lm).
+GENERATED: tuple[str, ...] = TASKS + ("lm",)
 
 
 def _check_seed(seed: int) -> int:

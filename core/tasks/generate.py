@@ -20,6 +20,7 @@ from core.tasks.document import TASKS, Document, _check_depth, _check_seed
 from core.tasks.filler import _check_haystack
 from core.tasks.layout import _fit_layout, _Layout
 from core.tasks.line import _line
+from core.tasks.lm import LM, make_lm
 from core.tasks.multidoc import _multidoc
 from core.tasks.passkey import _passkey
 from core.tasks.topic import _topic
@@ -62,9 +63,16 @@ def make(
     line's label shares a word with the asked one; hard negatives for
     training) for line.
 
+    ``task="lm"`` is not retrieval: a prefix of held-out prose and the
+    continuation to predict (:mod:`core.tasks.lm`; depth is ignored, the
+    haystack is a corpus pool, option ``continuation=`` tokens).
+
     Raises ValueError for an unknown task/haystack/option, a depth outside
     [0, 1], or a ``tokens`` too small to hold the needle and question.
     """
+    if task == LM:
+        _check_depth(depth)
+        return make_lm(tokenizer, tokens, seed=seed, haystack=haystack, **options)
     if task not in _BUILDERS:
         hint = " (use from_text for your own text)" if task == "text" else ""
         raise ValueError(f"unknown task {task!r}; expected one of {TASKS}{hint}")

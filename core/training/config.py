@@ -44,6 +44,7 @@ class TrainConfig:
     encoder_layers: int = 3
     decoder_layers: int = 1
     cosine_scale: float | None = None  # set: train with cosine attention at this s
+    dropout: float = 0.0  # T5's dropout_rate; the LM model uses some (its corpus is small)
     steps: int = 5000
     batch_size: int = 16
     lr: float = 1e-3
@@ -86,5 +87,5 @@ def load_stages(path: str | Path) -> list[TrainConfig]:
 def _check_per_task(name: str, values: dict, what: str, high: float) -> None:
     """A ``{task: number}`` config field: known tasks, numbers in [0, high]; fails before training starts."""
     for task, v in values.items():
-        if task not in tasks.TASKS or isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= high:
-            raise ValueError(f"{name} wants {{task: {what}}} with tasks from {list(tasks.TASKS)}, got {task!r}: {v!r}")
+        if task not in tasks.GENERATED or isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= high:
+            raise ValueError(f"{name} wants {{task: {what}}} with tasks from {list(tasks.GENERATED)}, got {task!r}: {v!r}")

@@ -34,6 +34,8 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
     task = rng.choices(names, weights)[0]
     n = rng.randint(min(cfg.min_length, max_len), max_len)
     haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
+    if task == tasks.LM:  # language modelling reads the training pool only (the eval pool is held out)
+        haystack = "corpus-train"
     seed = rng.randrange(EVAL_SEED)
     depth = rng.random()
     last = cfg.last_needle.get(task, 0.0)
@@ -77,8 +79,7 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
             docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
             enc = tok([d.text for d in docs], padding=True, return_tensors="pt",
                       return_offsets_mapping=bool(cfg.needle_attention))
-            lab = tok([tasks.target(d, cfg.line_answer) for d in docs], padding=True, return_tensors="pt").input_ids
-            lab[lab == tok.pad_token_id] = -100
+            lab = _labels(tok, docs, cfg.line_answer)
             needle = None
             if cfg.needle_attention:
                 needle = (needle_token_mask(enc.offset_mapping.numpy(), [d.needle_span for d in docs]),
@@ -97,6 +98,21 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
         queue.put(("error", f"{type(err).__name__}: {err}"))
         return
     queue.put(None)
+
+
+def _labels(tok, docs: list[tasks.Document], line_answer: str) -> torch.Tensor:
+    """The decoder's targets, padding = -100: the answer text of a retrieval document, the continuation's
+    ids (no end-of-sequence token: the sequence goes on) of a language-modelling one."""
+    if not any(d.task == tasks.LM for d in docs):  # as before LM existed: old recipes replay exactly
+        lab = tok([tasks.target(d, line_answer) for d in docs], padding=True, return_tensors="pt").input_ids
+        lab[lab == tok.pad_token_id] = -100
+        return lab
+    rows = [tasks.continuation_ids(d) if d.task == tasks.LM else tok(tasks.target(d, line_answer)).input_ids
+            for d in docs]
+    lab = torch.full((len(rows), max(map(len, rows))), -100, dtype=torch.long)
+    for i, r in enumerate(rows):
+        lab[i, : len(r)] = torch.tensor(r)
+    return lab
 
 
 def eval_documents(tokenizer, cfg: TrainConfig, task: str, n_docs: int, length: int) -> list[tasks.Document]:

@@ -56,7 +56,8 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
 
 
 def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None = None) -> dict[str, float]:
-    """Accuracy per task on fresh seeds (>= EVAL_SEED) at ``length`` (default L_tr), eval haystacks."""
+    """Accuracy per task on fresh seeds (>= EVAL_SEED) at ``length`` (default L_tr), eval haystacks;
+    for language modelling, ``lm_perplexity`` on held-out text instead."""
     from core import engine
     from core.models import Loaded, ModelSpec
 
@@ -67,6 +68,9 @@ def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None
     out = {}
     for task in cfg.tasks:
         res = engine.run_batch(loaded, eval_documents(tokenizer, cfg, task, n_docs, length), batch_size=16)
+        if task == tasks.LM:  # held-out perplexity, not an accuracy
+            out["lm_perplexity"] = round(math.exp(sum(r.nll for r in res) / sum(r.scored_tokens for r in res)), 3)
+            continue
         out[task] = 100.0 * sum(bool(r.correct) for r in res) / len(res)
     model.train()
     return out

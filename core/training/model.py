@@ -22,7 +22,7 @@ def build_model(cfg: TrainConfig, vocab_size: int):
         vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
         num_layers=cfg.encoder_layers, num_decoder_layers=cfg.decoder_layers, num_heads=cfg.num_heads,
         relative_attention_num_buckets=32, relative_attention_max_distance=128,
-        dropout_rate=0.0, feed_forward_proj="relu", tie_word_embeddings=True,
+        dropout_rate=float(getattr(cfg, "dropout", 0.0)), feed_forward_proj="relu", tie_word_embeddings=True,
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, n_positions=cfg.train_length,
     )
     if cfg.cosine_scale:

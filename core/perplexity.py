@@ -1,0 +1,199 @@
+"""Language-modelling perplexity over lengths x methods: the paper's Table 3, for any LM-adapted T5.
+
+The encoder reads a prefix of ``L_ex`` tokens of held-out prose, the decoder
+is scored on the ``continuation`` tokens that follow (teacher-forced:
+:func:`core.engine.run_encoded` sums their -log p for documents of task
+``"lm"``). A cell (one length, one method) is ``sequences`` distinct
+sequences, seeds ``seed .. seed + sequences - 1`` (:mod:`core.tasks.lm`:
+each seed is its own shuffle of the held-out pool, and the same seed asks for
+the same continuation at every length), and its perplexity is
+``exp(sum of -log p / tokens scored)`` over all of them (the corpus-level
+perplexity language-modelling papers report, not a mean of per-sequence
+perplexities, which one bad sequence would dominate).
+
+Methods come from :mod:`core.methods`, resolved once per length exactly as a
+retrieval sweep does (:func:`core.sweep._tau_for`): measured methods
+(Algorithm 1, Prop. 1/2, per-layer) calibrate on sequences whose seeds
+(``calib_seed`` on) are disjoint from the scored ones.
+
+Rows are written as they finish to a CSV through :class:`core.csvio.ResultCSV`
+(lock, ``resume``, spreadsheet-safe cells), one row per length x method.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, ContextManager
+
+import numpy as np
+import pandas as pd
+
+from core import csvio, engine, tasks
+from core.attention import ENCODER
+from core.errors import UserError
+from core.methods import method_label
+from core.models import Loaded
+from core.probes import ProbeSpec
+from core.validation import BatchSize, NewTokens, Samples, Seed, Sequences, Tokens, validate
+
+COLUMNS = [
+    "model", "task", "tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll",
+    "scored_tokens", "sequences", "first_seed", "seconds",
+]
+KEY = ("model", "tokens", "method")
+
+
+@dataclass
+class PerplexityPlan:
+    """What to measure: prefix ``lengths`` x ``methods``, ``sequences`` held-out sequences per cell."""
+
+    model: str
+    lengths: list[int]
+    methods: list[str]
+    sequences: int = 200
+    seed: int = 0
+    calib_seed: int = 100_000
+    calib_samples: int = 4
+    continuation: int = tasks.CONTINUATION
+    batch_size: int = 8
+    targets: tuple[str, ...] = (ENCODER,)
+    haystack: str = "corpus-eval"
+    task: str = tasks.LM  # what core.sweep._tau_for builds calibration documents of
+
+    @property
+    def total(self) -> int:
+        """Sequences to run in all (the progress unit: a 16x cell is many times a 1x one)."""
+        return len(self.lengths) * len(self.methods) * self.sequences
+
+    def validated(self) -> PerplexityPlan:
+        """This plan with methods as labels and every bound checked, or a :class:`UserError` naming the option."""
+        where = "Bad perplexity option"
+        try:
+            methods = [method_label(m) for m in self.methods]
+        except ValueError as err:
+            raise UserError(f"{where}: {err}") from None
+        if self.calib_seed < self.seed + self.sequences and self.seed < self.calib_seed + self.calib_samples:
+            raise UserError(f"{where}: calibration seeds {self.calib_seed}.. overlap the scored seeds "
+                            f"{self.seed}..{self.seed + self.sequences - 1}; no method may be tuned on what it is scored on")
+        return replace(
+            self, lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"), methods=methods,
+            sequences=validate(Sequences, self.sequences, f"{where}: sequences"),
+            seed=validate(Seed, self.seed, f"{where}: seed"),
+            calib_seed=validate(Seed, self.calib_seed, f"{where}: calib_seed"),
+            calib_samples=validate(Samples, self.calib_samples, f"{where}: calib_samples"),
+            continuation=validate(NewTokens, self.continuation, f"{where}: continuation"),
+            batch_size=validate(BatchSize, self.batch_size, f"{where}: batch_size"),
+        )
+
+
+def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan) -> list[tasks.Document]:
+    """The cell's held-out sequences at ``tokens`` (seeds ``plan.seed`` on)."""
+    return [tasks.make(tasks.LM, loaded.tokenizer, tokens, seed=plan.seed + i, haystack=plan.haystack,
+                       continuation=plan.continuation) for i in range(plan.sequences)]
+
+
+def score(loaded: Loaded, docs: list[tasks.Document], settings: engine.RunSettings, batch_size: int = 8,
+          encoded: list[engine.Encoded] | None = None, step: Callable[[int], None] | None = None) -> dict:
+    """Perplexity of ``docs`` under ``settings``: ``{"perplexity", "nll", "scored_tokens", "actual_tokens", "seconds"}``.
+
+    ``nll`` is the summed -log p over every scored token; perplexity is
+    ``exp(nll / scored_tokens)``. ``step(k)`` is called after each batch of
+    ``k`` sequences (progress)."""
+    settings = replace(settings, generate=False, probes=ProbeSpec.off())
+    encs = encoded or [engine.encode(loaded, d) for d in docs]
+    t0 = time.perf_counter()
+    nll, count = 0.0, 0
+    for b in range(0, len(docs), batch_size):
+        for r in engine.run_encoded(loaded, docs[b:b + batch_size], encs[b:b + batch_size], settings):
+            nll += r.nll
+            count += r.scored_tokens
+        if step:
+            step(len(docs[b:b + batch_size]))
+    if not count:
+        raise UserError("no continuation tokens were scored")
+    return {"perplexity": math.exp(nll / count), "nll": nll, "scored_tokens": count,
+            "actual_tokens": int(round(np.mean([e.n for e in encs]))), "seconds": time.perf_counter() - t0}
+
+
+def run_perplexity(
+    loaded: Loaded,
+    plan: PerplexityPlan,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: Callable[[int, int, dict | None], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    guard: Callable[[], ContextManager] = contextlib.nullcontext,
+) -> pd.DataFrame:
+    """Run the plan; append one row per length x method to ``out`` (CSV) as it finishes; return the table.
+
+    ``progress(done, total, row)`` counts sequences (called after each batch,
+    ``row`` set when a cell ends); ``should_stop()`` is polled between cells;
+    ``guard()`` wraps each cell's passes (the app's pass gate)."""
+    from core.sweep import _tau_for  # one rule for resolving a method at a length, shared with retrieval sweeps
+
+    plan = plan.validated()
+    if plan.lengths and plan.methods:
+        engine.check_length(loaded, max(plan.lengths), plan.batch_size)
+    path = Path(out) if out else None
+    with csvio.ResultCSV(path, COLUMNS, "perplexity", resume=resume) as sink:
+        done_keys = {(r["model"], str(int(float(r["tokens"]))), r["method"]) for r in sink.rows}
+        rows: list[dict] = (csvio.restore_frame(pd.read_csv(path, keep_default_na=False)).to_dict("records")
+                            if sink.rows else [])
+        taus: dict = {}
+        done = 0
+        if progress:
+            progress(0, plan.total, None)
+        for n in plan.lengths:
+            todo = [m for m in plan.methods if (plan.model, str(n), m) not in done_keys]
+            done += (len(plan.methods) - len(todo)) * plan.sequences
+            if not todo:
+                continue
+            docs = sequences(loaded, n, plan)
+            encs = [engine.encode(loaded, d) for d in docs]
+            for m in todo:
+                if should_stop and should_stop():
+                    return pd.DataFrame(rows, columns=COLUMNS)
+
+                def step(k: int) -> None:
+                    nonlocal done
+                    done += k
+                    if progress:
+                        progress(done, plan.total, None)
+
+                with guard():
+                    tau = _tau_for(loaded, plan, n, m, docs[0], taus)
+                    st = engine.RunSettings(tau=tau, method=m, targets=plan.targets)
+                    cell = score(loaded, docs, st, plan.batch_size, encs, step)
+                row = {
+                    "model": plan.model, "task": tasks.LM, "tokens": n, "actual_tokens": cell["actual_tokens"],
+                    "train_length": loaded.train_length, "method": m, "tau": round(float(np.mean(tau)), 6),
+                    "perplexity": round(cell["perplexity"], 4), "nll": round(cell["nll"], 4),
+                    "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": plan.seed,
+                    "seconds": round(cell["seconds"], 3),
+                }
+                rows.append(row)
+                sink.write(row)
+                if progress:
+                    progress(done, plan.total, row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def perplexity_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:
+    """Perplexity pivot, method x length: the layout of the paper's Table 3."""
+    d = df.copy()
+    d["perplexity"] = pd.to_numeric(d["perplexity"])
+    return d.pivot_table(index=rows, columns=cols, values="perplexity", aggfunc="mean").round(2)
+
+
+def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
+    """The CLI's ``perplexity --json`` object (a stable contract): the model, L_tr and the rows."""
+    keep = ["tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll", "scored_tokens",
+            "sequences", "first_seed", "seconds"]
+    out = []
+    for r in df.to_dict("records"):
+        out.append({k: (r[k].item() if hasattr(r[k], "item") else r[k]) for k in keep})
+    return {"model": loaded.spec.name, "train_length": loaded.train_length, "rows": out}
