@@ -130,6 +130,11 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            "The paper's baseline: tau = log L_tr / log L keeps a log-length normaliser constant.",
            measured=False, length_dependent=True, resolve=_closed("log-length"),
            formula=lambda lt, n, d, st: temperature.log_length(lt, n)),
+    Method("yarn", "YaRN attention factor", "YaRN",
+           "Peng et al. (2023), used by today's RoPE-scaled models: logits x (0.1 ln s + 1)^2 with s = L / L_tr, "
+           "i.e. tau = (0.1 ln s + 1)^-2 (0.685 at 8x).",
+           measured=False, length_dependent=True, resolve=_closed("yarn"),
+           formula=lambda lt, n, d, st: temperature.yarn(lt, n)),
     Method("infoscale", "InfoScale", "InfoScale",
            "Li et al. (ICML 2025): tau = 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)), d = d_kv.",
            measured=False, length_dependent=True, resolve=_closed("infoscale"),

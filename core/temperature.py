@@ -45,6 +45,27 @@ def log_length(train_length: int, length: int) -> float:
     return min(1.0, math.log(train_length) / math.log(length))
 
 
+def yarn(train_length: int, length: int) -> float:
+    """YaRN's attention factor as a temperature: logits are multiplied by ``(0.1 ln s + 1)^2`` with
+    s = L / L_tr (Peng et al. 2023: the factor sqrt(1/t) = 0.1 ln s + 1 scales q and k each), so
+    tau = (0.1 ln s + 1)^-2; 1 when L <= L_tr. At s = 8 that is 0.685."""
+    if train_length < 1 or length < 1:
+        raise ValueError("lengths must be at least 1 token")
+    if length <= train_length:
+        return 1.0
+    return (0.1 * math.log(length / train_length) + 1.0) ** -2
+
+
+def llama4_scale(position: int | float, floor_scale: int, attn_scale: float = 0.1) -> float:
+    """Llama 4's attention temperature tuning: the factor its queries at 0-based ``position`` are
+    multiplied by, ``log1p(floor((position + 1) / floor_scale)) * attn_scale + 1`` (transformers'
+    Llama4 ``attn_temperature_tuning``); the row's tau is its inverse. With floor_scale = L_tr,
+    rows before L_tr keep tau = 1."""
+    if floor_scale < 1 or not attn_scale >= 0:
+        raise ValueError("floor_scale must be >= 1 and attn_scale >= 0")
+    return math.log1p(math.floor((position + 1) / floor_scale)) * attn_scale + 1.0
+
+
 def infoscale(train_length: int, length: int, d: int) -> float:
     """InfoScale as a temperature: 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)).
 

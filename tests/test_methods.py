@@ -25,10 +25,20 @@ def test_every_entry_is_complete_and_the_flags_agree():
             assert m.length_dependent, m.name  # a pass at one length says nothing at another
         if m.stats:
             assert m.measured and m.formula is not None, m.name
-    assert set(methods.FORMULAS) == {"log-length", "infoscale", "prop1", "prop2"}
+    assert set(methods.FORMULAS) == {"log-length", "yarn", "infoscale", "prop1", "prop2"}
     assert methods.label("tau=0.7") == "tau=0.7"
     with pytest.raises(UserError, match="Unknown method 'nope'"):
         methods.get("nope")
+
+
+def test_yarn_and_llama4_by_hand():
+    # YaRN: tau = (0.1 ln s + 1)^-2, s = L / L_tr; at s = 8: 1 / (0.1 * 2.0794 + 1)^2 = 0.6854
+    assert methods.formula("yarn", 256, 8 * 256, 32) == pytest.approx(0.6854, abs=1e-4)
+    assert methods.formula("yarn", 256, 200, 32) == 1.0  # never softens below L_tr
+    # Llama 4: queries x log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1; at pos = 4 L_tr - 1 (the
+    # 4 L_tr-th token), floor_scale = L_tr, attn_scale = 0.1: 1 + 0.1 ln 5
+    assert temperature.llama4_scale(4 * 256 - 1, 256, 0.1) == pytest.approx(1 + 0.1 * math.log(5))
+    assert temperature.llama4_scale(254, 256) == 1.0  # before L_tr: unscaled
 
 
 def test_formulas_are_the_papers():
