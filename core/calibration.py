@@ -103,12 +103,14 @@ def calibrate(
     samples: int = 1,
     base: engine.RunSettings | None = None,
     progress: Progress | None = None,
+    refined: bool = False,
 ) -> Calibration:
-    """Algorithm 1 at the document's length (``samples`` documents), reference at L_tr with tau = 1."""
+    """Algorithm 1 at the document's length (``samples`` documents), reference at L_tr with tau = 1
+    (``refined``: the crossing itself, :func:`core.temperature.refine`)."""
     meas, reference = measures(loaded, document, samples, base)
     if criterion == "per-layer":
         return temperature.per_layer(meas, reference, loaded.n_layers, "pmax", progress=progress)
-    return temperature.algorithm1(meas, reference, criterion, fast=fast, progress=progress)
+    return temperature.algorithm1(meas, reference, criterion, fast=fast, progress=progress, refined=refined)
 
 
 def measures(loaded: Loaded, document: tasks.Document, samples: int = 1,

@@ -110,12 +110,12 @@ def _closed(name: str) -> Callable[[Query], tuple[Schedule, dict]]:
     return resolve
 
 
-def _algorithm1(criterion: str) -> Callable[[Query], tuple[Schedule, dict]]:
+def _algorithm1(criterion: str, refined: bool = False) -> Callable[[Query], tuple[Schedule, dict]]:
     def resolve(q: Query) -> tuple[Schedule, dict]:
         from core import calibration
 
         cal = calibration.calibrate(q.loaded, q.document, criterion, fast=True, samples=q.samples, base=q.base,
-                                    progress=q.progress)
+                                    progress=q.progress, refined=refined)
         return (cal.schedule if cal.schedule is not None else cal.tau), cal.to_dict()
 
     return resolve
@@ -145,6 +145,13 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("entropy", "Algorithm 1, entropy", "Alg. 1 entropy",
            "Algorithm 1 on the mean attention entropy instead of Pmax.",
            measured=True, length_dependent=True, resolve=_algorithm1("entropy")),
+    Method("pmax-refined", "Algorithm 1, Pmax, refined", "Alg. 1 Pmax refined",
+           "Algorithm 1's Pmax match at the crossing itself (bisection between grid points), going below the "
+           f"grid's 0.5 down to {temperature.TAU_FLOOR:g} when the grid is not enough.",
+           measured=True, length_dependent=True, resolve=_algorithm1("pmax", refined=True)),
+    Method("entropy-refined", "Algorithm 1, entropy, refined", "Alg. 1 entropy refined",
+           "Algorithm 1's entropy match at the crossing itself, below the grid's end when needed.",
+           measured=True, length_dependent=True, resolve=_algorithm1("entropy", refined=True)),
     Method("prop1", "Prop. 1 (match Pmax)", "Prop. 1",
            "The paper's closed form matching Pmax, from layer 0's logit spread at L_tr and here.",
            measured=True, length_dependent=True, resolve=_closed("prop1"), stats=True,

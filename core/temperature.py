@@ -35,6 +35,8 @@ import numpy as np
 
 GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
 CRITERIA = ("pmax", "entropy")
+#: The lowest tau anything offers: the app's slider, and the refined search going past the grid's end.
+TAU_FLOOR = 0.30
 # The methods a user can name, their labels and flags: core.methods.REGISTRY (one entry each).
 
 
@@ -144,6 +146,12 @@ class Calibration:
     schedule: list[float] | None = None  # per-layer alignment only
     layer_curves: list[list[float | None]] = field(default_factory=list)
     layer_references: list[float] = field(default_factory=list)
+    # Did the curve reach the reference inside the range searched (else the pick is the end the curve
+    # stopped short at), and S_ex(tau) - S_tr(1) at the pick: the honest part of the answer.
+    reached: bool = True
+    gap: float = 0.0
+    refined: list[tuple[float, float]] = field(default_factory=list)  # (tau, S_ex) off the grid (refined search)
+    layer_reached: list[bool] = field(default_factory=list)  # per-layer alignment: each layer's ``reached``
 
     def to_dict(self) -> dict:
         return {
@@ -154,6 +162,10 @@ class Calibration:
             "tau": self.tau,
             "passes": self.passes,
             **({"schedule": self.schedule} if self.schedule is not None else {}),
+            "reached": self.reached,
+            "gap": self.gap,
+            **({"refined": [list(p) for p in self.refined]} if self.refined else {}),
+            **({"layer_reached": self.layer_reached} if self.layer_reached else {}),
         }
 
 
@@ -216,8 +228,14 @@ def algorithm1(
     grid: Sequence[float] = GRID,
     fast: bool = False,
     progress: Callable[[float], None] | None = None,
+    refined: bool = False,
 ) -> Calibration:
     """Algorithm 1: the tau of ``grid`` whose mean criterion at L_ex matches L_tr's at tau = 1.
+
+    ``refined``: then find the crossing itself (:func:`refine`), past the
+    grid's end down to :data:`TAU_FLOOR` when the grid is not enough. Either
+    way the result says whether the reference was ``reached`` and the
+    ``gap`` left at the pick.
 
     ``measure(tau)`` runs the L_ex documents; ``reference`` is the stats of the
     L_tr documents at tau = 1. The mean is over all layers (each layer has the
@@ -229,14 +247,78 @@ def algorithm1(
         return float(np.mean(measure(t).criterion(criterion)))
 
     pick, values = (bisect_search if fast else grid_search)(score, ref, grid, progress)
-    return Calibration(
+    cal = Calibration(
         criterion=criterion,
         grid=list(grid),
         curve=[values.get(i) for i in range(len(grid))],
         reference=ref,
         tau=float(grid[pick]),
         passes=len(values),
+        reached=_brackets(values.values(), ref),
+        gap=values[pick] - ref,
     )
+    if refined:
+        tau, value, reached, points = refine(score, ref, values, grid)
+        cal.tau, cal.gap, cal.reached, cal.refined = tau, value - ref, reached, points
+        cal.passes += len(points)
+    return cal
+
+
+def _brackets(values, reference: float) -> bool:
+    """The reference lies within the values seen: the curve crossed it inside the range searched."""
+    vals = list(values)
+    return min(vals) <= reference <= max(vals)
+
+
+def refine(
+    score: Callable[[float], float], reference: float, values: dict[int, float], grid: Sequence[float] = GRID,
+    floor: float = TAU_FLOOR, steps: int = 7,
+) -> tuple[float, float, bool, list[tuple[float, float]]]:
+    """The crossing itself, not the nearest grid point: ``(tau, S_ex(tau), reached, off-grid points)``.
+
+    Between the two grid points that bracket the reference, bisection on tau
+    (``steps`` passes: 0.05 / 2^7, about 0.0004). When the grid's end is not
+    enough (the curve has not reached S_tr(1) at its smallest tau), it goes on
+    below in grid-sized steps down to ``floor`` and bisects where it crosses;
+    if even the floor does not reach, the floor is returned with
+    ``reached=False``. A curve already past the reference at tau = 1 returns
+    1 (nothing softens here). Assumes the criterion is monotone in tau, as
+    Pmax (rising) and entropy (falling) are when tau sharpens."""
+    pts: dict[float, float] = {float(grid[i]): v for i, v in values.items()}
+    extra: list[tuple[float, float]] = []
+
+    def at(t: float) -> float:
+        t = round(float(t), 6)
+        if t not in pts:
+            pts[t] = score(t)
+            extra.append((t, pts[t]))
+        return pts[t]
+
+    hi_t, lo_t = float(grid[0]), float(grid[-1])
+    up = at(lo_t) >= at(hi_t)  # the criterion grows as tau falls (Pmax) or shrinks (entropy)
+
+    def short(t: float) -> bool:  # tau t has not yet sharpened enough to reach the reference
+        return (at(t) < reference) if up else (at(t) > reference)
+
+    if not short(hi_t):
+        return hi_t, at(hi_t), at(hi_t) == reference, extra
+    step = abs(float(grid[0]) - float(grid[1])) if len(grid) > 1 else 0.05
+    t = lo_t
+    while short(t) and t - step >= floor - 1e-9:
+        t = round(t - step, 6)
+    if short(t):
+        return t, at(t), False, extra
+    # Bisect between the largest tau seen that reaches and the smallest above it that does not.
+    b = max(x for x in pts if not short(x))
+    a = min(x for x in pts if x > b and short(x))  # short at a, reaching at b
+    for _ in range(steps):
+        mid = round((a + b) / 2, 6)
+        if short(mid):
+            a = mid
+        else:
+            b = mid
+    best = min((a, b), key=lambda x: abs(at(x) - reference))
+    return best, at(best), True, extra
 
 
 def per_layer(
@@ -256,6 +338,7 @@ def per_layer(
     schedule = [1.0] * n_layers
     passes = 0
     curves, refs = [], []
+    reached: list[bool] = []
     for layer in range(n_layers):
         ref = float(reference.criterion(criterion)[layer])
 
@@ -268,6 +351,7 @@ def per_layer(
         pick, values = (bisect_search if fast else grid_search)(score, ref, grid, sub)
         schedule[layer] = float(grid[pick])
         passes += len(values)
+        reached.append(_brackets(values.values(), ref))
         curves.append([values.get(i) for i in range(len(grid))])
         refs.append(ref)
     mean_ref = float(np.mean(refs))
@@ -281,4 +365,7 @@ def per_layer(
         schedule=schedule,
         layer_curves=curves,
         layer_references=refs,
+        reached=all(reached),
+        gap=float(np.mean([float(measure(schedule).criterion(criterion)[i]) - refs[i] for i in range(n_layers)])),
+        layer_reached=reached,
     )

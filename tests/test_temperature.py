@@ -123,3 +123,54 @@ def test_per_layer_alignment_finds_each_layer():
     cal = T.per_layer(measure, ref, 3, "pmax")
     assert cal.schedule == [0.9, 0.7, 0.55]
     assert cal.passes < 3 * 11
+
+
+# -- Algorithm 1 honest at the edges (reached, gap, refined search) --------------------------
+
+def _linear_measure(slope: float, offset: float):
+    """A fake model whose mean Pmax falls linearly in tau: S(tau) = offset - slope * tau (monotone, as Pmax is)."""
+    from core.temperature import LayerStats
+
+    def measure(tau):
+        t = float(np.mean(tau))
+        return LayerStats(pmax=np.array([offset - slope * t]), entropy=np.array([slope * t]))
+
+    return measure
+
+
+def test_grid_reaches_and_the_refined_search_finds_the_crossing():
+    from core.temperature import LayerStats, algorithm1
+
+    meas = _linear_measure(1.0, 1.2)  # S(tau) = 1.2 - tau: equals 0.47 at tau = 0.73
+    ref = LayerStats(pmax=np.array([0.47]), entropy=np.array([0.0]))
+    grid = algorithm1(meas, ref, "pmax")
+    assert grid.reached and grid.tau in (0.7, 0.75) and abs(grid.gap) <= 0.03 + 1e-9
+    fine = algorithm1(meas, ref, "pmax", fast=True, refined=True)
+    assert fine.reached and fine.tau == pytest.approx(0.73, abs=0.001) and abs(fine.gap) < 0.001
+    assert fine.refined and all(0.7 <= t <= 0.75 for t, _ in fine.refined)
+
+
+def test_when_the_grid_is_not_enough_the_refined_search_goes_below_half():
+    from core.temperature import TAU_FLOOR, LayerStats, algorithm1
+
+    meas = _linear_measure(1.0, 1.2)  # reaches 0.82 only at tau = 0.38, below the paper's grid
+    ref = LayerStats(pmax=np.array([0.82]), entropy=np.array([0.0]))
+    grid = algorithm1(meas, ref, "pmax")
+    assert grid.tau == 0.5 and not grid.reached and grid.gap == pytest.approx(0.7 - 0.82)
+    d = grid.to_dict()
+    assert d["reached"] is False and d["gap"] == pytest.approx(-0.12)
+    fine = algorithm1(meas, ref, "pmax", refined=True)
+    assert fine.reached and fine.tau == pytest.approx(0.38, abs=0.001) and fine.tau > TAU_FLOOR
+    unreachable = algorithm1(meas, LayerStats(pmax=np.array([0.99]), entropy=np.array([0.0])), "pmax", refined=True)
+    assert not unreachable.reached and unreachable.tau == pytest.approx(TAU_FLOOR)
+    assert unreachable.gap == pytest.approx(1.2 - TAU_FLOOR - 0.99)
+
+
+def test_entropy_refined_and_a_curve_past_the_reference_at_one():
+    from core.temperature import LayerStats, algorithm1
+
+    meas = _linear_measure(2.0, 0.0)  # entropy 2 tau falls as tau falls: 1.3 at tau = 0.65
+    ref = LayerStats(pmax=np.array([0.0]), entropy=np.array([1.3]))
+    assert algorithm1(meas, ref, "entropy", refined=True).tau == pytest.approx(0.65, abs=0.001)
+    past = algorithm1(meas, LayerStats(pmax=np.array([0.0]), entropy=np.array([2.5])), "entropy", refined=True)
+    assert past.tau == 1.0 and not past.reached and past.gap == pytest.approx(-0.5)

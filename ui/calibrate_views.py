@@ -74,7 +74,8 @@ def curves(cals: dict) -> None:
     st.caption(
         "Each curve is the mean statistic over all layers, heads and rows of this document at each tau; the dashed "
         "line is the same statistic at L_tr with tau = 1. Algorithm 1 picks the grid point closest to the line "
-        "(red). Pmax rises and entropy falls as tau shrinks: the attention sharpens (paper Algorithm 1, Fig. 4)."
+        "(red). Pmax rises and entropy falls as tau shrinks: the attention sharpens (paper Algorithm 1, Fig. 4). "
+        "Where a curve ends before it meets the line, the pick is only the grid's end: the card says so."
     )
     panels = {c: {"grid": cal.grid, "curve": cal.curve, "reference": cal.reference, "tau": cal.tau} for c, cal in cals.items()}
     chart(plots.calibration_curves(panels), "cal_curves")
@@ -89,6 +90,10 @@ def curves(cals: dict) -> None:
                    help=f"{cal.passes} passes; S_tr(1) = {cal.reference:.4f}; the delta is S_ex(tau) - S_tr(1) at "
                         "the pick.")
         col.button(f"Use tau = {cal.tau:.2f}", key=f"use_{crit}", on_click=use_tau, args=(crit, cal.tau))
+        if not cal.reached:  # the pick is where the grid ended, not a match: say so, and by how much
+            col.warning(f"The curve never reached S_tr(1) between tau = {max(cal.grid):g} and {min(cal.grid):g}: "
+                        f"tau = {cal.tau:.2f} is the grid's end, short by {cal.gap:+.4f}. "
+                        f"'{methods.get(f'{crit}-refined').short}' goes on below the grid.")
 
     st.download_button("curves.csv", csv_of(lambda: views.calibration_table(cals)), "algorithm1_curves.csv", "text/csv", key="dl_curves", on_click="ignore")
 

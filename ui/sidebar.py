@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core import engine, methods, tasks
+from core import engine, methods, tasks, temperature
 from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded, bundled_specs, default_model, registry
@@ -33,7 +33,7 @@ from ui import cache, fail, url
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
-TAU_MIN, TAU_MAX, TAU_STEP = 0.30, 1.00, 0.01
+TAU_MIN, TAU_MAX, TAU_STEP = temperature.TAU_FLOOR, 1.00, 0.01  # the floor: where refined searches stop too
 
 NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
 
@@ -267,7 +267,6 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
             if mode == NEEDLE_MODES[1] and not (needle or "").strip():
                 fail(UserError("Type the needle sentence to insert (or choose 'pass key sentence')."))
         if mode != NEEDLE_MODES[2]:
-            if ss["doc_task"] != tasks.LM:  # an LM sequence has no needle
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
         req = DocumentRequest(task="text", depth=ss["doc_depth"] / 100, seed=int(ss["doc_seed"]), text=ss["doc_text"],
