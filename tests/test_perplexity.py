@@ -105,3 +105,21 @@ def test_cli_bad_input_is_one_line(tiny_dir, args, capsys):
     assert main(["perplexity", "--model", str(tiny_dir), "--lengths", "64", "--sequences", "2", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_some_sequences_repeat_their_passage_earlier_whatever_the_length():
+    from transformers import AutoTokenizer
+
+    from core.models import ASSETS
+
+    tok = AutoTokenizer.from_pretrained(str(ASSETS / "retrieval-t5"))
+    seen = 0
+    for seed in range(12):
+        short, long = (tasks.make("lm", tok, n, seed=seed) for n in (128, 1024))
+        assert short.meta["repeat"] == long.meta["repeat"]  # a seed repeats at every length or at none
+        head = tok.decode(list(short.meta["continuation_ids"])[:12]).strip()
+        for d in (short, long):
+            assert (head in d.text) == d.meta["repeat"], seed  # the copy is the continuation's only way in
+        seen += short.meta["repeat"]
+    assert 2 <= seen <= 10
+    assert not any(tasks.make("lm", tok, 256, seed=s, repeat=0.0).meta["repeat"] for s in range(6))

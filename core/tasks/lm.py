@@ -6,20 +6,32 @@ decoder is scored on how well it predicts the text that follows. This module
 makes those sequences from the offline corpus (:mod:`core.corpus`):
 
 - a sequence of seed ``s`` is a seeded shuffle of the pool's paragraphs, joined
-  by spaces, read so that it *ends* with the continuation: the prefix grows
-  backwards from a fixed point, so the same seed at 1x and 8x L_tr asks for
-  the same continuation after a longer past (a length sweep compares like with
-  like, and Algorithm 1's L_tr reference is the same sequence cut to L_tr);
+  by spaces, that *ends* with the continuation: the last paragraph (the
+  *anchor*, 40-60 words) is drawn first and the past grows backwards from it,
+  so the same seed at 1x and 8x L_tr asks for the same continuation after a
+  longer past (a length sweep compares like with like, and Algorithm 1's L_tr
+  reference is the same sequence cut to L_tr);
+- with chance ``repeat`` (default :data:`REPEAT`) the passage the continuation
+  comes from appeared before, at a seeded depth of the prefix: its 8 words
+  before the continuation and the continuation itself, as a paragraph of its
+  own. Real long documents repeat names, phrases and passages, and that is
+  what makes a language model read far back; shuffled paragraphs alone do
+  not: a 2M-parameter model trained on them used only its last ~16 prefix
+  tokens (perplexity 153.6 with 16 tokens, 152.3 with 128: docs/models.md),
+  so its perplexity could not depend on how attention spreads over a long
+  prefix. ``meta["repeat"]`` says whether this sequence has the earlier copy;
 - the continuation is ``continuation`` tokens (default :data:`CONTINUATION`),
   kept as token ids in ``meta["continuation_ids"]`` (its text, ``expected``, is
   for display only: a slice ending inside a word may tokenise differently);
-- the prefix is cut at word starts, so re-tokenising ``text`` gives exactly the
-  prefix ids (the bundled byte-level tokenizer splits at spaces and digits).
+- words are tokenised with the space before them and the prefix is cut at
+  word starts, so re-tokenising ``text`` gives the prefix's tokens (tokenizers
+  split at spaces first).
 
 ``haystack`` picks the pool: "corpus-eval" (default: held out from training)
 or "corpus-train" (the training sequences of ``python -m core train`` with
-``tasks: {"lm": 1}``). ``depth`` is accepted and ignored, so an LM document
-goes through every place a retrieval document does.
+``tasks: {"lm": 1}``). ``depth`` is accepted and ignored (the copy's depth is
+drawn from the seed), so an LM document goes through every place a retrieval
+document does.
 """
 
 from __future__ import annotations
@@ -35,6 +47,16 @@ from core.tasks.document import Document, _check_seed
 LM = "lm"
 #: Tokens of continuation scored per sequence (the decoder's labels).
 CONTINUATION = 32
+#: Chance that a sequence repeats its last passage earlier in the prefix (see the module docstring); about
+#: 2 in 3 of those fit (COPY_ROOM), so about half of all sequences of 112+ tokens repeat.
+REPEAT = 0.75
+#: Words of context before the continuation that the earlier copy carries.
+COPY_CONTEXT = 8
+#: The last paragraph's length in words: long enough to hold the continuation, short enough that
+#: its head and the earlier copy fit in a prefix of 128 tokens (so 1x L_tr sequences repeat too).
+ANCHOR_WORDS = (40, 60)
+#: Tokens the earlier copy and the last paragraph's head may take together (see make_lm).
+COPY_ROOM = 100
 LM_HAYSTACKS = ("corpus-eval", "corpus-train")
 
 
@@ -47,7 +69,7 @@ def continuation_ids(document: Document) -> list[int]:
 
 
 def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-eval",
-            continuation: int = CONTINUATION) -> Document:
+            continuation: int = CONTINUATION, repeat: float = REPEAT) -> Document:
     """One LM sequence: a prefix of at most ``tokens`` tokens (end-of-sequence included, as every
     document is counted) and its ``continuation`` tokens; ValueError for bad arguments."""
     from core import corpus
@@ -62,28 +84,45 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
         raise ValueError(f"tokens and continuation must be whole numbers, got {tokens!r}, {continuation!r}") from None
     if tokens < 8 or continuation < 1:
         raise ValueError(f"an lm sequence needs tokens >= 8 and continuation >= 1, got {tokens}, {continuation}")
+    if not 0.0 <= float(repeat) <= 1.0:
+        raise ValueError(f"repeat must be a chance in [0, 1], got {repeat!r}")
     seed = _check_seed(seed)
-    paragraphs = corpus.pool("train" if haystack == "corpus-train" else "eval")
+    paragraphs = [p.split() for p in corpus.pool("train" if haystack == "corpus-train" else "eval")]
     rng = random.Random(f"lm:{seed}:{haystack}")
+    wants_copy, depth = rng.random() < repeat, rng.random()
     indices = _endless(rng, len(paragraphs))
-    order: list[int] = []
+    anchor = next(i for i in indices if ANCHOR_WORDS[0] <= len(paragraphs[i]) <= ANCHOR_WORDS[1])
+    past: list[int] = []  # past[0] is the paragraph right before the anchor
     need = tokens + continuation + 16
     while True:
-        # Grow the past backwards: paragraphs are prepended, so a longer sequence of the same
-        # seed ends with the same text (the continuation does not move with the length).
-        # Estimate from words (about 1.5 tokens each here), then check with the tokenizer.
-        while sum(len(paragraphs[i].split()) for i in order) * 1.5 < need:
-            order.append(next(indices))
-        words = " ".join(paragraphs[i] for i in reversed(order)).split()
-        # Each word with the space before it, tokenised on its own: the tokens of running text
-        # (tokenizers split at spaces first), and every word start is a place to cut.
-        pieces = tokenizer([w if i == 0 else " " + w for i, w in enumerate(words)], add_special_tokens=False)["input_ids"]
-        if sum(map(len, pieces)) >= tokens + continuation + 16:
+        # Grow the past backwards (about 1.5 tokens a word here; checked with the tokenizer).
+        while sum(len(paragraphs[i]) for i in past) * 1.5 < need:
+            past.append(next((i for i in indices if i != anchor)))
+        units = [paragraphs[i] for i in reversed(past)] + [paragraphs[anchor]]
+        words, starts = _tokenised(tokenizer, units)
+        if starts[-1] >= need:
             break
         need += 64
-    starts = np.cumsum([0] + [len(p) for p in pieces])  # token index where word i starts
-    ids = [t for p in pieces for t in p]
-    cw = int(np.searchsorted(starts, len(ids) - continuation, side="right")) - 1  # the continuation's first word
+    total = int(starts[-1])
+    cw = int(np.searchsorted(starts, total - continuation, side="right")) - 1  # the continuation's first word
+    has_copy = False
+    if wants_copy:
+        anchor_start = len(words) - len(paragraphs[anchor])
+        copy = words[max(anchor_start, cw - COPY_CONTEXT):]
+        copy_tokens = _tokenised(tokenizer, [copy])[1][-1] + 1
+        # room for the copy: the window's first word once the copy is in
+        first = int(np.searchsorted(starts, starts[cw] + copy_tokens - (tokens - 1), side="left"))
+        bounds = [b for b in np.cumsum([0] + [len(u) for u in units[:-1]]) if first + 2 < b <= anchor_start]
+        # Copy and anchor head must fit in COPY_ROOM tokens whatever the length, so whether a seed repeats
+        # does not depend on the length asked for (from about COPY_ROOM + 8 tokens on).
+        room = copy_tokens + (starts[cw] - starts[anchor_start])
+        if room <= COPY_ROOM and room < tokens - 8 and (bounds or first + 2 < anchor_start):
+            b = int(bounds[round(depth * (len(bounds) - 1))]) if bounds else anchor_start
+            words = words[:b] + copy + words[b:]
+            words, starts = _tokenised(tokenizer, [words])
+            cw += len(copy)
+            has_copy = True
+    ids = _ids(tokenizer, words)
     c = int(starts[cw])
     # (tokens - 1) prefix ids + the end-of-sequence token; the first word loses its space when it
     # starts the text, which can cost a token, so step to the next word until it fits.
@@ -95,18 +134,32 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
             break
         sw += 1
     cont_ids = ids[c:c + continuation]
-    expected = " ".join(words[cw:])
-    expected = tokenizer.decode(cont_ids) if len(ids) - c > continuation else expected
+    expected = tokenizer.decode(cont_ids) if len(ids) - c > continuation else " ".join(words[cw:])
     return Document(
         task=LM, text=prefix, expected=expected.strip(), needle_span=(0, 0), question_span=(len(prefix), len(prefix)),
         depth=1.0, seed=seed,
         meta={"tokens": count, "target": tokens, "short_by": tokens - count, "haystack": haystack,
-              "continuation_ids": tuple(int(i) for i in cont_ids), "continuation": continuation},
+              "continuation_ids": tuple(int(i) for i in cont_ids), "continuation": continuation, "repeat": has_copy},
     )
+
+
+def _tokenised(tokenizer: Any, units: list[list[str]]) -> tuple[list[str], np.ndarray]:
+    """The units' words in order, and the token index where each word starts (one more: the total).
+
+    Each word is tokenised with the space before it: the tokens of running text (tokenizers split at
+    spaces first), and every word start is a place to cut."""
+    words = [w for u in units for w in u]
+    lengths = [len(p) for p in tokenizer([w if i == 0 else " " + w for i, w in enumerate(words)],
+                                         add_special_tokens=False)["input_ids"]]
+    return words, np.cumsum([0] + lengths)
+
+
+def _ids(tokenizer: Any, words: list[str]) -> list[int]:
+    pieces = tokenizer([w if i == 0 else " " + w for i, w in enumerate(words)], add_special_tokens=False)["input_ids"]
+    return [t for p in pieces for t in p]
 
 
 def _endless(rng: random.Random, n: int):
     """Paragraph indices: one seeded shuffle of the pool after another."""
     while True:
         yield from rng.sample(range(n), n)
-
