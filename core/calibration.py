@@ -77,6 +77,8 @@ def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSet
             cache[key] = LayerStats(
                 pmax=np.mean([r.probes.layer_pmax for r in res], axis=0),
                 entropy=np.mean([r.probes.layer_entropy for r in res], axis=0),
+                head_pmax=np.mean([r.probes.pmax[0] for r in res], axis=0),  # [layers, heads]
+                head_entropy=np.mean([r.probes.entropy[0] for r in res], axis=0),
             )
         return cache[key]
 
@@ -110,6 +112,8 @@ def calibrate(
     meas, reference = measures(loaded, document, samples, base)
     if criterion == "per-layer":
         return temperature.per_layer(meas, reference, loaded.n_layers, "pmax", progress=progress)
+    if criterion == "per-head":
+        return temperature.per_head(meas, reference, loaded.n_layers, loaded.n_heads, "pmax", progress=progress)
     return temperature.algorithm1(meas, reference, criterion, fast=fast, progress=progress, refined=refined)
 
 

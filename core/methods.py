@@ -163,6 +163,10 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("per-layer", "per-layer Algorithm 1 (Pmax)", "per-layer Alg. 1",
            "Algorithm 1 for each encoder layer on its own (the paper's suggested extension): one tau per layer.",
            measured=True, length_dependent=True, resolve=_algorithm1("per-layer")),
+    Method("per-head", "per-head Algorithm 1 (Pmax)", "per-head Alg. 1",
+           "Algorithm 1 for each head on its own, matched to that head's Pmax at L_tr; heads that cannot reach "
+           "theirs in the grid stay at tau = 1 and are listed. One tau per layer and head.",
+           measured=True, length_dependent=True, resolve=_algorithm1("per-head")),
 )}
 
 #: Every method a user can name, in the order menus show them.

@@ -123,11 +123,21 @@ class LayerStats:
 
     pmax: np.ndarray
     entropy: np.ndarray
+    head_pmax: np.ndarray | None = None  # [layers, heads], when the measure kept heads apart
+    head_entropy: np.ndarray | None = None
 
     def criterion(self, name: str) -> np.ndarray:
         if name not in CRITERIA:
             raise ValueError(f"unknown criterion '{name}'; choose from {CRITERIA}")
         return self.pmax if name == "pmax" else self.entropy
+
+    def heads(self, name: str) -> np.ndarray:
+        """[layers, heads] of a criterion (per-head alignment needs a measure that keeps heads apart)."""
+        self.criterion(name)
+        out = self.head_pmax if name == "pmax" else self.head_entropy
+        if out is None:
+            raise ValueError("this measure has no per-head statistics")
+        return out
 
 
 Measure = Callable[[object], LayerStats]  # tau schedule (float or per-layer list) -> stats
@@ -152,6 +162,7 @@ class Calibration:
     gap: float = 0.0
     refined: list[tuple[float, float]] = field(default_factory=list)  # (tau, S_ex) off the grid (refined search)
     layer_reached: list[bool] = field(default_factory=list)  # per-layer alignment: each layer's ``reached``
+    unreached_heads: list[tuple[int, int]] = field(default_factory=list)  # per-head: (layer, head) left at default
 
     def to_dict(self) -> dict:
         return {
@@ -166,6 +177,8 @@ class Calibration:
             "gap": self.gap,
             **({"refined": [list(p) for p in self.refined]} if self.refined else {}),
             **({"layer_reached": self.layer_reached} if self.layer_reached else {}),
+            **({"unreached_heads": [list(h) for h in self.unreached_heads]} if self.schedule is not None
+               and self.schedule and isinstance(self.schedule[0], list) else {}),
         }
 
 
@@ -368,4 +381,58 @@ def per_layer(
         reached=all(reached),
         gap=float(np.mean([float(measure(schedule).criterion(criterion)[i]) - refs[i] for i in range(n_layers)])),
         layer_reached=reached,
+    )
+
+
+def per_head(
+    measure: Measure,
+    reference: LayerStats,
+    n_layers: int,
+    n_heads: int,
+    criterion: str = "pmax",
+    grid: Sequence[float] = GRID,
+    default: float = 1.0,
+    progress: Callable[[float], None] | None = None,
+) -> Calibration:
+    """Algorithm 1 head by head: each head's tau matches its own statistic at L_tr (tau = 1).
+
+    Why it costs no more passes than per-layer: a head's attention depends on
+    its own tau and on the layers below, never on the other heads of its
+    layer, so one pass with all of layer l's heads at tau t gives every head's
+    curve point at t. Layers go bottom-up (layer l is searched with the heads
+    below already aligned), over the whole grid. A head whose curve never
+    reaches its reference inside the grid (a saturated head already sharper
+    than at L_tr, or a flat one tau cannot move) is left at ``default`` and
+    listed in ``unreached_heads``: the global mean hides exactly these."""
+    schedule = [[1.0] * n_heads for _ in range(n_layers)]
+    unreached: list[tuple[int, int]] = []
+    refs = reference.heads(criterion)
+    passes = 0
+    curves: list[list[float | None]] = []
+    for layer in range(n_layers):
+        values = []  # [grid point][head]
+        for i, t in enumerate(grid):
+            trial = [row.copy() for row in schedule]
+            trial[layer] = [float(t)] * n_heads
+            values.append(np.asarray(measure(trial).heads(criterion)[layer], dtype=float))
+            passes += 1
+            if progress:
+                progress((layer + (i + 1) / len(grid)) / n_layers)
+        values_arr = np.stack(values)  # [grid, heads]
+        for h in range(n_heads):
+            col = values_arr[:, h]
+            ref = float(refs[layer][h])
+            if _brackets(col, ref):
+                schedule[layer][h] = float(grid[_closest(dict(enumerate(col)), ref)])
+            else:
+                schedule[layer][h] = float(default)
+                unreached.append((layer, h))
+        curves.append([float(v) for v in values_arr.mean(axis=1)])
+    final = measure(schedule).heads(criterion)
+    gap = float(np.mean(final - refs))
+    return Calibration(
+        criterion=criterion, grid=list(grid), curve=[None] * len(grid), reference=float(np.mean(refs)),
+        tau=float(np.mean(schedule)), passes=passes + 1, schedule=schedule, layer_curves=curves,
+        layer_references=[float(np.mean(r)) for r in refs], reached=not unreached, gap=gap,
+        unreached_heads=unreached,
     )

@@ -71,7 +71,8 @@ def test_every_method_resolves_through_its_entry(tiny, doc):
             continue
         a = np.asarray(tau, dtype=float)
         assert np.all(np.isfinite(a)) and np.all(a > 0), name
-        assert a.shape == ((tiny.n_layers,) if name == "per-layer" else ()), name
+        shapes = {"per-layer": (tiny.n_layers,), "per-head": (tiny.n_layers, tiny.n_heads)}
+        assert a.shape == shapes.get(name, ()), name
         if m.length_dependent:
             assert info["source"] == "resolved" and info["length"] == n, name
             # a stored schedule is reused only at the length it was chosen at

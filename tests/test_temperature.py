@@ -174,3 +174,38 @@ def test_entropy_refined_and_a_curve_past_the_reference_at_one():
     assert algorithm1(meas, ref, "entropy", refined=True).tau == pytest.approx(0.65, abs=0.001)
     past = algorithm1(meas, LayerStats(pmax=np.array([0.0]), entropy=np.array([2.5])), "entropy", refined=True)
     assert past.tau == 1.0 and not past.reached and past.gap == pytest.approx(-0.5)
+
+
+def test_per_head_matches_each_head_and_lists_the_unreachable():
+    from core.temperature import GRID, LayerStats, per_head
+
+    slopes = np.array([[1.0, 0.5, 0.0], [2.0, 1.0, 0.3]])  # Pmax of (layer, head) = 1 - slope * tau; 0: a flat head
+    refs = np.array([[0.30, 0.62, 0.9], [0.0, 0.35, 0.2]])  # head (1, 2) would need tau > 1: unreachable
+    calls = []
+
+    def measure(schedule):
+        tau = np.asarray(schedule, dtype=float).reshape(2, 3)
+        calls.append(tau)
+        p = 1.0 - slopes * tau
+        return LayerStats(pmax=p.mean(1), entropy=-p.mean(1), head_pmax=p, head_entropy=-p)
+
+    ref = LayerStats(pmax=refs.mean(1), entropy=-refs.mean(1), head_pmax=refs, head_entropy=-refs)
+    cal = per_head(measure, ref, 2, 3)
+    sched = np.asarray(cal.schedule)
+    # by hand: head (0,0) 1 - t = 0.30 -> t = 0.70; (0,1) 1 - t/2 = 0.62 -> 0.76 -> grid 0.75;
+    # (1,0) 1 - 2t = 0 -> 0.5; (1,1) 1 - t = 0.35 -> 0.65; flat (0,2) and (1,2) (0.3 t >= 0.3 > 0.2... no) stay 1
+    assert sched[0, 0] == 0.7 and sched[0, 1] == 0.75 and sched[1, 0] == 0.5 and sched[1, 1] == 0.65
+    assert sched[0, 2] == 1.0 and sched[1, 2] == 1.0
+    assert cal.unreached_heads == [(0, 2), (1, 2)] and not cal.reached
+    assert cal.passes == 2 * len(GRID) + 1  # a pass per grid point per layer, all heads at once; one to check
+    assert cal.to_dict()["unreached_heads"] == [[0, 2], [1, 2]]
+
+
+def test_per_head_through_the_registry_on_a_tiny_model(tiny):
+    from core import methods, tasks
+
+    doc = tasks.make("passkey", tiny.tokenizer, 600, seed=1)
+    sched, info = methods.resolve(tiny, doc, "per-head")
+    assert np.asarray(sched).shape == (tiny.n_layers, tiny.n_heads)
+    assert set(np.asarray(sched).ravel()) <= set(T.GRID)
+    assert info["source"] == "resolved" and "unreached_heads" in info
