@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import operator
 import random
+import weakref
 from typing import Any
 
 import numpy as np
@@ -72,8 +73,6 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
             continuation: int = CONTINUATION, repeat: float = REPEAT) -> Document:
     """One LM sequence: a prefix of at most ``tokens`` tokens (end-of-sequence included, as every
     document is counted) and its ``continuation`` tokens; ValueError for bad arguments."""
-    from core import corpus
-
     if haystack == "default":
         haystack = "corpus-eval"
     if haystack not in LM_HAYSTACKS:
@@ -87,42 +86,44 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
     if not 0.0 <= float(repeat) <= 1.0:
         raise ValueError(f"repeat must be a chance in [0, 1], got {repeat!r}")
     seed = _check_seed(seed)
-    paragraphs = [p.split() for p in corpus.pool("train" if haystack == "corpus-train" else "eval")]
+    pool = "train" if haystack == "corpus-train" else "eval"
+    paragraphs = _pieces(tokenizer, pool)  # per paragraph: (words, token ids of each word with its space)
     rng = random.Random(f"lm:{seed}:{haystack}")
     wants_copy, depth = rng.random() < repeat, rng.random()
     indices = _endless(rng, len(paragraphs))
-    anchor = next(i for i in indices if ANCHOR_WORDS[0] <= len(paragraphs[i]) <= ANCHOR_WORDS[1])
+    anchor = next(i for i in indices if ANCHOR_WORDS[0] <= len(paragraphs[i][0]) <= ANCHOR_WORDS[1])
     past: list[int] = []  # past[0] is the paragraph right before the anchor
-    need = tokens + continuation + 16
-    while True:
-        # Grow the past backwards (about 1.5 tokens a word here; checked with the tokenizer).
-        while sum(len(paragraphs[i]) for i in past) * 1.5 < need:
-            past.append(next((i for i in indices if i != anchor)))
-        units = [paragraphs[i] for i in reversed(past)] + [paragraphs[anchor]]
-        words, starts = _tokenised(tokenizer, units)
-        if starts[-1] >= need:
-            break
-        need += 64
+    # Grow the past backwards until the tokens suffice (the ids of each word are cached per pool).
+    count_past = 0
+    while count_past < tokens + continuation + 16:
+        past.append(next(i for i in indices if i != anchor))
+        count_past += sum(map(len, paragraphs[past[-1]][1]))
+    units = [paragraphs[i] for i in reversed(past)] + [paragraphs[anchor]]
+    words = [w for u in units for w in u[0]]
+    pieces = [p for u in units for p in u[1]]
+    starts = np.cumsum([0] + [len(p) for p in pieces])  # token index where each word starts
     total = int(starts[-1])
     cw = int(np.searchsorted(starts, total - continuation, side="right")) - 1  # the continuation's first word
     has_copy = False
     if wants_copy:
-        anchor_start = len(words) - len(paragraphs[anchor])
-        copy = words[max(anchor_start, cw - COPY_CONTEXT):]
-        copy_tokens = _tokenised(tokenizer, [copy])[1][-1] + 1
+        anchor_start = len(words) - len(paragraphs[anchor][0])
+        a = max(anchor_start, cw - COPY_CONTEXT)
+        copy, copy_pieces = words[a:], pieces[a:]
+        copy_tokens = sum(map(len, copy_pieces))
         # room for the copy: the window's first word once the copy is in
         first = int(np.searchsorted(starts, starts[cw] + copy_tokens - (tokens - 1), side="left"))
-        bounds = [b for b in np.cumsum([0] + [len(u) for u in units[:-1]]) if first + 2 < b <= anchor_start]
+        bounds = [b for b in np.cumsum([0] + [len(u[0]) for u in units[:-1]]) if first + 2 < b <= anchor_start]
         # Copy and anchor head must fit in COPY_ROOM tokens whatever the length, so whether a seed repeats
         # does not depend on the length asked for (from about COPY_ROOM + 8 tokens on).
         room = copy_tokens + (starts[cw] - starts[anchor_start])
         if room <= COPY_ROOM and room < tokens - 8 and (bounds or first + 2 < anchor_start):
             b = int(bounds[round(depth * (len(bounds) - 1))]) if bounds else anchor_start
             words = words[:b] + copy + words[b:]
-            words, starts = _tokenised(tokenizer, [words])
+            pieces = pieces[:b] + copy_pieces + pieces[b:]
+            starts = np.cumsum([0] + [len(p) for p in pieces])
             cw += len(copy)
             has_copy = True
-    ids = _ids(tokenizer, words)
+    ids = [t for p in pieces for t in p]
     c = int(starts[cw])
     # (tokens - 1) prefix ids + the end-of-sequence token; the first word loses its space when it
     # starts the text, which can cost a token, so step to the next word until it fits.
@@ -143,20 +144,26 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
     )
 
 
-def _tokenised(tokenizer: Any, units: list[list[str]]) -> tuple[list[str], np.ndarray]:
-    """The units' words in order, and the token index where each word starts (one more: the total).
-
-    Each word is tokenised with the space before it: the tokens of running text (tokenizers split at
-    spaces first), and every word start is a place to cut."""
-    words = [w for u in units for w in u]
-    lengths = [len(p) for p in tokenizer([w if i == 0 else " " + w for i, w in enumerate(words)],
-                                         add_special_tokens=False)["input_ids"]]
-    return words, np.cumsum([0] + lengths)
+_PIECES: "weakref.WeakKeyDictionary[Any, dict[str, list]]" = weakref.WeakKeyDictionary()
 
 
-def _ids(tokenizer: Any, words: list[str]) -> list[int]:
-    pieces = tokenizer([w if i == 0 else " " + w for i, w in enumerate(words)], add_special_tokens=False)["input_ids"]
-    return [t for p in pieces for t in p]
+def _pieces(tokenizer: Any, pool: str) -> list[tuple[list[str], list[list[int]]]]:
+    """Each paragraph of a corpus pool as (words, the token ids of each word with the space before it),
+    once per tokenizer and pool: the tokens of running text (tokenizers split at spaces first), so a
+    sequence is a concatenation, and every word start is a place to cut. Cached because the trainer
+    builds 32 sequences a step and tokenising them afresh cost more than the step itself."""
+    from core import corpus
+
+    per_tok = _PIECES.setdefault(tokenizer, {})
+    if pool not in per_tok:
+        paragraphs = [p.split() for p in corpus.pool(pool)]
+        flat = tokenizer([" " + w for p in paragraphs for w in p], add_special_tokens=False)["input_ids"]
+        out, k = [], 0
+        for p in paragraphs:
+            out.append((p, [list(x) for x in flat[k:k + len(p)]]))
+            k += len(p)
+        per_tok[pool] = out
+    return per_tok[pool]
 
 
 def _endless(rng: random.Random, n: int):
