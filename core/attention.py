@@ -15,10 +15,13 @@ set by :func:`attention_call`. Context variables are per thread (and per
 asyncio task), so two Streamlit sessions sharing one cached model never see
 each other's tau. With no call active the function is exactly T5's own
 attention (tau = 1), unless :func:`core.apply.install` pinned a standing call
-on the model's attention modules (:data:`INSTALLED_ATTR`), which is per model.
-Without a recorder nobody needs the probabilities, so the blocks go through
-torch's fused ``scaled_dot_product_attention`` with the bias (over tau) as its
-additive mask, an exact rewriting that is several times faster on long inputs.
+on the model's attention modules (:data:`INSTALLED_ATTR`), which is per model
+(:func:`listen` pins a recorder the same way).
+The recorder (:mod:`core.probes`) is asked at each call whether it wants this
+attention's blocks (its probes are named per kind and layer); when nobody
+does, nobody needs the probabilities, so the blocks go through torch's fused
+``scaled_dot_product_attention`` with the bias (over tau) as its additive
+mask, an exact rewriting that is several times faster on long inputs.
 
 Why chunked: T5 adds a learned bias to q.k, so fused kernels that never
 materialise probabilities cannot give us Pmax/entropy. We therefore compute
@@ -34,7 +37,7 @@ import contextvars
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -169,9 +172,32 @@ _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned
 INSTALLED_ATTR = "_aligned_installed_call"
 
 
-def standing_call(settings: AttentionSettings) -> _Call:
-    """A call without a recorder to pin on a model's attention modules (see :data:`INSTALLED_ATTR`)."""
-    return _Call(settings, None)
+def standing_call(settings: AttentionSettings, recorder: "Recorder | None" = None) -> _Call:
+    """A call to pin on a model's attention modules (see :data:`INSTALLED_ATTR`)."""
+    return _Call(settings, recorder)
+
+
+def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
+    """Feed ``recorder`` from every pass ``model`` runs outside an :func:`attention_call`, until the
+    returned function is called; a schedule :func:`core.apply.install` pinned stays in force.
+
+    The recorder rides on a standing call (:data:`INSTALLED_ATTR`), so the model still never knows who
+    listens. What training's cross-attention tap uses (``cross.*.logits``,
+    :class:`core.training.CrossAttentionTap`). Take listeners off in the reverse order of putting them on."""
+    from core.apply import _attention_modules
+
+    before = {m: m.__dict__.get(INSTALLED_ATTR) for m in _attention_modules(model)}
+    for m, prev in before.items():
+        m.__dict__[INSTALLED_ATTR] = standing_call(prev.settings if prev else AttentionSettings(), recorder)
+
+    def stop() -> None:
+        for m, prev in before.items():
+            if prev is None:
+                m.__dict__.pop(INSTALLED_ATTR, None)
+            else:
+                m.__dict__[INSTALLED_ATTR] = prev
+
+    return stop
 
 
 @contextlib.contextmanager
@@ -226,8 +252,7 @@ def logit_operands(query: torch.Tensor, key: torch.Tensor, scaling: float | None
     """``(q', k')`` with ``q' @ k'.T`` the logits before the bias: ``s * cos(q, k)``
     in cosine mode (``cosine_scale`` = s), else ``q.k * scaling`` (T5 passes 1).
 
-    One place for the rule, because the trainer's cross-attention tap
-    (:class:`core.training.CrossAttentionTap`) must compute the same logits."""
+    One place for the rule: every logit a probe sees (``logits`` included) is made from these."""
     if cosine_scale is not None:
         return (torch.nn.functional.normalize(query, dim=-1) * cosine_scale,
                 torch.nn.functional.normalize(key, dim=-1))
@@ -276,9 +301,10 @@ def aligned_attention(
     query, key = logit_operands(query, key, scaling, s)
 
     tau = None if call is None else _tau_for(call, kind, layer, heads, query.device, torch.float32)
-    recorder = call.recorder if call is not None and kind == ENCODER else None
-    if recorder is not None:
-        recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s)
+    recorder = call.recorder if call is not None else None
+    if recorder is not None and not recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s, kind=kind,
+                                                         position_bias=position_bias):
+        recorder = None  # nothing asked of this attention's blocks (whole logits, if asked, were taken already)
 
     causal = attention_mask is None and getattr(module, "is_causal", False) and q_len > 1
     budget = call.settings.chunk_bytes if call is not None else None
@@ -290,7 +316,7 @@ def aligned_attention(
         return _fused(query, key, value, attention_mask, position_bias, tau, step), None
     keyT = key.transpose(-1, -2)
     if recorder is not None and not (dropout and module.training):
-        out = _probed(query, keyT, value, attention_mask, position_bias, tau, step, causal, layer, recorder)
+        out = _probed(query, keyT, value, attention_mask, position_bias, tau, step, causal, kind, layer, recorder)
     else:
         out = []
         for r0 in range(0, q_len, step):
@@ -303,14 +329,14 @@ def aligned_attention(
                 shifted = scores - top
                 e = torch.exp(shifted)
                 total = e.sum(-1, keepdim=True)
-                recorder.observe_exp(layer, r0, r1, None, shifted, e, total)
+                recorder.observe_exp(layer, r0, r1, None, shifted, e, total, kind=kind)
                 probs = e / total
             if dropout and module.training:
                 probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
             out.append(torch.matmul(probs.to(value.dtype), value))
     attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
     if recorder is not None:
-        recorder.end_layer(layer)
+        recorder.end_layer(layer, kind)
     return attn.transpose(1, 2).contiguous(), None
 
 
@@ -344,7 +370,7 @@ def _block_scores(query, keyT, attention_mask, position_bias, tau, r0: int, r1: 
     return raw, scores
 
 
-def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, causal: bool, layer: int,
+def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, causal: bool, kind: str, layer: int,
             recorder: "Recorder") -> list[torch.Tensor]:
     """Blocks of softmax(scores) @ v that feed ``recorder``, never normalising a whole block.
 
@@ -356,7 +382,7 @@ def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, c
     every probability and computing the entropy from them.
     """
     q_len = query.shape[-2]
-    want_raw = recorder.wants_raw(layer)
+    want_raw = recorder.wants_raw(layer, kind)
     out = []
     exp_buf: torch.Tensor | None = None
     for r0 in range(0, q_len, step):
@@ -371,7 +397,7 @@ def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, c
             exp_buf = torch.empty(shifted.numel(), dtype=shifted.dtype, device=shifted.device)
         e = torch.exp(shifted, out=exp_buf[: shifted.numel()].view(shifted.shape))
         total = e.sum(-1, keepdim=True)
-        recorder.observe_exp(layer, r0, r1, raw, shifted, e, total)
+        recorder.observe_exp(layer, r0, r1, raw, shifted, e, total, kind=kind)
         out.append(torch.matmul(e.to(value.dtype), value) / total.to(value.dtype))
     return out
 

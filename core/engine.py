@@ -2,16 +2,18 @@
 
 One encoder pass, with the tau schedule applied and the probes riding along,
 then greedy generation *from that encoder output* (the encoder is never run
-twice), then scoring. Every stage is timed. :func:`run_batch` does the same
-for several documents at once (right-padded, padding masked), which is what
-batch runs use; :func:`run` is its one-document case with all probes on.
+twice; decoder and cross-attention probes, when asked by name, ride along
+with it, one answer row per step), then scoring. Every stage is timed.
+:func:`run_batch` does the same for several documents at once (right-padded,
+padding masked), which is what batch runs use; :func:`run` is its
+one-document case with all probes on.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -21,7 +23,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from core import tasks, timing
-from core.attention import ENCODER, AttentionSettings, TauSpec, attention_call, default_chunk_bytes, tau_matrix
+from core.attention import CROSS, DECODER, ENCODER, AttentionSettings, TauSpec, attention_call, default_chunk_bytes, tau_matrix
 from core.errors import InputTooLong, NumericalError, UserError
 from core.models import Loaded
 from core.probes import ProbeRecord, ProbeSpec, Recorder
@@ -79,6 +81,7 @@ class Result:
     cosine_scale: float | None = None
     nll: float | None = None  # language modelling (task "lm"): summed -log p of the continuation's tokens
     scored_tokens: int | None = None  # how many continuation tokens ``nll`` sums over
+    answer_tokens: list[str] | None = None  # the generated tokens one by one (eos included): decoder/cross map rows
 
     @property
     def perplexity(self) -> float | None:
@@ -373,8 +376,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     t0 = time.perf_counter()
     with attention_call(attn, recorder):
         hidden = loaded.model.get_encoder()(input_ids=ids, attention_mask=enc_mask).last_hidden_state
-    record = recorder.finish() if recorder is not None else None
-    bad_layers = record.nonfinite_layers if record is not None else []
+    bad_layers = recorder.nonfinite(ENCODER) if recorder is not None else []
     if bad_layers or not bool(torch.isfinite(hidden).all()):
         where = f" (encoder layer(s) {bad_layers})" if bad_layers else ""
         raise NumericalError(
@@ -383,10 +385,12 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
         )
     t_enc = time.perf_counter() - t0
 
-    answers = [""] * len(encs)
+    answers, pieces = [""] * len(encs), [None] * len(encs)
     t1 = time.perf_counter()
+    # Decoder and cross-attention probes ride along with generation, one answer row per step.
+    listening = recorder if recorder is not None and settings.probes.asks(DECODER, CROSS) else None
     if settings.generate:
-        with attention_call(attn, None):
+        with attention_call(attn, listening):
             out = loaded.model.generate(
                 encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
                 attention_mask=mask,
@@ -396,6 +400,8 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 **{_CACHE_KWARG: decoder_cache()},
             )
         answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
+        pieces = [_pieces(loaded.tokenizer, row) for row in out[:, 1:].tolist()]
+    record = recorder.finish() if recorder is not None else None
     nll = _continuation_nll(loaded, docs, hidden, mask, attn)
     t_gen = time.perf_counter() - t1
     for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.timing)
@@ -407,7 +413,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     for i, (doc, enc) in enumerate(zip(docs, encs)):
         scored = settings.generate and doc.expected and doc.task != tasks.LM
         sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
-        rec = record if (record is None or len(encs) == 1) else _item(record, i)
+        rec = record if (record is None or len(encs) == 1) else record.item(i)
         results.append(
             Result(
                 task=doc.task,
@@ -426,6 +432,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 cosine_scale=settings.cosine_scale if loaded.cosine else None,
                 nll=None if nll is None or nll[i] is None else nll[i][0],
                 scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
+                answer_tokens=pieces[i],
             )
         )
     return results
@@ -456,8 +463,9 @@ def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.
     return out
 
 
-def _item(record: ProbeRecord, i: int) -> ProbeRecord:
-    """Item ``i``'s stats from a batch record (views are item 0 only, so they stay with item 0)."""
-    d = asdict(record) if i == 0 else {"nonfinite_layers": record.nonfinite_layers}
-    d.update(pmax=record.pmax[i : i + 1], entropy=record.entropy[i : i + 1], rows=record.rows[i : i + 1])
-    return ProbeRecord(**d)
+def _pieces(tokenizer, ids: list[int]) -> list[str]:
+    """One generated answer token by token, up to and with its end token (a batch pads finished answers)."""
+    eos = tokenizer.eos_token_id
+    if eos in ids:
+        ids = ids[: ids.index(eos) + 1]
+    return [tokenizer.decode([t]) for t in ids]

@@ -161,6 +161,38 @@ def heatmap(
     return _layout(fig, title, height=height)
 
 
+def answer_attention(
+    z: np.ndarray,
+    edges: np.ndarray | None,
+    needle: tuple[int, int] | None,
+    tokens: Sequence[str],
+    log: bool = False,
+    title: str | None = None,
+    zrange: tuple[float, float] | None = None,
+) -> go.Figure:
+    """The answer's attention over the document: one row per answer token (labelled by the token it wrote),
+    key columns pooled like the encoder maps (``edges``), the needle marked by a bar above its columns.
+
+    ``z`` is ``[answer tokens, bins]`` (:func:`core.views.answer_attention`); ``log`` and ``zrange`` as in
+    :func:`heatmap`, so the tau = 1 map and the chosen one share a colour scale."""
+    if len(tokens) != np.shape(z)[0]:
+        raise ValueError(f"{len(tokens)} token labels for {np.shape(z)[0]} rows")
+    fig = heatmap(z, edges, None, None, log=log, title=title, zrange=zrange, rows=np.arange(len(tokens)),
+                  height=190 + 20 * len(tokens))
+    if needle is not None:
+        # A bar above the map, not lines through it: a needle of a few tokens is one bright column
+        # that lines would cover. At least 1 % of the axis wide, so it shows on a 16k-token document.
+        n = float(edges[-1]) if edges is not None else float(np.shape(z)[1])
+        mid, half = (needle[0] + needle[1]) / 2, max(needle[1] - needle[0], 0.01 * n) / 2
+        fig.update_layout(shapes=[dict(type="rect", xref="x", yref="paper", x0=mid - half, x1=mid + half, y0=1.01,
+                                       y1=1.05, fillcolor=NEEDLE_COLOR, line=dict(width=0))],
+                          annotations=[_label(mid - half, "needle", y=1.05, color=NEEDLE_COLOR, xanchor="right")])
+    # plotly reads < and > in tick text as markup: "</s>" would vanish
+    labels = [html.escape(f"{i}: {t.strip() or repr(t)}") for i, t in enumerate(tokens)]
+    fig.update_yaxes(title="answer token", tickmode="array", tickvals=list(range(len(tokens))), ticktext=labels)
+    return fig
+
+
 def _nice_up(x: float) -> float:
     """The next value of 1, 2, 5 x 10^k at or above ``x`` (> 0)."""
     k = math.floor(math.log10(x))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from core.attention import CROSS
 from core.engine import Result
 
 
@@ -37,6 +38,37 @@ def profile_table(chosen: Result, base: Result) -> pd.DataFrame:
         d[f"layer_{l}"] = chosen.probes.profile[l]
         d[f"layer_{l}_tau1"] = base.probes.profile[l]
     return pd.DataFrame(d)
+
+
+def _layer_or_mean(values: dict[int, np.ndarray], layer: int | None) -> np.ndarray:
+    return values[layer] if layer is not None else np.mean(list(values.values()), axis=0)
+
+
+def answer_attention(res: Result, layer: int | None = None) -> tuple[np.ndarray, list[str]] | None:
+    """The answer's attention over the document, ``[answer tokens, document bins]``, and the tokens it wrote:
+    one decoder layer's cross-attention map or the mean over layers (None); None when the run has none."""
+    maps = res.probes.layers(CROSS, "map") if res.probes is not None else {}
+    if not maps or not res.answer_tokens:
+        return None
+    z = _layer_or_mean(maps, layer)
+    n = min(len(res.answer_tokens), z.shape[0])  # a batch's item 0 may have stopped before the others
+    return z[:n], list(res.answer_tokens[:n])
+
+
+def needle_share(res: Result, layer: int | None = None) -> float | None:
+    """The share of the answer's attention (mean over its tokens and all heads) on the needle's tokens."""
+    profiles = res.probes.layers(CROSS, "profile") if res.probes is not None else {}
+    if not profiles or res.needle_tokens is None:
+        return None
+    a, b = res.needle_tokens
+    return float(_layer_or_mean(profiles, layer)[a:b].sum())
+
+
+def answer_attention_table(res: Result, layer: int | None = None) -> pd.DataFrame:
+    """The answer's attention map: a row per answer token, columns named by the token where each bin starts."""
+    z, tokens = answer_attention(res, layer)
+    rows = pd.Index([f"{i}: {t}" for i, t in enumerate(tokens)], name="answer_token")
+    return pd.DataFrame(z, index=rows, columns=[f"key_{p}" for p in res.probes.heatmap_edges[:-1]])
 
 
 def rpe_table(curves: np.ndarray) -> pd.DataFrame:

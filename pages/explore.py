@@ -66,6 +66,7 @@ def live(ctx: sb.Context) -> None:
     views.maps(ctx, base, chosen, ref)
     views.profile(ctx, base, chosen, ref)
     views.text_view(ctx, base, chosen, ref)
+    views.answer_attention(ctx, base, chosen, ref)
     views.export(ctx, base, chosen, ref)
 
 

@@ -89,6 +89,23 @@ def test_tour_first_step_sets_the_sidebar(env):
     assert any("Step 1" in i.value for i in at.info)
 
 
+def test_explore_shows_where_the_answer_looks(tmp_path, monkeypatch):
+    """The cross-attention view: the answer's rows over the document at both temperatures, one decoder layer
+    or their mean, its table to download."""
+    folder = build_tiny_t5(tmp_path / "two-decoder-layers", train_length=256, decoder_layers=2)
+    monkeypatch.setenv("AAE_MODEL", str(folder))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert any(h.value == "Where the answer looks" for h in at.subheader)
+    layer = at.selectbox(key="ex_cross_layer")
+    assert layer.value == "mean" and layer.options == ["mean of layers", "layer 0", "layer 1"]
+    charts = len(at.get("plotly_chart"))
+    layer.set_value(1).run()
+    _ok(at)
+    assert at.session_state["ex_cross_layer"] == 1 and len(at.get("plotly_chart")) == charts
+    assert any(b.proto.label == "answer_attention.csv" for b in at.get("download_button"))
+
+
 def test_calibrate_use_this_tau_and_export(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.switch_page("pages/calibrate.py").run()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from core import engine
+from core import engine, methods
 from core.settings import DocumentRequest
 
 
@@ -53,7 +53,7 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     cals = cache.calibrate_both(tiny, req, fast=False)
     forms = cache.closed_forms(tiny, req)
     assert runs.misses == misses, "Algorithm 1 or Prop. 1/2 ran a pass the background job already had"
-    assert set(forms) == {"log-length", "infoscale", "prop1", "prop2"}
+    assert set(forms) == set(methods.FORMULAS)  # every closed form of the registry
     assert set(cals) == {"pmax", "entropy"} and all(c.passes == len(GRID) for c in cals.values())
     # and the numbers are Algorithm 1's own: the same as calibrating from scratch
     from core import calibration

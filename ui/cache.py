@@ -361,15 +361,20 @@ def run_reference(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encod
 HEATMAP_SIZE = 256
 
 
+#: What Explore records of the decoder while it writes the answer: where the answer looks (map and profile).
+EXPLORE_NAMES = ("cross.*.map", "cross.*.profile")
+
+
 def explore_probes(layer: int, head: int | None) -> ProbeSpec:
-    """What the Explore page records: stats, one pooled heatmap, the question profile.
+    """What the Explore page records: stats, one pooled heatmap, the question profile, and the answer's
+    cross-attention over the document (:data:`EXPLORE_NAMES`).
 
     No sorted logits and no cosine histogram: those feed the Theory page
     only, and sorting layer 0's L x L logits costs as much as the rest of
     the probes together.
     """
     return ProbeSpec(heatmap_layer=int(layer), heatmap_head=head, heatmap_size=HEATMAP_SIZE, sorted_logits=False,
-                     cosine_hist_bins=0)
+                     cosine_hist_bins=0, names=EXPLORE_NAMES)
 
 
 # -- temperature --------------------------------------------------------------------

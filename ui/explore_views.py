@@ -139,6 +139,40 @@ def text_view(ctx: sb.Context, base, chosen, ref) -> None:
                                                  chosen.needle_tokens), unsafe_allow_html=True)
 
 
+def answer_attention(ctx: sb.Context, base, chosen, ref) -> None:
+    """Where the answer looks: the decoder's cross-attention over the document as it writes, tau = 1 beside the chosen tau."""
+    ss = st.session_state
+    st.subheader("Where the answer looks")
+    st.caption(
+        "The decoder's cross-attention while it writes the answer: one row per token it wrote, the document's "
+        f"positions pooled into at most {cache.HEATMAP_SIZE} columns like the maps above (the head chosen there, or "
+        "the head mean); the red bar marks the needle, the titles give the share of attention on it. To copy the "
+        "answer, the rows must light up the needle's columns. tau divides the encoder only, so the two sides tell "
+        "where a wrong answer comes from: the answer looking elsewhere (the share falls), or reading a needle whose "
+        "encoder states dispersion has blurred (the share holds, the tokens come out wrong)."
+    )
+    pair = ((base, "tau = 1", "cross_base"), (chosen, f"chosen tau = {ctx.tau_text()}", "cross_chosen"))
+    if any(views.answer_attention(res) is None for res, _, _ in pair):
+        st.info("No cross-attention was recorded for this run.")
+        return
+    layers = list(chosen.probes.layers("cross", "map"))
+    if ss.get("ex_cross_layer") not in ["mean", *layers]:
+        ss["ex_cross_layer"] = "mean"
+    st.selectbox("Decoder layer", ["mean", *layers], key="ex_cross_layer",
+                 format_func=lambda l: "mean of layers" if l == "mean" else f"layer {l}")
+    layer = None if ss["ex_cross_layer"] == "mean" else int(ss["ex_cross_layer"])
+    shown = [views.answer_attention(res, layer) for res, _, _ in pair]
+    zr = plots.shared_range(*(z for z, _ in shown))
+    for col, (res, name, key), (z, tokens) in zip(st.columns(2), pair, shown):
+        share = views.needle_share(res, layer)
+        title = name + ("" if share is None else f": {share:.0%} of it on the needle (all heads)")
+        with col:
+            chart(cache.figure(plots.answer_attention, z, res.probes.heatmap_edges, res.needle_tokens, tokens,
+                               log=ss["ex_log"], title=title, zrange=zr), key)
+    st.download_button("answer_attention.csv", csv_of(lambda: views.answer_attention_table(chosen, layer)),
+                       "answer_attention.csv", "text/csv", key="dl_cross", on_click="ignore")
+
+
 def export(ctx: sb.Context, base, chosen, ref) -> None:
     """CSV of every figure's data and the settings JSON the CLI accepts."""
     st.subheader("Export")

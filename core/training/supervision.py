@@ -7,6 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from core.attention import CROSS, listen
+from core.probes import ProbeSpec, Recorder
+
 
 def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
     """``[batch, tokens]``: True where a token's characters overlap its document's
@@ -19,43 +22,25 @@ def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.n
 
 
 class CrossAttentionTap:
-    """The decoder's cross-attention logits of the last forward, with their gradient.
+    """The decoder's cross-attention logits, with their gradient, of the forward passes since the last read.
 
-    Forward hooks on each cross-attention's ``q`` and ``k`` projections (the
-    model never knows who listens). Our attention function hands torch's fused
-    kernel the softmax and never holds the probabilities; recomputing the
-    cross-attention logits is cheap (answer tokens x document tokens)."""
+    A standing :class:`core.probes.Recorder` asking for ``cross.*.logits``
+    (:func:`core.attention.listen`): the one way a pass is tapped. The
+    attention function hands it each cross-attention's q.k (answer tokens x
+    document tokens, cheap) and still runs its fused softmax, so the model
+    trains exactly as it would untapped."""
 
     def __init__(self, model) -> None:
-        from core.attention import logit_operands
-
-        self._operands = logit_operands
-        self._q: dict[int, torch.Tensor] = {}
-        self._k: dict[int, torch.Tensor] = {}
-        self._handles = []
-        cfg = model.config
-        self._cosine = float(cfg.cosine_scale) if getattr(cfg, "cosine_attention", False) else None
-        first = model.decoder.block[0].layer[1].EncDecAttention
-        self._heads, self._d_kv, self._scaling = first.n_heads, first.key_value_proj_dim, getattr(first, "scaling", 1.0)
-        for i, block in enumerate(model.decoder.block):
-            att = block.layer[1].EncDecAttention
-            self._handles.append(att.q.register_forward_hook(lambda m, i_, out, i=i: self._q.__setitem__(i, out)))
-            self._handles.append(att.k.register_forward_hook(lambda m, i_, out, i=i: self._k.__setitem__(i, out)))
+        self._recorder = Recorder(ProbeSpec.of("cross.*.logits"))
+        self._stop = listen(model, self._recorder)
 
     def logits(self) -> list[torch.Tensor]:
-        """Per decoder layer, ``[batch, heads, answer tokens, document tokens]`` (no mask applied)."""
-        out = []
-        for i in sorted(self._q):
-            q, k = self._q[i], self._k[i]
-            q = q.view(*q.shape[:2], self._heads, self._d_kv).transpose(1, 2)
-            k = k.view(*k.shape[:2], self._heads, self._d_kv).transpose(1, 2)
-            q, k = self._operands(q, k, self._scaling, self._cosine)
-            out.append(q @ k.transpose(-1, -2))
-        return out
+        """Per decoder layer, ``[batch, heads, answer tokens, document tokens]`` (no mask applied); read once
+        per forward (the training step's), which also forgets them."""
+        return list(self._recorder.take().layers(CROSS, "logits").values())
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
+        self._stop()
 
 
 def needle_log_shares(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle: torch.Tensor) -> torch.Tensor:
