@@ -610,3 +610,22 @@ def accuracy_heatmap(table: pd.DataFrame, title: str | None = None, x_title: str
     fig.update_xaxes(title=x_title, type="category")
     fig.update_yaxes(title=y_title or table.index.name, type="category")
     return _layout(fig, title)
+
+
+def perplexity_over_length(table: pd.DataFrame, train_length: int | None = None, title: str | None = None) -> go.Figure:
+    """Perplexity against prefix length, one line per method (rows of ``table``, lengths as columns; paper Table 3).
+
+    Both axes are logarithmic: perplexity past L_tr grows by factors, and the
+    interesting question is which method stays near its value at L_tr."""
+    if table.empty:
+        raise ValueError("empty perplexity table")
+    fig = go.Figure()
+    xs = [float(c) for c in table.columns]
+    for method, row in table.iterrows():
+        fig.add_scatter(x=xs, y=[float(v) for v in row.to_numpy()], mode="lines+markers", name=str(method),
+                        hovertemplate=f"{method}<br>%{{x:,.0f}} tokens: perplexity %{{y:.1f}}<extra></extra>")
+    _log_vline(fig, train_length)
+    fig.update_xaxes(title="prefix tokens", type="log")
+    _length_ticks(fig, xs + ([train_length] if train_length else []), train_length)
+    fig.update_yaxes(title="perplexity (log)", type="log")
+    return _layout(fig, title, height=400)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from core import tasks
 from ui import PAPER, page_setup
 from ui import sidebar as sb
 from ui import sweep_views as sv
@@ -19,6 +20,10 @@ def main() -> None:
         f"Paper: {PAPER}."
     )
     ctx = sb.sidebar()
+    if ctx.request.task == tasks.LM:  # a language model: perplexity over length x method (Table 3)
+        plan = sv.lm_controls(ctx)
+        sv.lm_results(sv.lm_run(ctx, plan))
+        return
     plan = sv.controls(ctx)
     path = sv.run(ctx, plan, *sv.cost(ctx, plan))
     sv.results(path)

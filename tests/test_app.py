@@ -375,3 +375,42 @@ def test_a_hostile_model_card_is_one_message(env, tmp_path, card):
     assert not at.exception
     msg = _error_text(at)
     assert "card.json" in msg or "at most about" in msg, msg
+
+
+@pytest.fixture
+def lm_env(tmp_path, monkeypatch):
+    """A tiny model whose card says it is a language model (tasks ["lm"]): the app opens it on the lm task."""
+    import json
+
+    folder = build_tiny_t5(tmp_path / "lm-t5", train_length=128)
+    (folder / "card.json").write_text(json.dumps({"train_length": 128, "tasks": ["lm"]}))
+    monkeypatch.setenv("AAE_MODEL", str(folder))
+    return folder
+
+
+def test_explore_shows_perplexity_for_a_language_model(lm_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert at.session_state["doc_task"] == "lm"
+    ppl = [m for m in at.metric if m.label.startswith("perplexity of the next")]
+    assert len(ppl) == 2 and all(float(m.value) > 1 for m in ppl)  # tau = 1 and the chosen tau
+    at.session_state["tau_method"] = "fixed"
+    at.session_state["tau_value"] = 0.5
+    at.run()
+    _ok(at)
+    base, chosen = (float(m.value) for m in at.metric if m.label.startswith("perplexity of the next"))
+    assert base != chosen  # the temperature reaches the perplexity
+
+
+def test_sweep_page_draws_perplexity_for_a_language_model(lm_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/sweep.py").run()
+    _ok(at)
+    at.multiselect(key="lm_lengths").set_value([1, 2])
+    at.multiselect(key="lm_methods").set_value(["none"])
+    at.number_input(key="lm_sequences").set_value(2)
+    at.button(key="lm_start").click().run()
+    _ok(at)
+    table = at.dataframe[0].value
+    assert list(table.index) == ["none"] and list(table.columns) == [128, 256]
+    assert (table.to_numpy() > 1).all() and len(at.get("plotly_chart")) == 1

@@ -255,3 +255,14 @@ def test_profile_draws_tau_one_under_the_chosen_lines():
     grey = [t for t in fig.data if t.name == "tau = 1"]
     assert len(grey) == 2 and fig.data[0].name == "tau = 1"  # drawn first: under the coloured lines
     assert np.allclose(np.asarray(grey[1].y), prof[2] * 0.5, rtol=1e-6)
+
+
+def test_perplexity_over_length_draws_one_line_per_method():
+    import pandas as pd
+
+    table = pd.DataFrame({128: [30.0, 31.0], 1024: [400.0, 45.0]}, index=pd.Index(["none", "pmax"], name="method"))
+    fig = plots.perplexity_over_length(table, train_length=128)
+    assert [t.name for t in fig.data] == ["none", "pmax"]
+    assert list(fig.data[0].y) == [30.0, 400.0] and fig.layout.yaxis.type == "log"
+    with pytest.raises(ValueError):
+        plots.perplexity_over_length(table.iloc[0:0])

@@ -19,9 +19,12 @@ from ui import sidebar as sb
 def answer_card(res, title: str, ref, suffix: str = "", key: str | None = None) -> None:
     with st.container(border=True, key=key):
         st.markdown(f"**{title}**")
-        verdict = {True: ":green[:material/check_circle: **correct**]", False: ":red[:material/cancel: **wrong**]",
-                   None: "no expected answer"}[res.correct]
-        st.markdown(f"Answer: `{res.answer or '(empty)'}` · expected: `{res.expected or '–'}` · {verdict}")
+        if res.perplexity is not None:  # a language-modelling sequence: scored by perplexity, not an answer
+            lm_score(res, ref)
+        else:
+            verdict = {True: ":green[:material/check_circle: **correct**]", False: ":red[:material/cancel: **wrong**]",
+                       None: "no expected answer"}[res.correct]
+            st.markdown(f"Answer: `{res.answer or '(empty)'}` · expected: `{res.expected or '–'}` · {verdict}")
         c1, c2 = st.columns(2)
         for col, label, value, refv, digits, hint in (
             (c1, f"mean Pmax{suffix}", res.pmax, ref.pmax, 4,
@@ -33,6 +36,18 @@ def answer_card(res, title: str, ref, suffix: str = "", key: str | None = None) 
                        delta_color="off", delta_arrow="auto" if d else "off", help=hint)
         st.caption(f"tau = {res.tau_mean:.3f} ({res.method}) · {res.tokens:,} tokens · computed in "
                    f"{res.seconds['total']:.2f} s (encoder {res.seconds.get('encode', 0):.2f} s)")
+
+
+def lm_score(res, ref) -> None:
+    """Perplexity of the continuation (paper Table 3's measure) against the same sequence at L_tr, and what the
+    model writes next beside what the text says."""
+    ratio = res.perplexity / ref.perplexity if ref.perplexity else None
+    st.metric(f"perplexity of the next {res.scored_tokens} tokens", f"{res.perplexity:.1f}",
+              delta=None if ratio is None else f"{ratio:.2f}× the same text at L_tr ({ref.perplexity:.1f})",
+              delta_color="off", delta_arrow="off",
+              help="exp(mean -log p) of the true continuation, teacher-forced. Past L_tr, dispersed attention in "
+                   "the encoder blurs the prefix and perplexity climbs; an aligned tau should bring it back near L_tr's.")
+    st.markdown(f"Writes: `{res.answer or '(empty)'}` · the text goes on: `{res.expected[:60]}…`")
 
 
 def page_state(L: int, H: int) -> None:

@@ -11,6 +11,7 @@ import streamlit as st
 
 from core import csvio, methods, plots, tasks, temperature, timing
 from core.errors import UserError
+from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
 from ui import chart, user_errors
 from ui import cache
@@ -53,7 +54,7 @@ def controls(ctx: sb.Context) -> SweepPlan:
     ss = st.session_state
     lt = ctx.train_length
     task = ctx.request.task if ctx.request.task in tasks.TASKS else "passkey"
-    if ctx.request.task not in tasks.TASKS:
+    if ctx.request.task == "text":
         st.info("Sweeps use generated documents; your pasted text is not swept. Using the pass key task.")
     for k, v in (("sw_lengths", [1, 2, 4]), ("sw_depths", [0, 50, 100]), ("sw_seeds", 2),
                  ("sw_methods", ["none", "log-length"]), ("sw_fixed", ""), ("sw_samples", 2)):
@@ -170,3 +171,90 @@ def results(path: Path) -> None:
     st.download_button("sweep.csv", csvio.to_csv_bytes(df), "sweep.csv", "text/csv", key="dl_sweep", on_click="ignore")
     with st.expander(f"All {len(df)} rows"):
         st.dataframe(df, hide_index=True, width="stretch")
+
+
+# -- language modelling: perplexity over length x method (the paper's Table 3) ---------------
+
+def lm_controls(ctx: sb.Context) -> PerplexityPlan:
+    """The perplexity grid (lengths, methods, fixed taus, sequences, calibration sequences) as a :class:`PerplexityPlan`."""
+    ss = st.session_state
+    lt = ctx.train_length
+    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", ["none", "log-length", "pmax"]), ("lm_fixed", ""),
+                 ("lm_sequences", 20), ("sw_samples", 2)):
+        ss.setdefault(k, v)
+    c1, c2 = st.columns(2)
+    c1.multiselect("Prefix lengths (× L_tr)", list(sb.MULTIPLES), key="lm_lengths",
+                   format_func=lambda k: f"{k}× = {k * lt:,}")
+    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", format_func=lambda m: methods.get(m).short,
+                   help="; ".join(f"{methods.get(m).short}: {methods.get(m).help}" for m in SWEEP_METHODS))
+    c4, c5, c6 = st.columns(3)
+    c4.text_input("Fixed taus", key="lm_fixed", placeholder="0.8, 0.7")
+    c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences",
+                    help="Held-out sequences (distinct seeds); the table in docs/results.md uses 200.")
+    c6.number_input("Calibration sequences", min_value=1, max_value=16, step=1, key="sw_samples",
+                    help="Sequences per length used to calibrate Algorithm 1 / Prop. 1/2 (seeds disjoint from the scored ones).")
+    with user_errors():
+        chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
+    plan = PerplexityPlan(model=ctx.model_ref, lengths=[k * lt for k in sorted(ss["lm_lengths"])], methods=chosen,
+                          sequences=int(ss["lm_sequences"]), calib_samples=int(ss["sw_samples"]),
+                          targets=tuple(ctx.targets))
+    st.caption(f"{len(plan.lengths) * len(plan.methods)} cells of {plan.sequences} sequences on "
+               f"{ctx.loaded.spec.name}: each a prefix of held-out prose, scored on the next {plan.continuation} "
+               "tokens. Rows are written as they finish, so a stopped run keeps its rows and 'Resume' skips them.")
+    mk = timing.model_key(ctx.loaded)
+    work = timing.sweep_passes(plan.lengths, plan.sequences * len(chosen), [m for m in chosen if m in methods.MEASURED],
+                               plan.calib_samples, lt, ctx.loaded.n_layers, len(temperature.GRID))
+    if plan.total:
+        st.caption(timing.plan_note("The perplexity table", mk, work, name_all=True)
+                   + " Calibration passes by bisection are an upper bound.")
+    return plan
+
+
+def lm_run(ctx: sb.Context, plan: PerplexityPlan) -> Path:
+    """Start / Resume / Stop, and the perplexity runs with progress (sequences done / total); the CSV path."""
+    ss = st.session_state
+    path = _csv_path().with_name("perplexity.csv")
+    b1, b2, b3 = st.columns(3)
+    start = b1.button("Start", type="primary", key="lm_start", disabled=plan.total == 0)
+    resume = b2.button("Resume", key="lm_resume", disabled=not path.exists() or plan.total == 0)
+    b3.button("Stop", key="lm_stop_btn", on_click=_stop, help="Stops after the current cell; finished rows stay.")
+    if ss.pop("sw_stop", False) and not (start or resume):
+        st.warning("Stopped; the table below holds the cells finished so far.")
+    if start or resume:
+        ss["sw_stop"] = False
+        bar = st.progress(0.0, text="starting…")
+        t0 = time.perf_counter()
+
+        def progress(done: int, total: int, row: dict | None) -> None:
+            left = timing.remaining_weighted(time.perf_counter() - t0, done, total - done) if done else None
+            msg = f"{done}/{total} sequences" + (f" · {timing.describe(left)} left" if left is not None else "")
+            if row:
+                msg += f" · {row['tokens']} tokens, {row['method']}: perplexity {row['perplexity']:.1f}"
+            bar.progress(done / max(1, total), text=msg)
+
+        try:
+            run_perplexity(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
+                           should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
+        except (UserError, ValueError) as err:
+            st.error(str(err))  # no st.stop: the rows finished so far are shown below
+        bar.empty()
+    return path
+
+
+def lm_results(path: Path) -> None:
+    """The finished cells: perplexity over length per method (Table 3's layout), the table, the CSV."""
+    if not path.exists() or path.stat().st_size == 0:
+        st.info("No results yet: choose the grid and press Start.")
+        st.stop()
+    df = csvio.restore_frame(pd.read_csv(path, keep_default_na=False))
+    if df.empty:
+        st.info("No finished rows yet.")
+        st.stop()
+    st.subheader("Perplexity over length (paper Table 3)")
+    st.caption("Perplexity of the continuation after a prefix of each length. The paper's finding: with tau = 1 it "
+               "explodes past L_tr (attention disperses over the longer prefix); aligned temperatures bring it back.")
+    table = perplexity_table(df)
+    chart(plots.perplexity_over_length(table, train_length=int(df["train_length"].iloc[0])), "lm_lines")
+    st.dataframe(table, width="stretch")
+    st.download_button("perplexity.csv", csvio.to_csv_bytes(df), "perplexity.csv", "text/csv", key="dl_lm",
+                       on_click="ignore")

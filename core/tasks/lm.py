@@ -27,9 +27,10 @@ makes those sequences from the offline corpus (:mod:`core.corpus`):
   word starts, so re-tokenising ``text`` gives the prefix's tokens (tokenizers
   split at spaces first).
 
-``haystack`` picks the pool: "corpus-eval" (default: held out from training)
-or "corpus-train" (the training sequences of ``python -m core train`` with
-``tasks: {"lm": 1}``). ``depth`` is accepted and ignored (the copy's depth is
+``haystack`` picks the pool: "corpus-eval" (default: held out from training),
+"corpus-train", or "lm-train" (the training sequences of ``python -m core
+train`` with ``tasks: {"lm": 1}``: the train pool plus installed packages'
+docstrings, :func:`core.corpus.lm_train_pool`). ``depth`` is accepted and ignored (the copy's depth is
 drawn from the seed), so an LM document goes through every place a retrieval
 document does.
 """
@@ -58,7 +59,7 @@ COPY_CONTEXT = 8
 ANCHOR_WORDS = (40, 60)
 #: Tokens the earlier copy and the last paragraph's head may take together (see make_lm).
 COPY_ROOM = 100
-LM_HAYSTACKS = ("corpus-eval", "corpus-train")
+LM_HAYSTACKS = ("corpus-eval", "corpus-train", "lm-train")
 
 
 def continuation_ids(document: Document) -> list[int]:
@@ -86,7 +87,7 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
     if not 0.0 <= float(repeat) <= 1.0:
         raise ValueError(f"repeat must be a chance in [0, 1], got {repeat!r}")
     seed = _check_seed(seed)
-    pool = "train" if haystack == "corpus-train" else "eval"
+    pool = {"corpus-train": "train", "lm-train": "lm-train"}.get(haystack, "eval")
     paragraphs = _pieces(tokenizer, pool)  # per paragraph: (words, token ids of each word with its space)
     rng = random.Random(f"lm:{seed}:{haystack}")
     wants_copy, depth = rng.random() < repeat, rng.random()
@@ -156,7 +157,7 @@ def _pieces(tokenizer: Any, pool: str) -> list[tuple[list[str], list[list[int]]]
 
     per_tok = _PIECES.setdefault(tokenizer, {})
     if pool not in per_tok:
-        paragraphs = [p.split() for p in corpus.pool(pool)]
+        paragraphs = [p.split() for p in (corpus.lm_train_pool() if pool == "lm-train" else corpus.pool(pool))]
         flat = tokenizer([" " + w for p in paragraphs for w in p], add_special_tokens=False)["input_ids"]
         out, k = [], 0
         for p in paragraphs:

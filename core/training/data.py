@@ -34,8 +34,8 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
     task = rng.choices(names, weights)[0]
     n = rng.randint(min(cfg.min_length, max_len), max_len)
     haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
-    if task == tasks.LM:  # language modelling reads the training pool only (the eval pool is held out)
-        haystack = "corpus-train"
+    if task == tasks.LM:  # language modelling: its wide training pool (never the held-out eval pool)
+        haystack = "lm-train"
     seed = rng.randrange(EVAL_SEED)
     depth = rng.random()
     last = cfg.last_needle.get(task, 0.0)
