@@ -42,6 +42,7 @@ SCHEMA = "attention-alignment-explorer/settings@1"
 _CONFIG = ConfigDict(extra="forbid")
 
 Task = Literal[tasks.GENERATED + ("text",)]  # type: ignore[valid-type]
+Haystack = Literal[tasks.HAYSTACKS]  # type: ignore[valid-type]
 Method = Literal[METHODS]  # type: ignore[valid-type]
 Criterion = Literal[CRITERIA]  # type: ignore[valid-type]
 Target = Literal[KINDS]  # type: ignore[valid-type]
@@ -58,6 +59,9 @@ class DocumentRequest:
     tokens: Tokens | None = None  # None: the model's L_tr
     depth: Depth = 0.5
     seed: Seed = 0
+    # the filler of passkey / topic / multidoc: "default" (the task's own; the pass key's is the paper's one
+    # fixed text, so its documents differ only in the key) or a corpus pool (every seed another haystack)
+    haystack: Haystack = "default"
     text: Text | None = None  # task "text" only
     needle: Text | None = None
     question: Text | None = None
@@ -88,7 +92,8 @@ class DocumentRequest:
                     self.text, tokenizer, needle=self.needle, question=self.question,
                     expected=self.expected, depth=self.depth, seed=self.seed,
                 )
-            return tasks.make(self.task, tokenizer, self.length(train_length), depth=self.depth, seed=self.seed)
+            return tasks.make(self.task, tokenizer, self.length(train_length), depth=self.depth, seed=self.seed,
+                              haystack=self.haystack)
         except UserError:
             raise
         except ValueError as err:

@@ -414,3 +414,15 @@ def test_sweep_page_draws_perplexity_for_a_language_model(lm_env):
     table = at.dataframe[0].value
     assert list(table.index) == ["none"] and list(table.columns) == [128, 256]
     assert (table.to_numpy() > 1).all() and len(at.get("plotly_chart")) == 1
+
+
+def test_filler_choice_makes_every_seed_another_haystack(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    _ok(at)
+    assert at.selectbox(key="doc_haystack").value == "default"
+    at.selectbox(key="doc_haystack").set_value("corpus-eval").run()
+    _ok(at)
+    assert dict(at.query_params).get("filler") in ("corpus-eval", ["corpus-eval"])
+    at.selectbox(key="doc_task").set_value("lm").run()  # lm reads its own held-out pool: no choice offered
+    _ok(at)
+    assert not [s for s in at.selectbox if s.key == "doc_haystack"]

@@ -299,3 +299,17 @@ def test_text_file_problems_are_one_line(tmp_path, capsys):
     assert "not UTF-8" in _main(capsys, ["run", "--text-file", str(bad)])
     assert "is a folder" in _main(capsys, ["run", "--text-file", str(tmp_path)])
     assert "Cannot read --text-file" in _main(capsys, ["run", "--text-file", str(tmp_path / "nope.txt")])
+
+
+def test_document_request_filler(tiny):
+    from core.errors import UserError
+    from core.settings import DocumentRequest
+
+    fixed = [DocumentRequest(task="passkey", tokens=300, seed=s).build(tiny.tokenizer, 256) for s in (1, 2)]
+    varied = [DocumentRequest(task="passkey", tokens=300, seed=s, haystack="corpus-eval").build(tiny.tokenizer, 256)
+              for s in (1, 2)]
+    strip = lambda d: d.text.replace(d.expected, "")  # noqa: E731 - the documents without their keys
+    assert strip(fixed[0]) == strip(fixed[1])  # the paper's filler: only the key differs
+    assert strip(varied[0]) != strip(varied[1]) and varied[0].meta["haystack"] == "corpus-eval"
+    with pytest.raises(UserError, match="haystack"):
+        DocumentRequest(task="passkey", haystack="elsewhere")

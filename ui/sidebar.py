@@ -37,6 +37,8 @@ TAU_MIN, TAU_MAX, TAU_STEP = temperature.TAU_FLOOR, 1.00, 0.01  # the floor: whe
 
 NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
 
+#: The filler choices the sidebar offers (the training pool stays out: it is what the models were trained on).
+HAYSTACK_CHOICES = {"default": "the task's own (the paper's)", "corpus-eval": "held-out corpus prose"}
 DEFAULTS: dict[str, Any] = {
     "model_choice": None,  # filled from AAE_MODEL / the bundled default
     "model_other": "",
@@ -45,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "doc_tokens": None,  # filled with L_tr once the model is known
     "doc_depth": 50,
     "doc_seed": 0,
+    "doc_haystack": "default",
     "doc_text": "",
     "doc_needle_mode": NEEDLE_MODES[0],
     "doc_needle": "",
@@ -246,9 +249,15 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
             row.button(f"{k}×", key=f"len_{k}x", on_click=_set_tokens, args=(k * lt,), help=f"{k} × L_tr = {k * lt:,} tokens")
         if ss["doc_task"] != tasks.LM:  # an LM sequence has no needle
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
+        haystack = "default"
+        if ss["doc_task"] in tasks.HAYSTACK_TASKS:
+            sb.selectbox("Filler", HAYSTACK_CHOICES, key="doc_haystack", format_func=HAYSTACK_CHOICES.get,
+                         help="The paper's pass key filler is one fixed text: its documents differ only in the key. "
+                              "Held-out corpus prose makes every seed a different haystack.")
+            haystack = ss["doc_haystack"]
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
         req = DocumentRequest(task=ss["doc_task"], tokens=int(ss["doc_tokens"]), depth=ss["doc_depth"] / 100,
-                              seed=int(ss["doc_seed"]))
+                              seed=int(ss["doc_seed"]), haystack=haystack)
     else:
         sb.text_area("Your text", key="doc_text", height=150, placeholder="Paste the text to search in…")
         sb.file_uploader("…or upload a .txt file", type=["txt"], key="doc_file", on_change=_read_upload)

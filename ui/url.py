@@ -83,6 +83,7 @@ PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "tokens": ("doc_tokens", _tokens),
     "depth": ("doc_depth", _int_in(0, 100, 5)),
     "seed": ("doc_seed", _int_in(0, 10**9)),
+    "filler": ("doc_haystack", _choice(("default", "corpus-eval"))),
     "method": ("tau_method", _choice(methods.NAMES)),
     "tau": ("tau_value", _tau),
 }
@@ -132,6 +133,8 @@ def view(ctx) -> dict[str, str]:
     if ctx.request.task in tasks.GENERATED:
         r = ctx.request
         out.update(task=r.task, tokens=str(r.tokens), depth=str(int(round(r.depth * 100))), seed=str(r.seed))
+        if r.haystack != "default":
+            out["filler"] = r.haystack
     out["method"] = ctx.method
     if ctx.method == "fixed":
         out["tau"] = f"{ctx.tau_input:.2f}"

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from core.tasks.document import GENERATED, TASKS, Document
 from core.tasks.filler import HAYSTACKS
-from core.tasks.generate import make
+from core.tasks.generate import HAYSTACK_TASKS, make
 from core.tasks.layout import count_tokens
 from core.tasks.lm import CONTINUATION, LM, continuation_ids
 from core.tasks.line import LINE_INTRO, LINE_LABELS
@@ -85,6 +85,7 @@ __all__ = [
     "CONTINUATION",
     "continuation_ids",
     "HAYSTACKS",
+    "HAYSTACK_TASKS",
     "make",
     "from_text",
     "score",

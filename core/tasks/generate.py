@@ -33,7 +33,7 @@ _BUILDERS: dict[str, Callable[..., tuple[_Layout, dict]]] = {
     "multidoc": _multidoc,
     "code": _code,
 }
-_HAYSTACK_TASKS = ("passkey", "topic", "multidoc")  # tasks whose filler can come from the corpus
+HAYSTACK_TASKS = ("passkey", "topic", "multidoc")  # tasks whose filler can come from the corpus
 
 
 def make(
@@ -87,7 +87,7 @@ def make(
     if tokens <= 0:
         raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
     seed = _check_seed(seed)
-    used_haystack = haystack if task in _HAYSTACK_TASKS else "default"
+    used_haystack = haystack if task in HAYSTACK_TASKS else "default"
     rng = random.Random(f"{task}:{seed}")
     opts = dict(options)
     layout, info = _BUILDERS[task](tokenizer, rng, used_haystack, seed, opts)
