@@ -59,10 +59,21 @@ def _run(loaded, docs, encs, settings: engine.RunSettings, batch: int) -> list[e
     return res
 
 
-def accuracy(loaded, docs, encs, tau, batch: int) -> float:
-    """Accuracy (%) at ``tau``. No probes: the attention takes torch's fused kernel (about 5x faster)."""
+def correct_flags(loaded, docs, encs, tau, batch: int) -> list[bool]:
+    """Whether each document is answered right at ``tau``. No probes: the attention takes torch's fused kernel
+    (about 5x faster)."""
     res = _run(loaded, docs, encs, engine.RunSettings(tau=tau, probes=ProbeSpec.off()), batch)
-    return 100.0 * float(np.mean([bool(r.correct) for r in res]))
+    return [bool(r.correct) for r in res]
+
+
+def percent(flags: list[bool]) -> float:
+    """Accuracy (%) of a cell's flags: one expression for a run done here and for slices joined from Ray actors."""
+    return 100.0 * float(np.mean(flags))
+
+
+def accuracy(loaded, docs, encs, tau, batch: int) -> float:
+    """Accuracy (%) at ``tau`` over ``docs``."""
+    return percent(correct_flags(loaded, docs, encs, tau, batch))
 
 
 def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,8 +87,7 @@ def calibrated_taus(loaded, task: str, k: float, n: int) -> dict[str, object]:
 
     Measured methods calibrate on 4 documents from seed CALIB_SEED on, never
     the test documents; at L_tr they are 1 by definition."""
-    lt = loaded.train_length
-    taus: dict[str, object] = {"none": 1.0, "log-length": log_length(lt, n), "infoscale": infoscale(lt, n, loaded.d_kv)}
+    taus = closed_taus(loaded, n)
     calib_docs = docs_for(loaded, task, n, 4, CALIB_SEED)
     measure = calibration.measure(loaded, calib_docs)
     reference = calibration.measure(loaded, [calibration.reference_document(loaded, d) for d in calib_docs])(1.0)
@@ -91,6 +101,34 @@ def calibrated_taus(loaded, task: str, k: float, n: int) -> dict[str, object]:
     for t in FIXED:
         taus[f"tau={t:g}"] = t
     return taus
+
+
+def closed_taus(loaded, n: int) -> dict[str, object]:
+    """The taus a cell knows without a pass (tau = 1, the closed forms), as :func:`calibrated_taus` starts them.
+    The fixed grid is added after the measured methods there (the order of a table's rows)."""
+    lt = loaded.train_length
+    return {"none": 1.0, "log-length": log_length(lt, n), "infoscale": infoscale(lt, n, loaded.d_kv)}
+
+
+def tau_key(tau) -> tuple:
+    """Which accuracy run a tau shares (equal schedules to 6 decimals run once per cell)."""
+    return tuple(np.atleast_1d(np.asarray(tau, float)).round(6))
+
+
+def accuracy_key(cell: str, key: tuple) -> str:
+    """The partial file's key of one finished accuracy run of a cell."""
+    return f"{cell}|accuracy|" + ",".join(repr(float(x)) for x in key)
+
+
+def cell_rows(stem: str, task: str, k: float, n: int, taus: dict, acc: dict, stats, samples: int,
+              stats_docs: int) -> list[dict]:
+    """A finished cell's rows, one per method (``acc``: accuracy per :func:`tau_key`): what both engines write."""
+    pml, hl = (np.asarray(a) for a in stats)
+    return [{"model": stem, "task": task, "multiple": k, "tokens": n, "method": m,
+             "tau": float(np.mean(tau)), "schedule": np.round(np.atleast_1d(tau), 3).tolist(),
+             "accuracy": acc[tau_key(tau)], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
+             "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
+             "samples": samples, "stats_docs": min(stats_docs, samples)} for m, tau in taus.items()]
 
 
 class Partial:
@@ -141,9 +179,201 @@ def csv_path(out: Path, name: str) -> Path:
     return out / f"{Path(name).name if Path(name).is_dir() else name}.csv"
 
 
+# -- the table as jobs (--engine ray, and bench/ray_sweep.py's projection) ----------------------------
+
+def _taus_job(loaded, payload) -> dict:
+    task, k, n = payload
+    return calibrated_taus(loaded, task, k, n)
+
+
+def _dispersion_job(loaded, payload) -> list:
+    task, n, count, batch = payload
+    docs = docs_for(loaded, task, n, count)
+    return [a.tolist() for a in dispersion(loaded, docs, [engine.encode(loaded, d) for d in docs], batch)]
+
+
+def _accuracy_job(loaded, payload) -> list[bool]:
+    """One slice of a cell's documents at one tau: a whole number of batches, so every batch (padding included)
+    is the batch a local run makes, and the joined flags give the same accuracy."""
+    task, n, seed0, count, tau, batch = payload
+    docs = docs_for(loaded, task, n, count, seed0)
+    return correct_flags(loaded, docs, [engine.encode(loaded, d) for d in docs], tau, batch)
+
+
+class Cell:
+    """What one (task, length) cell has and still needs: taus, dispersion, one accuracy per distinct tau."""
+
+    def __init__(self, task: str, k: float, n: int, samples: int, taus=None, stats=None):
+        self.task, self.k, self.n, self.samples = task, k, n, samples
+        self.name = f"{task}|{k:g}|{samples}"
+        self.taus, self.stats = taus, stats
+        self.acc: dict[tuple, float] = {}
+        self.parts: dict[tuple, list] = {}  # key -> flags per slice (None until it is back)
+        self.failed = False
+
+    @property
+    def complete(self) -> bool:
+        return (self.taus is not None and self.stats is not None
+                and all(tau_key(t) in self.acc for t in self.taus.values()))
+
+
+class TablePlan:
+    """A model's results table cut into jobs: per cell a calibration (:func:`calibrated_taus`), a dispersion
+    run, and per distinct tau its documents in slices of ``slice_docs`` (a multiple of ``batch``).
+
+    The accuracy runs whose taus need no pass (tau = 1, closed forms, the
+    fixed grid) are jobs from the start; a calibration, when it ends, adds the
+    runs of the measured taus no other method shares (:meth:`done`). The
+    Ray path of :func:`run_model` runs these jobs; ``bench/ray_sweep.py``
+    simulates the same list. ``partial`` (None in a simulation) gets every
+    finished part as a local run saves it."""
+
+    def __init__(self, loaded, task_names: list[str], multiples: list[float], samples: int, batch: int,
+                 stats_docs: int, partial: Partial | None = None, have: set = frozenset(), model=None,
+                 slice_docs: int | None = None):
+        self.loaded, self.samples, self.batch, self.stats_docs = loaded, samples, batch, stats_docs
+        self.partial, self.model = partial, model
+        self.slice_docs = max(batch, (slice_docs or batch) // batch * batch)
+        self.cells: dict[str, Cell] = {}
+        self.order: dict[str, int] = {}
+        lt = loaded.train_length
+        for task in task_names:
+            for k in multiples:
+                if (task, float(k)) in have:
+                    continue
+                n = int(round(k * lt))
+                c = Cell(task, k, n, samples)
+                get = partial.get if partial is not None else (lambda key: None)
+                c.taus, c.stats = get(f"{c.name}|taus"), get(f"{c.name}|dispersion|{stats_docs}")
+                self.cells[c.name] = c
+                self.order[c.name] = len(self.order)
+
+    def jobs(self) -> list:
+        """The jobs that can start now."""
+        from core import cluster, temperature, timing
+
+        out = []
+        for c in self.cells.values():
+            if c.stats is None:
+                count = min(self.stats_docs, self.samples)
+                out.append(cluster.Job(_dispersion_job, (c.task, c.n, count, self.batch), f"{c.name}: dispersion",
+                                       passes=((count, c.n),), model=self.model, kind="dispersion", tag=c.name))
+            if c.taus is None:
+                passes = timing.sweep_passes([c.n], 0, list(MEASURED), 4, self.loaded.train_length,
+                                             self.loaded.n_layers, len(temperature.GRID))
+                out.append(cluster.Job(_taus_job, (c.task, c.k, c.n), f"{c.name}: calibrating", passes=tuple(passes),
+                                       unlocks=len(MEASURED) * cluster.cost([(self.samples, c.n)]), model=self.model,
+                                       kind="taus", tag=c.name))
+                known = dict(closed_taus(self.loaded, c.n), **{f"tau={t:g}": t for t in FIXED})
+            else:
+                known = c.taus
+            out += self._accuracy_jobs(c, known)
+        return out
+
+    def _accuracy_jobs(self, c: Cell, taus: dict) -> list:
+        from core import cluster
+
+        out = []
+        for tau in taus.values():
+            key = tau_key(tau)
+            if key in c.acc or key in c.parts:
+                continue
+            got = self.partial.get(accuracy_key(c.name, key)) if self.partial is not None else None
+            if got is not None:
+                c.acc[key] = got
+                continue
+            seeds = list(range(0, self.samples, self.slice_docs))
+            c.parts[key] = [None] * len(seeds)
+            for i, s0 in enumerate(seeds):
+                count = min(self.slice_docs, self.samples - s0)
+                out.append(cluster.Job(_accuracy_job, (c.task, c.n, s0, count, tau, self.batch),
+                                       f"{c.name}: accuracy at tau {np.round(key, 3).tolist()}, documents {s0}..{s0 + count - 1}",
+                                       passes=((count, c.n),), answers=((count, c.n),), model=self.model,
+                                       kind="accuracy", tag=(c.name, key, i)))
+        return out
+
+    def done(self, job, result) -> list:
+        """Take a finished job's result; the jobs it makes ready (a calibration's measured taus)."""
+        if job.kind == "accuracy":
+            name, key, i = job.tag
+            c = self.cells[name]
+            c.parts[key][i] = result
+            if all(p is not None for p in c.parts[key]):
+                c.acc[key] = percent([f for part in c.parts.pop(key) for f in part])
+                if self.partial is not None:
+                    self.partial.put(accuracy_key(name, key), c.acc[key])
+            return []
+        c = self.cells[job.tag]
+        if job.kind == "dispersion":
+            c.stats = result
+            if self.partial is not None:
+                self.partial.put(f"{c.name}|dispersion|{self.stats_docs}", result)
+            return []
+        c.taus = result
+        if self.partial is not None:
+            self.partial.put(f"{c.name}|taus", result)
+        return self._accuracy_jobs(c, result)
+
+    def cell_of(self, job) -> Cell:
+        return self.cells[job.tag[0] if job.kind == "accuracy" else job.tag]
+
+
+def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]) -> None:
+    """Run ``plan``'s jobs on ``pool``; as each cell completes, write the whole CSV in cell order and drop the
+    cell's partial entries (as the local loop does). A failed job is reported; its cell stays for the next run."""
+    from core import cluster
+
+    jobs = plan.jobs()
+    bar = cluster.Bar(stem)
+    bar.start(len(jobs), sum(len(FIXED) + 6 for _ in plan.cells), None, pool.where)
+    failed: list[str] = []
+
+    base = list(rows)  # cells the CSV held: first, as the local loop keeps them
+    finished: dict[int, list[dict]] = {}
+
+    def finish(c: Cell) -> int:
+        if not c.complete or c.name not in plan.cells:
+            return 0
+        new = cell_rows(stem, c.task, c.k, c.n, c.taus, c.acc, c.stats, plan.samples, plan.stats_docs)
+        finished[plan.order[c.name]] = new
+        rows[:] = base + [r for i in sorted(finished) for r in finished[i]]  # new cells in the local loop's order
+        pd.DataFrame(rows).to_csv(csv, index=False)
+        plan.partial.drop(c.name)
+        del plan.cells[c.name]
+        return len(new)
+
+    def on_done(job, result) -> list:
+        c = plan.cell_of(job)
+        more = plan.done(job, result)
+        bar.add(len(more))
+        bar.advance(1, finish(c))
+        return more
+
+    def on_fail(job, why: str) -> None:
+        failed.append(job.label)
+        tqdm.write(f"{stem}: job failed: {job.label}: {why}; run again to resume it", file=sys.stderr)
+        bar.advance(1, 0)
+
+    for c in list(plan.cells.values()):  # cells the partial file already holds whole
+        finish(c)
+    try:
+        pool.run(jobs, on_done, on_fail)
+    finally:
+        bar.close()
+    if failed:
+        print(f"{len(failed)} job(s) failed (listed above); running the same command again resumes them",
+              file=sys.stderr)
+
+
 def run_model(name: str, task_names: list[str], multiples: list[float], samples: int, batch: int, out: Path,
-              stats_docs: int = 20) -> pd.DataFrame:
-    """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes)."""
+              stats_docs: int = 20, pool=None) -> pd.DataFrame:
+    """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes).
+
+    ``pool``: a :class:`core.cluster.RayEngine` (``--engine ray``) runs the
+    cells' parts as jobs on its actors, heaviest first (:class:`TablePlan`);
+    each part is computed by the same functions as here and saved to the
+    same partial file, and each finished cell's rows come from
+    :func:`cell_rows`, so the CSV is the one a local run writes."""
     loaded = load(name)
     lt = loaded.train_length
     out.mkdir(parents=True, exist_ok=True)
@@ -153,6 +383,19 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
     have = {(r["task"], float(r["multiple"])) for r in rows if int(r["samples"]) == samples}
     rows = [r for r in rows if (r["task"], float(r["multiple"])) in have]
     partial = Partial(csv.with_suffix(".partial.json"))
+    if pool is not None:
+        if __name__ != "__main__" and __name__ in sys.modules:  # imported by name: ship the job functions by
+            import ray.cloudpickle  # value, as a script's are (actors cannot import bench/ by that name)
+
+            ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        model = pool.model_ref(loaded)
+        pool.prepare(model)
+        plan = TablePlan(loaded, task_names, multiples, samples, batch, stats_docs, partial, have, model)
+        _run_model_ray(pool, plan, csv.stem, csv, rows)
+        df = pd.DataFrame(rows)
+        if len(df):
+            csv.with_suffix(".md").write_text(markdown(df, loaded, samples))
+        return df
     total = len(task_names) * len(multiples)
     bar = tqdm(total=total, desc=name, file=sys.stderr)
     for task in task_names:
@@ -173,21 +416,15 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
             if stats is None:
                 stats = [a.tolist() for a in dispersion(loaded, docs[:stats_docs], encs[:stats_docs], batch)]
                 partial.put(f"{cell}|dispersion|{stats_docs}", stats)
-            pml, hl = (np.asarray(a) for a in stats)
             cache = {}
             for m, tau in taus.items():
-                key = tuple(np.atleast_1d(np.asarray(tau, float)).round(6))
+                key = tau_key(tau)
                 if key not in cache:
-                    done_key = f"{cell}|accuracy|" + ",".join(repr(float(x)) for x in key)
-                    cache[key] = partial.get(done_key)
+                    cache[key] = partial.get(accuracy_key(cell, key))
                     if cache[key] is None:
                         cache[key] = accuracy(loaded, docs, encs, tau, batch)
-                        partial.put(done_key, cache[key])
-                rows.append({"model": csv.stem, "task": task, "multiple": k, "tokens": n, "method": m,
-                             "tau": float(np.mean(tau)), "schedule": np.round(np.atleast_1d(tau), 3).tolist(),
-                             "accuracy": cache[key], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
-                             "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
-                             "samples": samples, "stats_docs": min(stats_docs, samples)})
+                        partial.put(accuracy_key(cell, key), cache[key])
+            rows += cell_rows(csv.stem, task, k, n, taus, cache, stats, samples, stats_docs)
             bar.update(1)
             bar.set_postfix(task=task, n=n, s=f"{time.time() - t0:.0f}")
             pd.DataFrame(rows).to_csv(csv, index=False)
@@ -286,6 +523,11 @@ def main() -> None:
     p.add_argument("--tables-only", action="store_true", help="rewrite the .md tables from the existing .csv files")
     p.add_argument("--merge", nargs="+", metavar="DIR", default=None,
                    help="fold the cells of these other --out folders into --out (runs side by side need one --out each)")
+    r = p.add_argument_group("on a Ray cluster (docs/cluster.md)")
+    r.add_argument("--engine", choices=("local", "ray"), default="local")
+    r.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port; default RAY_ADDRESS, else a local Ray)")
+    r.add_argument("--actors", type=int, help="--engine ray: how many actors (default one per GPU, else per --cpus-per-actor CPUs)")
+    r.add_argument("--cpus-per-actor", type=int, default=1, help="--engine ray without GPUs: torch threads per actor")
     a = p.parse_args()
     out = Path(a.out)
     names = a.models or [s.name for s in bundled_specs()]
@@ -302,9 +544,27 @@ def main() -> None:
                 md.write_text(markdown(df, load(name), int(df["samples"].iloc[0])))
                 print(md.read_text())
         return
-    for name in names:
-        run_model(name, a.tasks or card_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs)
-        print(csv_path(out, name).with_suffix(".md").read_text())
+    if a.engine != "ray" and (a.address or a.actors):
+        p.error("--address and --actors are for --engine ray")
+    pool = None
+    if a.engine == "ray":
+        from core import cluster
+        from core.errors import UserError
+
+        try:
+            pool = cluster.RayEngine(address=a.address, actors=a.actors, cpus_per_actor=a.cpus_per_actor).start()
+        except UserError as err:
+            p.exit(2, f"error: {err}\n")
+    try:
+        for name in names:
+            run_model(name, a.tasks or card_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs,
+                      pool=pool)
+            md = csv_path(out, name).with_suffix(".md")
+            if md.exists():
+                print(md.read_text())
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 if __name__ == "__main__":

@@ -51,15 +51,18 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from core import csvio, engine, methods, tasks
+from core import csvio, engine, methods, tasks, temperature, timing
 from core.errors import UserError
 from core.validation import BatchSize, validate
 from core.models import Loaded
 from core.probes import ProbeSpec
+
+if TYPE_CHECKING:  # Ray and the pool are imported only when a run uses them
+    from core import cluster
 
 COLUMNS = ["line", "id", "setting", "method", "tau", "tokens", "answer", "expected", "correct",
            "pmax", "entropy", "seconds"]
@@ -315,16 +318,32 @@ def run_items(
     samples: int = 1,
     report: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
     progress: Callable[[int], None] | None = None,
+    pool: "cluster.RayEngine | None" = None,
+    tracker: "cluster.Tracker | None" = None,
 ) -> dict:
     """Run every (item, setting) not yet in ``out``; write each row as it finishes.
 
     Returns counts: ``written``, ``skipped`` (already done), ``failed``.
     ``progress(k)`` is called with the number of rows just handled.
+
+    The work is cut into jobs (:func:`_jobs`: a padded batch sharing one tau,
+    or one document whose tau is its own) that run here in the order built, or
+    on ``pool`` (a :class:`core.cluster.RayEngine`) heaviest first; each job
+    is :func:`_run_job` either way and every row is written here, so the rows
+    are the same. On Ray a job that fails twice is reported per document
+    (counted ``failed``) and the run goes on.
     """
+    from core import cluster
+
     _check_batch_size(batch_size)
     path = Path(out) if out else None
     if resume and path is None:
         raise UserError("--resume needs --out FILE")
+    model = None
+    if pool is not None:
+        model = pool.model_ref(loaded)
+        pool.prepare(model)  # every actor loads the model before the CSV is touched
+    track = tracker or cluster.NO_TRACKER
     with csvio.ResultCSV(path, COLUMNS, "batch-run", resume=resume, stream=None if path else sys.stdout) as sink:
         done = {_row_key(r) for r in sink.rows}
         counts = {"written": 0, "skipped": 0, "failed": 0}
@@ -332,70 +351,129 @@ def run_items(
                                   targets=tuple(targets), cosine_scale=cosine_scale)
         tick = progress or (lambda k: None)
 
-        def write(item: Item, c: Choice, tau, res: engine.Result, extra_s: float) -> None:
-            sink.write({
-                "line": item.line, "id": item.id or "", "setting": c.label, "method": c.method,
-                "tau": _tau_cell(tau), "tokens": res.tokens, "answer": res.answer, "expected": res.expected,
-                "correct": "" if res.correct is None else bool(res.correct),
-                "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
-                "seconds": round(res.seconds["total"] + extra_s, 4),
-            })
-            counts["written"] += 1
-            tick(1)
+        def fail(its: list[tuple[int, str | None]], label: str, err: str) -> None:
+            for line, ident in its:
+                report(f"line {line}{f' (id {ident})' if ident else ''}, setting {label}: {err}; skipped")
+            counts["failed"] += len(its)
+            tick(len(its))
 
-        def fail(batch: list[Item], c: Choice, err: Exception) -> None:
-            for it in batch:
-                report(f"line {it.line}{f' (id {it.id})' if it.id else ''}, setting {c.label}: {err}; skipped")
-            counts["failed"] += len(batch)
-            tick(len(batch))
-
-        def run(batch: list[Item], c: Choice, tau, extra_s: float = 0.0) -> None:
-            encs = [engine.Encoded(it.ids, np.zeros((it.n, 2), dtype=np.int64), None, None) for it in batch]
-            try:
-                results = engine.run_encoded(loaded, [it.doc for it in batch], encs,
-                                             replace(base, tau=tau, method=c.method))
-            except UserError as err:  # too long for memory as a batch, NaN, ...: retry one by one
-                if len(batch) == 1:
-                    fail(batch, c, err)
-                    return
-                for it in batch:
-                    run([it], c, tau)
-                return
-            for it, res in zip(batch, results):
-                write(it, c, tau, res, extra_s)
-
-        for c in settings_list:
-            todo = []
-            for it in items:
-                if (it.key, c.label) in done:
-                    counts["skipped"] += 1
+        def outcome(job: cluster.Job, result: list[tuple]) -> None:
+            """The one writer: each job's rows (and per-document failures), local or from an actor."""
+            rows = 0
+            for kind, what, *rest in result:
+                if kind == "row":
+                    sink.write(what)
+                    counts["written"] += 1
+                    rows += 1
                     tick(1)
                 else:
-                    todo.append(it)
-            shared: dict[tuple, tuple[object, list[Item]]] = {}
-            single: list[Item] = []
-            for it in todo:
-                if _needs_passes(it, c):
-                    single.append(it)
-                    continue
-                try:
-                    tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
-                except UserError as err:
-                    fail([it], c, err)
-                    continue
-                shared.setdefault(_tau_key(tau), (tau, []))[1].append(it)
-            for tau, group in shared.values():
-                for batch in _batches(group, batch_size):
-                    run(batch, c, tau)
-            for it in sorted(single, key=lambda i: i.n):
-                t0 = time.perf_counter()
-                try:
-                    tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
-                except UserError as err:
-                    fail([it], c, err)
-                    continue
-                run([it], c, tau, extra_s=time.perf_counter() - t0)
+                    fail([what], job.payload[1].label, rest[0])
+            track.advance(1, rows)
+
+        jobs = _jobs(loaded, items, settings_list, done, batch_size, samples, base, model, counts, tick, fail)
+        workers = pool.workers if pool is not None else 1
+        same_device = pool is None or (pool.on_cpu and loaded.device.type == "cpu")
+        seconds = cluster.estimate(jobs, timing.model_key(loaded), workers) if same_device else None
+        track.start(len(jobs), sum(len(j.payload[3]) for j in jobs), seconds,
+                    pool.where if pool is not None else "in this process")
+        if pool is None:
+            cluster.run_local(jobs, loaded, outcome)
+        else:
+            def on_fail(job: cluster.Job, why: str) -> None:
+                fail([(it.line, it.id) for it in job.payload[3]], job.payload[1].label, why)
+                track.advance(1, 0)
+
+            pool.run(jobs, outcome, on_fail)
         return counts
+
+
+def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Choice], done: set, batch_size: int, samples: int,
+          base: engine.RunSettings, model, counts: dict, tick: Callable[[int], None],
+          fail: Callable[[list[tuple[int, str | None]], str, str], None]) -> list["cluster.Job"]:
+    """The (item, setting) pairs not in ``done`` as jobs, in the order a local run takes them.
+
+    Per setting: documents that share a tau (resolved here: ``none``, fixed
+    taus and closed forms need no pass) in padded batches (:func:`_batches`);
+    then documents whose tau is their own (measured methods), one job each,
+    shortest first. Skipped pairs are counted here, and so are documents
+    whose tau cannot be resolved."""
+    from core import cluster
+
+    jobs: list[cluster.Job] = []
+    for c in settings_list:
+        todo = []
+        for it in items:
+            if (it.key, c.label) in done:
+                counts["skipped"] += 1
+                tick(1)
+            else:
+                todo.append(it)
+        shared: dict[tuple, tuple[object, list[Item]]] = {}
+        single: list[Item] = []
+        for it in todo:
+            if _needs_passes(it, c):
+                single.append(it)
+                continue
+            try:
+                tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
+            except UserError as err:
+                fail([(it.line, it.id)], c.label, str(err))
+                continue
+            shared.setdefault(_tau_key(tau), (tau, []))[1].append(it)
+        for tau, group in shared.values():
+            for batch in _batches(group, batch_size):
+                jobs.append(cluster.Job(_run_job, (base, c, tau, batch, samples), _job_label(c, batch),
+                                        passes=tuple((1, it.n) for it in batch), answers=tuple((1, it.n) for it in batch),
+                                        model=model))
+        for it in sorted(single, key=lambda i: i.n):
+            passes = timing.sweep_passes([it.n], 1, [c.method], samples, loaded.train_length, loaded.n_layers,
+                                         len(temperature.GRID))  # its own calibration (an upper bound), then its run
+            jobs.append(cluster.Job(_run_job, (base, c, None, [it], samples), _job_label(c, [it]),
+                                    passes=tuple(passes), answers=((1, it.n),), model=model))
+    return jobs
+
+
+def _job_label(c: Choice, batch: list[Item]) -> str:
+    lines = [it.line for it in batch]
+    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:4]))}{', ...' if len(lines) > 4 else ''}"
+    return f"{where}, setting {c.label}"
+
+
+def _run_job(loaded: Loaded, payload: tuple) -> list[tuple]:
+    """One job of a batch run: ``[("row", row) | ("fail", (line, id), why)]``.
+
+    ``tau`` None: the document's own tau is resolved first (its seconds
+    are added to its row). A batch too long for memory as a whole (or with
+    NaN) is retried one document at a time; a document that still fails is a
+    ``"fail"`` entry, so the rest of the batch is kept."""
+    base, c, tau, batch, samples = payload
+    extra_s = 0.0
+    if tau is None:
+        (it,) = batch
+        t0 = time.perf_counter()
+        try:
+            tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
+        except UserError as err:
+            return [("fail", (it.line, it.id), str(err))]
+        extra_s = time.perf_counter() - t0
+    return _run_batch(loaded, base, c, tau, batch, extra_s)
+
+
+def _run_batch(loaded: Loaded, base: engine.RunSettings, c: Choice, tau, batch: list[Item], extra_s: float) -> list[tuple]:
+    encs = [engine.Encoded(it.ids, np.zeros((it.n, 2), dtype=np.int64), None, None) for it in batch]
+    try:
+        results = engine.run_encoded(loaded, [it.doc for it in batch], encs, replace(base, tau=tau, method=c.method))
+    except UserError as err:  # too long for memory as a batch, NaN, ...: retry one by one
+        if len(batch) == 1:
+            return [("fail", (batch[0].line, batch[0].id), str(err))]
+        return [r for it in batch for r in _run_batch(loaded, base, c, tau, [it], 0.0)]
+    return [("row", {
+        "line": it.line, "id": it.id or "", "setting": c.label, "method": c.method,
+        "tau": _tau_cell(tau), "tokens": res.tokens, "answer": res.answer, "expected": res.expected,
+        "correct": "" if res.correct is None else bool(res.correct),
+        "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
+        "seconds": round(res.seconds["total"] + extra_s, 4),
+    }) for it, res in zip(batch, results)]
 
 
 def _check_batch_size(batch_size) -> int:
@@ -421,9 +499,13 @@ def _mean_tau(cell: str) -> float:
     return float(np.mean(json.loads(cell))) if cell.startswith("[") else float(cell)
 
 
-def run_jsonl(loaded: Loaded, args, settings) -> int:
-    """``python -m core sweep --data FILE.jsonl ...``: see the module docstring. Returns the exit status."""
+def run_jsonl(loaded: Loaded, args, settings, pool: "cluster.RayEngine | None" = None) -> int:
+    """``python -m core sweep --data FILE.jsonl ...``: see the module docstring. Returns the exit status.
+
+    ``pool``: run the jobs on these Ray actors (``--engine ray``) instead of here."""
     from tqdm import tqdm
+
+    from core import cluster
 
     batch_size = _check_batch_size(8 if getattr(args, "batch_size", None) is None else args.batch_size)
     if args.out:
@@ -439,25 +521,20 @@ def run_jsonl(loaded: Loaded, args, settings) -> int:
     if not items:
         raise UserError(f"No usable documents in {args.data} ({len(bad)} bad line(s))")
     settings_list = choices(args, settings)
-    bar: list = []  # drawn at the first row, so a refused --out (e.g. locked) prints one line only
-
-    def tick(k: int) -> None:
-        if not bar:
-            bar.append(tqdm(total=len(items) * len(settings_list), desc="batch", unit="doc", file=sys.stderr,
-                            dynamic_ncols=True))
-        bar[0].update(k)
-
+    if pool is None or pool.on_cpu:  # one timed pass, so the sentence before the run can say how long
+        shortest = min(items, key=lambda it: it.n)
+        cluster.time_a_pass(loaded, lambda: shortest.doc)
+    bar = cluster.Bar("batch")  # drawn when the run starts, so a refused --out (e.g. locked) prints one line only
     try:
         counts = run_items(
             loaded, items, settings_list, out=args.out, resume=bool(getattr(args, "resume", False)),
             batch_size=batch_size,
             max_new_tokens=int(getattr(args, "max_new_tokens", None) or tasks.MAX_ANSWER_TOKENS),
             targets=settings.targets, cosine_scale=settings.cosine_scale,
-            samples=max(1, int(getattr(args, "samples", 1) or 1)), report=report, progress=tick,
+            samples=max(1, int(getattr(args, "samples", 1) or 1)), report=report, pool=pool, tracker=bar,
         )
     finally:
-        if bar:
-            bar[0].close()
+        bar.close()
     msg = (f"{counts['written']} rows written, {counts['skipped']} already done, {counts['failed']} failed, "
            f"{n_bad} bad line(s) skipped")
     if args.out:

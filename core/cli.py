@@ -172,6 +172,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")
     s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
     s.add_argument("--max-new-tokens", type=_new_tokens, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
+    r_ = s.add_argument_group("on a Ray cluster (docs/cluster.md)")
+    r_.add_argument("--engine", choices=("local", "ray"), default="local",
+                    help="local: this process (default); ray: a pool of Ray actors, one model each")
+    r_.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port, ray://host:port; "
+                                      "default RAY_ADDRESS, else a new local Ray on this machine)")
+    r_.add_argument("--actors", type=int, help="--engine ray: how many actors (default: one per GPU, else one per "
+                                               "--cpus-per-actor CPUs)")
+    r_.add_argument("--cpus-per-actor", type=int, help="--engine ray without GPUs: torch threads per actor (default 1)")
     pp = sub.add_parser("perplexity", help="language-modelling perplexity over lengths x methods (the paper's Table 3)")
     _model_options(pp)
     pp.add_argument("--device", type=_device, help="cpu | cuda | cuda:N | auto")
@@ -379,15 +387,45 @@ def _lengths(spec: list[tuple[float, bool]] | None, train_length: int) -> list[i
 
 
 def cmd_sweep(args) -> int:
+    import contextlib
+
+    from core import cluster
+
+    def _interrupted(out: str | None) -> int:
+        """Ctrl-C: the jobs still out were cancelled; one line saying what stays, exit 130 (128 + SIGINT)."""
+        where = f"the rows written so far stay in {out}; --resume runs the rest" if out else "no --out, nothing kept"
+        print(f"interrupted: {where}", file=sys.stderr)
+        return 130
+
     st = args.settings_
-    loaded = _load(st.model, st.train_length, args.device, args.tokenizer)
+    on_ray = args.engine == "ray"
+    if not on_ray:
+        given = [o for o, v in (("--address", args.address), ("--actors", args.actors),
+                                ("--cpus-per-actor", args.cpus_per_actor)) if v is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: only with --engine ray (add it, or leave "
+                            f"{'this option' if len(given) == 1 else 'these options'} out)")
+    else:
+        for opt, v in (("--actors", args.actors), ("--cpus-per-actor", args.cpus_per_actor)):
+            if v is not None and not 1 <= v <= 100_000:
+                raise UserError(f"{opt} must be a whole number from 1 to 100,000, got {v}")
+        cluster.check_address(args.address or os.environ.get("RAY_ADDRESS") or None)  # before the model loads
+    # under Ray this process only tokenises, checks and writes: its copy of the model stays on the CPU
+    loaded = _load(st.model, st.train_length, "cpu" if on_ray else args.device, args.tokenizer)
+    pool = cluster.RayEngine(address=args.address, actors=args.actors, cpus_per_actor=args.cpus_per_actor or 1,
+                             device=args.device, tokenizer=args.tokenizer) if on_ray else None
     if args.data:
         from core.batch import run_jsonl
 
         _check_reference(loaded, args.methods.split(",") if args.methods else [st.method])
-        return run_jsonl(loaded, args, st)
+        try:
+            with pool or contextlib.nullcontext():
+                return run_jsonl(loaded, args, st, pool=pool)
+        except KeyboardInterrupt:
+            return _interrupted(args.out)
     from tqdm import tqdm
 
+    from core import tasks
     from core.sweep import SweepPlan, run_sweep
 
     methods = (args.methods or "none,log-length").split(",")
@@ -402,19 +440,25 @@ def cmd_sweep(args) -> int:
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
-    bars: list = []  # drawn at the first progress call: a refused sweep prints its one line and no bar
+    bar = cluster.Bar("sweep")  # drawn when the sweep starts: a refused sweep prints its one line and no bar
+    failed: list[str] = []
 
-    def progress(done: int, total: int, row) -> None:
-        if not bars:
-            bars.append(tqdm(total=total, desc="sweep", file=sys.stderr))
-        bars[0].n = done
-        bars[0].refresh()
+    def report(msg: str) -> None:
+        failed.append(msg)
+        tqdm.write(msg, file=sys.stderr)
 
     try:
-        df = run_sweep(loaded, plan, out=args.out, resume=args.resume, progress=progress)
+        with pool or contextlib.nullcontext():
+            if pool is None or pool.on_cpu:  # one timed pass, so the sentence before the sweep can say how long
+                cluster.time_a_pass(loaded, lambda: tasks.make(task, loaded.tokenizer, min(lengths), depth=0.5,
+                                                               seed=plan.seeds[0] if plan.seeds else 0))
+            df = run_sweep(loaded, plan, out=args.out, resume=args.resume, pool=pool, tracker=bar, report=report)
+    except KeyboardInterrupt:
+        return _interrupted(args.out)
     finally:
-        for bar in bars:
-            bar.close()
+        bar.close()
+    if failed:
+        print(f"{len(failed)} sweep job(s) failed (listed above); --resume runs their rows again", file=sys.stderr)
     if not args.out:
         from core import csvio
 

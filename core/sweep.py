@@ -16,19 +16,23 @@ scored on.
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, ContextManager, Iterable
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
-from core import csvio, engine, methods, tasks
+from core import csvio, engine, methods, tasks, temperature, timing
 from core.methods import method_label
 from core.validation import Depth, Samples, Seed, Tokens, validate
 from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
+
+if TYPE_CHECKING:  # Ray and the pool are imported only when a sweep runs on them
+    from core import cluster
 
 COLUMNS = [
     "model", "task", "tokens", "actual_tokens", "depth", "seed", "method", "tau",
@@ -104,52 +108,185 @@ def run_sweep(
     progress: Callable[[int, int, dict | None], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     guard: Callable[[], ContextManager] = contextlib.nullcontext,
+    pool: "cluster.RayEngine | None" = None,
+    tracker: "cluster.Tracker | None" = None,
+    report: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
-    """Run the plan; append rows to ``out`` (CSV) as they finish; return the table.
+    """Run the plan; append rows to ``out`` (CSV) as they finish; return the table (in plan order).
 
     ``progress(done, total, row)`` is called after each row (and once at the
     start with ``row=None``); ``should_stop()`` is polled between rows (the
     app's cancel button). ``guard()`` is entered around each row's passes:
     the app passes its pass gate, so a sweep and other sessions' passes take
     turns instead of sharing the memory one of them was checked against.
+
+    ``pool``: None runs here, one cell per job in plan order. A
+    :class:`core.cluster.RayEngine` runs the same cells, cut into jobs of
+    one length, one method and a slice of documents, on its actors, heaviest
+    first; a measured method's calibration is a job of its own that its
+    cells wait for. Either way every row comes from :func:`_cells_job` and is
+    written here (the one writer), so the rows are the same. On Ray a job
+    that fails twice goes to ``report`` (default: stderr) with its cells and
+    the sweep goes on; ``--resume`` reruns the missing rows. ``tracker``
+    hears of the plan and of each job (:class:`core.cluster.Bar`).
     """
+    from core import cluster
+
     plan = plan.validated()
     if plan.total:
         engine.check_length(loaded, max(plan.lengths))  # before a huge document is built, or the CSV touched
         _check_task(loaded, plan)
+    model = None
+    if pool is not None:
+        model = pool.model_ref(loaded)
+        pool.prepare(model)  # every actor loads the model before the CSV is touched
+    track = tracker or cluster.NO_TRACKER
+    say = report or (lambda msg: print(msg, file=sys.stderr))
     path = Path(out) if out else None
     with csvio.ResultCSV(path, COLUMNS, "sweep", resume=resume) as sink:
         done = _done_keys(sink.rows, path)
         rows: list[dict] = _typed(path) if sink.rows else []
-        taus: dict[tuple[int, str], float | list] = {}
-        count = 0
+        cells = list(enumerate(plan.cells()))
+        todo = [(i, c) for i, c in cells if _key(plan, *c) not in done]
         if progress:
             progress(0, plan.total, None)
-        for n, depth, seed, m in plan.cells():
-            key = tuple(_norm(k, v) for k, v in zip(KEY, (plan.model, plan.task, n, depth, seed, m)))
-            count += 1
-            if key in done:
-                if progress:
-                    progress(count, plan.total, None)
-                continue
-            if should_stop and should_stop():
-                break
-            doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
-            with guard():
-                tau = _tau_for(loaded, plan, n, m, doc, taus)
-                res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
-            row = {
-                "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
-                "depth": depth, "seed": seed, "method": m,
-                "tau": float(np.mean(tau)), "answer": res.answer, "expected": res.expected,
-                "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
-                "seconds": round(res.seconds["total"], 4),
-            }
-            rows.append(row)
+        workers = pool.workers if pool is not None else 1
+        jobs = _jobs(loaded, plan, todo, workers, model)
+        same_device = pool is None or (pool.on_cpu and loaded.device.type == "cpu")
+        seconds = cluster.estimate(jobs, timing.model_key(loaded), workers) if same_device else None
+        where = pool.where if pool is not None else "in this process"
+        track.start(len(todo) if pool is None else len(jobs), len(todo), seconds, where)
+        written = len(rows)
+        new: list[tuple[int, dict]] = []
+
+        def write(index: int, row: dict) -> None:
+            """The one writer: every finished row, local or from an actor, goes through here."""
+            nonlocal written
+            new.append((index, row))
             sink.write(row)
+            written += 1
             if progress:
-                progress(count, plan.total, row)
-    return pd.DataFrame(rows, columns=COLUMNS)
+                progress(index + 1 if pool is None else written, plan.total, row)
+
+        if pool is None:
+            taus: dict[tuple[int, str], float | list] = {}
+
+            def local_jobs() -> Iterator[cluster.Job]:
+                for i, (n, depth, seed, m) in cells:
+                    if _key(plan, n, depth, seed, m) in done:
+                        if progress:
+                            progress(i + 1, plan.total, None)
+                        continue
+                    yield cluster.Job(_cells_job, (plan, n, m, [(i, depth, seed)], taus), _label(plan, n, m, [(i, depth, seed)]))
+
+            def on_local(job: cluster.Job, result: list[tuple[int, dict]]) -> None:
+                for index, row in result:
+                    write(index, row)
+                track.advance(1, len(result))
+
+            cluster.run_local(local_jobs(), loaded, on_local, should_stop, guard)
+            return pd.DataFrame(rows + [r for _, r in new], columns=COLUMNS)
+
+        waiting = {j.tag: j for j in jobs if j.kind == "calibrate"}
+        held: dict[tuple[int, str], list[cluster.Job]] = {}
+        for j in jobs:
+            if j.kind == "cells" and j.tag in waiting:
+                held.setdefault(j.tag, []).append(j)
+        ready = [j for j in jobs if j.kind == "calibrate" or j.tag not in waiting]
+
+        def on_done(job: cluster.Job, result) -> list[cluster.Job]:
+            if job.kind == "calibrate":
+                track.advance(1, 0)
+                out = held.pop(job.tag, [])
+                for j in out:
+                    j.payload = (*j.payload[:4], {job.tag: result})
+                return out
+            for index, row in result:
+                write(index, row)
+            track.advance(1, len(result))
+            return []
+
+        def on_fail(job: cluster.Job, why: str) -> None:
+            track.advance(1, 0)
+            say(f"sweep job failed: {job.label}: {why}; its rows are missing (--resume runs them again)")
+            for j in held.pop(job.tag, []) if job.kind == "calibrate" else []:
+                track.advance(1, 0)
+                say(f"sweep job not run: {j.label}: its calibration failed")
+
+        pool.run(ready, on_done, on_fail, should_stop)
+    new.sort(key=lambda t: t[0])  # plan order, as a local sweep returns them (the CSV keeps arrival order)
+    return pd.DataFrame(rows + [r for _, r in new], columns=COLUMNS)
+
+
+def _key(plan: SweepPlan, n: int, depth: float, seed: int, m: str) -> tuple:
+    return tuple(_norm(k, v) for k, v in zip(KEY, (plan.model, plan.task, n, depth, seed, m)))
+
+
+def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]]) -> str:
+    """The cells of a job in words, for a failure report."""
+    depths = sorted({d for _, d, _ in cells})
+    seeds = sorted({s for _, _, s in cells})
+    span = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
+    return (f"{plan.task} at {n:,} tokens, method {m}, depth{'s' if len(depths) > 1 else ''} "
+            f"{','.join(f'{d:g}' for d in depths)}, {span} ({len(cells)} row{'s' if len(cells) != 1 else ''})")
+
+
+def _jobs(loaded: Loaded, plan: SweepPlan, todo: list[tuple[int, tuple]], workers: int,
+          model: "cluster.ModelRef | None") -> list["cluster.Job"]:
+    """The cells still to run as Ray jobs: per (length, method), slices of documents; a measured method's
+    calibration at that length is a job its slices wait for (they get its tau, ``tag`` = (length, method)).
+
+    Also the basis of the estimate said before a local sweep (the same work, in other pieces)."""
+    from core import cluster
+
+    groups: dict[tuple[int, str], list[tuple[int, float, int]]] = {}
+    for i, (n, depth, seed, m) in todo:
+        groups.setdefault((n, m), []).append((i, depth, seed))
+    size = cluster.chunk_size(len(todo), workers)
+    jobs: list[cluster.Job] = []
+    for (n, m), cells in groups.items():
+        slices = [cluster.Job(_cells_job, (plan, n, m, part, {}), _label(plan, n, m, part),
+                              passes=((len(part), n),), answers=((len(part), n),), model=model, tag=(n, m))
+                  for part in cluster.chunks(cells, size)]
+        if m in methods.MEASURED:
+            passes = tuple(timing.sweep_passes([n], 0, [m], plan.calib_samples, loaded.train_length, loaded.n_layers,
+                                               len(temperature.GRID)))
+            jobs.append(cluster.Job(_calibrate_job, (plan, n, m), f"calibrating {m} at {n:,} tokens",
+                                    passes=passes, unlocks=sum(j.cost for j in slices), model=model,
+                                    kind="calibrate", tag=(n, m)))
+        jobs += slices
+    return jobs
+
+
+def _calibrate_job(loaded: Loaded, payload: tuple) -> float | list:
+    """A measured method's tau at one length (a job of its own on Ray: its cells wait for it)."""
+    plan, n, m = payload
+    return _tau_for(loaded, plan, n, m, None, {})
+
+
+def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
+    """Rows of some cells of one length and one method: ``[(plan index, row)]``.
+
+    What every sweep row comes from, locally (one cell, the sweep's tau
+    cache) and on an actor (a slice; the calibrated tau in the cache)."""
+    from core.cluster import Cancelled, cancelled
+
+    plan, n, m, cells, cache = payload
+    out = []
+    for index, depth, seed in cells:
+        if cancelled():  # the driver was stopped: free this actor for its next run
+            raise Cancelled
+        doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
+        tau = _tau_for(loaded, plan, n, m, doc, cache)
+        res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
+        out.append((index, {
+            "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
+            "depth": depth, "seed": seed, "method": m,
+            "tau": float(np.mean(tau)), "answer": res.answer, "expected": res.expected,
+            "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
+            "seconds": round(res.seconds["total"], 4),
+        }))
+    return out
 
 
 def _check_task(loaded: Loaded, plan: SweepPlan) -> None:

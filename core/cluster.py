@@ -1,0 +1,659 @@
+"""Sweeps past one machine: the work cut into jobs, run heavy-first by a pool of Ray actors, one model each.
+
+Why: a results table (many documents, several models, 1x-16x L_tr, every
+method) is hours in one process; a cluster runs it in minutes, and Ray is the
+established way to fan Python work out over one. The sweeps themselves
+(:mod:`core.sweep`, :mod:`core.batch`, ``bench/results.py``) cut their work
+into :class:`Job` s; this module runs them:
+
+* :func:`run_local` runs jobs in this process, in the order given (a local
+  sweep keeps its plan order, so its CSV is what it always was);
+* :class:`RayEngine` runs them on a pool of actors. Each actor loads its
+  model once and keeps it; one GPU per actor when the cluster has GPUs (CUDA
+  and bfloat16, as :func:`core.models.pick_device` picks), otherwise a stated
+  number of CPU threads per actor. The driver stays the one writer: results
+  come back as jobs finish and the caller's ``on_done`` writes them with the
+  same code a local run uses. A job that fails (it raised, its actor died, a
+  GPU ran out of memory) is retried once, then handed to ``on_fail`` with its
+  label; the run goes on. Ctrl-C (or ``should_stop``) cancels the jobs still
+  out, by killing their actors, and keeps every finished row.
+* :class:`Queue` is the scheduler both use on a pool: the ready job with the
+  highest priority first. A cell's cost grows about with the square of its
+  length (:func:`cost`), and a job that unlocks others (a calibration its
+  cells wait for) adds their cost to its priority, so the last minutes are
+  not one 16x cell running alone. :func:`simulate` runs the same queue on
+  a clock instead of a cluster, for the bench's projections.
+
+Ray is imported only by :class:`RayEngine` (``--engine ray``): the CLI stays
+fast and the app never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Hashable, Iterable, Iterator, Protocol
+
+from core.errors import UserError
+
+#: Encoder passes (count, tokens): what a job runs, for its cost and its time estimate.
+Passes = tuple[tuple[int, int], ...]
+
+
+# -- jobs --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What an actor loads: the model's spec (source and L_tr) and a tokenizer override, if any.
+
+    Why not the loaded model: an actor loads its own copy on its own device
+    once and keeps it; a spec is a few strings to ship. The model must be
+    reachable from every node (a hub id, or a folder at the same path)."""
+
+    spec: Any  # core.models.ModelSpec (frozen, picklable)
+    tokenizer: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.spec.source, self.spec.train_length, self.tokenizer or "")
+
+
+@dataclass
+class Job:
+    """One piece of a sweep: ``fn(loaded, payload)`` on some worker, its result back to the driver.
+
+    ``fn`` must be a module-level function (Ray ships it by reference).
+    ``label`` names the cell(s) in a failure report. ``passes`` and
+    ``answers`` are (count, tokens) pairs of encoder passes and answer
+    generations: the job's cost and its time estimate. ``unlocks``: the cost
+    of the jobs that wait for this one (a calibration and its cells)."""
+
+    fn: Callable[[Any, Any], Any]
+    payload: Any
+    label: str
+    passes: Passes = ()
+    answers: Passes = ()
+    unlocks: float = 0.0
+    model: ModelRef | None = None
+    kind: str = "cells"
+    tag: Hashable = None  # the caller's own handle (e.g. which cell a result belongs to)
+
+    @property
+    def cost(self) -> float:
+        """Work in pass-token² units: a pass over n tokens costs n² (attention dominates long inputs)."""
+        return cost(self.passes)
+
+    @property
+    def priority(self) -> float:
+        return self.cost + self.unlocks
+
+
+def cost(passes: Iterable[tuple[int, int]]) -> float:
+    """Relative cost of encoder passes: count x tokens² each (a cell's cost grows about with its length squared)."""
+    return float(sum(c * float(n) ** 2 for c, n in passes))
+
+
+def chunk_size(items: int, workers: int, per_worker: int = 4, cap: int = 32) -> int:
+    """Documents per job: about ``per_worker`` jobs per worker over ``items`` documents, 1..``cap``.
+
+    Why: one document per job spends a round trip per document; one job per
+    (length, method) leaves workers idle while the last big one runs. Several
+    jobs per worker, heaviest first, keep the tail short."""
+    if items <= 0:
+        return 1
+    return max(1, min(cap, math.ceil(items / max(1, workers * per_worker))))
+
+
+def chunks(seq: list, size: int) -> list[list]:
+    """``seq`` in consecutive pieces of at most ``size`` (order kept)."""
+    size = max(1, int(size))
+    return [seq[i : i + size] for i in range(0, len(seq), size)]
+
+
+class Queue:
+    """Ready jobs, heaviest priority first (ties: the order they came in). The scheduler of
+    :class:`RayEngine` and of :func:`simulate` alike."""
+
+    def __init__(self, jobs: Iterable[Job] = (), heavy_first: bool = True):
+        self._heap: list[tuple[float, int, Job]] = []
+        self._seq = itertools.count()
+        self.heavy_first = heavy_first  # False: first come, first served (to show what heavy-first saves)
+        for job in jobs:
+            self.push(job)
+
+    def push(self, job: Job) -> None:
+        heapq.heappush(self._heap, (-job.priority if self.heavy_first else 0.0, next(self._seq), job))
+
+    def pop(self) -> Job:
+        return heapq.heappop(self._heap)[2]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+def estimate(jobs: Iterable[Job], model_key: Hashable, workers: int = 1) -> float | None:
+    """Seconds the jobs should take on ``workers`` workers like this process, from :mod:`core.timing`'s
+    measured pass times (None when this model has none): the total over the workers, at least the longest job."""
+    from core import timing
+
+    total, longest = 0.0, 0.0
+    for job in jobs:
+        enc = timing.total(model_key, list(job.passes))
+        gen = timing.total(model_key, list(job.answers), timing.GENERATE) if job.answers else 0.0
+        if enc is None or gen is None:
+            return None
+        total += enc + gen
+        longest = max(longest, enc + gen)
+    return max(total / max(1, workers), longest)
+
+
+def time_a_pass(loaded: Any, make_doc: Callable[[], Any]) -> None:
+    """Run (and so time, :mod:`core.timing`) one pass over ``make_doc()`` unless this model has a pass timed already.
+
+    Why: the sentence before a sweep says roughly how long it will take, and
+    :func:`estimate` scales measured pass times; a fresh process has none.
+    One short document costs a fraction of one row. A document that cannot be
+    built or run is left to the sweep itself to report."""
+    from core import engine, timing
+    from core.probes import ProbeSpec
+
+    if timing.measured(timing.model_key(loaded)):
+        return
+    with contextlib.suppress(ValueError, RuntimeError):
+        engine.run(loaded, make_doc(), engine.RunSettings(probes=ProbeSpec.stats_only()))
+
+
+# -- progress ---------------------------------------------------------------------------
+
+class Tracker(Protocol):
+    """What a sweep tells its progress display: the plan once, then each finished (or failed) job."""
+
+    def start(self, jobs: int, rows: int, seconds: float | None, where: str) -> None: ...
+
+    def advance(self, jobs: int = 1, rows: int = 0) -> None: ...
+
+    def add(self, jobs: int) -> None: ...
+
+
+class Bar:
+    """The CLI's progress for a sweep, local or on Ray alike: one sentence before it starts (how many jobs,
+    where, about how long), then a bar of jobs done / total with rows per second beside it (stderr).
+
+    Drawn at :meth:`start`, so a sweep refused before it starts prints its one error line and no bar."""
+
+    def __init__(self, desc: str = "sweep", file=None):
+        self.desc = desc
+        self.file = file
+        self.rows = 0
+        self.t0 = 0.0
+        self._bar = None
+
+    def start(self, jobs: int, rows: int, seconds: float | None, where: str) -> None:
+        from tqdm import tqdm
+
+        from core.timing import describe
+
+        out = self.file or sys.stderr
+        when = describe(seconds) if seconds is not None else "time unknown until the first jobs finish"
+        print(f"{self.desc}: {jobs:,} job{'s' if jobs != 1 else ''} ({rows:,} rows) {where}; {when}", file=out)
+        self.t0 = time.perf_counter()
+        self._bar = tqdm(total=jobs, desc=self.desc, unit="job", file=out, dynamic_ncols=True)
+
+    def advance(self, jobs: int = 1, rows: int = 0) -> None:
+        if self._bar is None:
+            return
+        self.rows += rows
+        rate = self.rows / max(1e-9, time.perf_counter() - self.t0)
+        self._bar.set_postfix_str(f"{self.rows:,} rows, {rate:.2f} rows/s", refresh=False)
+        self._bar.update(jobs)
+
+    def add(self, jobs: int) -> None:
+        if self._bar is not None and jobs:
+            self._bar.total += jobs
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class _NoTracker:
+    def start(self, jobs: int, rows: int, seconds: float | None, where: str) -> None:
+        pass
+
+    def advance(self, jobs: int = 1, rows: int = 0) -> None:
+        pass
+
+    def add(self, jobs: int) -> None:
+        pass
+
+
+NO_TRACKER: Tracker = _NoTracker()
+
+
+# -- running jobs ------------------------------------------------------------------------
+
+OnDone = Callable[[Job, Any], "Iterable[Job] | None"]
+OnFail = Callable[[Job, str], None]
+
+
+def run_local(jobs: Iterable[Job], loaded: Any, on_done: OnDone, should_stop: Callable[[], bool] | None = None,
+              guard: Callable[[], ContextManager] = contextlib.nullcontext) -> bool:
+    """Run ``jobs`` here, one after another, in the order given; False when ``should_stop`` ended it early.
+
+    Jobs ``on_done`` returns run next. An exception propagates (a local run
+    stops where it failed, as it always did); ``guard()`` is entered around
+    each job (the app's pass gate)."""
+    pending: list[Iterator[Job]] = [iter(jobs)]
+    while pending:
+        job = next(pending[-1], None)
+        if job is None:
+            pending.pop()
+            continue
+        if should_stop and should_stop():
+            return False
+        with guard():
+            result = job.fn(loaded, job.payload)
+        more = on_done(job, result)
+        if more:
+            pending.append(iter(list(more)))
+    return True
+
+
+class Cancelled(Exception):
+    """Raised inside a job whose run was cancelled (Ctrl-C on the driver): its results are not wanted."""
+
+
+def cancelled() -> bool:
+    """Whether the job running here was cancelled: True only inside a Ray actor task the driver cancelled.
+
+    Why: Ray cannot interrupt a running task of a plain actor; it sets a flag
+    (``ray.cancel``) that the task reads. Jobs of several documents check it
+    between documents, so a cancelled sweep frees its actors within one
+    document and they stay warm (their models loaded) for the next run."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    try:
+        return bool(ray.get_runtime_context().is_canceled())
+    except Exception:  # noqa: BLE001 - the driver, or a Ray without the flag: nothing to cancel here
+        return False
+
+
+class _Worker:
+    """A Ray actor: loads each model it is asked for once, keeps it, and runs jobs on it.
+
+    ``device``: "cuda" for a GPU actor (Ray gives it one GPU: cuda:0 is its
+    own), "cpu" otherwise, with ``threads`` torch threads."""
+
+    def __init__(self, device: str, threads: int):
+        import torch
+
+        self.device = device
+        self.threads = max(1, int(threads))
+        if device == "cpu":
+            torch.set_num_threads(self.threads)
+        self.models: dict[tuple, Any] = {}
+
+    def _model(self, ref: ModelRef | None):
+        if ref is None:
+            return None
+        if ref.key not in self.models:
+            from core.models import load
+
+            self.models[ref.key] = load(ref.spec, device=self.device, tokenizer=ref.tokenizer)
+        return self.models[ref.key]
+
+    def ready(self, ref: ModelRef | None) -> str:
+        """Load the model now (so a node that cannot reach it says so before any row is written); where we are."""
+        loaded = self._model(ref)
+        where = f"{socket.gethostname()} pid {os.getpid()}"
+        return where if loaded is None else f"{where} {loaded.device} {str(loaded.dtype).replace('torch.', '')}"
+
+    def run(self, fn: Callable[[Any, Any], Any], ref: ModelRef | None, payload: Any) -> Any:
+        try:
+            return fn(self._model(ref), payload)
+        except BaseException:
+            import torch
+
+            if torch.cuda.is_available():  # a GPU out of memory: free what the failed job held before the retry
+                torch.cuda.empty_cache()
+            raise
+
+
+def _reachable(address: str, timeout: float = 5.0) -> str | None:
+    """Why ``host:port`` cannot be reached (None when a TCP connection opens): ray.init would wait far longer."""
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return "not host:port (e.g. 10.0.0.5:6379, ray://10.0.0.5:10001 or auto)"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as err:
+        return err.strerror or type(err).__name__
+
+
+def check_address(address: str | None) -> str | None:
+    """An ``--address`` a Ray driver can use, or a :class:`UserError` in one line (no Ray import, no waiting).
+
+    ``auto`` (the cluster ``ray start`` made on this node) and ``local`` (a new
+    local Ray) are Ray's own words; anything else must be ``host:port`` (or
+    ``ray://host:port``) that answers a TCP connection within 5 s."""
+    if address is None:
+        return None
+    address = address.strip()
+    if not address:
+        raise UserError("--address is empty: give host:port of the Ray head, or auto")
+    if address in ("auto", "local"):
+        return address
+    why = _reachable(address)
+    if why is not None:
+        raise UserError(f"--address {address}: cannot reach a Ray cluster there ({why}); start one with "
+                        "`ray start --head` on the head node, or leave --address out for a local Ray")
+    return address
+
+
+@dataclass
+class RayEngine:
+    """A pool of Ray actors that runs jobs heavy-first (see the module docstring); a context manager.
+
+    ``address``: a running cluster (``auto``, ``host:port``, ``ray://...``),
+    else ``RAY_ADDRESS``, else a new local Ray on this machine (or the Ray
+    this process already started, as the tests do). ``actors``: how many
+    (default: one per GPU, else one per ``cpus_per_actor`` CPUs). ``device``:
+    None/"auto" uses GPUs when the cluster has any, "cpu" never does.
+    ``tokenizer``: the override the model needs, as ``--tokenizer``.
+    Actors start on the first :meth:`prepare` and are kept for later runs
+    (each keeps its models loaded) until :meth:`close`."""
+
+    address: str | None = None
+    actors: int | None = None
+    cpus_per_actor: int = 1
+    device: str | None = None
+    tokenizer: str | None = None
+    init_kwargs: dict = field(default_factory=dict)
+    _pool: list = field(default_factory=list, init=False, repr=False)
+    _started_ray: bool = field(default=False, init=False, repr=False)
+    _gpu: bool = field(default=False, init=False, repr=False)
+    _size: int = field(default=0, init=False, repr=False)
+    _cls: Any = field(default=None, init=False, repr=False)
+
+    # -- connecting --
+
+    def __enter__(self) -> RayEngine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> RayEngine:
+        """Join (or start) Ray and size the pool; a :class:`UserError` in one line when that cannot be done."""
+        try:
+            import ray
+        except ImportError:
+            raise UserError("--engine ray needs Ray: pip install 'ray>=2.40'") from None
+        if self.cpus_per_actor < 1:
+            raise UserError("--cpus-per-actor must be at least 1")
+        if self.actors is not None and self.actors < 1:
+            raise UserError("--actors must be at least 1")
+        if not ray.is_initialized():
+            address = check_address(self.address or os.environ.get("RAY_ADDRESS") or None)
+            kwargs = {"log_to_driver": False, "logging_level": logging.ERROR, **self.init_kwargs}
+            if address in (None, "local"):
+                kwargs.setdefault("include_dashboard", False)
+            try:
+                ray.init(address=address or "local", **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise UserError(f"cannot join the Ray cluster at {address or 'a new local Ray'}: "
+                                f"{' '.join(str(err).split())[:200]}") from None
+            self._started_ray = True
+        try:
+            self._size_pool(ray.cluster_resources())
+        except UserError:
+            self.close()  # a Ray this call started stops again: nothing is left running
+            raise
+        return self
+
+    def _size_pool(self, res: dict) -> None:
+        gpus, cpus = int(res.get("GPU", 0)), int(res.get("CPU", 0))
+        # any cuda device means GPU actors: Ray gives each one GPU, which it sees as cuda:0
+        self._gpu = gpus > 0 and self.device != "cpu"
+        if self.device and self.device.startswith("cuda") and gpus == 0:
+            raise UserError(f"--device {self.device} with --engine ray: the Ray cluster has no GPU")
+        if self._gpu:
+            size, need, have, unit = self.actors or gpus, self.actors or gpus, gpus, "GPU"
+        else:
+            size = self.actors or max(1, cpus // self.cpus_per_actor)
+            need, have, unit = size * self.cpus_per_actor, cpus, "CPU"
+        if need > have:
+            raise UserError(f"{size} actors need {need} {unit}s; the Ray cluster has {have}. "
+                            "Ask for fewer --actors (or fewer --cpus-per-actor)")
+        self._size = size
+
+    @property
+    def workers(self) -> int:
+        """How many actors run jobs side by side."""
+        return self._size
+
+    @property
+    def where(self) -> str:
+        """The pool in words, for the sentence before a sweep."""
+        each = "one GPU each" if self._gpu else f"{self.cpus_per_actor} CPU thread{'s' if self.cpus_per_actor > 1 else ''} each"
+        return f"on {self._size} Ray actor{'s' if self._size != 1 else ''} ({each})"
+
+    @property
+    def on_cpu(self) -> bool:
+        return not self._gpu
+
+    def model_ref(self, loaded: Any) -> ModelRef:
+        """What the actors load for ``loaded`` (its spec, this engine's tokenizer override)."""
+        return ModelRef(loaded.spec, self.tokenizer)
+
+    # -- the pool --
+
+    def _new_actor(self):
+        import ray
+
+        if self._cls is None:
+            self._cls = ray.remote(_Worker)
+        cls = self._cls
+        if self._gpu:
+            opts = {"num_gpus": 1, "num_cpus": 1}
+        else:
+            opts = {"num_cpus": self.cpus_per_actor}
+        return cls.options(**opts, max_restarts=0).remote("cuda" if self._gpu else "cpu", self.cpus_per_actor)
+
+    def prepare(self, model: ModelRef | None) -> list[str]:
+        """Start the pool (if not yet) and load ``model`` on every actor; where each runs.
+
+        Called before a sweep touches its CSV: a node that cannot load the
+        model (a folder it does not have, a hub it cannot reach) ends it with
+        one :class:`UserError` instead of a CSV of failures."""
+        import ray
+
+        if self._size == 0:
+            self.start()
+        while len(self._pool) < self._size:
+            self._pool.append(self._new_actor())
+        try:
+            return ray.get([a.ready.remote(model) for a in self._pool])
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None) or err
+            src = model.spec.source if model is not None else "?"
+            raise UserError(f"a Ray actor could not load the model {src}: {' '.join(str(cause).split())[:300]}. "
+                            "Every node needs the model: a hub id it can download (or has cached), or a folder at "
+                            "the same path on every node (a shared file system)") from None
+        except ray.exceptions.RayActorError as err:
+            self._kill_pool()
+            raise UserError(f"a Ray actor died while loading the model: {' '.join(str(err).split())[:200]}") from None
+
+    def _kill_pool(self) -> None:
+        import ray
+
+        for actor in self._pool:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self._pool = []
+
+    def release(self) -> None:
+        """Stop the actors (their models and resources go back to the cluster); the next run starts new ones."""
+        self._kill_pool()
+
+    def close(self) -> None:
+        """Stop the actors; shut Ray down only if :meth:`start` started it."""
+        if self._pool:
+            with contextlib.suppress(Exception):
+                self._kill_pool()
+        if self._started_ray:
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            self._started_ray = False
+        self._size = 0
+
+    # -- running --
+
+    def run(self, jobs: Iterable[Job], on_done: OnDone, on_fail: OnFail,
+            should_stop: Callable[[], bool] | None = None, retries: int = 1) -> bool:
+        """Run ``jobs`` (and what ``on_done`` returns) on the pool, heaviest first; False when stopped early.
+
+        ``on_done(job, result)`` runs here, in the driver, as each job
+        finishes: the one writer. A failed job goes back into the queue
+        ``retries`` times (an actor that died is replaced first), then to
+        ``on_fail(job, why)``. Ctrl-C or ``should_stop()`` kill the actors,
+        cancelling every job still out; finished results stay delivered."""
+        import ray
+        from ray.exceptions import RayActorError, RayError, RayTaskError
+
+        while self._pool and len(self._pool) < self._size:  # actors killed by an earlier cancel
+            self._pool.append(self._new_actor())
+        if not self._pool:
+            self.prepare(None)
+        queue = Queue(jobs)
+        tries: dict[int, int] = {}
+        idle = list(self._pool)
+        out: dict[Any, tuple[Job, Any]] = {}
+        try:
+            while queue or out:
+                while idle and queue:
+                    job = queue.pop()
+                    actor = idle.pop()
+                    out[actor.run.remote(job.fn, job.model, job.payload)] = (job, actor)
+                ready, _ = ray.wait(list(out), num_returns=1, timeout=0.5)
+                if should_stop and should_stop():
+                    self._cancel(out)
+                    return False
+                for ref in ready:
+                    job, actor = out.pop(ref)
+                    try:
+                        result = ray.get(ref)
+                    except RayTaskError as err:  # the job raised; its actor lives on
+                        idle.append(actor)
+                        why = _why(err)
+                    except (RayActorError, RayError) as err:  # the actor (or its node) died: replace it
+                        with contextlib.suppress(Exception):
+                            ray.kill(actor, no_restart=True)
+                        self._pool = [a for a in self._pool if a is not actor]
+                        fresh = self._new_actor()
+                        self._pool.append(fresh)
+                        idle.append(fresh)
+                        why = f"its Ray actor died ({type(err).__name__}: {' '.join(str(err).split())[:160]})"
+                    else:
+                        idle.append(actor)
+                        for more in on_done(job, result) or ():
+                            queue.push(more)
+                        continue
+                    n = tries.get(id(job), 0)
+                    if n < retries:
+                        tries[id(job)] = n + 1
+                        queue.push(job)
+                    else:
+                        on_fail(job, f"{why} (tried {n + 1} times)")
+        except BaseException:  # Ctrl-C (or a writer that failed): cancel what is still out, keep what is written
+            self._cancel(out)
+            raise
+        return True
+
+    def _cancel(self, out: dict, grace: float = 5.0) -> None:
+        """Cancel the jobs still out and drop their results; an actor whose job has not stopped within
+        ``grace`` seconds (one long document) is killed instead, so nothing of this run goes on running."""
+        if not out:
+            return
+        import ray
+
+        refs = list(out)
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+        with contextlib.suppress(Exception):
+            _, refs = ray.wait(refs, num_returns=len(refs), timeout=grace)
+        stuck = {id(out[r][1]): out[r][1] for r in refs}
+        for actor in stuck.values():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self._pool = [a for a in self._pool if id(a) not in stuck]
+        out.clear()
+
+
+def _why(err: BaseException) -> str:
+    """A failed job's cause in one line: the exception the job raised, not Ray's wrapper and traceback."""
+    cause = getattr(err, "cause", None)
+    if cause is not None:
+        return f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}"
+    return " ".join(str(err).split())[:200]
+
+
+# -- the scheduler on a clock --------------------------------------------------------------
+
+@dataclass
+class Simulation:
+    """What :func:`simulate` found: the time to the last job on ``workers`` workers, and the work done."""
+
+    workers: int
+    makespan: float
+    work: float
+    jobs: int
+    longest: float
+
+    @property
+    def busy(self) -> float:
+        """Share of worker time spent on jobs (1.0: no worker ever waited)."""
+        return self.work / max(1e-12, self.workers * self.makespan)
+
+
+def simulate(jobs: Iterable[Job], workers: int, seconds: Callable[[Job], float],
+             follow: Callable[[Job], Iterable[Job]] | None = None, overhead: float = 0.0,
+             heavy_first: bool = True) -> Simulation:
+    """The :class:`RayEngine` schedule, run on a clock: ``workers`` workers, each job taking ``seconds(job)``
+    plus ``overhead``; a worker that frees takes the ready job of highest priority (:class:`Queue`), and the
+    jobs ``follow(job)`` returns become ready when ``job`` ends (a calibration's cells). A simulation, not a
+    measurement: no contention, no failures, no start-up. ``heavy_first=False``: in the order given."""
+    queue = Queue(jobs, heavy_first)
+    running: list[tuple[float, int, Job]] = []
+    seq = itertools.count()
+    t = work = longest = 0.0
+    free, count = max(1, int(workers)), 0
+    while queue or running:
+        while free and queue:
+            job = queue.pop()
+            s = float(seconds(job)) + overhead
+            work += s
+            longest = max(longest, s)
+            count += 1
+            heapq.heappush(running, (t + s, next(seq), job))
+            free -= 1
+        t, _, job = heapq.heappop(running)
+        free += 1
+        for more in (follow(job) if follow else None) or ():
+            queue.push(more)
+    return Simulation(max(1, int(workers)), t, work, count, longest)
