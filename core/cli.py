@@ -136,6 +136,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokens", type=_tokens, help=f"document length in tokens, 1..{MAX_LENGTH:,} (default: L_tr)")
     g.add_argument("--depth", type=_depth, help="needle depth 0..1 (default 0.5)")
     g.add_argument("--seed", type=_seed)
+    g.add_argument("--haystack", choices=("default", "corpus-eval"),
+                   help="filler of passkey/topic/multidoc: the task's own (default; the pass key's is the paper's one "
+                        "fixed text) or held-out corpus prose (every seed another haystack)")
     g.add_argument("--text-file", help=f"task text: your document (UTF-8, at most {MAX_TEXT_CHARS:,} characters)")
     g.add_argument("--needle", help="task text: sentence to insert (default: a pass key sentence)")
     g.add_argument("--question")
@@ -232,7 +235,8 @@ def _settings(args):
     text = _read_text(args.text_file) if getattr(args, "text_file", None) else None
     over = {k: v for k, v in {
         "task": args.task or ("text" if text is not None else None), "tokens": args.tokens, "depth": args.depth,
-        "seed": args.seed, "text": text, "needle": args.needle, "question": args.question, "expected": args.expected,
+        "seed": args.seed, "haystack": args.haystack, "text": text, "needle": args.needle, "question": args.question,
+        "expected": args.expected,
     }.items() if v is not None}
     doc = replace(base.document, **over) if over else base.document
     method, tau = base.method, base.tau
@@ -437,6 +441,7 @@ def cmd_sweep(args) -> int:
         plan = SweepPlan(
             model=loaded.spec.name, task=task, lengths=lengths, depths=list(args.depths),
             seeds=[(st.document.seed or 0) + i for i in range(args.samples)], methods=methods,
+            haystack=st.document.haystack,
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None

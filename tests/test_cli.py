@@ -182,3 +182,16 @@ def test_os_error_is_one_line(tiny_dir, tmp_path, capsys):
     out = tmp_path / ("n" * 300 + ".csv")  # longer than any file system allows: open() raises OSError
     assert main(["rpe", "--model", str(tiny_dir), "--out", str(out), "--length", "10"]) == 2
     assert "too long" in _one_error_line(capsys).lower()
+
+
+def test_haystack_option_reaches_runs_and_sweeps(tiny_dir, tmp_path, capsys):
+    base = ["--model", str(tiny_dir), "--tokens", "400", "--seed", "3"]
+    fixed = _json(capsys, ["run", "--json", *base])
+    varied = _json(capsys, ["run", "--json", *base, "--haystack", "corpus-eval"])
+    assert fixed["expected"] == varied["expected"] and fixed["pmax"] != varied["pmax"]  # same key, another haystack
+    out = tmp_path / "h.csv"
+    assert main(["sweep", "--model", str(tiny_dir), "--lengths", "300", "--methods", "none", "--samples", "2",
+                 "--haystack", "corpus-eval", "--out", str(out)]) == 0
+    rows = _rows(out)
+    assert len(rows) == 2
+    assert main(["run", *base, "--haystack", "nowhere"]) == 2
