@@ -511,6 +511,52 @@ def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The language model's table: tau = 1, the closed forms, Algorithm 1 (grid and refined), per-layer and per-head,
+#: and fixed taus (the best of which is an oracle chosen on the test sequences, marked so in the table).
+LM_METHODS = ("none", "log-length", "yarn", "infoscale", "pmax", "entropy", "pmax-refined", "per-layer", "per-head",
+              "0.9", "0.8", "0.7", "0.6")
+
+
+def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, out: Path, methods: list[str]) -> None:
+    """Perplexity of a language model over L_tr x ``multiples`` x ``methods`` (core.perplexity, resumable CSV),
+    then ``<out>/<model>.md``: the table with the best fixed tau marked as an oracle."""
+    from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
+
+    loaded = load(name)
+    lt = loaded.train_length
+    plan = PerplexityPlan(model=loaded.spec.name, lengths=sorted({int(round(k * lt)) for k in multiples}),
+                          methods=methods, sequences=sequences, batch_size=batch, calib_seed=CALIB_SEED)
+    csv = csv_path(out, name)
+    bar = tqdm(total=plan.total, desc=f"{name} perplexity (sequences)", file=sys.stderr)
+
+    def progress(done: int, total: int, row) -> None:
+        bar.n = done
+        bar.refresh()
+
+    try:
+        df = run_perplexity(loaded, plan, out=csv, resume=csv.exists(), progress=progress)
+    finally:
+        bar.close()
+    table = perplexity_table(df)
+    fixed = [m for m in table.index if str(m).startswith("tau=")]
+    if fixed:  # the oracle: per length, the best fixed tau on these very sequences
+        best = table.loc[fixed].min()
+        which = table.loc[fixed].idxmin()
+        table.loc["best fixed tau (oracle)"] = best
+        table = table.drop(index=fixed)
+    lines = [f"# {name}: perplexity of the next {plan.continuation} tokens (L_tr = {lt})", "",
+             f"{sequences} held-out sequences per cell (seeds 0..{sequences - 1}, core.tasks.lm, corpus-eval pool); "
+             f"measured methods calibrated on 4 sequences with seeds from {CALIB_SEED:,}; corpus-level perplexity "
+             "exp(sum -log p / tokens).", "",
+             "| method | " + " | ".join(f"{int(c):,} ({c / lt:g}x)" for c in table.columns) + " |",
+             "|---" * (len(table.columns) + 1) + "|"]
+    for m, row in table.iterrows():
+        lines.append(f"| {m} | " + " | ".join(f"{v:.1f}" for v in row.to_numpy()) + " |")
+    if fixed:
+        lines += ["", "Best fixed tau per length: " + ", ".join(f"{int(c):,}: {which[c]}" for c in table.columns)]
+    csv.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="*", default=None)
@@ -523,6 +569,9 @@ def main() -> None:
     p.add_argument("--tables-only", action="store_true", help="rewrite the .md tables from the existing .csv files")
     p.add_argument("--merge", nargs="+", metavar="DIR", default=None,
                    help="fold the cells of these other --out folders into --out (runs side by side need one --out each)")
+    lm = p.add_argument_group("language models (card tasks [\"lm\"]): perplexity over length x method")
+    lm.add_argument("--sequences", type=int, default=200, help="held-out sequences per cell (seeds 0..sequences-1)")
+    lm.add_argument("--lm-methods", default=",".join(LM_METHODS), help="comma list: registry names and fixed taus")
     r = p.add_argument_group("on a Ray cluster (docs/cluster.md)")
     r.add_argument("--engine", choices=("local", "ray"), default="local")
     r.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port; default RAY_ADDRESS, else a local Ray)")
@@ -557,6 +606,10 @@ def main() -> None:
             p.exit(2, f"error: {err}\n")
     try:
         for name in names:
+            if card_tasks(load(name)) == [tasks.LM]:  # a language model: the perplexity table (Table 3)
+                run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","))
+                print(csv_path(out, name).with_suffix(".md").read_text())
+                continue
             run_model(name, a.tasks or card_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs,
                       pool=pool)
             md = csv_path(out, name).with_suffix(".md")

@@ -186,7 +186,8 @@ def perplexity_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens
     """Perplexity pivot, method x length: the layout of the paper's Table 3."""
     d = df.copy()
     d["perplexity"] = pd.to_numeric(d["perplexity"])
-    return d.pivot_table(index=rows, columns=cols, values="perplexity", aggfunc="mean").round(2)
+    table = d.pivot_table(index=rows, columns=cols, values="perplexity", aggfunc="mean").round(2)
+    return table.reindex(list(dict.fromkeys(d[rows])))  # the plan's order, not the alphabet's
 
 
 def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
