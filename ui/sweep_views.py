@@ -101,18 +101,26 @@ def cost(ctx: sb.Context, plan: SweepPlan) -> tuple:
     return mk, planned, gen_s
 
 
-def run(ctx: sb.Context, plan: SweepPlan, mk, planned, gen_s) -> Path:
-    """Start / Resume / Stop, and the sweep itself with progress and time left; the rows' CSV path."""
+def _buttons(path: Path, total: int, prefix: str, label: str, unit: str) -> tuple[bool, bool]:
+    """Start / Resume / Stop for a run writing ``path`` (keys ``{prefix}_start`` ...): (start, resume) pressed.
+    A stop requested by the last run is reported; a start clears it."""
     ss = st.session_state
-    path = _csv_path()
     b1, b2, b3 = st.columns(3)
-    start = b1.button("Start sweep", type="primary", key="sw_start", disabled=plan.total == 0)
-    resume = b2.button("Resume", key="sw_resume", disabled=not path.exists() or plan.total == 0)
-    b3.button("Stop", key="sw_stop_btn", on_click=_stop, help="Stops after the current document; finished rows stay.")
+    start = b1.button(label, type="primary", key=f"{prefix}_start", disabled=total == 0)
+    resume = b2.button("Resume", key=f"{prefix}_resume", disabled=not path.exists() or total == 0)
+    b3.button("Stop", key=f"{prefix}_stop_btn", on_click=_stop, help=f"Stops after the current {unit}; finished rows stay.")
     if ss.pop("sw_stop", False) and not (start or resume):
-        st.warning("Sweep stopped; the table below holds the rows finished so far.")
+        st.warning(f"Stopped; the table below holds the {unit}s' rows finished so far.")
     if start or resume:
         ss["sw_stop"] = False
+    return start, resume
+
+
+def run(ctx: sb.Context, plan: SweepPlan, mk, planned, gen_s) -> Path:
+    """Start / Resume / Stop, and the sweep itself with progress and time left; the rows' CSV path."""
+    path = _csv_path()
+    start, resume = _buttons(path, plan.total, "sw", "Start sweep", "document")
+    if start or resume:
         full = None if planned is None or gen_s is None else planned + gen_s
         bar = st.progress(0.0, text="starting…" + ("" if full is None else f" ({timing.describe(full)} planned)"))
         # Time left: the time so far, scaled by the planned cost of the rows left over that of the rows run
@@ -212,16 +220,9 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
 
 def lm_run(ctx: sb.Context, plan: PerplexityPlan) -> Path:
     """Start / Resume / Stop, and the perplexity runs with progress (sequences done / total); the CSV path."""
-    ss = st.session_state
     path = _csv_path().with_name("perplexity.csv")
-    b1, b2, b3 = st.columns(3)
-    start = b1.button("Start", type="primary", key="lm_start", disabled=plan.total == 0)
-    resume = b2.button("Resume", key="lm_resume", disabled=not path.exists() or plan.total == 0)
-    b3.button("Stop", key="lm_stop_btn", on_click=_stop, help="Stops after the current cell; finished rows stay.")
-    if ss.pop("sw_stop", False) and not (start or resume):
-        st.warning("Stopped; the table below holds the cells finished so far.")
+    start, resume = _buttons(path, plan.total, "lm", "Start", "cell")
     if start or resume:
-        ss["sw_stop"] = False
         bar = st.progress(0.0, text="starting…")
         t0 = time.perf_counter()
 
