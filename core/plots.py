@@ -629,3 +629,28 @@ def perplexity_over_length(table: pd.DataFrame, train_length: int | None = None,
     _length_ticks(fig, xs + ([train_length] if train_length else []), train_length)
     fig.update_yaxes(title="perplexity (log)", type="log")
     return _layout(fig, title, height=400)
+
+
+def head_ratio_maps(panels: Mapping[str, np.ndarray], reference: np.ndarray, name: str = "Pmax",
+                    title: str | None = None) -> go.Figure:
+    """Per layer and head, a statistic over its value at L_tr (tau = 1), one heatmap per panel on one scale.
+
+    Why per head: the layer means (and Algorithm 1's global mean) hide heads
+    that stay saturated (ratio near 1 whatever the length) and heads that go
+    flat; a ratio of 1 (white) is a head that looks as it did in training."""
+    reference = np.asarray(reference, dtype=float)
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.08)
+    for i, (label, values) in enumerate(panels.items()):
+        v = np.asarray(values, dtype=float)
+        if v.shape != reference.shape:
+            raise ValueError(f"{label}: values {v.shape} and reference {reference.shape} differ")
+        ratio = v / np.where(reference > 0, reference, np.nan)
+        fig.add_heatmap(
+            z=ratio, x=[f"h{h}" for h in range(v.shape[1])], y=[f"layer {l}" for l in range(v.shape[0])],
+            zmin=0.0, zmax=2.0, colorscale="RdBu", reversescale=False, showscale=i == len(panels) - 1,
+            colorbar=dict(title=f"{name} / L_tr"), text=[[f"{x:.2f}" for x in row] for row in ratio],
+            texttemplate="%{text}", hovertemplate="%{y}, %{x}: %{z:.2f} of L_tr<extra>" + label + "</extra>",
+            row=1, col=i + 1,
+        )
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, title, height=120 + 40 * reference.shape[0])

@@ -266,3 +266,12 @@ def test_perplexity_over_length_draws_one_line_per_method():
     assert list(fig.data[0].y) == [30.0, 400.0] and fig.layout.yaxis.type == "log"
     with pytest.raises(ValueError):
         plots.perplexity_over_length(table.iloc[0:0])
+
+
+def test_head_ratio_maps_are_value_over_reference():
+    ref = np.array([[0.5, 0.2], [0.4, 0.1]])
+    fig = plots.head_ratio_maps({"tau = 1": ref * 0.5, "chosen": ref}, ref)
+    assert len(fig.data) == 2
+    assert np.allclose(fig.data[0].z, 0.5) and np.allclose(fig.data[1].z, 1.0)
+    with pytest.raises(ValueError):
+        plots.head_ratio_maps({"bad": ref[:1]}, ref)

@@ -74,6 +74,13 @@ def meters(ctx: sb.Context, base, chosen, ref) -> None:
     )
     chosen_s, ref_s, base_s = ({"Pmax": r.probes.layer_pmax, "entropy H": r.probes.layer_entropy} for r in (chosen, ref, base))
     chart(cache.figure(plots.meters_pair, chosen_s, ref_s, base_s), "meters")
+    with st.expander("Per head: Pmax over its value at L_tr"):
+        st.caption("Each cell is one head's mean Pmax here over the same head's at L_tr (tau = 1): 1 (white) looks as "
+                   "in training, red has dispersed, blue is sharper than in training. A global tau moves every head "
+                   "at once; saturated heads (near 1 at any length) and flat ones pull the mean Algorithm 1 matches, "
+                   "which is why per-head alignment (method list) gives each head its own tau.")
+        panels = {"tau = 1": base.probes.pmax[0], f"chosen tau = {ctx.tau_text()}": chosen.probes.pmax[0]}
+        chart(cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "head_pmax")
 
 
 def maps(ctx: sb.Context, base, chosen, ref) -> None:
