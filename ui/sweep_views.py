@@ -75,11 +75,22 @@ def controls(ctx: sb.Context) -> SweepPlan:
     plan = SweepPlan(
         model=ctx.model_ref, task=task, lengths=[k * lt for k in sorted(ss["sw_lengths"])],
         depths=[d / 100 for d in sorted(ss["sw_depths"])], seeds=list(range(int(ss["sw_seeds"]))), methods=chosen,
-        calib_samples=int(ss["sw_samples"]),
+        calib_samples=int(ss["sw_samples"]), haystack=ctx.request.haystack if task == ctx.request.task else "default",
     )
-    st.caption(f"{plan.total} runs of task `{task}` on {ctx.loaded.spec.name}. Rows are written as they finish, so a "
-               "stopped sweep keeps its rows and 'Resume' skips them.")
+    st.caption(f"{plan.total} runs of task `{task}` on {ctx.loaded.spec.name}. {documents_note(plan)} Rows are written "
+               "as they finish, so a stopped sweep keeps its rows and 'Resume' skips them.")
     return plan
+
+
+def documents_note(plan: SweepPlan) -> str:
+    """How many documents each length x method cell averages, and how different they really are."""
+    n, keys = len(plan.seeds) * len(plan.depths), len(plan.seeds)
+    note = f"Each cell averages {n} documents ({keys} seeds × {len(plan.depths)} depths)"
+    if plan.haystack == "default" and plan.task in tasks.HAYSTACK_TASKS:
+        return (note + f": with the task's own filler (sidebar: Filler) a seed changes the {'key' if plan.task == 'passkey' else 'answer'} "
+                "and a depth where it sits, not the text around it" + (" (the pass key's filler is one fixed text)"
+                if plan.task == "passkey" else "") + "; held-out corpus filler gives every seed its own haystack.")
+    return note + "."
 
 
 def cost(ctx: sb.Context, plan: SweepPlan) -> tuple:
