@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from core import engine, tasks, temperature
+from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
 from core.temperature import Calibration, LayerStats
@@ -28,7 +29,11 @@ def reference_document(loaded: Loaded, document: tasks.Document, length: int | N
     length = length or loaded.train_length
     if document.task in tasks.GENERATED:
         haystack = document.meta.get("haystack", "default")
-        return tasks.make(document.task, loaded.tokenizer, length, depth=document.depth, seed=document.seed, haystack=haystack)
+        try:
+            return tasks.make(document.task, loaded.tokenizer, length, depth=document.depth, seed=document.seed,
+                              haystack=haystack)
+        except ValueError as err:  # e.g. a task that does not fit in this model's L_tr: nothing to compare with
+            raise UserError(f"No L_tr reference for this document: {err}") from None
     return _text_window(loaded, document, length)
 
 

@@ -12,21 +12,24 @@ from ui import sweep_views as sv
 
 def main() -> None:
     page_setup("Sweep")
-    st.title("Sweep: accuracy over length, depth and method")
-    st.caption(
+    title, what = st.empty(), st.empty()  # filled once the sidebar says which kind of document this is
+    ctx = sb.sidebar()
+    if ctx.request.task == tasks.LM:  # a language model: perplexity over length x method (Table 3)
+        title.title("Sweep: perplexity over length and method")
+        what.caption("Scores held-out sequences at several prefix lengths with each method: the perplexity of the "
+                     "text that follows. Measured methods are calibrated once per length on separate sequences "
+                     f"(never on the scored ones). The layout of the paper's Table 3. Paper: {PAPER}.")
+        sv.lm_results(sv.lm_run(ctx, sv.lm_controls(ctx)))
+        return
+    title.title("Sweep: accuracy over length, depth and method")
+    what.caption(
         "Runs the same task many times: lengths × needle depths × seeds × methods. Measured methods are calibrated "
         "once per length on separate calibration documents (never on the scored ones). Two views: the "
         "needle-in-a-haystack map (depth × length) and the paper's Table 4 layout (method × length). "
         f"Paper: {PAPER}."
     )
-    ctx = sb.sidebar()
-    if ctx.request.task == tasks.LM:  # a language model: perplexity over length x method (Table 3)
-        plan = sv.lm_controls(ctx)
-        sv.lm_results(sv.lm_run(ctx, plan))
-        return
     plan = sv.controls(ctx)
     path = sv.run(ctx, plan, *sv.cost(ctx, plan))
     sv.results(path)
-
 
 main()

@@ -426,3 +426,17 @@ def test_filler_choice_makes_every_seed_another_haystack(env):
     at.selectbox(key="doc_task").set_value("lm").run()  # lm reads its own held-out pool: no choice offered
     _ok(at)
     assert not [s for s in at.selectbox if s.key == "doc_haystack"]
+
+
+def test_a_language_model_opened_from_a_link_gets_its_task(lm_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(tokens="256")  # a link without a task: the model's kind of document
+    at.run()
+    _ok(at)
+    assert at.session_state["doc_task"] == "lm" and at.session_state["doc_tokens"] == 256
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(task="passkey", tokens="300")  # a link naming a task keeps it
+    at.run()
+    assert at.session_state["doc_task"] == "passkey"
+    # this byte-level model's L_tr (128) cannot hold a pass key document: one message, no traceback
+    assert not at.exception and any("No L_tr reference" in e.value for e in at.error)

@@ -228,10 +228,12 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     ss, sb = st.session_state, st.sidebar
     lt = loaded.train_length
     if ss.get("_ltr") != (ss["_model_ref"], lt) or ss.get("doc_tokens") is None:
-        if ss.get("_ltr") is not None or ss.get("doc_tokens") is None:
+        first = ss.get("_ltr") is None
+        if not first or ss.get("doc_tokens") is None:
             ss["doc_tokens"] = lt  # a new model: start at its training length
-            if loaded.language_model or ss.get("doc_task") == tasks.LM:  # and with its kind of document
-                ss["doc_task"] = tasks.LM if loaded.language_model else "passkey"
+        # ... and with its kind of document, unless the page was opened from a link that names a task
+        if not (first and "task" in st.query_params) and (loaded.language_model or ss.get("doc_task") == tasks.LM):
+            ss["doc_task"] = tasks.LM if loaded.language_model else "passkey"
         ss["_ltr"] = (ss["_model_ref"], lt)
     if ss.get("_url_multiple"):
         ss["doc_tokens"] = int(ss.pop("_url_multiple")) * lt
