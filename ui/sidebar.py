@@ -336,8 +336,14 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
         bar.empty()
     if method != "fixed":
         a = np.asarray(schedule, dtype=float)
-        shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} layers)"
+        what = "layers" if a.ndim == 1 else "layers x heads"
+        shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} {what})"
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
+        if info.get("reached") is False:  # Algorithm 1 ended where its range did, not at a match: say so
+            where.caption(f":orange[The curve never reached the L_tr reference in the range searched: tau = {shown} "
+                          f"is where the search stopped, short by {info.get('gap', 0.0):+.4f}"
+                          + (f"; heads left at 1: {len(info['unreached_heads'])}" if info.get("unreached_heads") else "")
+                          + ".]")
     return Temperature(method, tau_input, schedule, info, targets, cos)
 
 
