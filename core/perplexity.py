@@ -76,10 +76,7 @@ class PerplexityPlan:
             methods = [method_label(m) for m in self.methods]
         except ValueError as err:
             raise UserError(f"{where}: {err}") from None
-        if self.calib_seed < self.seed + self.sequences and self.seed < self.calib_seed + self.calib_samples:
-            raise UserError(f"{where}: calibration seeds {self.calib_seed}.. overlap the scored seeds "
-                            f"{self.seed}..{self.seed + self.sequences - 1}; no method may be tuned on what it is scored on")
-        return replace(
+        plan = replace(
             self, lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"), methods=methods,
             sequences=validate(Sequences, self.sequences, f"{where}: sequences"),
             seed=validate(Seed, self.seed, f"{where}: seed"),
@@ -88,6 +85,10 @@ class PerplexityPlan:
             continuation=validate(NewTokens, self.continuation, f"{where}: continuation"),
             batch_size=validate(BatchSize, self.batch_size, f"{where}: batch_size"),
         )
+        if plan.calib_seed < plan.seed + plan.sequences and plan.seed < plan.calib_seed + plan.calib_samples:
+            raise UserError(f"{where}: calibration seeds {plan.calib_seed}.. overlap the scored seeds "
+                            f"{plan.seed}..{plan.seed + plan.sequences - 1}; no method may be tuned on what it is scored on")
+        return plan
 
 
 def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan) -> list[tasks.Document]:
@@ -133,7 +134,7 @@ def run_perplexity(
     ``progress(done, total, row)`` counts sequences (called after each batch,
     ``row`` set when a cell ends); ``should_stop()`` is polled between cells;
     ``guard()`` wraps each cell's passes (the app's pass gate)."""
-    from core.sweep import _tau_for  # one rule for resolving a method at a length, shared with retrieval sweeps
+    from core.sweep import _tau_for, _typed  # resolving a method at a length, and resumed rows: as retrieval sweeps do
 
     plan = plan.validated()
     if plan.lengths and plan.methods:
@@ -141,8 +142,7 @@ def run_perplexity(
     path = Path(out) if out else None
     with csvio.ResultCSV(path, COLUMNS, "perplexity", resume=resume) as sink:
         done_keys = {(r["model"], str(int(float(r["tokens"]))), r["method"]) for r in sink.rows}
-        rows: list[dict] = (csvio.restore_frame(pd.read_csv(path, keep_default_na=False)).to_dict("records")
-                            if sink.rows else [])
+        rows: list[dict] = _typed(path) if sink.rows else []
         taus: dict = {}
         done = 0
         if progress:

@@ -164,6 +164,11 @@ class Calibration:
     layer_reached: list[bool] = field(default_factory=list)  # per-layer alignment: each layer's ``reached``
     unreached_heads: list[tuple[int, int]] = field(default_factory=list)  # per-head: (layer, head) left at default
 
+    @property
+    def per_head(self) -> bool:
+        """A schedule of one tau per layer and head (per-head alignment)."""
+        return bool(self.schedule) and isinstance(self.schedule[0], list)
+
     def to_dict(self) -> dict:
         return {
             "criterion": self.criterion,
@@ -177,8 +182,7 @@ class Calibration:
             "gap": self.gap,
             **({"refined": [list(p) for p in self.refined]} if self.refined else {}),
             **({"layer_reached": self.layer_reached} if self.layer_reached else {}),
-            **({"unreached_heads": [list(h) for h in self.unreached_heads]} if self.schedule is not None
-               and self.schedule and isinstance(self.schedule[0], list) else {}),
+            **({"unreached_heads": [list(h) for h in self.unreached_heads]} if self.per_head else {}),
         }
 
 

@@ -136,7 +136,7 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
             break
         sw += 1
     cont_ids = ids[c:c + continuation]
-    expected = tokenizer.decode(cont_ids) if len(ids) - c > continuation else " ".join(words[cw:])
+    expected = tokenizer.decode(cont_ids)
     return Document(
         task=LM, text=prefix, expected=expected.strip(), needle_span=(0, 0), question_span=(len(prefix), len(prefix)),
         depth=1.0, seed=seed,
