@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 import torch
 from transformers import AttentionInterface
+
+from core.temperature import RowTau, schedule_json, schedule_key, schedule_mean  # noqa: F401 (re-exported)
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,7 +79,9 @@ def default_chunk_bytes(device: torch.device | str) -> int:
 #: Lowest exponent the probed softmax evaluates (see :func:`_probed`): exp(-87) is still a normal float32.
 EXP_FLOOR = -87.0
 
-TauSpec = float | Sequence[float] | Sequence[Sequence[float]]
+
+
+TauSpec = float | Sequence[float] | Sequence[Sequence[float]] | RowTau  # RowTau: core.temperature
 
 
 def _check_numbers(tau: object) -> None:
@@ -102,13 +106,17 @@ def _check_numbers(tau: object) -> None:
         raise ValueError(f"tau must be a number (or a list of numbers), got {type(tau).__name__} {tau!r:.40}")
 
 
-def tau_matrix(tau: TauSpec, n_layers: int, n_heads: int) -> torch.Tensor:
+def tau_matrix(tau: TauSpec, n_layers: int, n_heads: int, rows: int | None = None) -> torch.Tensor:
     """Normalise a tau schedule to a float64 ``[layers, heads]`` matrix.
 
     Accepts one number (every layer and head), one number per layer, or one
     number per layer and head, the three shapes the paper and its per-layer
     extension need. Raises ``ValueError`` for a wrong shape or a tau <= 0.
+    A row schedule (:class:`RowTau`) is the same for every layer and head:
+    its matrix holds its mean over ``rows`` query rows (what a result reports).
     """
+    if isinstance(tau, RowTau):
+        return torch.full((n_layers, n_heads), schedule_mean(tau, rows), dtype=torch.float64)
     _check_numbers(tau)
     try:
         t = torch.as_tensor(tau, dtype=torch.float64)
@@ -149,6 +157,8 @@ class AttentionSettings:
     chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.tau, dict):  # a row schedule read from JSON
+            object.__setattr__(self, "tau", RowTau.from_dict(self.tau))
         bad = [t for t in self.targets if t not in KINDS]
         if bad:
             raise ValueError(f"unknown attention target(s) {bad}; choose from {KINDS}")
@@ -221,13 +231,26 @@ def attention_kind(module: torch.nn.Module) -> str:
     return DECODER if getattr(module, "is_causal", False) else CROSS
 
 
-def _tau_for(call: _Call, kind: str, layer: int, n_heads: int, device, dtype) -> torch.Tensor | None:
-    """The ``[heads, 1, 1]`` tau of one layer, or None when it is 1 everywhere."""
+def _tau_for(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, q_len: int = 1,
+             k_len: int = 1) -> torch.Tensor | None:
+    """The tau of one layer, ``[heads, 1, 1]`` (or ``[1, q_len, 1]``: one per query row for a
+    :class:`RowTau`), or None when it is 1 everywhere."""
+    tau = call.settings.tau
+    if isinstance(tau, RowTau):
+        if kind not in call.settings.targets:
+            return None
+        # Row positions: a decoder's cached step sits at the end of its keys; other rows start at 0.
+        start = k_len - q_len if kind == DECODER else 0
+        key = (kind, "rows", start, q_len)
+        if key not in call.taus:
+            t = torch.from_numpy(tau.taus(np.arange(start, start + q_len)))
+            call.taus[key] = None if bool((t == 1.0).all()) else t
+        t = call.taus[key]
+        return None if t is None else t.to(device=device, dtype=dtype).view(1, q_len, 1)
     key = (kind, layer)
     if key not in call.taus:
         t = None
         if kind in call.settings.targets:
-            tau = call.settings.tau
             if isinstance(tau, (int, float)):
                 t = None if float(tau) == 1.0 else torch.full((n_heads,), float(tau), dtype=torch.float64)
             else:
@@ -240,6 +263,11 @@ def _tau_for(call: _Call, kind: str, layer: int, n_heads: int, device, dtype) ->
         call.taus[key] = t
     t = call.taus[key]
     return None if t is None else t.to(device=device, dtype=dtype).view(n_heads, 1, 1)
+
+
+def _rows(tau: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor | None:
+    """The part of a tau for query rows ``[r0, r1)``: a per-row tau (``[1, q_len, 1]``) is cut, a per-head one kept."""
+    return tau if tau is None or tau.shape[-2] == 1 else tau[:, r0:r1]
 
 
 def _chunk_rows(batch: int, heads: int, q_len: int, k_len: int, budget: int) -> int:
@@ -300,7 +328,7 @@ def aligned_attention(
             s = float(call.settings.cosine_scale)
     query, key = logit_operands(query, key, scaling, s)
 
-    tau = None if call is None else _tau_for(call, kind, layer, heads, query.device, torch.float32)
+    tau = None if call is None else _tau_for(call, kind, layer, heads, query.device, torch.float32, q_len, k_len)
     recorder = call.recorder if call is not None else None
     if recorder is not None and not recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s, kind=kind,
                                                          position_bias=position_bias):
@@ -355,7 +383,7 @@ def _block_scores(query, keyT, attention_mask, position_bias, tau, r0: int, r1: 
         scores.add_(position_bias[:, :, r0:r1])
     raw = scores.clone() if keep_raw else None
     if tau is not None:
-        scores.div_(tau)
+        scores.div_(_rows(tau, r0, r1))
     if attention_mask is not None:
         m = attention_mask[:, :, r0:r1] if attention_mask.shape[-2] > 1 else attention_mask
         if m.dtype == torch.bool:
@@ -448,7 +476,7 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
             b = position_bias[:, :, r0:r1]
             if tau is not None or b.stride(-1) != 1 or b.dtype != query.dtype:
                 # one pass: divide (by 1 when tau is None), cast and lay out contiguously
-                b = torch.div(b, 1.0 if tau is None else tau, out=buffer("bias", tuple(b.shape), query.dtype))
+                b = torch.div(b, 1.0 if tau is None else _rows(tau, r0, r1), out=buffer("bias", tuple(b.shape), query.dtype))
             mask = b.to(query.dtype)
         if attention_mask is not None:
             m = attention_mask[:, :, r0:r1] if attention_mask.shape[-2] > 1 else attention_mask

@@ -274,10 +274,14 @@ def _needs_passes(item: Item, c: Choice) -> bool:
 
 
 def _tau_key(tau) -> tuple:
+    if isinstance(tau, temperature.RowTau):
+        return temperature.schedule_key(tau)
     return (np.ndim(tau),) + tuple(np.round(np.asarray(tau, dtype=float).ravel(), 12))
 
 
 def _tau_cell(tau) -> str:
+    if isinstance(tau, temperature.RowTau):
+        return json.dumps(tau.to_dict())
     a = np.asarray(tau, dtype=float)
     if a.ndim == 0 or np.all(a == a.flat[0]):
         return f"{float(a.flat[0]):.6g}"

@@ -76,7 +76,7 @@ def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSet
     cache: dict[tuple, LayerStats] = {}
 
     def fn(tau) -> LayerStats:
-        key = tuple(np.atleast_1d(np.asarray(tau, dtype=float)).ravel().round(6))
+        key = temperature.schedule_key(tau)
         if key not in cache:
             res = engine.run_encoded(loaded, documents, encoded, replace(base, tau=tau))
             cache[key] = LayerStats(

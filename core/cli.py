@@ -30,7 +30,7 @@ import numpy as np
 
 from core.errors import InputTooLong, UserError
 from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS, TASKS
-from core import methods
+from core import methods, temperature
 from core.methods import MEASURED, NAMES as METHODS  # MEASURED: methods that need forward passes at L_tr
 from core.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
@@ -364,7 +364,8 @@ def cmd_calibrate(args) -> int:
     prog = _progress(f"Algorithm 1 ({args.criterion})")
     cal = calibration.calibrate(loaded, doc, args.criterion, fast=args.fast, samples=args.samples, progress=prog)
     prog.close()
-    taus = methods.all_methods(loaded, doc, samples=args.samples)
+    taus = {m: t if isinstance(t, str) else temperature.schedule_json(t)
+            for m, t in methods.all_methods(loaded, doc, samples=args.samples).items()}
     taus[args.criterion] = cal.tau
     out = {**cal.to_dict(), "methods": taus, "tokens": len(loaded.tokenizer(doc.text).input_ids),
            "train_length": loaded.train_length, "model": loaded.spec.name}
@@ -375,7 +376,7 @@ def cmd_calibrate(args) -> int:
         for t, v in zip(cal.grid, cal.curve):
             print(f"  tau {t:.2f}: {'-' if v is None else f'{v:.4f}'}")
         for m, t in taus.items():
-            print(f"  {m:>10}: {t if isinstance(t, str) else np.round(t, 4).tolist()}")
+            print(f"  {m:>10}: {t if isinstance(t, (str, dict)) else np.round(t, 4).tolist()}")
     return 0
 
 

@@ -366,7 +366,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
         ids[i, : e.n] = torch.from_numpy(e.input_ids)
         mask[i, : e.n] = 1
     ids, mask = ids.to(loaded.device), mask.to(loaded.device)
-    tau = tau_matrix(settings.tau, loaded.n_layers, loaded.n_heads)
+    tau_matrix(settings.tau, loaded.n_layers, loaded.n_heads, rows=n)  # refuse a bad schedule before any pass
     attn = settings.attention()
     # No probe asked for: no recorder, so the attention takes torch's fused kernel.
     recorder = Recorder(settings.probes, mask.bool()) if settings.probes.wanted else None
@@ -422,7 +422,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 correct=None if sc is None else sc.correct,
                 parsed=None if sc is None else sc.parsed,
                 method=settings.method,
-                tau=tau.numpy(),
+                tau=tau_matrix(settings.tau, loaded.n_layers, loaded.n_heads, rows=enc.n).numpy(),  # a row schedule: its mean here
                 tokens=enc.n,
                 train_length=loaded.train_length,
                 needle_tokens=enc.needle_tokens,

@@ -110,6 +110,17 @@ def _closed(name: str) -> Callable[[Query], tuple[Schedule, dict]]:
     return resolve
 
 
+def _llama4(q: Query) -> tuple[Schedule, dict]:
+    from core.attention import RowTau
+
+    rows = RowTau(floor_scale=q.train_length, attn_scale=LLAMA4_ATTN_SCALE)
+    return rows, {"rows": rows.to_dict(), "mean_tau": rows.mean(q.tokens)}
+
+
+#: Llama 4's ``attn_scale`` (its config's default, 0.1); its ``floor_scale`` here is the model's L_tr.
+LLAMA4_ATTN_SCALE = 0.1
+
+
 def _algorithm1(criterion: str, refined: bool = False) -> Callable[[Query], tuple[Schedule, dict]]:
     def resolve(q: Query) -> tuple[Schedule, dict]:
         from core import calibration
@@ -135,6 +146,22 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            "i.e. tau = (0.1 ln s + 1)^-2 (0.685 at 8x).",
            measured=False, length_dependent=True, resolve=_closed("yarn"),
            formula=lambda lt, n, d, st: temperature.yarn(lt, n)),
+    Method("log-n", "log-n (Qwen), fixed s", "log-n",
+           "Qwen's logn attention: queries scaled by log_{L_tr}(n) past L_tr, n the keys a row sees. In this "
+           "bidirectional encoder every row sees all L keys, so tau = log L_tr / log L: equal to log-length here "
+           "(in a causal decoder row i sees i + 1 keys and the scale grows along the rows).",
+           measured=False, length_dependent=True, resolve=_closed("log-n"),
+           formula=lambda lt, n, d, st: temperature.log_length(lt, n)),
+    Method("ssmax", "Scalable-Softmax, s = 1 / log L_tr", "SSMax",
+           "Nakanishi (2025): softmax of s log(n) x logits, n the keys a row sees; with s fixed so that "
+           "s log L_tr = 1 (tau = 1 at L_tr), tau = log L_tr / log L in an encoder: equal to log-length here.",
+           measured=False, length_dependent=True, resolve=_closed("ssmax"),
+           formula=lambda lt, n, d, st: temperature.log_length(lt, n)),
+    Method("llama4", "Llama 4 attention temperature tuning", "Llama 4",
+           "Meta's Llama 4: row p's logits x (0.1 ln(1 + floor((p + 1) / L_tr)) + 1) (attn_scale 0.1, floor_scale "
+           "= L_tr), a tau per query row: rows before L_tr keep tau = 1, the row at 4 L_tr gets 1 / (1 + 0.1 ln 5). "
+           "Shown as its mean over the rows.",
+           measured=False, length_dependent=False, resolve=_llama4),
     Method("infoscale", "InfoScale", "InfoScale",
            "Li et al. (ICML 2025): tau = 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)), d = d_kv.",
            measured=False, length_dependent=True, resolve=_closed("infoscale"),

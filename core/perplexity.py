@@ -32,7 +32,7 @@ from typing import Callable, ContextManager
 import numpy as np
 import pandas as pd
 
-from core import csvio, engine, tasks
+from core import csvio, engine, tasks, temperature
 from core.attention import ENCODER
 from core.errors import UserError
 from core.methods import method_label
@@ -170,7 +170,7 @@ def run_perplexity(
                     cell = score(loaded, docs, st, plan.batch_size, encs, step)
                 row = {
                     "model": plan.model, "task": tasks.LM, "tokens": n, "actual_tokens": cell["actual_tokens"],
-                    "train_length": loaded.train_length, "method": m, "tau": round(float(np.mean(tau)), 6),
+                    "train_length": loaded.train_length, "method": m, "tau": round(temperature.schedule_mean(tau, n), 6),
                     "perplexity": round(cell["perplexity"], 4), "nll": round(cell["nll"], 4),
                     "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": plan.seed,
                     "seconds": round(cell["seconds"], 3),

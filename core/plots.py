@@ -446,7 +446,9 @@ def token_shading_html(
 def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> go.Figure:
     """S_ex(tau) over the grid per criterion with the S_tr(1) reference line and the pick (paper's Algorithm 1).
 
-    ``panels``: criterion -> {"grid", "curve" (None where not evaluated), "reference", "tau"}.
+    ``panels``: criterion -> {"grid", "curve" (None where not evaluated), "reference", "tau"} and, optionally,
+    ``"band": (low, high)``: the spread of the pick over the calibration documents (a bootstrap band), drawn as a
+    shaded vertical band behind the curve from tau = low to tau = high (absent or None: no band).
 
     Labels never sit on each other: the pick is named in the panel's title
     (the red dotted line marks it), the dashed reference line's "S_tr(1)" label
@@ -469,6 +471,13 @@ def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> 
         fig.add_annotation(x=1, xref=f"x{suffix} domain", y=p["reference"], yref=f"y{suffix}", text="S_tr(1)",
                            showarrow=False, xanchor="left", xshift=4, font=dict(size=11))
         fig.add_vline(x=p["tau"], line=dict(color="#d62728", dash="dot"), row=1, col=c)
+        band = p.get("band")
+        if band is not None:
+            lo, hi = sorted(float(b) for b in band)
+            # a band of one grid point (every resample picked the same tau) still shows: a sliver around it
+            half = 0.004 if hi - lo < 0.008 else 0.0
+            fig.add_shape(type="rect", xref=f"x{suffix}", yref=f"y{suffix} domain", x0=lo - half, x1=hi + half, y0=0,
+                          y1=1, fillcolor="#d62728", opacity=0.12, line=dict(width=0), layer="below")
         fig.update_xaxes(title="tau", autorange="reversed", row=1, col=c)
         fig.update_yaxes(title="mean Pmax" if name == "pmax" else "mean entropy H" if name == "entropy" else name,
                          row=1, col=c)
@@ -562,14 +571,28 @@ def temperature_curves(
 ) -> go.Figure:
     """tau against document length per method (lines, each ``(lengths, taus)``), Algorithm 1 picks as dots (paper Fig. 3/4).
 
-    ``None`` taus (a formula without a solution there) leave a gap.
+    ``None`` taus (a formula without a solution there) leave a gap. A curve equal to an earlier one at every
+    length (log-n and Scalable-Softmax with fixed s equal log-length in an encoder) would hide under it: it is
+    drawn dashed (a different dash per copy) and named "name (= earlier)" in the legend, so every method stays
+    visible and the equality is said.
     """
     fig = go.Figure()
+    drawn: list[tuple[str, list, np.ndarray]] = []
+    copies = 0
     for name, (xs, ys) in curves.items():
         ys = [np.nan if y is None else float(y) for y in ys]
         if len(ys) != len(xs):
             raise ValueError(f"curve '{name}' has {len(ys)} values for {len(xs)} lengths")
-        fig.add_scatter(x=list(xs), y=ys, mode="lines+markers", name=name, marker=dict(size=5))
+        y = np.asarray(ys, dtype=float)
+        same = None if np.isnan(y).all() else next(
+            (n for n, x0, y0 in drawn if x0 == list(xs) and np.allclose(y0, y, rtol=0, atol=1e-9, equal_nan=True)), None)
+        drawn.append((name, list(xs), y))
+        if same is None:
+            fig.add_scatter(x=list(xs), y=ys, mode="lines+markers", name=name, marker=dict(size=5), line=dict(width=3))
+        else:
+            dash = ("dash", "dot", "dashdot", "longdash")[copies % 4]
+            copies += 1
+            fig.add_scatter(x=list(xs), y=ys, mode="lines", name=f"{name} (= {same})", line=dict(dash=dash, width=2))
     for name, (xs, ys) in (dots or {}).items():
         fig.add_scatter(x=list(xs), y=list(ys), mode="markers", name=name, marker=dict(size=12, symbol="diamond"))
     _log_vline(fig, train_length)

@@ -282,7 +282,7 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         out.append((index, {
             "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
             "depth": depth, "seed": seed, "method": m,
-            "tau": float(np.mean(tau)), "answer": res.answer, "expected": res.expected,
+            "tau": temperature.schedule_mean(tau, res.tokens), "answer": res.answer, "expected": res.expected,
             "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
             "seconds": round(res.seconds["total"], 4),
         }))

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Callable, TypeVar
 from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
 
 from core.errors import UserError
+from core.temperature import RowTau
 
 #: Longest document, sweep length or training length anywhere (tokens). The
 #: app's length box stops here too; T5's ``[heads, L, L]`` bias at this length
@@ -102,6 +103,10 @@ def _tau(v: Any) -> float | list:
     against a model's layers and heads is checked when the model is known.
     """
     why = "tau must be a positive finite number, a list of them (one per layer) or a list of lists (layer x head)"
+    if isinstance(v, dict):  # a row schedule (Llama 4's), as core.temperature.schedule_json writes it
+        return RowTau.from_dict(v)
+    if isinstance(v, RowTau):
+        return v
 
     def one(x: Any) -> float:
         if isinstance(x, bool) or not isinstance(x, numbers.Real) or not (math.isfinite(x) and x > 0):

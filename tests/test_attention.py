@@ -164,3 +164,64 @@ def test_block_budget_is_checked():
     for bad in (0, -5, 1.5):
         with pytest.raises(ValueError, match="chunk_bytes"):
             AttentionSettings(chunk_bytes=bad)
+
+
+# -- a tau per query row (Llama 4's attention temperature tuning) ---------------------------------------------
+
+class _EncoderModule(torch.nn.Module):
+    """What aligned_attention reads of a T5 attention module: not a decoder, layer 0, no cosine config."""
+
+    is_decoder = False
+    layer_idx = 0
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 4000, 256 * 2**20], ids=["row-blocks", "small-blocks", "one-block"])
+@pytest.mark.parametrize("probed", [False, True], ids=["fused", "probed"])
+def test_row_tau_divides_each_row_by_its_own_tau(chunk_bytes, probed):
+    """softmax((q.k + bias) / tau_row) @ v, row by row, with tau_row = 1 / (0.1 ln(1 + floor((p + 1) / 4)) + 1):
+    written out here by hand, for the fused kernel and the probed softmax, whatever the block size."""
+    from core.attention import RowTau, aligned_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, h, n, d = 2, 3, 23, 8
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
+    bias = torch.randn(1, h, n, n, generator=g)
+    mask = torch.ones(b, 1, n, n, dtype=torch.bool)
+    mask[1, :, :, 17:] = False  # padding of the second item
+    pos = torch.arange(n, dtype=torch.float64)
+    row = (1.0 / (0.1 * torch.log(1 + torch.floor((pos + 1) / 4)) + 1.0)).float()
+    logits = (q @ k.transpose(-1, -2) + bias) / row[:, None]
+    logits = logits.masked_fill(~mask, torch.finfo(torch.float32).min)
+    want = (torch.softmax(logits, -1) @ v).transpose(1, 2)
+    rec = Recorder(ProbeSpec(), mask[:, 0, 0]) if probed else None
+    with torch.no_grad(), attention_call(AttentionSettings(tau=RowTau(floor_scale=4), chunk_bytes=chunk_bytes), rec):
+        got, _ = aligned_attention(_EncoderModule(), q, k, v, mask, scaling=1.0, position_bias=bias)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert row[2] == 1.0 and row[3] < 1.0  # rows before floor_scale - 1 keep tau = 1; the schedule does act
+
+
+def test_row_tau_in_a_model_and_its_keys(tiny):
+    from core.attention import RowTau, schedule_json, schedule_key, schedule_mean
+
+    ids, mask = _batch(8, n=90, pad_from=70)
+    with torch.no_grad():
+        plain, _ = _stats(tiny.model, ids, mask, 1.0)
+        rows, rec = _stats(tiny.model, ids, mask, RowTau(floor_scale=16))
+        with attention_call(AttentionSettings(tau=RowTau(floor_scale=16))):  # fused path: the same numbers
+            fused = tiny.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        huge, _ = _stats(tiny.model, ids, mask, RowTau(floor_scale=10_000))  # every row before floor_scale: tau = 1
+    assert torch.allclose(rows, fused, atol=1e-4)
+    assert not torch.allclose(rows, plain, atol=1e-3)
+    assert torch.equal(huge, plain)
+    assert rows[:, :15].sub(plain[:, :15]).abs().max() > 0  # bidirectional: early rows see the sharpened layers below
+    r = RowTau(floor_scale=16)
+    assert schedule_key(r) == schedule_key(RowTau(16, 0.1)) != schedule_key(RowTau(16, 0.2))
+    assert schedule_json(r) == {"scheme": "llama4", "floor_scale": 16, "attn_scale": 0.1}
+    assert RowTau.from_dict(schedule_json(r)) == r
+    want = float(np.mean([1 / (0.1 * np.log1p((p + 1) // 16) + 1) for p in range(90)]))
+    assert schedule_mean(r, 90) == pytest.approx(want, rel=1e-12)
+    assert tau_matrix(r, 2, 4, rows=90).unique().item() == pytest.approx(want)
+    for bad in (dict(floor_scale=0), dict(floor_scale=2.5), dict(floor_scale=4, attn_scale=float("nan")),
+                dict(floor_scale=4, scheme="qwen")):
+        with pytest.raises(ValueError):
+            RowTau(**bad)

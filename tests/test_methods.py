@@ -25,7 +25,7 @@ def test_every_entry_is_complete_and_the_flags_agree():
             assert m.length_dependent, m.name  # a pass at one length says nothing at another
         if m.stats:
             assert m.measured and m.formula is not None, m.name
-    assert set(methods.FORMULAS) == {"log-length", "yarn", "infoscale", "prop1", "prop2"}
+    assert set(methods.FORMULAS) == {"log-length", "yarn", "log-n", "ssmax", "infoscale", "prop1", "prop2"}
     assert methods.label("tau=0.7") == "tau=0.7"
     with pytest.raises(UserError, match="Unknown method 'nope'"):
         methods.get("nope")
@@ -39,6 +39,23 @@ def test_yarn_and_llama4_by_hand():
     # 4 L_tr-th token), floor_scale = L_tr, attn_scale = 0.1: 1 + 0.1 ln 5
     assert temperature.llama4_scale(4 * 256 - 1, 256, 0.1) == pytest.approx(1 + 0.1 * math.log(5))
     assert temperature.llama4_scale(254, 256) == 1.0  # before L_tr: unscaled
+
+
+def test_log_n_and_ssmax_equal_log_length_in_an_encoder():
+    """Every encoder row sees all L keys, so Qwen's log_{L_tr} n and SSMax's s log n with s log L_tr = 1 give
+    tau = log L_tr / log L at every length: the same number as log-length (and 1 up to L_tr)."""
+    for n in (100, 256, 257, 1024, 4096, 65_536):
+        want = min(1.0, math.log(256) / math.log(n))
+        for name in ("log-n", "ssmax", "log-length"):
+            assert methods.formula(name, 256, n, 32) == pytest.approx(want, rel=1e-12), (name, n)
+
+
+def test_llama4_rows_by_hand():
+    r = temperature.RowTau(floor_scale=256)
+    # row 4 L_tr - 1 (the 4 L_tr-th token): tau = 1 / (1 + 0.1 ln 5); rows before L_tr - 1: 1
+    np.testing.assert_allclose(r.taus([0, 254, 255, 1023, 2047]),
+                               [1, 1, 1 / (1 + 0.1 * math.log(2)), 1 / (1 + 0.1 * math.log(5)), 1 / (1 + 0.1 * math.log(9))])
+    assert r.mean(256) == pytest.approx((255 + 1 / (1 + 0.1 * math.log(2))) / 256)
 
 
 def test_formulas_are_the_papers():
@@ -68,6 +85,10 @@ def test_every_method_resolves_through_its_entry(tiny, doc):
             tau, info = methods.resolve(tiny, doc, name)
         except UserError as err:  # a closed form without an answer on this random model says why
             assert name in ("prop1", "prop2") and name in str(err)
+            continue
+        if name == "llama4":  # one tau per query row, from L_tr alone
+            assert tau == temperature.RowTau(floor_scale=tiny.train_length, attn_scale=0.1)
+            assert info["mean_tau"] == pytest.approx(tau.mean(n)) and info["mean_tau"] < 1
             continue
         a = np.asarray(tau, dtype=float)
         assert np.all(np.isfinite(a)) and np.all(a > 0), name
