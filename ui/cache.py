@@ -218,7 +218,9 @@ def mkey(loaded: Loaded) -> tuple:
 
 
 def tau_key(tau) -> Hashable:
-    """A hashable, rounded form of a tau schedule (number, per layer, or per layer and head)."""
+    """A hashable, rounded form of a tau schedule (number, per layer, or per layer and head; a row schedule)."""
+    if isinstance(tau, temperature.RowTau):
+        return temperature.schedule_key(tau)
     a = np.asarray(tau, dtype=float)
     if a.ndim == 0:
         return round(float(a), 6)

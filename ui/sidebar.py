@@ -164,10 +164,12 @@ class Context:
 
     @property
     def tau_mean(self) -> float:
-        return float(np.mean(self.schedule))
+        return temperature.schedule_mean(self.schedule, self.tokens)
 
     def tau_text(self, schedule: Any = None) -> str:
         s = self.schedule if schedule is None else schedule
+        if isinstance(s, temperature.RowTau):
+            return f"per row (mean {s.mean(self.tokens):.3f})"
         a = np.asarray(s, dtype=float)
         if a.ndim == 0:
             return f"{float(a):.3f}"
@@ -180,7 +182,7 @@ class Context:
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
         """What a pass needs, through the same conversion as the CLI and core.apply (:meth:`Settings.run_settings`)."""
         sched = self.schedule if tau is None else tau
-        st = Settings(method=method or self.method, tau=np.asarray(sched, dtype=float).tolist(), targets=self.targets,
+        st = Settings(method=method or self.method, tau=temperature.schedule_json(sched), targets=self.targets,
                       cosine_scale=self.cosine_scale)
         return st.run_settings(sched, **kw)
 
@@ -334,7 +336,10 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
         fail(err)
     if bar is not None:
         bar.empty()
-    if method != "fixed":
+    if isinstance(schedule, temperature.RowTau):  # Llama 4: one tau per query row
+        shown = f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
+        where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
+    elif method != "fixed":
         a = np.asarray(schedule, dtype=float)
         what = "layers" if a.ndim == 1 else "layers x heads"
         shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} {what})"
