@@ -3,10 +3,11 @@
     python bench/results.py [--models retrieval-t5 ./a/local/folder ...] [--tasks passkey line ...] [--samples 100]
                             [--multiples 1 2 4 8 16] [--out assets/results]
 
-For each model and task, at L_tr x multiples: accuracy for tau = 1,
-log-length, InfoScale, Algorithm 1 (Pmax), Algorithm 1 (entropy), per-layer
-Pmax alignment, and every fixed tau of a grid (the best one is reported);
-plus the dispersion table (mean Pmax and H per layer at each length, tau = 1;
+For each model and task, at L_tr x multiples: accuracy for every method of
+:data:`METHODS` (tau = 1, the closed forms of today's long-context models,
+Algorithm 1 on the paper's grid and refined, per-layer and per-head
+alignment: registry names of :mod:`core.methods`) and every fixed tau of a
+grid (the best one is reported as an oracle); plus the dispersion table (mean Pmax and H per layer at each length, tau = 1;
 the paper's Table 1). Test documents use seeds 0..samples-1 with needle depth
 drawn per seed; measured methods are calibrated per length on 4 documents
 with seeds from 100,000 on (never the test documents). Accuracy runs record
@@ -34,21 +35,34 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from core import calibration, engine, tasks, temperature
+from core import calibration, engine, methods, tasks, temperature
 from core.models import bundled_specs, load
 from core.probes import ProbeSpec
-from core.temperature import infoscale, log_length
+from core.temperature import RowTau, schedule_json, schedule_key, schedule_mean
 
 FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
-MEASURED = ("pmax", "entropy", "per-layer")
+#: The table's methods (registry names), in the order its rows show them. log-n and Scalable-Softmax are not
+#: rows: in an encoder they equal log-length at every length (tests/test_methods.py).
+CLOSED = ("none", "log-length", "infoscale", "yarn", "llama4")
+MEASURED = ("pmax", "entropy", "pmax-refined", "entropy-refined", "per-layer", "per-head")
+METHODS = CLOSED + MEASURED
 CALIB_SEED = 100_000
+#: Table rows that are a task with another filler: the pass key in held-out corpus prose (every seed another
+#: haystack), beside the paper's pass key whose documents differ only in the key and its depth.
+VARIANTS = {"passkey-varied": ("passkey", "corpus-eval")}
+
+
+def task_spec(name: str) -> tuple[str, str]:
+    """(task, haystack) of a table row's task name (a task, or a :data:`VARIANTS` name)."""
+    return VARIANTS.get(name, (name, "default"))
 
 
 def docs_for(loaded, task: str, n: int, samples: int, seed0: int = 0) -> list[tasks.Document]:
+    kind, haystack = task_spec(task)
     out = []
     for s in range(seed0, seed0 + samples):
         depth = random.Random(s * 7919 + n).random()
-        out.append(tasks.make(task, loaded.tokenizer, n, depth=depth, seed=s))
+        out.append(tasks.make(kind, loaded.tokenizer, n, depth=depth, seed=s, haystack=haystack))
     return out
 
 
@@ -82,53 +96,109 @@ def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 
-def calibrated_taus(loaded, task: str, k: float, n: int) -> dict[str, object]:
-    """Every method's tau (a schedule for per-layer) at ``n`` = ``k`` x L_tr tokens.
+def _calibrate(loaded, m: str, measure, reference) -> tuple[object, dict]:
+    """One measured method's schedule and its ``reached`` / ``gap`` (core.temperature's searches)."""
+    L, H = loaded.n_layers, loaded.n_heads
+    if m == "per-layer":
+        cal = temperature.per_layer(measure, reference, L, "pmax")
+    elif m == "per-head":
+        cal = temperature.per_head(measure, reference, L, H, "pmax")
+    else:
+        crit, refined = m.removesuffix("-refined"), m.endswith("-refined")
+        cal = temperature.algorithm1(measure, reference, crit, fast=True, refined=refined)
+    tau = cal.schedule if cal.schedule is not None else float(cal.tau)
+    extra = {"unreached_heads": len(cal.unreached_heads)} if m == "per-head" else {}
+    return tau, {"reached": bool(cal.reached), "gap": float(cal.gap), **extra}
+
+
+def calibrated_taus(loaded, task: str, k: float, n: int, known: dict | None = None) -> dict[str, object]:
+    """Every method's tau at ``n`` = ``k`` x L_tr tokens (a schedule for per-layer, per-head and Llama 4),
+    and under ``"_info"`` each measured method's ``reached`` and ``gap``.
 
     Measured methods calibrate on 4 documents from seed CALIB_SEED on, never
-    the test documents; at L_tr they are 1 by definition."""
-    taus = closed_taus(loaded, n)
-    calib_docs = docs_for(loaded, task, n, 4, CALIB_SEED)
-    measure = calibration.measure(loaded, calib_docs)
-    reference = calibration.measure(loaded, [calibration.reference_document(loaded, d) for d in calib_docs])(1.0)
-    for m in MEASURED:
+    the test documents; at L_tr they are 1 by definition. ``known``: taus a
+    cell had already (an older table of fewer methods), kept as they are, so
+    only the methods it lacks are computed."""
+    known = dict(known or {})
+    info = dict(known.pop("_info", {}))
+    taus = {m: t for m, t in closed_taus(loaded, n).items() if m not in known}
+    todo = [m for m in MEASURED if m not in known]
+    if todo and k != 1:
+        calib_docs = docs_for(loaded, task, n, 4, CALIB_SEED)
+        measure = calibration.measure(loaded, calib_docs)
+        reference = calibration.measure(loaded, [calibration.reference_document(loaded, d) for d in calib_docs])(1.0)
+    for m in todo:
         if k == 1:
-            taus[m] = 1.0 if m != "per-layer" else [1.0] * loaded.n_layers
-        elif m == "per-layer":
-            taus[m] = [float(t) for t in temperature.per_layer(measure, reference, loaded.n_layers, "pmax").schedule]
+            taus[m] = {"per-layer": [1.0] * loaded.n_layers,
+                       "per-head": [[1.0] * loaded.n_heads for _ in range(loaded.n_layers)]}.get(m, 1.0)
         else:
-            taus[m] = float(temperature.algorithm1(measure, reference, m, fast=True).tau)
+            taus[m], info[m] = _calibrate(loaded, m, measure, reference)
     for t in FIXED:
-        taus[f"tau={t:g}"] = t
-    return taus
+        taus.setdefault(f"tau={t:g}", t)
+    order = [*METHODS, *(f"tau={t:g}" for t in FIXED)]
+    merged = {**known, **taus}
+    out = {m: merged[m] for m in order if m in merged}
+    out.update({m: t for m, t in merged.items() if m not in out})  # methods of an older table, kept
+    out["_info"] = info
+    return out
 
 
 def closed_taus(loaded, n: int) -> dict[str, object]:
-    """The taus a cell knows without a pass (tau = 1, the closed forms), as :func:`calibrated_taus` starts them.
-    The fixed grid is added after the measured methods there (the order of a table's rows)."""
+    """The taus a cell knows without a pass (tau = 1, the closed forms, Llama 4's rows), as
+    :func:`calibrated_taus` starts them. The fixed grid is added after the measured methods there."""
     lt = loaded.train_length
-    return {"none": 1.0, "log-length": log_length(lt, n), "infoscale": infoscale(lt, n, loaded.d_kv)}
+    rows = RowTau(floor_scale=lt, attn_scale=methods.LLAMA4_ATTN_SCALE)
+    return {m: 1.0 if m == "none" else rows if m == "llama4" else methods.formula(m, lt, n, loaded.d_kv)
+            for m in CLOSED}
+
+
+def tau_items(taus: dict) -> list[tuple[str, object]]:
+    """A cell's (method, schedule) pairs: its taus without the ``"_info"`` entry."""
+    return [(m, t) for m, t in taus.items() if m != "_info"]
+
+
+def taus_json(taus: dict) -> dict:
+    """A cell's taus for the partial file (a row schedule as its dict)."""
+    return {m: (t if m == "_info" else schedule_json(t)) for m, t in taus.items()}
+
+
+def taus_from_json(taus: dict | None) -> dict | None:
+    """:func:`taus_json` read back."""
+    if taus is None:
+        return None
+    return {m: (RowTau.from_dict(t) if isinstance(t, dict) and m != "_info" else t) for m, t in taus.items()}
 
 
 def tau_key(tau) -> tuple:
     """Which accuracy run a tau shares (equal schedules to 6 decimals run once per cell)."""
-    return tuple(np.atleast_1d(np.asarray(tau, float)).round(6))
+    return schedule_key(tau)
 
 
 def accuracy_key(cell: str, key: tuple) -> str:
     """The partial file's key of one finished accuracy run of a cell."""
-    return f"{cell}|accuracy|" + ",".join(repr(float(x)) for x in key)
+    return f"{cell}|accuracy|" + ",".join(repr(float(x)) if isinstance(x, (int, float, np.number)) else str(x)
+                                            for x in key)
 
 
 def cell_rows(stem: str, task: str, k: float, n: int, taus: dict, acc: dict, stats, samples: int,
-              stats_docs: int) -> list[dict]:
+              stats_docs: int, distinct: int | str = "") -> list[dict]:
     """A finished cell's rows, one per method (``acc``: accuracy per :func:`tau_key`): what both engines write."""
     pml, hl = (np.asarray(a) for a in stats)
+    info = taus.get("_info", {})
     return [{"model": stem, "task": task, "multiple": k, "tokens": n, "method": m,
-             "tau": float(np.mean(tau)), "schedule": np.round(np.atleast_1d(tau), 3).tolist(),
+             "tau": schedule_mean(tau, n),
+             "schedule": tau.to_dict() if isinstance(tau, RowTau) else np.round(np.atleast_1d(tau), 3).tolist(),
              "accuracy": acc[tau_key(tau)], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
              "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
-             "samples": samples, "stats_docs": min(stats_docs, samples)} for m, tau in taus.items()]
+             "samples": samples, "stats_docs": min(stats_docs, samples),
+             "reached": info.get(m, {}).get("reached", ""), "gap": info.get(m, {}).get("gap", ""),
+             "haystack": task_spec(task)[1], "distinct_docs": distinct} for m, tau in tau_items(taus)]
+
+
+def distinct_documents(docs: list[tasks.Document]) -> int:
+    """How many of a cell's test documents differ in their text: the pass key's fixed filler makes documents
+    that differ only in the key and its depth; the varied filler, in their haystack too."""
+    return len({d.text for d in docs})
 
 
 class Partial:
@@ -171,6 +241,14 @@ def card_tasks(loaded) -> list[str]:
     return json.loads(card.read_text()).get("tasks", []) if card.is_file() else []
 
 
+def table_tasks(loaded) -> list[str]:
+    """A table's rows of tasks: the card's, with the varied-filler pass key after the pass key."""
+    out = []
+    for t in card_tasks(loaded):
+        out += [t] + [v for v, (kind, _) in VARIANTS.items() if kind == t]
+    return out
+
+
 def csv_path(out: Path, name: str) -> Path:
     """``<out>/<stem>.csv`` (its tables: the same path with ``.md``); a local folder's stem is its last part.
 
@@ -182,8 +260,8 @@ def csv_path(out: Path, name: str) -> Path:
 # -- the table as jobs (--engine ray, and bench/ray_sweep.py's projection) ----------------------------
 
 def _taus_job(loaded, payload) -> dict:
-    task, k, n = payload
-    return calibrated_taus(loaded, task, k, n)
+    task, k, n, known = payload
+    return taus_json(calibrated_taus(loaded, task, k, n, taus_from_json(known)))
 
 
 def _dispersion_job(loaded, payload) -> list:
@@ -200,6 +278,10 @@ def _accuracy_job(loaded, payload) -> list[bool]:
     return correct_flags(loaded, docs, [engine.encode(loaded, d) for d in docs], tau, batch)
 
 
+def _key_text(key: tuple) -> str:
+    return str(np.round(key, 3).tolist()) if key and key[0] != "rows" else f"{key[1]} rows (floor_scale {key[2]})"
+
+
 class Cell:
     """What one (task, length) cell has and still needs: taus, dispersion, one accuracy per distinct tau."""
 
@@ -214,7 +296,7 @@ class Cell:
     @property
     def complete(self) -> bool:
         return (self.taus is not None and self.stats is not None
-                and all(tau_key(t) in self.acc for t in self.taus.values()))
+                and all(tau_key(t) in self.acc for _, t in tau_items(self.taus)))
 
 
 class TablePlan:
@@ -230,9 +312,10 @@ class TablePlan:
 
     def __init__(self, loaded, task_names: list[str], multiples: list[float], samples: int, batch: int,
                  stats_docs: int, partial: Partial | None = None, have: set = frozenset(), model=None,
-                 slice_docs: int | None = None):
+                 slice_docs: int | None = None, known: dict | None = None):
         self.loaded, self.samples, self.batch, self.stats_docs = loaded, samples, batch, stats_docs
         self.partial, self.model = partial, model
+        self.known = known or {}  # cell name -> taus an older table had (only the rest is calibrated)
         self.slice_docs = max(batch, (slice_docs or batch) // batch * batch)
         self.cells: dict[str, Cell] = {}
         self.order: dict[str, int] = {}
@@ -244,7 +327,7 @@ class TablePlan:
                 n = int(round(k * lt))
                 c = Cell(task, k, n, samples)
                 get = partial.get if partial is not None else (lambda key: None)
-                c.taus, c.stats = get(f"{c.name}|taus"), get(f"{c.name}|dispersion|{stats_docs}")
+                c.taus, c.stats = taus_from_json(get(f"{c.name}|taus")), get(f"{c.name}|dispersion|{stats_docs}")
                 self.cells[c.name] = c
                 self.order[c.name] = len(self.order)
 
@@ -259,12 +342,14 @@ class TablePlan:
                 out.append(cluster.Job(_dispersion_job, (c.task, c.n, count, self.batch), f"{c.name}: dispersion",
                                        passes=((count, c.n),), model=self.model, kind="dispersion", tag=c.name))
             if c.taus is None:
-                passes = timing.sweep_passes([c.n], 0, list(MEASURED), 4, self.loaded.train_length,
+                old = self.known.get(c.name, {})
+                todo = [m for m in MEASURED if m not in old]
+                passes = timing.sweep_passes([c.n], 0, todo, 4, self.loaded.train_length,
                                              self.loaded.n_layers, len(temperature.GRID))
-                out.append(cluster.Job(_taus_job, (c.task, c.k, c.n), f"{c.name}: calibrating", passes=tuple(passes),
-                                       unlocks=len(MEASURED) * cluster.cost([(self.samples, c.n)]), model=self.model,
-                                       kind="taus", tag=c.name))
-                known = dict(closed_taus(self.loaded, c.n), **{f"tau={t:g}": t for t in FIXED})
+                out.append(cluster.Job(_taus_job, (c.task, c.k, c.n, taus_json(old)), f"{c.name}: calibrating",
+                                       passes=tuple(passes), unlocks=len(todo) * cluster.cost([(self.samples, c.n)]),
+                                       model=self.model, kind="taus", tag=c.name))
+                known = dict(closed_taus(self.loaded, c.n), **{f"tau={t:g}": t for t in FIXED}, **old)
             else:
                 known = c.taus
             out += self._accuracy_jobs(c, known)
@@ -274,7 +359,7 @@ class TablePlan:
         from core import cluster
 
         out = []
-        for tau in taus.values():
+        for _, tau in tau_items(taus):
             key = tau_key(tau)
             if key in c.acc or key in c.parts:
                 continue
@@ -287,7 +372,7 @@ class TablePlan:
             for i, s0 in enumerate(seeds):
                 count = min(self.slice_docs, self.samples - s0)
                 out.append(cluster.Job(_accuracy_job, (c.task, c.n, s0, count, tau, self.batch),
-                                       f"{c.name}: accuracy at tau {np.round(key, 3).tolist()}, documents {s0}..{s0 + count - 1}",
+                                       f"{c.name}: accuracy at tau {_key_text(key)}, documents {s0}..{s0 + count - 1}",
                                        passes=((count, c.n),), answers=((count, c.n),), model=self.model,
                                        kind="accuracy", tag=(c.name, key, i)))
         return out
@@ -309,10 +394,10 @@ class TablePlan:
             if self.partial is not None:
                 self.partial.put(f"{c.name}|dispersion|{self.stats_docs}", result)
             return []
-        c.taus = result
+        c.taus = taus_from_json(result)
         if self.partial is not None:
             self.partial.put(f"{c.name}|taus", result)
-        return self._accuracy_jobs(c, result)
+        return self._accuracy_jobs(c, c.taus)
 
     def cell_of(self, job) -> Cell:
         return self.cells[job.tag[0] if job.kind == "accuracy" else job.tag]
@@ -325,7 +410,7 @@ def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]
 
     jobs = plan.jobs()
     bar = cluster.Bar(stem)
-    bar.start(len(jobs), sum(len(FIXED) + 6 for _ in plan.cells), None, pool.where)
+    bar.start(len(jobs), sum(len(FIXED) + len(METHODS) for _ in plan.cells), None, pool.where)
     failed: list[str] = []
 
     base = list(rows)  # cells the CSV held: first, as the local loop keeps them
@@ -334,7 +419,8 @@ def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]
     def finish(c: Cell) -> int:
         if not c.complete or c.name not in plan.cells:
             return 0
-        new = cell_rows(stem, c.task, c.k, c.n, c.taus, c.acc, c.stats, plan.samples, plan.stats_docs)
+        new = cell_rows(stem, c.task, c.k, c.n, c.taus, c.acc, c.stats, plan.samples, plan.stats_docs,
+                        distinct_documents(docs_for(plan.loaded, c.task, c.n, plan.samples)))
         finished[plan.order[c.name]] = new
         rows[:] = base + [r for i in sorted(finished) for r in finished[i]]  # new cells in the local loop's order
         pd.DataFrame(rows).to_csv(csv, index=False)
@@ -380,9 +466,11 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
     csv = csv_path(out, name)
     done = _read_csv(csv)
     rows = done.to_dict("records") if done is not None else []
-    have = {(r["task"], float(r["multiple"])) for r in rows if int(r["samples"]) == samples}
-    rows = [r for r in rows if (r["task"], float(r["multiple"])) in have]
     partial = Partial(csv.with_suffix(".partial.json"))
+    have, known = _finished_cells(rows, samples, stats_docs, partial)
+    planned = {(t, float(k)) for t in task_names for k in multiples}
+    # a cell this run will (re)write leaves the CSV until it is done; the others stay as they are
+    rows = [r for r in rows if (r["task"], float(r["multiple"])) in have or (r["task"], float(r["multiple"])) not in planned]
     if pool is not None:
         if __name__ != "__main__" and __name__ in sys.modules:  # imported by name: ship the job functions by
             import ray.cloudpickle  # value, as a script's are (actors cannot import bench/ by that name)
@@ -390,7 +478,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
             ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
         model = pool.model_ref(loaded)
         pool.prepare(model)
-        plan = TablePlan(loaded, task_names, multiples, samples, batch, stats_docs, partial, have, model)
+        plan = TablePlan(loaded, task_names, multiples, samples, batch, stats_docs, partial, have, model, known=known)
         _run_model_ray(pool, plan, csv.stem, csv, rows)
         df = pd.DataFrame(rows)
         if len(df):
@@ -408,23 +496,23 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
             docs = docs_for(loaded, task, n, samples)
             encs = [engine.encode(loaded, d) for d in docs]
             cell = f"{task}|{k:g}|{samples}"
-            taus = partial.get(f"{cell}|taus")
+            taus = taus_from_json(partial.get(f"{cell}|taus"))
             if taus is None:
-                taus = calibrated_taus(loaded, task, k, n)
-                partial.put(f"{cell}|taus", taus)
+                taus = calibrated_taus(loaded, task, k, n, known.get(cell))
+                partial.put(f"{cell}|taus", taus_json(taus))
             stats = partial.get(f"{cell}|dispersion|{stats_docs}")
             if stats is None:
                 stats = [a.tolist() for a in dispersion(loaded, docs[:stats_docs], encs[:stats_docs], batch)]
                 partial.put(f"{cell}|dispersion|{stats_docs}", stats)
             cache = {}
-            for m, tau in taus.items():
+            for m, tau in tau_items(taus):
                 key = tau_key(tau)
                 if key not in cache:
                     cache[key] = partial.get(accuracy_key(cell, key))
                     if cache[key] is None:
                         cache[key] = accuracy(loaded, docs, encs, tau, batch)
                         partial.put(accuracy_key(cell, key), cache[key])
-            rows += cell_rows(csv.stem, task, k, n, taus, cache, stats, samples, stats_docs)
+            rows += cell_rows(csv.stem, task, k, n, taus, cache, stats, samples, stats_docs, distinct_documents(docs))
             bar.update(1)
             bar.set_postfix(task=task, n=n, s=f"{time.time() - t0:.0f}")
             pd.DataFrame(rows).to_csv(csv, index=False)
@@ -433,6 +521,41 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
     df = pd.DataFrame(rows)
     csv.with_suffix(".md").write_text(markdown(df, loaded, samples))
     return df
+
+
+def _finished_cells(rows: list[dict], samples: int, stats_docs: int, partial: Partial) -> tuple[set, dict]:
+    """Cells of the CSV that hold every method of :data:`METHODS` (done), and for the others what they had:
+    their taus (``known``, so only the methods they lack are calibrated) and, put into ``partial``, their
+    dispersion and accuracies (so only the new taus are run). An older table grows by its new methods."""
+    by_cell: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if int(r["samples"]) == samples:
+            by_cell.setdefault((r["task"], float(r["multiple"])), []).append(r)
+    have, known = set(), {}
+    for (task, k), rs in by_cell.items():
+        if set(METHODS) <= {r["method"] for r in rs}:
+            have.add((task, k))
+            continue
+        cell = f"{task}|{k:g}|{samples}"
+        taus, info = {}, {}
+        for r in rs:
+            sched = r["schedule"]
+            tau = RowTau.from_dict(sched) if isinstance(sched, dict) else (
+                float(r["tau"]) if len(sched) == 1 else sched)
+            taus[r["method"]] = tau
+            if str(r.get("reached", "")) in ("True", "False"):
+                info[r["method"]] = {"reached": str(r["reached"]) == "True", "gap": float(r["gap"])}
+            key = accuracy_key(cell, tau_key(tau))
+            if partial.get(key) is None:
+                partial.data[key] = float(r["accuracy"])
+        taus["_info"] = info
+        known[cell] = taus
+        dkey = f"{cell}|dispersion|{stats_docs}"
+        if partial.get(dkey) is None and int(rs[0]["stats_docs"]) == min(stats_docs, samples):
+            partial.data[dkey] = [list(rs[0]["pmax_layers"]), list(rs[0]["entropy_layers"])]
+    if known:
+        partial._write()
+    return have, known
 
 
 def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
@@ -450,7 +573,7 @@ def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
     if not frames:
         return None
     df = pd.concat(frames, ignore_index=True).drop_duplicates(["task", "multiple", "method"])
-    order = {t: i for i, t in enumerate(card_tasks(loaded))}
+    order = {t: i for i, t in enumerate(table_tasks(loaded))}
     df = df.sort_values(["task", "multiple"], key=lambda c: c.map(lambda t: order.get(t, len(order))) if c.name == "task" else c,
                         kind="stable").reset_index(drop=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -476,27 +599,42 @@ def _read_csv(path: Path) -> pd.DataFrame | None:
 
 
 def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
+    """The tables of one model: accuracy per task over length x method, then the dispersion table."""
     lt = loaded.train_length
     lines = [f"### {loaded.spec.name} (L_tr = {lt} tokens)", "",
              f"Accuracy (%) over {samples} documents per cell (seeds 0..{samples - 1}, needle depth drawn per seed); "
-             "measured methods calibrated on 4 other documents per length (seeds >= 100000).", ""]
+             "measured methods calibrated on 4 other documents per length (seeds >= 100000, never the test "
+             "documents). In brackets the tau used (for Llama 4 the mean over the rows; for per-layer and per-head "
+             "the mean of the schedule); `*`: the search never reached the L_tr reference (the pick is where its "
+             "range ended). The best fixed tau is an oracle: the best of "
+             f"{', '.join(f'{t:g}' for t in FIXED)} on the test documents themselves.", ""]
     for task, d in df.groupby("task", sort=False):
         mult = sorted(d["multiple"].unique())
+        distinct = d["distinct_docs"] if "distinct_docs" in d else pd.Series(dtype=float)
+        distinct = sorted({int(x) for x in distinct.dropna() if str(x) != ""})
+        what = f", {'/'.join(map(str, distinct))} distinct documents per cell" if distinct else ""
+        kind, haystack = task_spec(task)
+        filler = "" if haystack == "default" else f" (filler from the held-out {haystack} corpus pool)"
         head = "| method | " + " | ".join(f"{m:g}x ({int(m * lt)})" for m in mult) + " |"
-        lines += [f"**{task}**", "", head, "|---" * (len(mult) + 1) + "|"]
+        lines += [f"**{task}**{filler}{what}", "", head, "|---" * (len(mult) + 1) + "|"]
         fixed = d[d["method"].str.startswith("tau=")]
-        for method in ["none", "log-length", "infoscale", "pmax", "entropy", "per-layer"]:
+        for method in [m for m in METHODS if m in set(d["method"])]:
             cells = []
             for m in mult:
-                r = d[(d["method"] == method) & (d["multiple"] == m)].iloc[0]
-                cells.append(f"{r['accuracy']:.0f} (tau {r['tau']:.2f})")
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+                hit = d[(d["method"] == method) & (d["multiple"] == m)]
+                if hit.empty:
+                    cells.append("–")
+                    continue
+                r = hit.iloc[0]
+                star = "*" if str(r.get("reached", "")) == "False" else ""
+                cells.append(f"{r['accuracy']:.0f} (tau {r['tau']:.2f}{star})")
+            lines.append(f"| {methods.label(method)} | " + " | ".join(cells) + " |")
         cells = []
         for m in mult:
             f = fixed[fixed["multiple"] == m]
             best = f.loc[f["accuracy"].idxmax()]
             cells.append(f"{best['accuracy']:.0f} (tau {best['tau']:.2f})")
-        lines.append("| best fixed tau | " + " | ".join(cells) + " |")
+        lines.append("| best fixed tau (oracle) | " + " | ".join(cells) + " |")
         lines.append("")
     sd = int(df["stats_docs"].max()) if "stats_docs" in df and df["stats_docs"].notna().any() else samples
     lines += [f"**Dispersion at tau = 1** (mean Pmax / H per encoder layer, {df['task'].iloc[0]}, "
@@ -560,7 +698,8 @@ def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="*", default=None)
-    p.add_argument("--tasks", nargs="*", default=None)
+    p.add_argument("--tasks", nargs="*", default=None,
+                   help=f"default: the card's tasks and {', '.join(VARIANTS)} (the pass key in varied filler)")
     p.add_argument("--multiples", nargs="*", type=float, default=[1, 2, 4, 8, 16])
     p.add_argument("--samples", type=int, default=100)
     p.add_argument("--batch", type=int, default=10)
@@ -610,7 +749,7 @@ def main() -> None:
                 run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","))
                 print(csv_path(out, name).with_suffix(".md").read_text())
                 continue
-            run_model(name, a.tasks or card_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs,
+            run_model(name, a.tasks or table_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs,
                       pool=pool)
             md = csv_path(out, name).with_suffix(".md")
             if md.exists():

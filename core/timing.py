@@ -210,7 +210,8 @@ def sweep_passes(
 ) -> list[tuple[int, int]]:
     """(count, tokens) encoder passes a sweep runs: one per cell, plus calibrating the measured methods once per
     length (Algorithm 1 by bisection on ``calib_samples`` documents and their L_tr references; Prop. 1/2 one pass
-    here and one at L_tr; per-layer a bisection per layer). Upper bounds where bisection is involved."""
+    here and one at L_tr; per-layer a bisection per layer; refined searches 7 bisection passes more, plus up to
+    4 grid steps below the grid; per-head the whole grid per layer). Upper bounds where bisection is involved."""
     out: dict[int, int] = {}
 
     def add(n: int, c: int) -> None:
@@ -227,8 +228,14 @@ def sweep_passes(
             elif m in ("prop1", "prop2"):
                 add(n, 1)
                 add(train_length, 1)
+            elif m in ("pmax-refined", "entropy-refined"):
+                add(n, (one + 7 + 4) * calib_samples)
+                add(train_length, calib_samples)
             elif m == "per-layer":
                 add(n, one * n_layers * calib_samples)
+                add(train_length, calib_samples)
+            elif m == "per-head":
+                add(n, (grid_size * n_layers + 1) * calib_samples)
                 add(train_length, calib_samples)
     # the longest length first: the sentence names it
     return sorted(((c, n) for n, c in out.items()), key=lambda t: -t[1])

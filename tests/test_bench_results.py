@@ -53,13 +53,13 @@ def test_a_cell_cut_short_resumes_after_its_last_finished_run(tiny_dir, tmp_path
 
     monkeypatch.setattr(rb, "accuracy", counts)
     resumed = rb.run_model(*args, out, stats_docs=2)
-    distinct = {tuple(np.round(np.atleast_1d(t), 6)) for t in partial["passkey|2|3|taus"].values()}
+    distinct = {rb.tau_key(t) for _, t in rb.tau_items(rb.taus_from_json(partial["passkey|2|3|taus"]))}
     assert len(distinct) >= 7 and len(runs) == len(distinct) - 3  # only the runs the cut left undone
     assert not (out / f"{tiny_dir.name}.partial.json").exists()  # the finished cell lives in the CSV now
 
     runs.clear()
     again = rb.run_model(*args, out, stats_docs=2)  # a finished cell is not run again
-    assert runs == [] and len(again) == len(resumed) == 12
+    assert runs == [] and len(again) == len(resumed) == len(rb.METHODS) + len(rb.FIXED)
 
     clean = rb.run_model(*args, tmp_path / "clean", stats_docs=2)
     pd.testing.assert_frame_equal(resumed.reset_index(drop=True), clean.reset_index(drop=True))
@@ -98,9 +98,45 @@ def test_tables_computed_side_by_side_merge_into_one(tiny_dir, tmp_path, monkeyp
     single = rb.run_model(name, ["passkey"], [1, 2], 3, 3, tmp_path / "one", stats_docs=2)
     pd.testing.assert_frame_equal(rb._read_csv(tmp_path / "m" / f"{tiny_dir.name}.csv"),
                                   rb._read_csv(tmp_path / "one" / f"{tiny_dir.name}.csv"))
-    assert len(single) == 24
+    assert len(single) == 2 * (len(rb.METHODS) + len(rb.FIXED))
 
     runs.clear()
     rb.run_model(name, ["passkey"], [1, 2, 4], 3, 3, tmp_path / "m", stats_docs=2)
-    distinct = {tuple(np.round(np.atleast_1d(t), 6)) for t in partial["passkey|4|3|taus"].values()}
+    distinct = {rb.tau_key(t) for _, t in rb.tau_items(rb.taus_from_json(partial["passkey|4|3|taus"]))}
     assert len(runs) == len(distinct) - 2  # 1x and 2x merged, two runs of 4x carried over
+
+
+def test_an_older_table_grows_by_its_new_methods_only(tiny_dir, tmp_path, monkeypatch):
+    """A CSV written with fewer methods (an older table) is extended: its taus, accuracies and dispersion are
+    kept, only the new methods are calibrated and run, and cells outside this run's plan stay in the CSV."""
+    rb = _results_module()
+    real = rb.accuracy
+    runs: list[object] = []
+
+    def counted(loaded, docs, encs, tau, batch):
+        runs.append(tau)
+        return real(loaded, docs, encs, tau, batch)
+
+    monkeypatch.setattr(rb, "accuracy", counted)
+    out, name = tmp_path / "t", str(tiny_dir)
+    with monkeypatch.context() as m:  # the older table: two closed forms and Algorithm 1 (Pmax)
+        m.setattr(rb, "CLOSED", ("none", "log-length"))
+        m.setattr(rb, "MEASURED", ("pmax",))
+        m.setattr(rb, "METHODS", ("none", "log-length", "pmax"))
+        old = rb.run_model(name, ["passkey"], [1, 2], 3, 3, out, stats_docs=2)
+    assert set(old["method"]) == {"none", "log-length", "pmax", *(f"tau={t:g}" for t in rb.FIXED)}
+    runs.clear()
+    grown = rb.run_model(name, ["passkey"], [2], 3, 3, out, stats_docs=2)
+    new = grown[grown["multiple"] == 2]
+    assert set(rb.METHODS) <= set(new["method"])
+    assert set(grown[grown["multiple"] == 1]["method"]) == set(old[old["multiple"] == 1]["method"])  # 1x: kept as it was
+    before = old[old["multiple"] == 2].set_index("method")
+    after = new.set_index("method")
+    for m in before.index:  # what the older table had is carried over, not recomputed
+        assert after.loc[m, "accuracy"] == before.loc[m, "accuracy"] and after.loc[m, "tau"] == before.loc[m, "tau"]
+    old_keys = {rb.tau_key(t) for t in before["tau"]}
+    new_taus = rb.taus_from_json(rb.taus_json(rb.calibrated_taus(rb.load(name), "passkey", 2, int(after["tokens"].iloc[0]))))
+    want = {rb.tau_key(t) for _, t in rb.tau_items(new_taus)} - {rb.tau_key(float(t)) for t in before["tau"]}
+    assert len(runs) == len(want) > 0 and old_keys  # only the new methods' taus ran
+    assert new.loc[new["method"] == "pmax-refined", "reached"].iloc[0] in (True, False)
+    assert (new["distinct_docs"] == 3).all()
