@@ -551,7 +551,8 @@ def _finished_cells(rows: list[dict], samples: int, stats_docs: int, partial: Pa
         taus["_info"] = info
         known[cell] = taus
         dkey = f"{cell}|dispersion|{stats_docs}"
-        if partial.get(dkey) is None and int(rs[0]["stats_docs"]) == min(stats_docs, samples):
+        if partial.get(dkey) is None and pd.notna(rs[0].get("stats_docs")) \
+                and int(rs[0]["stats_docs"]) == min(stats_docs, samples):  # an older row may not say: measure again
             partial.data[dkey] = [list(rs[0]["pmax_layers"]), list(rs[0]["entropy_layers"])]
     if known:
         partial._write()
