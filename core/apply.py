@@ -64,8 +64,9 @@ import torch
 
 from core import attention
 from core.attention import ENCODER, AttentionSettings, attention_call, tau_matrix
+from core.temperature import RowTau
 from core.errors import UserError
-from core.validation import Bytes, Positive, validate
+from core.validation import Bytes, Positive, Tau, validate
 
 #: transformers ``model_type`` values whose attention we can take over.
 SUPPORTED_TYPES = ("t5", "mt5", "umt5")
@@ -143,6 +144,10 @@ def attention_settings(
     if bad:
         raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(attention.KINDS)}")
     enc, dec, heads = _n_layers_heads(model)
+    if isinstance(value, dict):  # a row schedule as JSON (core.temperature.schedule_json)
+        value = validate(Tau, value, "tau")
+    if isinstance(value, RowTau):  # one tau per query row (Llama 4): the same for every layer and head
+        return AttentionSettings(value, targets, cosine_scale, chunk_bytes)
     try:
         m = tau_matrix(value, enc, heads)
         if isinstance(value, (int, float)) or torch.as_tensor(value).ndim == 0:

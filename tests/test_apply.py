@@ -174,6 +174,30 @@ def test_schedules_per_layer_and_head(user_model, tok):
     assert user_model.config._attn_implementation == "sdpa"
 
 
+def test_a_row_schedule_on_a_users_model(user_model, tok):
+    """Llama 4's tau per query row reaches a model the user holds, as a RowTau or as its JSON dict, and it is
+    what core.attention computes under attention_call with the same schedule."""
+    from core.attention import AttentionSettings, attention_call
+
+    rows = temperature.RowTau(floor_scale=8, attn_scale=2.0)  # a strong scale: rows past 8 sharpen a lot
+    ids = tok(TEXT, return_tensors="pt").input_ids
+    enc = user_model.get_encoder()
+    with torch.no_grad():
+        plain = enc(input_ids=ids).last_hidden_state
+        with ap.apply(user_model, tau=rows) as st:
+            assert st.tau == rows
+            got = enc(input_ids=ids).last_hidden_state
+        with ap.apply(user_model, tau=rows.to_dict()):
+            again = enc(input_ids=ids).last_hidden_state
+        with ap.apply(user_model, tau=1.0), attention_call(AttentionSettings(tau=rows)):  # aligned, rows per call
+            want = enc(input_ids=ids).last_hidden_state
+    assert torch.equal(got, want) and torch.equal(again, want)
+    assert not torch.allclose(got, plain, atol=1e-4)
+    with pytest.raises(UserError, match="floor_scale"):
+        with ap.apply(user_model, tau={"scheme": "llama4", "floor_scale": 0}):
+            pass
+
+
 def test_context_is_per_thread(user_model, tok):
     """The schedule rides in this thread's context: a thread started inside the block runs tau = 1."""
     plain = _answer(user_model, tok)
