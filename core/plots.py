@@ -474,8 +474,10 @@ def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> 
         band = p.get("band")
         if band is not None:
             lo, hi = sorted(float(b) for b in band)
-            # a band of one grid point (every resample picked the same tau) still shows: a sliver around it
-            half = 0.004 if hi - lo < 0.008 else 0.0
+            # a band of one grid point (the resamples all picked one tau) still shows: a quarter grid step
+            # either side of it, or it would hide under the pick's dotted line
+            steps = np.diff(sorted({float(t) for t in p["grid"]}))
+            half = (float(steps.min()) if steps.size else 0.05) / 4 if hi - lo < 1e-9 else 0.0
             fig.add_shape(type="rect", xref=f"x{suffix}", yref=f"y{suffix} domain", x0=lo - half, x1=hi + half, y0=0,
                           y1=1, fillcolor="#d62728", opacity=0.12, line=dict(width=0), layer="below")
         fig.update_xaxes(title="tau", autorange="reversed", row=1, col=c)
@@ -578,21 +580,27 @@ def temperature_curves(
     """
     fig = go.Figure()
     drawn: list[tuple[str, list, np.ndarray]] = []
-    copies = 0
+    same: dict[str, str | None] = {}  # curve -> the earlier curve it equals
     for name, (xs, ys) in curves.items():
         ys = [np.nan if y is None else float(y) for y in ys]
         if len(ys) != len(xs):
             raise ValueError(f"curve '{name}' has {len(ys)} values for {len(xs)} lengths")
         y = np.asarray(ys, dtype=float)
-        same = None if np.isnan(y).all() else next(
+        same[name] = None if np.isnan(y).all() else next(
             (n for n, x0, y0 in drawn if x0 == list(xs) and np.allclose(y0, y, rtol=0, atol=1e-9, equal_nan=True)), None)
         drawn.append((name, list(xs), y))
-        if same is None:
-            fig.add_scatter(x=list(xs), y=ys, mode="lines+markers", name=name, marker=dict(size=5), line=dict(width=3))
+    copied = set(same.values())
+    copies = 0
+    for name, xs, y in drawn:
+        ys = [float(v) for v in y]  # NaN: a gap
+        if same[name] is None:  # a line with copies is drawn wide and pale, so the dashed copies show on it
+            wide = name in copied
+            fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=name, marker=dict(size=5),
+                            line=dict(width=7 if wide else 2), opacity=0.45 if wide else 1.0)
         else:
             dash = ("dash", "dot", "dashdot", "longdash")[copies % 4]
             copies += 1
-            fig.add_scatter(x=list(xs), y=ys, mode="lines", name=f"{name} (= {same})", line=dict(dash=dash, width=2))
+            fig.add_scatter(x=xs, y=ys, mode="lines", name=f"{name} (= {same[name]})", line=dict(dash=dash, width=2.5))
     for name, (xs, ys) in (dots or {}).items():
         fig.add_scatter(x=list(xs), y=list(ys), mode="markers", name=name, marker=dict(size=12, symbol="diamond"))
     _log_vline(fig, train_length)

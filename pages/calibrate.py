@@ -1,4 +1,5 @@
-"""Calibrate: Algorithm 1 at this document's length, every method's tau, and the export the CLI reads."""
+"""Calibrate: Algorithm 1 at this document's length, its band and per-head view, every method's tau, and the export
+the CLI reads."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ def main() -> None:
               help="Finds the same grid point as the full grid when the curve is monotone, in about log2(11)+2 passes; "
                    "the curve then has gaps.")
     c2.number_input("documents", min_value=1, max_value=16, step=1, key="cal_samples",
-                    help="Average the statistic over this many documents (seeds seed, seed+1, …); pasted text uses itself.")
+                    help="Average the statistic over this many documents (seeds seed, seed+1, …); pasted text uses itself. "
+                         "With 2 or more, a bootstrap over the documents gives a band of the pick.")
     cals = cv.run(ctx, c3)
     if cals is None:
         st.stop()
     cv.curves(cals)
+    cv.per_head(ctx, cals)
     taus = cv.every_method(ctx, cals)
     cv.export(ctx, taus)
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
-from core import methods, plots, temperature, timing, views
+from core import engine, methods, plots, temperature, timing, views
+from core.probes import ProbeSpec
 from ui import chart, csv_of, user_errors
 from ui import cache
 from ui import sidebar as sb
@@ -68,6 +70,20 @@ def run(ctx: sb.Context, button_col) -> dict | None:
     return cals
 
 
+def band_note(band: dict | None, samples: int = 1) -> str:
+    """The sentence under a pick's card: its bootstrap band over the calibration documents, or how to get one."""
+    if not band:
+        if samples >= 2:  # pasted text calibrates on itself, whatever the number asked for
+            return "No band for this pick: a band needs 2 or more distinct calibration documents."
+        return "Set documents >= 2 for a band of the pick (its spread over the calibration documents)."
+    level = f"{100 * float(band['level']):g} %"
+    n = band.get("documents")
+    over = f"over the {n} documents" if n else "over the calibration documents"
+    extra = f" ({band['resamples']} resamples)" if band.get("resamples") else ""
+    return (f"{level} bootstrap band {over}: tau in [{float(band['low']):.2f}, {float(band['high']):.2f}]{extra}; "
+            "shaded on the curve.")
+
+
 def curves(cals: dict) -> None:
     """S_ex(tau) per criterion against S_tr(1), the picks, and buttons that put a pick in the sidebar."""
     st.subheader("S_ex(tau) against S_tr(1)")
@@ -77,7 +93,9 @@ def curves(cals: dict) -> None:
         "(red). Pmax rises and entropy falls as tau shrinks: the attention sharpens (paper Algorithm 1, Fig. 4). "
         "Where a curve ends before it meets the line, the pick is only the grid's end: the card says so."
     )
-    panels = {c: {"grid": cal.grid, "curve": cal.curve, "reference": cal.reference, "tau": cal.tau} for c, cal in cals.items()}
+    bands = {c: getattr(cal, "band", None) for c, cal in cals.items()}  # None: fewer than 2 calibration documents
+    panels = {c: {"grid": cal.grid, "curve": cal.curve, "reference": cal.reference, "tau": cal.tau,
+                  **({"band": (bands[c]["low"], bands[c]["high"])} if bands[c] else {})} for c, cal in cals.items()}
     chart(plots.calibration_curves(panels), "cal_curves")
     cols = st.columns(len(cals))
     for col, (crit, cal) in zip(cols, cals.items()):
@@ -89,6 +107,7 @@ def curves(cals: dict) -> None:
                    delta_arrow="off" if gap == 0 else "auto",
                    help=f"{cal.passes} passes; S_tr(1) = {cal.reference:.4f}; the delta is S_ex(tau) - S_tr(1) at "
                         "the pick.")
+        col.caption(band_note(bands[crit], int(st.session_state.get("cal_samples", 1))))
         col.button(f"Use tau = {cal.tau:.2f}", key=f"use_{crit}", on_click=use_tau, args=(crit, cal.tau))
         if not cal.reached:  # the pick is where the grid ended, not a match: say so, and by how much
             col.warning(f"The curve never reached S_tr(1) between tau = {max(cal.grid):g} and {min(cal.grid):g}: "
@@ -98,8 +117,57 @@ def curves(cals: dict) -> None:
     st.download_button("curves.csv", csv_of(lambda: views.calibration_table(cals)), "algorithm1_curves.csv", "text/csv", key="dl_curves", on_click="ignore")
 
 
+def _stats_settings(ctx: sb.Context, tau) -> engine.RunSettings:
+    """The stats-only pass Algorithm 1 makes of this document at tau (the same cache key: a hit after one document)."""
+    return engine.RunSettings(tau=tau, targets=tuple(ctx.targets), cosine_scale=ctx.cosine_scale,
+                              probes=ProbeSpec.stats_only(), generate=False)
+
+
+def per_head(ctx: sb.Context, cals: dict) -> None:
+    """Each head's Pmax here over its own at L_tr, at tau = 1 and at Algorithm 1's Pmax pick; per-head Algorithm 1
+    (its tau matrix and the heads it could not align) when it has been computed."""
+    st.subheader("Per head: Pmax here over its value at L_tr")
+    pick = float(cals["pmax"].tau)
+    ph = cache.resolve_tau(ctx.loaded, ctx.request, "per-head", None, ctx.targets, ctx.cosine_scale, compute=False)
+    st.caption(
+        "Each cell is one head's mean Pmax on this document over the same head's Pmax at L_tr with tau = 1: 1 "
+        "(white) looks as in training. Algorithm 1 matches only the mean over every layer and head, so look for "
+        "the heads it hides: **far above 1 (blue)** at its pick are heads the global tau has over-sharpened; "
+        "**far below 1 (red)** are heads still dispersed. A head near 1 in both panels is saturated: its Pmax "
+        "hardly depends on length or tau, yet it still counts in the mean."
+    )
+    settings = {"tau = 1": _stats_settings(ctx, 1.0),
+                f"Algorithm 1 (Pmax) pick, tau = {pick:.2f}": _stats_settings(ctx, pick)}
+    if ph is not None:
+        settings["per-head Algorithm 1"] = _stats_settings(ctx, ph[0])
+    new = sum(not cache.has_run(ctx.loaded, ctx.request, s) for s in settings.values())
+    with user_errors(), st.spinner(f"Per-head statistics ({new} new pass{'es' if new != 1 else ''} at this length)…"
+                                     + cache.queue_note()):
+        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, probes=ProbeSpec.stats_only())
+        panels = {name: cache.run(ctx.loaded, ctx.request, s).probes.pmax[0] for name, s in settings.items()}
+    chart(cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
+    if ph is None:
+        st.caption("Per-head Algorithm 1 (one tau per layer and head, each matched to that head's Pmax at L_tr) is "
+                   "not computed yet: choose 'per-head' in the sidebar's Method box to compute it "
+                   f"({len(temperature.GRID)} passes per layer: the whole grid, all of a layer's heads in each pass); "
+                   "its tau matrix and the heads it cannot align then appear here.")
+        return
+    schedule, info = ph
+    tau = np.atleast_2d(np.asarray(schedule, dtype=float))
+    unreached = [tuple(int(v) for v in h) for h in info.get("unreached_heads", [])]
+    st.markdown("**Per-head Algorithm 1**: tau per layer (rows) and head (columns)")
+    st.dataframe(pd.DataFrame(tau.round(3), index=[f"layer {l}" for l in range(tau.shape[0])],
+                              columns=[f"h{h}" for h in range(tau.shape[1])]), width="content")
+    if unreached:
+        st.caption(f"**{len(unreached)} of {tau.size} heads never reached their L_tr Pmax** inside the grid and stay "
+                   "at the default tau: " + ", ".join(f"layer {l} head {h}" for l, h in unreached) + ".")
+    else:
+        st.caption(f"Every one of the {tau.size} heads reached its own L_tr Pmax inside the grid.")
+
+
 def every_method(ctx: sb.Context, cals: dict) -> dict:
-    """Every method's tau for this document (closed forms, Algorithm 1, per-layer when computed) and a 'use' box."""
+    """Every method's tau for this document (closed forms, Algorithm 1, per-layer and per-head when computed) and a
+    'use' box."""
     ss = st.session_state
     st.subheader("Every method's tau for this document")
     st.caption(
@@ -112,25 +180,37 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + cache.queue_note()):
         taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
     taus = {**taus, "pmax": cals["pmax"].tau, "entropy": cals["entropy"].tau}
-    per_layer = cache.resolve_tau(ctx.loaded, ctx.request, "per-layer", None, ctx.targets, ctx.cosine_scale, compute=False)
-    if per_layer is not None:
-        taus["per-layer"] = per_layer[0]
-    table = views.method_taus_table(taus, methods.label)
+    missing = []
+    for name, cost in (("per-layer", "about 5 passes per layer"), ("per-head", f"{len(temperature.GRID)} passes per layer")):
+        got = cache.resolve_tau(ctx.loaded, ctx.request, name, None, ctx.targets, ctx.cosine_scale, compute=False)
+        if got is not None:
+            taus[name] = got[0]
+        else:
+            missing.append(f"{methods.label(name)}, {cost}")
+    # a per-head matrix is shown in short here (the per-head section above has it in full)
+    shown = {m: _matrix_text(t) if np.ndim(t) == 2 else t for m, t in taus.items()}
+    table = views.method_taus_table(shown, methods.label)
     st.dataframe(table[["label", "tau"]], hide_index=True, width="stretch")
     st.caption(prop1_note(taus.get("prop1"), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
-    if per_layer is None:
-        st.caption("Per-layer alignment is not in the table yet: choose it in the sidebar's Method box to compute it "
-                   "(about 5 passes per layer).")
+    if missing:
+        st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "
+                   + ("it" if len(missing) == 1 else "one") + " in the sidebar's Method box to compute it.")
     usable = [m for m, t in taus.items() if not isinstance(t, str)]
     ss.setdefault("cal_pick", "pmax")
     if ss["cal_pick"] not in usable:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])
-    u1.selectbox("Method to use", usable, key="cal_pick", format_func=lambda m: f"{methods.label(m)}: {taus[m] if np.ndim(taus[m]) == 0 else 'per layer'}")
+    u1.selectbox("Method to use", usable, key="cal_pick", format_func=lambda m: f"{methods.label(m)}: {taus[m] if np.ndim(taus[m]) == 0 else 'per layer' if np.ndim(taus[m]) == 1 else 'per head'}")
     u2.button("Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary")
     if ss.get("cal_used"):
         st.success(f"Sidebar set to {ss['cal_used']}.")
     return taus
+
+
+def _matrix_text(tau) -> str:
+    """A per-head tau matrix in one table cell: its range and mean."""
+    a = np.asarray(tau, dtype=float)
+    return f"per head ({a.shape[0]} x {a.shape[1]}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}"
 
 
 def export(ctx: sb.Context, taus: dict) -> None:

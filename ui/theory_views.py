@@ -103,9 +103,10 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
     lt = ctx.train_length
     st.subheader("tau over length: formulas and Algorithm 1 (Fig. 3/4)")
     st.caption(
-        "Lines: log-length (log L_tr / log L) and InfoScale need only L; Prop. 1 and 2 use sigma measured at each "
-        "length above (and Pmax, sigma at L_tr). Diamonds: Algorithm 1's measured picks. Where the formulas follow "
-        "the diamonds, the Gaussian picture explains the aligned tau."
+        "Lines: log-length (log L_tr / log L), YaRN and InfoScale need only L; Prop. 1 and 2 use sigma measured at "
+        "each length above (and Pmax, sigma at L_tr). Llama 4 gives each query row its own tau (by its position), so "
+        "its line is the mean row tau of an L-token document. Diamonds: Algorithm 1's measured picks. Where the "
+        "formulas follow the diamonds, the Gaussian picture explains the aligned tau."
     )
     dense = sorted(set(np.geomspace(lt, 16 * lt, 25).round().astype(int).tolist()))
     sig_tr, pmax_tr = ref.probes.sigma, float(ref.probes.pmax[0][0].mean())
@@ -118,7 +119,22 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
         points = rows if m.stats else [(n, None) for n in dense]
         if points:
             curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points])
+    # Llama 4: one tau per query row, no single-number formula; its mean over an L-token document's rows
+    short = methods.REGISTRY["llama4"].short if "llama4" in methods.REGISTRY else "Llama 4"
+    llama4 = temperature.RowTau(floor_scale=lt)
+    curves[f"{short} (mean row tau)"] = (dense, [llama4.mean(n) for n in dense])
     return curves
+
+
+_EQUAL_NOTE = (
+    "**Why some lines lie on log-length.** Qwen's log-n scaling multiplies a query row's logits by log_{L_tr} n, "
+    "and Scalable-Softmax by s log n with s fixed so that tau = 1 at L_tr; n is the number of keys the row sees. "
+    "In a bidirectional encoder (T5 here) every row sees all L keys, so n = L for every row and both are exactly "
+    "log-length's tau = log L_tr / log L: their lines are drawn dashed on top of it (the legend says '= log-length'). "
+    "They differ only in a causal decoder, where row i sees i + 1 keys and the early rows get tau = 1. Llama 4's "
+    "line is a mean: its rows before L_tr keep tau = 1 and later rows get 1 / (0.1 ln(1 + floor((pos + 1) / L_tr)) "
+    "+ 1), so the document's mean row tau stays closer to 1 than log-length's."
+)
 
 
 def _algorithm1_dots(ctx: sb.Context, reqs: dict) -> dict[str, tuple]:
@@ -177,6 +193,7 @@ def tau_curves(ctx: sb.Context, ref, reqs: dict, stats: pd.DataFrame) -> None:
     curves = _formula_curves(ctx, ref, stats)
     dots = _algorithm1_dots(ctx, reqs)
     chart(plots.temperature_curves(curves, dots, ctx.train_length), "taus")
+    st.caption(_EQUAL_NOTE)
     _prop1_note(curves, stats, ref.probes.sigma)
     st.download_button("tau_curves.csv", csv_of(lambda: views.tau_curves_table({**curves, **dots})), "tau_curves.csv",
                        "text/csv", key="dl_taus", on_click="ignore")

@@ -23,7 +23,11 @@ TOUR = [
          text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr "
               "(the Calibrate page shows the search). Only that average is matched: look at the meters, where single "
               "layers still miss their ticks in both directions (some too sharp, some too flat), because one tau "
-              "cannot fit every layer. The method box's per-layer alignment gives each layer its own tau."),
+              "cannot fit every layer. The method box's per-layer alignment gives each layer its own tau. "
+              "Algorithm 1 also says whether its curve reached the L_tr line inside the grid (reached, or the gap "
+              "left at its pick: Calibrate warns under the pick when it was not reached). On the default model "
+              "(retrieval-t5) at 8× it is not reached: the grid ends at tau = 0.5 short of the line (mean Pmax "
+              "0.3815 against 0.3894 at L_tr, gap −0.0079; pass key, seed 0), so 0.5 is the grid's end, not a match."),
 ]
 
 
