@@ -18,7 +18,11 @@ EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's leng
 
 
 def use_tau(method: str, value) -> None:
-    """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; per layer -> that method)."""
+    """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; a schedule -> that method)."""
+    if isinstance(value, temperature.RowTau):
+        sb.set_state(tau_method=method)
+        st.session_state["cal_used"] = f"{methods.label(method)}: {views.schedule_text(value)}"
+        return
     a = np.asarray(value, dtype=float)
     if a.ndim == 0:
         sb.set_state(tau_method="fixed", tau_value=float(np.clip(round(float(a), 2), sb.TAU_MIN, sb.TAU_MAX)))
@@ -180,6 +184,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + cache.queue_note()):
         taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
     taus = {**taus, "pmax": cals["pmax"].tau, "entropy": cals["entropy"].tau}
+    taus["llama4"] = cache.resolve_tau(ctx.loaded, ctx.request, "llama4", None, ctx.targets, ctx.cosine_scale)[0]  # no pass
     missing = []
     for name, cost in (("per-layer", "about 5 passes per layer"), ("per-head", f"{len(temperature.GRID)} passes per layer")):
         got = cache.resolve_tau(ctx.loaded, ctx.request, name, None, ctx.targets, ctx.cosine_scale, compute=False)
@@ -188,8 +193,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
         else:
             missing.append(f"{methods.label(name)}, {cost}")
     # a per-head matrix is shown in short here (the per-head section above has it in full)
-    shown = {m: _matrix_text(t) if np.ndim(t) == 2 else t for m, t in taus.items()}
-    table = views.method_taus_table(shown, methods.label)
+    table = views.method_taus_table(taus, methods.label, rows=ctx.tokens)
     st.dataframe(table[["label", "tau"]], hide_index=True, width="stretch")
     st.caption(prop1_note(taus.get("prop1"), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
     if missing:
@@ -200,17 +204,12 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     if ss["cal_pick"] not in usable:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])
-    u1.selectbox("Method to use", usable, key="cal_pick", format_func=lambda m: f"{methods.label(m)}: {taus[m] if np.ndim(taus[m]) == 0 else 'per layer' if np.ndim(taus[m]) == 1 else 'per head'}")
+    u1.selectbox("Method to use", usable, key="cal_pick",
+                 format_func=lambda m: f"{methods.label(m)}: {views.schedule_text(taus[m], ctx.tokens)}")
     u2.button("Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary")
     if ss.get("cal_used"):
         st.success(f"Sidebar set to {ss['cal_used']}.")
     return taus
-
-
-def _matrix_text(tau) -> str:
-    """A per-head tau matrix in one table cell: its range and mean."""
-    a = np.asarray(tau, dtype=float)
-    return f"per head ({a.shape[0]} x {a.shape[1]}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}"
 
 
 def export(ctx: sb.Context, taus: dict) -> None:
