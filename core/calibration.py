@@ -69,7 +69,9 @@ def _text_window(loaded: Loaded, doc: tasks.Document, length: int) -> tasks.Docu
 
 
 def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSettings | None = None) -> Callable[[object], LayerStats]:
-    """tau schedule -> mean per-layer Pmax/H over ``documents`` (stats-only probes, no generation), memoised."""
+    """tau schedule -> mean per-layer Pmax/H over ``documents`` (stats-only probes, no generation), memoised;
+    each document's own per-layer values ride along (``doc_pmax`` / ``doc_entropy``, in ``documents``' order:
+    Algorithm 1's bootstrap band resamples them)."""
     base = base or engine.RunSettings()
     base = replace(base, probes=ProbeSpec.stats_only(), generate=False)
     encoded = [engine.encode(loaded, d) for d in documents]
@@ -79,11 +81,14 @@ def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSet
         key = temperature.schedule_key(tau)
         if key not in cache:
             res = engine.run_encoded(loaded, documents, encoded, replace(base, tau=tau))
+            doc_pmax = np.stack([np.asarray(r.probes.layer_pmax, dtype=float) for r in res])  # [documents, layers]
+            doc_entropy = np.stack([np.asarray(r.probes.layer_entropy, dtype=float) for r in res])
             cache[key] = LayerStats(
                 pmax=np.mean([r.probes.layer_pmax for r in res], axis=0),
                 entropy=np.mean([r.probes.layer_entropy for r in res], axis=0),
                 head_pmax=np.mean([r.probes.pmax[0] for r in res], axis=0),  # [layers, heads]
                 head_entropy=np.mean([r.probes.entropy[0] for r in res], axis=0),
+                doc_pmax=doc_pmax, doc_entropy=doc_entropy,
             )
         return cache[key]
 

@@ -12,9 +12,11 @@ perplexity language-modelling papers report, not a mean of per-sequence
 perplexities, which one bad sequence would dominate).
 
 Methods come from :mod:`core.methods`, resolved once per length exactly as a
-retrieval sweep does (:func:`core.sweep._tau_for`): measured methods
+retrieval sweep does (:func:`core.sweep._resolve_for`): measured methods
 (Algorithm 1, Prop. 1/2, per-layer) calibrate on sequences whose seeds
-(``calib_seed`` on) are disjoint from the scored ones.
+(``calib_seed`` on) are disjoint from the scored ones. A search's row says,
+as a sweep row does, whether its curve ``reached`` the L_tr reference and the
+``gap`` left (empty for methods that are not searches).
 
 Rows are written as they finish to a CSV through :class:`core.csvio.ResultCSV`
 (lock, ``resume``, spreadsheet-safe cells), one row per length x method.
@@ -42,7 +44,7 @@ from core.validation import BatchSize, NewTokens, Samples, Seed, Sequences, Toke
 
 COLUMNS = [
     "model", "task", "tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll",
-    "scored_tokens", "sequences", "first_seed", "seconds",
+    "scored_tokens", "sequences", "first_seed", "seconds", "reached", "gap",
 ]
 KEY = ("model", "tokens", "method")
 
@@ -62,7 +64,7 @@ class PerplexityPlan:
     batch_size: int = 8
     targets: tuple[str, ...] = (ENCODER,)
     haystack: str = "corpus-eval"
-    task: str = tasks.LM  # what core.sweep._tau_for builds calibration documents of
+    task: str = tasks.LM  # what core.sweep._resolve_for builds calibration documents of
 
     @property
     def total(self) -> int:
@@ -134,7 +136,7 @@ def run_perplexity(
     ``progress(done, total, row)`` counts sequences (called after each batch,
     ``row`` set when a cell ends); ``should_stop()`` is polled between cells;
     ``guard()`` wraps each cell's passes (the app's pass gate)."""
-    from core.sweep import _tau_for, _typed  # resolving a method at a length, and resumed rows: as retrieval sweeps do
+    from core.sweep import _resolve_for, _typed  # resolving a method at a length, and resumed rows: as retrieval sweeps do
 
     plan = plan.validated()
     if plan.lengths and plan.methods:
@@ -165,7 +167,7 @@ def run_perplexity(
                         progress(done, plan.total, None)
 
                 with guard():
-                    tau = _tau_for(loaded, plan, n, m, docs[0], taus)
+                    tau, outcome = _resolve_for(loaded, plan, n, m, docs[0], taus)
                     st = engine.RunSettings(tau=tau, method=m, targets=plan.targets)
                     cell = score(loaded, docs, st, plan.batch_size, encs, step)
                 row = {
@@ -173,7 +175,7 @@ def run_perplexity(
                     "train_length": loaded.train_length, "method": m, "tau": round(temperature.schedule_mean(tau, n), 6),
                     "perplexity": round(cell["perplexity"], 4), "nll": round(cell["nll"], 4),
                     "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": plan.seed,
-                    "seconds": round(cell["seconds"], 3),
+                    "seconds": round(cell["seconds"], 3), **outcome,
                 }
                 rows.append(row)
                 sink.write(row)
@@ -193,7 +195,7 @@ def perplexity_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens
 def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
     """The CLI's ``perplexity --json`` object (a stable contract): the model, L_tr and the rows."""
     keep = ["tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll", "scored_tokens",
-            "sequences", "first_seed", "seconds"]
+            "sequences", "first_seed", "seconds", "reached", "gap"]
     out = []
     for r in df.to_dict("records"):
         out.append({k: (r[k].item() if hasattr(r[k], "item") else r[k]) for k in keep})

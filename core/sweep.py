@@ -10,7 +10,8 @@ lock, resume checks, spreadsheet-safe cells).
 Measured methods (Algorithm 1, Prop. 1/2, per-layer) are calibrated once per
 length on *calibration* documents whose seeds are disjoint from the test
 seeds (``calib_seed`` onwards), so no method is tuned on the documents it is
-scored on.
+scored on. A search's rows say whether that calibration ``reached`` the L_tr
+reference and the ``gap`` it left (empty for other methods).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ if TYPE_CHECKING:  # Ray and the pool are imported only when a sweep runs on the
 
 COLUMNS = [
     "model", "task", "tokens", "actual_tokens", "depth", "seed", "method", "tau",
-    "answer", "expected", "correct", "pmax", "entropy", "seconds",
+    "answer", "expected", "correct", "pmax", "entropy", "seconds", "reached", "gap",
 ]
+#: Columns a search fills (Algorithm 1 and its per-layer, per-head and refined kin: did its curve reach the
+#: L_tr reference, and S_ex - S_tr at the pick, both from the calibration documents); empty for other methods.
+SEARCH_COLUMNS = ("reached", "gap")
 KEY = ("model", "task", "tokens", "depth", "seed", "method")
 
 
@@ -169,7 +173,7 @@ def run_sweep(
                 progress(index + 1 if pool is None else written, plan.total, row)
 
         if pool is None:
-            taus: dict[tuple[int, str], float | list] = {}
+            taus: dict[tuple[int, str], tuple] = {}  # (length, method) -> (schedule, search outcome)
 
             def local_jobs() -> Iterator[cluster.Job]:
                 for i, (n, depth, seed, m) in cells:
@@ -199,7 +203,7 @@ def run_sweep(
                 track.advance(1, 0)
                 out = held.pop(job.tag, [])
                 for j in out:
-                    j.payload = (*j.payload[:4], {job.tag: result})
+                    j.payload = (*j.payload[:4], {job.tag: result})  # (schedule, search outcome), as _resolve_for caches
                 return out
             for index, row in result:
                 write(index, row)
@@ -258,17 +262,18 @@ def _jobs(loaded: Loaded, plan: SweepPlan, todo: list[tuple[int, tuple]], worker
     return jobs
 
 
-def _calibrate_job(loaded: Loaded, payload: tuple) -> float | list:
-    """A measured method's tau at one length (a job of its own on Ray: its cells wait for it)."""
+def _calibrate_job(loaded: Loaded, payload: tuple) -> tuple[float | list, dict]:
+    """A measured method's tau at one length and its search outcome (``reached``, ``gap``): a job of its own on
+    Ray, whose result its cells wait for (it becomes their cache entry, so their rows equal local ones)."""
     plan, n, m = payload
-    return _tau_for(loaded, plan, n, m, None, {})
+    return _resolve_for(loaded, plan, n, m, None, {})
 
 
 def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
     """Rows of some cells of one length and one method: ``[(plan index, row)]``.
 
     What every sweep row comes from, locally (one cell, the sweep's tau
-    cache) and on an actor (a slice; the calibrated tau in the cache)."""
+    cache) and on an actor (a slice; the calibration job's (tau, outcome) in the cache)."""
     from core.cluster import Cancelled, cancelled
 
     plan, n, m, cells, cache = payload
@@ -277,14 +282,14 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         if cancelled():  # the driver was stopped: free this actor for its next run
             raise Cancelled
         doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
-        tau = _tau_for(loaded, plan, n, m, doc, cache)
+        tau, outcome = _resolve_for(loaded, plan, n, m, doc, cache)
         res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
         out.append((index, {
             "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
             "depth": depth, "seed": seed, "method": m,
             "tau": temperature.schedule_mean(tau, res.tokens), "answer": res.answer, "expected": res.expected,
             "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
-            "seconds": round(res.seconds["total"], 4),
+            "seconds": round(res.seconds["total"], 4), **outcome,
         }))
     return out
 
@@ -306,14 +311,32 @@ def _typed(path: Path) -> list[dict]:
 
 def _tau_for(loaded: Loaded, plan: SweepPlan, n: int, method: str, doc: tasks.Document, cache: dict) -> float | list:
     """Resolve a method at length n once, on calibration documents (seeds disjoint from the test seeds)."""
+    return _resolve_for(loaded, plan, n, method, doc, cache)[0]
+
+
+def _resolve_for(loaded: Loaded, plan: SweepPlan, n: int, method: str, doc: tasks.Document,
+                 cache: dict) -> tuple[float | list, dict]:
+    """``(schedule, {"reached", "gap"})`` of a method at length n; a measured one resolved once per length on
+    calibration documents (seeds disjoint from the test seeds) and cached as that pair. ``reached`` / ``gap``
+    are those of its search (:meth:`core.temperature.Calibration.to_dict`), empty strings for a method that
+    is not a search (none, a fixed tau, closed forms, Prop. 1/2)."""
     if method.startswith("tau="):
-        return float(method[4:])
+        return float(method[4:]), _outcome({})
     if method not in methods.MEASURED:
-        return methods.resolve(loaded, doc, method)[0]
+        tau, info = methods.resolve(loaded, doc, method)
+        return tau, _outcome(info)
     if (n, method) not in cache:
         calib_doc = tasks.make(plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack)
-        cache[(n, method)] = methods.resolve(loaded, calib_doc, method, samples=plan.calib_samples)[0]
+        tau, info = methods.resolve(loaded, calib_doc, method, samples=plan.calib_samples)
+        cache[(n, method)] = (tau, _outcome(info))
     return cache[(n, method)]
+
+
+def _outcome(info: dict) -> dict:
+    """A search's ``reached`` (bool) and ``gap`` (float, 6 decimals) from its info; empty strings otherwise."""
+    if "reached" not in info or "gap" not in info:
+        return dict.fromkeys(SEARCH_COLUMNS, "")
+    return {"reached": bool(info["reached"]), "gap": round(float(info["gap"]), 6)}
 
 
 def accuracy_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:

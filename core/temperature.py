@@ -201,12 +201,18 @@ def prop2(train_length: int, length: int, sigma_tr: float, sigma_ex: float) -> f
 
 @dataclass(frozen=True)
 class LayerStats:
-    """Mean Pmax and entropy per encoder layer (over heads, real rows and documents)."""
+    """Mean Pmax and entropy per encoder layer (over heads, real rows and documents).
+
+    ``doc_pmax`` / ``doc_entropy`` ([documents, layers], optional): the same
+    per document, whose mean over documents is ``pmax`` / ``entropy``; what
+    Algorithm 1's bootstrap :attr:`Calibration.band` resamples."""
 
     pmax: np.ndarray
     entropy: np.ndarray
     head_pmax: np.ndarray | None = None  # [layers, heads], when the measure kept heads apart
     head_entropy: np.ndarray | None = None
+    doc_pmax: np.ndarray | None = None  # [documents, layers], when the measure kept documents apart
+    doc_entropy: np.ndarray | None = None
 
     def criterion(self, name: str) -> np.ndarray:
         if name not in CRITERIA:
@@ -220,6 +226,12 @@ class LayerStats:
         if out is None:
             raise ValueError("this measure has no per-head statistics")
         return out
+
+    def documents(self, name: str) -> np.ndarray | None:
+        """[documents, layers] of a criterion, or None when the measure did not keep documents apart."""
+        self.criterion(name)
+        out = self.doc_pmax if name == "pmax" else self.doc_entropy
+        return None if out is None else np.asarray(out, dtype=float)
 
 
 Measure = Callable[[object], LayerStats]  # tau schedule (float or per-layer list) -> stats
@@ -245,6 +257,9 @@ class Calibration:
     refined: list[tuple[float, float]] = field(default_factory=list)  # (tau, S_ex) off the grid (refined search)
     layer_reached: list[bool] = field(default_factory=list)  # per-layer alignment: each layer's ``reached``
     unreached_heads: list[tuple[int, int]] = field(default_factory=list)  # per-head: (layer, head) left at default
+    # The spread of the grid pick over the calibration documents (:func:`bootstrap_band`): {"low", "high",
+    # "level", "resamples", "documents", "seed"}; None with fewer than 2 documents or no per-document stats.
+    band: dict | None = None
 
     @property
     def per_head(self) -> bool:
@@ -262,6 +277,7 @@ class Calibration:
             **({"schedule": self.schedule} if self.schedule is not None else {}),
             "reached": self.reached,
             "gap": self.gap,
+            "band": self.band,
             **({"refined": [list(p) for p in self.refined]} if self.refined else {}),
             **({"layer_reached": self.layer_reached} if self.layer_reached else {}),
             **({"unreached_heads": [list(h) for h in self.unreached_heads]} if self.per_head else {}),
@@ -339,11 +355,20 @@ def algorithm1(
     ``measure(tau)`` runs the L_ex documents; ``reference`` is the stats of the
     L_tr documents at tau = 1. The mean is over all layers (each layer has the
     same heads and rows, so this equals the mean over layers, heads and rows).
+
+    ``band``: when ``measure`` and ``reference`` keep documents apart
+    (``doc_pmax`` / ``doc_entropy``, at least 2 documents, the i-th reference
+    document being the i-th document's L_tr counterpart), the spread of the
+    pick over resamples of the documents (:func:`bootstrap_band`) on the grid
+    points evaluated; no extra passes. A refined search keeps this grid band
+    (its off-grid points are not resampled).
     """
     ref = float(np.mean(reference.criterion(criterion)))
+    seen: dict[float, LayerStats] = {}
 
     def score(t: float) -> float:
-        return float(np.mean(measure(t).criterion(criterion)))
+        st = seen[float(t)] = measure(t)
+        return float(np.mean(st.criterion(criterion)))
 
     pick, values = (bisect_search if fast else grid_search)(score, ref, grid, progress)
     cal = Calibration(
@@ -356,11 +381,56 @@ def algorithm1(
         reached=_brackets(values.values(), ref),
         gap=values[pick] - ref,
     )
+    idx = sorted(values)
+    docs = [seen[float(grid[i])].documents(criterion) for i in idx]
+    ref_docs = reference.documents(criterion)
+    if ref_docs is not None and all(d is not None and len(d) == len(ref_docs) for d in docs):
+        cal.band = bootstrap_band([float(grid[i]) for i in idx], np.stack([d.mean(axis=1) for d in docs]),
+                                  ref_docs.mean(axis=1), grid=grid)
     if refined:
         tau, value, reached, points = refine(score, ref, values, grid)
         cal.tau, cal.gap, cal.reached, cal.refined = tau, value - ref, reached, points
         cal.passes += len(points)
     return cal
+
+
+BAND_LEVEL = 0.9
+BAND_RESAMPLES = 200
+
+
+def bootstrap_band(
+    taus: Sequence[float], doc_curve: np.ndarray, doc_reference: np.ndarray, grid: Sequence[float] | None = None,
+    level: float = BAND_LEVEL, resamples: int = BAND_RESAMPLES, seed: int = 0,
+) -> dict | None:
+    """The spread of Algorithm 1's pick over the calibration documents, by bootstrap.
+
+    ``taus``: the grid points evaluated; ``doc_curve[j, d]``: document d's
+    criterion (mean over layers) at ``taus[j]``; ``doc_reference[d]``: its L_tr
+    counterpart's at tau = 1. Each of ``resamples`` resamples draws the
+    documents with replacement (a document and its reference together, the
+    same indices), averages the curve and the reference over them and picks
+    the tau as Algorithm 1 does (:func:`_closest`: ties go to the earlier
+    point of ``grid``, the larger tau). Returns ``{"low", "high", "level",
+    "resamples", "documents", "seed"}``: the ``(1 - level) / 2`` and ``(1 +
+    level) / 2`` quantiles of the picked taus, taken on the picks themselves
+    (so both ends are grid points); deterministic (``numpy`` ``default_rng(seed)``).
+    None with fewer than 2 documents."""
+    curve = np.asarray(doc_curve, dtype=float)
+    refs = np.asarray(doc_reference, dtype=float)
+    k = refs.shape[0]
+    if k < 2 or curve.ndim != 2 or curve.shape != (len(taus), k):
+        return None
+    order = list(grid) if grid is not None else list(taus)
+    pos = [order.index(t) if t in order else i for i, t in enumerate(taus)]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, k, size=(resamples, k))
+    means = curve[:, idx].mean(axis=2)  # [points, resamples]
+    ref = refs[idx].mean(axis=1)  # [resamples]
+    picks = np.array([taus[pos.index(_closest(dict(zip(pos, means[:, r])), ref[r]))] for r in range(resamples)])
+    lo_q, hi_q = (1 - level) / 2, (1 + level) / 2
+    return {"low": float(np.quantile(picks, lo_q, method="lower")),
+            "high": float(np.quantile(picks, hi_q, method="higher")),
+            "level": float(level), "resamples": int(resamples), "documents": int(k), "seed": int(seed)}
 
 
 def _brackets(values, reference: float) -> bool:

@@ -1,0 +1,49 @@
+"""Sweep rows say whether Algorithm 1 reached the L_tr reference and the gap it left (issue 28, item 1)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from core import methods, tasks
+from core.errors import UserError
+from core.sweep import COLUMNS, SweepPlan, run_sweep
+
+
+def _plan(tiny, **kw) -> SweepPlan:
+    base = dict(model=tiny.spec.name, task="passkey", lengths=[tiny.train_length, 4 * tiny.train_length],
+                depths=[0.5], seeds=[0, 1], methods=["none", "pmax", "log-length"], calib_samples=2)
+    return SweepPlan(**{**base, **kw})
+
+
+def test_search_rows_carry_reached_and_gap_of_the_calibration(tiny, tmp_path, one_thread):
+    plan = _plan(tiny)
+    out = tmp_path / "s.csv"
+    df = run_sweep(tiny, plan, out=out)
+    assert list(df.columns) == COLUMNS and COLUMNS[-2:] == ["reached", "gap"] and len(df) == plan.total
+    with out.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for n in plan.lengths:
+        calib = tasks.make(plan.task, tiny.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack)
+        info = methods.resolve(tiny, calib, "pmax", samples=plan.calib_samples)[1]
+        for r in (r for r in df.to_dict("records") if r["tokens"] == n and r["method"] == "pmax"):
+            assert r["reached"] in (True, False) and r["reached"] == info["reached"]
+            assert isinstance(r["gap"], float) and r["gap"] == pytest.approx(info["gap"], abs=1e-6)
+        for r in (r for r in rows if int(r["tokens"]) == n and r["method"] == "pmax"):
+            assert r["reached"] == str(info["reached"]) and float(r["gap"]) == pytest.approx(info["gap"], abs=1e-6)
+    for r in df.to_dict("records") + rows:
+        if r["method"] != "pmax":
+            assert r["reached"] == "" and r["gap"] == "", r
+
+
+def test_resuming_a_csv_without_the_new_columns_is_refused_in_one_line(tiny, tmp_path):
+    old = tmp_path / "old.csv"
+    old_columns = [c for c in COLUMNS if c not in ("reached", "gap")]
+    text = ",".join(old_columns) + "\r\n" + f"{tiny.spec.name},passkey,256,254,0.5,0,none,1.0,1,1,True,0.3,2.6,0.1\r\n"
+    old.write_bytes(text.encode())
+    with pytest.raises(UserError) as err:
+        run_sweep(tiny, _plan(tiny, methods=["none"]), out=old, resume=True)
+    msg = str(err.value)
+    assert "\n" not in msg and "use another --out" in msg
+    assert old.read_bytes() == text.encode()  # left alone
