@@ -97,7 +97,7 @@ def curves(cals: dict) -> None:
         "(red). Pmax rises and entropy falls as tau shrinks: the attention sharpens (paper Algorithm 1, Fig. 4). "
         "Where a curve ends before it meets the line, the pick is only the grid's end: the card says so."
     )
-    bands = {c: getattr(cal, "band", None) for c, cal in cals.items()}  # None: fewer than 2 calibration documents
+    bands = {c: cal.band for c, cal in cals.items()}  # None: fewer than 2 calibration documents
     panels = {c: {"grid": cal.grid, "curve": cal.curve, "reference": cal.reference, "tau": cal.tau,
                   **({"band": (bands[c]["low"], bands[c]["high"])} if bands[c] else {})} for c, cal in cals.items()}
     chart(plots.calibration_curves(panels), "cal_curves")
