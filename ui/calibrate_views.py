@@ -175,7 +175,9 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     ss = st.session_state
     st.subheader("Every method's tau for this document")
     st.caption(
-        "log-length: log L_tr / log L (paper baseline). InfoScale: keeps attention entropy invariant with d = d_kv. "
+        "log-length: log L_tr / log L (paper baseline); log-n (Qwen) and Scalable-Softmax give the same number in an "
+        "encoder. YaRN: (0.1 ln s + 1)^-2 with s = L / L_tr. Llama 4: a tau per query row, shown as its mean over the "
+        "rows (rows before L_tr keep 1). InfoScale: keeps attention entropy invariant with d = d_kv. "
         "Prop. 1 / Prop. 2: the paper's closed forms from the spread sigma of layer 0's sorted logits (Sec. 4), "
         "matching Pmax / entropy. Algorithm 1: the measured picks above. 'n/a' means the Gaussian model behind a "
         "formula does not fit these numbers."
