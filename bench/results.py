@@ -423,7 +423,7 @@ def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]
                         distinct_documents(docs_for(plan.loaded, c.task, c.n, plan.samples)))
         finished[plan.order[c.name]] = new
         rows[:] = base + [r for i in sorted(finished) for r in finished[i]]  # new cells in the local loop's order
-        pd.DataFrame(rows).to_csv(csv, index=False)
+        ordered(pd.DataFrame(rows), plan.loaded).to_csv(csv, index=False)
         plan.partial.drop(c.name)
         del plan.cells[c.name]
         return len(new)
@@ -480,7 +480,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
         pool.prepare(model)
         plan = TablePlan(loaded, task_names, multiples, samples, batch, stats_docs, partial, have, model, known=known)
         _run_model_ray(pool, plan, csv.stem, csv, rows)
-        df = pd.DataFrame(rows)
+        df = ordered(pd.DataFrame(rows), loaded)
         if len(df):
             csv.with_suffix(".md").write_text(markdown(df, loaded, samples))
         return df
@@ -515,10 +515,10 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
             rows += cell_rows(csv.stem, task, k, n, taus, cache, stats, samples, stats_docs, distinct_documents(docs))
             bar.update(1)
             bar.set_postfix(task=task, n=n, s=f"{time.time() - t0:.0f}")
-            pd.DataFrame(rows).to_csv(csv, index=False)
+            ordered(pd.DataFrame(rows), loaded).to_csv(csv, index=False)
             partial.drop(cell)
     bar.close()
-    df = pd.DataFrame(rows)
+    df = ordered(pd.DataFrame(rows), loaded)
     csv.with_suffix(".md").write_text(markdown(df, loaded, samples))
     return df
 
@@ -559,6 +559,15 @@ def _finished_cells(rows: list[dict], samples: int, stats_docs: int, partial: Pa
     return have, known
 
 
+def ordered(df: pd.DataFrame, loaded) -> pd.DataFrame:
+    """A table's rows by task (the card's order, :func:`table_tasks`), then length; a cell's rows keep their order."""
+    if df.empty:
+        return df
+    order = {t: i for i, t in enumerate(table_tasks(loaded))}
+    return df.sort_values(["task", "multiple"], key=lambda c: c.map(lambda t: order.get(t, len(order))) if c.name == "task" else c,
+                          kind="stable").reset_index(drop=True)
+
+
 def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
     """Fold the cells of ``sources`` (other ``--out`` folders) into ``<out>/<name>.csv``, its tables and partial file.
 
@@ -573,10 +582,7 @@ def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
     frames = [df for df in (_read_csv(csv_path(d, name)) for d in [out, *sources]) if df is not None]
     if not frames:
         return None
-    df = pd.concat(frames, ignore_index=True).drop_duplicates(["task", "multiple", "method"])
-    order = {t: i for i, t in enumerate(table_tasks(loaded))}
-    df = df.sort_values(["task", "multiple"], key=lambda c: c.map(lambda t: order.get(t, len(order))) if c.name == "task" else c,
-                        kind="stable").reset_index(drop=True)
+    df = ordered(pd.concat(frames, ignore_index=True).drop_duplicates(["task", "multiple", "method"]), loaded)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(csv, index=False)
     partial = Partial(csv.with_suffix(".partial.json"))
@@ -730,7 +736,7 @@ def main() -> None:
             md = csv_path(out, name).with_suffix(".md")
             df = _read_csv(md.with_suffix(".csv"))
             if df is not None:
-                md.write_text(markdown(df, load(name), int(df["samples"].iloc[0])))
+                md.write_text(markdown(ordered(df, load(name)), load(name), int(df["samples"].iloc[0])))
                 print(md.read_text())
         return
     if a.engine != "ray" and (a.address or a.actors):
