@@ -589,7 +589,9 @@ def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
     for d in sources:
         partial.data.update({k: v for k, v in Partial(csv_path(d, name).with_suffix(".partial.json")).data.items()
                              if k not in partial.data})
-    partial.drop(*(f"{task}|{k:g}|{n}" for (task, k, n), _ in df.groupby(["task", "multiple", "samples"])))
+    # a cell whose rows hold every method is done; an older one keeps its partial entries (it is still to grow)
+    partial.drop(*(f"{task}|{k:g}|{n}" for (task, k, n), g in df.groupby(["task", "multiple", "samples"])
+                   if set(METHODS) <= set(g["method"])))
     csv.with_suffix(".md").write_text(markdown(df, loaded, int(df["samples"].iloc[0])))
     return df
 
