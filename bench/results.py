@@ -219,17 +219,18 @@ class Partial:
 
     def put(self, key: str, value) -> None:
         self.data[key] = value
-        self._write()
+        self.save()
 
     def drop(self, *cells: str) -> None:
         """Forget finished cells and save (the file goes when nothing is left)."""
         self.data = {k: v for k, v in self.data.items() if not k.startswith(tuple(c + "|" for c in cells))}
         if self.data:
-            self._write()
+            self.save()
         elif self.path.exists():
             self.path.unlink()
 
-    def _write(self) -> None:
+    def save(self) -> None:
+        """Write the file (atomically); what :meth:`put` and :meth:`drop` do after each change."""
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data))
         tmp.replace(self.path)  # atomic: a kill mid-write leaves the previous file
@@ -555,7 +556,7 @@ def _finished_cells(rows: list[dict], samples: int, stats_docs: int, partial: Pa
                 and int(rs[0]["stats_docs"]) == min(stats_docs, samples):  # an older row may not say: measure again
             partial.data[dkey] = [list(rs[0]["pmax_layers"]), list(rs[0]["entropy_layers"])]
     if known:
-        partial._write()
+        partial.save()
     return have, known
 
 
