@@ -36,7 +36,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from core import calibration, engine, methods, tasks, temperature
-from core.models import bundled_specs, load
+from core.models import ModelLoadError, bundled_specs, load
 from core.probes import ProbeSpec
 from core.temperature import RowTau, schedule_json, schedule_key, schedule_mean
 
@@ -236,6 +236,13 @@ class Partial:
         tmp.replace(self.path)  # atomic: a kill mid-write leaves the previous file
 
 
+def save_csv(df: pd.DataFrame, csv: Path) -> None:
+    """Write the table atomically: a run stopped mid-write (a time limit, Ctrl-C) keeps the previous file."""
+    tmp = csv.with_suffix(".csv.tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(csv)
+
+
 def card_tasks(loaded) -> list[str]:
     """The tasks the model's card lists, in its order: what a table covers and how its cells are sorted."""
     card = Path(loaded.spec.source) / "card.json"
@@ -424,7 +431,7 @@ def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]
                         distinct_documents(docs_for(plan.loaded, c.task, c.n, plan.samples)))
         finished[plan.order[c.name]] = new
         rows[:] = base + [r for i in sorted(finished) for r in finished[i]]  # new cells in the local loop's order
-        ordered(pd.DataFrame(rows), plan.loaded).to_csv(csv, index=False)
+        save_csv(ordered(pd.DataFrame(rows), plan.loaded), csv)
         plan.partial.drop(c.name)
         del plan.cells[c.name]
         return len(new)
@@ -453,15 +460,17 @@ def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]
 
 
 def run_model(name: str, task_names: list[str], multiples: list[float], samples: int, batch: int, out: Path,
-              stats_docs: int = 20, pool=None) -> pd.DataFrame:
+              stats_docs: int = 20, pool=None, device: str | None = None, dtype: str | None = None) -> pd.DataFrame:
     """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes).
 
     ``pool``: a :class:`core.cluster.RayEngine` (``--engine ray``) runs the
     cells' parts as jobs on its actors, heaviest first (:class:`TablePlan`);
     each part is computed by the same functions as here and saved to the
     same partial file, and each finished cell's rows come from
-    :func:`cell_rows`, so the CSV is the one a local run writes."""
-    loaded = load(name)
+    :func:`cell_rows`, so the CSV is the one a local run writes.
+    ``device``/``dtype``: where and in what precision (core.models.pick_device;
+    float32 on a GPU reproduces the CPU's table)."""
+    loaded = load(name, device=device, dtype=dtype)
     lt = loaded.train_length
     out.mkdir(parents=True, exist_ok=True)
     csv = csv_path(out, name)
@@ -516,7 +525,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
             rows += cell_rows(csv.stem, task, k, n, taus, cache, stats, samples, stats_docs, distinct_documents(docs))
             bar.update(1)
             bar.set_postfix(task=task, n=n, s=f"{time.time() - t0:.0f}")
-            ordered(pd.DataFrame(rows), loaded).to_csv(csv, index=False)
+            save_csv(ordered(pd.DataFrame(rows), loaded), csv)
             partial.drop(cell)
     bar.close()
     df = ordered(pd.DataFrame(rows), loaded)
@@ -585,7 +594,7 @@ def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
         return None
     df = ordered(pd.concat(frames, ignore_index=True).drop_duplicates(["task", "multiple", "method"]), loaded)
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(csv, index=False)
+    save_csv(df, csv)
     partial = Partial(csv.with_suffix(".partial.json"))
     for d in sources:
         partial.data.update({k: v for k, v in Partial(csv_path(d, name).with_suffix(".partial.json")).data.items()
@@ -665,12 +674,13 @@ LM_METHODS = ("none", "log-length", "yarn", "infoscale", "pmax", "entropy", "pma
               "0.9", "0.8", "0.7", "0.6")
 
 
-def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, out: Path, methods: list[str]) -> None:
+def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, out: Path, methods: list[str],
+                 device: str | None = None, dtype: str | None = None) -> None:
     """Perplexity of a language model over L_tr x ``multiples`` x ``methods`` (core.perplexity, resumable CSV),
     then ``<out>/<model>.md``: the table with the best fixed tau marked as an oracle."""
     from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
 
-    loaded = load(name)
+    loaded = load(name, device=device, dtype=dtype)
     lt = loaded.train_length
     plan = PerplexityPlan(model=loaded.spec.name, lengths=sorted({int(round(k * lt)) for k in multiples}),
                           methods=methods, sequences=sequences, batch_size=batch, calib_seed=CALIB_SEED)
@@ -715,6 +725,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--stats-docs", type=int, default=20, help="documents whose Pmax/H (tau = 1) the dispersion table averages")
     p.add_argument("--out", default="assets/results")
+    p.add_argument("--device", help="cpu | cuda | cuda:N | auto (default: CUDA when present, else CPU)")
+    p.add_argument("--dtype", help="float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU; "
+                                   "float32 on a GPU reproduces the CPU's numbers)")
     p.add_argument("--tables-only", action="store_true", help="rewrite the .md tables from the existing .csv files")
     p.add_argument("--merge", nargs="+", metavar="DIR", default=None,
                    help="fold the cells of these other --out folders into --out (runs side by side need one --out each)")
@@ -744,6 +757,10 @@ def main() -> None:
         return
     if a.engine != "ray" and (a.address or a.actors):
         p.error("--address and --actors are for --engine ray")
+    try:
+        load(names[0], device=a.device, dtype=a.dtype)
+    except ModelLoadError as err:
+        p.exit(2, f"error: {err}\n")
     pool = None
     if a.engine == "ray":
         from core import cluster
@@ -756,11 +773,11 @@ def main() -> None:
     try:
         for name in names:
             if card_tasks(load(name)) == [tasks.LM]:  # a language model: the perplexity table (Table 3)
-                run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","))
+                run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","), a.device, a.dtype)
                 print(csv_path(out, name).with_suffix(".md").read_text())
                 continue
             run_model(name, a.tasks or table_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs,
-                      pool=pool)
+                      pool=pool, device=a.device, dtype=a.dtype)
             md = csv_path(out, name).with_suffix(".md")
             if md.exists():
                 print(md.read_text())

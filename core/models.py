@@ -306,8 +306,29 @@ def check_device(requested: str | None) -> str | None:
     return requested.strip().lower()
 
 
-def pick_device(requested: str | None = None) -> tuple[torch.device, torch.dtype]:
-    """CUDA + bf16 when present (fp16 overflows in T5), else CPU + fp32."""
+#: Precisions a model may run in, by the names users type. float16 is absent on purpose: T5's
+#: activations overflow it (NaN after a few layers), which is why a GPU gets bfloat16.
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def check_dtype(requested: str | None) -> torch.dtype | None:
+    """The torch dtype ``requested`` names (float32/fp32, bfloat16/bf16, auto), else a one-line ModelLoadError."""
+    if requested in (None, "", "auto"):
+        return None
+    key = str(requested).strip().lower()
+    if key in ("float16", "fp16", "half"):
+        raise ModelLoadError("float16 is refused: T5 overflows in it (NaN); use bfloat16 or float32")
+    if key not in DTYPES:
+        raise ModelLoadError(f"Unknown dtype {str(requested)[:40]!r}: use float32, bfloat16 or auto")
+    return DTYPES[key]
+
+
+def pick_device(requested: str | None = None, dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA + bf16 when present (fp16 overflows in T5), else CPU + fp32; ``dtype`` overrides the precision.
+
+    Why an override: bfloat16 keeps 8 bits of mantissa, so a GPU run's Pmax and
+    accuracies differ slightly from a CPU run's; float32 on a GPU reproduces
+    CPU tables (bench/results.py --dtype float32) at GPU speed."""
     requested = check_device(requested)
     if requested in (None, "auto"):
         requested = "cuda" if torch.cuda.is_available() else "cpu"
@@ -316,7 +337,8 @@ def pick_device(requested: str | None = None) -> tuple[torch.device, torch.dtype
         raise ModelLoadError("CUDA was requested but no GPU is available; use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ModelLoadError(f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}); use --device cuda")
-    return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    chosen = check_dtype(dtype)
+    return dev, chosen or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
 
 @dataclass
@@ -387,25 +409,26 @@ class Loaded:
         }
 
 
-_CACHE: dict[tuple[str, str, int, str], Loaded] = {}
+_CACHE: dict[tuple[str, str, int, str, str], Loaded] = {}
 _LOCK = threading.Lock()
 
 
 def load(name: str | ModelSpec, device: str | None = None, train_length: int | None = None,
-         tokenizer: str | None = None) -> Loaded:
+         tokenizer: str | None = None, dtype: str | None = None) -> Loaded:
     """Load (once) a T5-family model with the ``aligned`` attention; see the module docstring.
 
     ``tokenizer``: a registry name, hub id or folder whose tokenizer to use
     instead of the model folder's own (needed when the folder has none).
+    ``dtype``: float32 or bfloat16 instead of the device's default (see :func:`pick_device`).
     """
     spec = name if isinstance(name, ModelSpec) else resolve(name, train_length)
     if isinstance(name, ModelSpec) and train_length is not None:
         spec = resolve(spec.source, train_length)
-    dev, dtype = pick_device(device)
+    dev, dtype = pick_device(device, dtype)
     tok_ref = str(tokenizer).strip() if tokenizer is not None else ""
     if tokenizer is not None and not tok_ref:
         raise ModelLoadError("--tokenizer is empty: name a registry model, a hub id or a folder")
-    key = (spec.source, str(dev), spec.train_length, tok_ref)
+    key = (spec.source, str(dev), spec.train_length, tok_ref, str(dtype))
     with _LOCK:
         if key not in _CACHE:
             _CACHE[key] = _load_uncached(spec, dev, dtype, tok_ref or None)

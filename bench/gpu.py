@@ -1,0 +1,200 @@
+"""A Flan-T5-XL-shaped random T5 on a GPU at 15k tokens, probes on: time and memory.
+
+    python bench/gpu.py                                   # CUDA, bfloat16, 15,000 tokens (needs a GPU)
+    python bench/gpu.py --shape tiny --length 2048 --device cpu   # the same code path, on any machine
+
+Why: the app and the CLI promise a GPU path (CUDA + bfloat16, T5 overflows in
+float16) that no CI machine has; this is its check. One process builds a
+random T5 with Flan-T5-XL's shape (24+24 layers, 32 heads, d_model 2048,
+d_ff 5120, ~2.8 B parameters; random weights: no hub here, and the cost of
+attention does not depend on the weights' values), tokenises a pass key
+document of ``--length`` tokens with the bundled tokenizer, and times, on
+the same ids, best of ``--repeats``:
+
+* ``sdpa``:         transformers' own T5 encoder pass (the reference),
+* ``no-probes``:    our ``aligned`` attention at tau = 0.7, nothing recorded (``core.apply``'s pass),
+* ``probes-stats``: our attention with stats-only probes (batch runs, sweeps),
+* ``probes-full``:  every probe of a view, question profile included,
+* ``app-run``:      :func:`core.engine.run`, what one tau move in the app costs:
+                    tokenise, encoder with every probe, greedy answer.
+
+Peak memory is the device allocator's high-water mark during each step
+(``torch.cuda.max_memory_allocated``; on the CPU the process's peak RSS,
+which only grows) and its growth over the weights. The ratios are step time
+/ sdpa time, measured in this one run. ``--json PATH`` saves every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: T5 configs by name: Flan-T5-XL's published shape, and a tiny one that runs the same code anywhere.
+SHAPES = {
+    "flan-t5-xl": dict(d_model=2048, d_kv=64, d_ff=5120, num_layers=24, num_decoder_layers=24, num_heads=32,
+                       feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "tiny": dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=1, num_heads=4),
+}
+STEPS = ("sdpa", "no-probes", "probes-stats", "probes-full", "app-run")
+
+
+def build(shape: str, device, dtype):
+    """A random T5 of ``shape`` made directly on ``device`` (no 11 GB float32 copy on the host)."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from core import attention
+
+    cfg = T5Config(vocab_size=32128, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = T5ForConditionalGeneration(cfg)
+    model = model.to(dtype).eval()
+    model.set_attn_implementation(attention.ATTN_NAME)
+    return model
+
+
+def peak_bytes(device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r * (1 if sys.platform == "darwin" else 1024)
+
+
+def machine(device) -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = f"{torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{gpu}{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, load average {load}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="flan-t5-xl")
+    ap.add_argument("--length", type=int, default=15_000, help="tokens of the pass key document")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--json", type=Path, help="save every number here")
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from core import attention, engine, tasks
+    from core.errors import ModelLoadError
+    from core.models import Loaded, load, pick_device, resolve
+    from core.probes import ProbeSpec, Recorder
+
+    try:
+        device, dtype = pick_device(a.device, a.dtype)
+    except ModelLoadError as err:
+        ap.exit(2, f"error: {err}\n")
+    print(f"machine: {machine(device)}", flush=True)
+    t0 = time.perf_counter()
+    model = build(a.shape, device, dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    tok = load("retrieval-t5", device="cpu").tokenizer  # any T5 tokenizer: its ids are < 32128
+    loaded = Loaded(spec=resolve("flan-t5-xl"), model=model, tokenizer=tok, device=device, dtype=dtype)
+    weights = peak_bytes(device)
+    print(f"built {a.shape}: {loaded.n_params / 1e9:.2f} B parameters, {dtype}, on {device} "
+          f"in {time.perf_counter() - t0:.1f}s; weights {weights / 2**30:.2f} GiB; "
+          f"max_tokens() says {engine.max_tokens(loaded):,} tokens fit now", flush=True)
+
+    doc = tasks.make("passkey", tok, a.length, seed=0)
+    enc = engine.encode(loaded, doc)
+    ids = torch.as_tensor(enc.input_ids, device=device)[None]
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    encoder = model.get_encoder()
+
+    def encoder_pass(step: str, x: torch.Tensor, m: torch.Tensor) -> None:
+        if step == "sdpa":
+            model.set_attn_implementation("sdpa")
+            try:
+                encoder(input_ids=x)
+            finally:
+                model.set_attn_implementation(attention.ATTN_NAME)
+            return
+        ctx = attention.AttentionSettings(tau=0.7)
+        rec = None
+        if step != "no-probes":
+            spec = ProbeSpec(profile_rows=enc.question_tokens) if step == "probes-full" else ProbeSpec.stats_only()
+            rec = Recorder(spec, m)
+        with attention.attention_call(ctx, rec):
+            encoder(input_ids=x)
+        if rec is not None:
+            rec.finish()
+
+    def one(step: str) -> tuple[float, int, dict]:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        sync()
+        t = time.perf_counter()
+        parts: dict = {}
+        with torch.inference_mode():
+            if step == "app-run":
+                res = engine.run(loaded, doc, engine.RunSettings(tau=0.7), encoded=enc)
+                parts = {k: round(float(v), 4) for k, v in res.seconds.items()}
+                parts["answer"] = res.answer[:40]
+            else:
+                encoder_pass(step, ids, mask)
+        sync()
+        return time.perf_counter() - t, peak_bytes(device), parts
+
+    steps = [s for s in a.steps.split(",") if s]
+    with torch.inference_mode():  # warm-up: kernels, allocator, lazy imports
+        for s in steps:
+            if s != "app-run":
+                encoder_pass(s, ids[:, :512], mask[:, :512])
+    rows = []
+    for s in steps:
+        try:
+            runs = [one(s) for _ in range(a.repeats)]
+        except torch.OutOfMemoryError as err:
+            rows.append({"step": s, "error": f"out of memory: {str(err).splitlines()[0][:120]}"})
+            print(f"  {s:>13}: out of memory", flush=True)
+            continue
+        best = min(runs, key=lambda r: r[0])
+        rows.append({"step": s, "seconds": best[0], "all": [r[0] for r in runs], "peak": max(r[1] for r in runs),
+                     "parts": best[2]})
+        print(f"  {s:>13}: {best[0]:.3f}s, peak {rows[-1]['peak'] / 2**30:.2f} GiB {best[2] or ''}", flush=True)
+
+    base = next((r["seconds"] for r in rows if r["step"] == "sdpa" and "seconds" in r), None)
+    print(f"\n{a.shape} ({loaded.n_layers} encoder layers x {loaded.n_heads} heads), {enc.n:,} tokens, {dtype}, "
+          f"{device}; load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'step':>13} {'seconds':>8} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['step']:>13}  failed: {r['error']}")
+            continue
+        ratio = f"{r['seconds'] / base:.2f}" if base else "-"
+        print(f"{r['step']:>13} {r['seconds']:>8.3f} {ratio:>7} {r['peak'] / 2**30:>9.2f} {(r['peak'] - weights) / 2**30:>6.2f}")
+    if a.json:
+        a.json.write_text(json.dumps({"machine": machine(device), "shape": a.shape, "tokens": enc.n,
+                                      "dtype": str(dtype), "weights_bytes": weights, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
