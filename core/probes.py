@@ -260,7 +260,7 @@ class Recorder:
         self._pmax: dict[Key, torch.Tensor] = {}
         self._ent: dict[Key, torch.Tensor] = {}
         self._nrows: dict[Key, int] = {}  # decoder/cross rows seen (encoder rows come from the mask)
-        self._nonfinite: set[Key] = set()
+        self._bad: dict[Key, torch.Tensor] = {}  # non-finite Pmax/H values seen, per attention (on the pass's device)
         self._tiles: dict[int, list[torch.Tensor]] = {}  # encoder layer -> [sums, maxima] of the pooled map
         self._qrows: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # encoder layer -> question row -> map row
         self._answer_rows: dict[Key, dict[int, torch.Tensor]] = {}  # decoder/cross map rows by answer position
@@ -361,16 +361,17 @@ class Recorder:
     def _stats(self, kind: str, layer: int, r0: int, r1: int, pmax: torch.Tensor, ent: torch.Tensor) -> None:
         """Add one block's per-row Pmax and H ``[B, H, c]`` to the running sums (padded encoder rows skipped)."""
         key = (kind, layer)
-        if not (torch.isfinite(pmax).all() and torch.isfinite(ent).all()):
-            self._nonfinite.add(key)
-            pmax, ent = torch.nan_to_num(pmax), torch.nan_to_num(ent)
         if kind == ENCODER:
             rowmask = self.mask[:, r0:r1].to(pmax.device, pmax.dtype)[:, None, :]  # [B,1,c]
             pmax, ent = pmax * rowmask, ent * rowmask
         else:
             self._nrows[key] = self._nrows.get(key, 0) + (r1 - r0)
-        self._pmax[key] = self._pmax.get(key, 0) + pmax.sum(-1).double().cpu()
-        self._ent[key] = self._ent.get(key, 0) + ent.sum(-1).double().cpu()
+        # Sums stay on the pass's device and non-finite rows are counted, not tested: a Python ``if`` on a
+        # GPU tensor, or a ``.cpu()`` per block, would stall the GPU once per block and layer.
+        bad = (~torch.isfinite(pmax)).sum() + (~torch.isfinite(ent)).sum()
+        self._bad[key] = self._bad.get(key, 0) + bad
+        self._pmax[key] = self._pmax.get(key, 0) + torch.nan_to_num(pmax).sum(-1).double()
+        self._ent[key] = self._ent.get(key, 0) + torch.nan_to_num(ent).sum(-1).double()
 
     def _views(self, kind: str, layer: int, r0: int, r1: int, probs_of: Callable, raw: torch.Tensor | None) -> None:
         """Maps, profile, sorted logits, cosine histogram from one block of item 0.
@@ -494,8 +495,8 @@ class Recorder:
         rec = self._encoder_record(named)
         rec.nonfinite_layers = self.nonfinite(ENCODER)
         for (kind, layer), n in self._nrows.items():
-            named[f"{kind}.{layer}.pmax"] = (self._pmax[(kind, layer)] / n).numpy()
-            named[f"{kind}.{layer}.entropy"] = (self._ent[(kind, layer)] / n).numpy()
+            named[f"{kind}.{layer}.pmax"] = (self._pmax[(kind, layer)] / n).cpu().numpy()
+            named[f"{kind}.{layer}.entropy"] = (self._ent[(kind, layer)] / n).cpu().numpy()
         for (kind, layer), rows in self._answer_rows.items():
             order = sorted(rows)
             width = max(len(rows[r]) for r in order)
@@ -518,7 +519,7 @@ class Recorder:
 
     def nonfinite(self, kind: str) -> list[int]:
         """Layers of one attention kind whose Pmax or H came out NaN/inf so far."""
-        return sorted(l for k, l in self._nonfinite if k == kind)
+        return sorted(l for (k, l), n in self._bad.items() if k == kind and int(n) > 0)
 
     def take(self) -> ProbeRecord:
         """:meth:`finish`, then start afresh: a standing recorder (:func:`core.attention.listen`) read once a step."""
@@ -534,10 +535,10 @@ class Recorder:
         """The encoder's results, as the record's fields and as names."""
         spec = self.spec
         layers = sorted(l for k, l in self._pmax if k == ENCODER)
-        rows = self.mask.sum(-1).double() if self.mask is not None else torch.zeros(0, dtype=torch.float64)
+        rows = self.mask.sum(-1).double().cpu() if self.mask is not None else torch.zeros(0, dtype=torch.float64)
         if layers:
-            pmax = torch.stack([self._pmax[(ENCODER, l)] for l in layers], 1) / rows[:, None, None]
-            ent = torch.stack([self._ent[(ENCODER, l)] for l in layers], 1) / rows[:, None, None]
+            pmax = torch.stack([self._pmax[(ENCODER, l)].cpu() for l in layers], 1) / rows[:, None, None]
+            ent = torch.stack([self._ent[(ENCODER, l)].cpu() for l in layers], 1) / rows[:, None, None]
         else:
             pmax = ent = torch.zeros(len(rows), 0, 0, dtype=torch.float64)
         rec = ProbeRecord(pmax=pmax.numpy(), entropy=ent.numpy(), rows=rows.numpy().astype(int))

@@ -75,7 +75,9 @@ def test_chunked_equals_unchunked(tiny):
     h_big, r_big = _stats(tiny.model, ids, mask, 0.7)
     # a budget of ~1 row per block: 90 blocks per layer
     h_small, r_small = _stats(tiny.model, ids, mask, 0.7, chunk_bytes=1)
-    assert torch.allclose(h_big, h_small, atol=1e-5)
+    # float32 noise only: another CPU's GEMM kernels (an Intel Xeon with torch 2.11) differ by ~1e-5 between
+    # block shapes; a block-boundary bug moves hidden states by ~0.1
+    torch.testing.assert_close(h_small, h_big, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(r_big.pmax, r_small.pmax, atol=1e-6)
     np.testing.assert_allclose(r_big.entropy, r_small.entropy, atol=1e-5)
     np.testing.assert_allclose(r_big.heatmap_mean, r_small.heatmap_mean, atol=1e-6)

@@ -268,3 +268,19 @@ def test_tokenizer_of_a_bigger_vocabulary_is_refused(tmp_path, tiny_dir):
     bare = _copy_model(tiny_dir, tmp_path / "bare", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json"))
     with pytest.raises(ModelLoadError, match="vocabulary has only 384"):
         load(str(bare), device="cpu", tokenizer=bundled[0].name)
+
+
+def test_dtype_override_and_refusals(tiny_dir):
+    """float32 on a GPU reproduces CPU tables; float16 is refused (T5 overflows in it); bf16 on the CPU is allowed."""
+    assert pick_device("cpu", "bfloat16") == (torch.device("cpu"), torch.bfloat16)
+    assert pick_device("cpu", "auto") == (torch.device("cpu"), torch.float32)
+    for bad in ("float16", "fp16", "half"):
+        with pytest.raises(ModelLoadError, match="float16 is refused"):
+            pick_device("cpu", bad)
+    with pytest.raises(ModelLoadError, match="Unknown dtype"):
+        pick_device("cpu", "int8")
+    a = load(str(tiny_dir), device="cpu")
+    b = load(str(tiny_dir), device="cpu", dtype="bf16")
+    assert a is not b and a.dtype == torch.float32 and b.dtype == torch.bfloat16
+    assert next(b.model.parameters()).dtype == torch.bfloat16
+    assert load(str(tiny_dir), device="cpu", dtype="bfloat16") is b  # one cache entry per precision

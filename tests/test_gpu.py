@@ -1,0 +1,52 @@
+"""The CUDA path (skipped without a GPU; CI has none): what ran only on CPUs until a GPU found it broken.
+
+bench/gpu.py is the timing check; these are the correctness checks. The first
+GPU run of the engine failed in ``Recorder.finish`` (sums on the GPU divided
+by a row count on the CPU): every probed pass on CUDA, the app's included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from core import engine, tasks
+from core.models import load
+from core.probes import ProbeSpec
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dir):
+    return load(str(tiny_dir), device="cpu"), load(str(tiny_dir), device="cuda", dtype="float32")
+
+
+def test_probed_run_on_cuda_float32_equals_the_cpu(pair):
+    cpu, gpu = pair
+    assert gpu.device.type == "cuda" and gpu.dtype == torch.float32
+    doc = tasks.make("passkey", cpu.tokenizer, 900, depth=0.4, seed=3)
+    for tau in (1.0, 0.6):
+        a = engine.run(cpu, doc, engine.RunSettings(tau=tau))
+        b = engine.run(gpu, doc, engine.RunSettings(tau=tau))
+        assert a.answer == b.answer
+        np.testing.assert_allclose(b.probes.pmax, a.probes.pmax, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(b.probes.entropy, a.probes.entropy, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(b.probes.profile, a.probes.profile, rtol=1e-3, atol=1e-6)
+        np.testing.assert_allclose(b.probes.heatmap_mean, a.probes.heatmap_mean, rtol=1e-3, atol=1e-6)
+        assert b.probes.nonfinite_layers == []
+
+
+def test_batched_stats_on_cuda_bfloat16_are_finite_and_close(pair, tiny_dir):
+    cpu, _ = pair
+    bf = load(str(tiny_dir), device="cuda")  # the default GPU precision
+    assert bf.dtype == torch.bfloat16
+    docs = [tasks.make("passkey", cpu.tokenizer, n, seed=s) for s, n in enumerate((300, 520, 700))]
+    settings = engine.RunSettings(tau=0.7, probes=ProbeSpec.stats_only())
+    a = engine.run_batch(cpu, docs, settings, batch_size=3)
+    b = engine.run_batch(bf, docs, settings, batch_size=3)
+    for x, y in zip(a, b):
+        assert np.isfinite(y.probes.pmax).all() and y.probes.nonfinite_layers == []
+        # bfloat16 keeps 8 bits of mantissa: Pmax agrees to about a percent, not to float32's digits
+        np.testing.assert_allclose(y.probes.pmax, x.probes.pmax, rtol=0.05, atol=0.01)
