@@ -73,6 +73,16 @@ def _device(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _dtype(text: str) -> str:
+    from core.models import check_dtype
+
+    try:
+        check_dtype(text)
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text.strip().lower()
+
+
 def _targets(text: str) -> tuple[str, ...]:
     from core.attention import KINDS
 
@@ -131,6 +141,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and document")
     _model_options(g)
     g.add_argument("--device", type=_device, help="cpu | cuda | cuda:N | auto (default: CUDA+bf16 when present, else CPU+fp32)")
+    g.add_argument("--dtype", type=_dtype, help="float32 | bfloat16 | auto (float32 on a GPU reproduces CPU numbers; "
+                                                "float16 is refused: T5 overflows in it)")
     g.add_argument("--settings", help="a settings JSON (the app's export); explicit options override it")
     g.add_argument("--task", choices=TASK_CHOICES)
     g.add_argument("--tokens", type=_tokens, help=f"document length in tokens, 1..{MAX_LENGTH:,} (default: L_tr)")
@@ -186,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("perplexity", help="language-modelling perplexity over lengths x methods (the paper's Table 3)")
     _model_options(pp)
     pp.add_argument("--device", type=_device, help="cpu | cuda | cuda:N | auto")
+    pp.add_argument("--dtype", type=_dtype, help="float32 | bfloat16 | auto (default: bfloat16 on CUDA, float32 on the CPU)")
     pp.add_argument("--lengths", type=_comma_list(_length_item, "--lengths"), default=None,
                     help="comma list of prefix lengths in tokens, or multiples like 1x,2x,4x of L_tr (default 1x..16x)")
     pp.add_argument("--methods", type=_methods, default=None,
@@ -279,7 +292,8 @@ def prepare(argv: list[str]) -> argparse.Namespace:
 
 # -- after the model is loaded: lengths against this machine's memory ----------------------
 
-def _load(model: str | None, train_length: int | None, device: str | None = None, tokenizer: str | None = None):
+def _load(model: str | None, train_length: int | None, device: str | None = None, tokenizer: str | None = None,
+          dtype: str | None = None):
     from core.errors import ModelLoadError
     from core.models import default_model, load
 
@@ -289,7 +303,12 @@ def _load(model: str | None, train_length: int | None, device: str | None = None
     name = model or default_model()
     if name is None:
         raise ModelLoadError("No model given and no bundled model in assets/models: pass --model NAME|HUB_ID|FOLDER")
-    return load(name, device=device, train_length=train_length, tokenizer=tokenizer)
+    return load(name, device=device, train_length=train_length, tokenizer=tokenizer, dtype=dtype)
+
+
+def _precision(loaded) -> dict:
+    """Where and in what precision the numbers were computed: bfloat16 moves Pmax and accuracies a little."""
+    return {"device": str(loaded.device), "dtype": str(loaded.dtype).replace("torch.", "")}
 
 
 def _check_fits(loaded, tokens: int, what: str, batch: int = 1) -> None:
@@ -331,7 +350,7 @@ def cmd_run(args) -> int:
     from core import calibration, engine
 
     st = args.settings_
-    loaded = _load(st.model, st.train_length, args.device, args.tokenizer)
+    loaded = _load(st.model, st.train_length, args.device, args.tokenizer, args.dtype)
     _check_reference(loaded, [st.method], args.samples)
     doc = _document(loaded, st, args.samples if st.method in MEASURED else 1)
     prog = _progress("calibrating") if st.method in ("pmax", "entropy", "per-layer") else None
@@ -342,6 +361,7 @@ def cmd_run(args) -> int:
     res = engine.run(loaded, doc, st.run_settings(tau))
     out = res.summary()
     out["model"] = loaded.spec.name
+    out.update(_precision(loaded))
     if args.json:
         print(json.dumps(out))
     else:
@@ -358,7 +378,7 @@ def cmd_calibrate(args) -> int:
     from core import calibration
 
     st = args.settings_
-    loaded = _load(st.model, st.train_length, args.device, args.tokenizer)
+    loaded = _load(st.model, st.train_length, args.device, args.tokenizer, args.dtype)
     _check_reference(loaded, MEASURED, args.samples)
     doc = _document(loaded, st, args.samples)
     prog = _progress(f"Algorithm 1 ({args.criterion})")
@@ -368,7 +388,7 @@ def cmd_calibrate(args) -> int:
             for m, t in methods.all_methods(loaded, doc, samples=args.samples).items()}
     taus[args.criterion] = cal.tau
     out = {**cal.to_dict(), "methods": taus, "tokens": len(loaded.tokenizer(doc.text).input_ids),
-           "train_length": loaded.train_length, "model": loaded.spec.name}
+           "train_length": loaded.train_length, "model": loaded.spec.name, **_precision(loaded)}
     if args.json:
         print(json.dumps(out))
     else:
@@ -414,9 +434,13 @@ def cmd_sweep(args) -> int:
         for opt, v in (("--actors", args.actors), ("--cpus-per-actor", args.cpus_per_actor)):
             if v is not None and not 1 <= v <= 100_000:
                 raise UserError(f"{opt} must be a whole number from 1 to 100,000, got {v}")
+        if args.dtype not in (None, "auto"):
+            raise UserError("--dtype is for local runs: Ray actors use their device's precision "
+                            "(bfloat16 on a GPU, float32 on a CPU)")
         cluster.check_address(args.address or os.environ.get("RAY_ADDRESS") or None)  # before the model loads
     # under Ray this process only tokenises, checks and writes: its copy of the model stays on the CPU
-    loaded = _load(st.model, st.train_length, "cpu" if on_ray else args.device, args.tokenizer)
+    loaded = _load(st.model, st.train_length, "cpu" if on_ray else args.device, args.tokenizer,
+                   None if on_ray else args.dtype)
     pool = cluster.RayEngine(address=args.address, actors=args.actors, cpus_per_actor=args.cpus_per_actor or 1,
                              device=args.device, tokenizer=args.tokenizer) if on_ray else None
     if args.data:
@@ -481,7 +505,7 @@ def cmd_perplexity(args) -> int:
 
     from core.perplexity import PerplexityPlan, run_perplexity, summary
 
-    loaded = _load(args.model, args.train_length, args.device, args.tokenizer)
+    loaded = _load(args.model, args.train_length, args.device, args.tokenizer, args.dtype)
     methods = (args.methods or "none,log-length,pmax,entropy").split(",")
     lengths = _lengths(args.lengths, loaded.train_length)
     _check_fits(loaded, max(lengths), "--lengths asks for sequences of", batch=args.batch_size)

@@ -195,3 +195,21 @@ def test_haystack_option_reaches_runs_and_sweeps(tiny_dir, tmp_path, capsys):
     rows = _rows(out)
     assert len(rows) == 2
     assert main(["run", *base, "--haystack", "nowhere"]) == 2
+
+
+def test_dtype_option_runs_in_that_precision_and_refuses_float16(tiny_dir, tmp_path, capsys):
+    base = ["run", "--json", "--model", str(tiny_dir), "--tokens", "400", "--seed", "3", "--device", "cpu"]
+    f32 = _json(capsys, base)
+    bf16 = _json(capsys, base + ["--dtype", "bfloat16"])
+    assert (f32["device"], f32["dtype"], bf16["dtype"]) == ("cpu", "float32", "bfloat16")
+    assert bf16["pmax"] != f32["pmax"] and bf16["pmax"] == pytest.approx(f32["pmax"], rel=0.05)
+    for argv, needle in ((base + ["--dtype", "float16"], "float16 is refused"),
+                         (base + ["--dtype", "int8"], "Unknown dtype")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0]
+    sweep = ["sweep", "--model", str(tiny_dir), "--out", str(tmp_path / "s.csv"), "--engine", "ray", "--dtype", "bfloat16"]
+    assert main(sweep) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--dtype is for local runs" in err[0]
+    assert not (tmp_path / "s.csv").exists()

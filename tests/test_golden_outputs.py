@@ -8,7 +8,7 @@ between modules must not change a number: everything but timings is
 compared (floats to 1e-6 relative, for other CPUs' rounding). What was
 added since, by name (:data:`ADDED`), may appear beside: methods the registry
 gained (their own keys in ``calibrate``'s ``methods``) and Algorithm 1's
-``reached`` / ``gap`` / ``band``, and the sweep CSV's ``reached`` / ``gap``
+``reached`` / ``gap`` / ``band``, ``device`` / ``dtype`` (where and in what precision), and the sweep CSV's ``reached`` / ``gap``
 columns (:data:`ADDED_COLUMNS`); every key that was there must still hold
 what it held.
 """
@@ -28,7 +28,7 @@ from core.models import default_model
 
 GOLDEN = Path(__file__).with_name("golden")
 TIMINGS = {"seconds", "timings"}
-ADDED = {"": {"reached", "gap", "band"}, ".methods": set(NAMES)}  # where new keys may appear (see the docstring)
+ADDED = {"": {"reached", "gap", "band", "device", "dtype"}, ".methods": set(NAMES)}  # where new keys may appear (see the docstring)
 ADDED_COLUMNS = {"sweep.csv": ["reached", "gap"]}  # columns a CSV gained since (see the docstring)
 CASES = {
     "run_pmax.json": ["run", "--json", "--tokens", "512", "--method", "pmax"],
