@@ -17,19 +17,36 @@ are no import side effects and no platform-dependent members):
 Both are walked in sorted order, cleaned (ASCII prose, collapsed whitespace,
 no code/tables/lists) and deduplicated, so the list is a pure function of the
 Python 3.11.x sources (a patch release that edits a docstring can change it).
+
+The list is shipped as a snapshot, ``assets/corpus/paragraphs.json.gz``, and
+read from there when present: another Python's stdlib gives another list
+(Python 3.12 on a GPU machine drew other pass key haystacks for the same
+seeds, and its accuracies differed by up to 21 points), so without the
+snapshot a table would only be reproducible on Python 3.11. Without the file
+(an install that left ``assets/`` out) the list is harvested as above.
+``python -m core.corpus --write`` rebuilds the snapshot from this Python.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import inspect
+import json
 import os
+import platform
 import re
 import sysconfig
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
-__all__ = ["paragraphs", "split_train_eval", "pool", "stats"]
+from core.errors import UserError
+
+__all__ = ["paragraphs", "split_train_eval", "pool", "stats", "SNAPSHOT", "write_snapshot"]
+
+#: The shipped paragraph list (see the module docstring): what every machine draws haystacks from.
+SNAPSHOT = Path(__file__).resolve().parent.parent / "assets" / "corpus" / "paragraphs.json.gz"
 
 MIN_WORDS = 20
 MAX_WORDS = 120
@@ -235,6 +252,49 @@ def _docstring_texts() -> Iterable[str]:
 
 @functools.lru_cache(maxsize=1)
 def _paragraphs() -> tuple[str, ...]:
+    shipped = read_snapshot(SNAPSHOT)
+    return shipped if shipped is not None else _harvest()
+
+
+def _digest(paragraphs: Sequence[str]) -> str:
+    return hashlib.sha256("\n\n".join(paragraphs).encode("utf-8")).hexdigest()
+
+
+def read_snapshot(path: Path) -> tuple[str, ...] | None:
+    """The paragraphs stored at ``path``; None when there is no file; a one-line UserError when it is damaged
+    (not gzip/JSON, not a list of strings, or its content no longer matches the sha256 it was written with)."""
+    if not path.is_file():
+        return None
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
+        paras = data["paragraphs"]
+        if not isinstance(paras, list) or not all(isinstance(x, str) for x in paras):
+            raise ValueError("'paragraphs' is not a list of strings")
+        if _digest(paras) != data["sha256"]:
+            raise ValueError("its paragraphs do not match its sha256")
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"The corpus snapshot {path} is damaged ({str(err).splitlines()[0][:120]}): restore it "
+                        f"(git checkout -- {path.name}) or rebuild it with python -m core.corpus --write") from None
+    return tuple(paras)
+
+
+def write_snapshot(path: Path = SNAPSHOT) -> dict:
+    """Harvest the paragraphs from this Python's stdlib and store them at ``path`` (gzip JSON, with the Python
+    version and a sha256 of the content); returns what was written, minus the paragraphs."""
+    paras = list(_harvest())
+    meta = {"python": platform.python_version(), "paragraphs_count": len(paras), "sha256": _digest(paras)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as fh:
+        # no name and mtime 0 in the header: the same list gives the same bytes
+        fh.write(json.dumps({**meta, "paragraphs": paras}, indent=0).encode("utf-8"))
+    tmp.replace(path)
+    return meta
+
+
+def _harvest() -> tuple[str, ...]:
+    """The paragraphs of this Python's own reference topics and stdlib docstrings (see the module docstring)."""
     seen: set[str] = set()
     out: list[str] = []
     for source in (_reference_texts(), _docstring_texts()):
@@ -344,3 +404,14 @@ def stats() -> dict[str, int]:
         "train_paragraphs": len(train),
         "eval_paragraphs": len(evaluation),
     }
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="The offline haystack corpus: its size, or rebuild its snapshot.")
+    ap.add_argument("--write", action="store_true", help=f"rebuild {SNAPSHOT} from this Python's stdlib")
+    if ap.parse_args().write:
+        print(json.dumps(write_snapshot()))
+    else:
+        print(json.dumps({"snapshot": str(SNAPSHOT), "shipped": SNAPSHOT.is_file(), **stats()}))
