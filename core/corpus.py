@@ -275,7 +275,7 @@ def read_snapshot(path: Path) -> tuple[str, ...] | None:
             raise ValueError("its paragraphs do not match its sha256")
     except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"The corpus snapshot {path} is damaged ({str(err).splitlines()[0][:120]}): restore it "
-                        f"(git checkout -- {path.name}) or rebuild it with python -m core.corpus --write") from None
+                        f"(git checkout -- {path}) or rebuild it with python -m core.corpus --write") from None
     return tuple(paras)
 
 
