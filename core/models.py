@@ -424,14 +424,14 @@ def load(name: str | ModelSpec, device: str | None = None, train_length: int | N
     spec = name if isinstance(name, ModelSpec) else resolve(name, train_length)
     if isinstance(name, ModelSpec) and train_length is not None:
         spec = resolve(spec.source, train_length)
-    dev, dtype = pick_device(device, dtype)
+    dev, precision = pick_device(device, dtype)
     tok_ref = str(tokenizer).strip() if tokenizer is not None else ""
     if tokenizer is not None and not tok_ref:
         raise ModelLoadError("--tokenizer is empty: name a registry model, a hub id or a folder")
-    key = (spec.source, str(dev), spec.train_length, tok_ref, str(dtype))
+    key = (spec.source, str(dev), spec.train_length, tok_ref, str(precision))
     with _LOCK:
         if key not in _CACHE:
-            _CACHE[key] = _load_uncached(spec, dev, dtype, tok_ref or None)
+            _CACHE[key] = _load_uncached(spec, dev, precision, tok_ref or None)
         return _CACHE[key]
 
 
