@@ -121,7 +121,7 @@ def test_pipeline_inside_apply_equals_cli_and_restores_exactly(chatty_dir, user_
         assert user_model.config._attn_implementation == ATTN_NAME
         assert user_model.encoder.config._attn_implementation == ATTN_NAME
         assert user_model.decoder.config._attn_implementation == ATTN_NAME
-        pipe = pipeline("text-generation", model=user_model, tokenizer=tok)
+        pipe = pipeline("text-generation", model=user_model, tokenizer=tok, device="cpu")  # a GPU box would move it
         out = pipe(TEXT, return_tensors=True, add_special_tokens=True, **GEN)
         via_pipeline = tok.decode(out[0]["generated_token_ids"], skip_special_tokens=True).strip()
         via_generate = _answer(user_model, tok)
