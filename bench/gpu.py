@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import sys
 import time
@@ -74,17 +73,13 @@ def peak_bytes(device) -> int:
 
 
 def machine(device) -> str:
+    """The GPU (when the pass runs on one), then bench/engine.py's description of the host and its load."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from bench.engine import machine as host
+
     gpu = f"{torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"{gpu}{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, load average {load}"
+    return gpu + host()
 
 
 def main(argv=None) -> int:

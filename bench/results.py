@@ -758,7 +758,8 @@ def main() -> None:
     if a.engine != "ray" and (a.address or a.actors):
         p.error("--address and --actors are for --engine ray")
     try:
-        load(names[0], device=a.device, dtype=a.dtype)
+        for name in names:  # the copy every run below uses (one per device and precision, cached)
+            load(name, device=a.device, dtype=a.dtype)
     except ModelLoadError as err:
         p.exit(2, f"error: {err}\n")
     pool = None
@@ -772,11 +773,12 @@ def main() -> None:
             p.exit(2, f"error: {err}\n")
     try:
         for name in names:
-            if card_tasks(load(name)) == [tasks.LM]:  # a language model: the perplexity table (Table 3)
+            loaded = load(name, device=a.device, dtype=a.dtype)
+            if card_tasks(loaded) == [tasks.LM]:  # a language model: the perplexity table (Table 3)
                 run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","), a.device, a.dtype)
                 print(csv_path(out, name).with_suffix(".md").read_text())
                 continue
-            run_model(name, a.tasks or table_tasks(load(name)), a.multiples, a.samples, a.batch, out, a.stats_docs,
+            run_model(name, a.tasks or table_tasks(loaded), a.multiples, a.samples, a.batch, out, a.stats_docs,
                       pool=pool, device=a.device, dtype=a.dtype)
             md = csv_path(out, name).with_suffix(".md")
             if md.exists():
