@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Hashable
 
-from core import engine, temperature
+from core import engine, frames
 from core.errors import UserError
 from core.models import Loaded
 from core.settings import DocumentRequest
 
-#: The taus computed ahead: Algorithm 1's grid (the slider's 0.05 marks).
-GRID = temperature.GRID
+#: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
+GRID = frames.SCRUB_GRID
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Job:
     request: DocumentRequest
     settings: engine.RunSettings
     extras: tuple[engine.RunSettings, ...] = ()  # after the grid: other passes a page will want (Theory's tau = 1)
+    around: float = 1.0  # the tau on screen: the grid is computed nearest to it first (not part of the key)
 
     @property
     def key(self) -> Hashable:
@@ -52,8 +53,9 @@ class Job:
         return (cache.mkey(self.loaded), self.request, tuple(s.targets), s.cosine_scale, s.probes, s.generate, self.extras)
 
     def passes(self) -> list[engine.RunSettings]:
-        """Every pass of the job, in the order they are computed: the grid, then the extras."""
-        return [replace(self.settings, tau=t, method="fixed") for t in GRID] + list(self.extras)
+        """Every pass of the job, in the order they are computed: the grid nearest the tau on screen first
+        (tau = 1, the left column, before all), then the extras."""
+        return [replace(self.settings, tau=t, method="fixed") for t in frames.grid_order(self.around, GRID)] + list(self.extras)
 
     def pending(self) -> list[engine.RunSettings]:
         """The job's passes not in the run store yet."""
@@ -100,6 +102,8 @@ class Prefetcher:
                 old = self._wanted.get(session)
                 if old is None or old[1].key != job.key:
                     self._wanted[session] = (time.monotonic(), job)
+                elif old[1].around != job.around:  # the same document, the slider elsewhere: reorder what is left
+                    self._wanted[session] = (old[0], job)
             if self._stop.is_set():
                 return
             if self._thread is None or not self._thread.is_alive():
