@@ -67,3 +67,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def scrubber_view(at) -> tuple[dict, dict]:
+    """Explore's scrubber on an AppTest page: the payload's header and the frame of the tau on the slider.
+
+    The frame is the grid frame of that tau, or the exact frame when the tau is off the grid (None while its
+    pass is still to come). These are the numbers the browser paints (:mod:`core.frames`).
+    """
+    from core import frames
+
+    (el,) = at.get("bidi_component")
+    header, _ = frames.unpack(el.proto.bytes)
+    meta = header["meta"]
+    at_value = meta.get("value", meta["tau"])  # the slider's value: tau, or CosScale s on that axis
+    chosen = header["frames"].get(f"{at_value:.2f}") or header["exact"]
+    return header, chosen

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from core import engine, methods
+from core import temperature, engine, methods
 from core.settings import DocumentRequest
 
 
@@ -54,7 +54,8 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     forms = cache.closed_forms(tiny, req)
     assert runs.misses == misses, "Algorithm 1 or Prop. 1/2 ran a pass the background job already had"
     assert set(forms) == set(methods.FORMULAS)  # every closed form of the registry
-    assert set(cals) == {"pmax", "entropy"} and all(c.passes == len(GRID) for c in cals.values())
+    # Algorithm 1's grid (1.0 ... 0.5) is part of the scrubber's (1.0 ... 0.3): every pass it needs was there
+    assert set(cals) == {"pmax", "entropy"} and all(c.passes == len(temperature.GRID) for c in cals.values())
     # and the numbers are Algorithm 1's own: the same as calibrating from scratch
     from core import calibration
 
@@ -62,6 +63,24 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     assert cals["pmax"].tau == fresh.tau
     assert cals["pmax"].curve == pytest.approx(fresh.curve, rel=1e-5)
     cache.prefetcher().want("test-session", None)
+
+
+def test_the_grid_is_computed_nearest_the_slider_first(tiny, cache_mod):
+    from ui.prefetch import GRID, Job
+
+    s = engine.RunSettings(tau=1.0, method="fixed", probes=cache_mod.explore_probes(1, None))
+    req = DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2)
+    taus = [p.tau for p in Job(tiny, req, s, around=0.52).passes()[: len(GRID)]]
+    assert taus[:4] == [1.0, 0.5, 0.55, 0.45] and sorted(taus) == sorted(GRID)  # tau = 1 (the left column) first
+    assert GRID[-1] == pytest.approx(0.3) and set(temperature.GRID) <= set(GRID)
+    # the same document with the slider elsewhere: the wish is reordered, not restarted
+    pf = cache_mod.prefetcher()
+    with cache_mod.gate().foreground():
+        pf.want("s-order", Job(tiny, req, s, around=1.0))
+        pf.want("s-order", Job(tiny, req, s, around=0.3))
+        (_, job), = [v for k, v in pf._wanted.items() if k == "s-order"]
+        assert job.around == 0.3
+        pf.want("s-order", None)
 
 
 def test_a_new_document_cancels_the_old_grid(tiny, cache_mod):

@@ -60,6 +60,13 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
                    help="Where the answer looks: one decoder layer's cross-attention, or their mean.")
     c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window",
                 help="How much of the document the shaded text shows around the needle.")
+    if ctx.loaded.cosine:  # a cosine model: the slider scrubs tau, or CosScale s at the chosen tau
+        from ui.scrubber import AXES, AXIS_KEY
+
+        ss.setdefault(AXIS_KEY, "tau")
+        st.radio("The slider below moves", list(AXES), key=AXIS_KEY, horizontal=True, format_func=AXES.get,
+                 help="CosScale s multiplies cos(q, k) before the softmax, as 1/tau divides the logits: either one "
+                      "sharpens a cosine model's attention. Each has its grid of frames, drawn in your browser.")
     probes = cache.explore_probes(ss["ex_layer"], None if ss["ex_head"] == "mean" else int(ss["ex_head"]))
     spec = frames.ViewSpec(pool=ss["ex_pool"], cross_layer=None if ss["ex_cross_layer"] == "mean" else int(ss["ex_cross_layer"]),
                            window=int(ss["ex_text_window"]))

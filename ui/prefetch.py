@@ -43,18 +43,26 @@ class Job:
     request: DocumentRequest
     settings: engine.RunSettings
     extras: tuple[engine.RunSettings, ...] = ()  # after the grid: other passes a page will want (Theory's tau = 1)
-    around: float = 1.0  # the tau on screen: the grid is computed nearest to it first (not part of the key)
+    around: float = 1.0  # the value on screen: the grid is computed nearest to it first (not part of the key)
+    #: What the grid varies: "tau" (the scrubber's grid) or "s", CosScale over ``values`` at the settings' tau.
+    axis: str = "tau"
+    values: tuple[float, ...] = ()
 
     @property
     def key(self) -> Hashable:
         from ui import cache
 
         s = self.settings
-        return (cache.mkey(self.loaded), self.request, tuple(s.targets), s.cosine_scale, s.probes, s.generate, self.extras)
+        fixed = cache.tau_key(s.tau) if self.axis == "s" else s.cosine_scale  # what the grid holds constant
+        return (cache.mkey(self.loaded), self.request, tuple(s.targets), fixed, s.probes, s.generate, self.extras,
+                self.axis, self.values)
 
     def passes(self) -> list[engine.RunSettings]:
         """Every pass of the job, in the order they are computed: the grid nearest the tau on screen first
         (tau = 1, the left column, before all), then the extras."""
+        if self.axis == "s":
+            order = sorted(self.values, key=lambda v: (abs(v - self.around), v))
+            return [replace(self.settings, cosine_scale=v) for v in order] + list(self.extras)
         return [replace(self.settings, tau=t, method="fixed") for t in frames.grid_order(self.around, GRID)] + list(self.extras)
 
     def pending(self) -> list[engine.RunSettings]:

@@ -109,6 +109,9 @@ function svg(tag, attrs, parent) {
 
 const fmt = (x, d) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
 const tauKey = (t) => Number(t).toFixed(2);
+// The slider's axis: tau (default) or, on a cosine model, CosScale s (meta.axis). A frame's place on it:
+const axisOf = (d) => (d.meta && d.meta.axis) || { name: "tau", label: "tau", min: 0.3, max: 1.0, step: 0.01 };
+const val = (d, f) => (axisOf(d).name === "s" ? f.cosine_scale : f.tau);
 
 // -- building the views (once per document) -------------------------------------------------
 
@@ -117,17 +120,18 @@ function build(root, st) {
   const d = st.doc, meta = d.meta || {};
   // controls
   const ctl = el("div", "ctl", root);
-  el("span", "", ctl, "tau");
+  const ax = axisOf(d);
+  el("span", "", ctl, ax.label);
   const range = el("input", "", ctl);
-  Object.assign(range, { type: "range", min: "0.30", max: "1.00", step: "0.01" });
-  range.setAttribute("aria-label", "tau");
+  Object.assign(range, { type: "range", min: String(ax.min), max: String(ax.max), step: String(ax.step) });
+  range.setAttribute("aria-label", ax.label);
   const read = el("span", "tau-read", ctl);
   const ticks = el("div", "ticks", root);
   st.tickEls = {};
   for (const t of d.grid) {
     const s = el("span", "", ticks);
-    s.style.left = `${((t - 0.3) / 0.7) * 100}%`;
-    s.title = `grid tau ${tauKey(t)}`;
+    s.style.left = `${((t - ax.min) / (ax.max - ax.min)) * 100}%`;
+    s.title = `grid ${ax.label} ${tauKey(t)}`;
     st.tickEls[tauKey(t)] = s;
   }
   const status = el("div", "status", root);
@@ -328,7 +332,7 @@ function buildMeter(box, st, kind) {
 
 function currentFrame(st) {
   const d = st.doc, v = Number(st.range.value), key = tauKey(v);
-  if (d.exact && tauKey(d.exact.tau) === key && !(key in d.frames)) return { f: d.exact, kind: "exact", tau: v };
+  if (d.exact && tauKey(val(d, d.exact)) === key && !(key in d.frames)) return { f: d.exact, kind: "exact", tau: v };
   if (key in d.frames) return { f: d.frames[key], kind: "grid", tau: v };
   // nearest computed grid frame (ties: the gentler tau)
   let best = null;
@@ -371,12 +375,13 @@ function paint(st) {
   for (const [k, s] of Object.entries(st.tickEls)) s.classList.toggle("ready", k in d.frames);
   const f = cur.f;
   let msg = "";
-  if (cur.kind === "grid") msg = `grid value ${tauKey(v)}`;
-  else if (cur.kind === "exact") msg = `exact frame for tau = ${tauKey(v)}`;
+  const lab = axisOf(d).label;
+  if (cur.kind === "grid") msg = `grid value ${lab} = ${tauKey(v)}`;
+  else if (cur.kind === "exact") msg = `exact frame for ${lab} = ${tauKey(v)}`;
   else if (cur.kind === "nearest") {
     const waiting = meta.pending_exact !== null && meta.pending_exact !== undefined && tauKey(meta.pending_exact) === tauKey(v);
     msg = `nearest grid value ${tauKey(cur.shown)}` + (waiting ? ", exact frame coming" : st.dragging ? "" : ", exact frame on release");
-  } else msg = `<span class="warn">the frame for tau = ${tauKey(cur.nearest)} is still being computed</span>`;
+  } else msg = `<span class="warn">the frame for ${lab} = ${tauKey(cur.nearest)} is still being computed</span>`;
   const more = d.grid.length - ready;
   msg += more > 0 ? ` · ${ready} of ${d.grid.length} grid frames ready, ${more} still coming` : ` · all ${d.grid.length} grid frames ready`;
   if (meta.note) msg += ` · ${meta.note}`;
@@ -396,7 +401,7 @@ function paint(st) {
   const r = st.root.dataset;
   r.tau = tauKey(v);
   r.kind = cur.kind;
-  r.shown = f ? tauKey(f.tau) : "";
+  r.shown = f ? tauKey(val(d, f)) : "";
   r.answer = f ? f.answer : "";
   r.correct = f ? String(f.correct) : "";
   r.pmax = f ? String(f.pmax) : "";
@@ -413,8 +418,9 @@ function paint(st) {
 
 function paintCard(st, card, f, _label, tau, kind) {
   const d = st.doc, meta = d.meta || {}, ref = d.ref, chosen = card === st.cards[1];
-  card.title.textContent = chosen ? `${meta.chosen_title || "Chosen"}, tau = ${
-    kind === "exact" && !f.uniform ? `${fmt(f.tau, 3)} (mean)` : kind === "grid" || kind === "exact" ? fmt(f.tau, 3) : fmt(tau, 2)}`
+  const ax = axisOf(d), on = val(d, f);
+  card.title.textContent = chosen ? `${meta.chosen_title || "Chosen"}, ${ax.label} = ${
+    kind === "exact" && !f.uniform && ax.name === "tau" ? `${fmt(on, 3)} (mean)` : kind === "grid" || kind === "exact" ? fmt(on, ax.name === "tau" ? 3 : 1) : fmt(tau, 2)}`
     : meta.base_label || "tau = 1 (no alignment)";
   if (f.perplexity !== null && f.perplexity !== undefined) {
     card.ans.innerHTML = "";
@@ -439,7 +445,7 @@ function paintCard(st, card, f, _label, tau, kind) {
   };
   put(card.pm, "mean Pmax", f.pmax, ref.pmax, 4);
   put(card.en, "mean entropy H", f.entropy, ref.entropy, 3);
-  card.foot.textContent = chosen && kind === "nearest" ? `showing the grid frame tau = ${fmt(f.tau, 2)}`
+  card.foot.textContent = chosen && kind === "nearest" ? `showing the grid frame ${ax.label} = ${fmt(on, 2)}`
     : chosen && kind === "missing" ? "this grid frame is still being computed"
     : `${d.tokens.toLocaleString("en")} tokens` + (f.seconds ? ` · computed in ${fmt(f.seconds, 2)} s` : "");
 }
@@ -467,7 +473,7 @@ function paintHeads(st, i, f) {
     ctx.clearRect(h * 24, l * 24, 24, 24);
     ctx.fillRect(h * 24, l * 24, 24, 24);
   }
-  t.textContent = i ? `chosen tau = ${fmt(f.tau, 2)}` : "tau = 1";
+  t.textContent = i ? `chosen ${axisOf(d).label} = ${fmt(val(d, f), 2)}` : "tau = 1";
 }
 
 function drawCodes(cv, arr, table, rowsPx) {
@@ -544,7 +550,7 @@ function paintMap(st, i, f) {
   const bins = f.map.shape[1];
   markCols(m.cv, d, d.needle, "#ff2b2b", bins); markRows(m.cv, d, d.needle, "#ff2b2b", bins);
   markCols(m.cv, d, d.question, "#3b7dff", bins); markRows(m.cv, d, d.question, "#3b7dff", bins);
-  m.t.textContent = i ? `chosen tau = ${fmt(f.tau, 2)}` : "tau = 1";
+  m.t.textContent = i ? `chosen ${axisOf(d).label} = ${fmt(val(d, f), 2)}` : (d.meta || {}).base_label || "tau = 1";
   if (f.qrows) {
     drawCodes(m.q, f.qrows, table);
     markCols(m.q, d, d.needle, "#ff2b2b", bins);
@@ -638,7 +644,7 @@ function paintCross(st, i, f) {
   ctx.font = "11px sans-serif"; ctx.fillStyle = "#fff";
   (f.cross_tokens || []).forEach((t, r) => ctx.fillText(t, 4, r * 18 + 13));
   const share = f.needle_share === null || f.needle_share === undefined ? "" : `: ${(100 * f.needle_share).toFixed(0)} % of it on the needle`;
-  c.t.textContent = (i ? `chosen tau = ${fmt(f.tau, 2)}` : "tau = 1") + share;
+  c.t.textContent = (i ? `chosen ${axisOf(d).label} = ${fmt(val(d, f), 2)}` : "tau = 1") + share;
 }
 
 function commit(st) {
@@ -647,7 +653,7 @@ function commit(st) {
     const v = Number(Number(st.range.value).toFixed(2));
     if (v === st.committed) return;
     st.committed = v;
-    st.setStateValue("tau", v);
+    st.setStateValue("value", v);
   }, 250);
 }
 
@@ -681,8 +687,9 @@ export default function (component) {
   // The server's tau wins when it changed there (a method, the tour, a link); a drag under way keeps its place.
   if (!same || meta.tau_version !== st.tauVersion) {
     st.tauVersion = meta.tau_version;
-    if (!st.dragging) st.range.value = Number(meta.tau).toFixed(2);
-    st.committed = Number(Number(meta.tau).toFixed(2));
+    const at = meta.value !== undefined ? meta.value : meta.tau;
+    if (!st.dragging) st.range.value = Number(at).toFixed(2);
+    st.committed = Number(Number(at).toFixed(2));
   }
   st.range.disabled = !!meta.disabled;
   st.range.title = meta.disabled ? "The method chooses tau; pick 'fixed' to move it by hand." : "";

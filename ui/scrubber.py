@@ -42,15 +42,39 @@ _component = st.components.v2.component(
 
 
 def _released() -> None:
-    """The slider was let go: its tau becomes the session's fixed tau (the URL, the export, the exact frame)."""
-    state = st.session_state.get(KEY) or {}
+    """The slider was let go: its value becomes the session's fixed tau, or its CosScale on the s axis
+    (the URL, the export, the exact frame)."""
+    ss = st.session_state
+    state = ss.get(KEY) or {}
     try:
-        v = float(state.get("tau"))
+        v = float(state.get("value"))
     except (TypeError, ValueError):
         return
-    if np.isfinite(v):
-        st.session_state["tau_value"] = float(np.clip(round(v, 2), temperature.TAU_FLOOR, 1.0))
-        st.session_state[_FROM_SLIDER] = True
+    if not np.isfinite(v):
+        return
+    if ss.get(AXIS_KEY) == "s" and ss.get("_scrub_s_range"):
+        lo, hi = ss["_scrub_s_range"]
+        ss["cos_scale"] = float(np.clip(round(v * 2) / 2, lo, hi))
+    else:
+        ss["tau_value"] = float(np.clip(round(v, 2), temperature.TAU_FLOOR, 1.0))
+    ss[_FROM_SLIDER] = True
+
+
+AXIS_KEY = "ex_axis"
+AXES = {"tau": "tau", "s": "CosScale s"}
+
+
+def s_range(loaded) -> tuple[float, float]:
+    """The CosScale slider's range (the sidebar's): 1 to 4 x the trained s (at least 64)."""
+    return 1.0, float(max(4 * float(loaded.cosine_scale), 64.0))
+
+
+def s_grid(loaded) -> tuple[float, ...]:
+    """15 scales, log-spaced over the slider's range, the trained s among them, on the slider's 0.5 steps."""
+    lo, hi = s_range(loaded)
+    s0 = float(loaded.cosine_scale)
+    vals = {round(float(v) * 2) / 2 for v in np.geomspace(max(lo, s0 / 8), hi, 14)} | {round(s0 * 2) / 2}
+    return tuple(sorted(vals))
 
 
 def _noop() -> None:
@@ -83,7 +107,7 @@ def shown_tau(ctx) -> float:
     return float(np.clip(round(ctx.tau_mean, 2), temperature.TAU_FLOOR, 1.0))
 
 
-def _tau_version(ctx, tau: float) -> int:
+def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
     """A number that changes when tau changed anywhere but on the slider itself (a method, the tour, a link).
 
     The browser moves its slider to the server's tau only when this changes:
@@ -91,7 +115,7 @@ def _tau_version(ctx, tau: float) -> int:
     moved on (two quick key presses would otherwise jump back one step).
     """
     ss = st.session_state
-    sig = (ctx.method, round(tau, 2))
+    sig = (axis, ctx.method, round(tau, 2))
     if ss.get(_SIG) != sig:
         if not ss.get(_FROM_SLIDER):
             ss[_VERSION] = ss.get(_VERSION, 0) + 1
@@ -100,9 +124,10 @@ def _tau_version(ctx, tau: float) -> int:
     return ss.get(_VERSION, 0)
 
 
-def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool) -> str:
+def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool, axis: str) -> str:
     """What changes the payload's structure (the browser rebuilds its views when it changes)."""
-    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, ctx.cosine_scale, probes, spec, log))
+    fixed = cache.tau_key(ctx.schedule) if axis == "s" else ctx.cosine_scale
+    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, fixed, probes, spec, log, axis))
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
@@ -114,33 +139,54 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     to come) and the L_tr reference.
     """
     loaded, req = ctx.loaded, ctx.request
+    ss = st.session_state
     base_settings = replace(ctx.run_settings(tau=1.0, method="none", probes=probes), cosine_scale=None)
     base = cache.run(loaded, req, base_settings)
     ref = cache.run_reference(loaded, req, ctx.targets, None)
-    grid_settings = ctx.run_settings(tau=1.0, method="fixed", probes=probes)
-    at = lambda t: replace(grid_settings, tau=t)  # noqa: E731
-    grid = {t: cache.run(loaded, req, at(t)) for t in frames.SCRUB_GRID if cache.has_run(loaded, req, at(t))}
-    g = grid_tau(ctx.schedule)
+    chosen_settings = ctx.run_settings(probes=probes)
+    tau = shown_tau(ctx)
+    axis = ss.get(AXIS_KEY, "tau") if loaded.cosine else "tau"
+    cos = ctx.cosine_scale
+    if axis == "s":  # CosScale over its grid, at the chosen tau
+        values = s_grid(loaded)
+        at = lambda v: replace(chosen_settings, cosine_scale=v)  # noqa: E731
+        g = round(float(cos) * 2) / 2 if cos is not None and round(float(cos) * 2) / 2 in values else None
+        here = float(cos if cos is not None else loaded.cosine_scale)
+        lo, hi = ss["_scrub_s_range"] = s_range(loaded)
+        axis_meta = {"name": "s", "label": AXES["s"], "min": lo, "max": hi, "step": 0.5}
+        from ui.prefetch import Job
+
+        job = Job(loaded, req, chosen_settings, around=here, axis="s", values=values)
+    else:
+        values = frames.SCRUB_GRID
+        grid_settings = ctx.run_settings(tau=1.0, method="fixed", probes=probes)
+        at = lambda t: replace(grid_settings, tau=t)  # noqa: E731
+        g = grid_tau(ctx.schedule)
+        here = tau
+        axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
+        job = cache.grid_job(loaded, req, grid_settings, around=tau)
+    grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
     if g is not None and g not in grid:  # the person is waiting on this very frame: compute it now
         grid[g] = cache.run(loaded, req, at(g))
-    chosen_settings = ctx.run_settings(probes=probes)
     exact = pending = None
     if g is None:
         if cache.has_run(loaded, req, chosen_settings):
             exact = cache.run(loaded, req, chosen_settings)
         else:
-            pending = round(ctx.tau_mean, 4)
-    tau = shown_tau(ctx)
-    cache.want_grid(loaded, req, grid_settings, around=tau)
-    missing = len(frames.SCRUB_GRID) - len(grid)
-    cos = ctx.cosine_scale
+            pending = round(here if axis == "s" else ctx.tau_mean, 4)
+    cache.prefetcher().want(cache.session_id(), job)
+    missing = len(values) - len(grid)
     base_label = "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
-    title = f"Chosen: {methods.label(ctx.method)}" + (f", s = {cos:g}" if loaded.cosine and cos is not None else "")
+    title = f"Chosen: {methods.label(ctx.method)}"
+    if loaded.cosine:
+        title += f", tau = {ctx.tau_text()}" if axis == "s" else f", s = {float(cos if cos is not None else loaded.cosine_scale):g}"
     meta = {
-        "doc_id": _doc_id(ctx, probes, spec, log),
+        "doc_id": _doc_id(ctx, probes, spec, log, axis),
         "tau": tau,
-        "tau_version": _tau_version(ctx, tau),
-        "disabled": ctx.method != "fixed",
+        "value": here,
+        "axis": axis_meta,
+        "tau_version": _tau_version(ctx, here if axis == "s" else tau, axis),
+        "disabled": axis == "tau" and ctx.method != "fixed",
         "chosen_title": title,
         "base_label": base_label,
         "log": bool(log),
@@ -148,7 +194,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "poll_ms": POLL_MS if (missing or pending is not None) else 0,
         "note": "" if ctx.method == "fixed" else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
     }
-    data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, meta=meta)
+    data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta)
     _component(data=data, key=KEY, on_tau_change=_released, on_poll_change=_noop, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:
