@@ -277,7 +277,10 @@ function build(root, st) {
   const up = () => { if (st.dragging) { st.dragging = false; schedule(st); } };
   range.addEventListener("pointerup", up);
   range.addEventListener("pointercancel", up);
-  range.addEventListener("change", () => commit(st));
+  // A pointer release goes to the server at once; keys wait for a pause (a held arrow key sends many changes).
+  range.addEventListener("change", () => commit(st, st.why === "input" && !st.keyed ? 0 : 200));
+  range.addEventListener("keydown", () => { st.keyed = true; });
+  range.addEventListener("pointerdown", () => { st.keyed = false; });
   range.addEventListener("keydown", (e) => {
     // PageUp / PageDown (and shift + arrows): the next grid value, the paper's 0.05 steps.
     const dir = { PageUp: 1, PageDown: -1, ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1 }[e.key];
@@ -379,7 +382,8 @@ function paint(st) {
   if (cur.kind === "grid") msg = `grid value ${lab} = ${tauKey(v)}`;
   else if (cur.kind === "exact") msg = `exact frame for ${lab} = ${tauKey(v)}`;
   else if (cur.kind === "nearest") {
-    const waiting = meta.pending_exact !== null && meta.pending_exact !== undefined && tauKey(meta.pending_exact) === tauKey(v);
+    const waiting = (meta.pending_exact !== null && meta.pending_exact !== undefined && tauKey(meta.pending_exact) === tauKey(v))
+      || (st.committed !== undefined && tauKey(st.committed) === tauKey(v));
     msg = `nearest grid value ${tauKey(cur.shown)}` + (waiting ? ", exact frame coming" : st.dragging ? "" : ", exact frame on release");
   } else msg = `<span class="warn">the frame for ${lab} = ${tauKey(cur.nearest)} is still being computed</span>`;
   const more = d.grid.length - ready;
@@ -647,14 +651,15 @@ function paintCross(st, i, f) {
   c.t.textContent = (i ? `chosen ${axisOf(d).label} = ${fmt(val(d, f), 2)}` : "tau = 1") + share;
 }
 
-function commit(st) {
+function commit(st, delay = 200) {
   clearTimeout(st.commitTimer);
   st.commitTimer = setTimeout(() => {
     const v = Number(Number(st.range.value).toFixed(2));
     if (v === st.committed) return;
     st.committed = v;
     st.setStateValue("value", v);
-  }, 250);
+    paint(st);  // "exact frame coming"
+  }, delay);
 }
 
 // -- entry ---------------------------------------------------------------------------------

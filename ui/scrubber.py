@@ -140,9 +140,6 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     """
     loaded, req = ctx.loaded, ctx.request
     ss = st.session_state
-    base_settings = replace(ctx.run_settings(tau=1.0, method="none", probes=probes), cosine_scale=None)
-    base = cache.run(loaded, req, base_settings)
-    ref = cache.run_reference(loaded, req, ctx.targets, None)
     chosen_settings = ctx.run_settings(probes=probes)
     tau = shown_tau(ctx)
     axis = ss.get(AXIS_KEY, "tau") if loaded.cosine else "tau"
@@ -165,16 +162,21 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         here = tau
         axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
         job = cache.grid_job(loaded, req, grid_settings, around=tau)
+    cache.prefetcher().want(cache.session_id(), job)  # a new document's grid starts now, beside its first passes
+    base_settings = replace(ctx.run_settings(tau=1.0, method="none", probes=probes), cosine_scale=None)
+    base = cache.run(loaded, req, base_settings)
+    ref = cache.run_reference(loaded, req, ctx.targets, None)
     grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
     if g is not None and g not in grid:  # the person is waiting on this very frame: compute it now
         grid[g] = cache.run(loaded, req, at(g))
     exact = pending = None
     if g is None:
-        if cache.has_run(loaded, req, chosen_settings):
+        if cache.has_run(loaded, req, chosen_settings) or _in_fragment_rerun():
+            # A release between grid marks: the browser already shows the nearest grid frame, marked as such,
+            # and keeps it while this pass runs; then one payload carries the exact frame.
             exact = cache.run(loaded, req, chosen_settings)
         else:
             pending = round(here if axis == "s" else ctx.tau_mean, 4)
-    cache.prefetcher().want(cache.session_id(), job)
     missing = len(values) - len(grid)
     base_label = "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
     title = f"Chosen: {methods.label(ctx.method)}"
@@ -198,14 +200,10 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     _component(data=data, key=KEY, on_tau_change=_released, on_poll_change=_noop, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:
-        # Drawn first (the nearest grid frame is on screen, marked "exact frame coming"), then computed,
-        # then one more fragment run sends the exact frame.
+        # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with
+        # the nearest grid frame marked "exact frame coming"; the component's poll fetches the exact frame.
         try:
             cache.run(loaded, req, chosen_settings)
         except UserError as err:
             st.error(str(err))
-            return {"base": base, "chosen": None, "ref": ref}
-        if _in_fragment_rerun():
-            st.rerun(scope="fragment")
-        # In a full run the component's own poll (``poll_ms``) fetches the exact frame a moment later.
     return {"base": base, "chosen": chosen, "ref": ref}
