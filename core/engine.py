@@ -298,7 +298,11 @@ def check_length(loaded: Loaded, n: int, batch: int = 1) -> None:
         raise InputTooLong(
             f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
             f"this machine can run at most about {cap:,} tokens now "
-            f"({_free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document."
+            f"({_free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document.",
+            app=f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
+                f"this machine can run at most about {cap:,} tokens now "
+                f"({_free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document: a smaller number in "
+                "the Length in tokens box, or a shorter text.",
         )
 
 

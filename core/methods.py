@@ -261,7 +261,7 @@ def resolve(
         return 1.0, {"source": "none"}
     if m.resolve is None:
         if tau is None:
-            raise UserError(f"Method '{m.name}' needs a tau (--tau)")
+            raise UserError(f"Method '{m.name}' needs a tau (--tau)", app=f"Method '{m.label}' needs a tau: move the tau slider.")
         return tau, {"source": "fixed"}
     n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
     if tau is not None and chosen_at == n:

@@ -97,9 +97,11 @@ def read_card(folder: Path) -> Card | None:
     try:
         return Card.model_validate(read_json(path, "Model card"))
     except ValidationError as err:
-        raise ModelLoadError(f"Model card {path}: {one_line(err)}") from None
-    except UserError as err:
-        raise ModelLoadError(str(err)) from None
+        raise ModelLoadError(f"Model card {path}: {one_line(err)}",
+                             app=f"The card.json of model folder '{path.parent.name}' is not valid: {one_line(err)}") from None
+    except UserError as err:  # the app's text names the folder, not the server's path to it
+        app = str(err).replace(f"Model card {path}", f"The card.json of model folder '{path.parent.name}'")
+        raise ModelLoadError(str(err), app=app.replace(str(path), "card.json")) from None
 
 
 def bundled_specs(root: Path = ASSETS) -> list[ModelSpec]:
@@ -109,7 +111,8 @@ def bundled_specs(root: Path = ASSETS) -> list[ModelSpec]:
         for path in sorted(root.glob("*/card.json")):
             card = read_card(path.parent)
             if card is None or card.train_length is None:
-                raise ModelLoadError(f"Model card {path} has no train_length")
+                raise ModelLoadError(f"Model card {path} has no train_length",
+                                     app=f"The bundled model '{path.parent.name}' has a card.json without train_length")
             out.append(ModelSpec(path.parent.name, str(path.parent), card.train_length, "bundled", card.summary))
     return out
 
@@ -230,12 +233,18 @@ def hub_reachable(timeout: float = 1.5) -> bool:
     return ok
 
 
-def _not_here(repo_id: str, why: str) -> ModelLoadError:
+#: Where the app's messages send a person to name a model (the sidebar's free-text model box, ui.sidebar.OTHER_HINT).
+APP_MODEL_BOX = "the sidebar's '…or a hub id / local folder' box"
+
+
+def _not_here(repo_id: str, why: str, app_why: str | None = None) -> ModelLoadError:
     short = repo_id.rstrip("/").split("/")[-1]
     return ModelLoadError(
         f"Model '{repo_id}' is not on this machine and {why}: download it where there is internet "
         f"(`hf download {repo_id} --local-dir ./{short}`) and pass that folder (--model ./{short}, or the app's "
-        f"'hub id or folder' box), or set HF_HOME to a Hugging Face cache that holds it (looked in {hub_cache_dir()})."
+        f"'hub id or folder' box), or set HF_HOME to a Hugging Face cache that holds it (looked in {hub_cache_dir()}).",
+        app=f"Model '{repo_id}' is not on this machine and {app_why or why}: download it on a machine with internet, "
+            f"copy its folder onto this machine and type that folder in {APP_MODEL_BOX}.",
     )
 
 
@@ -254,10 +263,11 @@ def locate(source: str) -> tuple[str, bool]:
     partial = f" (the cached copy in {snap} has no {WEIGHT_FILES[0]})" if snap is not None else ""
     if hub_offline():
         flag = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE else "TRANSFORMERS_OFFLINE"
-        raise _not_here(source, f"offline mode is on ({flag}){partial}")
+        raise _not_here(source, f"offline mode is on ({flag}){partial}", "the app runs offline")
     if not hub_reachable():
         host = _hub_address()[0]
-        raise _not_here(source, f"the Hugging Face hub ({host}) cannot be reached{partial}")
+        raise _not_here(source, f"the Hugging Face hub ({host}) cannot be reached{partial}",
+                        f"the Hugging Face hub ({host}) cannot be reached from it")
     return source, False
 
 
@@ -269,7 +279,9 @@ def resolve(name: str, train_length: int | None = None) -> ModelSpec:
     ``n_positions`` (T5 configs carry 512).
     """
     if not name or not str(name).strip():
-        raise ModelLoadError("No model given. Pass a registry name, a hub id or a local folder.")
+        raise ModelLoadError("No model given. Pass a registry name, a hub id or a local folder.",
+                             app="No model given: choose one in the sidebar's Model box, or type a hub id or a local "
+                                 f"folder in {APP_MODEL_BOX}.")
     name = str(name).strip()
     reg = registry()
     spec = reg.get(name) or next((s for s in reg.values() if s.source == name), None)
@@ -334,9 +346,11 @@ def pick_device(requested: str | None = None, dtype: str | None = None) -> tuple
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(requested)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("CUDA was requested but no GPU is available; use --device cpu")
+        raise ModelLoadError("CUDA was requested but no GPU is available; use --device cpu",
+                             app="CUDA was requested but this machine has no GPU available.")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ModelLoadError(f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}); use --device cuda")
+        raise ModelLoadError(f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}); use --device cuda",
+                             app=f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}).")
     chosen = check_dtype(dtype)
     return dev, chosen or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
@@ -427,7 +441,8 @@ def load(name: str | ModelSpec, device: str | None = None, train_length: int | N
     dev, precision = pick_device(device, dtype)
     tok_ref = str(tokenizer).strip() if tokenizer is not None else ""
     if tokenizer is not None and not tok_ref:
-        raise ModelLoadError("--tokenizer is empty: name a registry model, a hub id or a folder")
+        raise ModelLoadError("--tokenizer is empty: name a registry model, a hub id or a folder",
+                             app="The tokenizer's name is empty: name a registry model, a hub id or a folder.")
     key = (spec.source, str(dev), spec.train_length, tok_ref, str(precision))
     with _LOCK:
         if key not in _CACHE:
@@ -462,6 +477,12 @@ def _tokenizer_source(ref: str) -> tuple[str, dict]:
     return where, ({"local_files_only": True} if local else {"cache_dir": str(hub_cache_dir())})
 
 
+def _shown(src: str) -> str:
+    """How the app's messages name a model source: a local folder by its own name (never the server's path to it)."""
+    path = Path(src).expanduser()
+    return path.name or src if path.is_absolute() or src.startswith((".", "~")) else src
+
+
 def _check_tokenizer(tokenizer: Any, src: str, vocab_size: int) -> None:
     """Refuse a tokenizer that cannot serve this model: no words (all ``<unk>``), or ids past its embedding."""
     ids = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
@@ -469,13 +490,17 @@ def _check_tokenizer(tokenizer: Any, src: str, vocab_size: int) -> None:
     if not ids or (unk is not None and 4 * sum(i == unk for i in ids) >= len(ids)):
         raise ModelLoadError(
             f"The tokenizer of '{src}' does not know plain English words (they become <unk>): its vocabulary is "
-            "missing or empty. Copy the model's tokenizer files into the folder, or name one with --tokenizer NAME|FOLDER."
+            "missing or empty. Copy the model's tokenizer files into the folder, or name one with --tokenizer NAME|FOLDER.",
+            app=f"The tokenizer of model '{_shown(src)}' does not know plain English words (they become <unk>): its "
+                "vocabulary is missing or empty. Copy the model's tokenizer files into its folder.",
         )
     size = int(getattr(tokenizer, "vocab_size", None) or len(tokenizer))  # base vocabulary, without added specials
     if size > vocab_size or max(ids) >= vocab_size:
         raise ModelLoadError(
             f"The tokenizer for '{src}' has {size:,} tokens but the model's vocabulary has only "
-            f"{vocab_size:,}: it belongs to another model. Name the right one with --tokenizer NAME|FOLDER."
+            f"{vocab_size:,}: it belongs to another model. Name the right one with --tokenizer NAME|FOLDER.",
+            app=f"The tokenizer of model '{_shown(src)}' has {size:,} tokens but the model's vocabulary has only "
+                f"{vocab_size:,}: it belongs to another model. Copy the model's own tokenizer files into its folder.",
         )
 
 
@@ -494,17 +519,26 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
         raise ModelLoadError(
             f"Could not load model '{src}': {what}. Download it on a machine with internet "
             f"(e.g. `hf download {src} --local-dir ./{Path(src).name}`) and pass that folder "
-            f"(--model ./{Path(src).name}, or the app's 'hub id or folder' box)."
+            f"(--model ./{Path(src).name}, or the app's 'hub id or folder' box).",
+            app=(f"Could not load the model in folder '{_shown(src)}': it has no usable config.json. Type a folder "
+                 f"that holds config.json, model.safetensors and the tokenizer files in {APP_MODEL_BOX}, or choose "
+                 "a model in the Model box." if folder else
+                 f"Could not load model '{src}': {what}. Download it on a machine with internet, copy its folder "
+                 f"onto this machine and type that folder in {APP_MODEL_BOX}."),
         ) from None
     if config.model_type not in T5_FAMILY:
         raise ModelLoadError(
             f"'{src}' is a '{config.model_type}' model, not T5-family ({', '.join(T5_FAMILY)}): "
-            "the temperature method needs T5's relative-position-bias attention."
+            "the temperature method needs T5's relative-position-bias attention.",
+            app=f"'{_shown(src)}' is a '{config.model_type}' model, not T5-family ({', '.join(T5_FAMILY)}): "
+                "the temperature method needs T5's relative-position-bias attention.",
         )
     if tokenizer is None and local and not _has_tokenizer(Path(where)):
         raise ModelLoadError(
             f"Model folder '{src}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy the "
-            "model's tokenizer into it, or name one with --tokenizer NAME|FOLDER."
+            "model's tokenizer into it, or name one with --tokenizer NAME|FOLDER.",
+            app=f"Model folder '{_shown(src)}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy "
+                "the model's tokenizer files into it.",
         )
     tok_where, tok_opts = _tokenizer_source(tokenizer) if tokenizer is not None else (where, opts)
     try:
@@ -522,7 +556,10 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
         first = (str(err).splitlines() or [""])[0][:200]
         raise ModelLoadError(
             f"Could not load the weights or tokenizer of '{src}' ({type(err).__name__}: {first}). "
-            "Only safetensors weights are accepted; pass a local folder holding config.json, model.safetensors and tokenizer files."
+            "Only safetensors weights are accepted; pass a local folder holding config.json, model.safetensors and tokenizer files.",
+            app=f"Could not load the weights or tokenizer of '{_shown(src)}' ({type(err).__name__}). Only safetensors "
+                f"weights are accepted: type a folder holding config.json, model.safetensors and the tokenizer files "
+                f"in {APP_MODEL_BOX}.",
         ) from None
     _check_tokenizer(tok, tokenizer or src, int(config.vocab_size))
     model.to(dev).eval()

@@ -115,10 +115,9 @@ class DocumentRequest:
                 )
         elif self.length(train_length) > limit:
             what = "" if self.tokens else " (the default: the model's training length L_tr)"
-            raise InputTooLong(
-                f"The document would be {self.length(train_length):,} tokens{what}; this machine can run at most "
-                f"about {limit:,} tokens now. Use a shorter document (--tokens)."
-            )
+            head = (f"The document would be {self.length(train_length):,} tokens{what}; this machine can run at most "
+                    f"about {limit:,} tokens now. Use a shorter document")
+            raise InputTooLong(f"{head} (--tokens).", app=f"{head} (the Length in tokens box).")
 
 
 @user_errors

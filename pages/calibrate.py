@@ -34,6 +34,7 @@ def main() -> None:
     if cals is None:
         st.stop()
     cv.curves(cals)
+    cv.advice(ctx, cals)
     cv.per_head(ctx, cals)
     taus = cv.every_method(ctx, cals)
     cv.export(ctx, taus)

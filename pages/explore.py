@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from core.errors import UserError
-from ui import PAPER, page_setup
+from ui import PAPER, message, page_setup
 from ui import url
 from ui import explore_views as views
 from ui import sidebar as sb
@@ -46,7 +46,7 @@ def live(ctx: sb.Context) -> None:
         try:
             runs = scrubber(ctx, probes, spec, log)
         except UserError as err:
-            st.error(str(err))
+            st.error(message(err))
             return
     url.sync(ctx)
     with st.container(key="explore_export"):

@@ -8,13 +8,18 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core import engine, methods, plots, temperature, timing, views
+from core import calibration, engine, methods, plots, temperature, timing, views
+from core.errors import UserError
 from core.probes import ProbeSpec
-from ui import chart, csv_of, user_errors
+from ui import chart, csv_of, plural, user_errors
 from ui import cache
 from ui import sidebar as sb
 
 EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
+GRID = temperature.GRID
+#: The closed form Calibrate suggests when Algorithm 1 stops at its range's end (docs/results.md: it and YaRN hold
+#: up at 8x and 16x L_tr on the bundled model where Algorithm 1 falls behind).
+FALLBACK = "log-length"
 
 
 def use_tau(method: str, value) -> None:
@@ -31,6 +36,12 @@ def use_tau(method: str, value) -> None:
     st.session_state["cal_used"] = f"{methods.label(method)}: tau = {np.round(a, 3).tolist()}"
 
 
+def use_method(method: str) -> None:
+    """on_click: put a method (resolved again at each document's length) into the sidebar's Method box."""
+    sb.set_state(tau_method=method)
+    st.session_state["cal_used"] = methods.label(method)
+
+
 def prop1_note(value, stats: dict) -> str:
     """Why Prop. 1 can read above 1 or 'n/a', said beside the table that shows it (docs/library.md, Notes on choices)."""
     odd = isinstance(value, str) or (value is not None and float(value) > 1)
@@ -44,34 +55,151 @@ def prop1_note(value, stats: dict) -> str:
             "not clipped.")
 
 
+class _NotKnown(Exception):
+    """A pass :func:`known` would need is not in the shared stores."""
+
+
+def _stats(ctx: sb.Context, doc_key, tau) -> temperature.LayerStats | None:
+    return cache.known_stats(ctx.loaded, doc_key, tau, tuple(ctx.targets), ctx.cosine_scale)
+
+
+def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
+    """Algorithm 1 for both criteria without a forward pass, or None when a pass is missing.
+
+    First the calibration store (this very calibration ran before); then, for
+    one document, the statistics store that every pass of this document fills
+    (:func:`ui.cache.known_stats`): Explore's background grid (:mod:`ui.prefetch`),
+    the sidebar's Algorithm 1 and the L_tr reference Explore reads. The numbers
+    are those :func:`ui.cache.calibrate_both` gives: the same statistics through
+    the same :func:`core.calibration.both_criteria`.
+    """
+    cals = cache.calibrate_both(ctx.loaded, ctx.request, fast=fast, samples=samples, targets=tuple(ctx.targets),
+                                cosine_scale=ctx.cosine_scale, compute=False)
+    if cals is not None or samples > 1:  # several documents: their passes are not in the shared grid
+        return cals
+    reference = _stats(ctx, ("ref", ctx.request), 1.0)
+    if reference is None:
+        return None
+
+    def measure(tau) -> temperature.LayerStats:
+        hit = _stats(ctx, ctx.request, tau)
+        if hit is None:
+            raise _NotKnown
+        return hit
+
+    try:
+        return calibration.both_criteria(measure, reference, fast=fast)
+    except _NotKnown:
+        return None
+
+
+def missing(ctx: sb.Context) -> tuple[list[float], bool]:
+    """The grid taus of this document with no statistics yet, and whether its L_tr reference is missing."""
+    return [t for t in GRID if _stats(ctx, ctx.request, t) is None], _stats(ctx, ("ref", ctx.request), 1.0) is None
+
+
+def _points(cals: dict) -> int:
+    """Grid points a calibration evaluated (both criteria share their passes)."""
+    return len({i for cal in cals.values() for i, v in enumerate(cal.curve) if v is not None})
+
+
 def run(ctx: sb.Context, button_col) -> dict | None:
-    """Algorithm 1 for both criteria from the cache, or a plan note and the button that runs it (None until run)."""
+    """Algorithm 1 for both criteria: at once when its passes are already made (:func:`known`), else a plan note and
+    the button that runs what is missing (None until then; the sidebar's bisection meanwhile, when it is there)."""
     ss = st.session_state
-    args = dict(fast=bool(ss["cal_fast"]), samples=int(ss["cal_samples"]), targets=ctx.targets, cosine_scale=ctx.cosine_scale)
-    cals = cache.calibrate_both(ctx.loaded, ctx.request, compute=False, **args)
-    if cals is None:
-        mk = timing.model_key(ctx.loaded)
-        per_doc = timing.algorithm1_passes(len(temperature.GRID), args["fast"])
-        work = [(per_doc * args["samples"], ctx.tokens), (args["samples"], ctx.train_length)]
-        planned = timing.total(mk, work)
-        st.info(timing.plan_note("Algorithm 1", mk, work)
-                + (" Bisection stops early, so this is an upper bound." if args["fast"] else "")
-                + (" The extra pass is the L_tr reference;" if args["samples"] == 1 else
-                   " The extra passes are the L_tr references;") + " results are cached.")
-        if button_col.button("Run Algorithm 1", type="primary", key="cal_run"):
-            label = "Algorithm 1: forward passes over the tau grid…"
-            bar = st.progress(0.0, text=timing.progress_text(label, 0.0, 0.0, planned))
-            t0 = time.perf_counter()
+    fast, samples = bool(ss["cal_fast"]), int(ss["cal_samples"])
+    cals = known(ctx, fast, samples)
+    if cals is not None:
+        return cals
+    # The whole curve is not there, but the bisection the sidebar's Algorithm 1 made may be: show it meanwhile.
+    shown = known(ctx, True, 1) if not fast and samples == 1 else None
+    mk = timing.model_key(ctx.loaded)
+    per_doc = timing.algorithm1_passes(len(GRID), fast)
+    ready = 0
+    if samples == 1:  # the shared grid: only what is missing runs
+        todo, ref_todo = missing(ctx)
+        ready = len(GRID) - len(todo)
+        work = [(min(len(todo), per_doc), ctx.tokens), (int(ref_todo), ctx.train_length)]
+    else:
+        work = [(per_doc * samples, ctx.tokens), (samples, ctx.train_length)]
+    planned = timing.total(mk, work)
+    what = "Algorithm 1" if shown is None else "The whole curve"
+    note = timing.plan_note(what, mk, work) + (" Bisection stops early, so this is an upper bound." if fast else "")
+    if ready:
+        note += (f" {ready} of the {len(GRID)} grid passes of this document {'is' if ready == 1 else 'are'} already "
+                 "made (Explore's background grid, the sidebar's Algorithm 1); the rest are computed once and shared "
+                 "too.")
+    elif samples == 1:
+        note += " Results are cached (and shared with Explore and the sidebar)."
+    else:
+        note += " The documents' passes are their own (not Explore's grid); results are cached."
+    if shown is not None:
+        note = (f"Shown below: Algorithm 1 by bisection, from the {plural(_points(shown), 'grid point')} the sidebar's "
+                "Algorithm 1 already measured, so the curves have gaps. " + note)
+    st.info(note)
+    label = "Run Algorithm 1" if shown is None else "Complete the curves"
+    if button_col.button(label, type="primary", key="cal_run"):
+        text = "Algorithm 1: forward passes over the tau grid…"
+        bar = st.progress(0.0, text=timing.progress_text(text, 0.0, 0.0, planned))
+        t0 = time.perf_counter()
 
-            def progress(f: float) -> None:
-                f = min(1.0, f)
-                bar.progress(f, text=timing.progress_text(label, f, time.perf_counter() - t0, planned))
+        def progress(f: float) -> None:
+            f = min(1.0, f)
+            bar.progress(f, text=timing.progress_text(text, f, time.perf_counter() - t0, planned))
 
-            with user_errors(bar):
-                cals = cache.calibrate_both(ctx.loaded, ctx.request, progress=progress, **args)
-            bar.empty()
-            st.rerun()  # redraw from the cache, without the 'will run' note
-    return cals
+        with user_errors(bar):
+            cache.calibrate_both(ctx.loaded, ctx.request, fast=fast, samples=samples, targets=tuple(ctx.targets),
+                                 cosine_scale=ctx.cosine_scale, progress=progress)
+        bar.empty()
+        st.rerun()  # redraw from the cache, without the 'will run' note
+    # The rest is on its way (Explore's background grid of this document): look again shortly.
+    if shown is None and samples == 1 and grid_on_its_way(ctx):
+        wait_key = (ctx.model_ref, ctx.request, fast, tuple(ctx.targets), ctx.cosine_scale)
+        if ss.get("_cal_stalled") != (wait_key, ready):  # a stalled grid that moved since is looked at again
+            wait_for_grid(ctx, fast, wait_key)
+    return shown
+
+
+def grid_on_its_way(ctx: sb.Context) -> bool:
+    """Whether the background prefetcher (:mod:`ui.prefetch`) has a wish for this document, from any session.
+
+    Reads the prefetcher's wish list, which has no public accessor yet; should
+    that change, it answers True and the patience of :func:`wait_for_grid`
+    ends the looking.
+    """
+    wanted = getattr(cache.prefetcher(), "_wanted", None)
+    if not isinstance(wanted, dict):
+        return True
+    try:
+        mk = cache.mkey(ctx.loaded)
+        return any(job.request == ctx.request and cache.mkey(job.loaded) == mk for _, job in list(wanted.values()))
+    except Exception:  # noqa: BLE001 - another shape of the wish list: look, the patience ends it
+        return True
+
+
+#: Seconds between looks at the shared grid while the background fills it, and the least time without a new pass
+#: before Calibrate stops looking (a grid nobody computes any more: another document on Explore, a failed pass).
+WAIT_EVERY, WAIT_PATIENCE = 2.0, 30.0
+
+
+@st.fragment(run_every=WAIT_EVERY)
+def wait_for_grid(ctx: sb.Context, fast: bool, key) -> None:
+    """While Explore's background grid fills in this document's passes, look again every few seconds and draw
+    the curves (a whole-page rerun) as soon as they are all there; stop looking when no new pass arrives."""
+    ss = st.session_state
+    if known(ctx, fast, 1) is not None:
+        st.rerun()
+    todo, _ = missing(ctx)
+    ready, now = len(GRID) - len(todo), time.monotonic()
+    last = ss.get("_cal_wait")
+    per_pass = timing.estimate(timing.model_key(ctx.loaded), ctx.tokens) or 0.0
+    if last is None or last[0] != key or last[1] != ready:
+        ss["_cal_wait"] = (key, ready, now)
+    elif now - last[2] > max(WAIT_PATIENCE, 3 * per_pass):
+        ss["_cal_stalled"] = (key, ready)
+        st.rerun()
+    st.caption(f"The background grid of this document is being computed ({ready} of {len(GRID)} passes ready): the "
+               "curves appear here by themselves when it is complete, or press the button for the rest now.")
 
 
 def band_note(band: dict | None, samples: int = 1) -> str:
@@ -95,7 +223,7 @@ def curves(cals: dict) -> None:
         "Each curve is the mean statistic over all layers, heads and rows of this document at each tau; the dashed "
         "line is the same statistic at L_tr with tau = 1. Algorithm 1 picks the grid point closest to the line "
         "(red). Pmax rises and entropy falls as tau shrinks: the attention sharpens (paper Algorithm 1, Fig. 4). "
-        "Where a curve ends before it meets the line, the pick is only the grid's end: the card says so."
+        "Where a curve ends before it meets the line, the pick is only where the search stopped: the card says so."
     )
     bands = {c: cal.band for c, cal in cals.items()}  # None: fewer than 2 calibration documents
     panels = {c: {"grid": cal.grid, "curve": cal.curve, "reference": cal.reference, "tau": cal.tau,
@@ -113,18 +241,81 @@ def curves(cals: dict) -> None:
                         "the pick.")
         col.caption(band_note(bands[crit], int(st.session_state.get("cal_samples", 1))))
         col.button(f"Use tau = {cal.tau:.2f}", key=f"use_{crit}", on_click=use_tau, args=(crit, cal.tau))
-        if not cal.reached:  # the pick is where the grid ended, not a match: say so, and by how much
-            col.warning(f"The curve never reached S_tr(1) between tau = {max(cal.grid):g} and {min(cal.grid):g}: "
-                        f"tau = {cal.tau:.2f} is the grid's end, short by {cal.gap:+.4f}. "
-                        f"'{methods.get(f'{crit}-refined').short}' goes on below the grid.")
+        if not cal.reached:  # the pick is where the search stopped, not a match: say so, and by how much
+            col.warning(unreached_text(cal))
 
     st.download_button("curves.csv", csv_of(lambda: views.calibration_table(cals)), "algorithm1_curves.csv", "text/csv", key="dl_curves", on_click="ignore")
+
+
+def stopped_at_end(cal: temperature.Calibration) -> bool:
+    """Algorithm 1 ran out of range: the curve never met the reference and the pick is the smallest tau searched."""
+    return not cal.reached and float(cal.tau) <= min(cal.grid) + 1e-9
+
+
+def unreached_text(cal: temperature.Calibration) -> str:
+    """Where the curve stayed and by how much, in words (no signed 'short by'): at the end of the range searched,
+    or already past the reference at its start."""
+    side = "below" if float(cal.gap) < 0 else "above"
+    name = "Pmax" if cal.criterion == "pmax" else "entropy"
+    if stopped_at_end(cal):
+        return (f"The {name} curve stays {abs(float(cal.gap)):.4f} {side} the L_tr reference all the way down to "
+                f"tau = {cal.tau:.2f} (the end of the range searched): tau = {cal.tau:.2f} is where the search "
+                "stopped, not a match.")
+    return (f"The {name} curve is already {abs(float(cal.gap)):.4f} {side} the L_tr reference at tau = {cal.tau:.2f} "
+            "(the start of the range searched), and a smaller tau only moves it further away: by this criterion the "
+            "document needs no sharpening, and no tau in the range matches.")
+
+
+def advice(ctx: sb.Context, cals: dict) -> None:
+    """When Algorithm 1 stopped at its range's end without reaching the reference: say that a closed form is the
+    better bet there, with a button that puts log-length in the sidebar."""
+    ended = [c for c, cal in cals.items() if stopped_at_end(cal)]
+    if not ended:
+        return
+    forms = {}
+    for name in (FALLBACK, "yarn"):
+        try:
+            forms[name] = methods.formula(name, ctx.train_length, ctx.tokens, ctx.loaded.d_kv)
+        except UserError:
+            pass
+    which = " and ".join("Pmax" if c == "pmax" else "entropy" for c in ended)
+    values = " and ".join(f"{methods.get(m).short} (tau = {t:.3f})" for m, t in forms.items())
+    box = st.container(border=True, key="cal_advice")
+    box.markdown(
+        f"**A closed form is the better bet here.** Algorithm 1 ({which}) ran out of range before "
+        + ("its curve met" if len(ended) == 1 else "either curve met")
+        + " the L_tr reference, so the tau it gives is only the end of the range searched, not a match. "
+        + (f"{values} need no search. " if values else "")
+        + "Where Algorithm 1 runs out of range, docs/results.md's tables mostly favour them: on the bundled model's "
+        "pass key at 16× L_tr, where Algorithm 1 (Pmax) stops at 0.50 without a match, log-length answers 100 % and "
+        "YaRN 99 % of the documents against its 75 %."
+    )
+    if FALLBACK in forms:
+        if ctx.method == FALLBACK:
+            box.caption(f"Done: the sidebar's Method box says '{methods.label(FALLBACK)}' now.")
+        else:
+            box.button(f"Use {methods.get(FALLBACK).short} (tau = {forms[FALLBACK]:.3f})", key="use_fallback",
+                       type="primary", on_click=use_method, args=(FALLBACK,),
+                       help=f"Sets the sidebar's Method box to {methods.label(FALLBACK)}: re-resolved at each "
+                            "document's length, no pass needed.")
 
 
 def _stats_settings(ctx: sb.Context, tau) -> engine.RunSettings:
     """The stats-only pass Algorithm 1 makes of this document at tau (the same cache key: a hit after one document)."""
     return engine.RunSettings(tau=tau, targets=tuple(ctx.targets), cosine_scale=ctx.cosine_scale,
                               probes=ProbeSpec.stats_only(), generate=False)
+
+
+def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
+    """A pass with each head's Pmax at tau, the one already made when there is one: Algorithm 1's own
+    stats-only pass, or at tau = 1 the pass Theory and Prop. 1/2 read (the prefetcher makes it ahead)."""
+    own = _stats_settings(ctx, tau)
+    if cache.has_run(ctx.loaded, ctx.request, own):
+        return own
+    a = np.asarray(tau, dtype=float) if not isinstance(tau, temperature.RowTau) else None
+    if a is not None and a.ndim == 0 and float(a) == 1.0:
+        return cache.theory_settings(ctx.loaded, tuple(ctx.targets), ctx.cosine_scale)
+    return own
 
 
 def per_head(ctx: sb.Context, cals: dict) -> None:
@@ -140,14 +331,15 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
         "**far below 1 (red)** are heads still dispersed. A head near 1 in both panels is saturated: its Pmax "
         "hardly depends on length or tau, yet it still counts in the mean."
     )
-    settings = {"tau = 1": _stats_settings(ctx, 1.0),
-                f"Algorithm 1 (Pmax) pick, tau = {pick:.2f}": _stats_settings(ctx, pick)}
+    settings = {"tau = 1": _head_settings(ctx, 1.0),
+                f"Algorithm 1 (Pmax) pick, tau = {pick:.2f}": _head_settings(ctx, pick)}
     if ph is not None:
-        settings["per-head Algorithm 1"] = _stats_settings(ctx, ph[0])
+        settings["per-head Algorithm 1"] = _head_settings(ctx, ph[0])
     new = sum(not cache.has_run(ctx.loaded, ctx.request, s) for s in settings.values())
-    with user_errors(), st.spinner(f"Per-head statistics ({new} new pass{'es' if new != 1 else ''} at this length)…"
+    with user_errors(), st.spinner(f"Per-head statistics ({plural(new, 'new pass', 'new passes')} at this length)…"
                                      + cache.queue_note()):
-        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, probes=ProbeSpec.stats_only())
+        # the L_tr reference Explore, Theory and Prop. 1/2 read: one pass for all of them
+        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
         panels = {name: cache.run(ctx.loaded, ctx.request, s).probes.pmax[0] for name, s in settings.items()}
     chart(cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
     if ph is None:
@@ -167,6 +359,69 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
                    "at the default tau: " + ", ".join(f"layer {l} head {h}" for l, h in unreached) + ".")
     else:
         st.caption(f"Every one of the {tau.size} heads reached its own L_tr Pmax inside the grid.")
+
+
+#: Pixels per character of a table cell, with room to spare (the app's sans-serif at the dataframe's size measured
+#: about 6.1 in Chromium), to size columns so that no text is cut; and the widest a note column gets (a longer
+#: note is said in full under the table).
+PX_PER_CHAR, PAD_PX, NOTE_MAX_PX = 7.0, 28, 480
+
+
+def tau_cell(tau, rows: int, train_length: int | None = None) -> tuple[str, str]:
+    """A method's tau as a short cell ('0.7312', 'per head (2 x 4): 0.50 to 1.00, mean 0.712', '0.8861 (mean
+    over 2,045 rows)', 'n/a') and a note with what the short form leaves out (the reason of an 'n/a')."""
+    if isinstance(tau, str):  # "n/a (why)"
+        why = tau[len("n/a ("):-1] if tau.startswith("n/a (") and tau.endswith(")") else tau
+        return "n/a", why
+    if isinstance(tau, temperature.RowTau):
+        floor = "L_tr" if train_length == tau.floor_scale else f"{tau.floor_scale:,}"
+        return f"{tau.mean(rows):.4f} (mean over {rows:,} rows)", f"a tau per row: 1 before row {floor}, then smaller"
+    a = np.asarray(tau, dtype=float)
+    if a.ndim == 0:
+        return f"{float(a):.4f}", ""
+    if a.ndim == 1:
+        if a.size <= 6:
+            return views.schedule_text(a), "one tau per encoder layer"
+        return (f"per layer ({a.size}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}",
+                "layers 0, 1, …: " + views.schedule_text(a))
+    return views.schedule_text(a), "a tau per layer and head (the matrix: above)"
+
+
+def taus_table(taus: dict, rows: int, train_length: int | None = None) -> pd.DataFrame:
+    """Every method's tau for the page: the registry's label, the short tau and its note (:func:`tau_cell`)."""
+    cells = [(m, methods.label(m), *tau_cell(t, rows, train_length)) for m, t in taus.items()]
+    return pd.DataFrame(cells, columns=["method", "label", "tau", "note"])
+
+
+def _px(texts) -> int:
+    return int(max(len(str(t)) for t in texts) * PX_PER_CHAR) + PAD_PX
+
+
+def column_config(table: pd.DataFrame) -> dict:
+    """Columns wide enough for their longest text: the label and the tau are never cut; a note longer than
+    :data:`NOTE_MAX_PX` is said in full under the table (:func:`long_notes`)."""
+    def width(col: str, least: int) -> int:
+        return max(least, _px([col, *table[col]]))
+
+    return {
+        "label": st.column_config.TextColumn("method", width=width("label", 160),
+                                             help="The method registry's name (the sidebar's Method box)"),
+        "tau": st.column_config.TextColumn("tau", width=width("tau", 90),
+                                           help="The tau this method gives this document; a schedule in short"),
+        "note": st.column_config.TextColumn("note", width=min(NOTE_MAX_PX, width("note", 160)),
+                                            help="What the short form leaves out"),
+    }
+
+
+def long_notes(table: pd.DataFrame) -> list[str]:
+    """Under the table, in full: why a method has no tau ('n/a'), and any note too long for its column."""
+    out = []
+    why = [f"{label}: {note}" for label, tau, note in zip(table["label"], table["tau"], table["note"]) if tau == "n/a"]
+    if why:
+        out.append("Why 'n/a': " + "; ".join(why) + ".")
+    out += [f"{label}, in full: {note}." for label, tau, note in zip(table["label"], table["tau"], table["note"])
+            if tau != "n/a" and _px([note]) > NOTE_MAX_PX]
+    return out
 
 
 def every_method(ctx: sb.Context, cals: dict) -> dict:
@@ -194,9 +449,11 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
             taus[name] = got[0]
         else:
             missing.append(f"{methods.label(name)}, {cost}")
-    # a per-head matrix is shown in short here (the per-head section above has it in full)
-    table = views.method_taus_table(taus, methods.label, rows=ctx.tokens)
-    st.dataframe(table[["label", "tau"]], hide_index=True, width="stretch")
+    table = taus_table(taus, ctx.tokens, ctx.train_length)
+    st.dataframe(table, hide_index=True, width="stretch", column_order=("label", "tau", "note"),
+                 column_config=column_config(table))
+    for line in long_notes(table):  # in full, whatever the width of the table's cells
+        st.caption(line)
     st.caption(prop1_note(taus.get("prop1"), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
     if missing:
         st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "
@@ -207,7 +464,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])
     u1.selectbox("Method to use", usable, key="cal_pick",
-                 format_func=lambda m: f"{methods.label(m)}: {views.schedule_text(taus[m], ctx.tokens)}")
+                 format_func=lambda m: f"{methods.label(m)}: {tau_cell(taus[m], ctx.tokens)[0]}")
     u2.button("Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary")
     if ss.get("cal_used"):
         st.success(f"Sidebar set to {ss['cal_used']}.")

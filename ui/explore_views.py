@@ -14,7 +14,7 @@ import streamlit as st
 from core import frames, plots, views
 from core.errors import UserError
 from core.probes import ProbeSpec
-from ui import chart, csv_of
+from ui import chart, csv_of, message
 from ui import cache
 from ui import sidebar as sb
 
@@ -129,7 +129,7 @@ def bias_section(ctx: sb.Context) -> None:
     try:
         curves = cache.bias_curves(ctx.loaded, int(ss["ex_rpe_query"]), enc.n)
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
         return
     chart(cache.figure(plots.rpe_curves, curves, ss["ex_rpe_heads"], int(ss["ex_rpe_query"]), ctx.train_length,
                            int(getattr(ctx.loaded.config, "relative_attention_max_distance", 128))), "rpe")

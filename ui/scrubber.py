@@ -27,7 +27,7 @@ import streamlit as st
 
 from core import frames, methods, temperature
 from core.errors import UserError
-from ui import cache
+from ui import cache, message
 
 KEY = "scrubber"
 POLL_MS = 600
@@ -205,5 +205,5 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         try:
             cache.run(loaded, req, chosen_settings)
         except UserError as err:
-            st.error(str(err))
+            st.error(message(err))
     return {"base": base, "chosen": chosen, "ref": ref}

@@ -13,12 +13,75 @@ from core import csvio, methods, plots, tasks, temperature, timing
 from core.errors import UserError
 from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
-from ui import chart, user_errors
+from ui import chart, message, plural, user_errors
 from ui import cache
 from ui import sidebar as sb
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
 SWEEP_METHODS = tuple(m for m in methods.NAMES if m != "fixed")
+METHODS_HELP = "\n\n".join(f"**{methods.label(m)}**: {methods.get(m).help}" for m in SWEEP_METHODS)
+
+
+def method_text(m: str) -> str:
+    """A sweep row's method as the app names it everywhere: the registry's label; a fixed tau ('tau=0.8', the CSV's
+    value) as 'fixed tau = 0.8'."""
+    m = str(m)
+    if m in methods.REGISTRY:
+        return methods.label(m)
+    return "fixed tau = " + m[len("tau="):] if m.startswith("tau=") else m
+
+
+def _labelled(table: pd.DataFrame) -> pd.DataFrame:
+    """A method x length table with the methods by label, in the order they first appear (the plan's)."""
+    return table.rename(index=method_text).rename_axis("method")
+
+
+def length_options(ctx: sb.Context) -> tuple[list, float | None]:
+    """The sweep's length choices (multiples of L_tr) and, when the sidebar's document is generated at a length that
+    is not one of them, that length as a multiple too (so it can be swept); the sidebar's multiple or None."""
+    lt = ctx.train_length
+    if ctx.request.task not in tasks.TASKS or not ctx.request.tokens:
+        return list(sb.MULTIPLES), None
+    k = ctx.request.tokens / lt
+    if k in sb.MULTIPLES:
+        return list(sb.MULTIPLES), int(k)
+    return sorted([*sb.MULTIPLES, k]), k
+
+
+def _length_text(k, lt: int) -> str:
+    return f"{k:g}× = {round(k * lt):,}" if float(k).is_integer() else f"{round(k * lt):,} (the sidebar's length)"
+
+
+def _add_length(key: str, k) -> None:
+    sb.set_state(**{key: sorted({*st.session_state.get(key, []), k})})
+
+
+def _drop_stale_lengths(key: str, options: list) -> None:
+    """Forget a length the sidebar offered before (its document's, since changed): the widget refuses unknown values."""
+    kept = [k for k in st.session_state[key] if k in options]
+    if kept != list(st.session_state[key]):
+        sb.set_state(**{key: kept})
+
+
+def lengths_note(ctx: sb.Context, key: str, k, what: str, own: str = "documents") -> None:
+    """Say which lengths the run uses and why, and offer the sidebar's length when it is not among them."""
+    ss = st.session_state
+    lt = ctx.train_length
+    chosen = sorted(ss[key])
+    runs = ", ".join(f"{round(c * lt):,}" for c in chosen) or "none yet"
+    kind = f"multiples of L_tr = {lt:,}" if all(float(c).is_integer() for c in chosen) else f"L_tr = {lt:,}"
+    if ctx.request.task not in tasks.TASKS:
+        side = f"your pasted text ({ctx.tokens:,} tokens) is not used"
+    elif k is not None and k in chosen:
+        side = f"the sidebar's length ({round(k * lt):,}) is among them, though not its document itself"
+    else:
+        side = f"the sidebar's document ({ctx.tokens:,} tokens) is not used, nor its length"
+    row = st.container(horizontal=True, vertical_alignment="center")
+    row.caption(f"{what} at the lengths chosen here, in tokens: **{runs}** ({kind}). It makes its own {own} at each "
+                f"length, many per length; {side}.")
+    if k is not None and k not in chosen:
+        row.button(f"Add the sidebar's length ({round(k * lt):,})", key=f"{key}_add_sidebar", on_click=_add_length,
+                   args=(key, k))
 
 
 def _stop() -> None:
@@ -60,11 +123,13 @@ def controls(ctx: sb.Context) -> SweepPlan:
                  ("sw_methods", ["none", "log-length"]), ("sw_fixed", ""), ("sw_samples", 2)):
         ss.setdefault(k, v)
 
+    options, side = length_options(ctx)
+    _drop_stale_lengths("sw_lengths", options)
     c1, c2 = st.columns(2)
-    c1.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="sw_lengths", format_func=lambda k: f"{k}× = {k * lt:,}")
+    c1.multiselect("Lengths (× L_tr)", options, key="sw_lengths", format_func=lambda k: _length_text(k, lt))
     c2.multiselect("Needle depths (%)", list(DEPTHS), key="sw_depths")
-    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=lambda m: methods.get(m).short,
-                   help="; ".join(f"{methods.get(m).short}: {methods.get(m).help}" for m in SWEEP_METHODS))
+    lengths_note(ctx, "sw_lengths", side, "The sweep runs")
+    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=methods.label, help=METHODS_HELP)
     c4, c5, c6 = st.columns(3)
     c4.text_input("Fixed taus", key="sw_fixed", placeholder="0.8, 0.7")
     c5.number_input("Seeds", min_value=1, max_value=100, step=1, key="sw_seeds")
@@ -73,19 +138,20 @@ def controls(ctx: sb.Context) -> SweepPlan:
     with user_errors():
         chosen = list(ss["sw_methods"]) + _fixed_taus(ss["sw_fixed"])
     plan = SweepPlan(
-        model=ctx.model_ref, task=task, lengths=[k * lt for k in sorted(ss["sw_lengths"])],
+        model=ctx.model_ref, task=task, lengths=[round(k * lt) for k in sorted(ss["sw_lengths"])],
         depths=[d / 100 for d in sorted(ss["sw_depths"])], seeds=list(range(int(ss["sw_seeds"]))), methods=chosen,
         calib_samples=int(ss["sw_samples"]), haystack=ctx.request.haystack if task == ctx.request.task else "default",
     )
-    st.caption(f"{plan.total} runs of task `{task}` on {ctx.loaded.spec.name}. {documents_note(plan)} Rows are written "
-               "as they finish, so a stopped sweep keeps its rows and 'Resume' skips them.")
+    st.caption(f"{plural(plan.total, 'run')} of task `{task}` on {ctx.loaded.spec.name}. {documents_note(plan)} Rows "
+               "are written as they finish, so a stopped sweep keeps its rows and 'Resume' runs only the rest.")
     return plan
 
 
 def documents_note(plan: SweepPlan) -> str:
     """How many documents each length x method cell averages, and how different they really are."""
     n, keys = len(plan.seeds) * len(plan.depths), len(plan.seeds)
-    note = f"Each cell averages {n} documents ({keys} seeds × {len(plan.depths)} depths)"
+    note = (f"Each cell averages {plural(n, 'document')} ({plural(keys, 'seed')} × "
+            f"{plural(len(plan.depths), 'depth')})")
     if plan.haystack == "default" and plan.task in tasks.HAYSTACK_TASKS:
         return (note + f": with the task's own filler (sidebar: Filler) a seed changes the {'key' if plan.task == 'passkey' else 'answer'} "
                 "and a depth where it sits, not the text around it" + (" (the pass key's filler is one fixed text)"
@@ -112,25 +178,65 @@ def cost(ctx: sb.Context, plan: SweepPlan) -> tuple:
     return mk, planned, gen_s
 
 
-def _buttons(path: Path, total: int, prefix: str, label: str, unit: str) -> tuple[bool, bool]:
+def _buttons(path: Path, plan, total: int, prefix: str, label: str, unit: str) -> tuple[bool, bool]:
     """Start / Resume / Stop for a run writing ``path`` (keys ``{prefix}_start`` ...): (start, resume) pressed.
-    A stop requested by the last run is reported; a start clears it."""
+
+    The states: Resume only while a stopped, unfinished run of this very plan
+    has rows in ``path``; after a finished run Start reads 'Run again'; Stop
+    only while a run is under way. A run cut short (Stop, or another click
+    while it ran: Streamlit ends the script run then) still says 'running'
+    in the session and counts as stopped.
+    """
     ss = st.session_state
+    sig = (str(path), repr(plan))
+    last = ss.get(f"{prefix}_last")
+    cut = last is not None and last["state"] == "running"
+    if cut:
+        last = ss[f"{prefix}_last"] = {**last, "state": "stopped"}
+    rows = path.exists() and path.stat().st_size > 0
+    mine = rows and last is not None and last["plan"] == sig
+    unfinished = mine and last["state"] == "stopped"
+    finished = mine and last["state"] == "finished"
     b1, b2, b3 = st.columns(3)
-    start = b1.button(label, type="primary", key=f"{prefix}_start", disabled=total == 0)
-    resume = b2.button("Resume", key=f"{prefix}_resume", disabled=not path.exists() or total == 0)
-    b3.button("Stop", key=f"{prefix}_stop_btn", on_click=_stop, help=f"Stops after the current {unit}; finished rows stay.")
-    if ss.pop("sw_stop", False) and not (start or resume):
-        st.warning(f"Stopped; the table below holds the {unit}s' rows finished so far.")
-    if start or resume:
+    start = b1.button("Run again" if finished else label, type="secondary" if unfinished else "primary",
+                      key=f"{prefix}_start", disabled=total == 0,
+                      help=("Runs every row again from the start: the table below is replaced." if finished or unfinished
+                            else None))
+    resume = b2.button("Resume", key=f"{prefix}_resume", disabled=not unfinished or total == 0,
+                       type="primary" if unfinished else "secondary",
+                       help="Runs only the rows the stopped run did not finish." if unfinished else
+                            "For a stopped run that has not finished (none now).")
+    running = start or resume
+    b3.button("Stop", key=f"{prefix}_stop_btn", on_click=_stop, disabled=not running,
+              help=f"Stops after the current {unit}; finished rows stay.")
+    stopped = ss.pop("sw_stop", False)
+    if ss.get(f"{prefix}_error"):
+        st.error(ss.pop(f"{prefix}_error"))
+    if not running and unfinished and (stopped or cut):
+        st.warning(f"Stopped before the end; the table below holds the {unit}s' rows finished so far, and "
+                   "Resume runs the rest." if stopped else
+                   "The last run was cut short (a click while it ran ends it); the table below holds the rows "
+                   "finished so far, and Resume runs the rest.")
+    if running:
         ss["sw_stop"] = False
+        ss[f"{prefix}_last"] = {"plan": sig, "state": "running"}
     return start, resume
+
+
+def _ended(prefix: str, complete: bool, err: Exception | None = None) -> None:
+    """After a run: remember whether it finished (for the buttons' states), keep its error for the page, redraw."""
+    ss = st.session_state
+    last = ss.get(f"{prefix}_last") or {}
+    ss[f"{prefix}_last"] = {**last, "state": "finished" if complete and err is None else "stopped"}
+    if err is not None:
+        ss[f"{prefix}_error"] = message(err)
+    st.rerun()  # the buttons drawn before the run show its outcome
 
 
 def run(ctx: sb.Context, plan: SweepPlan, mk, planned, gen_s) -> Path:
     """Start / Resume / Stop, and the sweep itself with progress and time left; the rows' CSV path."""
     path = _csv_path()
-    start, resume = _buttons(path, plan.total, "sw", "Start sweep", "document")
+    start, resume = _buttons(path, plan, plan.total, "sw", "Start sweep", "document")
     if start or resume:
         full = None if planned is None or gen_s is None else planned + gen_s
         bar = st.progress(0.0, text="starting…" + ("" if full is None else f" ({timing.describe(full)} planned)"))
@@ -149,11 +255,13 @@ def run(ctx: sb.Context, plan: SweepPlan, mk, planned, gen_s) -> Path:
             bar.progress(done / max(1, total), text=msg)
 
         try:
-            run_sweep(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
-                      should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
+            df = run_sweep(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
+                           should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
         except (UserError, ValueError) as err:  # ValueError: tasks.make, a length too short for the task, etc.
-            st.error(str(err))  # no st.stop: the rows finished so far are shown below
+            bar.empty()
+            _ended("sw", False, err)  # the rows finished so far are shown below, with the error above them
         bar.empty()
+        _ended("sw", len(df) >= plan.total)
     return path
 
 
@@ -176,7 +284,7 @@ def results(path: Path) -> None:
     ss.setdefault("sw_heat_method", present[0])
     if ss["sw_heat_method"] not in present:
         ss["sw_heat_method"] = present[0]
-    st.selectbox("Method", present, key="sw_heat_method")
+    st.selectbox("Method", present, key="sw_heat_method", format_func=method_text)
     sub = df[df["method"].astype(str) == ss["sw_heat_method"]].copy()
     sub["depth %"] = (sub["depth"].astype(float) * 100).round().astype(int)
     chart(plots.accuracy_heatmap(accuracy_table(sub, "depth %", "tokens"), y_title="needle depth %"), "sw_depth")
@@ -184,12 +292,13 @@ def results(path: Path) -> None:
     st.subheader("Method × length (paper Table 4)")
     st.caption("Accuracy (%) averaged over depths and seeds. The paper's finding: at 1× all methods agree; as length "
                "grows, tau = 1 falls off while aligned temperatures hold up.")
-    table = accuracy_table(df, "method", "tokens")
+    table = _labelled(accuracy_table(df, "method", "tokens").reindex(present))  # the plan's order, by label
     st.dataframe(table, width="stretch")
     chart(plots.accuracy_heatmap(table, y_title="method"), "sw_method")
-    st.download_button("sweep.csv", csvio.to_csv_bytes(df), "sweep.csv", "text/csv", key="dl_sweep", on_click="ignore")
-    with st.expander(f"All {len(df)} rows"):
-        st.dataframe(df, hide_index=True, width="stretch")
+    st.download_button("sweep.csv", csvio.to_csv_bytes(df), "sweep.csv", "text/csv", key="dl_sweep", on_click="ignore",
+                       help="The rows as the command line writes them (methods by their registry names: none, pmax, …).")
+    with st.expander(f"All {plural(len(df), 'row')}"):
+        st.dataframe(df.assign(method=df["method"].map(method_text)), hide_index=True, width="stretch")
 
 
 # -- language modelling: perplexity over length x method (the paper's Table 3) ---------------
@@ -201,11 +310,12 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
     for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", ["none", "log-length", "pmax"]), ("lm_fixed", ""),
                  ("lm_sequences", 20), ("sw_samples", 2)):
         ss.setdefault(k, v)
+    options, side = length_options(ctx)
+    _drop_stale_lengths("lm_lengths", options)
     c1, c2 = st.columns(2)
-    c1.multiselect("Prefix lengths (× L_tr)", list(sb.MULTIPLES), key="lm_lengths",
-                   format_func=lambda k: f"{k}× = {k * lt:,}")
-    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", format_func=lambda m: methods.get(m).short,
-                   help="; ".join(f"{methods.get(m).short}: {methods.get(m).help}" for m in SWEEP_METHODS))
+    c1.multiselect("Prefix lengths (× L_tr)", options, key="lm_lengths", format_func=lambda k: _length_text(k, lt))
+    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", format_func=methods.label, help=METHODS_HELP)
+    lengths_note(ctx, "lm_lengths", side, "The table scores prefixes", "held-out sequences")
     c4, c5, c6 = st.columns(3)
     c4.text_input("Fixed taus", key="lm_fixed", placeholder="0.8, 0.7")
     c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences",
@@ -214,12 +324,13 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
                     help="Sequences per length used to calibrate Algorithm 1 / Prop. 1/2 (seeds disjoint from the scored ones).")
     with user_errors():
         chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
-    plan = PerplexityPlan(model=ctx.model_ref, lengths=[k * lt for k in sorted(ss["lm_lengths"])], methods=chosen,
+    plan = PerplexityPlan(model=ctx.model_ref, lengths=[round(k * lt) for k in sorted(ss["lm_lengths"])], methods=chosen,
                           sequences=int(ss["lm_sequences"]), calib_samples=int(ss["sw_samples"]),
                           targets=tuple(ctx.targets))
-    st.caption(f"{len(plan.lengths) * len(plan.methods)} cells of {plan.sequences} sequences on "
-               f"{ctx.loaded.spec.name}: each a prefix of held-out prose, scored on the next {plan.continuation} "
-               "tokens. Rows are written as they finish, so a stopped run keeps its rows and 'Resume' skips them.")
+    st.caption(f"{plural(len(plan.lengths) * len(plan.methods), 'cell')} of {plural(plan.sequences, 'sequence')} on "
+               f"{ctx.loaded.spec.name}: each a prefix of held-out prose, scored on the next "
+               f"{plural(plan.continuation, 'token')}. Rows are written as they finish, so a stopped run keeps its "
+               "rows and 'Resume' runs only the rest.")
     mk = timing.model_key(ctx.loaded)
     work = timing.sweep_passes(plan.lengths, plan.sequences * len(chosen), [m for m in chosen if m in methods.MEASURED],
                                plan.calib_samples, lt, ctx.loaded.n_layers, len(temperature.GRID))
@@ -232,7 +343,7 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
 def lm_run(ctx: sb.Context, plan: PerplexityPlan) -> Path:
     """Start / Resume / Stop, and the perplexity runs with progress (sequences done / total); the CSV path."""
     path = _csv_path().with_name("perplexity.csv")
-    start, resume = _buttons(path, plan.total, "lm", "Start", "cell")
+    start, resume = _buttons(path, plan, plan.total, "lm", "Start", "cell")
     if start or resume:
         bar = st.progress(0.0, text="starting…")
         t0 = time.perf_counter()
@@ -245,11 +356,13 @@ def lm_run(ctx: sb.Context, plan: PerplexityPlan) -> Path:
             bar.progress(done / max(1, total), text=msg)
 
         try:
-            run_perplexity(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
-                           should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
+            df = run_perplexity(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
+                                should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
         except (UserError, ValueError) as err:
-            st.error(str(err))  # no st.stop: the rows finished so far are shown below
+            bar.empty()
+            _ended("lm", False, err)  # the rows finished so far are shown below, with the error above them
         bar.empty()
+        _ended("lm", len(df) >= len(plan.lengths) * len(plan.methods))  # one row per length x method
     return path
 
 
@@ -265,7 +378,7 @@ def lm_results(path: Path) -> None:
     st.subheader("Perplexity over length (paper Table 3)")
     st.caption("Perplexity of the continuation after a prefix of each length. The paper's finding: with tau = 1 it "
                "explodes past L_tr (attention disperses over the longer prefix); aligned temperatures bring it back.")
-    table = perplexity_table(df)
+    table = _labelled(perplexity_table(df))
     chart(plots.perplexity_over_length(table, train_length=int(df["train_length"].iloc[0])), "lm_lines")
     st.dataframe(table, width="stretch")
     st.download_button("perplexity.csv", csvio.to_csv_bytes(df), "perplexity.csv", "text/csv", key="dl_lm",
