@@ -34,6 +34,7 @@ import os
 import re
 import socket
 import threading
+from collections import OrderedDict
 import time
 import urllib.parse
 import urllib.request
@@ -423,7 +424,10 @@ class Loaded:
         }
 
 
-_CACHE: dict[tuple[str, str, int, str, str], Loaded] = {}
+#: Models kept loaded in the process, least recently used dropped first: a server whose people try many models
+#: must not keep every one of them (a Flan-T5-base is 1 GB). The app's own ``st.cache_resource`` holds as many.
+MAX_MODELS = 4
+_CACHE: "OrderedDict[tuple[str, str, int, str, str], Loaded]" = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -447,6 +451,9 @@ def load(name: str | ModelSpec, device: str | None = None, train_length: int | N
     with _LOCK:
         if key not in _CACHE:
             _CACHE[key] = _load_uncached(spec, dev, precision, tok_ref or None)
+            while len(_CACHE) > MAX_MODELS:
+                _CACHE.popitem(last=False)
+        _CACHE.move_to_end(key)
         return _CACHE[key]
 
 

@@ -257,6 +257,15 @@ def layer_meters(
     return _layout(fig, title)
 
 
+def _legend_label(trace_name: str, stat: str) -> str:
+    """A :func:`layer_meters` trace's name without its statistic: "Pmax at L_tr (tau = 1)" -> "at L_tr (tau = 1)",
+    "Pmax (chosen tau)" -> "chosen tau" (only brackets around the whole rest go; inner ones stay)."""
+    rest = trace_name[len(stat):].strip() if trace_name.startswith(stat) else trace_name
+    if rest.startswith("(") and rest.endswith(")") and rest.count("(") == 1 and rest.count(")") == 1:
+        rest = rest[1:-1].strip()
+    return rest or trace_name
+
+
 def meters_pair(chosen: Mapping[str, Sequence[float]], reference: Mapping[str, Sequence[float]],
                 baseline: Mapping[str, Sequence[float]] | None = None, title: str | None = None) -> go.Figure:
     """:func:`layer_meters` for two statistics (e.g. Pmax and entropy H) side by side in ONE figure.
@@ -271,8 +280,8 @@ def meters_pair(chosen: Mapping[str, Sequence[float]], reference: Mapping[str, S
         one = layer_meters(chosen[name], reference[name], name, None if baseline is None else baseline[name])
         for tr in one.data:
             tr.showlegend = i == 1
-            tr.legendgroup = tr.name.replace(name, "").strip()
-            tr.name = tr.legendgroup.strip("() ") or tr.name
+            tr.name = _legend_label(tr.name, name)
+            tr.legendgroup = tr.name  # one legend entry (and one click) for both panels' traces
             fig.add_trace(tr, row=1, col=i)
         fig.update_xaxes(title="encoder layer", tickmode="linear", dtick=1, row=1, col=i)
         fig.update_yaxes(title=name, row=1, col=i)

@@ -74,7 +74,7 @@ def no_network(monkeypatch):
         raise AssertionError("the hub was probed although the model is cached")
 
     monkeypatch.setattr(models, "hub_reachable", probe)
-    monkeypatch.setattr(models, "_CACHE", {})  # loads here must not leak a fake model into other tests
+    monkeypatch.setattr(models, "_CACHE", __import__("collections").OrderedDict())  # loads here must not leak a fake model into other tests
 
 
 @pytest.mark.parametrize("flag", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
@@ -284,3 +284,20 @@ def test_dtype_override_and_refusals(tiny_dir):
     assert a is not b and a.dtype == torch.float32 and b.dtype == torch.bfloat16
     assert next(b.model.parameters()).dtype == torch.bfloat16
     assert load(str(tiny_dir), device="cpu", dtype="bfloat16") is b  # one cache entry per precision
+
+
+def test_the_process_keeps_a_bounded_number_of_models(tiny_dir, monkeypatch):
+    """Each model, device or L_tr override is a copy; the least recently used is dropped past MAX_MODELS."""
+    from collections import OrderedDict
+
+    from core import models
+
+    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+    monkeypatch.setattr(models, "MAX_MODELS", 2)
+    a = models.load(str(tiny_dir), device="cpu", train_length=256)
+    b = models.load(str(tiny_dir), device="cpu", train_length=300)
+    assert models.load(str(tiny_dir), device="cpu", train_length=256) is a  # a hit, and now the most recent
+    models.load(str(tiny_dir), device="cpu", train_length=400)
+    assert len(models._CACHE) == 2
+    assert models.load(str(tiny_dir), device="cpu", train_length=256) is a  # kept: used more recently than b
+    assert models.load(str(tiny_dir), device="cpu", train_length=300) is not b  # b was dropped, loaded again

@@ -1,4 +1,5 @@
-"""The guided tour: four buttons that set the sidebar for one step each, and the sentence that explains it."""
+"""The guided tour: four buttons that set the sidebar for one step each, the sentence that explains it, and,
+for the steps with measured detail, a "More on this step" popover (the page keeps the answer metrics in view)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import streamlit as st
 from ui import sidebar as sb
 
 
+# The numbers in "more" are the default model's (retrieval-t5), pass key, seed 0, depth 50 %, CPU float32,
+# measured with core.engine.run and Explore's probes (tests/test_issue41_small.py checks them).
 TOUR = [
     dict(title="1 · At L_tr", mult=1, method="none",
          text="A pass key hidden in filler, exactly L_tr tokens long, tau = 1. This is what the model was trained on: "
@@ -14,20 +17,31 @@ TOUR = [
               "attention finds the needle."),
     dict(title="2 · 8× longer", mult=8, method="none",
          text="The same task at 8 × L_tr with no correction. Each query now spreads its probability over 8 × more "
-              "keys: Pmax falls and entropy rises far from the L_tr ticks (bars orange/red), and the needle's "
-              "peak in the question profile sinks into the filler. This is attention dispersion (paper Sec. 3)."),
+              "keys: Pmax falls and entropy rises far from the L_tr ticks (bars orange/red); in the question "
+              "profile the needle's peak is still there but lower, while the filler, thin per token, takes a much "
+              "larger share of the question's attention in total, and the answer has the key's digits in the "
+              "wrong order. This is attention dispersion (paper Sec. 3).",
+         more="Measured on the default model (retrieval-t5), pass key, seed 0, depth 50 %, tau = 1, from L_tr "
+              "(256 tokens) to 8 × (2,048): the needle's highest point in the question profile falls from 0.156 "
+              "to 0.111 in layer 1 and from 0.125 to 0.024 in layer 2, still 9 × and more above any single filler "
+              "token, so a peak stays visible. What changes is the total: the filler's share of the question's "
+              "attention rises from 20 % to 38 % (layer 1) and from 45 % to 86 % (layer 2), the needle's falls "
+              "from 49 % to 36 % and from 36 % to 8 %. The answer is 57153 for the key 51573: the right digits, "
+              "in the wrong order. Other seeds and depths differ in the detail."),
     dict(title="3 · log-length", mult=8, method="log-length",
          text="tau = log L_tr / log L divides every logit so a log-length normaliser stays constant (the paper's "
               "baseline). The bars move back toward the L_tr ticks, part of the way; compare the answer with step 2."),
     dict(title="4 · Algorithm 1", mult=8, method="pmax",
-         text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr "
-              "(the Calibrate page shows the search). Only that average is matched: look at the meters, where single "
-              "layers still miss their ticks in both directions (some too sharp, some too flat), because one tau "
-              "cannot fit every layer. The method box's per-layer alignment gives each layer its own tau. "
-              "Algorithm 1 also says whether its curve reached the L_tr line inside the grid (reached, or the gap "
-              "left at its pick: Calibrate warns under the pick when it was not reached). On the default model "
-              "(retrieval-t5) at 8× it is not reached: the grid ends at tau = 0.5 short of the line (mean Pmax "
-              "0.3815 against 0.3894 at L_tr, gap −0.0079; pass key, seed 0), so 0.5 is the grid's end, not a match."),
+         text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr. "
+              "On the default model at 8× its curve never reached the L_tr line: the grid ends at tau = 0.5 short "
+              "of the line, so 0.5 is the grid's end, not a match.",
+         more="Only the average is matched (the Calibrate page shows the search): in the meters, single layers "
+              "still miss their ticks in both directions (some too sharp, some too flat), because one tau cannot "
+              "fit every layer; the method box's per-layer alignment gives each layer its own tau. Algorithm 1 "
+              "says whether its curve reached the L_tr line inside the grid (reached, or the gap left at its "
+              "pick; Calibrate warns under the pick when it was not reached). On the default model (retrieval-t5) "
+              "at 8× (pass key, seed 0, 2,048 tokens) mean Pmax at tau = 0.5 is 0.3826 against 0.3883 at L_tr, "
+              "gap −0.0057; per layer 0.485, 0.609, 0.332, 0.104 against 0.439, 0.684, 0.347, 0.083."),
 ]
 
 
@@ -46,3 +60,6 @@ def tour(lt: int) -> None:
         i = st.session_state.get("tour_step")
         if i is not None:
             st.info(f"**Step {TOUR[i]['title']}.** {TOUR[i]['text']}")
+            if TOUR[i].get("more"):
+                with st.popover("More on this step"):
+                    st.markdown(TOUR[i]["more"])

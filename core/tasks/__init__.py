@@ -25,8 +25,20 @@ Why the generators look the way they do:
   the last unit gets the first words of one more sentence (prose, turns,
   search-result bodies), a comment line (code), or some line indices get a
   third word (line). The classic passkey filler stays whole sentences unless
-  the gap is 8+ tokens (byte-level tokenizers). ``meta["tokens"]`` holds the
-  exact count and ``meta["short_by"]`` the gap (a few tokens in practice).
+  the gap is 8+ tokens (byte-level tokenizers). What is still missing after
+  that (a word can cost two tokens where one is left; a line index costs
+  two) is filled by a trailing partial unit: the first words of the next
+  sentence, turn, search result or comment without a closing period, or the
+  start of the next record line without its number (``line simple-``),
+  the last word cut short where only part of it fits. An ``lm`` prefix
+  starts inside a word when no word start fits exactly. So a generated
+  document has exactly the asked number of tokens (``meta["tokens"] ==
+  meta["target"]``, ``meta["short_by"] == 0``) with the bundled BPE
+  tokenizers, ByT5's bytes and any tokenizer that can spend a single token on
+  one more character; a tokenizer that cannot (every character of the next
+  unit costing 2+ tokens) keeps a gap of a token or two, recorded in
+  ``meta["short_by"]``. Documents that were exact after the word-level step
+  are unchanged by the last one.
 - Everything random comes from ``random.Random`` seeded by ``seed`` (never the
   global generator); the answer (key, topic, entity) is drawn first, so one
   seed keeps the same answer across lengths and depths: a sweep compares like

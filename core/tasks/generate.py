@@ -45,7 +45,7 @@ def make(
     haystack: str = "default",
     **options: Any,
 ) -> Document:
-    """Generate one retrieval document of ``tokens`` tokens (never more).
+    """Generate one retrieval document of ``tokens`` tokens (exactly, for any tokenizer that allows it; never more).
 
     tokens: target length of the whole encoder input, counted as
     ``len(tokenizer(text).input_ids)`` (special tokens included).
@@ -98,7 +98,7 @@ def make(
     meta: dict[str, Any] = {
         "tokens": count,
         "target": tokens,
-        "short_by": tokens - count,  # > 0 only by less than one filler unit
+        "short_by": tokens - count,  # 0 but for a tokenizer that cannot spend one token on one more character
         "haystack": used_haystack,
         "requested_depth": depth,
         "needle_index": draft.position,

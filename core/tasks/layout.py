@@ -5,8 +5,11 @@ a separator, the needle item at a depth, tail with the question); ``_render``
 turns a layout, a number of units and a fine adjustment into text and spans;
 ``_fit_layout`` finds the longest rendering within the token target, with
 ``_Stream`` (filler units generated lazily, with estimated token costs) and
-``_max_feasible`` (a probe-economical search). ``count_tokens`` is the one way
-a document's length is counted (``len(tokenizer(text).input_ids)``).
+``_max_feasible`` (a probe-economical search), then closes what is left of
+the gap with a trailing partial unit (``_close_gap``), so a document has
+exactly the asked number of tokens whenever the tokenizer allows it.
+``count_tokens`` is the one way a document's length is counted
+(``len(tokenizer(text).input_ids)``).
 
 Why its own module: the sizing is the same for every task (see the package
 docstring: a few tokenizer calls a document, never over the target); a task
@@ -170,6 +173,9 @@ class _Layout:
     extend_limit: Callable[[str], int] | None = None  # next unit -> most words ``extend`` may add
     lengthen: Callable[[str, int], str] | None = None  # (unit, salt) -> same unit, a few tokens longer
     min_gap: int = 1  # fine adjustment only when at least this many tokens are missing
+    # (last unit, next unit) -> text that may follow the last unit, of which the gap closer appends a prefix
+    # (``_close_gap``); None: what ``extend`` would add with all the words it may add.
+    pad: Callable[[str, str], str] | None = None
 
 
 @dataclass
@@ -183,7 +189,8 @@ class _Draft:
     cut_words: int
 
 
-def _render(layout: _Layout, n: int, cut: int, depth: float) -> _Draft:
+def _render(layout: _Layout, n: int, cut: int, depth: float, pad: str = "") -> _Draft:
+    """n whole units, the fine adjustment ``cut``, and ``pad`` appended to the last unit (the needle item when n = 0)."""
     layout.stream.ensure(n + 1)
     units = layout.stream.units[:n]
     needle = layout.needle
@@ -197,6 +204,11 @@ def _render(layout: _Layout, n: int, cut: int, depth: float) -> _Draft:
         for k in range(cut):  # spread over the record, no positional pattern
             i = (k * n) // cut
             units[i] = layout.lengthen(units[i], i)
+    if pad:
+        if n:
+            units = units[:-1] + [units[-1] + pad]
+        else:
+            needle = needle + pad
     m = len(units)
     pos = layout.fixed_pos if layout.fixed_pos is not None else int(math.floor(depth * m + 0.5))
     pos = min(pos, m)
@@ -220,14 +232,71 @@ def _render(layout: _Layout, n: int, cut: int, depth: float) -> _Draft:
     )
 
 
-def _fit_layout(layout: _Layout, tokenizer: Any, target: int, depth: float, task: str) -> tuple[_Draft, int]:
-    """The longest rendering of ``layout`` with at most ``target`` tokens, and its count."""
-    counts: dict[tuple[int, int], int] = {}
+def _pad_source(layout: _Layout, n: int) -> str:
+    """The text whose prefixes may follow unit n - 1 (the needle item when n = 0) to close a gap."""
+    layout.stream.ensure(n + 1)
+    last = layout.stream.units[n - 1] if n else layout.needle
+    nxt = layout.stream.units[n]
+    if layout.pad is not None:
+        return layout.pad(last, nxt)
+    if layout.extend is not None and layout.extend_limit is not None:
+        full = layout.extend(last, nxt, layout.extend_limit(nxt) + 1)  # every word the extension can draw on
+        if full.startswith(last):
+            return full[len(last) :]
+    return ""
 
-    def g(n: int, cut: int = 0) -> int:
-        if (n, cut) not in counts:
-            counts[(n, cut)] = count_tokens(tokenizer, _render(layout, n, cut, depth).text)
-        return counts[(n, cut)]
+
+def _close_gap(count: Callable[[str], int], source: str, target: int, base: int) -> str | None:
+    """The longest prefix of ``source`` whose rendering has exactly ``target`` tokens, or None.
+
+    ``count(prefix)`` counts the document with that prefix appended;
+    ``count("") = base < target``. Whole words first (a search over the
+    word ends, counts rising with the words), then, when the next word
+    jumps over the target, that word cut short character by character
+    (never ending on whitespace).
+    """
+    ends = [i for i in range(1, len(source)) if source[i].isspace() and not source[i - 1].isspace()]
+    ends.append(len(source))
+    ends = [e for e in ends if source[:e].strip()]
+    if not ends:
+        return None
+
+    def g(w: int) -> int:
+        return base if w == 0 else count(source[: ends[w - 1]])
+
+    w, tokens = _max_feasible(g, target, 0, base, len(ends), lambda lo, g_lo: lo + max(1, target - g_lo),
+                              lambda _w: 1)
+    if tokens == target and w:
+        return source[: ends[w - 1]]
+    if w >= len(ends):
+        return None
+    start = ends[w - 1] if w else 0
+    for c in range(ends[w] - 1, start, -1):  # the next word cut short: the longest prefix that fits exactly
+        if not source[c - 1].isspace() and source[:c].strip() and count(source[:c]) == target:
+            return source[:c]
+    # One token past a word end and the next word's first character costs two (bytes: its space and
+    # itself): close the sentence there instead.
+    if w and source[ends[w - 1] - 1] not in ".!?" and count(source[: ends[w - 1]] + ".") == target:
+        return source[: ends[w - 1]] + "."
+    return None
+
+
+def _fit_layout(layout: _Layout, tokenizer: Any, target: int, depth: float, task: str) -> tuple[_Draft, int]:
+    """The longest rendering of ``layout`` with at most ``target`` tokens, and its count.
+
+    Three steps: whole filler units (the most that fit), the layout's fine
+    adjustment (``extend`` words or ``lengthen`` units), and, if tokens are
+    still missing, a prefix of the next unit (``_close_gap``) appended to the
+    last one, which makes the count exact for any tokenizer that can spend
+    one more token on one more character or word. A document that was exact
+    after the first two steps is left as it was.
+    """
+    counts: dict[tuple[int, int, str], int] = {}
+
+    def g(n: int, cut: int = 0, pad: str = "") -> int:
+        if (n, cut, pad) not in counts:
+            counts[(n, cut, pad)] = count_tokens(tokenizer, _render(layout, n, cut, depth, pad).text)
+        return counts[(n, cut, pad)]
 
     base = g(0)
     if base > target:
@@ -250,23 +319,68 @@ def _fit_layout(layout: _Layout, tokenizer: Any, target: int, depth: float, task
         guess=lambda lo, g_lo: stream.fit(lo, target - g_lo),
         step_cost=step_cost,
     )
-    # Fine adjustment: cut the next unit short, or lengthen some units.
-    cut, limit = 0, 0
-    if target - tokens < layout.min_gap:
-        pass
-    elif layout.extend is not None and layout.extend_limit is not None:
-        stream.ensure(n + 1)
-        limit = layout.extend_limit(stream.units[n])
-    elif layout.lengthen is not None:
-        limit = n
-    if limit > 0 and g(n, 1) <= target:  # one step must fit, else stay at whole units
-        g1 = g(n, 1)
 
-        def cut_guess(lo: int, g_lo: int) -> int:
-            # Tokens per step: measured once two feasible points exist; the
-            # first step (w = 1) also pays for the joint, so take half of it.
-            slope = (g_lo - g1) / (lo - 1) if lo > 1 else max(1, g1 - tokens) / 2
-            return lo + int((target - g_lo) / max(slope, 0.25))
+    def fine(n: int, tokens: int, min_gap: int) -> tuple[int, int]:
+        """The fine adjustment of n whole units: (cut, tokens)."""
+        cut, limit = 0, 0
+        if target - tokens < min_gap:
+            pass
+        elif layout.extend is not None and layout.extend_limit is not None:
+            stream.ensure(n + 1)
+            limit = layout.extend_limit(stream.units[n])
+        elif layout.lengthen is not None:
+            limit = n
+        if limit > 0 and g(n, 1) <= target:  # one step must fit, else stay at whole units
+            g1 = g(n, 1)
 
-        cut, tokens = _max_feasible(lambda w: g(n, w), target, 1, g1, limit, cut_guess, lambda w: 1)
+            def cut_guess(lo: int, g_lo: int) -> int:
+                # Tokens per step: measured once two feasible points exist; the
+                # first step (w = 1) also pays for the joint, so take half of it.
+                slope = (g_lo - g1) / (lo - 1) if lo > 1 else max(1, g1 - tokens) / 2
+                return lo + int((target - g_lo) / max(slope, 0.25))
+
+            cut, tokens = _max_feasible(lambda w: g(n, w), target, 1, g1, limit, cut_guess, lambda w: 1)
+        return cut, tokens
+
+    cut, tokens = fine(n, tokens, layout.min_gap)
+    if tokens < target:
+        found = _exact(layout, g, target, n, cut, fine)
+        if found is not None:
+            n, cut, pad = found
+            return _render(layout, n, cut, depth, pad), target
     return _render(layout, n, cut, depth), tokens
+
+
+def _exact(layout: _Layout, g: Callable[..., int], target: int, n: int, cut: int,
+           fine: Callable[[int, int, int], tuple[int, int]]) -> tuple[int, int, str] | None:
+    """(n, cut, pad) of a rendering with exactly ``target`` tokens near the fitted (n, cut), or None.
+
+    The pad replaces a word extension (its words, without the closing
+    period, are the pad's source) and joins a lengthening (or one step
+    fewer of it, for the tokens a pad cannot spend alone: a line's pad
+    costs its newline and "line" at least). Failing that (lengthening
+    layouts), one whole unit fewer, adjusted again.
+    """
+    # One unit fewer helps a lengthening only: an extension's pad can never make up a whole unit.
+    for m in (n, n - 1) if layout.extend is None else (n,):
+        if m < 0:
+            break
+        if m == n:
+            c = cut
+        else:
+            c, _ = fine(m, g(m), 1)
+        if layout.extend is not None:
+            bases = [0]
+        else:
+            bases = [c, c - 1] if c > 0 else [0]
+        source = _pad_source(layout, m)
+        for b in bases:
+            start = g(m, b)
+            if start == target:
+                return m, b, ""
+            if start > target:
+                continue
+            pad = _close_gap(lambda p, m=m, b=b: g(m, b, p), source, target, start)
+            if pad is not None:
+                return m, b, pad
+    return None

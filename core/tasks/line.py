@@ -134,5 +134,7 @@ def _line(tokenizer: Any, rng: random.Random, haystack: str, seed: int, options:
         needle_core=needle,
         stream=_Stream(lines(), tokenizer, "\n"),
         lengthen=lengthen,
+        # The last few tokens: the start of the next line, never its number (no second value for any label).
+        pad=lambda _last, nxt: "\n" + nxt.rsplit(" ", 1)[0],
     )
     return layout, {"expected": str(key), "key": key, "line_index": asked}

@@ -25,7 +25,10 @@ makes those sequences from the offline corpus (:mod:`core.corpus`):
   for display only: a slice ending inside a word may tokenise differently);
 - words are tokenised with the space before them and the prefix is cut at
   word starts, so re-tokenising ``text`` gives the prefix's tokens (tokenizers
-  split at spaces first).
+  split at spaces first); where no word start gives exactly ``tokens`` tokens
+  (the first word loses its space, which can cost a token), the prefix starts
+  inside the word before, at the character that makes the count exact (or,
+  for a byte tokenizer one byte short, with the first word's space).
 
 ``haystack`` picks the pool: "corpus-eval" (default: held out from training),
 "corpus-train", or "lm-train" (the training sequences of ``python -m core
@@ -135,6 +138,26 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
         if count <= tokens or sw >= cw - 1:
             break
         sw += 1
+    while count < tokens and sw > 0:  # the estimate started late (pieces and text count apart): go back
+        longer = " ".join(words[sw - 1:cw])
+        n = len(tokenizer(longer).input_ids)
+        if n > tokens:
+            break
+        sw, prefix, count = sw - 1, longer, n
+    if count < tokens and sw > 0:
+        # Starting at a word start fell short (the word before costs more than the gap): start inside
+        # that word, its end only, so the prefix has exactly ``tokens`` tokens (a window cut anywhere).
+        word = words[sw - 1]
+        for j in range(1, len(word)):
+            longer = word[j:] + " " + prefix
+            n = len(tokenizer(longer).input_ids)
+            if n == tokens:
+                prefix, count = longer, n
+                break
+            if n < tokens:  # shorter tails of the word only cost less
+                break
+        if count < tokens and len(tokenizer(" " + prefix).input_ids) == tokens:
+            prefix, count = " " + prefix, tokens  # bytes: the first word keeps its space
     cont_ids = ids[c:c + continuation]
     expected = tokenizer.decode(cont_ids)
     return Document(
