@@ -505,30 +505,19 @@ function binOf(edges, tok) {
   return lo;
 }
 
-function markCols(cv, d, span, colour, bins) {
+// Dotted lines around a span of tokens (the needle, the question): columns (keys) or rows (queries).
+function mark(cv, d, span, colour, bins, rows = false) {
   if (!span || !d.edges) return;
-  const ctx = cv.getContext("2d"), w = cv.width / bins;
+  const ctx = cv.getContext("2d"), step = (rows ? cv.height : cv.width) / bins;
   ctx.save();
   ctx.setLineDash([3, 3]);
   ctx.strokeStyle = colour;
   ctx.lineWidth = 1.5;
   for (const tok of [span[0], span[1] - 1]) {
-    const x = (binOf(d.edges, tok) + (tok === span[0] ? 0 : 1)) * w;
-    ctx.beginPath(); ctx.moveTo(x, 0); ctx.lineTo(x, cv.height); ctx.stroke();
-  }
-  ctx.restore();
-}
-
-function markRows(cv, d, span, colour, bins) {
-  if (!span || !d.edges) return;
-  const ctx = cv.getContext("2d"), hgt = cv.height / bins;
-  ctx.save();
-  ctx.setLineDash([3, 3]);
-  ctx.strokeStyle = colour;
-  ctx.lineWidth = 1.5;
-  for (const tok of [span[0], span[1] - 1]) {
-    const y = (binOf(d.edges, tok) + (tok === span[0] ? 0 : 1)) * hgt;
-    ctx.beginPath(); ctx.moveTo(0, y); ctx.lineTo(cv.width, y); ctx.stroke();
+    const p = (binOf(d.edges, tok) + (tok === span[0] ? 0 : 1)) * step;
+    ctx.beginPath();
+    if (rows) { ctx.moveTo(0, p); ctx.lineTo(cv.width, p); } else { ctx.moveTo(p, 0); ctx.lineTo(p, cv.height); }
+    ctx.stroke();
   }
   ctx.restore();
 }
@@ -552,12 +541,14 @@ function paintMap(st, i, f) {
   if (i === 1 && st._baseLutKey !== st._lutKey) { st._baseLutKey = st._lutKey; paintMap(st, 0, d.base); }
   drawCodes(m.cv, f.map, table);
   const bins = f.map.shape[1];
-  markCols(m.cv, d, d.needle, "#ff2b2b", bins); markRows(m.cv, d, d.needle, "#ff2b2b", bins);
-  markCols(m.cv, d, d.question, "#3b7dff", bins); markRows(m.cv, d, d.question, "#3b7dff", bins);
+  for (const [span, colour] of [[d.needle, "#ff2b2b"], [d.question, "#3b7dff"]]) {
+    mark(m.cv, d, span, colour, bins);
+    mark(m.cv, d, span, colour, bins, true);
+  }
   m.t.textContent = i ? `chosen ${axisOf(d).label} = ${fmt(val(d, f), 2)}` : (d.meta || {}).base_label || "tau = 1";
   if (f.qrows) {
     drawCodes(m.q, f.qrows, table);
-    markCols(m.q, d, d.needle, "#ff2b2b", bins);
+    mark(m.q, d, d.needle, "#ff2b2b", bins);
   }
   if (st.mapLegend) {
     st.mapLegend.textContent = (d.meta || {}).log
@@ -643,7 +634,7 @@ function paintCross(st, i, f) {
   c.cv.width = 512; c.cv.height = Math.max(1, rows * 18);
   const table = lut(d.scale, !!(d.meta || {}).log, maxCode(d.base.cross, f.cross), lowCode(d.base.cross));
   drawCodes(c.cv, f.cross, table);
-  markCols(c.cv, d, d.needle, "#ff2b2b", f.cross.shape[1]);
+  mark(c.cv, d, d.needle, "#ff2b2b", f.cross.shape[1]);
   const ctx = c.cv.getContext("2d");
   ctx.font = "11px sans-serif"; ctx.fillStyle = "#fff";
   (f.cross_tokens || []).forEach((t, r) => ctx.fillText(t, 4, r * 18 + 13));
