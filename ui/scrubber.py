@@ -197,7 +197,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "note": "" if ctx.method == "fixed" else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
     }
     data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta)
-    _component(data=data, key=KEY, on_tau_change=_released, on_poll_change=_noop, width="stretch")
+    _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_noop, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:
         # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with
