@@ -52,11 +52,13 @@ def _released() -> None:
         return
     if not np.isfinite(v):
         return
+    from ui.sidebar import put  # the choice is kept across page changes at once (see ui.sidebar)
+
     if ss.get(AXIS_KEY) == "s" and ss.get("_scrub_s_range"):
         lo, hi = ss["_scrub_s_range"]
-        ss["cos_scale"] = float(np.clip(round(v * 2) / 2, lo, hi))
+        put("cos_scale", float(np.clip(round(v * 2) / 2, lo, hi)))
     else:
-        ss["tau_value"] = float(np.clip(round(v, 2), temperature.TAU_FLOOR, 1.0))
+        put("tau_value", float(np.clip(round(v, 2), temperature.TAU_FLOOR, 1.0)))
     ss[_FROM_SLIDER] = True
 
 

@@ -5,13 +5,28 @@ some cases (legacy multipage mode before ``st.navigation`` has run once in
 the process, ``AppTest.switch_page``, a browser opening ``/theory`` first),
 so a page must never rely on ``app.py`` having drawn anything.
 
-State: every widget has a fixed key whose default lives in :data:`DEFAULTS`.
-:func:`init_state` sets missing defaults and re-assigns every known key to
-itself, which turns widget-owned values into plain session values; that stops
-Streamlit from dropping them when the user switches pages (widget ids include
-the page, so the "same" sidebar widget on another page is a new widget that
-starts from the session value). Widgets are therefore created without
-``value=``/``index=``, only with ``key=``.
+State (issue 41): every widget has a fixed key whose default lives in
+:data:`DEFAULTS`, and every choice is also kept in one plain session value,
+``st.session_state["_aae_kept"]`` (a dict that is no widget's key). Why:
+Streamlit deletes the value of every widget a page change leaves behind
+(widget ids include the page); a value survives that only as a plain session
+key written during the last run (``init_state`` used to re-assign every key
+to itself for that). After a fragment rerun (Explore's temperature panel,
+Calibrate's polling fragment) those plain writes had been folded into the
+widgets' state by the rerun, ``init_state`` had not run again, and the page
+change deleted every choice. Now:
+
+* :func:`init_state` (every full run) first copies the widgets' values into
+  the store when this run is on the page the last one was on (their values
+  are live), then writes the store back into the widget keys before any
+  widget is drawn; after a page change the store is what the new page sees;
+* :func:`remember` (also called at the start of :func:`temperature_controls`,
+  so in every run of Explore's fragment) copies the live values again;
+* :func:`set_state` / :func:`put` write both (callbacks, links, the code).
+
+A component that writes ``st.session_state["tau_value"]`` itself is picked up
+by the next :func:`remember`; :func:`set_state` records it at once. Widgets are
+created without ``value=``/``index=``, only with ``key=``.
 """
 
 from __future__ import annotations
@@ -34,6 +49,7 @@ ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (t
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
 TAU_MIN, TAU_MAX, TAU_STEP = temperature.TAU_FLOOR, 1.00, 0.01  # the floor: where refined searches stop too
+COS_MIN, COS_STEP = 1.0, 0.5  # the CosScale slider (its top depends on the model: cos_range)
 
 NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
 
@@ -65,7 +81,13 @@ PAGE_KEYS = (
     "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",
     "ex_text_layer", "ex_text_window", "cal_fast", "cal_samples", "cal_pick", "cal_export", "sw_lengths", "sw_depths",
     "sw_seeds", "sw_methods", "sw_fixed", "sw_samples", "sw_heat_method", "th_multiples", "tour_step",
+    "ex_colour", "ex_cross_layer", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
 )
+#: Every key whose value is a choice kept across page changes (see the module docstring).
+KEEP_KEYS = tuple(DEFAULTS) + PAGE_KEYS
+_KEPT = "_aae_kept"  # the store: a plain session value, never a widget key
+_PAGE = "_aae_page"  # the page of the last full run (its script hash)
+_SHOWN = "_aae_tau_shown"  # the resolved tau last written into the disabled slider (not the person's own tau)
 
 
 # -- state --------------------------------------------------------------------------
@@ -86,32 +108,83 @@ def model_options() -> list[str]:
     return opts
 
 
+def _page_id() -> str:
+    """The page this run draws (Streamlit's page script hash; a page change is a change of it)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx(suppress_warning=True)
+    return str(getattr(ctx, "page_script_hash", "") or "")
+
+
+def kept() -> dict[str, Any]:
+    """The store of choices (a plain session value that no page change deletes)."""
+    return st.session_state.setdefault(_KEPT, {})
+
+
+def put(key: str, value: Any) -> None:
+    """Set a choice: the widget key (before its widget is drawn in this run) and the store."""
+    st.session_state[key] = value
+    kept()[key] = value
+
+
+def remember(*keys: str) -> None:
+    """Copy the widgets' live values into the store (all of :data:`KEEP_KEYS` by default).
+
+    Only on the page the last full run was on: right after a page change the
+    widget keys hold nothing or an older value, and the store is the truth
+    (:func:`init_state` writes it back first). The resolved tau shown in the
+    disabled slider is not the person's tau and is not copied.
+    """
+    ss = st.session_state
+    if ss.get(_PAGE) != _page_id():
+        return
+    store = kept()
+    for k in keys or KEEP_KEYS:
+        try:
+            v = ss[k]
+        except KeyError:
+            continue
+        if k == "tau_value" and ss.get(_SHOWN) is not None:
+            if v == ss[_SHOWN]:
+                continue
+            ss[_SHOWN] = None  # a new value (a link, a callback, a component): it is the person's
+        store[k] = v
+
+
 def init_state() -> list[str]:
-    """Set defaults, take a newly opened URL's view (:mod:`ui.url`), keep every known key alive across page switches.
+    """Keep every choice across page switches (:func:`remember`, then write the store back), take a newly opened
+    URL's view (:mod:`ui.url`), set missing defaults.
 
     Returns the URL parameters that could not be used (one message each).
     """
     ss = st.session_state
+    store = kept()
+    page = _page_id()
+    if ss.get(_PAGE) in (None, page):  # the same page (or the session's first run): the widget values are live
+        ss[_PAGE] = page
+        remember()
+    ss[_PAGE] = page
+    ss[_SHOWN] = None  # the store's tau goes back into the slider below
     problems = url.apply()
     for k, v in DEFAULTS.items():
-        if k not in ss and v is not None:
-            ss[k] = v
-    if ss.get("model_choice") not in model_options():
-        ss["model_choice"] = default_model_ref()
-    for k in list(DEFAULTS) + list(PAGE_KEYS):
-        if k in ss:
-            ss[k] = ss[k]
+        if k not in store and v is not None:
+            store[k] = v
+    if store.get("model_choice") not in model_options():
+        store["model_choice"] = default_model_ref()
+    for k in KEEP_KEYS:
+        if k in store:
+            ss[k] = store[k]
     return problems
 
 
 def set_state(**values: Any) -> None:
-    """For on_click callbacks: write widget values before the next run draws them."""
+    """For on_click callbacks (and components): set choices, widget keys and the store, before the next run draws."""
     for k, v in values.items():
-        st.session_state[k] = v
+        put(k, v)
 
 
 def _set_tokens(n: int) -> None:
-    st.session_state["doc_tokens"] = int(n)
+    put("doc_tokens", int(n))
 
 
 def _read_upload() -> None:
@@ -119,7 +192,7 @@ def _read_upload() -> None:
     if f is None:
         return
     try:
-        st.session_state["doc_text"] = f.getvalue().decode("utf-8")
+        put("doc_text", f.getvalue().decode("utf-8"))
     except UnicodeDecodeError:
         st.session_state["upload_error"] = f"'{f.name}' is not UTF-8 text; save it as UTF-8 (.txt) and upload again."
 
@@ -232,18 +305,18 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     if ss.get("_ltr") != (ss["_model_ref"], lt) or ss.get("doc_tokens") is None:
         first = ss.get("_ltr") is None
         if not first or ss.get("doc_tokens") is None:
-            ss["doc_tokens"] = lt  # a new model: start at its training length
+            put("doc_tokens", lt)  # a new model: start at its training length
         # ... and with its kind of document, unless the page was opened from a link that names a task
         if not (first and "task" in st.query_params) and (loaded.language_model or ss.get("doc_task") == tasks.LM):
-            ss["doc_task"] = tasks.LM if loaded.language_model else "passkey"
+            put("doc_task", tasks.LM if loaded.language_model else "passkey")
         ss["_ltr"] = (ss["_model_ref"], lt)
     if ss.get("_url_multiple"):
-        ss["doc_tokens"] = int(ss.pop("_url_multiple")) * lt
+        put("doc_tokens", int(ss.pop("_url_multiple")) * lt)
     sb.subheader("Document")
     sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
     if ss["doc_mode"] == "Generate":
         if ss.get("doc_task") not in tasks.GENERATED:
-            ss["doc_task"] = tasks.LM if loaded.language_model else "passkey"
+            put("doc_task", tasks.LM if loaded.language_model else "passkey")
         sb.selectbox("Task", tasks.GENERATED, key="doc_task",
                      help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
                           "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).")
@@ -294,23 +367,78 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     return req, doc, n
 
 
-def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Temperature:
+def cos_range(loaded: Loaded) -> tuple[float, float]:
+    """The CosScale slider's range for a cosine model (a link's ``s`` is checked against it too)."""
+    return COS_MIN, float(max(4 * float(loaded.cosine_scale), 64.0))
+
+
+def shown_tau(schedule: Any, rows: int) -> float:
+    """One slider position for a schedule: its mean (per layer, head or row) on the slider's step, in its range."""
+    mean = temperature.schedule_mean(schedule, rows)
+    return float(np.clip(round(round(mean / TAU_STEP) * TAU_STEP, 2), TAU_MIN, TAU_MAX))
+
+
+def not_reached_note(info: dict, shown: str) -> str:
+    """Algorithm 1 ended where its range did, not on the L_tr reference: what that means, in words.
+
+    ``info["gap"]`` is S_ex(tau) - S_tr(1) at the pick; its sign only says on which side the curve stays.
+    """
+    gap = float(info.get("gap") or 0.0)
+    side = "below" if gap < 0 else "above"
+    taus = [float(t) for t in info.get("grid") or []] + [float(p[0]) for p in info.get("refined") or []]
+    pick = info.get("tau")
+    pick = float(pick) if isinstance(pick, (int, float)) else None
+    if pick is not None and taus and pick >= max(taus) - 1e-9:
+        first = (f"The curve is already {abs(gap):.4f} {side} the L_tr reference at tau = {pick:.2f}, the top of the "
+                 "range searched")
+    else:
+        end = min(taus) if taus else pick
+        span = "over the range searched" if end is None else f"down to tau = {end:.2f}, the end of the range searched"
+        first = f"The curve stays {abs(gap):.4f} {side} the L_tr reference {span}"
+    n = len(info.get("unreached_heads") or ())
+    heads = f" ({n} heads never reached it and keep tau = 1)" if n != 1 else " (1 head never reached it and keeps tau = 1)"
+    return (f"{first}: tau = {shown} is where the search stopped, not a match" + (heads if n else "")
+            + ". A closed form (log-length or YaRN) is the better bet for this document.")
+
+
+def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider: bool = True) -> Temperature:
     """Draw method, tau slider, targets and CosScale in ``where`` (the sidebar, or Explore's live panel); resolve tau.
 
     One function for both places, so the widgets (same keys) and the
     resolution are written once. Explore draws them beside its answer cards,
     inside the fragment that reruns on a tau move; other pages in the sidebar.
+    ``slider=False`` draws everything but the "tau (fixed)" slider (a
+    component that draws its own and sets ``tau_value``, :func:`set_state`).
+
+    The slider always holds the person's own tau while the method is
+    "fixed"; for another method it is disabled and shows the resolved tau
+    (the mean of a per-layer / per-head / per-row schedule, on the slider's
+    step), and the person's tau comes back when they return to "fixed".
     """
     ss = st.session_state
+    remember()  # a fragment rerun's choices (the panel, a component) reach the store before anything else
     if ss.get("tau_method") not in methods.NAMES:
-        ss["tau_method"] = "fixed"
-    c1, c2 = where.columns([1, 1.4], vertical_alignment="bottom") if where is not st.sidebar else (where, where)
+        put("tau_method", "fixed")
+    if where is st.sidebar or not slider:
+        c1 = c2 = where
+    else:
+        c1, c2 = where.columns([1, 1.4], vertical_alignment="bottom")
     c1.selectbox("Method", methods.NAMES, key="tau_method", format_func=methods.label,
                  help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
                       + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
     method = ss["tau_method"]
-    c2.slider("tau (fixed)", TAU_MIN, TAU_MAX, step=TAU_STEP, key="tau_value", disabled=method != "fixed",
-              help="Every targeted attention logit is divided by tau; tau < 1 sharpens.")
+    slot = c2.empty() if slider else None  # the slider is drawn once the method's tau is known
+
+    def draw_slider(value: float, shown: float | None = None) -> None:
+        """The tau slider at ``value``; ``shown`` marks it as a resolved tau (not the person's, not copied)."""
+        if slot is None:
+            return
+        ss["tau_value"], ss[_SHOWN] = value, shown
+        slot.slider("tau (fixed)", TAU_MIN, TAU_MAX, step=TAU_STEP, key="tau_value", disabled=method != "fixed",
+                    help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
+                         + ("" if method == "fixed" else " Disabled: it shows the tau the method resolves to "
+                            "(the mean, for a schedule); your own tau comes back with 'fixed tau'."))
+
     row = where.container(horizontal=True, gap="small", vertical_alignment="center")
     row.caption("tau applies to:")
     row.checkbox("encoder", key="tgt_encoder", help="encoder self-attention (where dispersion happens; the probes measure it)")
@@ -320,12 +448,25 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
     cos = None
     if loaded.cosine:
         s = float(loaded.cosine_scale)
+        lo, hi = cos_range(loaded)
         if ss.get("cos_scale") is None or ss.get("_cos_model") != ss["_model_ref"]:
-            ss["cos_scale"], ss["_cos_model"] = s, ss["_model_ref"]
-        where.slider("CosScale s", 1.0, float(max(4 * s, 64.0)), step=0.5, key="cos_scale",
+            put("cos_scale", s)
+            ss["_cos_model"] = ss["_model_ref"]
+        if ss.get("_url_cos") is not None:  # a link's s, checked against this model's range
+            v = float(ss.pop("_url_cos"))
+            if lo <= v <= hi:
+                put("cos_scale", v)
+            else:
+                where.error(f"This link's s={v:g} is outside this model's CosScale range ({lo:g}-{hi:g}), "
+                            "so it was left as it was.")
+        if not lo <= float(ss["cos_scale"]) <= hi:
+            put("cos_scale", float(np.clip(float(ss["cos_scale"]), lo, hi)))
+        where.slider("CosScale s", lo, hi, step=COS_STEP, key="cos_scale",
                      help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
         cos = float(ss["cos_scale"])
-    tau_input = float(ss["tau_value"])
+    else:
+        ss.pop("_url_cos", None)  # a dot-product model has no s
+    tau_input = float(kept().get("tau_value", ss.get("tau_value", 1.0)))  # the person's own tau, whatever is shown
     bar = None
     if method in methods.MEASURED and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
         bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
@@ -333,9 +474,15 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
         schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
                                            progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
     except UserError as err:
+        draw_slider(tau_input)
         fail(err)
     if bar is not None:
         bar.empty()
+    if method == "fixed":
+        draw_slider(tau_input)
+    else:
+        at = shown_tau(schedule, int(info.get("length") or ss.get("doc_tokens") or loaded.train_length))
+        draw_slider(at, shown=at)
     if isinstance(schedule, temperature.RowTau):  # Llama 4: one tau per query row
         shown = f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
@@ -345,10 +492,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest) -> Tempera
         shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} {what})"
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
         if info.get("reached") is False:  # Algorithm 1 ended where its range did, not at a match: say so
-            where.caption(f":orange[The curve never reached the L_tr reference in the range searched: tau = {shown} "
-                          f"is where the search stopped, short by {info.get('gap', 0.0):+.4f}"
-                          + (f"; heads left at 1: {len(info['unreached_heads'])}" if info.get("unreached_heads") else "")
-                          + ".]")
+            where.caption(f":orange[{not_reached_note(info, shown)}]")
     return Temperature(method, tau_input, schedule, info, targets, cos)
 
 

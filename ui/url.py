@@ -13,7 +13,12 @@ known parameter is checked and copied into the widgets' session state;
 values that cannot be used are listed in one message and left as they were.
 :func:`sync` writes the current view at the end of a run (also from a
 fragment's rerun). Pasted text is not put in the URL (too long); such a view
-carries only the model and the temperature.
+carries only the model and the temperature. A cosine model's view also
+carries its CosScale ``s`` (checked against the model's slider range once the
+model is loaded, :func:`ui.sidebar.temperature_controls`).
+
+Values go into the sidebar's store of choices as well as the widget keys
+(:func:`ui.sidebar.put`), so a link's view survives the next page change.
 """
 
 from __future__ import annotations
@@ -62,6 +67,19 @@ def _tau(v: str) -> float:
     return round(x, 2)
 
 
+def _cos(v: str) -> float:
+    """A CosScale ``s``: a number on the slider's step, at least its bottom (its top depends on the model)."""
+    from ui.sidebar import COS_MIN, COS_STEP
+
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not (COS_MIN <= x < float("inf")):  # also refuses nan
+        raise ValueError(f"below {COS_MIN:g} or not finite")
+    return round(x / COS_STEP) * COS_STEP
+
+
 def _tokens(v: str) -> int | str:
     """A token count, or a multiple of L_tr written ``8x`` (resolved once the model is known)."""
     if v.lower().endswith("x"):
@@ -86,6 +104,7 @@ PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "filler": ("doc_haystack", _choice(("default", "corpus-eval"))),
     "method": ("tau_method", _choice(methods.NAMES)),
     "tau": ("tau_value", _tau),
+    "s": ("_url_cos", _cos),  # a cosine model's CosScale; the sidebar checks it against the model's range
 }
 
 
@@ -95,10 +114,19 @@ def _current() -> dict[str, str]:
 
 def apply() -> list[str]:
     """Copy a newly opened URL's view into session state; returns one message per unusable parameter."""
+    from ui.sidebar import KEEP_KEYS, put
+
     ss = st.session_state
     url = _current()
     if not url or url == ss.get(_WRITTEN):
         return []
+
+    def set_(key: str, value: Any) -> None:
+        if key in KEEP_KEYS:
+            put(key, value)  # a choice: the widget key and the store
+        else:
+            ss[key] = value
+
     problems = []
     for name, raw in url.items():
         key, parse = PARAMS[name]
@@ -111,18 +139,19 @@ def apply() -> list[str]:
             from ui.sidebar import model_options
 
             if value in model_options():
-                ss["model_choice"], ss["model_other"] = value, ""
+                set_("model_choice", value)
+                set_("model_other", "")
             else:
-                ss["model_other"] = value  # a folder or hub id: loaded (or refused) like a typed one
+                set_("model_other", value)  # a folder or hub id: loaded (or refused) like a typed one
             continue
         if name == "tokens":
             ss["_ltr"] = None  # keep the URL's length whatever model loads (see ui.sidebar._document_section)
             if isinstance(value, str):  # "8x": the sidebar resolves it with the model's L_tr
                 ss["_url_multiple"] = int(value[:-1])
                 continue
-        ss[key] = value
+        set_(key, value)
     if "task" in url or "tokens" in url:
-        ss["doc_mode"] = "Generate"
+        set_("doc_mode", "Generate")
     ss[_WRITTEN] = url  # applied once; the next sync() writes the resolved view
     return problems
 
@@ -138,6 +167,8 @@ def view(ctx) -> dict[str, str]:
     out["method"] = ctx.method
     if ctx.method == "fixed":
         out["tau"] = f"{ctx.tau_input:.2f}"
+    if getattr(ctx.loaded, "cosine", False) and ctx.cosine_scale is not None:  # only a cosine model has an s
+        out["s"] = f"{float(ctx.cosine_scale):g}"
     return out
 
 

@@ -1,0 +1,300 @@
+"""Issue 41 through AppTest: every choice survives page changes, also one made in Explore's fragment rerun.
+
+What happened in the browser: a tau or method change inside Explore's
+``st.fragment`` reruns only the fragment; Streamlit folds the session's plain
+values into the widgets' state at the start of that rerun, and a click on
+"Calibrate" then runs the page-change cleanup (``ScriptRunner._run_script``,
+``SessionState.on_script_finished`` with the widget ids of the request, none
+for a navigation click), which deletes the state of every widget of the old
+page. The sidebar's ``init_state`` used to keep values alive by re-assigning
+them in each full run, which a fragment rerun does not do: length, pasted
+text, needle and method were gone. ``ui.sidebar`` now keeps every choice in a
+store that is no widget's key.
+
+AppTest has no public fragment rerun or navigation click, so
+:func:`fragment_run` and :func:`nav_click` emulate the browser's two requests
+with AppTest's own runner (a rerun request carrying the fragment's id; a page
+request carrying no widget states). :func:`test_the_browsers_sequence_loses_nothing`
+is the teacher's sequence; the other tests take the public AppTest road and
+the same code paths (``temperature_controls`` is what the fragment runs).
+
+The app's model is the tiny random T5 of tests/test_app.py (ByT5 bytes, L_tr = 256).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.proto.WidgetStates_pb2 import WidgetStates  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from conftest import app_ok, build_tiny_t5  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+EXPLORE, CALIBRATE = "pages/explore.py", "pages/calibrate.py"
+TIMEOUT = 180
+TEXT = "The river bends twice before the mill. Lanterns hang by the door. " * 6
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return build_tiny_t5(tmp_path_factory.mktemp("state-t5"), train_length=256)
+
+
+@pytest.fixture
+def env(model, monkeypatch):
+    monkeypatch.setenv("AAE_MODEL", str(model))
+    return model
+
+
+@pytest.fixture
+def cos_env(tmp_path, monkeypatch):
+    folder = build_tiny_t5(tmp_path / "cos-t5", train_length=256, cosine=24.0, seed=1)
+    monkeypatch.setenv("AAE_MODEL", str(folder))
+    return folder
+
+
+# -- the browser's two requests, through AppTest's runner ---------------------------------
+
+def _live_fragment(at: AppTest) -> str:
+    """The id of Explore's live fragment (the one whose function is ``live``)."""
+    frags = at._fragment_storage._fragments
+    for fid, wrapped in frags.items():
+        cells = [c.cell_contents for c in (wrapped.__closure__ or ()) if callable(c.cell_contents)]
+        if any(getattr(f, "__name__", "") == "live" for f in cells):
+            return fid
+    assert len(frags) == 1, f"cannot tell Explore's fragment among {list(frags)}"
+    return next(iter(frags))
+
+
+@contextlib.contextmanager
+def _requests(**extra):
+    """AppTest's runner sends RerunData with ``extra`` (e.g. a fragment id queue) while inside."""
+    from streamlit.testing.v1 import local_script_runner as lsr
+
+    plain = lsr.RerunData
+    lsr.RerunData = functools.partial(plain, **extra)
+    try:
+        yield
+    finally:
+        lsr.RerunData = plain
+
+
+def fragment_run(at: AppTest) -> AppTest:
+    """Rerun only Explore's fragment with the widget values set on ``at`` (a change inside the fragment)."""
+    with _requests(fragment_id_queue=[_live_fragment(at)]):
+        at.run()
+    return at
+
+
+def nav_click(at: AppTest, page: str) -> AppTest:
+    """Open ``page`` the way the navigation does: a page request that carries no widget states."""
+    at.switch_page(page)
+    at._run(widget_state=WidgetStates())
+    return at
+
+
+def _kept(at: AppTest) -> dict:
+    return at.session_state["_aae_kept"]
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+def test_the_browsers_sequence_loses_nothing(env):
+    """Length (sidebar), then a tau chosen by a component and a method change in the fragment, then Calibrate."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    at.sidebar.number_input(key="doc_tokens").set_value(384).run()
+    at.sidebar.slider(key="doc_depth").set_value(30).run()
+    app_ok(at)
+    # a component's release writes the session's tau (ui/scrubber.py), then the fragment reruns
+    at.session_state["tau_value"] = 0.7
+    fragment_run(at)
+    at.selectbox(key="tau_method").set_value("log-length")
+    fragment_run(at)  # the last action: a method change inside the fragment
+    assert at.session_state["tau_method"] == "log-length"
+
+    nav_click(at, CALIBRATE)
+    app_ok(at)
+    ss = at.session_state
+    assert (ss["doc_tokens"], ss["doc_depth"], ss["tau_method"]) == (384, 30, "log-length")
+    assert at.sidebar.number_input(key="doc_tokens").value == 384
+    assert at.sidebar.selectbox(key="tau_method").value == "log-length"
+    slider = at.sidebar.slider(key="tau_value")
+    assert slider.disabled and slider.value < 1.0, "the disabled slider shows the method's tau"
+    at.sidebar.selectbox(key="tau_method").set_value("fixed").run()
+    assert at.sidebar.slider(key="tau_value").value == pytest.approx(0.7), "the person's own tau comes back"
+
+    nav_click(at, EXPLORE)
+    app_ok(at)
+    ss = at.session_state
+    assert (ss["doc_tokens"], ss["doc_depth"], ss["tau_method"]) == (384, 30, "fixed")
+    assert ss["tau_value"] == pytest.approx(0.7)
+    assert at.sidebar.number_input(key="doc_tokens").value == 384
+    assert dict(at.query_params).get("tau") in ("0.70", ["0.70"])
+
+
+def test_pasted_text_needle_and_method_survive_a_fragment_change_and_a_page_change(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.radio(key="doc_mode").set_value("Paste").run()
+    at.sidebar.text_area(key="doc_text").input(TEXT).run()
+    at.sidebar.radio(key="doc_needle_mode").set_value("my needle + question").run()
+    at.sidebar.text_input(key="doc_needle").input("The lantern is green.")
+    at.sidebar.text_input(key="doc_question").input("What colour is the lantern?")
+    at.sidebar.text_input(key="doc_expected").input("green").run()
+    app_ok(at)
+    at.selectbox(key="tau_method").set_value("yarn")
+    fragment_run(at)
+    want = {"doc_mode": "Paste", "doc_text": TEXT, "doc_needle_mode": "my needle + question",
+            "doc_needle": "The lantern is green.", "doc_question": "What colour is the lantern?",
+            "doc_expected": "green", "tau_method": "yarn"}
+    for page in (CALIBRATE, EXPLORE, CALIBRATE):
+        nav_click(at, page)
+        app_ok(at)
+        assert {k: at.session_state[k] for k in want} == want, page
+        assert at.sidebar.text_area(key="doc_text").value == TEXT, page
+        assert at.sidebar.text_input(key="doc_needle").value == "The lantern is green.", page
+        assert at.selectbox(key="tau_method").value == "yarn", page
+
+
+def test_every_choice_survives_switch_page(env):
+    """The public AppTest road: widgets set through the UI, the method last (Explore's temperature panel)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.number_input(key="doc_tokens").set_value(320).run()
+    at.sidebar.number_input(key="doc_seed").set_value(7).run()
+    at.checkbox(key="tgt_decoder").check().run()
+    at.session_state["tau_value"] = 0.8  # what the scrubber's release writes
+    at.run()
+    at.selectbox(key="tau_method").set_value("log-length").run()
+    app_ok(at)
+    for page in (CALIBRATE, "pages/sweep.py", "pages/theory.py", EXPLORE):
+        at.switch_page(page).run()
+        app_ok(at)
+        ss = at.session_state
+        got = (ss["doc_tokens"], ss["doc_seed"], ss["tgt_decoder"], ss["tau_method"])
+        assert got == (320, 7, True, "log-length"), page
+    at.selectbox(key="tau_method").set_value("fixed").run()
+    assert at.session_state["tau_value"] == pytest.approx(0.8)
+
+
+def test_disabled_slider_shows_the_resolved_tau_and_fixed_brings_back_the_own(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page(CALIBRATE).run()
+    at.sidebar.button(key="len_8x").click().run()
+    at.sidebar.slider(key="tau_value").set_value(0.9).run()
+    for method in ("log-length", "yarn", "per-layer"):
+        at.sidebar.selectbox(key="tau_method").set_value(method).run()
+        app_ok(at)
+        slider = at.sidebar.slider(key="tau_value")
+        shown = [c.value for c in at.sidebar.caption if "resolves to **tau = " in c.value][0]
+        mean = float(shown.split("tau = ")[1].split()[0].strip("*"))
+        assert slider.disabled, method
+        assert slider.value == pytest.approx(round(mean, 2), abs=0.0101), (method, shown)
+        assert slider.value < 1.0, method
+        assert _kept(at)["tau_value"] == pytest.approx(0.9), method
+    at.sidebar.selectbox(key="tau_method").set_value("fixed").run()
+    assert at.sidebar.slider(key="tau_value").value == pytest.approx(0.9)
+    assert not at.sidebar.slider(key="tau_value").disabled
+    assert dict(at.query_params).get("tau") in ("0.90", ["0.90"])
+
+
+def test_temperature_controls_without_the_slider(env, monkeypatch):
+    """``slider=False`` draws method, targets (and CosScale) but no "tau (fixed)" slider, and still resolves."""
+    from ui import sidebar as sb
+
+    seen = {}
+    plain = sb.temperature_controls
+
+    def spy(where, loaded, req, **kw):
+        t = plain(where, loaded, req, slider=False)
+        seen["t"] = t
+        return t
+
+    monkeypatch.setattr(sb, "temperature_controls", spy)
+    at = AppTest.from_file(str(ROOT / CALIBRATE), default_timeout=TIMEOUT).run()
+    app_ok(at)
+    assert not [s for s in at.slider if s.key == "tau_value"]
+    assert at.sidebar.selectbox(key="tau_method").value == "fixed"
+    assert seen["t"].method == "fixed" and seen["t"].schedule == pytest.approx(1.0)
+
+
+def test_not_reached_note_says_it_plainly():
+    from ui.sidebar import not_reached_note
+
+    text = not_reached_note({"gap": -0.0079, "grid": [1.0, 0.9, 0.8, 0.7, 0.6, 0.5], "tau": 0.5, "reached": False},
+                            "0.500")
+    assert "stays 0.0079 below the L_tr reference down to tau = 0.50, the end of the range searched" in text
+    assert "log-length or YaRN" in text
+    assert "-0.0079" not in text and "short by" not in text
+    above = not_reached_note({"gap": 0.012, "grid": [1.0, 0.5], "tau": 1.0, "unreached_heads": [[0, 1], [1, 2]]},
+                             "1.000")
+    assert "already 0.0120 above the L_tr reference at tau = 1.00" in above and "2 heads" in above
+
+
+def test_cosscale_travels_in_the_link(cos_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    assert dict(at.query_params).get("s") in ("24", ["24"])
+    at.slider(key="cos_scale").set_value(12.5).run()
+    app_ok(at)
+    assert dict(at.query_params).get("s") in ("12.5", ["12.5"])
+    # a shared link opens at its s
+    link = {k: (v[0] if isinstance(v, list) else v) for k, v in dict(at.query_params).items()}
+    other = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    other.query_params.update(link)
+    other.run()
+    app_ok(other)
+    assert other.session_state["cos_scale"] == pytest.approx(12.5)
+    assert other.slider(key="cos_scale").value == pytest.approx(12.5)
+    # and keeps it across a page change
+    nav_click(other, CALIBRATE)
+    assert other.sidebar.slider(key="cos_scale").value == pytest.approx(12.5)
+
+
+def test_a_bad_cosscale_in_a_link_gets_a_message(cos_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(s="abc", tau="0.8")
+    at.run()
+    assert not at.exception
+    (err,) = at.sidebar.error
+    assert "s='abc'" in err.value
+    assert at.session_state["cos_scale"] == pytest.approx(24.0)  # left as it was (the model's own)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(s="5000")  # beyond this model's slider (1-96)
+    at.run()
+    assert not at.exception
+    assert any("s=5000" in e.value for e in at.error)
+    assert at.session_state["cos_scale"] == pytest.approx(24.0)
+
+
+def test_a_dot_product_model_has_no_s_in_its_link(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(s="12", tau="0.8")
+    at.run()
+    app_ok(at)
+    assert "s" not in dict(at.query_params)
+    assert at.session_state["tau_value"] == pytest.approx(0.8)
+
+
+def test_user_errors_show_the_apps_wording(env, monkeypatch):
+    """A UserError's app text (``err.app``: no command-line flags, no server paths) is what the sidebar shows."""
+    from core.errors import UserError
+    from ui import cache
+
+    def refuse(*a, **k):
+        err = UserError("Use a shorter document (--tokens 512) or /srv/models/x.")
+        err.app = "Use a shorter document (the Length in tokens box)."
+        raise err
+
+    monkeypatch.setattr(cache, "token_count", refuse)
+    at = AppTest.from_file(str(ROOT / CALIBRATE), default_timeout=TIMEOUT).run()
+    assert not at.exception
+    text = " ".join(e.value for e in at.error)
+    assert "Length in tokens box" in text
+    assert "--tokens" not in text and "/srv/" not in text
