@@ -1,60 +1,97 @@
 """What a person at the browser waits for: the app timed in headless Chromium, from the input to the paint.
 
-    python bench/browser_latency.py [--model NAME|FOLDER] [--repeats 5] [--cold-repeats N] [--multiple 8] [--json]
-                                    [--skip cold,calibrate,theory,backend] [--screenshot DIR] [--timeout 300]
-                                    [--idle-before-moves SECONDS]
+    python bench/browser_latency.py [--model NAME|FOLDER] [--repeats 3] [--cold-repeats N] [--multiple 8] [--json]
+                                    [--skip cold,scrub,drag,offgrid,calibrate,theory,backend] [--screenshot DIR]
+                                    [--scrub-gap 0.3] [--drag-steps 60] [--drag-seconds 1] [--timeout 300]
 
-Why: ``bench/app_latency.py`` times only the backend (the page's cached
-functions and the figures), and issue 24 saw a tau move take 5.1 s in the
-browser while that bench reported 0.64 s. This script starts ``streamlit run
-app.py`` itself, drives Chromium through Playwright and times, on the default
-model (or ``--model``) with the pass key task at ``--multiple`` x L_tr:
+Why: ``bench/app_latency.py`` times only the backend, and issue 24 saw a tau
+move take 5.1 s in the browser while that bench reported 0.64 s. This script
+starts ``streamlit run app.py`` itself, drives Chromium through Playwright
+and times, on the default model (or ``--model``) with the pass key task at
+``--multiple`` x L_tr, the Explore page's scrubber (``ui/scrubber.py``: one
+``st.components.v2`` component that holds every grid tau's views and repaints
+them in the browser on each slider event, issue 41):
 
-(a) the landing page to the answer cards, cold (first visit after the server
-    started, model not loaded; a fresh server and browser context per repeat)
-    and warm (afterwards, a new tab: a new Streamlit session, Streamlit's
-    scripts in the HTTP cache) -> ``landing_cold_s``, ``landing_s``. The
-    landing page shows the app's default document (1 x L_tr);
-(b) a tau move to a value never computed before (one ArrowLeft on the tau
-    slider = one 0.01 step), until every figure of the Explore page is
-    painted -> ``tau_move_s``; the websocket bytes of each move ->
-    ``bytes_per_tau_move``;
-(c) a tau move back to a value visited before (cached) -> ``cached_s``;
-(d) a length change: click ``1×``, wait, then time the click on ``8×``
-    -> ``length_change_s`` (the first 8x visit computes; later ones are
-    cached: ``length_change_first_s`` is the first alone);
-(e) the Calibrate page, both criteria: from the click on "Run Algorithm 1"
+(a) the landing page, cold (first visit after the server started, model not
+    loaded; a fresh server and browser context per repeat) and warm (a new
+    tab: a new Streamlit session, Streamlit's scripts in the HTTP cache), from
+    the navigation start until the scrubber painted its first frame with the
+    document's token count -> ``landing_cold_s``, ``landing_s``; until the
+    whole page is settled too (script finished, every plotly chart drawn) ->
+    ``landing_page_s``. The landing page shows the app's default document
+    (1 x L_tr);
+(b) a length change to a new document: type a new seed at 1x, then time the
+    click on ``8x`` until the scrubber painted the new document's first frame
+    -> ``length_change_s`` (a new seed per repeat: always a first visit), and
+    from the same click until its grid is complete (``data-ready`` 15/15,
+    computed in the background nearest the slider first) -> ``grid_ready_s``;
+(c) scrubbing with the keyboard over the grid: PageDown from 1.00 to 0.30 and
+    PageUp back (28 moves, one every ``--scrub-gap`` s: longer than the
+    component's 200 ms pause before it sends a key's release, so each step
+    reaches the server and its light rerun lands while the next steps are
+    drawn), each
+    from the keydown event to the frame of the new grid tau painted ->
+    ``scrub_s`` (median) and ``scrub_p95_s``;
+(d) an off-grid move: one ArrowLeft from a grid value (1.00, then 0.95, ...;
+    a tau never computed), from the keydown to the painted nearest grid frame
+    (``data-kind`` "nearest") -> ``nearest_frame_s``, and to the painted exact
+    frame of that tau (``data-kind`` "exact": the release is sent after the
+    keys' 200 ms pause, one fragment rerun computes the pass and sends it)
+    -> ``exact_frame_s``;
+(e) a drag across the whole range in ``--drag-seconds`` (mouse down on the
+    thumb at tau = 1.00, ``--drag-steps`` moves to the left end, mouse up):
+    frames painted per second, ``data-paints`` at the pointerup minus at the
+    pointerdown over the time between them -> ``scrub_fps``; and how many
+    grid frames the drag showed on its way (all 15 when it paints every grid
+    frame it crosses);
+(f) the Calibrate page, both criteria: from the click on "Run Algorithm 1"
     (or from the navigation when the page computes by itself) until the
     curves chart is painted -> ``calibrate_s``, and until the whole page is
-    -> ``calibrate_page_s``. Every repeat uses a new document seed, so
-    nothing is cached;
-(f) the Theory page, from the click in the navigation until its figures are
+    -> ``calibrate_page_s``; a new document seed per repeat;
+(g) the Theory page, from the click in the navigation until its figures are
     painted -> ``theory_s`` (a new seed per repeat as well);
-and then, in this process with the server stopped (nothing else computing;
-the app's background work would otherwise go on), the backend share of (b):
-the same cached calls plus every Explore figure for fresh taus
-(``bench/app_latency.backend``) -> ``backend_s``, ``browser_over_backend``.
+and then, in this process with the server stopped, the backend share: the
+same document's grid (15 passes, ``backend_grid_s``) and, for each off-grid
+tau of (d), its exact pass plus the payload the rerun sends
+(``core.frames.payload`` of the grid and the exact frame) -> ``backend_s``
+(``backend_payload_s`` the payload alone), ``browser_over_backend`` =
+``exact_frame_s / backend_s``, ``grid_over_backend`` = ``grid_ready_s /
+backend_grid_s``.
 
-"Painted" is judged in the page, not by the script ending: the script run
-has finished (a ``script_finished`` message arrived after the action), no
-element is stale, no skeleton is left, Streamlit's running indicator is gone
-(or fading out), every plotly chart holds its ``.main-svg``, and a marker
-that only the new state shows is there (``tau = 0.730`` in the answer card,
-a new token count, a page title); then two ``requestAnimationFrame``s. Times
-are read on the browser's clock, from the keydown / mousedown event (or the
-navigation start) to that paint. Per measure the table also shows, as
-medians on the same clock, when the first websocket frame after the action
-arrived and when the ``script_finished`` frame did: the server's share and
-the browser's share of the wait; and the CPU seconds the server process and
+Replaced measures (the old Streamlit slider and answer cards are gone from
+Explore): ``tau_move_s`` (a move to a never-computed tau, until every figure
+of the rerun was painted) is now ``exact_frame_s`` (its exact frame) with
+``nearest_frame_s`` (what the person sees at once); ``cached_s`` (a move back
+to a computed tau, one rerun) is now ``scrub_s``: every grid tau is in the
+browser, and no move waits for the server; ``bytes_per_tau_move`` is the
+websocket bytes of an off-grid move (``bytes_per_exact_move``).
+
+"Painted" is judged in the page, on the browser's clock: an init script marks
+the keydown / mousedown event (``Event.timeStamp``; the navigation start for a
+fresh page) and taps the websocket; a ``MutationObserver`` on the scrubber's
+root (``.aae``, inside the component's open shadow root) logs every change of
+its ``data-paints`` counter with the frame it shows (``data-tau``,
+``data-kind``, ``data-shown``, ``data-ready``, the token count), and the paint
+time is two ``requestAnimationFrame``s after that (the component's own
+``data-paint-ms`` is kept beside it: same definition, from its input
+handler). Landing and length change also wait for the page to settle (a
+``script_finished`` message after the action, nothing stale, no skeleton,
+Streamlit's running indicator gone, every plotly chart drawn). Per measure
+the table shows, as medians on the same clock, when the first websocket
+frame after the action arrived and when the ``script_finished`` frame did,
+frames and kB received, and the CPU seconds the server process and
 Chromium's processes used meanwhile (from /proc: on one machine they share
 the cores).
 
-Reported: medians (with min, max, n) of ``--repeats`` repeats; the machine
-(CPU, cores, RAM, torch, load average before and after). Targets (issue 24):
-(b) <= 1 s, (c) <= 0.3 s, (a, warm) <= 3 s, (e) <= 3 s, browser/backend <= 1.5.
-Needs Playwright (python) and Debian's /usr/bin/chromium (no ``playwright
-install``). The machine should be otherwise idle: Chromium, the server and
-the backend share its cores.
+Reported: medians (with min, max, n; p95 where there are many moves) of
+``--repeats`` repeats; the machine (CPU, cores, RAM, torch, load average
+before and after). Targets (issue 41, default model, pass key at 8 x L_tr, an
+idle 2-core machine): scrub_s median <= 0.05 s and p95 <= 0.15 s, scrub_fps
+>= 20, grid_ready_s <= 20 s, nearest_frame_s <= 0.1 s, exact_frame_s <= 1.5 s,
+landing_s (warm) <= 3 s; issue 24's calibrate_s <= 3 s. Needs Playwright
+(python) and Debian's /usr/bin/chromium (no ``playwright install``). The
+machine should be otherwise idle: Chromium, the server and the backend share
+its cores.
 """
 
 from __future__ import annotations
@@ -62,6 +99,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import re
 import signal
@@ -83,25 +121,69 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1400, "height": 1000}
-SKIPPABLE = ("cold", "calibrate", "theory", "backend")
-#: (measure, limit, unit) of issue 24.
-TARGETS = (("tau_move_s", 1.0, "s"), ("cached_s", 0.3, "s"), ("landing_s", 3.0, "s"), ("calibrate_s", 3.0, "s"),
-           ("browser_over_backend", 1.5, "x"))
-ORDER = ("landing_cold_s", "landing_first", "landing_s", "length_change_s", "tau_move_s", "cached_s", "calibrate_s",
-         "calibrate_page_s", "theory_s", "backend_s", "backend_cached_s")
+SKIPPABLE = ("cold", "scrub", "drag", "offgrid", "calibrate", "theory", "backend")
+SLIDER = ".aae input[type=range]"  # Playwright's CSS engine pierces the component's open shadow root
+GRID_N = 15  # 1.00, 0.95, ..., 0.30 (core.frames.SCRUB_GRID)
+#: (measure, limit, unit, at most?) of issues 41 and 24.
+TARGETS = (("scrub_s", 0.05, "s", True), ("scrub_p95_s", 0.15, "s", True), ("scrub_fps", 20.0, "fps", False),
+           ("grid_ready_s", 20.0, "s", True), ("nearest_frame_s", 0.1, "s", True), ("exact_frame_s", 1.5, "s", True),
+           ("landing_s", 3.0, "s", True), ("calibrate_s", 3.0, "s", True))
+ORDER = ("landing_cold_s", "landing_first", "landing_s", "landing_page_s", "length_change_s", "grid_ready_s", "scrub_s",
+         "nearest_frame_s", "exact_frame_s", "calibrate_s", "calibrate_page_s", "theory_s", "backend_s",
+         "backend_payload_s", "backend_grid_s")
 TOKENS_RE = r"(\d[\d,]*) tokens"
 
-# Runs in every page before Streamlit's code: the clock marks and a websocket tap.
-# __aae.t0: the action's keydown/mousedown (0 = navigation start for a fresh page);
-# frames after t0: first, last, count, bytes; finished: the first script_finished
-# (ForwardMsg field 6, any status but FINISHED_EARLY_FOR_RERUN = 2) after t0.
+# Runs in every page before Streamlit's code: the clock marks, a websocket tap and the scrubber's paint log.
+# __aae.t0: the action's keydown/mousedown event time (0 = navigation start for a fresh page); frames after
+# t0: first, last, count, bytes; finished: the first script_finished (ForwardMsg field 6, any status but
+# FINISHED_EARLY_FOR_RERUN = 2) after t0. log: one entry per change of the scrubber's data-paints (what it
+# shows, when the change was seen, and two animation frames later: painted).
 INIT_JS = r"""
 (() => {
   const A = window.__aae = {t0: 0, armed: false, first: null, last: null, frames: 0, bytes: 0, finished: null,
-                            gen: 0, okGen: -1, ok: null, paint: null, marks: {}};
-  const mark = () => { if (A.armed) { A.armed = false; A.t0 = performance.now(); } };
+                            gen: 0, okGen: -1, ok: null, paint: null, marks: {}, log: [], lastInput: 0, lastFrame: 0,
+                            pointer: {}, root: null, observed: null, obs: null};
+  const stamp = ev => { const now = performance.now(), t = ev.timeStamp;
+                        return (t > 0 && t <= now && now - t < 5000) ? t : now; };
+  const mark = ev => { A.lastInput = performance.now(); if (A.armed) { A.armed = false; A.t0 = stamp(ev); } };
   addEventListener('keydown', mark, true);
   addEventListener('mousedown', mark, true);
+  addEventListener('keyup', () => { A.lastInput = performance.now(); }, true);
+  const paintsNow = () => { const r = A.findRoot(); return r ? Number(r.dataset.paints || 0) : null; };
+  addEventListener('pointerdown', ev => { A.lastInput = performance.now(); A.pointer.down = {t: stamp(ev), paints: paintsNow()}; }, true);
+  addEventListener('pointerup', ev => { A.lastInput = performance.now(); A.pointer.up = {t: stamp(ev), paints: paintsNow()}; }, true);
+  // The scrubber's root: in the document or in an open shadow root (found once, kept while connected).
+  A.findRoot = () => {
+    if (A.root && A.root.isConnected) return A.root;
+    A.root = document.querySelector('.aae');
+    if (!A.root) for (const h of document.querySelectorAll('*')) {
+      if (h.shadowRoot) { const r = h.shadowRoot.querySelector('.aae'); if (r) { A.root = r; break; } }
+    }
+    return A.root;
+  };
+  A.snap = r => {
+    const d = r.dataset, foot = r.querySelector('.card[data-side="base"] .cap');
+    const m = foot && foot.textContent.match(/(\d[\d,]*) tokens/);
+    return {tau: d.tau, kind: d.kind, shown: d.shown, answer: d.answer, correct: d.correct, pmax: d.pmax,
+            entropy: d.entropy, mapSum: d.mapSum, ready: d.ready, paints: Number(d.paints || 0),
+            tokens: m ? Number(m[1].replace(/,/g, '')) : null};
+  };
+  A.watch = () => {
+    const r = A.findRoot();
+    if (r && A.observed !== r) {
+      if (A.obs) A.obs.disconnect();
+      A.observed = r;
+      A.obs = new MutationObserver(() => {
+        const e = Object.assign(A.snap(r), {at: performance.now(), painted: null, paintMs: null});
+        A.log.push(e);
+        if (A.log.length > 4000) A.log.splice(0, 2000);
+        requestAnimationFrame(() => requestAnimationFrame(() => {
+          e.painted = performance.now(); e.paintMs = r.dataset.paintMs ? Number(r.dataset.paintMs) : null; }));
+      });
+      A.obs.observe(r, {attributes: true, attributeFilter: ['data-paints']});
+    }
+    return r;
+  };
   function varint(b, i) { let v = 0, m = 1, c; do { c = b[i++]; v += (c & 127) * m; m *= 128; } while (c & 128); return [v, i]; }
   function finishedStatus(buf) {  // top-level fields of one ForwardMsg; -1 when it is not a script_finished
     const b = new Uint8Array(buf); let i = 0;
@@ -122,6 +204,7 @@ INIT_JS = r"""
       super(...args);
       this.addEventListener('message', ev => {
         const now = performance.now();
+        A.lastFrame = now;
         if (A.armed || now < A.t0) return;
         const n = ev.data.byteLength !== undefined ? ev.data.byteLength : (ev.data.length || 0);
         if (A.first === null) A.first = now;
@@ -137,26 +220,38 @@ INIT_JS = r"""
 })();
 """
 
-ARM_JS = """() => { const A = window.__aae; Object.assign(A, {armed: true, first: null, last: null, frames: 0, bytes: 0,
-    finished: null, gen: A.gen + 1, okGen: -1, ok: null, paint: null, marks: {}}); }"""
+ARM_JS = """() => { const A = window.__aae; A.watch(); Object.assign(A, {armed: true, first: null, last: null, frames: 0,
+    bytes: 0, finished: null, gen: A.gen + 1, okGen: -1, ok: null, paint: null, marks: {}, log: [], pointer: {}}); }"""
 
-# The "done" predicate (polled every 50 ms; the paint time itself is taken two animation frames after it holds). Returns the paint time, or an error object.
+# The "settled" predicate (polled every 50 ms; the paint time itself is taken two animation frames after it holds).
+# Returns the paint time, or an error object. A selector starting with ".aae" is looked up inside the scrubber.
 DONE_JS = r"""
-([sel, re, notValue, minCharts, markSel]) => {
+([sel, re, notValue, minCharts, markSel, kinds]) => {
   const A = window.__aae, q = s => document.querySelectorAll(s);
   const reset = () => { A.gen += 1; A.ok = null; A.paint = null; return false; };
-  if (markSel && A.marks.seen === undefined && !A.armed) {  // an early mark: these charts painted (two frames on)
+  const els = s => {
+    if (!s.startsWith('.aae')) return [...q(s)];
+    const r = A.watch(), sub = s.replace(/^\.aae\s*/, '');
+    return !r ? [] : sub ? [...r.querySelectorAll(sub)] : [r];
+  };
+  if (A.armed) return reset();
+  const text = els(sel).map(e => e.innerText).join('\n');
+  const match = text.match(new RegExp(re));
+  let markerOk = !!match && (notValue === null || (match[1] || match[0]) !== notValue);
+  if (markerOk && kinds) { const r = A.watch(); markerOk = !!r && kinds.includes(r.dataset.kind); }
+  if (markerOk && kinds && A.marks.seen === undefined) {  // the scrubber painted the new state (two frames on)
+    A.marks.seen = null;
+    requestAnimationFrame(() => requestAnimationFrame(() => { A.marks.seen = performance.now(); }));
+  }
+  if (markSel && A.marks.seen === undefined) {  // an early mark: these charts painted (two frames on)
     const m = [...q(markSel)];
     if (m.length && m.every(e => !e.closest('[data-stale="true"]') && e.querySelector('.main-svg'))) {
       A.marks.seen = null;
       requestAnimationFrame(() => requestAnimationFrame(() => { A.marks.seen = performance.now(); }));
     }
   }
-  if (A.armed || A.finished === null) return reset();
+  if (A.finished === null) return reset();
   const busy = [...q('[data-testid="stStatusWidget"]')].some(e => !/StatusWidget-exit/.test(e.className));
-  const text = [...q(sel)].map(e => e.innerText).join('\n');
-  const match = text.match(new RegExp(re));
-  const markerOk = !!match && (notValue === null || (match[1] || match[0]) !== notValue);
   if (!busy && !markerOk) {
     const err = document.querySelector('[data-testid="stException"], [data-testid="stAlertContentError"]');
     if (err) return {error: err.innerText.slice(0, 400)};
@@ -173,6 +268,31 @@ DONE_JS = r"""
 }
 """
 
+# The first logged paint since the action whose fields equal ``want`` (a value or a list of allowed values), once
+# painted (two animation frames on). ``orNow``: also accept the scrubber's present state (a paint before the
+# observer was attached), timed at this poll.
+FIND_JS = r"""
+([want, orNow]) => {
+  const A = window.__aae, r = A.watch();
+  const fits = e => Object.entries(want).every(([k, v]) => Array.isArray(v) ? v.map(String).includes(String(e[k]))
+                                                                             : String(e[k]) === String(v));
+  for (const e of A.log) if (fits(e)) return e.painted === null ? false : e;
+  const err = document.querySelector('[data-testid="stException"], [data-testid="stAlertContentError"]');
+  if (err) return {error: err.innerText.slice(0, 400)};
+  if (orNow && r && !A.armed) { const e = A.snap(r); if (fits(e)) return Object.assign(e, {painted: performance.now(), polled: true}); }
+  return false;
+}
+"""
+
+# Idle: no websocket frame and no input for ``quiet`` ms, Streamlit's running indicator gone, nothing stale.
+QUIET_JS = r"""
+([quiet]) => {
+  const A = window.__aae, now = performance.now(), q = s => document.querySelectorAll(s);
+  const busy = [...q('[data-testid="stStatusWidget"]')].some(e => !/StatusWidget-exit/.test(e.className));
+  return !busy && !q('[data-stale="true"]').length && now - Math.max(A.lastFrame, A.lastInput) >= quiet;
+}
+"""
+
 
 class BenchError(Exception):
     """Bad input, an environment problem or an app that never got there: one line on stderr, exit 2."""
@@ -180,13 +300,18 @@ class BenchError(Exception):
 
 @dataclass
 class Marker:
-    """What only the new state shows: ``regex`` matches the text of ``selector`` (and differs from ``not_value``)."""
+    """What only the new state shows: ``regex`` matches the text of ``selector`` (and differs from ``not_value``).
+
+    ``kinds``: the scrubber must show a frame of one of these kinds (``data-kind``); its first such paint is
+    noted as ``marked`` (the page may still be finishing).
+    """
 
     selector: str
     regex: str
     not_value: str | None = None
     min_charts: int = 0
     mark_selector: str | None = None  # optional: also note when these charts are first painted
+    kinds: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -202,13 +327,14 @@ class Timing:
     marked: float | None = None
     cpu_server: float | None = None  # CPU seconds the server process used meanwhile (all its threads)
     cpu_browser: float | None = None  # ... and Chromium's processes together
+    paint_ms: float | None = None  # the scrubber's own data-paint-ms for this paint, when it has one
 
 
 @dataclass
 class Results:
     timings: dict[str, list[Timing]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
-    kinds: Counter = field(default_factory=Counter)  # websocket bytes of all timed tau moves, per kind of message
+    kinds: Counter = field(default_factory=Counter)  # websocket bytes of the timed off-grid moves, per kind of message
 
     def add(self, name: str, t: Timing) -> None:
         self.timings.setdefault(name, []).append(t)
@@ -353,7 +479,7 @@ class Browser:
         self.shots = shots
         self.server_pid: int | None = None  # for the CPU accounting (cpu_split)
         self.ws_bytes = 0  # every frame's payload, counted by Playwright
-        self.kinds: Counter | None = None  # bytes per kind of message, while a tau move is timed
+        self.kinds: Counter | None = None  # bytes per kind of message, while an off-grid move is timed
 
     def session(self, context=None):
         """A new page, in a fresh context (empty HTTP cache) unless ``context`` is given."""
@@ -372,74 +498,86 @@ class Browser:
     def close(self) -> None:
         self.browser.close()
 
-    def wait_done(self, page, marker: Marker) -> dict:
-        """Block until the page shows the marker and is painted (see DONE_JS); the in-page marks."""
+    def _wait(self, page, js: str, arg: Any, what: str) -> Any:
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
         try:
-            handle = page.wait_for_function(
-                DONE_JS, arg=[marker.selector, marker.regex, marker.not_value, marker.min_charts, marker.mark_selector],
-                polling=50, timeout=self.timeout_ms)  # not "raf": a predicate run every frame keeps
-                # Chromium drawing frames (software rendering, 2 cores) and slows the very server pass it times
+            handle = page.wait_for_function(js, arg=arg, polling=50, timeout=self.timeout_ms)
+            # not "raf": a predicate run every frame keeps Chromium drawing frames (software rendering,
+            # 2 cores) and slows the very server pass it times
         except PlaywrightTimeout:
-            raise BenchError(f"timed out after {self.timeout_ms / 1000:g} s waiting for /{marker.regex}/ in "
-                             f"'{marker.selector}' with every figure painted (--timeout)") from None
+            raise BenchError(f"timed out after {self.timeout_ms / 1000:g} s waiting for {what} (--timeout)") from None
         res = handle.json_value()
         if isinstance(res, dict) and "error" in res:
             raise BenchError(f"the app showed an error: {' '.join(res['error'].split())}")
-        return page.evaluate("() => window.__aae")
+        return res
 
-    def timed(self, page, action: Callable[[], None], marker: Marker, name: str, results: Results | None = None,
-              navigation: bool = False) -> Timing:
-        """Arm the clock, do the action, wait until painted; record the timing under ``name``."""
-        if not navigation:
-            page.evaluate(ARM_JS)
-        before = self.ws_bytes
-        cpu0 = cpu_split(self.server_pid)
-        if name == "tau_move_s" and results is not None:
-            self.kinds = results.kinds
-        try:
-            action()
-            a = self.wait_done(page, marker)
-        finally:
-            self.kinds = None
-        got_bytes = self.ws_bytes - before
+    def wait_done(self, page, marker: Marker) -> dict:
+        """Block until the page shows the marker and is painted (see DONE_JS); the in-page marks."""
+        self._wait(page, DONE_JS, [marker.selector, marker.regex, marker.not_value, marker.min_charts,
+                                   marker.mark_selector, list(marker.kinds) if marker.kinds else None],
+                   f"/{marker.regex}/ in '{marker.selector}' with every figure painted")
+        return page.evaluate("() => { const A = window.__aae; return Object.assign({}, A, {log: [], root: null, "
+                             "observed: null, obs: null}); }")
+
+    def wait_paint(self, page, want: dict, or_now: bool = False) -> dict:
+        """Block until the scrubber painted a frame whose fields equal ``want`` (see FIND_JS); that log entry."""
+        return self._wait(page, FIND_JS, [want, or_now], f"the scrubber to paint {want}")
+
+    def quiet(self, page, ms: int = 700) -> None:
+        """Wait until nothing came from the server and nothing was pressed for ``ms`` (the release's rerun is over)."""
+        self._wait(page, QUIET_JS, [ms], f"{ms} ms without a websocket frame")
+
+    def t0(self, page) -> float:
+        return page.evaluate("() => window.__aae.t0")
+
+    def arm(self, page) -> None:
+        page.evaluate(ARM_JS)
+
+    def _timing(self, page, a: dict, total: float | None, cpu0: tuple[float, float], bytes0: int,
+                navigation: bool = False, paint_ms: float | None = None) -> Timing:
         cpu1 = cpu_split(self.server_pid)
         t0 = 0.0 if navigation else a["t0"]
 
         def rel(x: float | None) -> float | None:
             return None if x is None else (x - t0) / 1000
 
-        t = Timing(total=rel(a["paint"]), first_frame=rel(a["first"]), finished=rel(a["finished"]),
-                   last_frame=rel(a["last"]), frames=int(a["frames"]), bytes=got_bytes, marked=rel(a["marks"].get("seen")),
-                   cpu_server=cpu1[0] - cpu0[0], cpu_browser=cpu1[1] - cpu0[1])
+        return Timing(total=rel(total), first_frame=rel(a["first"]), finished=rel(a["finished"]),
+                      last_frame=rel(a["last"]), frames=int(a["frames"]), bytes=self.ws_bytes - bytes0,
+                      marked=rel((a.get("marks") or {}).get("seen")), cpu_server=cpu1[0] - cpu0[0],
+                      cpu_browser=cpu1[1] - cpu0[1], paint_ms=paint_ms)
+
+    def timed(self, page, action: Callable[[], None], marker: Marker, name: str, results: Results | None = None,
+              navigation: bool = False) -> Timing:
+        """Arm the clock, do the action, wait until painted and settled; record the timing under ``name``."""
+        if not navigation:
+            self.arm(page)
+        before = self.ws_bytes
+        cpu0 = cpu_split(self.server_pid)
+        action()
+        a = self.wait_done(page, marker)
+        t = self._timing(page, a, a["paint"], cpu0, before, navigation)
         if results is not None:
             results.add(name, t)
-        if self.shots is not None and results is not None:
-            page.screenshot(path=str(self.shots / f"{name}_{len(results.timings[name])}.png"))
+        self.shot(page, name, results)
         return t
+
+    def shot(self, page, name: str, results: Results | None) -> None:
+        if self.shots is not None and results is not None and name in results.timings:
+            page.screenshot(path=str(self.shots / f"{name}_{len(results.timings[name])}.png"))
 
 
 def explore_marker(min_charts: int = 1, **kw) -> Marker:
-    return Marker(".st-key-answer_card", kw.pop("regex", TOKENS_RE), min_charts=min_charts, **kw)
+    """The Explore page with the scrubber painted: its token count (``.aae`` = inside the component)."""
+    return Marker(".aae .card", kw.pop("regex", TOKENS_RE), min_charts=min_charts, kinds=("grid", "exact"), **kw)
 
 
-def card_tokens(page) -> str:
-    m = re.search(TOKENS_RE, page.locator(".st-key-answer_card").first.inner_text())
-    if not m:
-        raise BenchError("the answer card shows no token count")
-    return m.group(1)
-
-
-def tau_thumb(page):
-    thumb = page.locator('.st-key-tau_value input[type="range"]').first
-    if not thumb.count():
-        raise BenchError("no tau slider (widget key 'tau_value') on the Explore page")
-    return thumb
-
-
-def tau_of(thumb) -> float:
-    return round(float(thumb.get_attribute("aria-valuetext")), 2)
+def scrubber_state(page) -> dict:
+    """What the scrubber shows now (its data attributes and the token count)."""
+    s = page.evaluate("() => { const A = window.__aae, r = A.watch(); return r ? A.snap(r) : null; }")
+    if not s:
+        raise BenchError("no scrubber (.aae) on the Explore page")
+    return s
 
 
 def click(page, selector: str) -> Callable[[], None]:
@@ -459,79 +597,6 @@ def settle(browser: Browser, page, action: Callable[[], None], marker: Marker) -
     browser.timed(page, action, marker, "", None)
 
 
-# -- the measures -------------------------------------------------------------------
-
-def landing(browser: Browser, url: str, name: str, results: Results, min_charts: int = 1, context=None):
-    """A new page (a new Streamlit session) opens the app; timed from the navigation start to the painted answer cards.
-
-    ``context``: a browser context to open it in (its HTTP cache already holds Streamlit's scripts); by default a
-    fresh one, as for a first visit.
-    """
-    page = browser.session(context)
-    browser.timed(page, lambda: page.goto(url), explore_marker(min_charts), name, results, navigation=True)
-    return page
-
-
-def length_changes(browser: Browser, page, repeats: int, multiple: int, results: Results, min_charts: int) -> None:
-    for _ in range(repeats):
-        settle(browser, page, click(page, ".st-key-len_1x button"), explore_marker(min_charts))
-        before = card_tokens(page)
-        browser.timed(page, click(page, f".st-key-len_{multiple}x button"),
-                      explore_marker(min_charts, not_value=before), "length_change_s", results)
-
-
-def fresh_taus(start: float, n: int) -> list[float]:
-    """``n`` taus below ``start`` in 0.01 steps, skipping the 0.05 grid (Algorithm 1's values)."""
-    out, v = [], round(start, 2)
-    while len(out) < n and v > 0.31:
-        v = round(v - 0.01, 2)
-        if round(v * 100) % 5:
-            out.append(v)
-    return out
-
-
-# Best effort, app-specific: the Explore caption on its background tau grid ("3 of 11 passes ready" / "... is computed").
-GRID_JS = r"""() => { const m = [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
-    .map(e => e.innerText).join(' ').match(/\d+ of \d+ (?:\w+ )?ready|is computed/); return m ? m[0] : null; }"""
-#: The chosen card's own account of its pass: "computed in 0.80 s (encoder 0.59 s)".
-COMPUTED_RE = r"computed in ([\d.]+) s \(encoder ([\d.]+) s\)"
-
-
-def server_pass(page) -> tuple[float, float] | None:
-    """(run, encoder) seconds the server printed in the chosen answer card, if it does."""
-    m = re.search(COMPUTED_RE, page.locator(".st-key-answer_card").first.inner_text())
-    return (float(m.group(1)), float(m.group(2))) if m else None
-
-
-def press_to(browser: Browser, page, key: str, expect: float, name: str, results: Results | None, min_charts: int) -> Timing:
-    if results is not None and name == "tau_move_s":  # the app's background tau grid, if it shows one: busy or done?
-        results.notes.setdefault("background_grid_before_tau_moves", []).append(page.evaluate(GRID_JS))
-    thumb = tau_thumb(page)
-    thumb.focus()
-    t = browser.timed(page, lambda: page.keyboard.press(key), explore_marker(min_charts, regex=rf"tau = {expect:.3f}"),
-                      name, results)
-    got = tau_of(tau_thumb(page))
-    if abs(got - expect) > 1e-9:
-        raise BenchError(f"the tau slider shows {got}, expected {expect}")
-    if results is not None and name == "tau_move_s":
-        results.notes.setdefault("server_pass_in_card", []).append(server_pass(page))
-    return t
-
-
-def tau_moves(browser: Browser, page, repeats: int, results: Results, min_charts: int) -> list[float]:
-    """Fresh taus one ArrowLeft at a time (grid values passed untimed), then back up (cached). Returns the fresh taus."""
-    start = tau_of(tau_thumb(page))
-    fresh = fresh_taus(start, repeats)
-    v = start
-    while v > fresh[-1] + 1e-9:
-        v = round(v - 0.01, 2)
-        press_to(browser, page, "ArrowLeft", v, "tau_move_s", results if v in fresh else None, min_charts)
-    for _ in range(repeats):  # every value above was visited on the way down
-        v = round(v + 0.01, 2)
-        press_to(browser, page, "ArrowRight", v, "cached_s", results, min_charts)
-    return fresh
-
-
 def seed_action(page, seed: int) -> Callable[[], None]:
     """Type a document seed into the sidebar and press Enter (a new document: nothing cached)."""
     box = page.locator(".st-key-doc_seed input").first
@@ -541,6 +606,172 @@ def seed_action(page, seed: int) -> Callable[[], None]:
         box.press("Enter")
 
     return act
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile, nearest rank (of 28 moves: the 27th fastest)."""
+    s = sorted(values)
+    return s[max(0, math.ceil(0.95 * len(s)) - 1)]
+
+
+# -- the measures -------------------------------------------------------------------
+
+def landing(browser: Browser, url: str, name: str, results: Results, min_charts: int = 1, context=None):
+    """A new page (a new Streamlit session) opens the app; timed from the navigation start until the scrubber
+    painted (``name``) and until the whole page settled (``landing_page_s``, warm landings only).
+
+    ``context``: a browser context to open it in (its HTTP cache already holds Streamlit's scripts); by default a
+    fresh one, as for a first visit.
+    """
+    page = browser.session(context)
+    t = browser.timed(page, lambda: page.goto(url), explore_marker(min_charts), name, None, navigation=True)
+    results.add(name, replace(t, total=t.marked if t.marked is not None else t.total))
+    if name == "landing_s":
+        results.add("landing_page_s", t)
+    browser.shot(page, name, results)
+    return page
+
+
+def length_changes(browser: Browser, page, repeats: int, multiple: int, results: Results, min_charts: int,
+                   seed0: int = 100) -> int:
+    """A new document per repeat: seed at 1x, then the timed click on ``multiple``x: painted, then its grid complete.
+
+    Returns the seed of the last document (the one the moves then use).
+    """
+    seed = seed0
+    for i in range(repeats):
+        seed = seed0 + i
+        settle(browser, page, click(page, ".st-key-len_1x button"), explore_marker(min_charts))
+        settle(browser, page, seed_action(page, seed), explore_marker(min_charts))
+        before = scrubber_state(page)["tokens"]
+        bytes0, cpu0 = browser.ws_bytes, cpu_split(browser.server_pid)
+        t = browser.timed(page, click(page, f".st-key-len_{multiple}x button"),
+                          explore_marker(min_charts, not_value=f"{before:,}"), "length_change_s", results)
+        tokens = scrubber_state(page)["tokens"]
+        e = browser.wait_paint(page, {"ready": f"{GRID_N}/{GRID_N}", "tokens": tokens}, or_now=True)
+        a = page.evaluate("() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
+                          "frames: A.frames, finished: A.finished, marks: {}}; }")
+        results.add("grid_ready_s", browser._timing(page, a, e["painted"], cpu0, bytes0))
+        results.notes.setdefault("grid_ready_polled", []).append(bool(e.get("polled")))
+        if t.total is None:
+            raise BenchError("the length change was never painted")
+    return seed
+
+
+def focus_slider(page):
+    thumb = page.locator(SLIDER).first
+    if not thumb.count():
+        raise BenchError("no tau slider (.aae input[type=range]) on the Explore page")
+    thumb.focus()
+    return thumb
+
+
+def key_to(browser: Browser, page, key: str, want: dict, name: str | None, results: Results | None) -> dict:
+    """Press ``key`` on the focused slider, wait for the paint that fits ``want``; record it under ``name``."""
+    browser.arm(page)
+    page.keyboard.press(key)
+    e = browser.wait_paint(page, want)
+    if name is not None and results is not None:
+        t0 = browser.t0(page)
+        results.add(name, Timing((e["painted"] - t0) / 1000, None, None, None, 0, 0, paint_ms=e.get("paintMs")))
+    return e
+
+
+def scrub(browser: Browser, page, results: Results, gap: float) -> dict:
+    """PageDown from 1.00 to 0.30 and PageUp back, one move every ``gap`` s; each timed to its frame painted.
+
+    Returns what each grid tau showed (answer, Pmax, H, map sum), to check that the frames differ.
+    """
+    from core.frames import SCRUB_GRID
+
+    grid = [f"{t:.2f}" for t in SCRUB_GRID]  # 1.00 ... 0.30
+    focus_slider(page)
+    while scrubber_state(page)["tau"] != grid[0]:  # start at 1.00
+        key_to(browser, page, "PageUp", {"kind": "grid"}, None, None)
+    browser.quiet(page)
+    seen: dict[str, tuple] = {}
+    for key, path in (("PageDown", grid[1:]), ("PageUp", grid[-2::-1])):
+        for tau in path:
+            start = time.perf_counter()
+            e = key_to(browser, page, key, {"tau": tau, "kind": "grid"}, "scrub_s", results)
+            seen.setdefault(tau, (e["answer"], e["pmax"], e["entropy"], e["mapSum"]))
+            time.sleep(max(0.0, gap - (time.perf_counter() - start)))
+    browser.quiet(page)
+    browser.shot(page, "scrub_s", results)
+    return seen
+
+
+def off_grid(browser: Browser, page, repeats: int, results: Results) -> list[float]:
+    """One ArrowLeft from a grid value (1.00, 0.95, ...): nearest frame, then exact frame. Returns the fresh taus."""
+    focus_slider(page)
+    while scrubber_state(page)["tau"] != "1.00":
+        key_to(browser, page, "PageUp", {"kind": "grid"}, None, None)
+    browser.quiet(page)
+    fresh = []
+    for i in range(repeats):
+        v = round(float(scrubber_state(page)["tau"]) - 0.01, 2)
+        want = f"{v:.2f}"
+        browser.arm(page)
+        bytes0, cpu0 = browser.ws_bytes, cpu_split(browser.server_pid)
+        browser.kinds = results.kinds
+        try:
+            page.keyboard.press("ArrowLeft")
+            near = browser.wait_paint(page, {"tau": want, "kind": "nearest"})
+            exact = browser.wait_paint(page, {"tau": want, "kind": "exact"})
+            a = page.evaluate("() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
+                              "frames: A.frames, finished: A.finished, marks: {}}; }")
+        finally:
+            browser.kinds = None
+        results.add("nearest_frame_s", Timing((near["painted"] - a["t0"]) / 1000, None, None, None, 0, 0,
+                                              paint_ms=near.get("paintMs")))
+        results.add("exact_frame_s", browser._timing(page, a, exact["painted"], cpu0, bytes0))
+        fresh.append(v)
+        browser.shot(page, "exact_frame_s", results)
+        browser.quiet(page)
+        if i + 1 < repeats:  # on to the next grid value below: the next ArrowLeft lands on a tau never computed
+            key_to(browser, page, "PageDown", {"kind": "grid"}, None, None)
+            browser.quiet(page)
+    return fresh
+
+
+def drag(browser: Browser, page, repeats: int, results: Results, steps: int, seconds: float) -> None:
+    """Mouse down on the thumb at the slider's right end (tau = 1.00), ``steps`` moves to its left end over
+    ``seconds``, mouse up. The moves are paced here; each waits for Chromium to take the event, so a busy page
+    stretches the drag (the measured time between pointerdown and pointerup is the one used)."""
+    from core.frames import SCRUB_GRID
+
+    grid = {f"{t:.2f}" for t in SCRUB_GRID}
+    for _ in range(repeats):
+        thumb = focus_slider(page)
+        if scrubber_state(page)["tau"] != "1.00":  # the thumb at the right end first (End: the range's max)
+            key_to(browser, page, "End", {"tau": "1.00", "kind": "grid"}, None, None)
+        browser.quiet(page)
+        box = thumb.bounding_box()
+        if not box:
+            raise BenchError("the tau slider has no box on screen")
+        y = box["y"] + box["height"] / 2
+        x1, x0 = box["x"] + box["width"] - 2, box["x"] + 2
+        browser.arm(page)
+        page.mouse.move(x1, y)
+        page.mouse.down()
+        start = time.perf_counter()
+        for k in range(1, steps + 1):
+            time.sleep(max(0.0, start + seconds * k / steps - time.perf_counter()))
+            page.mouse.move(x1 + (x0 - x1) * k / steps, y)
+        page.mouse.up()
+        end = browser.wait_paint(page, {"tau": f"{SCRUB_GRID[-1]:.2f}", "kind": "grid"})
+        a = page.evaluate("() => { const A = window.__aae; return {pointer: A.pointer, log: A.log}; }")
+        down, up = a["pointer"].get("down"), a["pointer"].get("up")
+        if not down or not up or down.get("paints") is None or up.get("paints") is None:
+            raise BenchError(f"the drag's pointer events were not seen: {a['pointer']}")
+        secs = (up["t"] - down["t"]) / 1000
+        results.add("scrub_fps", Timing((up["paints"] - down["paints"]) / secs, None, None, None, 0, 0))
+        crossed = {e["shown"] for e in a["log"] if e["at"] <= end["at"] and e["kind"] in ("grid", "nearest")}
+        results.notes.setdefault("drag_grid_frames_shown", []).append(len(crossed & grid))
+        results.notes.setdefault("drag_grid_frames_missed", []).append(sorted(grid - crossed, reverse=True))
+        results.notes.setdefault("drag_seconds", []).append(round(secs, 3))
+        browser.quiet(page)
+        browser.shot(page, "scrub_fps", results)
 
 
 def calibrate(browser: Browser, page, repeats: int, results: Results) -> None:
@@ -599,13 +830,17 @@ def browser_part(args: argparse.Namespace, results: Results) -> dict:
                     old, context = page, page.context
                     page = landing(browser, srv.url, "landing_s", results, explore_charts, context)
                     old.close()
-                info["tokens_1x"] = int(card_tokens(page).replace(",", ""))
-                length_changes(browser, page, args.repeats, args.multiple, results, explore_charts)
-                info["tokens"] = int(card_tokens(page).replace(",", ""))
-                if args.idle_before_moves > 0:  # let the app's background work (its tau grid) finish first
-                    time.sleep(args.idle_before_moves)
-                    settle(browser, page, click(page, f".st-key-len_{args.multiple}x button"), explore_marker(explore_charts))
-                info["fresh_taus"] = tau_moves(browser, page, args.repeats, results, explore_charts)
+                info["tokens_1x"] = scrubber_state(page)["tokens"]
+                info["seed"] = length_changes(browser, page, args.repeats, args.multiple, results, explore_charts)
+                info["tokens"] = scrubber_state(page)["tokens"]
+                if "scrub" not in args.skip:
+                    seen = scrub(browser, page, results, args.scrub_gap)
+                    info["scrub_distinct"] = {k: len({v[i] for v in seen.values()})
+                                              for i, k in enumerate(("answer", "pmax", "entropy", "map_sum"))}
+                if "offgrid" not in args.skip:
+                    info["fresh_taus"] = off_grid(browser, page, args.repeats, results)
+                if "drag" not in args.skip:
+                    drag(browser, page, args.repeats, results, args.drag_steps, args.drag_seconds)
                 if "calibrate" not in args.skip:
                     calibrate(browser, page, args.repeats, results)
                 if "theory" not in args.skip:
@@ -618,20 +853,40 @@ def browser_part(args: argparse.Namespace, results: Results) -> dict:
 
 # -- the backend share --------------------------------------------------------------
 
-def backend_part(model: str, multiple: int, taus: list[float], results: Results) -> None:
-    """The same cached calls and figures as a tau move, in this process (``bench/app_latency.backend``)."""
+def backend_part(model: str, multiple: int, seed: int, taus: list[float], results: Results) -> None:
+    """In this process: the document's grid, then per off-grid tau its exact pass and the payload its rerun sends."""
     import logging
 
     from streamlit.runtime.scriptrunner_utils import script_run_context
 
     logging.getLogger(script_run_context.__name__).setLevel(logging.ERROR)  # "missing ScriptRunContext": expected here
-    import app_latency  # a sibling script: bench/ is sys.path[0] when this one runs as a script
+    from core import engine, frames
+    from core.settings import DocumentRequest
+    from ui import cache
 
-    b = app_latency.backend(model, multiple, taus)
-    for first, again, enc in zip(b["first"], b["again"], b["encoder"]):
-        results.add("backend_s", Timing(first, None, None, None, 0, 0))
-        results.add("backend_cached_s", Timing(again, None, None, None, 0, 0))
-        results.notes.setdefault("backend_encoder", []).append(enc)
+    loaded = cache.model(model)
+    req = DocumentRequest(task="passkey", tokens=multiple * loaded.train_length, depth=0.5, seed=seed)
+    probes = cache.explore_probes(loaded.n_layers - 1, None)  # the page's default: last layer, head mean
+
+    def at(tau: float, method: str = "fixed") -> engine.RunSettings:
+        return engine.RunSettings(tau=tau, method=method, targets=("encoder",), cosine_scale=None, probes=probes)
+
+    t = time.perf_counter()  # what the server computes for a new document: base, reference, grid
+    doc = cache.document(loaded, req)
+    base = cache.run(loaded, req, at(1.0, "none"))
+    ref = cache.run_reference(loaded, req, ("encoder",), None)
+    grid = {g: cache.run(loaded, req, at(g)) for g in frames.grid_order(1.0)}  # tau = 1 is the base pass (cached)
+    results.add("backend_grid_s", Timing(time.perf_counter() - t, None, None, None, 0, 0))
+    for tau in taus:
+        t = time.perf_counter()
+        exact = cache.run(loaded, req, at(tau))
+        mid = time.perf_counter()
+        data = frames.payload(base, ref, grid, exact, doc.text, frames.ViewSpec(), meta={"tau": tau})
+        end = time.perf_counter()
+        results.add("backend_s", Timing(end - t, None, None, None, 0, len(data)))
+        results.add("backend_payload_s", Timing(end - mid, None, None, None, 0, len(data)))
+        results.notes.setdefault("backend_encoder", []).append(exact.seconds.get("encode"))
+    results.notes["payload_bytes"] = len(data) if taus else None
 
 
 # -- the machine and the report -----------------------------------------------------
@@ -660,13 +915,17 @@ def machine() -> dict:
 
 
 def stats(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
-            "values": [round(v, 4) for v in values]}
+    return {"median": statistics.median(values), "p95": p95(values), "min": min(values), "max": max(values),
+            "n": len(values), "values": [round(v, 4) for v in values]}
 
 
 def _median(xs: list[float | None]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 def summary(results: Results, info: dict, args: argparse.Namespace, mach: dict) -> dict:
@@ -679,24 +938,28 @@ def summary(results: Results, info: dict, args: argparse.Namespace, mach: dict) 
                  after_script=_median([None if t.finished is None else t.total - t.finished for t in ts]),
                  bytes=_median([t.bytes for t in ts]), cpu_server=_median([t.cpu_server for t in ts]),
                  cpu_browser=_median([t.cpu_browser for t in ts]))
-        if any(t.marked is not None for t in ts):
-            s["marked"] = _median([t.marked for t in ts])
+        if any(t.paint_ms is not None for t in ts):
+            pm = [t.paint_ms / 1000 for t in ts if t.paint_ms is not None]
+            s["component_paint_ms"] = {"median": statistics.median(pm), "p95": p95(pm), "n": len(pm)}
         detail[name] = s
         out[name] = s["median"]
-    for name in ORDER:
+    for name in (*ORDER, "scrub_fps"):
         out.setdefault(name, None)
-    if results.timings.get("length_change_s"):
-        out["length_change_first_s"] = results.timings["length_change_s"][0].total
-    moves = results.timings.get("tau_move_s", [])
-    out["bytes_per_tau_move"] = int(statistics.median([t.bytes for t in moves])) if moves else None
-    out["tau_move_bytes_by_kind"] = {k: round(v / len(moves)) for k, v in results.kinds.most_common()} if moves else None
-    out["browser_over_backend"] = (out["tau_move_s"] / out["backend_s"]) if out["tau_move_s"] and out["backend_s"] else None
-    out["targets"] = {name: {"limit": lim, "value": out.get(name),
-                             "met": None if out.get(name) is None else bool(out[name] <= lim)} for name, lim, _ in TARGETS}
+    out["scrub_p95_s"] = detail["scrub_s"]["p95"] if "scrub_s" in detail else None
+    exact = results.timings.get("exact_frame_s", [])
+    out["bytes_per_exact_move"] = int(statistics.median([t.bytes for t in exact])) if exact else None
+    out["exact_move_bytes_by_kind"] = {k: round(v / len(exact)) for k, v in results.kinds.most_common()} if exact else None
+    out["browser_over_backend"] = _ratio(out["exact_frame_s"], out["backend_s"])
+    out["grid_over_backend"] = _ratio(out["grid_ready_s"], out["backend_grid_s"])
+    out["warm_over_cold"] = _ratio(out["landing_s"], out["landing_cold_s"])
+    out["targets"] = {name: {"limit": lim, "at_most": at_most, "value": out.get(name),
+                             "met": None if out.get(name) is None else bool(out[name] <= lim if at_most else out[name] >= lim)}
+                      for name, lim, _, at_most in TARGETS}
     out.update(model=args.model_name, tokens=info.get("tokens"), tokens_landing=info.get("tokens_1x"),
-               multiple=args.multiple, repeats=args.repeats, fresh_taus=info.get("fresh_taus"),
-               explore_charts=info.get("explore_charts"), machine=mach, details=detail, notes=results.notes,
-               date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+               multiple=args.multiple, seed=info.get("seed"), repeats=args.repeats, scrub_gap_s=args.scrub_gap,
+               drag_steps=args.drag_steps, drag_seconds=args.drag_seconds, fresh_taus=info.get("fresh_taus"),
+               scrub_distinct=info.get("scrub_distinct"), explore_charts=info.get("explore_charts"), machine=mach,
+               details=detail, notes=results.notes, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     return out
 
 
@@ -712,45 +975,58 @@ def print_table(s: dict) -> None:
     print(f"machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, torch {m['torch']}, streamlit "
           f"{m['streamlit']}; load average {m['load_before'][0]:.2f} before, {m['load_after'][0]:.2f} after; {s['date']}")
     print()
-    print(f"{'measure':<18} {'median':>7} {'min':>7} {'max':>7} {'n':>2} | {'1st frame':>9} {'script done':>11} "
+    print(f"{'measure':<18} {'median':>7} {'p95':>7} {'min':>7} {'max':>7} {'n':>3} | {'1st frame':>9} {'script done':>11} "
           f"{'paint-done':>10} {'frames':>6} {'kB':>6} | {'CPU server':>10} {'CPU browser':>11}")
     d = s["details"]
-    for name in ORDER:
+    for name in (*ORDER[:7], "scrub_fps", *ORDER[7:]):
         if name not in d:
             continue
         r = d[name]
         kb = f"{r['bytes'] / 1000:.0f}" if r["bytes"] else ""
-        print(f"{name:<18} {r['median']:>7.3f} {r['min']:>7.3f} {r['max']:>7.3f} {r['n']:>2} | {_f(r['first_frame']):>9} "
-              f"{_f(r['script_finished']):>11} {_f(r['after_script']):>10} {_f(r['frames'], 0) if r['frames'] else '':>6} "
-              f"{kb:>6} | {_f(r['cpu_server'], 2):>10} {_f(r['cpu_browser'], 2):>11}")
-    print("(seconds from the keydown / mousedown / navigation start, browser clock; the columns after | are medians:\n"
-          " first websocket frame, script_finished frame, paint minus script_finished, frames and kB received;\n"
-          " CPU seconds the server process and Chromium's processes used from the action to the paint)")
-    if s.get("length_change_first_s") is not None:
-        print(f"  length change, first {s['multiple']}x visit (computes): {s['length_change_first_s']:.3f} s")
+        digits = 1 if name == "scrub_fps" else 3
+        print(f"{name:<18} {r['median']:>7.{digits}f} {r['p95']:>7.{digits}f} {r['min']:>7.{digits}f} "
+              f"{r['max']:>7.{digits}f} {r['n']:>3} | {_f(r['first_frame']):>9} {_f(r['script_finished']):>11} "
+              f"{_f(r['after_script']):>10} {_f(r['frames'], 0) if r['frames'] else '':>6} {kb:>6} | "
+              f"{_f(r['cpu_server'], 2):>10} {_f(r['cpu_browser'], 2):>11}")
+    print("(seconds from the keydown / mousedown / navigation start to the paint, browser clock; scrub_fps in frames\n"
+          " per second; the columns after | are medians: first websocket frame, script_finished frame, paint minus\n"
+          " script_finished, frames and kB received; CPU seconds of the server process and Chromium's processes)")
+    for name in ("scrub_s", "nearest_frame_s"):
+        pm = d.get(name, {}).get("component_paint_ms")
+        if pm:
+            print(f"  {name}: the component's own data-paint-ms (from its input handler): median {pm['median']:.3f} s, "
+                  f"p95 {pm['p95']:.3f} s")
+    if "scrub_s" in d:
+        print(f"  scrubbing: {d['scrub_s']['n']} PageDown/PageUp moves between grid values, one every "
+              f"{s['scrub_gap_s']:g} s; distinct values over the grid: {s['scrub_distinct']}")
+    shown = s["notes"].get("drag_grid_frames_shown")
+    if shown:
+        print(f"  drag: {s['drag_steps']} moves over {s['drag_seconds']:g} s (pointer down to up: "
+              f"{', '.join(f'{x:.2f}' for x in s['notes']['drag_seconds'])} s); grid frames shown on the way: "
+              f"{', '.join(map(str, shown))} of {GRID_N}"
+              + (f" (missed: {s['notes']['drag_grid_frames_missed']})" if any(s["notes"].get("drag_grid_frames_missed", []))
+                 else ""))
+    if s["notes"].get("grid_ready_polled") and any(s["notes"]["grid_ready_polled"]):
+        print("  grid_ready_s: some repeats were read at a 50 ms poll, not from the paint log")
     if "calibrate_s" in d:
         print(f"  calibrate_s: until the curves chart is painted; calibrate_page_s: the whole page; timed from "
               f"{s['notes'].get('calibrate_from')}")
-    if s["bytes_per_tau_move"] is not None:
-        top = ", ".join(f"{k} {v / 1000:.0f} kB" for k, v in list(s["tau_move_bytes_by_kind"].items())[:4])
-        print(f"  bytes per tau move (websocket, median): {s['bytes_per_tau_move']:,} ({top})")
-    card = [c for c in s["notes"].get("server_pass_in_card", []) if c]
-    if card:
-        print(f"  the server's own pass of a fresh tau move (answer card, 'computed in'): "
-              f"{statistics.median(c[0] for c in card):.3f} s (encoder {statistics.median(c[1] for c in card):.3f} s)")
-    grid = s["notes"].get("background_grid_before_tau_moves")
-    if grid and any(grid):
-        print(f"  the app's background tau grid before each fresh move: {'; '.join(str(g) for g in grid)}")
-    if s["browser_over_backend"] is not None:
+    if s["bytes_per_exact_move"] is not None:
+        top = ", ".join(f"{k} {v / 1000:.0f} kB" for k, v in list(s["exact_move_bytes_by_kind"].items())[:4])
+        print(f"  bytes per off-grid move (websocket, median, until its exact frame): {s['bytes_per_exact_move']:,} ({top})")
+    if s["backend_s"] is not None:
         enc = _median(s["notes"].get("backend_encoder", []))
-        print(f"  backend share of a tau move: {s['backend_s']:.3f} s (encoder pass {_f(enc)} s); "
-              f"browser / backend = {s['browser_over_backend']:.2f}")
+        print(f"  backend, in this process: exact pass + payload {s['backend_s']:.3f} s (encoder {_f(enc)} s, payload "
+              f"{_f(s['backend_payload_s'])} s, {s['notes'].get('payload_bytes') or 0:,} bytes); the document's base, "
+              f"reference and grid {_f(s['backend_grid_s'], 2)} s")
+    print(f"  ratios: exact frame / backend = {_f(s['browser_over_backend'], 2)}; grid ready / backend grid = "
+          f"{_f(s['grid_over_backend'], 2)}; warm / cold landing = {_f(s['warm_over_cold'], 2)}")
     print()
-    print("targets (issue 24):")
-    for name, lim, unit in TARGETS:
+    print("targets (issue 41; calibrate: issue 24):")
+    for name, lim, unit, at_most in TARGETS:
         t = s["targets"][name]
         verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "MISSED")
-        print(f"  {name:<22} <= {lim:g} {unit}: {_f(t['value'], 2):>6}  [{verdict}]")
+        print(f"  {name:<16} {'<=' if at_most else '>='} {lim:g} {unit}: {_f(t['value'], 3):>7}  [{verdict}]")
 
 
 # -- entry --------------------------------------------------------------------------
@@ -767,8 +1043,12 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise BenchError(f"--skip: unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(SKIPPABLE)}")
     if args.repeats < 1 or args.cold_repeats < 0 or args.multiple < 2:
         raise BenchError("--repeats must be >= 1, --cold-repeats >= 0 and --multiple >= 2")
+    if args.repeats > 14:
+        raise BenchError("--repeats must be at most 14 (one off-grid move below each grid value but the last)")
     if args.multiple not in (2, 4, 8, 16):
         raise BenchError("--multiple must be one of the app's length buttons: 2, 4, 8, 16")
+    if args.scrub_gap < 0 or args.drag_steps < 2 or args.drag_seconds <= 0:
+        raise BenchError("--scrub-gap must be >= 0, --drag-steps >= 2 and --drag-seconds > 0")
     from core.errors import UserError
     from core.models import default_model, resolve
 
@@ -789,16 +1069,18 @@ def check_inputs(args: argparse.Namespace) -> None:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="registry name or folder (sets AAE_MODEL); default: the bundled default")
-    p.add_argument("--repeats", type=int, default=5, help="repeats per measure; medians are reported (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per measure; medians are reported (default 3)")
     p.add_argument("--cold-repeats", type=int, default=None,
                    help="cold landings, each on a fresh server (default: --repeats)")
     p.add_argument("--multiple", type=int, default=8, help="document length in multiples of L_tr (default 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--skip", default="", help=f"comma list of parts to leave out: {', '.join(SKIPPABLE)}")
     p.add_argument("--screenshot", type=Path, default=None, help="save a PNG here after every timed action")
-    p.add_argument("--idle-before-moves", type=float, default=0, metavar="SECONDS",
-                   help="wait this long after the length change before the tau moves, so that background work the "
-                        "app started (its tau grid) is done; default 0: move at once, as a person would")
+    p.add_argument("--scrub-gap", type=float, default=0.3, metavar="SECONDS",
+                   help="seconds from one scrubbing key press to the next (default 0.3: each step's release, "
+                        "sent after a 200 ms pause, reaches the server while the next steps are drawn)")
+    p.add_argument("--drag-steps", type=int, default=60, help="mouse moves of one drag across the slider (default 60)")
+    p.add_argument("--drag-seconds", type=float, default=1.0, help="how long one drag across the slider takes (default 1)")
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for any one state (default 300)")
     a = p.parse_args(argv)
     a.skip = [s.strip() for s in a.skip.split(",") if s.strip()]
@@ -835,7 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
         results = Results()
         info = browser_part(args, results)
         if "backend" not in args.skip and info.get("fresh_taus"):
-            backend_part(args.model_name, args.multiple, info["fresh_taus"], results)
+            backend_part(args.model_name, args.multiple, info["seed"], info["fresh_taus"], results)
         mach["load_after"] = os.getloadavg()
     except BenchError as err:
         print(f"browser_latency: {err}", file=sys.stderr)
