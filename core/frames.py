@@ -243,6 +243,7 @@ def payload(
     *,
     grid_taus: Iterable[float] = SCRUB_GRID,
     meta: dict | None = None,
+    only: Iterable[float] | None = None,
 ) -> bytes:
     """The bytes the scrubber draws from.
 
@@ -252,6 +253,11 @@ def payload(
     "still coming"); ``exact``: the run of the chosen tau when it is not a
     grid value (a typed tau, a method's schedule), else None. ``meta`` goes
     into the header as it is (labels, the chosen tau, what is pending).
+
+    ``only``: a delta for a browser that already holds this document's
+    payload: just these grid frames, the exact frame and ``meta`` (no tau = 1
+    column, reference, text or axes), marked ``"delta": true``. While a grid
+    fills, each poll then sends the frames that are new, not all of them again.
     """
     n = base.tokens
     scale = LogScale.for_length(n)
@@ -286,8 +292,16 @@ def payload(
         "layer_entropy": [_num(v) for v in ref.probes.layer_entropy],
         "head_pmax": [[_num(v) for v in row] for row in ref.probes.pmax[0]],
     }
-    doc["base"] = frame(base, packer, scale, spec, window)
     taus = [round(float(t), 2) for t in grid_taus]
+    if only is not None:
+        keep = {round(float(t), 2) for t in only}
+        return packer.finish({
+            "delta": True, "grid": taus,
+            "frames": {f"{t:.2f}": frame(grid[t], packer, scale, spec, window) for t in taus if t in grid and t in keep},
+            "exact": frame(exact, packer, scale, spec, window) if exact is not None else None,
+            "meta": meta or {},
+        })
+    doc["base"] = frame(base, packer, scale, spec, window)
     doc["grid"] = taus
     doc["frames"] = {f"{t:.2f}": frame(grid[t], packer, scale, spec, window) for t in taus if t in grid}
     doc["exact"] = frame(exact, packer, scale, spec, window) if exact is not None else None

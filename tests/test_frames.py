@@ -118,3 +118,17 @@ def test_payload_without_a_question_or_cross_attention(tiny):
     res = engine.run(loaded, doc, engine.RunSettings(tau=1.0, method="none", probes=spec))
     header, arrays = frames.unpack(frames.payload(res, res, {1.0: res}, None, doc.text))
     assert header["exact"] is None and "base.map" in arrays and "base.cross" not in arrays
+
+
+def test_a_delta_carries_only_the_new_frames(runs):
+    doc, out, ref, exact = runs
+    grid = {1.0: out[1.0], 0.7: out[0.7], 0.5: out[0.5]}
+    full = frames.payload(out[1.0], ref, grid, None, doc.text, meta={"doc_id": "d"})
+    delta = frames.payload(out[1.0], ref, grid, exact, doc.text, meta={"doc_id": "d"}, only=[0.5])
+    header, arrays = frames.unpack(delta)
+    assert header["delta"] is True and set(header["frames"]) == {"0.50"} and "base" not in header
+    assert header["exact"]["tau"] == pytest.approx(0.73) and header["meta"] == {"doc_id": "d"}
+    # the new frame is the same as in the full payload, byte for byte
+    _, full_arrays = frames.unpack(full)
+    assert np.array_equal(arrays["frames.0.50.map"], full_arrays["frames.0.50.map"])
+    assert len(delta) < len(full) / 2

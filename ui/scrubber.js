@@ -39,7 +39,7 @@ function unpack(bytes) {
     map: view(f.map), qrows: view(f.qrows), profile: view(f.profile), text_weights: view(f.text_weights),
     cross: view(f.cross),
   });
-  header.base = resolve(header.base);
+  if (header.base) header.base = resolve(header.base);
   header.exact = resolve(header.exact);
   for (const k of Object.keys(header.frames)) header.frames[k] = resolve(header.frames[k]);
   return header;
@@ -672,6 +672,15 @@ export default function (component) {
   }
   const meta = doc.meta || {};
   const same = st.doc && st.doc.meta && st.doc.meta.doc_id === meta.doc_id;
+  if (doc.delta) {
+    // Only what is new since the last payload (a poll while the grid fills, a release): merge it in. A delta for
+    // a document this element does not hold (it was mounted anew) asks the server for everything.
+    if (!same) { setTriggerValue("poll", "full"); return; }
+    Object.assign(st.doc.frames, doc.frames);
+    if (doc.exact) st.doc.exact = doc.exact;
+    st.doc.meta = meta;
+    doc = st.doc;
+  }
   st.doc = doc;
   if (!same) {
     st.profileAxis = null; st._lut = null; st._baseLutKey = null; st.lastGrid = undefined; st._low = undefined;

@@ -32,6 +32,7 @@ from ui import cache, message
 KEY = "scrubber"
 POLL_MS = 600
 _FROM_SLIDER, _VERSION, _SIG = "_scrub_from_slider", "_scrub_version", "_scrub_sig"
+_SENT = "_scrub_sent"  # the document and grid frames this session's browser was last sent
 _HERE = Path(__file__).parent
 _component = st.components.v2.component(
     "aae_scrubber",
@@ -79,8 +80,23 @@ def s_grid(loaded) -> tuple[float, ...]:
     return tuple(sorted(vals))
 
 
-def _noop() -> None:
-    """A poll: the rerun itself is the point (frames the background grid finished since)."""
+def _polled() -> None:
+    """A poll: the rerun itself is the point (frames the background grid finished since). A browser that got a
+    delta for a document it does not hold (its component was mounted anew) asks for everything ("full")."""
+    if (st.session_state.get(KEY) or {}).get("poll") == "full":
+        st.session_state[_SENT] = None
+
+
+def _delta(doc_id: str, grid: dict, exact) -> list[float] | None:
+    """The grid frames to send: only those new since this session's last payload of the same document, in a
+    fragment rerun (a poll, a release); None (everything) otherwise. Records what is sent."""
+    ss = st.session_state
+    sent = ss.get(_SENT)
+    keys = {f"{t:.2f}" for t in grid}
+    ss[_SENT] = {"doc": doc_id, "keys": keys}
+    if not (_in_fragment_rerun() and sent and sent["doc"] == doc_id):
+        return None
+    return [t for t in grid if f"{t:.2f}" not in sent["keys"]]
 
 
 def _in_fragment_rerun() -> bool:
@@ -198,8 +214,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "poll_ms": POLL_MS if (missing or pending is not None) else 0,
         "note": "" if ctx.method == "fixed" else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
     }
-    data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta)
-    _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_noop, width="stretch")
+    only = _delta(meta["doc_id"], grid, exact)
+    data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only)
+    _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:
         # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with
