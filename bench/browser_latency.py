@@ -616,7 +616,7 @@ def p95(values: list[float]) -> float:
 
 # -- the measures -------------------------------------------------------------------
 
-def landing(browser: Browser, url: str, name: str, results: Results, min_charts: int = 1, context=None):
+def landing(browser: Browser, url: str, name: str, results: Results, min_charts: int = 0, context=None):
     """A new page (a new Streamlit session) opens the app; timed from the navigation start until the scrubber
     painted (``name``) and until the whole page settled (``landing_page_s``, warm landings only).
 

@@ -115,6 +115,11 @@ def bias_section(ctx: sb.Context) -> None:
         "128 (grey dotted lines); every key farther away shares one value, so past 128 tokens the bias cannot tell "
         "positions apart and long inputs flatten the attention of heads that relied on it (paper Fig. 1)."
     )
+    # Behind a switch: the landing page then draws no plotly chart, and a new tab need not load and parse
+    # plotly's 4.7 MB of JavaScript before the scrubber is usable (bench/browser_latency.py, warm landing).
+    ss.setdefault("ex_show_bias", False)
+    if not st.toggle("Show the bias curves", key="ex_show_bias"):
+        return
     enc = cache.encoded(ctx.loaded, ctx.request, ctx.document)
     q0 = enc.question_tokens[0] if enc.question_tokens else enc.n // 2
     ss.setdefault("ex_rpe_heads", list(range(min(H, 8))))

@@ -81,7 +81,7 @@ PAGE_KEYS = (
     "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",
     "ex_text_layer", "ex_text_window", "cal_fast", "cal_samples", "cal_pick", "cal_export", "sw_lengths", "sw_depths",
     "sw_seeds", "sw_methods", "sw_fixed", "sw_samples", "sw_heat_method", "th_multiples", "tour_step",
-    "ex_colour", "ex_cross_layer", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
+    "ex_colour", "ex_cross_layer", "ex_show_bias", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
 )
 #: Every key whose value is a choice kept across page changes (see the module docstring).
 KEEP_KEYS = tuple(DEFAULTS) + PAGE_KEYS
