@@ -30,7 +30,7 @@ from core.errors import UserError
 from ui import cache, message
 
 KEY = "scrubber"
-POLL_MS = 600
+POLL_MS = 900
 _FROM_SLIDER, _VERSION, _SIG = "_scrub_from_slider", "_scrub_version", "_scrub_sig"
 _SENT = "_scrub_sent"  # the document and grid frames this session's browser was last sent
 _HERE = Path(__file__).parent
