@@ -43,7 +43,10 @@ def _metric(at: AppTest, label: str) -> float:
 def test_every_page_through_navigation(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     _ok(at)
-    assert at.get("plotly_chart"), "Explore draws its bias curves"
+    assert not at.get("plotly_chart"), "no plotly chart on the landing page (a new tab loads none of its JavaScript)"
+    at.toggle(key="ex_show_bias").set_value(True).run()
+    _ok(at)
+    assert at.get("plotly_chart"), "Explore draws its bias curves behind the switch"
     header, chosen = scrubber_view(at)
     assert chosen["pmax"] == header["base"]["pmax"], "Explore's scrubber opens at tau = 1"
     at.session_state["tau_value"] = 0.8  # what a slider release writes; it must survive page switches
