@@ -83,3 +83,15 @@ def scrubber_view(at) -> tuple[dict, dict]:
     at_value = meta.get("value", meta["tau"])  # the slider's value: tau, or CosScale s on that axis
     chosen = header["frames"].get(f"{at_value:.2f}") or header["exact"]
     return header, chosen
+
+
+def wait_until(pred, timeout: float = 180.0) -> None:
+    """Poll ``pred`` every 50 ms until it is true; fail after ``timeout`` seconds (background work in tests)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")

@@ -27,7 +27,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok, build_tiny_t5  # noqa: E402
+from conftest import app_ok, build_tiny_t5, wait_until  # noqa: E402
 from core import engine, methods, temperature  # noqa: E402
 from core.errors import InputTooLong, ModelLoadError, UserError  # noqa: E402
 from core.settings import DocumentRequest  # noqa: E402
@@ -102,15 +102,6 @@ def _array(v) -> np.ndarray:
     return np.array(v, dtype=float)
 
 
-def _wait(pred, timeout: float = 180.0) -> None:
-    import time
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 # -- 1. Calibrate shows what the shared stores already hold ----------------------------------------------------
@@ -125,7 +116,7 @@ def test_calibrate_draws_the_background_grid_without_a_button(env):
     job = cache.grid_job(loaded, req, engine.RunSettings(tau=1.0, method="fixed"))
     cache.prefetcher().want("issue41-test", job)
     try:
-        _wait(lambda: progress(job)[0] == progress(job)[1])
+        wait_until(lambda: progress(job)[0] == progress(job)[1])
     finally:
         cache.prefetcher().want("issue41-test", None)
     assert cache.calibrate_both(loaded, req, compute=False) is None  # not the calibration store: the grid's stats
@@ -174,7 +165,7 @@ def test_calibrate_completes_when_the_rest_of_the_grid_arrives(env):
     assert not [m for m in at.metric if m.label.startswith("Algorithm 1")]
     assert f"being computed ({len(first)} of {len(GRID)} passes ready)" in _text(at)  # it looks again by itself
     try:
-        _wait(lambda: progress(job)[0] == progress(job)[1])  # the background grid goes on
+        wait_until(lambda: progress(job)[0] == progress(job)[1])  # the background grid goes on
     finally:
         cache.prefetcher().want("issue41-grid", None)
     at.run()  # what the page's next look does

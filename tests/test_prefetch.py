@@ -15,6 +15,8 @@ import pytest
 from core import temperature, engine, methods
 from core.settings import DocumentRequest
 
+from conftest import wait_until
+
 
 @pytest.fixture
 def cache_mod():
@@ -24,13 +26,6 @@ def cache_mod():
     return cache
 
 
-def _wait(pred, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
@@ -43,7 +38,7 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     job = cache.grid_job(tiny, req, settings)
     assert progress(job) == (0, len(GRID) + 1)  # the grid and Theory's tau = 1 pass
     cache.prefetcher().want("test-session", job)
-    _wait(lambda: progress(job)[0] == len(GRID) + 1)
+    wait_until(lambda: progress(job)[0] == len(GRID) + 1)
     # the slider's own key: a grid tau is a hit, an off-grid one is not
     assert cache.has_run(tiny, req, engine.RunSettings(tau=0.65, method="fixed", probes=probes))
     assert not cache.has_run(tiny, req, engine.RunSettings(tau=0.66, method="fixed", probes=probes))
@@ -96,7 +91,7 @@ def test_a_new_document_cancels_the_old_grid(tiny, cache_mod):
     with gate.foreground():  # hold the worker back until both wishes are in
         pf.want("s1", old)
         pf.want("s1", new)  # the same session moved on: the old document is no longer wanted
-    _wait(lambda: progress(new)[0] == len(GRID))
+    wait_until(lambda: progress(new)[0] == len(GRID))
     assert progress(old)[0] <= 1  # at most the pass that was under way
     pf.want("s1", None)
 
@@ -117,7 +112,7 @@ def test_foreground_goes_first():
     t = threading.Thread(target=person)
     t.start()
     waiting.wait()
-    _wait(lambda: gate.busy, 5)
+    wait_until(lambda: gate.busy, 5)
     assert not gate.background(timeout=0.01)  # nothing new starts while the person waits
     assert order == []
     gate.release_background()

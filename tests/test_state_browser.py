@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_t5
-from test_browser import ARGS, BUDGET_S, CHROMIUM, Deadline, _free_port, _wait_health, settle
+from test_browser import ARGS, CHROMIUM, _free_port, _wait_health, deadline, page, settle  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,23 +64,6 @@ def server(tmp_path_factory):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-@pytest.fixture
-def deadline() -> Deadline:
-    return Deadline(BUDGET_S)
-
-
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, timeout=120_000)
-        try:
-            yield browser.new_page(viewport={"width": 1400, "height": 1000})
-        finally:
-            browser.close()
 
 
 def _number(page, key: str, deadline) -> str:
