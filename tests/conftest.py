@@ -51,6 +51,13 @@ def tiny_cos_dir(tmp_path_factory):
     return build_tiny_t5(tmp_path_factory.mktemp("tiny-cos"), cosine=24.0, seed=1)
 
 
+def app_error_text(at) -> str:
+    """The st.error messages of an AppTest run as one string (it must show one, and no exception)."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.error, "expected an st.error"
+    return " ".join(e.value for e in at.error)
+
+
 def app_ok(at) -> None:
     """An AppTest run showed neither an exception nor an st.error (the message list is the failure text)."""
     assert not at.exception, [e.value for e in at.exception]

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok, build_tiny_t5, scrubber_view  # noqa: E402
+from conftest import app_error_text, app_ok, build_tiny_t5, scrubber_view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -163,17 +163,11 @@ def test_theory_measures_lengths(env):
 
 # -- errors a person can act on -----------------------------------------------------------
 
-def _error_text(at: AppTest) -> str:
-    assert not at.exception, [e.value for e in at.exception]
-    assert at.error, "expected an st.error"
-    return " ".join(e.value for e in at.error)
-
-
 def test_empty_text_error(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.radio(key="doc_mode").set_value("Paste").run()
     at.sidebar.text_area(key="doc_text").input("   \n ").run()
-    assert "text is empty" in _error_text(at)
+    assert "text is empty" in app_error_text(at)
 
 
 def test_document_too_long_shows_engine_message(env, monkeypatch):
@@ -181,14 +175,14 @@ def test_document_too_long_shows_engine_message(env, monkeypatch):
 
     monkeypatch.setattr(engine, "max_tokens", lambda loaded, batch=1, chunk_bytes=0: 100)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    msg = _error_text(at)
+    msg = app_error_text(at)
     assert "at most about 100 tokens" in msg and "Use a shorter document" in msg
 
 
 def test_unknown_model_error(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.text_input(key="model_other").input("no-such-model-xyz").run()
-    assert "Unknown model 'no-such-model-xyz'" in _error_text(at)
+    assert "Unknown model 'no-such-model-xyz'" in app_error_text(at)
 
 
 def test_not_t5_model_error(env, tmp_path):
@@ -197,7 +191,7 @@ def test_not_t5_model_error(env, tmp_path):
     BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.text_input(key="model_other").input(str(tmp_path)).run()
-    assert "not T5-family" in _error_text(at)
+    assert "not T5-family" in app_error_text(at)
 
 
 def test_nan_attention_error(env, tmp_path):
@@ -211,7 +205,7 @@ def test_nan_attention_error(env, tmp_path):
     model.save_pretrained(folder, safe_serialization=True)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.text_input(key="model_other").input(str(folder)).run()
-    assert "NaN/inf appeared in the attention" in _error_text(at)
+    assert "NaN/inf appeared in the attention" in app_error_text(at)
 
 
 def test_measured_method_resolves_beside_the_cards(env):
@@ -426,7 +420,7 @@ def test_a_hostile_model_card_is_one_message(env, tmp_path, card):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.text_input(key="model_other").input(str(folder)).run()
     assert not at.exception
-    msg = _error_text(at)
+    msg = app_error_text(at)
     assert "card.json" in msg or "at most about" in msg, msg
 
 

@@ -27,7 +27,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok, build_tiny_t5, wait_until  # noqa: E402
+from conftest import app_error_text, app_ok, build_tiny_t5, wait_until  # noqa: E402
 from core import engine, methods, temperature  # noqa: E402
 from core.errors import InputTooLong, ModelLoadError, UserError  # noqa: E402
 from core.settings import DocumentRequest  # noqa: E402
@@ -407,16 +407,10 @@ def test_sweep_refusal_speaks_of_the_apps_controls(env, monkeypatch):
 ABSOLUTE_PATH = re.compile(r"(?:^|[\s'\"(`=])(?:/|~/)[^\s'\"`)]")
 
 
-def _error(at: AppTest) -> str:
-    assert not at.exception, [e.value for e in at.exception]
-    assert at.error, "expected an st.error"
-    return " ".join(e.value for e in at.error)
-
-
 def test_a_folder_that_holds_no_model_is_named_without_flags_or_paths(env):
     at = AppTest.from_file(CALIBRATE, default_timeout=TIMEOUT).run()
     at.sidebar.text_input(key="model_other").input("/etc").run()
-    msg = _error(at)
+    msg = app_error_text(at)
     assert "Could not load the model in folder 'etc'" in msg and "config.json" in msg, msg
     assert "box" in msg  # where to type another folder
     assert "--" not in msg and "hf download" not in msg
@@ -437,7 +431,7 @@ def test_a_document_too_long_for_memory_names_the_length_box(env, monkeypatch):
     cache.clear()  # a document or calibration an earlier test stored is shown from the store, with no new check
     monkeypatch.setattr(engine, "max_tokens", lambda loaded, batch=1, chunk_bytes=0: 100)
     at = AppTest.from_file(CALIBRATE, default_timeout=TIMEOUT).run()
-    msg = _error(at)
+    msg = app_error_text(at)
     assert "at most about 100 tokens" in msg and "Length in tokens box" in msg, msg
     assert "--" not in msg and not ABSOLUTE_PATH.search(msg), msg
 

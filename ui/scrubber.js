@@ -393,7 +393,7 @@ function paint(st) {
   if (f) {
     if (cur.kind === "grid") st.lastGrid = cur.tau;
     else if (cur.kind === "nearest") st.lastGrid = cur.shown;
-    paintCard(st, st.cards[1], f, meta.chosen_label ? meta.chosen_label(v) : null, v, cur.kind);
+    paintCard(st, st.cards[1], f, v, cur.kind);
     paintMeters(st, f);
     paintHeads(st, 1, f);
     paintMap(st, 1, f);
@@ -420,7 +420,7 @@ function paint(st) {
   }
 }
 
-function paintCard(st, card, f, _label, tau, kind) {
+function paintCard(st, card, f, tau, kind) {
   const d = st.doc, meta = d.meta || {}, ref = d.ref, chosen = card === st.cards[1];
   const ax = axisOf(d), on = val(d, f);
   card.title.textContent = chosen ? `${meta.chosen_title || "Chosen"}, ${ax.label} = ${
@@ -698,7 +698,7 @@ export default function (component) {
   }
   st.range.disabled = !!meta.disabled;
   st.range.title = meta.disabled ? "The method chooses tau; pick 'fixed' to move it by hand." : "";
-  paintCard(st, st.cards[0], doc.base, null, 1, "grid");
+  paintCard(st, st.cards[0], doc.base, 1, "grid");
   paintHeads(st, 0, doc.base);
   if (st.maps) paintMap(st, 0, doc.base);
   if (st.cross) paintCross(st, 0, doc.base);
