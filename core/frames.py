@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from core import temperature, views
+from core import tables, temperature
 from core.engine import Result
 
 MAGIC = b"AAEF"
@@ -224,12 +224,12 @@ def frame(res: Result, packer: Packer, scale: LogScale, spec: ViewSpec, window: 
         out["profile"] = packer.add(pooled, "f32")
         if window is not None:
             out["text_weights"] = packer.add(np.asarray(p.profile[:, window[0] : window[1]], dtype=np.float32), "f32")
-    cross = views.answer_attention(res, spec.cross_layer)
+    cross = tables.answer_attention(res, spec.cross_layer)
     if cross is not None:
         z, tokens = cross
         out["cross"] = packer.add(scale.encode(z), "u8")
         out["cross_tokens"] = tokens
-        out["needle_share"] = _num(views.needle_share(res, spec.cross_layer), 4)
+        out["needle_share"] = _num(tables.needle_share(res, spec.cross_layer), 4)
     return out
 
 

@@ -173,7 +173,7 @@ def answer_attention(
     """The answer's attention over the document: one row per answer token (labelled by the token it wrote),
     key columns pooled like the encoder maps (``edges``), the needle marked by a bar above its columns.
 
-    ``z`` is ``[answer tokens, bins]`` (:func:`core.views.answer_attention`); ``log`` and ``zrange`` as in
+    ``z`` is ``[answer tokens, bins]`` (:func:`core.tables.answer_attention`); ``log`` and ``zrange`` as in
     :func:`heatmap`, so the tau = 1 map and the chosen one share a colour scale."""
     if len(tokens) != np.shape(z)[0]:
         raise ValueError(f"{len(tokens)} token labels for {np.shape(z)[0]} rows")

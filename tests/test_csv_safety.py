@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core import batch, csvio, views
+from core import batch, csvio, tables
 from core.sweep import SweepPlan, run_sweep
 
 HOSTILE = ["=HYPERLINK(\"http://x\",\"y\")", "=1+1", "+1+cmd", "-2+3", "@SUM(A1)", "\tx", "\rx", "'=1+1"]
@@ -89,7 +89,7 @@ def test_app_downloads_are_neutralised_and_keep_negative_floats(tiny):
     from ui import csv_of
 
     curves = np.array([[-1.25, 0.5, -3.0], [2.0, -0.75, 0.0]])
-    got = pd.read_csv(io.BytesIO(csv_of(lambda: views.rpe_table(curves))()))
+    got = pd.read_csv(io.BytesIO(csv_of(lambda: tables.rpe_table(curves))()))
     assert np.array_equal(got.to_numpy(), curves.T) and got.dtypes.map(pd.api.types.is_float_dtype).all()
 
     df = pd.DataFrame({"label": HOSTILE, "value": -np.arange(len(HOSTILE), dtype=float) - 0.5},

@@ -154,22 +154,22 @@ def test_where_the_answer_looks(tmp_path, doc):
     the needle's share, the table and the figure (token labels that survive plotly's markup)."""
     from conftest import build_tiny_t5
 
-    from core import plots, views
+    from core import plots, tables
     from core.models import load
 
     two = load(str(build_tiny_t5(tmp_path / "two", decoder_layers=2)), device="cpu")
     spec = ProbeSpec(heatmap_size=64, names=("cross.*.map", "cross.*.profile"))
     res = engine.run(two, doc, engine.RunSettings(probes=spec, max_new_tokens=4))
-    z, tokens = views.answer_attention(res)
+    z, tokens = tables.answer_attention(res)
     assert tokens == res.answer_tokens and z.shape == (len(tokens), 64)
     maps = res.probes["cross.*.map"]
     np.testing.assert_allclose(z, maps.mean(0)[: len(tokens)])
-    np.testing.assert_array_equal(views.answer_attention(res, 1)[0], maps[1][: len(tokens)])
-    share = views.needle_share(res, 0)
+    np.testing.assert_array_equal(tables.answer_attention(res, 1)[0], maps[1][: len(tokens)])
+    share = tables.needle_share(res, 0)
     a, b = res.needle_tokens
     assert share == pytest.approx(float(res.probes["cross.0.profile"][a:b].sum())) and 0 < share < 1
-    table = views.answer_attention_table(res, 1)
+    table = tables.answer_attention_table(res, 1)
     assert table.shape == z.shape and table.columns[0] == "key_0"
     fig = plots.answer_attention(z, res.probes.heatmap_edges, res.needle_tokens, ["</s>", " 4", "x", "<pad>"][: len(tokens)])
     assert fig.layout.yaxis.ticktext[0] == "0: &lt;/s&gt;" and fig.layout.yaxis.title.text == "answer token"
-    assert views.answer_attention(engine.run(two, doc, engine.RunSettings(max_new_tokens=2))) is None  # not asked
+    assert tables.answer_attention(engine.run(two, doc, engine.RunSettings(max_new_tokens=2))) is None  # not asked

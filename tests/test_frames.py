@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import engine, frames, views
+from core import engine, frames, tables
 from core.probes import ProbeSpec
 from core.settings import DocumentRequest
 
@@ -104,7 +104,7 @@ def test_payload_carries_each_runs_own_numbers(runs):
         lo = header["text"]["first"]
         w = arrays[f"{key}.text_weights"]
         assert np.allclose(w, res.probes.profile[:, lo : lo + w.shape[1]], rtol=1e-6)
-        z, tokens = views.answer_attention(res)
+        z, tokens = tables.answer_attention(res)
         assert arrays[f"{key}.cross"].shape == z.shape and f["cross_tokens"] == tokens
     # the frames differ where the runs do: a sharper tau raises Pmax
     assert header["frames"]["0.50"]["pmax"] > header["frames"]["0.70"]["pmax"] > header["base"]["pmax"]

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core import calibration, engine, methods, plots, temperature, timing, views
+from core import calibration, engine, methods, plots, tables, temperature, timing
 from core.errors import UserError
 from core.probes import ProbeSpec
 from ui import chart, csv_of, plural, user_errors
@@ -26,7 +26,7 @@ def use_tau(method: str, value) -> None:
     """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; a schedule -> that method)."""
     if isinstance(value, temperature.RowTau):
         sb.set_state(tau_method=method)
-        st.session_state["cal_used"] = f"{methods.label(method)}: {views.schedule_text(value)}"
+        st.session_state["cal_used"] = f"{methods.label(method)}: {tables.schedule_text(value)}"
         return
     a = np.asarray(value, dtype=float)
     if a.ndim == 0:
@@ -244,7 +244,7 @@ def curves(cals: dict) -> None:
         if not cal.reached:  # the pick is where the search stopped, not a match: say so, and by how much
             col.warning(unreached_text(cal))
 
-    st.download_button("curves.csv", csv_of(lambda: views.calibration_table(cals)), "algorithm1_curves.csv", "text/csv", key="dl_curves", on_click="ignore")
+    st.download_button("curves.csv", csv_of(lambda: tables.calibration_table(cals)), "algorithm1_curves.csv", "text/csv", key="dl_curves", on_click="ignore")
 
 
 def stopped_at_end(cal: temperature.Calibration) -> bool:
@@ -381,10 +381,10 @@ def tau_cell(tau, rows: int, train_length: int | None = None) -> tuple[str, str]
         return f"{float(a):.4f}", ""
     if a.ndim == 1:
         if a.size <= 6:
-            return views.schedule_text(a), "one tau per encoder layer"
+            return tables.schedule_text(a), "one tau per encoder layer"
         return (f"per layer ({a.size}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}",
-                "layers 0, 1, …: " + views.schedule_text(a))
-    return views.schedule_text(a), "a tau per layer and head (the matrix: above)"
+                "layers 0, 1, …: " + tables.schedule_text(a))
+    return tables.schedule_text(a), "a tau per layer and head (the matrix: above)"
 
 
 def taus_table(taus: dict, rows: int, train_length: int | None = None) -> pd.DataFrame:

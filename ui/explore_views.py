@@ -4,14 +4,14 @@ The tau-dependent views are drawn in the browser by the scrubber
 (:mod:`ui.scrubber`); here are the controls that choose what they show, the
 exports of the chosen tau, and the bias curves (which do not depend on tau;
 figures from :mod:`core.plots` through :func:`ui.cache.figure`, tables from
-:mod:`core.views`).
+:mod:`core.tables`).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from core import frames, plots, views
+from core import frames, plots, tables
 from core.errors import UserError
 from core.probes import ProbeSpec
 from ui import chart, csv_of, message
@@ -87,16 +87,16 @@ def export(ctx: sb.Context, base, chosen, ref) -> None:
     pool = ss["ex_pool"]
     layer = None if ss.get("ex_cross_layer", "mean") == "mean" else int(ss["ex_cross_layer"])
     e = st.columns(5)
-    e[0].download_button("meters.csv", csv_of(lambda: views.meters_table(chosen, base, ref)), "meters.csv", "text/csv",
+    e[0].download_button("meters.csv", csv_of(lambda: tables.meters_table(chosen, base, ref)), "meters.csv", "text/csv",
                          key="dl_meters", on_click="ignore")
     if chosen.probes.heatmap_mean is not None:
-        e[1].download_button("heatmap.csv", csv_of(lambda: views.heatmap_table(chosen, pool)), "heatmap.csv", "text/csv",
+        e[1].download_button("heatmap.csv", csv_of(lambda: tables.heatmap_table(chosen, pool)), "heatmap.csv", "text/csv",
                              key="dl_heat", on_click="ignore")
     if chosen.probes.profile is not None:
-        e[2].download_button("profile.csv", csv_of(lambda: views.profile_table(chosen, base)), "profile.csv", "text/csv",
+        e[2].download_button("profile.csv", csv_of(lambda: tables.profile_table(chosen, base)), "profile.csv", "text/csv",
                              key="dl_prof", on_click="ignore")
-    if views.answer_attention(chosen, layer) is not None:
-        e[3].download_button("answer_attention.csv", csv_of(lambda: views.answer_attention_table(chosen, layer)),
+    if tables.answer_attention(chosen, layer) is not None:
+        e[3].download_button("answer_attention.csv", csv_of(lambda: tables.answer_attention_table(chosen, layer)),
                              "answer_attention.csv", "text/csv", key="dl_cross", on_click="ignore")
     e[4].download_button("settings.json", ctx.settings().to_json(), "settings.json", "application/json",
                          key="dl_settings", on_click="ignore")
@@ -138,5 +138,5 @@ def bias_section(ctx: sb.Context) -> None:
         return
     chart(cache.figure(plots.rpe_curves, curves, ss["ex_rpe_heads"], int(ss["ex_rpe_query"]), ctx.train_length,
                            int(getattr(ctx.loaded.config, "relative_attention_max_distance", 128))), "rpe")
-    st.download_button("rpe.csv", csv_of(lambda: views.rpe_table(curves)), "rpe.csv", "text/csv", key="dl_rpe",
+    st.download_button("rpe.csv", csv_of(lambda: tables.rpe_table(curves)), "rpe.csv", "text/csv", key="dl_rpe",
                        on_click="ignore")

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core import csvio, methods, plots, tasks, temperature, timing, views
+from core import csvio, methods, plots, tables, tasks, temperature, timing
 from core.errors import UserError
 from core.settings import DocumentRequest
 from ui import chart, csv_of, user_errors
@@ -36,7 +36,7 @@ def qq(here, ref) -> None:
     vectors = {f"L_tr = {ref.tokens:,}": ref.probes.sorted_logits, f"this document, {here.tokens:,}": here.probes.sorted_logits}
     vectors = {k: v for k, v in vectors.items() if v is not None}
     chart(plots.qq_plot(vectors), "qq")
-    st.download_button("sorted_logits.csv", csv_of(lambda: views.sorted_logits_table(vectors)), "sorted_logits.csv",
+    st.download_button("sorted_logits.csv", csv_of(lambda: tables.sorted_logits_table(vectors)), "sorted_logits.csv",
                        "text/csv", key="dl_qq", on_click="ignore")
 
 
@@ -195,7 +195,7 @@ def tau_curves(ctx: sb.Context, ref, reqs: dict, stats: pd.DataFrame) -> None:
     chart(plots.temperature_curves(curves, dots, ctx.train_length), "taus")
     st.caption(_EQUAL_NOTE)
     _prop1_note(curves, stats, ref.probes.sigma)
-    st.download_button("tau_curves.csv", csv_of(lambda: views.tau_curves_table({**curves, **dots})), "tau_curves.csv",
+    st.download_button("tau_curves.csv", csv_of(lambda: tables.tau_curves_table({**curves, **dots})), "tau_curves.csv",
                        "text/csv", key="dl_taus", on_click="ignore")
 
 
