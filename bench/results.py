@@ -352,8 +352,8 @@ class TablePlan:
             if c.taus is None:
                 old = self.known.get(c.name, {})
                 todo = [m for m in MEASURED if m not in old]
-                passes = timing.sweep_passes([c.n], 0, todo, 4, self.loaded.train_length,
-                                             self.loaded.n_layers, len(temperature.GRID))
+                passes = timing.sweep_passes([c.n], 0, methods.costs(todo, self.loaded.n_layers, self.loaded.n_heads, 4),
+                                             self.loaded.train_length)
                 out.append(cluster.Job(_taus_job, (c.task, c.k, c.n, taus_json(old)), f"{c.name}: calibrating",
                                        passes=tuple(passes), unlocks=len(todo) * cluster.cost([(self.samples, c.n)]),
                                        model=self.model, kind="taus", tag=c.name))

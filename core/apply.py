@@ -63,10 +63,12 @@ from typing import Iterator
 import torch
 
 from core import attention
-from core.attention import ENCODER, AttentionSettings, attention_call, tau_matrix
-from core.temperature import RowTau
+from core.attention import AttentionSettings, attention_call, attention_modules
 from core.errors import UserError
-from core.validation import Bytes, Positive, Tau, validate
+from core.kinds import ENCODER, KINDS
+from core.schedule import Schedule
+from core.settings import Settings
+from core.validation import Bytes, Positive, validate
 
 #: transformers ``model_type`` values whose attention we can take over.
 SUPPORTED_TYPES = ("t5", "mt5", "umt5")
@@ -124,14 +126,12 @@ def attention_settings(
     override what it holds. Its stored schedule is used as is (see the module
     docstring: no re-resolution at another length here).
     """
-    from core.settings import Settings
-
     if tau is not None and schedule is not None:
         raise UserError("Give either tau (one number) or schedule (per layer / per layer and head), not both")
     value = tau if tau is not None else schedule
     if settings is not None:  # the one Settings -> run conversion (explicit arguments win)
-        st = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
-        rs = st.run_settings(value, cosine_scale=cosine_scale)
+        chosen = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
+        rs = chosen.run_settings(value, cosine_scale=cosine_scale)
         value, cosine_scale = rs.tau, rs.cosine_scale
         targets = rs.targets if targets is None else targets
     if value is None:
@@ -140,30 +140,22 @@ def attention_settings(
     # the bounds every entry point uses (core.validation), not a second set written here
     cosine_scale = None if cosine_scale is None else validate(Positive, cosine_scale, "cosine_scale")
     chunk_bytes = None if chunk_bytes is None else validate(Bytes, chunk_bytes, "chunk_bytes")
-    bad = [t for t in targets if t not in attention.KINDS]
+    bad = [t for t in targets if t not in KINDS]
     if bad:
-        raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(attention.KINDS)}")
+        raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(KINDS)}")
     enc, dec, heads = _n_layers_heads(model)
-    if isinstance(value, dict):  # a row schedule as JSON (core.temperature.schedule_json)
-        value = validate(Tau, value, "tau")
-    if isinstance(value, RowTau):  # one tau per query row (Llama 4): the same for every layer and head
-        return AttentionSettings(value, targets, cosine_scale, chunk_bytes)
     try:
-        m = tau_matrix(value, enc, heads)
-        if isinstance(value, (int, float)) or torch.as_tensor(value).ndim == 0:
-            value = float(value)
-        else:
-            value = m.tolist() if torch.as_tensor(value).ndim == 2 else m[:, 0].tolist()
-            if dec != enc and any(t != ENCODER for t in targets):
-                raise UserError(
-                    f"A per-layer schedule has {enc} values (encoder layers) but the decoder has {dec} layers: "
-                    "use one number for decoder/cross targets"
-                )
-        return AttentionSettings(value, targets, cosine_scale, chunk_bytes)
-    except UserError:
-        raise
+        schedule = Schedule.of(value)  # the one check of a tau (a Settings' is one already)
+        if schedule.rows is None:
+            schedule.matrix(enc, heads)  # does it fit this model?
     except ValueError as err:
         raise UserError(f"Bad tau schedule for {type(model).__name__} ({enc} layers x {heads} heads): {err}") from None
+    if schedule.ndim >= 1 and dec != enc and any(t != ENCODER for t in targets):
+        raise UserError(
+            f"A per-layer schedule has {enc} values (encoder layers) but the decoder has {dec} layers: "
+            "use one number for decoder/cross targets"
+        )
+    return AttentionSettings(schedule, targets, cosine_scale, chunk_bytes)
 
 
 # -- switching the attention implementation --------------------------------------
@@ -246,14 +238,6 @@ def _let_go(model, hold: _Hold) -> None:
         hold.before.restore(model)
 
 
-def _attention_modules(model) -> list[torch.nn.Module]:
-    from transformers.models.mt5.modeling_mt5 import MT5Attention
-    from transformers.models.t5.modeling_t5 import T5Attention
-    from transformers.models.umt5.modeling_umt5 import UMT5Attention
-
-    return [m for m in model.modules() if isinstance(m, (T5Attention, MT5Attention, UMT5Attention))]
-
-
 # -- the public API --------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -295,13 +279,13 @@ def apply(
     a bad schedule.
     """
     check_supported(model)
-    st = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
+    attn = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
     hold = _hold(model)
     hold.blocks += 1
     try:
-        with attention_call(st, recorder):
-            yield st
+        with attention_call(attn, recorder):
+            yield attn
     finally:
         hold.blocks -= 1
         _let_go(model, hold)
@@ -326,13 +310,13 @@ def install(
     nothing of ours).
     """
     check_supported(model)
-    st = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
+    attn = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
     _hold(model).installed = True
-    call = attention.standing_call(st)
-    for m in _attention_modules(model):
+    call = attention.standing_call(attn)
+    for m in attention_modules(model):
         m.__dict__[attention.INSTALLED_ATTR] = call
-    return st
+    return attn
 
 
 def installed(model) -> AttentionSettings | None:
@@ -340,7 +324,7 @@ def installed(model) -> AttentionSettings | None:
     hold = getattr(model, "__dict__", {}).get(_HOLD_ATTR)
     if hold is None or not hold.installed:
         return None
-    mods = _attention_modules(model)
+    mods = attention_modules(model)
     call = mods[0].__dict__.get(attention.INSTALLED_ATTR) if mods else None
     return None if call is None else call.settings
 
@@ -350,7 +334,7 @@ def uninstall(model) -> None:
     hold = model.__dict__.get(_HOLD_ATTR)
     if hold is None or not hold.installed:
         return
-    for m in _attention_modules(model):
+    for m in attention_modules(model):
         m.__dict__.pop(attention.INSTALLED_ATTR, None)
     hold.installed = False
     _let_go(model, hold)  # inside an apply block the block still needs ours; its end restores

@@ -35,25 +35,21 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from core.temperature import RowTau, schedule_json, schedule_key, schedule_mean  # noqa: F401 (re-exported)
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from core.kinds import CROSS, DECODER, ENCODER, KINDS
+from core.schedule import Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.probes import Recorder
 
 ATTN_NAME = "aligned"
-
-#: The attention kinds a temperature can be applied to.
-ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
-KINDS = (ENCODER, DECODER, CROSS)
 
 #: Bytes of float32 scores one block of query rows may hold (all heads and
 #: batch items), per device type. On the CPU a block above glibc's mmap
@@ -81,68 +77,12 @@ EXP_FLOOR = -87.0
 
 
 
-TauSpec = float | Sequence[float] | Sequence[Sequence[float]] | RowTau  # RowTau: core.temperature
-
-
-def _check_numbers(tau: object) -> None:
-    """Refuse anything but real numbers at the leaves of a schedule.
-
-    ``torch.as_tensor`` would take ``True`` as 1.0 (a silent wrong answer)
-    and fail with a TypeError deep in torch on ``"0.5"``.
-    """
-    if isinstance(tau, torch.Tensor):
-        if tau.dtype == torch.bool or tau.dtype.is_complex:
-            raise ValueError(f"tau must hold real numbers, got a tensor of {tau.dtype}")
-        return
-    if isinstance(tau, np.ndarray):
-        if tau.dtype.kind not in "iuf":
-            raise ValueError(f"tau must hold real numbers, got an array of {tau.dtype}")
-        return
-    if isinstance(tau, (list, tuple)):
-        for x in tau:
-            _check_numbers(x)
-        return
-    if isinstance(tau, (bool, np.bool_)) or not isinstance(tau, numbers.Real):
-        raise ValueError(f"tau must be a number (or a list of numbers), got {type(tau).__name__} {tau!r:.40}")
-
-
-def tau_matrix(tau: TauSpec, n_layers: int, n_heads: int, rows: int | None = None) -> torch.Tensor:
-    """Normalise a tau schedule to a float64 ``[layers, heads]`` matrix.
-
-    Accepts one number (every layer and head), one number per layer, or one
-    number per layer and head, the three shapes the paper and its per-layer
-    extension need. Raises ``ValueError`` for a wrong shape or a tau <= 0.
-    A row schedule (:class:`RowTau`) is the same for every layer and head:
-    its matrix holds its mean over ``rows`` query rows (what a result reports).
-    """
-    if isinstance(tau, RowTau):
-        return torch.full((n_layers, n_heads), schedule_mean(tau, rows), dtype=torch.float64)
-    _check_numbers(tau)
-    try:
-        t = torch.as_tensor(tau, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError) as err:  # ragged lists
-        raise ValueError(f"tau must be a number, a list per layer, or a list of lists per layer and head ({err})") from None
-    if t.ndim == 0:
-        t = t.expand(n_layers, n_heads)
-    elif t.ndim == 1:
-        if t.numel() != n_layers:
-            raise ValueError(f"a per-layer tau needs {n_layers} values, got {t.numel()}")
-        t = t[:, None].expand(n_layers, n_heads)
-    elif t.ndim == 2:
-        if tuple(t.shape) != (n_layers, n_heads):
-            raise ValueError(f"a per-head tau needs shape ({n_layers}, {n_heads}), got {tuple(t.shape)}")
-    else:
-        raise ValueError("tau must be a number, a list per layer, or a list of lists per layer and head")
-    if not torch.isfinite(t).all() or (t <= 0).any():
-        raise ValueError("tau must be finite and > 0")
-    return t.clone()
-
-
 @dataclass(frozen=True)
 class AttentionSettings:
     """What one forward pass should do to the attention logits.
 
-    ``tau``: schedule (see :func:`tau_matrix`), dividing q.k + bias.
+    ``tau``: the :class:`~core.schedule.Schedule` dividing q.k + bias (anything
+    :meth:`Schedule.of` accepts is turned into one here, once).
     ``targets``: which attentions the schedule and ``cosine_scale`` touch; the
     paper scales encoder self-attention only.
     ``cosine_scale``: for models trained with cosine attention, the s in
@@ -151,14 +91,13 @@ class AttentionSettings:
     None: the device's default, :func:`default_chunk_bytes`).
     """
 
-    tau: TauSpec = 1.0
+    tau: Schedule = Schedule.of(1.0)
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
     chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.tau, dict):  # a row schedule read from JSON
-            object.__setattr__(self, "tau", RowTau.from_dict(self.tau))
+        object.__setattr__(self, "tau", Schedule.of(self.tau))  # the same object when it is one already
         bad = [t for t in self.targets if t not in KINDS]
         if bad:
             raise ValueError(f"unknown attention target(s) {bad}; choose from {KINDS}")
@@ -194,9 +133,7 @@ def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
     The recorder rides on a standing call (:data:`INSTALLED_ATTR`), so the model still never knows who
     listens. What training's cross-attention tap uses (``cross.*.logits``,
     :class:`core.training.CrossAttentionTap`). Take listeners off in the reverse order of putting them on."""
-    from core.apply import _attention_modules
-
-    before = {m: m.__dict__.get(INSTALLED_ATTR) for m in _attention_modules(model)}
+    before = {m: m.__dict__.get(INSTALLED_ATTR) for m in attention_modules(model)}
     for m, prev in before.items():
         m.__dict__[INSTALLED_ATTR] = standing_call(prev.settings if prev else AttentionSettings(), recorder)
 
@@ -208,6 +145,15 @@ def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
                 m.__dict__[INSTALLED_ATTR] = prev
 
     return stop
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The T5-family attention modules of ``model``: the ones that call this function, and hold a standing call."""
+    from transformers.models.mt5.modeling_mt5 import MT5Attention
+    from transformers.models.t5.modeling_t5 import T5Attention
+    from transformers.models.umt5.modeling_umt5 import UMT5Attention
+
+    return [m for m in model.modules() if isinstance(m, (T5Attention, MT5Attention, UMT5Attention))]
 
 
 @contextlib.contextmanager
@@ -231,36 +177,27 @@ def attention_kind(module: torch.nn.Module) -> str:
     return DECODER if getattr(module, "is_causal", False) else CROSS
 
 
-def _tau_for(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, q_len: int = 1,
-             k_len: int = 1) -> torch.Tensor | None:
+def _layer_tau(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, q_len: int = 1,
+               k_len: int = 1) -> torch.Tensor | None:
     """The tau of one layer, ``[heads, 1, 1]`` (or ``[1, q_len, 1]``: one per query row for a
-    :class:`RowTau`), or None when it is 1 everywhere."""
+    row schedule), or None when it is 1 everywhere. Read from the call's :class:`Schedule` (which
+    keeps what it computed) and converted to a tensor once per call and layer."""
+    if kind not in call.settings.targets:
+        return None
     tau = call.settings.tau
-    if isinstance(tau, RowTau):
-        if kind not in call.settings.targets:
-            return None
+    if tau.rows is not None:
         # Row positions: a decoder's cached step sits at the end of its keys; other rows start at 0.
         start = k_len - q_len if kind == DECODER else 0
         key = (kind, "rows", start, q_len)
         if key not in call.taus:
-            t = torch.from_numpy(tau.taus(np.arange(start, start + q_len)))
-            call.taus[key] = None if bool((t == 1.0).all()) else t
+            t = tau.row_taus(start, q_len)
+            call.taus[key] = None if t is None else torch.from_numpy(t)
         t = call.taus[key]
         return None if t is None else t.to(device=device, dtype=dtype).view(1, q_len, 1)
     key = (kind, layer)
     if key not in call.taus:
-        t = None
-        if kind in call.settings.targets:
-            if isinstance(tau, (int, float)):
-                t = None if float(tau) == 1.0 else torch.full((n_heads,), float(tau), dtype=torch.float64)
-            else:
-                n_layers = len(tau)
-                m = tau_matrix(tau, n_layers, n_heads)
-                if layer >= n_layers:
-                    raise ValueError(f"tau schedule has {n_layers} layers but the model has more")
-                row = m[layer]
-                t = None if bool((row == 1.0).all()) else row
-        call.taus[key] = t
+        row = tau.heads(layer, n_heads)
+        call.taus[key] = None if row is None else torch.tensor(row, dtype=torch.float64)
     t = call.taus[key]
     return None if t is None else t.to(device=device, dtype=dtype).view(n_heads, 1, 1)
 
@@ -328,7 +265,7 @@ def aligned_attention(
             s = float(call.settings.cosine_scale)
     query, key = logit_operands(query, key, scaling, s)
 
-    tau = None if call is None else _tau_for(call, kind, layer, heads, query.device, torch.float32, q_len, k_len)
+    tau = None if call is None else _layer_tau(call, kind, layer, heads, query.device, torch.float32, q_len, k_len)
     recorder = call.recorder if call is not None else None
     if recorder is not None and not recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s, kind=kind,
                                                          position_bias=position_bias):

@@ -55,11 +55,12 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from core import csvio, engine, methods, tasks, temperature, timing
+from core import csvio, engine, methods, tasks, timing
 from core.errors import UserError
 from core.validation import BatchSize, validate
 from core.models import Loaded
 from core.probes import ProbeSpec
+from core.schedule import Schedule
 
 if TYPE_CHECKING:  # Ray and the pool are imported only when a run uses them
     from core import cluster
@@ -234,20 +235,20 @@ class Choice:
 
     label: str
     method: str
-    tau: float | list | None = None  # stored / fixed schedule
+    tau: Schedule | None = None  # stored / fixed schedule
     chosen_at: int | None = None  # tokens the stored schedule was resolved at
 
 
-def _label(method: str, tau) -> str:
-    if method == "fixed":
-        return f"tau={float(tau):g}" if np.ndim(tau) == 0 else "fixed-schedule"
-    return method
+def _label(method: str, tau: Schedule | None) -> str:
+    """A choice's text in the CSV: the method's one spelling (:func:`core.methods.spell`); a fixed schedule of
+    more than one number has no such text."""
+    if methods.get(method).takes_value and Schedule.of(tau).scalar is None:
+        return "fixed-schedule"
+    return methods.spell(method, tau)
 
 
 def choices(args, settings) -> list[Choice]:
     """The settings to run: ``--methods`` when given, else the merged ``--settings``/``--tau``/``--method``."""
-    from core.methods import method_label
-
     spec = getattr(args, "methods", None)
     if spec:
         out = []
@@ -255,34 +256,33 @@ def choices(args, settings) -> list[Choice]:
             if not m:
                 continue
             try:
-                label = method_label(m)
+                name, value = methods.parse(m)
             except ValueError as err:
                 raise UserError(str(err)) from None
-            out.append(Choice(label, "fixed", float(m)) if label.startswith("tau=") else Choice(label, m))
+            out.append(Choice(methods.spell(name, value), name, value))
         if not out:
             raise UserError("--methods is empty")
         return out
-    if settings.method == "fixed" and settings.tau is None:
-        raise UserError("Method 'fixed' needs a tau (--tau)")
+    if methods.get(settings.method).takes_value and settings.tau is None:
+        raise UserError(f"Method '{settings.method}' needs a tau (--tau)")
     return [Choice(_label(settings.method, settings.tau), settings.method, settings.tau, settings.chosen_at)]
 
 
 def _needs_passes(item: Item, c: Choice) -> bool:
-    if c.method in ("none", "fixed") or (c.tau is not None and c.chosen_at == item.n):
-        return False
-    return c.method in methods.MEASURED
+    stored = c.tau is not None and c.chosen_at == item.n  # chosen at this very length: used as it is
+    return methods.get(c.method).measured and not stored
 
 
 def _tau_key(tau) -> tuple:
-    if isinstance(tau, temperature.RowTau):
-        return temperature.schedule_key(tau)
-    return (np.ndim(tau),) + tuple(np.round(np.asarray(tau, dtype=float).ravel(), 12))
+    s = Schedule.of(tau)
+    return (s.ndim,) + s.key()
 
 
 def _tau_cell(tau) -> str:
-    if isinstance(tau, temperature.RowTau):
-        return json.dumps(tau.to_dict())
-    a = np.asarray(tau, dtype=float)
+    s = Schedule.of(tau)
+    if s.rows is not None:
+        return json.dumps(s.to_json())
+    a = np.asarray(s.to_json(), dtype=float)
     if a.ndim == 0 or np.all(a == a.flat[0]):
         return f"{float(a.flat[0]):.6g}"
     return json.dumps(np.round(a, 6).tolist())
@@ -430,8 +430,8 @@ def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Choice], done: 
                                         passes=tuple((1, it.n) for it in batch), answers=tuple((1, it.n) for it in batch),
                                         model=model))
         for it in sorted(single, key=lambda i: i.n):
-            passes = timing.sweep_passes([it.n], 1, [c.method], samples, loaded.train_length, loaded.n_layers,
-                                         len(temperature.GRID))  # its own calibration (an upper bound), then its run
+            passes = timing.sweep_passes([it.n], 1, methods.costs([c.method], loaded.n_layers, loaded.n_heads, samples),
+                                         loaded.train_length)  # its own calibration (an upper bound), then its run
             jobs.append(cluster.Job(_run_job, (base, c, None, [it], samples), _job_label(c, [it]),
                                     passes=tuple(passes), answers=((1, it.n),), model=model))
     return jobs

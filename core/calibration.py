@@ -120,10 +120,6 @@ def calibrate(
     """Algorithm 1 at the document's length (``samples`` documents), reference at L_tr with tau = 1
     (``refined``: the crossing itself, :func:`core.temperature.refine`)."""
     meas, reference = measures(loaded, document, samples, base)
-    if criterion == "per-layer":
-        return temperature.per_layer(meas, reference, loaded.n_layers, "pmax", progress=progress)
-    if criterion == "per-head":
-        return temperature.per_head(meas, reference, loaded.n_layers, loaded.n_heads, "pmax", progress=progress)
     return temperature.algorithm1(meas, reference, criterion, fast=fast, progress=progress, refined=refined)
 
 

@@ -30,8 +30,7 @@ import numpy as np
 
 from core.errors import InputTooLong, UserError
 from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS, TASKS
-from core import methods, temperature
-from core.methods import MEASURED, NAMES as METHODS  # MEASURED: methods that need forward passes at L_tr
+from core import methods
 from core.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
     Tokens,
@@ -39,7 +38,6 @@ from core.validation import (
 )
 
 TASK_CHOICES = GENERATED + ("text",)
-METHOD_CHOICES = tuple(m for m in METHODS if m != "fixed")  # "fixed" is --tau X
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,7 +82,7 @@ def _dtype(text: str) -> str:
 
 
 def _targets(text: str) -> tuple[str, ...]:
-    from core.attention import KINDS
+    from core.kinds import KINDS
 
     parts = tuple(t.strip() for t in text.split(","))
     bad = [t for t in parts if t not in KINDS]
@@ -116,12 +114,20 @@ def _length_item(part: str) -> tuple[float, bool]:
 
 
 def _method_item(part: str) -> str:
-    """A method name, or a number meaning a fixed tau (positive, finite): :func:`core.methods.method_label`'s rule."""
+    """A method name, or a fixed tau (``tau=0.8``; a bare number too): :func:`core.methods.parse`'s rule."""
     try:
-        methods.method_label(part)
+        methods.parse(part)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)[:200]) from None
     return part
+
+
+def _tau(text: str) -> float:
+    """``--tau``: one number within the bounds every schedule has (:mod:`core.schedule`)."""
+    try:
+        return methods.parse(text.strip())[1].scalar
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)[:200]) from None
 
 
 def _methods(text: str) -> str:
@@ -156,8 +162,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--question")
     g.add_argument("--expected")
     t = p.add_argument_group("temperature")
-    t.add_argument("--tau", type=_positive, help="a fixed tau (> 0) for every targeted attention")
-    t.add_argument("--method", choices=METHOD_CHOICES)
+    t.add_argument("--tau", type=_tau, help="a fixed tau for every targeted attention (same as --method tau=X)")
+    t.add_argument("--method", type=_method_item, metavar="METHOD",
+                   help=f"{{{','.join(n for n, m in methods.REGISTRY.items() if not m.takes_value)}}} or "
+                        f"{methods.FIXED_PREFIX}X (a fixed tau)")
     t.add_argument("--targets", type=_targets, default=None, help="comma list of encoder,decoder,cross (default: encoder)")
     t.add_argument("--cosine-scale", type=_positive, help="CosScale s for cosine-attention models")
     t.add_argument("--samples", type=_samples, default=1, help="documents used to calibrate measured methods")
@@ -180,7 +188,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma list of token counts, or multiples like 1x,2x,4x of L_tr")
     s.add_argument("--depths", type=_comma_list(_depth, "--depths"), default=[0.5], help="comma list of depths 0..1")
     s.add_argument("--methods", type=_methods, default=None,
-                   help="comma list of method names and/or fixed taus (default: none,log-length; with --data: "
+                   help=f"comma list of method names and/or fixed taus, tau=0.8 (default: {','.join(methods.SWEEP_DEFAULT)}; with --data: "
                         "the --settings/--tau/--method choice)")
     s.add_argument("--out", help="CSV written row by row")
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
@@ -202,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
     pp.add_argument("--lengths", type=_comma_list(_length_item, "--lengths"), default=None,
                     help="comma list of prefix lengths in tokens, or multiples like 1x,2x,4x of L_tr (default 1x..16x)")
     pp.add_argument("--methods", type=_methods, default=None,
-                    help="comma list of method names and/or fixed taus (default: none,log-length,pmax,entropy)")
+                    help=f"comma list of method names and/or fixed taus, tau=0.8 (default: {','.join(methods.PERPLEXITY_DEFAULT)})")
     pp.add_argument("--sequences", type=_sequences, default=200, help="held-out sequences per length (default 200)")
     pp.add_argument("--seed", type=_seed, default=0, help="first sequence seed (seeds seed .. seed + sequences - 1)")
     pp.add_argument("--calib-seed", type=_seed, default=100_000, help="first seed of the calibration sequences")
@@ -254,9 +262,9 @@ def _settings(args):
     doc = replace(base.document, **over) if over else base.document
     method, tau = base.method, base.tau
     if args.tau is not None:
-        method, tau = "fixed", args.tau
+        method, tau = methods.FIXED, args.tau
     elif args.method:
-        method, tau = args.method, None
+        method, tau = methods.parse(args.method)
     return Settings(
         model=args.model if args.model is not None else base.model,
         train_length=args.train_length if args.train_length is not None else base.train_length,
@@ -321,16 +329,16 @@ def _check_fits(loaded, tokens: int, what: str, batch: int = 1) -> None:
                            f"{f' for {batch} documents at once' if batch > 1 else ''}. Use a shorter document.")
 
 
-def _check_reference(loaded, methods, samples: int = 1) -> None:
+def _check_reference(loaded, names, samples: int = 1) -> None:
     """Measured methods run documents at L_tr (and ``samples`` of them at once): that length must fit too."""
-    measured = sorted({m for m in methods if m in MEASURED})
+    measured = sorted({m for m in names if methods.entry(m).measured})
     if measured:
         _check_fits(loaded, loaded.train_length, f"{', '.join(measured)} measure(s) documents at L_tr =", batch=samples)
 
 
-def _document(loaded, st, samples: int = 1):
+def _document(loaded, chosen, samples: int = 1):
     """The run's document, refused before it is built when it (or its calibration batch) cannot fit."""
-    return st.document.build_for(loaded, batch=samples)
+    return chosen.document.build_for(loaded, batch=samples)
 
 
 def _progress(desc: str):
@@ -349,16 +357,17 @@ def _progress(desc: str):
 def cmd_run(args) -> int:
     from core import calibration, engine
 
-    st = args.settings_
-    loaded = _load(st.model, st.train_length, args.device, args.tokenizer, args.dtype)
-    _check_reference(loaded, [st.method], args.samples)
-    doc = _document(loaded, st, args.samples if st.method in MEASURED else 1)
-    prog = _progress("calibrating") if st.method in ("pmax", "entropy", "per-layer") else None
+    chosen = args.settings_
+    loaded = _load(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
+    _check_reference(loaded, [chosen.method], args.samples)
+    entry = methods.get(chosen.method)
+    doc = _document(loaded, chosen, args.samples if entry.measured else 1)
+    prog = _progress("calibrating") if entry.search is not None else None
     # a stored schedule is used at the length it was chosen at; any other length re-resolves it
-    tau, info = methods.resolve(loaded, doc, st.method, st.tau, samples=args.samples, progress=prog, chosen_at=st.chosen_at)
+    tau, info = methods.resolve(loaded, doc, chosen.method, chosen.tau, samples=args.samples, progress=prog, chosen_at=chosen.chosen_at)
     if prog:
         prog.close()
-    res = engine.run(loaded, doc, st.run_settings(tau))
+    res = engine.run(loaded, doc, chosen.run_settings(tau))
     out = res.summary()
     out["model"] = loaded.spec.name
     out.update(_precision(loaded))
@@ -367,7 +376,7 @@ def cmd_run(args) -> int:
     else:
         mark = {True: "correct", False: "wrong", None: "-"}[res.correct]
         print(f"model {loaded.spec.name}  tokens {res.tokens} ({res.tokens / res.train_length:.1f}x L_tr={res.train_length})  "
-              f"method {st.method}  tau {np.round(res.tau.mean(1), 3).tolist()}")
+              f"method {chosen.method}  tau {np.round(res.tau.mean(1), 3).tolist()}")
         print(f"answer: {res.answer!r}  expected: {res.expected!r}  [{mark}]  {res.seconds['total']:.3f}s")
         for layer in res.layers():
             print(f"  layer {layer['layer']}: Pmax {layer['pmax']:.4f}  H {layer['entropy']:.4f}")
@@ -377,14 +386,14 @@ def cmd_run(args) -> int:
 def cmd_calibrate(args) -> int:
     from core import calibration
 
-    st = args.settings_
-    loaded = _load(st.model, st.train_length, args.device, args.tokenizer, args.dtype)
-    _check_reference(loaded, MEASURED, args.samples)
-    doc = _document(loaded, st, args.samples)
+    chosen = args.settings_
+    loaded = _load(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
+    _check_reference(loaded, methods.MEASURED, args.samples)
+    doc = _document(loaded, chosen, args.samples)
     prog = _progress(f"Algorithm 1 ({args.criterion})")
     cal = calibration.calibrate(loaded, doc, args.criterion, fast=args.fast, samples=args.samples, progress=prog)
     prog.close()
-    taus = {m: t if isinstance(t, str) else temperature.schedule_json(t)
+    taus = {m: t if isinstance(t, str) else t.to_json()
             for m, t in methods.all_methods(loaded, doc, samples=args.samples).items()}
     taus[args.criterion] = cal.tau
     out = {**cal.to_dict(), "methods": taus, "tokens": len(loaded.tokenizer(doc.text).input_ids),
@@ -422,7 +431,7 @@ def cmd_sweep(args) -> int:
         print(f"interrupted: {where}", file=sys.stderr)
         return 130
 
-    st = args.settings_
+    chosen = args.settings_
     on_ray = args.engine == "ray"
     if not on_ray:
         given = [o for o, v in (("--address", args.address), ("--actors", args.actors),
@@ -439,17 +448,17 @@ def cmd_sweep(args) -> int:
                             "(bfloat16 on a GPU, float32 on a CPU)")
         cluster.check_address(args.address or os.environ.get("RAY_ADDRESS") or None)  # before the model loads
     # under Ray this process only tokenises, checks and writes: its copy of the model stays on the CPU
-    loaded = _load(st.model, st.train_length, "cpu" if on_ray else args.device, args.tokenizer,
+    loaded = _load(chosen.model, chosen.train_length, "cpu" if on_ray else args.device, args.tokenizer,
                    None if on_ray else args.dtype)
     pool = cluster.RayEngine(address=args.address, actors=args.actors, cpus_per_actor=args.cpus_per_actor or 1,
                              device=args.device, tokenizer=args.tokenizer) if on_ray else None
     if args.data:
         from core.batch import run_jsonl
 
-        _check_reference(loaded, args.methods.split(",") if args.methods else [st.method])
+        _check_reference(loaded, args.methods.split(",") if args.methods else [chosen.method])
         try:
             with pool or contextlib.nullcontext():
-                return run_jsonl(loaded, args, st, pool=pool)
+                return run_jsonl(loaded, args, chosen, pool=pool)
         except KeyboardInterrupt:
             return _interrupted(args.out)
     from tqdm import tqdm
@@ -457,16 +466,16 @@ def cmd_sweep(args) -> int:
     from core import tasks
     from core.sweep import SweepPlan, run_sweep
 
-    methods = (args.methods or "none,log-length").split(",")
+    names = args.methods.split(",") if args.methods else list(methods.SWEEP_DEFAULT)
     lengths = _lengths(args.lengths, loaded.train_length)
     _check_fits(loaded, max(lengths), "--lengths asks for documents of")
-    _check_reference(loaded, methods, 1)
-    task = st.document.task if st.document.task != "text" else "passkey"
+    _check_reference(loaded, names, 1)
+    task = chosen.document.task if chosen.document.task != "text" else "passkey"
     try:
         plan = SweepPlan(
             model=loaded.spec.name, task=task, lengths=lengths, depths=list(args.depths),
-            seeds=[(st.document.seed or 0) + i for i in range(args.samples)], methods=methods,
-            haystack=st.document.haystack,
+            seeds=[(chosen.document.seed or 0) + i for i in range(args.samples)], methods=names,
+            haystack=chosen.document.haystack,
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
@@ -506,12 +515,12 @@ def cmd_perplexity(args) -> int:
     from core.perplexity import PerplexityPlan, run_perplexity, summary
 
     loaded = _load(args.model, args.train_length, args.device, args.tokenizer, args.dtype)
-    methods = (args.methods or "none,log-length,pmax,entropy").split(",")
+    names = args.methods.split(",") if args.methods else list(methods.PERPLEXITY_DEFAULT)
     lengths = _lengths(args.lengths, loaded.train_length)
     _check_fits(loaded, max(lengths), "--lengths asks for sequences of", batch=args.batch_size)
-    _check_reference(loaded, methods, args.samples)
+    _check_reference(loaded, names, args.samples)
     plan = PerplexityPlan(
-        model=loaded.spec.name, lengths=lengths, methods=methods, sequences=args.sequences, seed=args.seed,
+        model=loaded.spec.name, lengths=lengths, methods=names, sequences=args.sequences, seed=args.seed,
         calib_seed=args.calib_seed, calib_samples=args.samples, continuation=args.continuation,
         batch_size=args.batch_size, targets=args.targets or ("encoder",),
     )
@@ -541,24 +550,6 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
-def _write_replacing(path: str, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: an existing
-    file is replaced only by a complete new one, never truncated by a failed write. A path that is
-    not a regular file (``/dev/stdout``, a pipe) is written to directly."""
-    target = Path(path)
-    if target.exists() and not target.is_file():
-        with open(target, "w") as f:
-            f.write(text)
-        return
-    target = target.resolve()  # a symlink keeps pointing where it did
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def cmd_rpe(args) -> int:
     import pandas as pd
 
@@ -580,7 +571,7 @@ def cmd_rpe(args) -> int:
         df[f"head{h}"] = c
     from core import csvio
 
-    _write_replacing(args.out, csvio.to_csv_text(df))
+    csvio.write_csv(df, args.out)  # replaced whole, under the lock sweeps hold on the real file
     print(f"wrote {args.out}: {curves.shape[0]} heads x {length} keys, query m={m}, L_tr={lt}")
     return 0
 

@@ -38,18 +38,30 @@ import os
 import platform
 import re
 import sysconfig
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from core.errors import UserError
 
-__all__ = ["paragraphs", "split_train_eval", "pool", "stats", "SNAPSHOT", "write_snapshot"]
+__all__ = ["paragraphs", "split_train_eval", "pool", "stats", "SNAPSHOT", "write_snapshot", "read_snapshot",
+           "check_paragraphs"]
 
 #: The shipped paragraph list (see the module docstring): what every machine draws haystacks from.
 SNAPSHOT = Path(__file__).resolve().parent.parent / "assets" / "corpus" / "paragraphs.json.gz"
 
 MIN_WORDS = 20
 MAX_WORDS = 120
+
+#: The most bytes a snapshot may hold, as a file and once decompressed. The shipped one is 131 KB of gzip
+#: expanding to 432 KB (1,903 paragraphs); 4 MiB leaves room for a harvest nine times larger, and a gzip
+#: bomb is refused after 4 MiB of output instead of filling the memory (8 GiB from an 8 MB file).
+MAX_SNAPSHOT_BYTES = 4 << 20
+#: The fewest paragraphs each pool ("train", "eval") may have. The shipped snapshot has 1,504 and 399; a
+#: pool of a handful repeats its few paragraphs through every long haystack, which defeats varied prose.
+MIN_POOL_PARAGRAPHS = 100
+#: The longest paragraph, in characters: MAX_WORDS words of English prose (the longest shipped: 775).
+MAX_PARAGRAPH_CHARS = 2000
 
 # Top-level stdlib names never read: GUI/demo/test code, side-effect modules,
 # and packages some distributions split out or replace (Debian ships distutils
@@ -252,8 +264,21 @@ def _docstring_texts() -> Iterable[str]:
 
 @functools.lru_cache(maxsize=1)
 def _paragraphs() -> tuple[str, ...]:
+    """The snapshot's paragraphs (checked by :func:`read_snapshot`), else this Python's harvest, checked the same
+    way: a stripped-down stdlib could give too little prose, and a task would fail far from the cause."""
     shipped = read_snapshot(SNAPSHOT)
-    return shipped if shipped is not None else _harvest()
+    if shipped is not None:
+        return shipped
+    harvested = _harvest()
+    try:
+        check_paragraphs(harvested)
+    except ValueError as err:
+        raise UserError(f"No corpus snapshot at {SNAPSHOT}, and this Python's stdlib gives too little prose to "
+                        f"replace it ({err}): restore the snapshot (git checkout -- {SNAPSHOT})",
+                        app=f"The corpus snapshot {SNAPSHOT.name} is missing and this server's Python cannot "
+                            "replace it, so no text can be drawn from the corpus (its haystacks, the perplexity "
+                            "sequences); whoever runs this app can restore the file.") from None
+    return harvested
 
 
 def _digest(paragraphs: Sequence[str]) -> str:
@@ -261,22 +286,77 @@ def _digest(paragraphs: Sequence[str]) -> str:
 
 
 def read_snapshot(path: Path) -> tuple[str, ...] | None:
-    """The paragraphs stored at ``path``; None when there is no file; a one-line UserError when it is damaged
-    (not gzip/JSON, not a list of strings, or its content no longer matches the sha256 it was written with)."""
+    """The paragraphs stored at ``path``; None when there is no file; a one-line UserError when it is damaged.
+
+    Damaged: larger than :data:`MAX_SNAPSHOT_BYTES` as a file or once
+    decompressed (read as a stream with that cap, so a gzip bomb costs 4 MiB,
+    not the memory of the machine), not gzip/JSON, not a list of strings, no
+    longer matching the sha256 it was written with, or matching it but not a
+    pool a haystack can be drawn from (:func:`check_paragraphs`: an empty or
+    tiny list, one word, a huge paragraph, a control character), which used
+    to surface as "empty range for randrange()" deep inside a task.
+    """
     if not path.is_file():
         return None
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
+        size = path.stat().st_size
+        if size > MAX_SNAPSHOT_BYTES:
+            raise ValueError(f"{size:,} bytes, more than the {MAX_SNAPSHOT_BYTES >> 20} MiB a snapshot may have")
+        with gzip.open(path, "rb") as fh:
+            raw = fh.read(MAX_SNAPSHOT_BYTES + 1)  # decompressed in bounded steps: never more than the cap
+        if len(raw) > MAX_SNAPSHOT_BYTES:
+            raise ValueError(f"it expands past the {MAX_SNAPSHOT_BYTES >> 20} MiB a snapshot may have")
+        data = json.loads(raw.decode("utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("its JSON is not an object with paragraphs and a sha256")
         paras = data["paragraphs"]
         if not isinstance(paras, list) or not all(isinstance(x, str) for x in paras):
             raise ValueError("'paragraphs' is not a list of strings")
         if _digest(paras) != data["sha256"]:
             raise ValueError("its paragraphs do not match its sha256")
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"The corpus snapshot {path} is damaged ({str(err).splitlines()[0][:120]}): restore it "
-                        f"(git checkout -- {path}) or rebuild it with python -m core.corpus --write") from None
+        check_paragraphs(paras)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, RecursionError, zlib.error) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0][:120]
+        if isinstance(err, KeyError):
+            reason = f"no {reason} field"
+        elif isinstance(err, RecursionError):
+            reason = "its JSON is nested too deeply"
+        raise UserError(f"The corpus snapshot {path} is damaged ({reason}): restore it "
+                        f"(git checkout -- {path}) or rebuild it with python -m core.corpus --write",
+                        app=f"The corpus snapshot {path.name} is damaged ({reason}), so no text can be drawn "
+                            "from the corpus (its haystacks, the perplexity sequences); whoever runs this app "
+                            "can restore the file.") from None
     return tuple(paras)
+
+
+def check_paragraphs(paras: Sequence[str]) -> None:
+    """Refuse (ValueError, one line) a paragraph list no haystack can be drawn from.
+
+    Why: a snapshot whose checksum matches can still hold ``[]``, one word, a
+    paragraph of megabytes or a NUL (written by hand, or by a broken
+    harvest). Each paragraph must be what :func:`_harvest` makes: printable
+    ASCII with single spaces, ``MIN_WORDS``..``MAX_WORDS`` words, at most
+    :data:`MAX_PARAGRAPH_CHARS` characters, none repeated; and each pool of
+    :func:`split_train_eval` needs :data:`MIN_POOL_PARAGRAPHS`.
+    """
+    if not paras:
+        raise ValueError("it holds no paragraphs")
+    seen: set[str] = set()
+    for i, p in enumerate(paras, 1):
+        if not (p.isascii() and p.isprintable()):
+            bad = next(c for c in p if not (c.isascii() and c.isprintable()))
+            raise ValueError(f"paragraph {i} holds the character {bad!r}; paragraphs are printable ASCII")
+        if len(p) > MAX_PARAGRAPH_CHARS:
+            raise ValueError(f"paragraph {i} has {len(p):,} characters, more than {MAX_PARAGRAPH_CHARS:,}")
+        words = len(p.split())
+        if not MIN_WORDS <= words <= MAX_WORDS:
+            raise ValueError(f"paragraph {i} has {words} words, not {MIN_WORDS} to {MAX_WORDS}")
+        if p in seen:
+            raise ValueError(f"paragraph {i} repeats an earlier one")
+        seen.add(p)
+    for name, part in zip(("train", "eval"), split_train_eval(paras)):
+        if len(part) < MIN_POOL_PARAGRAPHS:
+            raise ValueError(f"its {name} pool has {len(part)} paragraphs, fewer than {MIN_POOL_PARAGRAPHS}")
 
 
 def write_snapshot(path: Path = SNAPSHOT) -> dict:

@@ -12,11 +12,18 @@ it is written as is. The rule is reversible (:func:`restore` drops the one
 ``'`` we added), so resuming a sweep recognises the rows it wrote.
 
 Result files (:class:`ResultCSV`): a sweep appends rows one by one (flush +
-fsync), holds an exclusive lock beside its CSV (``out.csv.lock``) for the
-whole run, and on ``--resume`` checks the file first: the header must be
-ours, every row must have all its fields, and a last row cut short by a kill
-is dropped (the file is truncated to the end of the last whole row) so the
-run redoes it exactly once.
+fsync), holds an exclusive lock on its CSV for the whole run, and on
+``--resume`` checks the file first: the header must be ours, every row must
+have all its fields, and a last row cut short by a kill is dropped (the file
+is truncated to the end of the last whole row) so the run redoes it exactly
+once.
+
+The lock follows the file, not the name the user typed (:class:`_Lock`): a
+symlink or a hard link to a running sweep's CSV is the same file, and a
+second writer through it would interleave or truncate the first one's rows.
+Every command that writes a CSV file takes it: sweeps, batch runs and
+perplexity through :class:`ResultCSV`, ``rpe --out`` through
+:func:`write_csv` (which replaces the file whole).
 """
 
 from __future__ import annotations
@@ -103,11 +110,6 @@ def to_csv_bytes(df: pd.DataFrame, index: bool = False) -> bytes:
     return to_csv_text(df, index).encode("utf-8")
 
 
-def write_csv(df: pd.DataFrame, path: str | Path, index: bool = False) -> None:
-    """``df`` to a CSV file, safe to open in a spreadsheet (e.g. ``python -m core rpe --out``)."""
-    safe_frame(df).to_csv(path, index=index, lineterminator=LINE_END)
-
-
 # -- the output path and its lock ----------------------------------------------------
 
 def check_out(path: Path) -> None:
@@ -123,49 +125,116 @@ def check_out(path: Path) -> None:
         raise UserError(f"--out {path} is not writable here")
 
 
-def lock_path(path: Path) -> Path:
-    return path.with_name(path.name + ".lock")
+def real_path(path: str | Path) -> Path:
+    """The file ``path`` names once every symlink on the way is followed (it need not exist yet)."""
+    return Path(os.path.realpath(path))
+
+
+def lock_path(path: str | Path) -> Path:
+    """The lock file of the real file behind ``path`` (``<real>.lock``), whichever name reached it."""
+    real = real_path(path)
+    return real.with_name(real.name + ".lock")
+
+
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation under our csv writer
 
 
 class _Lock:
-    """An exclusive, non-blocking ``flock`` on ``<path>.lock``; released (and the lock file removed) on close.
+    """Exclusive, non-blocking locks on the real file behind ``path``; released on :meth:`close`.
 
-    The lock file is removed while still held; a writer that opened it just
-    before that checks, once it holds its lock, that the file it locked is
-    still the one at that path, and retries otherwise, so two writers never
-    both hold "the" lock. A killed writer's lock ends with its process.
+    Why two ``flock`` locks, both taken before anything is read or written:
+
+    - ``<real>.lock``, beside the file the path resolves to (every symlink
+      followed): a symlink to a running sweep's CSV meets the same lock file,
+      and the name stays locked while a replacing writer (``rpe``) renames a
+      new file over it, or before the CSV exists at all.
+    - the CSV itself (its inode): a hard link is another name for the same
+      inode and resolves to another path, so only a lock on the file catches
+      it. :attr:`fd` is that file, opened read-write (read-only when
+      ``create`` is False), and :class:`ResultCSV` writes through it, so the
+      file written is the file locked.
+
+    ``create`` False (a writer that replaces the file whole): a CSV that does
+    not exist yet is not created, only its name is locked. The lock file is
+    removed while still held; a writer that opened it (or the CSV) just before
+    a removal or a rename checks, once it holds its lock, that the file it
+    locked is still the one at that path, and retries otherwise. A killed
+    writer's locks end with its process.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: str | Path, create: bool = True):
+        self.path = Path(path)
+        self.real = real_path(path)
         self.file = lock_path(path)
+        self._side: int | None = None
         self.fd: int | None = None
-        if fcntl is None:
-            return
-        while self.fd is None:
+        if fcntl is not None:  # without flock (Windows) a lock file would only be left behind
+            self._side = self._take(self.file, os.O_RDWR | os.O_CREAT, self._held_by_name)
+        try:
+            # a file only renamed over (create False) is locked read-only: a read-only CSV can still be replaced
+            flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | _BINARY
+            self.fd = self._take(self.real, flags, self._held_by_link, missing_ok=not create)
+        except BaseException:
+            self._release_side()
+            raise
+
+    def _held_by_name(self) -> UserError:
+        via = "" if self.real == self.path else f" (the file {self.real})"
+        return UserError(f"another sweep is writing {self.path}{via} (lock {self.file} held); "
+                         "wait for it or use another --out")
+
+    def _held_by_link(self) -> UserError:
+        return UserError(f"another sweep is writing {self.path}: the same file is locked under another name "
+                         "(a hard link); wait for it or use another --out")
+
+    def _take(self, target: Path, flags: int, held, missing_ok: bool = False) -> int | None:
+        """An fd of ``target`` holding its lock (None: ``missing_ok`` and no such file); ``held()`` raised when
+        another writer has it."""
+        while True:
             try:
-                fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(target, flags, 0o644)
+            except FileNotFoundError:
+                if missing_ok:
+                    return None
+                raise UserError(f"cannot open {target} for --out {self.path}: no such folder") from None
             except OSError as err:
-                raise UserError(f"cannot create the lock file {self.file} for --out {path}: {err.strerror}") from None
+                what = "the lock file " if target == self.file else ""
+                raise UserError(f"cannot open {what}{target} for --out {self.path}: {err.strerror}") from None
+            if fcntl is None:
+                return fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise UserError(f"another sweep is writing {path} (lock {self.file} held); "
-                                "wait for it or use another --out") from None
-            if _same_file(fd, self.file):
-                self.fd = fd
-            else:
-                os.close(fd)
+                raise held() from None
+            if _same_file(fd, target):
+                return fd
+            os.close(fd)
 
-    def close(self) -> None:
-        if self.fd is None:
+    def _release_side(self) -> None:
+        if self._side is None:
             return
         try:
             self.file.unlink()
         except FileNotFoundError:
             pass
-        os.close(self.fd)
-        self.fd = None
+        os.close(self._side)
+        self._side = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self._release_side()
+
+
+def _read_all(fd: int) -> bytes:
+    """The whole content of the file open at ``fd``, read from its start."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -174,6 +243,38 @@ def _same_file(fd: int, path: Path) -> bool:
     except FileNotFoundError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def write_csv(df: pd.DataFrame, path: str | Path, index: bool = False) -> None:
+    """``df`` to a CSV file, safe to open in a spreadsheet, replacing the file whole (``python -m core rpe --out``).
+
+    Why whole and locked: the new text goes to a temporary file beside the
+    real file and is renamed over it, so an existing file is replaced only by
+    a complete new one (a failed write leaves it as it was), and a symlink
+    keeps pointing where it did. The lock is the one sweeps hold
+    (:class:`_Lock`): ``--out`` naming a running sweep's CSV, by any name, is
+    refused instead of replacing its rows. A path that is not a regular file
+    (``/dev/stdout``, a pipe) is written to directly, with nothing to lock.
+    """
+    text = to_csv_text(df, index)
+    target = Path(path)
+    if target.exists() and not target.is_file():
+        with open(target, "w", newline="", encoding="utf-8") as f:
+            f.write(text)
+        return
+    lock = _Lock(target, create=False)
+    try:
+        tmp = lock.real.with_name(f".{lock.real.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, lock.real)
+        finally:
+            tmp.unlink(missing_ok=True)
+    finally:
+        lock.close()
 
 
 # -- reading back a result file ----------------------------------------------------
@@ -204,9 +305,11 @@ def _records(text: str) -> tuple[list[list[str]], list[int], bool]:
         ends.append(pos)
 
 
-def _whole_rows(path: Path, columns: list[str], what: str) -> tuple[list[list[str]], int]:
-    """The complete data rows of a result CSV and the byte length they take; refuses a file that is not ours."""
-    data = path.read_bytes()
+def _whole_rows(path: Path, columns: list[str], what: str, data: bytes | None = None) -> tuple[list[list[str]], int]:
+    """The complete data rows of a result CSV (``data``, else read from ``path``) and the byte length they take;
+    refuses a file that is not ours."""
+    if data is None:
+        data = path.read_bytes()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -269,20 +372,21 @@ class ResultCSV:
         try:
             self._open()
         except BaseException:
-            self._lock.close()
+            self._close()
             raise
         return self
 
     def _open(self) -> None:
-        path = self.path
+        """Read (``resume``) and cut the locked file through the locked fd, so the file written is the one locked."""
+        path, fd = self.path, self._lock.fd
         keep = 0
-        if self.resume and path.exists():
-            rows, keep = _whole_rows(path, self.columns, self.what)
+        if self.resume:
+            rows, keep = _whole_rows(path, self.columns, self.what, data=_read_all(fd))
             self.rows = [{c: restore(v) for c, v in zip(self.columns, r)} for r in rows]
         try:
-            if keep:
-                os.truncate(path, keep)  # drop a torn last row: it is redone
-            self._f = open(path, "a" if keep else "w", newline="", encoding="utf-8")
+            os.ftruncate(fd, keep)  # a fresh file, or a torn last row dropped: it is redone
+            os.lseek(fd, keep, os.SEEK_SET)
+            self._f = open(fd, "a", newline="", encoding="utf-8", closefd=False)
         except OSError as err:
             raise UserError(f"cannot write --out {path}: {err.strerror}") from None
         if keep:
@@ -307,8 +411,16 @@ class ResultCSV:
             self._sync()
 
     def __exit__(self, *exc) -> None:
-        if self._f is not None and self._f is not self.stream:
-            self._f.close()
-        if self._lock is not None:
-            self._lock.close()
+        self._close()
+
+    def _close(self) -> None:
+        """Close the file, then release the lock, even when the last flush fails (disk full)."""
+        try:
+            if self._f is not None and self._f is not self.stream:
+                self._f.close()
+        finally:
+            self._f = None
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
 

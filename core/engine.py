@@ -22,18 +22,21 @@ from packaging.version import Version
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from core import tasks, timing
-from core.attention import CROSS, DECODER, ENCODER, AttentionSettings, TauSpec, attention_call, default_chunk_bytes, tau_matrix
+from core import memory, tasks, timing
+from core.attention import AttentionSettings, attention_call, default_chunk_bytes
+from core.kinds import CROSS, DECODER, ENCODER
 from core.errors import InputTooLong, NumericalError, UserError
 from core.models import Loaded
 from core.probes import ProbeRecord, ProbeSpec, Recorder
+from core.schedule import ONE, Schedule
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """How to run one document. ``tau`` is an already resolved schedule; ``method`` says where it came from."""
+    """How to run one document. ``tau`` is an already resolved :class:`~core.schedule.Schedule` (anything
+    :meth:`Schedule.of` accepts becomes one here, once); ``method`` says where it came from."""
 
-    tau: TauSpec = 1.0
+    tau: Schedule = ONE
     method: str = "fixed"
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
@@ -41,6 +44,12 @@ class RunSettings:
     max_new_tokens: int = tasks.MAX_ANSWER_TOKENS
     generate: bool = True
     chunk_bytes: int | None = None  # None: the device's default (attention.default_chunk_bytes)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "tau", Schedule.of(self.tau))
+        except ValueError as err:
+            raise UserError(str(err)) from None
 
     def attention(self) -> AttentionSettings:
         return AttentionSettings(self.tau, self.targets, self.cosine_scale, self.chunk_bytes)
@@ -139,77 +148,6 @@ class Result:
 
 # -- memory ----------------------------------------------------------------------
 
-def _free_bytes(device: torch.device) -> int:
-    """Memory this process can still take: the least of the machine's, its cgroup's and its address-space cap's.
-
-    ``MemAvailable`` alone overstates it in a container (cgroup ``memory.max``)
-    or under ``ulimit -v`` (``RLIMIT_AS``): a check against it passed and the
-    pass then died with an out-of-memory error instead of a refusal.
-    """
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    limits = [_meminfo_kib("/proc/meminfo", "MemAvailable")]
-    limits.append(_cgroup_room())
-    limits.append(_address_space_room())
-    known = [x for x in limits if x is not None]
-    return min(known) if known else 8 * 2**30  # not Linux: assume 8 GB
-
-
-def _meminfo_kib(path: str, key: str) -> int | None:
-    try:
-        with open(path) as f:
-            info = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(info[key].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def _cgroup_room() -> int | None:
-    """Room left under this process's cgroup memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``).
-
-    None when unlimited or unknown. The mount point seen from a container is
-    often the group itself, so the group's own path is tried first, then the root.
-    """
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = [line.strip().split(":", 2) for line in f if line.count(":") >= 2]
-    except OSError:
-        return None
-    for hier, ctrls, rel in lines:
-        if hier == "0" and ctrls == "":
-            root, cap_file, used_file = "/sys/fs/cgroup", "memory.max", "memory.current"
-        elif "memory" in ctrls.split(","):
-            root, cap_file, used_file = "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
-        else:
-            continue
-        for base in (root + rel.rstrip("/"), root):
-            try:
-                with open(f"{base}/{cap_file}") as f:
-                    cap = f.read().strip()
-                with open(f"{base}/{used_file}") as f:
-                    used = int(f.read().strip())
-            except (OSError, ValueError):
-                continue
-            if cap == "max" or int(cap) >= 2**62:  # unlimited (v1 writes a page-rounded 2^63)
-                return None
-            return max(0, int(cap) - used)
-    return None
-
-
-def _address_space_room() -> int | None:
-    """``RLIMIT_AS`` minus this process's current virtual size; None when unlimited."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    except (ImportError, OSError, ValueError):
-        return None
-    if soft == resource.RLIM_INFINITY:
-        return None
-    used = _meminfo_kib("/proc/self/status", "VmSize") or 0
-    return max(0, soft - used)
-
-
 def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -> int:
     """The longest input this machine can run now, from free memory.
 
@@ -225,7 +163,7 @@ def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -
     elt = torch.finfo(loaded.dtype).bits // 8
     per_l2 = loaded.n_heads * elt + 36 + (batch if batch > 1 else 0)
     chunk = chunk_bytes or default_chunk_bytes(loaded.device)
-    budget = 0.8 * _free_bytes(loaded.device) - 6 * chunk - 4 * loaded.n_params * elt
+    budget = 0.8 * memory.free_bytes(loaded.device) - 6 * chunk - 4 * loaded.n_params * elt
     return max(0, int(math.sqrt(max(0.0, budget) / per_l2)))
 
 
@@ -298,10 +236,10 @@ def check_length(loaded: Loaded, n: int, batch: int = 1) -> None:
         raise InputTooLong(
             f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
             f"this machine can run at most about {cap:,} tokens now "
-            f"({_free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document.",
+            f"({memory.free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document.",
             app=f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
                 f"this machine can run at most about {cap:,} tokens now "
-                f"({_free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document: a smaller number in "
+                f"({memory.free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document: a smaller number in "
                 "the Length in tokens box, or a shorter text.",
         )
 
@@ -370,7 +308,11 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
         ids[i, : e.n] = torch.from_numpy(e.input_ids)
         mask[i, : e.n] = 1
     ids, mask = ids.to(loaded.device), mask.to(loaded.device)
-    tau_matrix(settings.tau, loaded.n_layers, loaded.n_heads, rows=n)  # refuse a bad schedule before any pass
+    try:  # refuse a schedule that does not fit the model before any pass
+        settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
+    except ValueError as err:
+        raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
+                        f"heads): {err}") from None
     attn = settings.attention()
     # No probe asked for: no recorder, so the attention takes torch's fused kernel.
     recorder = Recorder(settings.probes, mask.bool()) if settings.probes.wanted else None
@@ -426,7 +368,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 correct=None if sc is None else sc.correct,
                 parsed=None if sc is None else sc.parsed,
                 method=settings.method,
-                tau=tau_matrix(settings.tau, loaded.n_layers, loaded.n_heads, rows=enc.n).numpy(),  # a row schedule: its mean here
+                tau=settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=enc.n),  # a row schedule: its mean here
                 tokens=enc.n,
                 train_length=loaded.train_length,
                 needle_tokens=enc.needle_tokens,

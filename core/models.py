@@ -15,6 +15,32 @@ nothing usable is cached is the hub asked: at once refused when
 reachability probe (about 1.5 s), so an offline machine says what is missing
 right away instead of retrying for half a minute.
 
+Every network wait is bounded, and no lock is held across one. The probe's
+connect waits at most 1.5 s; a download then runs in a worker thread that the
+loader watches, and when the hub sends nothing for :data:`HUB_WAIT_S` (20 s)
+the load stops with one line naming the host (a server that accepts and never
+answers would otherwise hold the caller for minutes: huggingface_hub reads the
+repo's metadata with no timeout and retries the rest). The download happens
+before any lock is taken, and one download of a repo is shared by every load
+that needs it; the local load that follows holds only that model's own lock, so
+a stalled hub never delays a session that opens a folder or the bundled model.
+Only the files a load reads are downloaded: config, card, tokenizer and
+safetensors files, never a pickle.
+
+No pickle is ever unpickled: before anything is read, :func:`check_weight_files`
+works out which weight files transformers would open (an index's shards, a
+config's ``transformers_weights``, a distributed-checkpoint layout) and refuses
+the folder unless every one is a plain file name ending in ``.safetensors``
+whose header parses as safetensors. A ``pytorch_model.bin``, ``.pt``, ``.ckpt``,
+``.pth``, ``.msgpack`` or ``.h5`` is never opened, whatever an index says.
+
+The config must match the weights: layer and head counts and sizes are whole
+numbers of at least 1, the encoder and decoder hold as many blocks as the config
+declares, every tensor has the shape the config gives it, and none is missing or
+unexpected. A mismatch is one line, checked on the safetensors headers and an
+empty (meta-device) model before any memory is spent; transformers' own
+multi-line load report never reaches stderr.
+
 Device policy: CUDA with bfloat16 when a GPU is present (T5 overflows to NaN
 in float16), otherwise CPU with float32.
 
@@ -30,11 +56,16 @@ the model's vocabulary.
 
 from __future__ import annotations
 
+import copy
+import json
+import logging
 import os
 import re
 import socket
+import struct
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 import time
 import urllib.parse
 import urllib.request
@@ -189,6 +220,36 @@ def _has_weights(folder: Path) -> bool:
     return any((folder / f).is_file() for f in WEIGHT_FILES)
 
 
+def _is_dir(path: str | Path) -> bool:
+    """``path`` (``~`` expanded) is a folder; False for a name the OS cannot even look up.
+
+    Why not ``Path.is_dir``: it raises OSError for a name over the system's limit
+    (ENAMETOOLONG, 255 bytes a component) and ValueError for a NUL, and a model
+    name typed in the app's box or ``?model=`` may be either.
+    """
+    try:
+        return Path(path).expanduser().is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+#: A hub id as the hub spells them: ``owner/name``, each part 1-96 letters, digits, ``-``, ``_`` or ``.``.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+#: How many characters of a name a message repeats (a 260-character name would drown the line).
+_SHOWN_CHARS = 80
+
+
+def _short(name: str) -> str:
+    """``name`` cut to :data:`_SHOWN_CHARS` characters for a message, its control characters escaped."""
+    text = str(name).encode("unicode_escape").decode("ascii")
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + f"… ({len(name)} characters)"
+
+
+def is_hub_id(name: str) -> bool:
+    """``name`` can be a hub id (``owner/name`` as the hub allows them: no ``--`` or ``..``)."""
+    return bool(_HUB_ID.fullmatch(name)) and "--" not in name and ".." not in name
+
+
 def _hub_address() -> tuple[str, int]:
     """Host and port a hub request would connect to first: the HTTPS proxy if one is set, else the endpoint."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
@@ -256,7 +317,7 @@ def locate(source: str) -> tuple[str, bool]:
     Raises :class:`ModelLoadError` at once (no retries) when a hub id has no
     usable local copy and offline mode is on or the hub cannot be reached.
     """
-    if Path(source).is_dir():
+    if _is_dir(source):
         return source, True
     snap = cached_snapshot(source)
     if snap is not None and _has_weights(snap):
@@ -270,6 +331,161 @@ def locate(source: str) -> tuple[str, bool]:
         raise _not_here(source, f"the Hugging Face hub ({host}) cannot be reached{partial}",
                         f"the Hugging Face hub ({host}) cannot be reached from it")
     return source, False
+
+
+#: The longest the loader waits on the hub without receiving a byte, in seconds (after the 1.5 s connect probe of
+#: :func:`hub_reachable`). A download that keeps receiving may take as long as it needs; one that stalls this long
+#: stops with one line naming the host. huggingface_hub's own timeouts do not bound it: its metadata request has none
+#: (a server that accepts and never answers holds it for good), and the file requests are retried.
+HUB_WAIT_S = 20.0
+#: How often the loader looks at a download's progress, in seconds.
+_POLL_S = 0.25
+#: Files of a hub repo that a load reads (anything else, pickled weights above all, is never downloaded).
+_HUB_EXTRA_FILES = ("config.json", "generation_config.json", "card.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def _hub_endpoint() -> str:
+    """The hub's base URL as the environment says now (``HF_ENDPOINT``; huggingface_hub froze it at import)."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def _hub_file_wanted(name: str) -> bool:
+    """A repo file a load reads: at the top level, and config, card, tokenizer or safetensors."""
+    return "/" not in name and (name in _HUB_EXTRA_FILES or name in TOKENIZER_FILES
+                                or name.endswith((".safetensors", ".safetensors.index.json")))
+
+
+class _Download:
+    """One hub download in flight, shared by every load that needs the same repo.
+
+    ``last`` is when the hub last sent something (a byte of a file, a file done,
+    the file list); the loaders waiting on it give up when it is older than
+    :data:`HUB_WAIT_S`, and a loader that arrives later fails at once.
+    """
+
+    def __init__(self, repo_id: str, endpoint: str, cache_dir: Path) -> None:
+        self.repo_id, self.endpoint, self.cache_dir = repo_id, endpoint, cache_dir
+        self.last = time.monotonic()
+        self.done = threading.Event()
+        self.folder: Path | None = None
+        self.error: BaseException | None = None
+
+    def tick(self) -> None:
+        self.last = time.monotonic()
+
+    def run(self) -> None:
+        """The worker thread: the file list, then each wanted file into the hub cache (its snapshot folder)."""
+        try:
+            from huggingface_hub import HfApi, hf_hub_download
+            from huggingface_hub.utils import tqdm as hub_tqdm
+
+            download = self
+
+            class Progress(hub_tqdm):  # each chunk received counts as the hub answering
+                def update(self, n=1):
+                    download.tick()
+                    return super().update(n)
+
+            info = HfApi(endpoint=self.endpoint).model_info(self.repo_id, timeout=HUB_WAIT_S)
+            self.tick()
+            names = sorted(s.rfilename for s in (info.siblings or []) if _hub_file_wanted(s.rfilename))
+            for name in names:
+                path = hf_hub_download(self.repo_id, name, cache_dir=str(self.cache_dir), endpoint=self.endpoint,
+                                       etag_timeout=HUB_WAIT_S, tqdm_class=Progress)
+                self.tick()
+                self.folder = Path(path).parent
+            if self.folder is None:
+                self.error = ModelLoadError(
+                    f"The hub's copy of '{self.repo_id}' holds none of config.json, model.safetensors or tokenizer "
+                    "files: only safetensors weights are loaded.")
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting loaders, who word it
+            self.error = err
+        finally:
+            self.done.set()
+            with _LOCK:
+                if _DOWNLOADS.get(self.key) is self:
+                    del _DOWNLOADS[self.key]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.endpoint, self.repo_id, str(self.cache_dir)
+
+
+_DOWNLOADS: dict[tuple[str, str, str], _Download] = {}
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes under ``folder`` (a download's cache folder): growth there also counts as the hub answering."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _hub_failed(repo_id: str, err: BaseException) -> ModelLoadError:
+    """The one line for a download that ended in an error (not found, refused, timed out)."""
+    if isinstance(err, ModelLoadError):
+        return err
+    host, port = _hub_address()
+    kind = type(err).__name__
+    if "Timeout" in kind or isinstance(err, TimeoutError):
+        return _stalled(repo_id)
+    if kind in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
+        return _not_here(repo_id, f"the Hugging Face hub ({host}) has no model '{repo_id}' that it lets us read ({kind})",
+                         f"the Hugging Face hub has no model '{repo_id}' that it lets us read")
+    first = (str(err).splitlines() or [""])[0][:160]  # the CLI's line may name the URL; the app's names no server detail
+    return _not_here(repo_id, f"its download from the Hugging Face hub ({host}:{port}) failed ({kind}: {first})",
+                     f"its download from the Hugging Face hub failed ({kind})")
+
+
+def _stalled(repo_id: str) -> ModelLoadError:
+    host, port = _hub_address()
+    why = f"the Hugging Face hub at {host}:{port} sent nothing for {HUB_WAIT_S:g} s"
+    return _not_here(repo_id, why, f"the Hugging Face hub ({host}) sent nothing for {HUB_WAIT_S:g} s")
+
+
+def fetch(repo_id: str) -> Path:
+    """Download what a load of hub repo ``repo_id`` reads into the hub cache; its snapshot folder.
+
+    Bounded: the download runs in a daemon worker thread, and this returns or
+    raises a one-line :class:`ModelLoadError` as soon as the hub has sent
+    nothing for :data:`HUB_WAIT_S` seconds (a worker stuck on a silent server is
+    left to end on its own). No lock is held while waiting, and loads of the
+    same repo share one download.
+    """
+    cache = hub_cache_dir()
+    endpoint = _hub_endpoint()
+    with _LOCK:
+        dl = _DOWNLOADS.get((endpoint, repo_id, str(cache)))
+        if dl is None:
+            dl = _Download(repo_id, endpoint, cache)
+            _DOWNLOADS[dl.key] = dl
+            threading.Thread(target=dl.run, daemon=True, name=f"hub-download {repo_id}"[:60]).start()
+    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
+    size = -1
+    while not dl.done.wait(_POLL_S):
+        now_size = _tree_bytes(repo_dir)
+        if now_size != size:
+            if size >= 0:
+                dl.tick()
+            size = now_size
+        if time.monotonic() - dl.last > HUB_WAIT_S:
+            raise _stalled(repo_id)
+    if dl.error is not None:
+        raise _hub_failed(repo_id, dl.error) from None
+    assert dl.folder is not None
+    return dl.folder
+
+
+
+def local_copy(source: str) -> str:
+    """A folder holding ``source``: itself, its complete cached snapshot, or a bounded download (:func:`fetch`)."""
+    where, local = locate(source)
+    return where if local else str(fetch(where))
 
 
 def resolve(name: str, train_length: int | None = None) -> ModelSpec:
@@ -288,9 +504,13 @@ def resolve(name: str, train_length: int | None = None) -> ModelSpec:
     spec = reg.get(name) or next((s for s in reg.values() if s.source == name), None)
     if spec is None:
         path = Path(name).expanduser()
-        if path.is_dir():
+        if _is_dir(path):
             spec = ModelSpec(path.name, str(path.resolve()), int(_folder_train_length(path) or 512), "custom")
         elif "/" in name and not name.startswith((".", "/", "~")):
+            if not is_hub_id(name):
+                raise ModelLoadError(
+                    f"Unknown model '{_short(name)}': not a folder on this machine and not a hub id (owner/name, "
+                    "each part at most 96 letters, digits, '-', '_' or '.').")
             snap = cached_snapshot(name)
             lt = _folder_train_length(snap) if snap else None
             note = "hub id not in the registry: " + ("L_tr from the cached copy" if lt else "L_tr assumed 512")
@@ -298,7 +518,7 @@ def resolve(name: str, train_length: int | None = None) -> ModelSpec:
         else:
             known = ", ".join(list(reg)[:6])
             raise ModelLoadError(
-                f"Unknown model '{name}': not a registry name, not a hub id (owner/name), not a folder. "
+                f"Unknown model '{_short(name)}': not a registry name, not a hub id (owner/name), not a folder. "
                 f"Known names include {known}."
             )
     if train_length is not None:
@@ -428,7 +648,36 @@ class Loaded:
 #: must not keep every one of them (a Flan-T5-base is 1 GB). The app's own ``st.cache_resource`` holds as many.
 MAX_MODELS = 4
 _CACHE: "OrderedDict[tuple[str, str, int, str, str], Loaded]" = OrderedDict()
+#: Guards ``_CACHE``, ``_KEY_LOCKS`` and ``_DOWNLOADS``; held only for a dict operation, never across a load or a
+#: network wait (it once was held for a whole download, and every other session's load waited on a stalled hub).
 _LOCK = threading.Lock()
+#: One lock per model being loaded (cache key -> [lock, users]): two sessions opening the same model load it once,
+#: while loads of other models go on. Dropped when its last user leaves, so the dict stays as small as the loads.
+_KEY_LOCKS: dict[tuple, list] = {}
+
+
+@contextmanager
+def _model_lock(key: tuple):
+    """Hold the lock of one model's load (see ``_KEY_LOCKS``)."""
+    with _LOCK:
+        entry = _KEY_LOCKS.setdefault(key, [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        with entry[0]:
+            yield
+    finally:
+        with _LOCK:
+            entry[1] -= 1
+            if entry[1] == 0 and _KEY_LOCKS.get(key) is entry:
+                del _KEY_LOCKS[key]
+
+
+def _cached(key: tuple) -> Loaded | None:
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+        return hit
 
 
 def load(name: str | ModelSpec, device: str | None = None, train_length: int | None = None,
@@ -448,13 +697,241 @@ def load(name: str | ModelSpec, device: str | None = None, train_length: int | N
         raise ModelLoadError("--tokenizer is empty: name a registry model, a hub id or a folder",
                              app="The tokenizer's name is empty: name a registry model, a hub id or a folder.")
     key = (spec.source, str(dev), spec.train_length, tok_ref, str(precision))
-    with _LOCK:
-        if key not in _CACHE:
-            _CACHE[key] = _load_uncached(spec, dev, precision, tok_ref or None)
+    hit = _cached(key)
+    if hit is not None:
+        return hit
+    # Network first, with no lock held (each wait bounded: see fetch); then this model's lock for the local load.
+    where = local_copy(spec.source)
+    tok_where = _tokenizer_source(tok_ref)[0] if tok_ref else None
+    with _model_lock(key):
+        hit = _cached(key)
+        if hit is not None:
+            return hit
+        loaded = _load_uncached(spec, dev, precision, tok_ref or None, where=where, tok_where=tok_where)
+        with _LOCK:
+            _CACHE[key] = loaded
             while len(_CACHE) > MAX_MODELS:
                 _CACHE.popitem(last=False)
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
+        return loaded
+
+
+# --- what a folder's weights are, checked before anything is read -------------------
+
+#: Weight formats transformers or torch can read that are not safetensors (pickles above all): never opened.
+NOT_SAFETENSORS = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".msgpack", ".h5", ".gguf", ".npz", ".joblib")
+#: transformers' distributed-checkpoint layout: when one file matches, it reads every ``*.safetensors`` in the folder.
+_DISTRIBUTED = re.compile(r"shard-[0-9]{5}-model-[0-9]{5}-of-[0-9]{5}\.safetensors")
+#: The largest safetensors header read (the format's own limit): a bigger one is not a safetensors file.
+_MAX_HEADER = 100_000_000
+
+
+def _refuse(src: str, why: str, app_why: str | None = None) -> ModelLoadError:
+    return ModelLoadError(f"Model folder '{src}' {why}. Only safetensors weights are loaded (no pickle is ever read).",
+                          app=f"Model folder '{_shown(src)}' {app_why or why}. Only safetensors weights are loaded.")
+
+
+def _plain_safetensors_name(name: object, index: bool = False) -> bool:
+    """A bare file name (no folder part, no ``..``) ending in ``.safetensors`` (or ``.safetensors.index.json``)."""
+    ends = (".safetensors", ".safetensors.index.json") if index else (".safetensors",)
+    return (isinstance(name, str) and name.endswith(ends) and "/" not in name and "\\" not in name
+            and name not in (".", "..") and "\x00" not in name)
+
+
+def _read_index(path: Path, folder: Path, src: str) -> list[str]:
+    """The shard names of a safetensors index, each a plain ``*.safetensors`` name (else a one-line refusal)."""
+    try:
+        raw = read_json(path, "Weight index")
+    except UserError as err:
+        raise _refuse(src, f"has an unreadable {path.name} ({str(err).split(': ', 1)[-1][:120]})",
+                      f"has an unreadable {path.name}") from None
+    wmap = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise _refuse(src, f"has a {path.name} without a weight_map")
+    bad = [v for v in wmap.values() if not _plain_safetensors_name(v)]
+    if bad:
+        bad = bad[0]
+        raise _refuse(src, f"has a {path.name} that points at {_short(str(bad))!r}, which is not a "
+                                   "safetensors file in the folder; it is not opened")
+    return sorted(set(wmap.values()))
+
+
+def _safetensors_header(path: Path, folder: Path, src: str) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors file's header (8-byte length, then JSON; no tensor data is read).
+
+    Refuses, in one line, a file that is not safetensors whatever its name says.
+    """
+    not_it = _refuse(src, f"has a {path.name} that is not a safetensors file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = os.fstat(f.fileno()).st_size
+            if len(head) < 8:
+                raise not_it
+            (n,) = struct.unpack("<Q", head)
+            if n < 2 or n > min(_MAX_HEADER, size - 8):
+                raise not_it
+            raw = json.loads(f.read(n).decode("utf-8"))
+    except OSError as err:
+        raise _refuse(src, f"has a {path.name} that cannot be read ({err.strerror or type(err).__name__})") from None
+    except (ValueError, RecursionError):  # JSON or UTF-8
+        raise not_it from None
+    if not isinstance(raw, dict):
+        raise not_it
+    shapes = {}
+    for name, meta in raw.items():
+        if name == "__metadata__":
+            continue
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise not_it
+        shapes[name] = tuple(shape)
+    return shapes
+
+
+def check_weight_files(folder: str | Path, src: str | None = None) -> dict[str, tuple[int, ...]]:
+    """The tensors (name -> shape) of the weight files transformers would read from ``folder``, each checked to be
+    safetensors before anything else is read; a one-line :class:`ModelLoadError` otherwise.
+
+    Why ours and not transformers' choice: with ``use_safetensors=True`` it still
+    opens whatever a ``model.safetensors.index.json`` (or a config's
+    ``transformers_weights``) names, and anything not ending in ``.safetensors``
+    goes to ``torch.load``, a pickle. The files are picked as transformers 5
+    picks them (a distributed-checkpoint layout first, then ``transformers_weights``,
+    ``model.safetensors``, ``model.safetensors.index.json``); every safetensors
+    index present must name only safetensors files; each file read must parse
+    as safetensors. Pickles beside safetensors weights (a full ``hf download``)
+    are left alone: they are never opened.
+    """
+    folder = Path(folder)
+    src = src or str(folder)
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+    except OSError as err:
+        raise _refuse(src, f"cannot be listed ({err.strerror or type(err).__name__})") from None
+    for name in names:
+        if name.endswith(".safetensors.index.json"):
+            _read_index(folder / name, folder, src)
+    explicit = None
+    if "config.json" in names:
+        try:
+            raw = read_json(folder / "config.json", "Model config")
+        except UserError:
+            raw = None  # AutoConfig says what is wrong with it, in its own line
+        explicit = raw.get("transformers_weights") if isinstance(raw, dict) else None
+    if any(_DISTRIBUTED.fullmatch(n) for n in names):
+        files = [n for n in names if n.endswith(".safetensors")]
+    elif explicit is not None:
+        if not _plain_safetensors_name(explicit, index=True) or not (folder / explicit).is_file():
+            raise _refuse(src, f"has a config.json whose transformers_weights names {_short(str(explicit))!r}, "
+                                       "which is not a safetensors file in the folder; it is not opened")
+        files = _read_index(folder / explicit, folder, src) if explicit.endswith(".json") else [explicit]
+    elif "model.safetensors" in names:
+        files = ["model.safetensors"]
+    elif "model.safetensors.index.json" in names:
+        files = _read_index(folder / "model.safetensors.index.json", folder, src)
+    else:
+        pickles = [n for n in names if n.endswith(NOT_SAFETENSORS)]
+        seen = f" (its {', '.join(pickles[:3])} {'is' if len(pickles) == 1 else 'are'} never opened)" if pickles else ""
+        raise _refuse(src, f"has no {WEIGHT_FILES[0]} or {WEIGHT_FILES[1]}{seen}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in files:
+        if not (folder / name).is_file():
+            raise _refuse(src, f"lacks the weight file {_short(name)!r} that its index names")
+        shapes.update(_safetensors_header(folder / name, folder, src))
+    return shapes
+
+
+#: Config fields that count or size something: a whole number of at least 1 each (0 layers ends in IndexError).
+_POSITIVE_FIELDS = ("num_layers", "num_decoder_layers", "num_heads", "d_model", "d_kv", "d_ff", "vocab_size",
+                    "relative_attention_num_buckets", "relative_attention_max_distance")
+
+
+def _blocks(shapes: dict[str, tuple[int, ...]], stack: str) -> set[int]:
+    found = set()
+    for name in shapes:
+        m = re.match(rf"{stack}\.block\.(\d+)\.", name)
+        if m:
+            found.add(int(m.group(1)))
+    return found
+
+
+def check_config_matches(config: Any, shapes: dict[str, tuple[int, ...]], src: str) -> None:
+    """Refuse, in one line and before any memory is spent, a config that the weights do not fit.
+
+    The sizes must be whole numbers of at least 1; the encoder and decoder must
+    hold blocks 0..N-1 for the N the config declares (a fourth declared layer
+    over three stored would run with random weights); and every stored tensor
+    must have the shape the config gives it (checked on an empty meta-device
+    model, so a huge ``d_ff`` allocates nothing).
+    """
+    from transformers import AutoModelForSeq2SeqLM
+
+    def refuse(why: str) -> ModelLoadError:
+        return ModelLoadError(f"The config.json of '{src}' does not match its weights: {why}.",
+                              app=f"The config.json of model '{_shown(src)}' does not match its weights: {why}.")
+
+    for field in _POSITIVE_FIELDS:
+        value = getattr(config, field, None)
+        if value is None and field == "num_decoder_layers":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise refuse(f"{field} is {_short(repr(value))}, where a whole number of at least 1 is needed")
+    for stack, field in (("encoder", "num_layers"), ("decoder", "num_decoder_layers")):
+        declared = int(getattr(config, field) or config.num_layers)
+        stored = _blocks(shapes, stack)
+        if stored != set(range(declared)):
+            raise refuse(f"it declares {declared} {stack} layers ({field}) and the weights hold {len(stored)}")
+    try:
+        with torch.device("meta"):  # a copy: building may set attributes (the attention) on the config it is given
+            skeleton = AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config))
+    except Exception as err:  # noqa: BLE001 - whatever a config transformers cannot build raises
+        raise refuse(f"no model can be built from it ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:120]})") from None
+    wanted = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    for name in sorted(shapes):
+        if name in wanted and wanted[name] != shapes[name]:
+            raise refuse(f"{name} is {list(shapes[name])} in the weights and {list(wanted[name])} by the config")
+
+
+def _check_loading_info(info: dict, src: str) -> None:
+    """What transformers found on loading (after its own tied and ignored weights): nothing missing, unexpected,
+    mismatched or in error, else one line (a missing weight would run with random values)."""
+    parts = []
+    for key, label in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
+                       ("mismatched_keys", "of the wrong shape"), ("error_msgs", "in error")):
+        items = sorted(str(k) for k in (info.get(key) or ()))
+        if items:
+            more = f" and {len(items) - 2} more" if len(items) > 2 else ""
+            parts.append(f"{len(items)} {label} ({', '.join(_short(i) for i in items[:2])}{more})")
+    if parts:
+        why = "weights " + "; ".join(parts)
+        raise ModelLoadError(f"The weights of '{src}' do not match its config.json: {why}.",
+                             app=f"The weights of model '{_shown(src)}' do not match its config.json: {why}.")
+
+
+class _QuietLoadReport(logging.Filter):
+    """Keeps transformers' multi-line LOAD REPORT off stderr for the loads this module runs (their threads are in
+    ``threads``): :func:`_check_loading_info` says the same in one line. Other code's loads keep their report."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread in self.threads and "LOAD REPORT" in str(record.msg))
+
+
+_QUIET = _QuietLoadReport()
+logging.getLogger("transformers.modeling_utils").addFilter(_QUIET)
+
+
+@contextmanager
+def _quiet_load_report():
+    me = threading.get_ident()
+    _QUIET.threads.add(me)
+    try:
+        yield
+    finally:
+        _QUIET.threads.discard(me)
 
 
 # --- tokenizers ------------------------------------------------------------------
@@ -472,16 +949,15 @@ def _has_tokenizer(folder: Path) -> bool:
 def _tokenizer_source(ref: str) -> tuple[str, dict]:
     """Where ``--tokenizer`` loads from: a folder, a registry model's source, or a (cached or reachable) hub id."""
     path = Path(ref).expanduser()
-    if path.is_dir():
+    if _is_dir(path):
         if not _has_tokenizer(path):
             raise ModelLoadError(f"Tokenizer folder '{ref}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...)")
         return str(path), {"local_files_only": True}
     spec = registry().get(ref)
     source = spec.source if spec else ref
-    if spec is None and ("/" not in ref or ref.startswith((".", "/", "~"))):
-        raise ModelLoadError(f"Unknown tokenizer '{ref}': not a folder, a registry name or a hub id (owner/name)")
-    where, local = locate(source)
-    return where, ({"local_files_only": True} if local else {"cache_dir": str(hub_cache_dir())})
+    if spec is None and not is_hub_id(ref):
+        raise ModelLoadError(f"Unknown tokenizer '{_short(ref)}': not a folder, a registry name or a hub id (owner/name)")
+    return local_copy(source), {"local_files_only": True}  # a hub id is downloaded first, bounded (see fetch)
 
 
 def _shown(src: str) -> str:
@@ -511,14 +987,19 @@ def _check_tokenizer(tokenizer: Any, src: str, vocab_size: int) -> None:
         )
 
 
-def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, tokenizer: str | None = None) -> Loaded:
+def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, tokenizer: str | None = None, *,
+                   where: str | None = None, tok_where: str | None = None) -> Loaded:
+    """Load ``spec`` from the local folder ``where`` (its :func:`local_copy`; fetched here when not given).
+
+    Nothing here touches the network: a hub id was downloaded (bounded) before,
+    so every read is ``local_files_only`` and no lock is held across a network wait.
+    """
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     src = spec.source
-    where, local = locate(src)  # raises at once when a hub id is neither cached nor reachable
-    folder = Path(src).is_dir()
-    # Hub downloads go to (and cached snapshots come from) the cache the environment names now.
-    opts = {"local_files_only": True} if local else {"cache_dir": str(hub_cache_dir())}
+    where = where or local_copy(src)  # raises at once when a hub id is neither cached nor reachable
+    folder = _is_dir(src)
+    opts = {"local_files_only": True}
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=False, **opts)
     except Exception as err:  # noqa: BLE001 - many hub/network error types
@@ -540,25 +1021,34 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             app=f"'{_shown(src)}' is a '{config.model_type}' model, not T5-family ({', '.join(T5_FAMILY)}): "
                 "the temperature method needs T5's relative-position-bias attention.",
         )
-    if tokenizer is None and local and not _has_tokenizer(Path(where)):
+    if tokenizer is None and not _has_tokenizer(Path(where)):
         raise ModelLoadError(
             f"Model folder '{src}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy the "
             "model's tokenizer into it, or name one with --tokenizer NAME|FOLDER.",
             app=f"Model folder '{_shown(src)}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy "
                 "the model's tokenizer files into it.",
         )
-    tok_where, tok_opts = _tokenizer_source(tokenizer) if tokenizer is not None else (where, opts)
+    if tok_where is None:
+        tok_where = _tokenizer_source(tokenizer)[0] if tokenizer is not None else where
+    shapes = check_weight_files(where, src)  # before any weight is read: safetensors only, whatever an index says
+    check_config_matches(config, shapes, src)
     try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(
-            where,
-            config=config,
-            dtype=dtype,
-            use_safetensors=True,
-            trust_remote_code=False,
-            attn_implementation=attention.ATTN_NAME,
-            **opts,
-        )
-        tok = AutoTokenizer.from_pretrained(tok_where, **tok_opts)
+        with _quiet_load_report():
+            model, info = AutoModelForSeq2SeqLM.from_pretrained(
+                where,
+                config=config,
+                dtype=dtype,
+                use_safetensors=True,
+                trust_remote_code=False,
+                attn_implementation=attention.ATTN_NAME,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported by _check_loading_info in one line, not raised after a report
+                **opts,
+            )
+        _check_loading_info(info, src)
+        tok = AutoTokenizer.from_pretrained(tok_where, **opts)
+    except ModelLoadError:
+        raise
     except Exception as err:  # noqa: BLE001
         first = (str(err).splitlines() or [""])[0][:200]
         raise ModelLoadError(

@@ -12,7 +12,7 @@ perplexity language-modelling papers report, not a mean of per-sequence
 perplexities, which one bad sequence would dominate).
 
 Methods come from :mod:`core.methods`, resolved once per length exactly as a
-retrieval sweep does (:func:`core.sweep._resolve_for`): measured methods
+retrieval sweep does (:func:`core.sweep.resolve_for`): measured methods
 (Algorithm 1, Prop. 1/2, per-layer) calibrate on sequences whose seeds
 (``calib_seed`` on) are disjoint from the scored ones. A search's row says,
 as a sweep row does, whether its curve ``reached`` the L_tr reference and the
@@ -34,12 +34,13 @@ from typing import Callable, ContextManager
 import numpy as np
 import pandas as pd
 
-from core import csvio, engine, tasks, temperature
-from core.attention import ENCODER
+from core import csvio, engine, tasks
+from core.kinds import ENCODER
 from core.errors import UserError
 from core.methods import method_label
 from core.models import Loaded
 from core.probes import ProbeSpec
+from core.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
 from core.validation import BatchSize, NewTokens, Samples, Seed, Sequences, Tokens, validate
 
 COLUMNS = [
@@ -64,7 +65,7 @@ class PerplexityPlan:
     batch_size: int = 8
     targets: tuple[str, ...] = (ENCODER,)
     haystack: str = "corpus-eval"
-    task: str = tasks.LM  # what core.sweep._resolve_for builds calibration documents of
+    task: str = tasks.LM  # what core.sweep.resolve_for builds calibration documents of
 
     @property
     def total(self) -> int:
@@ -136,7 +137,6 @@ def run_perplexity(
     ``progress(done, total, row)`` counts sequences (called after each batch,
     ``row`` set when a cell ends); ``should_stop()`` is polled between cells;
     ``guard()`` wraps each cell's passes (the app's pass gate)."""
-    from core.sweep import _resolve_for, _typed  # resolving a method at a length, and resumed rows: as retrieval sweeps do
 
     plan = plan.validated()
     if plan.lengths and plan.methods:
@@ -144,7 +144,7 @@ def run_perplexity(
     path = Path(out) if out else None
     with csvio.ResultCSV(path, COLUMNS, "perplexity", resume=resume) as sink:
         done_keys = {(r["model"], str(int(float(r["tokens"]))), r["method"]) for r in sink.rows}
-        rows: list[dict] = _typed(path) if sink.rows else []
+        rows: list[dict] = typed_rows(path) if sink.rows else []
         taus: dict = {}
         done = 0
         if progress:
@@ -167,12 +167,12 @@ def run_perplexity(
                         progress(done, plan.total, None)
 
                 with guard():
-                    tau, outcome = _resolve_for(loaded, plan, n, m, docs[0], taus)
-                    st = engine.RunSettings(tau=tau, method=m, targets=plan.targets)
-                    cell = score(loaded, docs, st, plan.batch_size, encs, step)
+                    tau, outcome = resolve_for(loaded, plan, n, m, docs[0], taus)
+                    run_settings = engine.RunSettings(tau=tau, method=m, targets=plan.targets)
+                    cell = score(loaded, docs, run_settings, plan.batch_size, encs, step)
                 row = {
                     "model": plan.model, "task": tasks.LM, "tokens": n, "actual_tokens": cell["actual_tokens"],
-                    "train_length": loaded.train_length, "method": m, "tau": round(temperature.schedule_mean(tau, n), 6),
+                    "train_length": loaded.train_length, "method": m, "tau": round(tau.mean(n), 6),
                     "perplexity": round(cell["perplexity"], 4), "nll": round(cell["nll"], 4),
                     "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": plan.seed,
                     "seconds": round(cell["seconds"], 3), **outcome,

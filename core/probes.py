@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from core.attention import CROSS, DECODER, ENCODER, KINDS
+from core.kinds import CROSS, DECODER, ENCODER, KINDS
 from core.errors import UserError
 
 

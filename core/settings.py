@@ -27,15 +27,16 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from core import tasks
-from core.attention import ENCODER, KINDS
+from core.kinds import ENCODER, KINDS
 from core.errors import InputTooLong, UserError
-from core.methods import NAMES as METHODS
+from core import methods
 from core.temperature import CRITERIA
 from core.validation import (
     CHARS_PER_TOKEN, Depth, Name, Positive, Seed, Tau, Text, Tokens, TrainLength, one_line, read_json, user_errors,
 )
 
 if TYPE_CHECKING:
+    from core import engine
     from core.models import Loaded
 
 SCHEMA = "attention-alignment-explorer/settings@1"
@@ -43,7 +44,7 @@ _CONFIG = ConfigDict(extra="forbid")
 
 Task = Literal[tasks.GENERATED + ("text",)]  # type: ignore[valid-type]
 Haystack = Literal[tasks.HAYSTACKS]  # type: ignore[valid-type]
-Method = Literal[METHODS]  # type: ignore[valid-type]
+Method = Literal[methods.NAMES]  # type: ignore[valid-type]
 Criterion = Literal[CRITERIA]  # type: ignore[valid-type]
 Target = Literal[KINDS]  # type: ignore[valid-type]
 # a lone string is one target, never its letters
@@ -128,7 +129,7 @@ class Settings:
     model: Name | None = None
     train_length: TrainLength | None = None
     method: Method = "none"
-    tau: Tau | None = None  # the schedule: number, per layer, or per layer and head
+    tau: Tau | None = None  # the schedule (core.schedule.Schedule): number, per layer, per layer and head, per row
     criterion: Criterion = "pmax"
     targets: Targets = (ENCODER,)
     cosine_scale: Positive | None = None
@@ -136,8 +137,8 @@ class Settings:
     document: DocumentRequest = field(default_factory=DocumentRequest)
 
     def __post_init__(self) -> None:
-        if self.method == "fixed" and self.tau is None:
-            raise ValueError("Method 'fixed' needs a tau")
+        if methods.REGISTRY[self.method].takes_value and self.tau is None:
+            raise ValueError(f"Method '{self.method}' needs a tau")
 
     def run_settings(self, schedule: Any = None, **overrides: Any) -> "engine.RunSettings":
         """What a pass needs from these settings: the one conversion the CLI, the app and ``core.apply`` use.
@@ -149,7 +150,8 @@ class Settings:
         """
         from core import engine  # torch: only when a pass is near
 
-        tau = schedule if schedule is not None else (1.0 if self.method == "none" else self.tau)
+        constant = methods.REGISTRY[self.method].constant
+        tau = schedule if schedule is not None else constant if constant is not None else self.tau
         if tau is None:
             raise UserError(
                 f"The settings hold method '{self.method}' but no resolved tau: resolve it in the app (or with "
@@ -160,6 +162,7 @@ class Settings:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["targets"] = list(self.targets)
+        d["tau"] = None if self.tau is None else self.tau.to_json()
         return {"schema": SCHEMA, **d}
 
     def to_json(self) -> str:
@@ -177,6 +180,14 @@ class Settings:
             raise UserError(f"{where}: schema {str(schema)[:80]!r} is not '{SCHEMA}'")
         if d.get("document") is None:
             d.pop("document", None)  # null: the default document
+        method = d.get("method")
+        if isinstance(method, str) and method.startswith(methods.FIXED_PREFIX):  # "tau=0.8": a fixed tau in one text
+            try:
+                d["method"], tau = methods.parse(method)
+            except ValueError as err:
+                raise UserError(f"{where}: method: {err}") from None
+            if d.setdefault("tau", tau.to_json()) != tau.to_json():
+                raise UserError(f"{where}: method {method!r} and tau {d['tau']!r} disagree")
         try:
             return _ADAPTER.validate_python(d)
         except ValidationError as err:

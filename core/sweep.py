@@ -22,15 +22,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator
 
-import numpy as np
 import pandas as pd
 
-from core import csvio, engine, methods, tasks, temperature, timing
+from core import csvio, engine, methods, tasks, timing
 from core.methods import method_label
 from core.validation import Depth, Samples, Seed, Tokens, validate
 from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
+from core.schedule import Schedule
 
 if TYPE_CHECKING:  # Ray and the pool are imported only when a sweep runs on them
     from core import cluster
@@ -149,7 +149,7 @@ def run_sweep(
     path = Path(out) if out else None
     with csvio.ResultCSV(path, COLUMNS, "sweep", resume=resume) as sink:
         done = _done_keys(sink.rows, path)
-        rows: list[dict] = _typed(path) if sink.rows else []
+        rows: list[dict] = typed_rows(path) if sink.rows else []
         cells = list(enumerate(plan.cells()))
         todo = [(i, c) for i, c in cells if _key(plan, *c) not in done]
         if progress:
@@ -253,8 +253,8 @@ def _jobs(loaded: Loaded, plan: SweepPlan, todo: list[tuple[int, tuple]], worker
                               passes=((len(part), n),), answers=((len(part), n),), model=model, tag=(n, m))
                   for part in cluster.chunks(cells, size)]
         if m in methods.MEASURED:
-            passes = tuple(timing.sweep_passes([n], 0, [m], plan.calib_samples, loaded.train_length, loaded.n_layers,
-                                               len(temperature.GRID)))
+            passes = tuple(timing.sweep_passes([n], 0, methods.costs([m], loaded.n_layers, loaded.n_heads, plan.calib_samples),
+                                               loaded.train_length))
             jobs.append(cluster.Job(_calibrate_job, (plan, n, m), f"calibrating {m} at {n:,} tokens",
                                     passes=passes, unlocks=sum(j.cost for j in slices), model=model,
                                     kind="calibrate", tag=(n, m)))
@@ -266,7 +266,7 @@ def _calibrate_job(loaded: Loaded, payload: tuple) -> tuple[float | list, dict]:
     """A measured method's tau at one length and its search outcome (``reached``, ``gap``): a job of its own on
     Ray, whose result its cells wait for (it becomes their cache entry, so their rows equal local ones)."""
     plan, n, m = payload
-    return _resolve_for(loaded, plan, n, m, None, {})
+    return resolve_for(loaded, plan, n, m, None, {})
 
 
 def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
@@ -282,12 +282,12 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         if cancelled():  # the driver was stopped: free this actor for its next run
             raise Cancelled
         doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
-        tau, outcome = _resolve_for(loaded, plan, n, m, doc, cache)
+        tau, outcome = resolve_for(loaded, plan, n, m, doc, cache)
         res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
         out.append((index, {
             "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
             "depth": depth, "seed": seed, "method": m,
-            "tau": temperature.schedule_mean(tau, res.tokens), "answer": res.answer, "expected": res.expected,
+            "tau": tau.mean(res.tokens), "answer": res.answer, "expected": res.expected,
             "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
             "seconds": round(res.seconds["total"], 4), **outcome,
         }))
@@ -304,26 +304,20 @@ def _check_task(loaded: Loaded, plan: SweepPlan) -> None:
         raise UserError(f"Bad sweep option: {err}") from None
 
 
-def _typed(path: Path) -> list[dict]:
+def typed_rows(path: Path) -> list[dict]:
     """The rows a resumed CSV holds, typed as pandas reads them, text as it was before neutralising."""
     return csvio.restore_frame(pd.read_csv(path, keep_default_na=False)).to_dict("records")
 
 
-def _tau_for(loaded: Loaded, plan: SweepPlan, n: int, method: str, doc: tasks.Document, cache: dict) -> float | list:
-    """Resolve a method at length n once, on calibration documents (seeds disjoint from the test seeds)."""
-    return _resolve_for(loaded, plan, n, method, doc, cache)[0]
-
-
-def _resolve_for(loaded: Loaded, plan: SweepPlan, n: int, method: str, doc: tasks.Document,
-                 cache: dict) -> tuple[float | list, dict]:
+def resolve_for(loaded: Loaded, plan, n: int, method: str, doc: tasks.Document | None,
+                cache: dict) -> tuple[Schedule, dict]:
     """``(schedule, {"reached", "gap"})`` of a method at length n; a measured one resolved once per length on
     calibration documents (seeds disjoint from the test seeds) and cached as that pair. ``reached`` / ``gap``
     are those of its search (:meth:`core.temperature.Calibration.to_dict`), empty strings for a method that
     is not a search (none, a fixed tau, closed forms, Prop. 1/2)."""
-    if method.startswith("tau="):
-        return float(method[4:]), _outcome({})
-    if method not in methods.MEASURED:
-        tau, info = methods.resolve(loaded, doc, method)
+    name, value = methods.parse(method)
+    if not methods.get(name).measured:
+        tau, info = methods.resolve(loaded, doc, name, value)
         return tau, _outcome(info)
     if (n, method) not in cache:
         calib_doc = tasks.make(plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from core import temperature
-from core.attention import CROSS
+from core.kinds import CROSS
+from core.schedule import Schedule
 from core.engine import Result
 
 
@@ -90,15 +90,7 @@ def calibration_table(cals: dict) -> pd.DataFrame:
 def schedule_text(tau, rows: int | None = None) -> str:
     """A schedule in one table cell: a number (4 decimals), a per-layer list, a per-head matrix's range and
     mean, or a row schedule's mean over ``rows`` query rows (Llama 4)."""
-    if isinstance(tau, temperature.RowTau):
-        mean = "" if rows is None else f": mean {tau.mean(rows):.4f} over {rows:,} rows"
-        return f"per query row (floor_scale {tau.floor_scale}, attn_scale {tau.attn_scale:g}){mean}"
-    a = np.asarray(tau, dtype=float)
-    if a.ndim == 0:
-        return f"{float(a):.4f}"
-    if a.ndim == 1:
-        return ", ".join(f"{v:.2f}" for v in a)
-    return f"per head ({a.shape[0]} x {a.shape[1]}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}"
+    return Schedule.of(tau).describe(rows)
 
 
 def method_taus_table(taus: dict, label, rows: int | None = None) -> pd.DataFrame:

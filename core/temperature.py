@@ -28,11 +28,12 @@ builds those callables from :mod:`core.engine`.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+
+from core.schedule import Schedule
 
 GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
 CRITERIA = ("pmax", "entropy")
@@ -69,85 +70,19 @@ def llama4_scale(position: int | float, floor_scale: int, attn_scale: float = 0.
     return math.log1p(math.floor((position + 1) / floor_scale)) * attn_scale + 1.0
 
 
-@dataclass(frozen=True)
-class RowTau:
-    """A tau per query row, a function of the row's 0-based position: Llama 4's attention temperature tuning.
-
-    Why a schedule of its own: every other method gives one tau per layer (or
-    head) for all rows; Llama 4 (transformers' ``attn_temperature_tuning``)
-    multiplies the query at position p by ``log1p(floor((p + 1) / floor_scale))
-    * attn_scale + 1`` (:func:`llama4_scale`), so row p's tau
-    is its inverse and rows before ``floor_scale - 1`` keep tau = 1. With
-    ``floor_scale`` = L_tr it sharpens only the rows past the training length.
-    In a causal decoder row p sees p + 1 keys, so a scale growing with p tracks
-    the number of keys; in a bidirectional encoder every row sees all L keys,
-    so the early rows of a long input stay as dispersed as with tau = 1 (the
-    scheme is a decoder's idea; docs/library.md says what that means here).
-    Here the row's tau divides the whole logit row (q.k + bias), as every tau
-    in this module does.
-    """
-
-    floor_scale: int
-    attn_scale: float = 0.1
-    scheme: str = "llama4"
-
-    def __post_init__(self) -> None:
-        if self.scheme != "llama4":
-            raise ValueError(f"unknown row scheme {self.scheme!r}; the one known is 'llama4'")
-        if isinstance(self.floor_scale, bool) or not isinstance(self.floor_scale, numbers.Integral) or self.floor_scale < 1:
-            raise ValueError(f"floor_scale must be a whole number >= 1, got {self.floor_scale!r}")
-        if isinstance(self.attn_scale, bool) or not isinstance(self.attn_scale, numbers.Real) \
-                or not (math.isfinite(self.attn_scale) and self.attn_scale >= 0):
-            raise ValueError(f"attn_scale must be a finite number >= 0, got {self.attn_scale!r}")
-
-    def taus(self, positions: np.ndarray) -> np.ndarray:
-        """float64 tau of each query row at these 0-based positions (the inverse of :func:`llama4_scale`)."""
-        p = np.asarray(positions, dtype=np.float64)
-        return 1.0 / (np.log1p(np.floor((p + 1) / self.floor_scale)) * self.attn_scale + 1.0)
-
-    def mean(self, rows: int) -> float:
-        """The mean tau over the rows of an input of ``rows`` tokens (what one number can say of it)."""
-        return float(self.taus(np.arange(max(1, int(rows)))).mean())
-
-    def to_dict(self) -> dict:
-        return {"scheme": self.scheme, "floor_scale": int(self.floor_scale), "attn_scale": float(self.attn_scale)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RowTau":
-        extra = set(d) - {"scheme", "floor_scale", "attn_scale"}
-        if extra:
-            raise ValueError(f"a row schedule has keys scheme, floor_scale, attn_scale; got also {sorted(extra)}")
-        return cls(floor_scale=d.get("floor_scale"), attn_scale=d.get("attn_scale", 0.1), scheme=d.get("scheme", "llama4"))
+def schedule_key(tau) -> tuple:
+    """Until every caller holds a :class:`~core.schedule.Schedule`: its :meth:`~core.schedule.Schedule.key`."""
+    return Schedule.of(tau).key()
 
 
-#: A tau schedule: one number, one per layer, one per layer and head, or one per query row (:class:`RowTau`).
-Schedule = float | Sequence[float] | Sequence[Sequence[float]] | RowTau
+def schedule_mean(tau, rows: int | None = None) -> float:
+    """Until every caller holds a :class:`~core.schedule.Schedule`: its :meth:`~core.schedule.Schedule.mean`."""
+    return Schedule.of(tau).mean(rows)
 
 
-def schedule_key(tau: Schedule) -> tuple:
-    """A hashable key for a schedule (equal schedules, equal keys; numbers to 6 decimals): what caches of
-    passes and accuracy runs are keyed by. A row schedule is keyed by its parameters."""
-    if isinstance(tau, RowTau):
-        return ("rows", tau.scheme, int(tau.floor_scale), round(float(tau.attn_scale), 6))
-    return tuple(np.atleast_1d(np.asarray(tau, dtype=float)).ravel().round(6))
-
-
-def schedule_mean(tau: Schedule, rows: int | None = None) -> float:
-    """One number for any schedule: the mean over layers and heads, or over the ``rows`` of the input for a
-    row schedule (a CSV's ``tau`` column, a card's caption)."""
-    if isinstance(tau, RowTau):
-        if rows is None:
-            raise ValueError("a row schedule's mean needs the input's length (rows)")
-        return tau.mean(rows)
-    return float(np.mean(np.asarray(tau, dtype=float)))
-
-
-def schedule_json(tau: Schedule):
-    """A schedule as JSON: a number, nested lists, or a row schedule's dict."""
-    if isinstance(tau, RowTau):
-        return tau.to_dict()
-    a = np.asarray(tau, dtype=float)
-    return float(a) if a.ndim == 0 else a.tolist()
+def schedule_json(tau):
+    """Until every caller holds a :class:`~core.schedule.Schedule`: its :meth:`~core.schedule.Schedule.to_json`."""
+    return Schedule.of(tau).to_json()
 
 
 def infoscale(train_length: int, length: int, d: int) -> float:
@@ -367,8 +302,8 @@ def algorithm1(
     seen: dict[float, LayerStats] = {}
 
     def score(t: float) -> float:
-        st = seen[float(t)] = measure(t)
-        return float(np.mean(st.criterion(criterion)))
+        stats = seen[float(t)] = measure(t)
+        return float(np.mean(stats.criterion(criterion)))
 
     pick, values = (bisect_search if fast else grid_search)(score, ref, grid, progress)
     cal = Calibration(

@@ -202,40 +202,23 @@ def algorithm1_passes(grid_size: int, fast: bool, criteria: int = 2) -> int:
 def sweep_passes(
     lengths: list[int],
     cells_per_length: int,
-    measured_methods: list[str],
-    calib_samples: int,
+    costs: list[tuple[int, int]],
     train_length: int,
-    n_layers: int,
-    grid_size: int,
 ) -> list[tuple[int, int]]:
-    """(count, tokens) encoder passes a sweep runs: one per cell, plus calibrating the measured methods once per
-    length (Algorithm 1 by bisection on ``calib_samples`` documents and their L_tr references; Prop. 1/2 one pass
-    here and one at L_tr; per-layer a bisection per layer; refined searches 7 bisection passes more, plus up to
-    4 grid steps below the grid; per-head the whole grid per layer). Upper bounds where bisection is involved."""
+    """(count, tokens) encoder passes a sweep runs: one per cell, plus calibrating its measured methods once per
+    length. ``costs``: each measured method's passes ``(at the length, at L_tr)``, as the method registry
+    states them for the calibration documents (:func:`core.methods.costs`; upper bounds where a bisection
+    decides)."""
     out: dict[int, int] = {}
 
     def add(n: int, c: int) -> None:
         if c > 0:
             out[int(n)] = out.get(int(n), 0) + int(c)
 
-    one = algorithm1_passes(grid_size, True, criteria=1)
     for n in lengths:
         add(n, cells_per_length)
-        for m in measured_methods:
-            if m in ("pmax", "entropy"):
-                add(n, one * calib_samples)
-                add(train_length, calib_samples)
-            elif m in ("prop1", "prop2"):
-                add(n, 1)
-                add(train_length, 1)
-            elif m in ("pmax-refined", "entropy-refined"):
-                add(n, (one + 7 + 4) * calib_samples)
-                add(train_length, calib_samples)
-            elif m == "per-layer":
-                add(n, one * n_layers * calib_samples)
-                add(train_length, calib_samples)
-            elif m == "per-head":
-                add(n, (grid_size * n_layers + 1) * calib_samples)
-                add(train_length, calib_samples)
+        for here, at_train in costs:
+            add(n, here)
+            add(train_length, at_train)
     # the longest length first: the sentence names it
     return sorted(((c, n) for n, c in out.items()), key=lambda t: -t[1])

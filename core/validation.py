@@ -17,16 +17,15 @@ is known, and always before a document is built.
 from __future__ import annotations
 
 import json
-import math
 import numbers
 import operator
 from pathlib import Path
 from typing import Annotated, Any, Callable, TypeVar
 
-from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, TypeAdapter, ValidationError
 
 from core.errors import UserError
-from core.temperature import RowTau
+from core.schedule import Schedule
 
 #: Longest document, sweep length or training length anywhere (tokens). The
 #: app's length box stops here too; T5's ``[heads, L, L]`` bias at this length
@@ -66,7 +65,10 @@ def _real(v: Any) -> float:
     """A real number (int or float, numpy's too), never a bool or a string."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise ValueError("Input should be a number")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:  # a whole number of 400 digits: no float holds it
+        raise ValueError(f"Input should be a finite number, got {_short(v)}") from None
 
 
 def _text(v: Any) -> str:
@@ -95,37 +97,9 @@ Positive = Annotated[Real, Field(gt=0.0)]  # a tau, a CosScale s, a length multi
 Bytes = Annotated[Whole, Field(ge=1)]  # a memory budget, e.g. the attention's block size
 
 
-def _tau(v: Any) -> float | list:
-    """A tau schedule: one positive number, one per layer, or one per layer and head (equal rows).
-
-    The attention divides logits by tau, so 0, negatives, NaN and inf mean
-    nothing (:func:`core.attention.tau_matrix` refuses them too); the shape
-    against a model's layers and heads is checked when the model is known.
-    """
-    why = "tau must be a positive finite number, a list of them (one per layer) or a list of lists (layer x head)"
-    if isinstance(v, dict):  # a row schedule (Llama 4's), as core.temperature.schedule_json writes it
-        return RowTau.from_dict(v)
-    if isinstance(v, RowTau):
-        return v
-
-    def one(x: Any) -> float:
-        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not (math.isfinite(x) and x > 0):
-            raise ValueError(why + f", got {_short(x)}")
-        return float(x)
-
-    if not isinstance(v, (list, tuple)):
-        return one(v)
-    if not v:
-        raise ValueError(why + ", got an empty list")
-    if all(isinstance(row, (list, tuple)) for row in v):
-        rows = [[one(x) for x in row] for row in v]
-        if not rows[0] or any(len(r) != len(rows[0]) for r in rows):
-            raise ValueError("a per-head tau needs one non-empty row of equal length per layer")
-        return rows
-    return [one(x) for x in v]
-
-
-Tau = Annotated[Any, AfterValidator(_tau)]
+#: A tau schedule in a settings file or an option: :meth:`core.schedule.Schedule.of` is its one check
+#: (bounds :data:`core.schedule.TAU_MIN` .. ``TAU_MAX``); JSON gets it back as :meth:`Schedule.to_json` writes it.
+Tau = Annotated[Any, AfterValidator(Schedule.of), PlainSerializer(lambda s: s.to_json())]
 
 
 # -- errors as one line ------------------------------------------------------------------

@@ -24,6 +24,7 @@ from core.cli import main as cli
 from core.errors import UserError
 from core.settings import DocumentRequest, Settings
 from core.tasks import MAX_ANSWER_TOKENS
+from core.schedule import RowTau, Schedule
 
 CONTEXT = (
     "The harbour town kept its records in a stone tower. Every spring the keepers counted the boats, "
@@ -117,7 +118,7 @@ def test_pipeline_inside_apply_equals_cli_and_restores_exactly(chatty_dir, user_
     plain = _answer(user_model, tok)
 
     with ap.apply(user_model, tau=0.7) as st:
-        assert st.tau == 0.7 and st.targets == ("encoder",)
+        assert st.tau == Schedule.of(0.7) and st.targets == ("encoder",)
         assert user_model.config._attn_implementation == ATTN_NAME
         assert user_model.encoder.config._attn_implementation == ATTN_NAME
         assert user_model.decoder.config._attn_implementation == ATTN_NAME
@@ -160,7 +161,7 @@ def test_schedules_per_layer_and_head(user_model, tok):
     with ap.apply(user_model, tau=0.7):
         one = _answer(user_model, tok)
     with ap.apply(user_model, schedule=[0.7, 0.7]) as st:
-        assert st.tau == [0.7, 0.7]
+        assert st.tau == Schedule.of([0.7, 0.7])
         assert _answer(user_model, tok) == one
     with ap.apply(user_model, schedule=[[0.7] * 4, [0.7] * 4]):
         assert _answer(user_model, tok) == one
@@ -179,13 +180,13 @@ def test_a_row_schedule_on_a_users_model(user_model, tok):
     what core.attention computes under attention_call with the same schedule."""
     from core.attention import AttentionSettings, attention_call
 
-    rows = temperature.RowTau(floor_scale=8, attn_scale=2.0)  # a strong scale: rows past 8 sharpen a lot
+    rows = RowTau(floor_scale=8, attn_scale=2.0)  # a strong scale: rows past 8 sharpen a lot
     ids = tok(TEXT, return_tensors="pt").input_ids
     enc = user_model.get_encoder()
     with torch.no_grad():
         plain = enc(input_ids=ids).last_hidden_state
         with ap.apply(user_model, tau=rows) as st:
-            assert st.tau == rows
+            assert st.tau == Schedule.of(rows)
             got = enc(input_ids=ids).last_hidden_state
         with ap.apply(user_model, tau=rows.to_dict()):
             again = enc(input_ids=ids).last_hidden_state
@@ -219,7 +220,7 @@ def test_install_is_permanent_per_model_and_uninstall_restores(chatty_dir, tok):
     impls, state = _impls(a), _state(a)
 
     ap.install(a, tau=0.7)
-    assert ap.installed(a).tau == 0.7 and ap.installed(b) is None
+    assert ap.installed(a).tau == Schedule.of(0.7) and ap.installed(b) is None
     assert a.config._attn_implementation == ATTN_NAME
     got = {}
     th = threading.Thread(target=lambda: got.setdefault("thread", _answer(a, tok)))
@@ -315,7 +316,7 @@ def test_settings_json_round_trip(chatty_dir, user_model, tok, tmp_path, capsys)
 
     got_cli = _cli_json(capsys, ["run", "--settings", str(f), "--json"])
     with ap.apply(user_model, settings=f) as st:
-        assert st.tau == 0.7
+        assert st.tau == Schedule.of(0.7)
         got_apply = _answer(user_model, tok)
     with ap.apply(user_model, settings=Settings.load(f)):
         assert _answer(user_model, tok) == got_apply
@@ -329,10 +330,10 @@ def test_settings_json_round_trip(chatty_dir, user_model, tok, tmp_path, capsys)
         got = _cli_json(capsys, ["run", "--settings", str(f), "--json"])
         assert got["method"] == "log-length" and got["tau"] == pytest.approx(want, abs=1e-9)
         with ap.apply(user_model, settings=str(f)) as used:
-            assert used.tau == 0.9
+            assert used.tau == Schedule.of(0.9)
     # explicit arguments override the file; a file with no resolved tau is refused with a hint
     with ap.apply(user_model, settings=f, tau=0.8) as used:
-        assert used.tau == 0.8
+        assert used.tau == Schedule.of(0.8)
     f.write_text(Settings(method="pmax", tau=None).to_json())
     with pytest.raises(UserError, match="no resolved tau"):
         with ap.apply(user_model, settings=f):

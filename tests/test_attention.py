@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import T5ForConditionalGeneration
 
-from core.attention import AttentionSettings, attention_call, tau_matrix
+from core.attention import AttentionSettings, attention_call
+from core.schedule import RowTau, Schedule
 from core.probes import ProbeSpec, Recorder
 
 
@@ -115,10 +116,10 @@ def test_per_layer_and_per_head_schedules(tiny):
     _, r_mixed = _stats(tiny.model, ids, mask, [0.6, 1.0])
     _, r_base = _stats(tiny.model, ids, mask, 1.0)
     assert r_mixed.pmax[:, 0].mean() > r_base.pmax[:, 0].mean()  # layer 0 sharpened
-    with pytest.raises(ValueError):
-        tau_matrix([0.5, 0.5, 0.5], 2, 4)
-    with pytest.raises(ValueError):
-        tau_matrix(0.0, 2, 4)
+    with pytest.raises(ValueError, match="per-layer tau needs 2"):
+        Schedule.of([0.5, 0.5, 0.5]).matrix(2, 4)
+    with pytest.raises(ValueError, match="tau must be"):
+        Schedule.of(0.0)
 
 
 def test_threads_keep_their_own_tau(tiny):
@@ -182,7 +183,7 @@ class _EncoderModule(torch.nn.Module):
 def test_row_tau_divides_each_row_by_its_own_tau(chunk_bytes, probed):
     """softmax((q.k + bias) / tau_row) @ v, row by row, with tau_row = 1 / (0.1 ln(1 + floor((p + 1) / 4)) + 1):
     written out here by hand, for the fused kernel and the probed softmax, whatever the block size."""
-    from core.attention import RowTau, aligned_attention
+    from core.attention import aligned_attention
 
     g = torch.Generator().manual_seed(0)
     b, h, n, d = 2, 3, 23, 8
@@ -203,8 +204,6 @@ def test_row_tau_divides_each_row_by_its_own_tau(chunk_bytes, probed):
 
 
 def test_row_tau_in_a_model_and_its_keys(tiny):
-    from core.attention import RowTau, schedule_json, schedule_key, schedule_mean
-
     ids, mask = _batch(8, n=90, pad_from=70)
     with torch.no_grad():
         plain, _ = _stats(tiny.model, ids, mask, 1.0)
@@ -217,13 +216,14 @@ def test_row_tau_in_a_model_and_its_keys(tiny):
     assert torch.equal(huge, plain)
     assert rows[:, :15].sub(plain[:, :15]).abs().max() > 0  # bidirectional: early rows see the sharpened layers below
     r = RowTau(floor_scale=16)
-    assert schedule_key(r) == schedule_key(RowTau(16, 0.1)) != schedule_key(RowTau(16, 0.2))
-    assert schedule_json(r) == {"scheme": "llama4", "floor_scale": 16, "attn_scale": 0.1}
-    assert RowTau.from_dict(schedule_json(r)) == r
+    s = Schedule.of(r)
+    assert s.key() == Schedule.of(RowTau(16, 0.1)).key() != Schedule.of(RowTau(16, 0.2)).key()
+    assert s.to_json() == {"scheme": "llama4", "floor_scale": 16, "attn_scale": 0.1}
+    assert Schedule.of(s.to_json()) == s and RowTau.from_dict(s.to_json()) == r
     want = float(np.mean([1 / (0.1 * np.log1p((p + 1) // 16) + 1) for p in range(90)]))
-    assert schedule_mean(r, 90) == pytest.approx(want, rel=1e-12)
-    assert tau_matrix(r, 2, 4, rows=90).unique().item() == pytest.approx(want)
+    assert s.mean(90) == pytest.approx(want, rel=1e-12)
+    assert np.unique(s.matrix(2, 4, rows=90)).item() == pytest.approx(want)
     for bad in (dict(floor_scale=0), dict(floor_scale=2.5), dict(floor_scale=4, attn_scale=float("nan")),
-                dict(floor_scale=4, scheme="qwen")):
+                dict(floor_scale=4, scheme="qwen"), dict(floor_scale=10**400), dict(floor_scale=4, attn_scale=1e300)):
         with pytest.raises(ValueError):
             RowTau(**bad)

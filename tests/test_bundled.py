@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import engine, tasks
+from core import engine, memory, tasks
 from core.models import bundled_specs, default_model, load
 from core.training import TrainConfig, check_stages, train
 
@@ -504,7 +504,7 @@ def test_a_refused_evaluation_does_not_lose_the_training(tmp_path, monkeypatch):
     are saved, and the card's history says why the step has no accuracy."""
     from core import engine
 
-    monkeypatch.setattr(engine, "_free_bytes", lambda device: 0)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 0)
     cfg = TrainConfig(**{**TINY_TRAIN, "train_length": 200, "min_length": 160, "steps": 4, "batch_size": 2,
                          "eval_every": 2, "eval_docs": 2, "warmup": 1})
     card = train(cfg, tmp_path / "m", quiet=True, device="cpu")

@@ -9,6 +9,7 @@ import pytest
 
 from core import methods, tasks, temperature
 from core.errors import UserError
+from core.schedule import RowTau, Schedule
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_log_n_and_ssmax_equal_log_length_in_an_encoder():
 
 
 def test_llama4_rows_by_hand():
-    r = temperature.RowTau(floor_scale=256)
+    r = RowTau(floor_scale=256)
     # row 4 L_tr - 1 (the 4 L_tr-th token): tau = 1 / (1 + 0.1 ln 5); rows before L_tr - 1: 1
     np.testing.assert_allclose(r.taus([0, 254, 255, 1023, 2047]),
                                [1, 1, 1 / (1 + 0.1 * math.log(2)), 1 / (1 + 0.1 * math.log(5)), 1 / (1 + 0.1 * math.log(9))])
@@ -75,29 +76,64 @@ def test_formulas_are_the_papers():
 
 def test_every_method_resolves_through_its_entry(tiny, doc):
     n = len(tiny.tokenizer(doc.text).input_ids)
+    L, H = tiny.n_layers, tiny.n_heads
     for name, m in methods.REGISTRY.items():
-        if m.resolve is None:
+        if m.takes_value:
             with pytest.raises(UserError, match="needs a tau"):
                 methods.resolve(tiny, doc, name)
-            assert methods.resolve(tiny, doc, name, tau=0.8) == (0.8, {"source": "fixed"})
+            assert methods.resolve(tiny, doc, name, tau=0.8) == (Schedule.of(0.8), {"source": name})
+            continue
+        if m.constant is not None:
+            assert methods.resolve(tiny, doc, name) == (m.constant, {"source": name}) and m.constant.is_one
             continue
         try:
             tau, info = methods.resolve(tiny, doc, name)
         except UserError as err:  # a closed form without an answer on this random model says why
-            assert name in ("prop1", "prop2") and name in str(err)
+            assert m.stats and name in str(err)
             continue
-        if name == "llama4":  # one tau per query row, from L_tr alone
-            assert tau == temperature.RowTau(floor_scale=tiny.train_length, attn_scale=0.1)
+        assert isinstance(tau, Schedule), name
+        if m.per == "row":  # one tau per query row, from L_tr alone
+            assert tau == Schedule.of(RowTau(floor_scale=tiny.train_length, attn_scale=0.1))
             assert info["mean_tau"] == pytest.approx(tau.mean(n)) and info["mean_tau"] < 1
             continue
-        a = np.asarray(tau, dtype=float)
+        a = tau.matrix(L, H)
         assert np.all(np.isfinite(a)) and np.all(a > 0), name
-        shapes = {"per-layer": (tiny.n_layers,), "per-head": (tiny.n_layers, tiny.n_heads)}
-        assert a.shape == shapes.get(name, ()), name
+        assert tau.ndim == m.ones(L, H).ndim, name  # the shape the entry says it gives
         if m.length_dependent:
             assert info["source"] == "resolved" and info["length"] == n, name
             # a stored schedule is reused only at the length it was chosen at
-            assert methods.resolve(tiny, doc, name, tau=0.9, chosen_at=n) == (0.9, {"source": "stored", "chosen_at": n, "length": n})
+            assert methods.resolve(tiny, doc, name, tau=0.9, chosen_at=n) == (
+                Schedule.of(0.9), {"source": "stored", "chosen_at": n, "length": n})
+
+
+def test_a_fixed_tau_has_one_text():
+    """``tau=0.8`` in a CSV row or a method list, read back to the fixed method and its value; old bare numbers too."""
+    for text in ("tau=0.8", "0.8", 0.8):
+        name, value = methods.parse(text)
+        assert methods.REGISTRY[name].takes_value and value == Schedule.of(0.8)
+        assert methods.spell(name, value) == "tau=0.8" == methods.method_label(text)
+    for name in methods.NAMES:
+        if not methods.REGISTRY[name].takes_value:
+            assert methods.parse(name) == (name, None) and methods.spell(name) == name
+    for bad in (methods.FIXED, "tau=", "tau=0", "tau=-1", "tau=nan", "tau=1e-300", "1e400", "tau=x", "nonsense"):
+        with pytest.raises(ValueError):
+            methods.parse(bad)
+
+
+def test_costs_come_from_the_entries():
+    """What a method's resolve runs, in passes, is the entry's own: a search costs more than a closed form,
+    per-layer a search per layer, per-head the whole grid per layer; estimates read it (core.timing)."""
+    L, H, grid = 4, 8, len(temperature.GRID)
+    costs = {n: m.passes(L, H, grid) for n, m in methods.REGISTRY.items()}
+    for n, m in methods.REGISTRY.items():
+        assert (costs[n] == (0, 0)) == (not m.measured), n
+        assert (m.search is not None) <= (costs[n][0] > 2), n  # a search is several passes
+    one = max(c[0] for n, c in costs.items() if methods.REGISTRY[n].grid_criterion)
+    assert {c[0] for n, c in costs.items() if methods.REGISTRY[n].per == "layer"} == {one * L}
+    assert {c[0] for n, c in costs.items() if methods.REGISTRY[n].per == "head"} == {grid * L + 1}
+    for n, m in methods.REGISTRY.items():  # more calibration documents: a search runs on each of them
+        if m.search is not None:
+            assert m.passes(L, H, grid, samples=3) == (3 * costs[n][0], 3 * costs[n][1]), n
 
 
 def test_a_new_entry_is_all_it_takes(tiny, doc, monkeypatch):
@@ -109,13 +145,18 @@ def test_a_new_entry_is_all_it_takes(tiny, doc, monkeypatch):
     monkeypatch.setitem(methods.REGISTRY, "half-log", new)
     n = len(tiny.tokenizer(doc.text).input_ids)
     tau, info = methods.resolve(tiny, doc, "half-log")
-    assert tau == pytest.approx((1 + math.log(tiny.train_length) / math.log(n)) / 2)
+    assert tau.scalar == pytest.approx((1 + math.log(tiny.train_length) / math.log(n)) / 2)
     assert info["source"] == "resolved" and methods.label("half-log") == "half log-length"
 
 
 def test_the_cli_and_the_app_list_the_registry():
     from core import cli
 
-    choices = next(a.choices for g in cli._parser()._subparsers._group_actions
-                   for a in g.choices["run"]._actions if a.dest == "method")
-    assert tuple(choices) == tuple(n for n in methods.NAMES if n != "fixed")  # "fixed" is --tau X
+    action = next(a for g in cli._parser()._subparsers._group_actions
+                  for a in g.choices["run"]._actions if a.dest == "method")
+    listed = action.help.split("}")[0].removeprefix("{").split(",")
+    assert tuple(listed) == tuple(n for n in methods.NAMES if not methods.REGISTRY[n].takes_value)  # a fixed tau: tau=X
+    for name in listed + ["tau=0.8"]:
+        assert action.type(name) == name
+    with pytest.raises(Exception):
+        action.type(methods.FIXED)  # the fixed method always carries its value

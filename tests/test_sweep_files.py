@@ -262,7 +262,7 @@ def test_the_guard_makes_a_sweep_take_turns_with_other_passes(tiny, tmp_path):
     import threading
     import time
 
-    from ui.cache import PassGate
+    from ui.pass_gate import PassGate
 
     gate = PassGate()
     rows: list[dict] = []

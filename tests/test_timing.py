@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from core import timing
+from core import methods, timing
 
 KEY = ("test-model", "cpu", "torch.float32")
 
@@ -155,8 +155,8 @@ def test_algorithm1_pass_counts():
 
 
 def test_sweep_passes():
-    got = timing.sweep_passes([512, 1024], cells_per_length=6, measured_methods=["pmax", "prop1"], calib_samples=2,
-                              train_length=256, n_layers=4, grid_size=11)
+    got = timing.sweep_passes([512, 1024], cells_per_length=6, costs=methods.costs(["pmax", "prop1", "tau=0.8"], 4, 8, samples=2, grid_size=11),
+                              train_length=256)
     # per length: 6 cells + 6*2 (Alg. 1 bisection on 2 docs) + 1 (Prop. 1); L_tr: (2 + 1) per length
     assert got == [(19, 1024), (19, 512), (6, 256)]
 

@@ -15,6 +15,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hsettings
@@ -27,6 +28,7 @@ from core.models import _folder_train_length, read_card
 from core.settings import DocumentRequest, Settings
 from core.methods import NAMES as METHODS
 from core.temperature import CRITERIA
+from core.schedule import TAU_MAX, TAU_MIN, Schedule
 from core.validation import MAX_LENGTH, MAX_TEXT_CHARS
 
 FAST = hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,9 +74,10 @@ def _is_valid(s: Settings) -> None:
     assert s.method in METHODS and s.criterion in CRITERIA and set(s.targets) <= set(KINDS)
     assert s.train_length is None or (type(s.train_length) is int and 2 <= s.train_length <= MAX_LENGTH)
     assert s.cosine_scale is None or (math.isfinite(s.cosine_scale) and s.cosine_scale > 0)
-    flat = [] if s.tau is None else [s.tau] if not isinstance(s.tau, list) else \
-        [x for row in s.tau for x in (row if isinstance(row, list) else [row])]
-    assert all(type(x) is float and math.isfinite(x) and x > 0 for x in flat)
+    if s.tau is not None:  # one Schedule, within the stated bounds, whatever shape
+        assert isinstance(s.tau, Schedule) and Schedule.of(s.tau.to_json()) == s.tau
+        flat = np.ravel(s.tau.to_json()) if s.tau.rows is None else []
+        assert all(math.isfinite(x) and TAU_MIN <= x <= TAU_MAX for x in flat)
     assert s.method != "fixed" or s.tau is not None
     d = s.document
     assert 0.0 <= d.depth <= 1.0

@@ -267,7 +267,7 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
     if len(stages) > 1:
         card["tasks"] = taught_tasks([TrainConfig.from_dict(d) for d in recipe])
         card["stages"] = stages
-        card["minutes_total"] = round(sum(st["minutes"] for st in stages), 2)
+        card["minutes_total"] = round(sum(stage["minutes"] for stage in stages), 2)
     (out / "card.json").write_text(json.dumps(card, indent=2))
     (out / "train_config.json").write_text(json.dumps(recipe, indent=1))
     return card

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from core.attention import CROSS, listen
+from core.attention import listen
+from core.kinds import CROSS
 from core.probes import ProbeSpec, Recorder
 
 

@@ -1,0 +1,11 @@
+"""The three attentions of an encoder-decoder Transformer, by the names settings, probes and the CLI use.
+
+A module of its own because everything speaks of them (a temperature's
+``targets``, a probe's name ``"encoder.0.pmax"``, the attention function that
+finds out which one it serves) and none of those should import another just
+for three strings.
+"""
+
+ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
+#: The attention kinds a temperature can be applied to, and probes named by.
+KINDS = (ENCODER, DECODER, CROSS)

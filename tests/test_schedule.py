@@ -1,0 +1,107 @@
+"""One Schedule value: checked once where it enters, the same object down to the attention, its matrix built once.
+
+Property tests (hypothesis) over what a settings file, a CLI option, a URL or ``core.apply`` may hand over: a
+value is either a Schedule that reads back equal from its JSON, or a ValueError; never another exception
+(an OverflowError from a 400-digit number, a ZeroDivisionError from a tau that is 0 in float32).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st_
+
+from core import engine, tasks
+from core.attention import AttentionSettings
+from core.schedule import MAX_ATTN_SCALE, ONE, TAU_MAX, TAU_MIN, RowTau, Schedule
+
+finite_tau = st_.floats(min_value=TAU_MIN, max_value=TAU_MAX, allow_nan=False)
+anything = st_.recursive(
+    st_.none() | st_.booleans() | st_.integers(min_value=-10**400, max_value=10**400) | st_.floats() | st_.text(max_size=5),
+    lambda inner: st_.lists(inner, max_size=4) | st_.dictionaries(st_.text(max_size=12), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(anything)
+def test_anything_is_a_schedule_or_one_value_error(value):
+    try:
+        s = Schedule.of(value)
+    except ValueError as err:
+        assert "\n" not in str(err)
+        return
+    assert Schedule.of(json.loads(json.dumps(s.to_json()))) == s
+    if s.rows is None:
+        m = s.matrix(*(s._values.shape if s.ndim == 2 else (len(s._values) if s.ndim == 1 else 3, 2)))
+        assert np.all((m >= TAU_MIN) & (m <= TAU_MAX))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st_.one_of(finite_tau, st_.lists(finite_tau, min_size=1, max_size=6),
+                  st_.integers(1, 4).flatmap(lambda h: st_.lists(st_.lists(finite_tau, min_size=h, max_size=h),
+                                                                 min_size=1, max_size=5))))
+def test_valid_schedules_round_trip_and_key_by_value(value):
+    s = Schedule.of(value)
+    again = Schedule.of(s.to_json())
+    assert again == s and hash(again) == hash(s) and again.key() == s.key()
+    assert Schedule.of(s) is s  # validated once: an existing Schedule passes through untouched
+    assert s.mean() == pytest.approx(float(np.mean(value)))
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1e-46, 1e-300, TAU_MIN / 2, TAU_MAX * 2, math.inf, math.nan, 10**400,
+                                 True, "0.5", None, [], [[]], [[0.5], [0.5, 0.5]], [[[0.5]]],
+                                 {"floor_scale": 10**400}, {"floor_scale": 8, "attn_scale": MAX_ATTN_SCALE * 2},
+                                 {"floor_scale": 8, "extra": 1}, torch.tensor([True]), np.array(["a"])])
+def test_bad_values_are_refused_in_one_line(bad):
+    with pytest.raises(ValueError) as err:
+        Schedule.of(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_shape_against_a_model():
+    assert Schedule.of(0.7).matrix(3, 2).tolist() == [[0.7, 0.7]] * 3
+    assert Schedule.of([0.9, 0.8]).matrix(2, 3).tolist() == [[0.9] * 3, [0.8] * 3]
+    with pytest.raises(ValueError, match="per-layer tau needs 3"):
+        Schedule.of([0.9, 0.8]).matrix(3, 2)
+    with pytest.raises(ValueError, match=r"per-head tau needs shape \(2, 3\)"):
+        Schedule.of([[0.9, 0.8]] * 2).matrix(2, 3)
+    rows = Schedule.of(RowTau(floor_scale=16))
+    with pytest.raises(ValueError, match="length"):
+        rows.matrix(2, 2)
+    assert rows.matrix(2, 2, rows=64)[0, 0] == pytest.approx(rows.mean(64)) and rows.mean(64) < 1
+    assert ONE.is_one and not Schedule.of([1.0, 0.9]).is_one
+    assert Schedule.of(0.8).matrix(2, 2).flags.writeable is False  # what every pass shares cannot be changed
+
+
+def test_a_pass_builds_its_tau_matrix_once(tiny, monkeypatch):
+    """The slider's tau reaches the attention as one Schedule: the engine checks it against the model, the
+    attention reads each layer from the same object, the Result reports it; the matrix is built once."""
+    built = []
+    real = Schedule._build
+
+    def counting(self, *args):
+        built.append(args)
+        return real(self, *args)
+
+    monkeypatch.setattr(Schedule, "_build", counting)
+    seen = []
+    real_settings_init = AttentionSettings.__post_init__
+
+    def watch(self):
+        real_settings_init(self)
+        seen.append(self.tau)
+
+    monkeypatch.setattr(AttentionSettings, "__post_init__", watch)
+    tau = Schedule.of([[0.8, 0.7, 0.9, 0.6], [0.75, 0.85, 0.65, 0.95]])  # per layer and head (tiny: 2 x 4)
+    doc = tasks.make("passkey", tiny.tokenizer, 300, seed=3)
+    res = engine.run(tiny, doc, engine.RunSettings(tau=tau, max_new_tokens=4))
+    assert len(built) == 1, built
+    assert seen and all(s is tau for s in seen)  # the same object, never rebuilt on the way
+    assert res.tau.tolist() == tau.to_json()
+    engine.run(tiny, doc, engine.RunSettings(tau=tau, max_new_tokens=4))
+    assert len(built) == 1  # kept: a second pass with the same schedule builds nothing
