@@ -35,16 +35,18 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from core import calibration, engine, methods, tasks, temperature
+from core import calibration, engine, methods, tasks
 from core.models import ModelLoadError, bundled_specs, load
 from core.probes import ProbeSpec
-from core.temperature import RowTau, schedule_json, schedule_key, schedule_mean
+from core.schedule import Schedule
 
 FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
-#: The table's methods (registry names), in the order its rows show them. log-n and Scalable-Softmax are not
-#: rows: in an encoder they equal log-length at every length (tests/test_methods.py).
-CLOSED = ("none", "log-length", "infoscale", "yarn", "llama4")
-MEASURED = ("pmax", "entropy", "pmax-refined", "entropy-refined", "per-layer", "per-head")
+#: The table's methods, asked of the registry (core.methods), in its order: every method that needs no pass
+#: and every search. Not rows: a fixed tau (the grid above is), a method equal to another one in this encoder
+#: at every length (log-n and Scalable-Softmax = log-length: tests/test_methods.py), and the closed forms from
+#: one document's logit statistics (Prop. 1/2: Calibrate lists them).
+CLOSED = tuple(n for n, m in methods.REGISTRY.items() if not m.measured and not m.takes_value and m.same_as is None)
+MEASURED = tuple(n for n, m in methods.REGISTRY.items() if m.search is not None)
 METHODS = CLOSED + MEASURED
 CALIB_SEED = 100_000
 #: Table rows that are a task with another filler: the pass key in held-out corpus prose (every seed another
@@ -96,18 +98,12 @@ def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 
-def _calibrate(loaded, m: str, measure, reference) -> tuple[object, dict]:
-    """One measured method's schedule and its ``reached`` / ``gap`` (core.temperature's searches)."""
-    L, H = loaded.n_layers, loaded.n_heads
-    if m == "per-layer":
-        cal = temperature.per_layer(measure, reference, L, "pmax")
-    elif m == "per-head":
-        cal = temperature.per_head(measure, reference, L, H, "pmax")
-    else:
-        crit, refined = m.removesuffix("-refined"), m.endswith("-refined")
-        cal = temperature.algorithm1(measure, reference, crit, fast=True, refined=refined)
-    tau = cal.schedule if cal.schedule is not None else float(cal.tau)
-    extra = {"unreached_heads": len(cal.unreached_heads)} if m == "per-head" else {}
+def _calibrate(loaded, m: str, measure, reference) -> tuple[Schedule, dict]:
+    """One search's schedule (the registry entry's own search, on the cell's passes) and its ``reached`` / ``gap``."""
+    entry = methods.get(m)
+    cal = entry.search(measure, reference, loaded.n_layers, loaded.n_heads)
+    tau = Schedule.of(cal.schedule if cal.schedule is not None else float(cal.tau))
+    extra = {"unreached_heads": len(cal.unreached_heads)} if entry.per == "head" else {}
     return tau, {"reached": bool(cal.reached), "gap": float(cal.gap), **extra}
 
 
@@ -129,13 +125,12 @@ def calibrated_taus(loaded, task: str, k: float, n: int, known: dict | None = No
         reference = calibration.measure(loaded, [calibration.reference_document(loaded, d) for d in calib_docs])(1.0)
     for m in todo:
         if k == 1:
-            taus[m] = {"per-layer": [1.0] * loaded.n_layers,
-                       "per-head": [[1.0] * loaded.n_heads for _ in range(loaded.n_layers)]}.get(m, 1.0)
+            taus[m] = methods.get(m).ones(loaded.n_layers, loaded.n_heads)
         else:
             taus[m], info[m] = _calibrate(loaded, m, measure, reference)
     for t in FIXED:
-        taus.setdefault(f"tau={t:g}", t)
-    order = [*METHODS, *(f"tau={t:g}" for t in FIXED)]
+        taus.setdefault(methods.spell(methods.FIXED, t), Schedule.of(t))
+    order = [*METHODS, *(methods.spell(methods.FIXED, t) for t in FIXED)]
     merged = {**known, **taus}
     out = {m: merged[m] for m in order if m in merged}
     out.update({m: t for m, t in merged.items() if m not in out})  # methods of an older table, kept
@@ -146,10 +141,7 @@ def calibrated_taus(loaded, task: str, k: float, n: int, known: dict | None = No
 def closed_taus(loaded, n: int) -> dict[str, object]:
     """The taus a cell knows without a pass (tau = 1, the closed forms, Llama 4's rows), as
     :func:`calibrated_taus` starts them. The fixed grid is added after the measured methods there."""
-    lt = loaded.train_length
-    rows = RowTau(floor_scale=lt, attn_scale=methods.LLAMA4_ATTN_SCALE)
-    return {m: 1.0 if m == "none" else rows if m == "llama4" else methods.formula(m, lt, n, loaded.d_kv)
-            for m in CLOSED}
+    return {m: methods.resolve(loaded, None, m, tokens=n)[0] for m in CLOSED}  # no pass, no document needed
 
 
 def tau_items(taus: dict) -> list[tuple[str, object]]:
@@ -159,19 +151,19 @@ def tau_items(taus: dict) -> list[tuple[str, object]]:
 
 def taus_json(taus: dict) -> dict:
     """A cell's taus for the partial file (a row schedule as its dict)."""
-    return {m: (t if m == "_info" else schedule_json(t)) for m, t in taus.items()}
+    return {m: (t if m == "_info" else Schedule.of(t).to_json()) for m, t in taus.items()}
 
 
 def taus_from_json(taus: dict | None) -> dict | None:
     """:func:`taus_json` read back."""
     if taus is None:
         return None
-    return {m: (RowTau.from_dict(t) if isinstance(t, dict) and m != "_info" else t) for m, t in taus.items()}
+    return {m: (t if m == "_info" else Schedule.of(t)) for m, t in taus.items()}
 
 
 def tau_key(tau) -> tuple:
     """Which accuracy run a tau shares (equal schedules to 6 decimals run once per cell)."""
-    return schedule_key(tau)
+    return Schedule.of(tau).key()
 
 
 def accuracy_key(cell: str, key: tuple) -> str:
@@ -186,13 +178,19 @@ def cell_rows(stem: str, task: str, k: float, n: int, taus: dict, acc: dict, sta
     pml, hl = (np.asarray(a) for a in stats)
     info = taus.get("_info", {})
     return [{"model": stem, "task": task, "multiple": k, "tokens": n, "method": m,
-             "tau": schedule_mean(tau, n),
-             "schedule": tau.to_dict() if isinstance(tau, RowTau) else np.round(np.atleast_1d(tau), 3).tolist(),
+             "tau": Schedule.of(tau).mean(n),
+             "schedule": _schedule_cell(tau),
              "accuracy": acc[tau_key(tau)], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
              "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
              "samples": samples, "stats_docs": min(stats_docs, samples),
              "reached": info.get(m, {}).get("reached", ""), "gap": info.get(m, {}).get("gap", ""),
              "haystack": task_spec(task)[1], "distinct_docs": distinct} for m, tau in tau_items(taus)]
+
+
+def _schedule_cell(tau) -> list | dict:
+    """A schedule in the CSV's ``schedule`` column: a row schedule's dict, else its values (3 decimals, a list)."""
+    s = Schedule.of(tau)
+    return s.to_json() if s.rows is not None else np.round(np.atleast_1d(np.asarray(s)), 3).tolist()
 
 
 def distinct_documents(docs: list[tasks.Document]) -> int:
@@ -341,7 +339,7 @@ class TablePlan:
 
     def jobs(self) -> list:
         """The jobs that can start now."""
-        from core import cluster, temperature, timing
+        from core import cluster, timing
 
         out = []
         for c in self.cells.values():
@@ -357,7 +355,8 @@ class TablePlan:
                 out.append(cluster.Job(_taus_job, (c.task, c.k, c.n, taus_json(old)), f"{c.name}: calibrating",
                                        passes=tuple(passes), unlocks=len(todo) * cluster.cost([(self.samples, c.n)]),
                                        model=self.model, kind="taus", tag=c.name))
-                known = dict(closed_taus(self.loaded, c.n), **{f"tau={t:g}": t for t in FIXED}, **old)
+                known = dict(closed_taus(self.loaded, c.n),
+                             **{methods.spell(methods.FIXED, t): Schedule.of(t) for t in FIXED}, **old)
             else:
                 known = c.taus
             out += self._accuracy_jobs(c, known)
@@ -550,8 +549,7 @@ def _finished_cells(rows: list[dict], samples: int, stats_docs: int, partial: Pa
         taus, info = {}, {}
         for r in rs:
             sched = r["schedule"]
-            tau = RowTau.from_dict(sched) if isinstance(sched, dict) else (
-                float(r["tau"]) if len(sched) == 1 else sched)
+            tau = Schedule.of(sched if isinstance(sched, dict) or len(sched) != 1 else float(r["tau"]))
             taus[r["method"]] = tau
             if str(r.get("reached", "")) in ("True", "False"):
                 info[r["method"]] = {"reached": str(r["reached"]) == "True", "gap": float(r["gap"])}
@@ -660,7 +658,7 @@ def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
               f"up to {sd} documents per length; the paper's Table 1)", "",
               "| tokens | " + " | ".join(f"layer {i}" for i in range(loaded.n_layers)) + " | mean |",
               "|---" * (loaded.n_layers + 2) + "|"]
-    d = df[(df["method"] == "none")]
+    d = df[(df["method"] == methods.AS_TRAINED)]
     first = d["task"].iloc[0]
     for _, r in d[d["task"] == first].iterrows():
         cells = [f"{p:.3f} / {h:.2f}" for p, h in zip(r["pmax_layers"], r["entropy_layers"])]
@@ -670,8 +668,7 @@ def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
 
 #: The language model's table: tau = 1, the closed forms, Algorithm 1 (grid and refined), per-layer and per-head,
 #: and fixed taus (the best of which is an oracle chosen on the test sequences, marked so in the table).
-LM_METHODS = ("none", "log-length", "yarn", "infoscale", "pmax", "entropy", "pmax-refined", "per-layer", "per-head",
-              "0.9", "0.8", "0.7", "0.6")
+LM_METHODS = METHODS + tuple(methods.spell(methods.FIXED, t) for t in (0.9, 0.8, 0.7, 0.6))
 
 
 def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, out: Path, methods: list[str],

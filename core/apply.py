@@ -20,7 +20,12 @@ Two ways:
   ``model.generate``, a pipeline built on the model, your own forward calls.
   On exit the model's previous attention implementation is put back exactly
   (the top config and every sub-model config, e.g. T5's encoder and decoder
-  stacks) and nothing of ours is left on it.
+  stacks) and nothing of ours is left on it. A block is closed in the thread
+  (and asyncio task) that opened it, innermost first; an exit from anywhere
+  else is a :class:`core.errors.UserError` that changes nothing, so the
+  opening thread keeps its tau and still closes the block itself. Blocks on
+  one model may be open in several threads at once, each thread seeing its
+  own tau.
 
 * a permanent variant, for a model that should always run with the tau (a
   server, a model handed to code you do not control, work in other threads)::
@@ -55,10 +60,10 @@ which has the document at hand.
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -81,6 +86,13 @@ SUPPORTED_CLASSES = tuple(
 )
 #: Attribute on the *model* holding its :class:`_Hold` (what to restore, and who still needs our attention).
 _HOLD_ATTR = "_aligned_hold"
+#: Guards every model's :class:`_Hold` (its creation, its counts, the switch and the restore): blocks opened and
+#: closed in several threads at once on one model must not both snapshot the model or both restore it. Held
+#: only while configs are read or written, never across a forward pass.
+_LOCK = threading.RLock()
+#: The :class:`_Block` objects open in this thread (context), innermost last: how a block knows, before it
+#: touches anything, that it is being closed where it was opened and in order (see :meth:`_Block.__exit__`).
+_OPEN: contextvars.ContextVar[tuple] = contextvars.ContextVar("aligned_apply_blocks", default=())
 
 
 # -- checks and settings ---------------------------------------------------------
@@ -225,6 +237,7 @@ class _Hold:
 
 
 def _hold(model) -> _Hold:
+    """The model's :class:`_Hold`, made (and the model switched to ours) by the first taker. Call under :data:`_LOCK`."""
     hold = model.__dict__.get(_HOLD_ATTR)
     if hold is None:
         hold = _Hold(_switch_on(model))
@@ -233,6 +246,7 @@ def _hold(model) -> _Hold:
 
 
 def _let_go(model, hold: _Hold) -> None:
+    """Restore the model when nobody needs ours any more. Call under :data:`_LOCK`."""
     if hold.blocks <= 0 and not hold.installed and model.__dict__.get(_HOLD_ATTR) is hold:
         del model.__dict__[_HOLD_ATTR]
         hold.before.restore(model)
@@ -240,7 +254,88 @@ def _let_go(model, hold: _Hold) -> None:
 
 # -- the public API --------------------------------------------------------------
 
-@contextlib.contextmanager
+def _thread_name(ident: int | None) -> str:
+    for t in threading.enumerate():
+        if t.ident == ident:
+            return repr(t.name)
+    return f"#{ident} (no longer running)"
+
+
+class _Block:
+    """One ``with apply(...)`` block: what :func:`apply` returns. Single use; closed where it was opened.
+
+    Why a class and not ``contextlib.contextmanager``: the schedule is set in
+    a context variable of the opening thread, and a ContextVar can only be
+    reset in the context that set it. A generator-based block closed from
+    another thread died half-way: ``ValueError: <Token ...> was created in a
+    different Context`` from the reset, after the model had been restored,
+    with the tau left active in the opening thread for good and the block
+    impossible to close there any more. Here ``__exit__`` first checks that it
+    runs in the opening thread, in that thread's context, on the innermost
+    open block, and refuses otherwise with a :class:`UserError` *before
+    changing anything*: the opening thread keeps its block (its tau and the
+    model's attention) and can still close it, after which everything is as
+    it was before the block.
+    """
+
+    def __init__(self, model, settings: AttentionSettings, recorder) -> None:
+        self._model = model
+        self.settings = settings
+        self._recorder = recorder
+        self._state = "new"  # new -> open -> closed
+        self._thread: int | None = None
+        self._open_token: contextvars.Token | None = None
+        self._call = None
+        self._hold: _Hold | None = None
+
+    def __enter__(self) -> AttentionSettings:
+        if self._state != "new":
+            raise UserError("An apply block can be entered once: call apply(model, ...) again for another block.")
+        with _LOCK:
+            hold = _hold(self._model)
+            hold.blocks += 1
+        try:
+            self._call = attention_call(self.settings, self._recorder)
+            self._call.__enter__()
+        except BaseException:
+            with _LOCK:
+                hold.blocks -= 1
+                _let_go(self._model, hold)
+            raise
+        self._hold, self._thread, self._state = hold, threading.get_ident(), "open"
+        self._open_token = _OPEN.set(_OPEN.get() + (self,))
+        return self.settings
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._state != "open":
+            raise UserError(f"This apply block is {'not open yet' if self._state == 'new' else 'already closed'}: "
+                            "close an apply block once, after entering it.")
+        here = threading.get_ident()
+        if here != self._thread:
+            raise UserError(
+                f"Close an apply block in the thread that opened it: opened in thread {_thread_name(self._thread)}, "
+                f"closed in {_thread_name(here)}. The block stays open there (its tau and the model's attention); "
+                "for a model shared by threads use core.apply.install.")
+        if _OPEN.get()[-1:] != (self,):
+            raise UserError(
+                "Close an apply block in the thread (and asyncio task or context) that opened it, innermost block "
+                "first: this one is not the innermost block open here. It stays open.")
+        try:
+            _OPEN.reset(self._open_token)  # refused without side effects in another context (a copied one)
+        except ValueError:
+            raise UserError(
+                "Close an apply block in the thread (and asyncio task or context) that opened it: this one was "
+                "opened in another context of this thread. It stays open.") from None
+        self._state = "closed"
+        try:
+            self._call.__exit__(exc_type, exc, tb)  # same context, innermost: the reset cannot fail now
+        finally:
+            with _LOCK:
+                self._hold.blocks -= 1
+                _let_go(self._model, self._hold)
+        return False  # an exception from the block goes on
+
+
 def apply(
     model,
     tau: float | None = None,
@@ -251,7 +346,7 @@ def apply(
     cosine_scale: float | None = None,
     chunk_bytes: int | None = None,
     recorder=None,
-) -> Iterator[AttentionSettings]:
+) -> _Block:
     """Run ``model`` with our attention and a tau schedule inside the block; restore it exactly on exit.
 
     ``tau``: one number for every targeted layer and head (< 1 sharpens).
@@ -266,29 +361,26 @@ def apply(
     ``cosine_scale``: CosScale s for cosine-attention models.
     ``recorder``: an optional :class:`core.probes.Recorder` fed by encoder passes.
 
-    Yields the :class:`AttentionSettings` in force. The schedule is carried
-    by a context variable: code in *this thread* (generate, a pipeline,
-    forward calls) sees it; other threads do not. The model's attention
-    implementation is switched for the block's duration, so do not share
-    this model with other threads meanwhile, unless it already runs
-    ``"aligned"`` (e.g. loaded with :func:`core.models.load`), in which case
-    the model is not touched at all. Any other T5 model running ``"aligned"``
-    in this thread inside the block also sees the schedule.
+    The ``with`` statement yields the :class:`AttentionSettings` in force.
+    The schedule is carried by a context variable: code in *this thread*
+    (generate, a pipeline, forward calls) sees it; other threads do not. The
+    model's attention implementation is switched for the block's duration,
+    so do not share this model with other threads meanwhile, unless it
+    already runs ``"aligned"`` (e.g. loaded with :func:`core.models.load`),
+    in which case the model is not touched at all. Any other T5 model running
+    ``"aligned"`` in this thread inside the block also sees the schedule.
+    Blocks on one model may be open in several threads at once: each thread
+    sees its own tau, and the model is restored when the last block closes.
 
     Raises :class:`core.errors.UserError` for an unsupported architecture or
-    a bad schedule.
+    a bad schedule (here, before the block is entered), and on exit from
+    another thread or context, or out of order (the block then stays open
+    where it was opened; see :class:`_Block`).
     """
     check_supported(model)
     attn = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
-    hold = _hold(model)
-    hold.blocks += 1
-    try:
-        with attention_call(attn, recorder):
-            yield attn
-    finally:
-        hold.blocks -= 1
-        _let_go(model, hold)
+    return _Block(model, attn, recorder)
 
 
 def install(
@@ -312,10 +404,11 @@ def install(
     check_supported(model)
     attn = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
-    _hold(model).installed = True
     call = attention.standing_call(attn)
-    for m in attention_modules(model):
-        m.__dict__[attention.INSTALLED_ATTR] = call
+    with _LOCK:
+        _hold(model).installed = True
+        for m in attention_modules(model):
+            m.__dict__[attention.INSTALLED_ATTR] = call
     return attn
 
 
@@ -331,10 +424,11 @@ def installed(model) -> AttentionSettings | None:
 
 def uninstall(model) -> None:
     """Undo :func:`install`: the previous attention implementation, and no attribute of ours left. No-op if not installed."""
-    hold = model.__dict__.get(_HOLD_ATTR)
-    if hold is None or not hold.installed:
-        return
-    for m in attention_modules(model):
-        m.__dict__.pop(attention.INSTALLED_ATTR, None)
-    hold.installed = False
-    _let_go(model, hold)  # inside an apply block the block still needs ours; its end restores
+    with _LOCK:
+        hold = model.__dict__.get(_HOLD_ATTR)
+        if hold is None or not hold.installed:
+            return
+        for m in attention_modules(model):
+            m.__dict__.pop(attention.INSTALLED_ATTR, None)
+        hold.installed = False
+        _let_go(model, hold)  # inside an apply block the block still needs ours; its end restores

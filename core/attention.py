@@ -22,6 +22,9 @@ attention's blocks (its probes are named per kind and layer); when nobody
 does, nobody needs the probabilities, so the blocks go through torch's fused
 ``scaled_dot_product_attention`` with the bias (over tau) as its additive
 mask, an exact rewriting that is several times faster on long inputs.
+A caller passing ``output_attentions=True`` (BertViz and friends) also needs
+them: that pass takes the blocked path and gets the whole weights back, up to
+:data:`MAX_WEIGHT_BYTES`.
 
 Why chunked: T5 adds a learned bias to q.k, so fused kernels that never
 materialise probabilities cannot give us Pmax/entropy. We therefore compute
@@ -43,6 +46,7 @@ from transformers import AttentionInterface
 
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from core.errors import UserError
 from core.kinds import CROSS, DECODER, ENCODER, KINDS
 from core.schedule import Schedule
 
@@ -74,6 +78,14 @@ def default_chunk_bytes(device: torch.device | str) -> int:
 
 #: Lowest exponent the probed softmax evaluates (see :func:`_probed`): exp(-87) is still a normal float32.
 EXP_FLOOR = -87.0
+
+#: Most bytes of whole attention weights one pass may return per kind of attention (encoder,
+#: decoder, cross) when the caller passes ``output_attentions=True``, counted at 4 bytes (float32)
+#: per weight: ``batch x heads x q_len x k_len x layers`` at most 2**28 weights. The weights are
+#: held whole (transformers keeps every layer's until the pass returns), which is exactly what the
+#: blocked softmax avoids, so past this a clear :class:`~core.errors.UserError` beats running out
+#: of memory halfway; probes (:mod:`core.probes`) give the same numbers at any length.
+MAX_WEIGHT_BYTES = 2**30
 
 
 
@@ -212,6 +224,29 @@ def _chunk_rows(batch: int, heads: int, q_len: int, k_len: int, budget: int) -> 
     return max(1, min(q_len, budget // per_row))
 
 
+def _check_weight_size(module: torch.nn.Module, kind: str, batch: int, heads: int, q_len: int, k_len: int) -> None:
+    """Refuse ``output_attentions=True`` past :data:`MAX_WEIGHT_BYTES`, before anything is computed.
+
+    Counted per kind of attention over the stack's layers (``config.num_layers``: T5 gives the decoder
+    stack its own config), because transformers keeps every layer's weights until the pass returns;
+    the first layer raises, so nothing large is allocated first. One line, naming the length that fits."""
+    layers = int(getattr(getattr(module, "config", None), "num_layers", 1) or 1)
+    n = batch * heads * q_len * k_len * layers
+    limit = MAX_WEIGHT_BYTES // 4
+    if n <= limit:
+        return
+    per = batch * heads * layers
+    if kind == CROSS:
+        fits = f"encoder inputs of up to {limit // (per * q_len):,} tokens at this decoder length"
+    else:
+        fits = f"inputs of up to {math.isqrt(limit // per):,} tokens"
+    raise UserError(
+        f"output_attentions=True would return {n * 4 / 2**30:.1f} GiB of {kind} attention weights "
+        f"(batch {batch} x {heads} heads x {q_len} x {k_len} x {layers} layers, as float32), past the bound of "
+        f"{MAX_WEIGHT_BYTES / 2**30:g} GiB (core.attention.MAX_WEIGHT_BYTES), which holds {fits} at batch {batch}; "
+        f"use a shorter input, or probes (core.probes), which give Pmax, entropy and maps at any length.")
+
+
 def logit_operands(query: torch.Tensor, key: torch.Tensor, scaling: float | None,
                    cosine_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q', k')`` with ``q' @ k'.T`` the logits before the bias: ``s * cos(q, k)``
@@ -236,15 +271,28 @@ def aligned_attention(
     dropout: float = 0.0,
     position_bias: torch.Tensor | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax((q.k * scaling + bias + mask) / tau) @ v, in blocks of query rows.
 
     Shapes follow transformers' attention interface: ``query`` is
     ``[batch, heads, q_len, d]``, ``key``/``value`` ``[batch, heads, k_len, d]``,
     ``attention_mask`` boolean (True = attend) or additive float,
     ``[batch, 1, q_len, k_len]`` or None; ``position_bias`` ``[1|batch, heads,
-    q_len, k_len]``. Returns ``[batch, q_len, heads, d]`` and no weights (they
-    are never held whole; probes get them block by block).
+    q_len, k_len]``. Returns ``[batch, q_len, heads, d]`` and, normally, no
+    weights (they are never held whole; probes get them block by block).
+
+    ``output_attentions=True`` in ``kwargs`` is how transformers asks for the
+    weights (the model's forward passes it down to every attention function
+    with its other ``TransformersKwargs``; a forward hook on the attention
+    layer collects the second return value into ``encoder_attentions`` etc.),
+    or, without the kwarg, ``config.output_attentions``.
+    Then, and only then, the weights come back whole, ``[batch, heads, q_len,
+    k_len]`` in the value's dtype like transformers' eager attention: the
+    same blocks of probabilities the output is made from (same tau, mask,
+    bias, CosScale), concatenated, so BertViz can be pointed at a model under
+    our attention. The fused kernel gives no probabilities, so such a pass
+    takes the blocked path; a pass over :data:`MAX_WEIGHT_BYTES` is refused
+    first (:func:`_check_weight_size`).
     """
     call = _CURRENT.get()
     if call is None:
@@ -254,6 +302,12 @@ def aligned_attention(
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[-2]
     config = getattr(module, "config", None)
+    # The kwarg wins, else the config's default, as transformers' collector decides (capture_outputs): a model
+    # loaded eager with output_attentions=True in its config and then put under apply() still gets its weights.
+    want_weights = bool(kwargs["output_attentions"] if "output_attentions" in kwargs
+                        else getattr(config, "output_attentions", False))
+    if want_weights:
+        _check_weight_size(module, kind, batch, heads, q_len, k_len)
     cosine = bool(getattr(config, "cosine_attention", False))
 
     s = None
@@ -276,12 +330,14 @@ def aligned_attention(
     if budget is None:
         budget = GRAD_CHUNK_BYTES if torch.is_grad_enabled() else default_chunk_bytes(query.device)
     step = _chunk_rows(batch, heads, q_len, k_len, budget)
-    if recorder is None and not causal and not (dropout and module.training):
+    if recorder is None and not causal and not (dropout and module.training) and not want_weights:
         # Nobody needs the probabilities: let torch's fused kernel do the softmax.
         return _fused(query, key, value, attention_mask, position_bias, tau, step), None
     keyT = key.transpose(-1, -2)
+    weights: list[torch.Tensor] | None = [] if want_weights else None  # blocks of probabilities, when asked for
     if recorder is not None and not (dropout and module.training):
-        out = _probed(query, keyT, value, attention_mask, position_bias, tau, step, causal, kind, layer, recorder)
+        out = _probed(query, keyT, value, attention_mask, position_bias, tau, step, causal, kind, layer, recorder,
+                      weights)
     else:
         out = []
         for r0 in range(0, q_len, step):
@@ -298,11 +354,15 @@ def aligned_attention(
                 probs = e / total
             if dropout and module.training:
                 probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
-            out.append(torch.matmul(probs.to(value.dtype), value))
+            probs = probs.to(value.dtype)
+            if weights is not None:  # a fresh tensor per block: kept as it is, as eager returns it (after dropout)
+                weights.append(probs)
+            out.append(torch.matmul(probs, value))
     attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
     if recorder is not None:
         recorder.end_layer(layer, kind)
-    return attn.transpose(1, 2).contiguous(), None
+    probs_all = None if weights is None else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2)
+    return attn.transpose(1, 2).contiguous(), probs_all
 
 
 def _block_scores(query, keyT, attention_mask, position_bias, tau, r0: int, r1: int, causal: bool,
@@ -336,7 +396,7 @@ def _block_scores(query, keyT, attention_mask, position_bias, tau, r0: int, r1: 
 
 
 def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, causal: bool, kind: str, layer: int,
-            recorder: "Recorder") -> list[torch.Tensor]:
+            recorder: "Recorder", weights: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Blocks of softmax(scores) @ v that feed ``recorder``, never normalising a whole block.
 
     softmax = exp(s - max) / total, and division commutes with the value
@@ -345,6 +405,10 @@ def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, c
     ``exp`` is written into one buffer per layer. On the CPU this made a
     probed pass of the default model about a third faster than normalising
     every probability and computing the entropy from them.
+
+    ``weights``: a list to append each block's probabilities to (``output_attentions=True``), or None.
+    Those are exp / total with the exponents clamped at :data:`EXP_FLOOR` set to 0, so masked keys
+    get exactly 0 as in eager attention (any other weight moves by less than exp(-87) = 1.6e-38).
     """
     q_len = query.shape[-2]
     want_raw = recorder.wants_raw(layer, kind)
@@ -363,6 +427,8 @@ def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, c
         e = torch.exp(shifted, out=exp_buf[: shifted.numel()].view(shifted.shape))
         total = e.sum(-1, keepdim=True)
         recorder.observe_exp(layer, r0, r1, raw, shifted, e, total, kind=kind)
+        if weights is not None:  # before the next block overwrites exp_buf
+            weights.append((e / total).masked_fill_(shifted <= EXP_FLOOR, 0.0).to(value.dtype))
         out.append(torch.matmul(e.to(value.dtype), value) / total.to(value.dtype))
     return out
 

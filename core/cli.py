@@ -248,6 +248,49 @@ def _read_text(path: str) -> str:
         raise UserError(f"Cannot read --text-file {path}: {err.strerror or err}") from None
 
 
+#: The document options, by the DocumentRequest field they set.
+_DOC_OPTIONS = {"tokens": "--tokens", "depth": "--depth", "haystack": "--haystack", "text": "--text-file",
+                "needle": "--needle", "question": "--question", "expected": "--expected"}
+
+
+def _refuse_unused(args, over: dict, file_doc) -> None:
+    """An explicit document option the command would not use is refused in one line (exit 2), not dropped.
+
+    Why: issue 36, ``--haystack corpus-eval --task code`` ran with exit 0 and
+    no filler column. Which task reads what is core.settings.unused (the same
+    table DocumentRequest checks); ``--depth`` is checked only here, because
+    the app sends a depth for every task. ``sweep`` makes its own documents
+    from --lengths and --depths (or reads --data), so its single-document
+    options are refused with the option to use instead.
+    """
+    from core.settings import unused, why_unused
+
+    task = over.get("task", file_doc.task)
+    needle = over.get("needle", file_doc.needle if task == file_doc.task else None)
+    given = [f for f in over if f in _DOC_OPTIONS and not (f == "haystack" and over[f] == "default")]
+    if args.cmd == "sweep":
+        instead = {"tokens": "--lengths", "depth": "--depths"}
+        if getattr(args, "data", None):
+            given += ["task"] if args.task else []
+            bad = [f for f in given if f in _DOC_OPTIONS or f == "task"]
+            if bad or args.lengths is not None:
+                names = [_DOC_OPTIONS.get(f, "--" + f) for f in bad] + (["--lengths"] if args.lengths is not None else [])
+                raise UserError(f"{', '.join(names)}: not used by sweep --data (each JSONL line is its own document); "
+                                f"leave {'it' if len(names) == 1 else 'them'} out")
+        for f in given:
+            if f in instead:
+                raise UserError(f"{_DOC_OPTIONS[f]}: not used by sweep, which makes documents of every --lengths x "
+                                f"--depths; use {instead[f]}")
+        if task == "text" and not getattr(args, "data", None):  # it used to sweep passkey instead, silently
+            raise UserError("sweep generates its documents: choose --task passkey, line, topic, multidoc or code "
+                            "(the task here is text); for your own texts use sweep --data FILE.jsonl")
+    bad = unused(task, needle, given)
+    if bad:
+        names = ", ".join(_DOC_OPTIONS[f] for f in bad)
+        raise UserError(f"{names}: not used by --task {task} ({why_unused(task, needle, bad[0])}); "
+                        f"leave {'it' if len(bad) == 1 else 'them'} out")
+
+
 def _settings(args):
     """Merge a --settings file with explicit options (options win); validated as one Settings."""
     from core.settings import Settings
@@ -259,6 +302,9 @@ def _settings(args):
         "seed": args.seed, "haystack": args.haystack, "text": text, "needle": args.needle, "question": args.question,
         "expected": args.expected,
     }.items() if v is not None}
+    _refuse_unused(args, over, base.document)
+    if over.get("task", base.document.task) != base.document.task:  # the file's text/filler were for its own task
+        base = replace(base, document=base.document.for_task(over["task"]))
     doc = replace(base.document, **over) if over else base.document
     method, tau = base.method, base.tau
     if args.tau is not None:

@@ -37,7 +37,7 @@ class RunSettings:
     :meth:`Schedule.of` accepts becomes one here, once); ``method`` says where it came from."""
 
     tau: Schedule = ONE
-    method: str = "fixed"
+    method: str | None = None  # None: a schedule handed over as it is (no method named)
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
     probes: ProbeSpec = field(default_factory=ProbeSpec)

@@ -296,6 +296,8 @@ FORMULAS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.formula is
 #: (Table 3's rows: adding Algorithm 1 on both criteria).
 SWEEP_DEFAULT: tuple[str, ...] = ("none", "log-length")
 PERPLEXITY_DEFAULT: tuple[str, ...] = ("none", "log-length", "pmax", "entropy")
+#: The model as trained (tau = 1): what a table's dispersion rows and a comparison's base are.
+AS_TRAINED: str = next(n for n, m in REGISTRY.items() if m.constant is not None and m.constant.is_one)
 #: The method whose value the user gives (a fixed tau), and its one text in CSV rows and method lists.
 FIXED: str = next(n for n, m in REGISTRY.items() if m.takes_value)
 FIXED_PREFIX = "tau="

@@ -119,7 +119,9 @@ def _leaves(value: Any) -> np.ndarray:
     (a silent wrong answer) and a string would fail deep in torch.
     """
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch here
-        if value.dtype.is_complex or str(value.dtype) == "torch.bool" or value.is_meta:
+        if value.is_meta:
+            raise ValueError(f"{_WHY}, got a tensor on the meta device (it holds no values)")
+        if value.dtype.is_complex or str(value.dtype) == "torch.bool":
             raise ValueError(f"{_WHY}, got a tensor of {value.dtype}")
         value = value.detach().cpu().double().numpy()
     if isinstance(value, np.ndarray):

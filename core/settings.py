@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal
 
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
@@ -51,6 +51,43 @@ Target = Literal[KINDS]  # type: ignore[valid-type]
 Targets = Annotated[tuple[Target, ...], BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)]
 
 
+#: The tasks whose filler can be a corpus pool (``haystack``): the record tasks with prose, and lm (its prefix).
+HAYSTACK_TASKS: tuple[str, ...] = tasks.HAYSTACK_TASKS + (tasks.LM,)
+#: The fields only the user's own text reads.
+TEXT_FIELDS: tuple[str, ...] = ("text", "needle", "question", "expected")
+
+
+def unused(task: str, needle: str | None, given: Iterable[str]) -> list[str]:
+    """The fields among ``given`` that a request of ``task`` (with this ``needle``) would not read.
+
+    Why: issue 36 found ``--haystack corpus-eval --task code`` running with
+    exit 0 and the option silently dropped; an option that changes nothing
+    looks like one that worked. Every field here is read by some task: this
+    is the one table of which. ``task`` and ``seed`` are read by every task.
+    """
+    if task == "text":
+        reads = {"depth", *TEXT_FIELDS} if needle != "" else set(TEXT_FIELDS)  # needle "": nothing is inserted
+    else:
+        reads = {"tokens"} | ({"depth"} if task not in ("topic", tasks.LM) else set())
+        reads |= {"haystack"} if task in HAYSTACK_TASKS else set()
+    return [f for f in given if f not in reads and f not in ("task", "seed")]
+
+
+def why_unused(task: str, needle: str | None, field_name: str) -> str:
+    """Why ``field_name`` does nothing for ``task`` (a few words, for the one-line refusal)."""
+    if field_name in TEXT_FIELDS:
+        return f"only task 'text' (your own text) reads it; {task} generates its document"
+    if field_name == "tokens":
+        return "your own text is as long as it is"
+    if field_name == "haystack":
+        return (f"only {', '.join(HAYSTACK_TASKS)} take a filler; "
+                + ("your text is its own" if task == "text" else f"{task} always uses its own"))
+    if field_name == "depth":
+        return {"topic": "topic always asks about the first conversation", tasks.LM: "an lm sequence has no needle"}.get(
+            task, "with an empty needle nothing is inserted")
+    return "it is not used"
+
+
 @user_errors
 @dataclass(frozen=True, config=_CONFIG)
 class DocumentRequest:
@@ -67,6 +104,34 @@ class DocumentRequest:
     needle: Text | None = None
     question: Text | None = None
     expected: Text | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a field that is set but that this task does not read (see :func:`unused`).
+
+        Only fields whose default means "not given" are checked here (tokens,
+        haystack, text, needle, question, expected): the app sends its depth
+        and seed for every task, so a depth is refused only where a person
+        gave it explicitly (the CLI's ``--depth``, :func:`unused`).
+        """
+        given = [f for f in ("tokens", *TEXT_FIELDS) if getattr(self, f) is not None]
+        given += ["haystack"] if self.haystack != "default" else []
+        bad = unused(self.task, self.needle, given)
+        if bad:
+            values = ", ".join(f"{f} {getattr(self, f)!r}"[:60] for f in bad)
+            raise ValueError(f"{values}: not used by task {self.task!r} ({why_unused(self.task, self.needle, bad[0])}); "
+                             f"leave {'it' if len(bad) == 1 else 'them'} out")
+
+    def for_task(self, task: str) -> "DocumentRequest":
+        """A request of ``task`` keeping what of this one the new task reads (the rest at the defaults).
+
+        Why: an explicit ``--task`` overrides a settings file's; the file's
+        text or corpus filler, meant for its own task, must not turn into a
+        refusal of an option the person never gave.
+        """
+        keep = {"depth", "tokens", "haystack", *TEXT_FIELDS}
+        needle = self.needle if task == "text" else None
+        return DocumentRequest(task=task, seed=self.seed, **{
+            f: getattr(self, f) for f in keep if f not in unused(task, needle, [f])})
 
     def length(self, train_length: int) -> int:
         """Tokens a generated document will have (the request, else L_tr)."""
@@ -128,7 +193,7 @@ class Settings:
 
     model: Name | None = None
     train_length: TrainLength | None = None
-    method: Method = "none"
+    method: Method = methods.AS_TRAINED
     tau: Tau | None = None  # the schedule (core.schedule.Schedule): number, per layer, per layer and head, per row
     criterion: Criterion = "pmax"
     targets: Targets = (ENCODER,)

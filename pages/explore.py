@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from core.errors import UserError
-from ui import PAPER, message, page_setup
+from ui import PAPER, message, page_setup, user_errors
 from ui import url
 from ui import explore_views as views
 from ui import sidebar as sb
@@ -23,6 +23,8 @@ def main() -> None:
     )
     ctx = sb.sidebar(temperature=False)
     tour(ctx.train_length)
+    with user_errors():  # a document this machine cannot hold: one message, and none of the views that need it
+        views.check_length(ctx)
     views.page_state(ctx.loaded.n_layers, ctx.loaded.n_heads)
     # What did not change stays as it is while the panel reruns (a release, a poll for grid frames): no grey-out.
     # The scrubber marks the card that will change itself ("updating").

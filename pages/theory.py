@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import PAPER, page_setup, user_errors
-from ui import cache
+from ui import cache, pass_gate
 from ui import sidebar as sb
 from ui import theory_views as tv
 
@@ -19,7 +19,7 @@ def main() -> None:
         f"them at their L_tr values (Prop. 1 for Pmax, Prop. 2 for entropy). Paper: {PAPER}."
     )
     ctx = sb.sidebar()
-    with user_errors(), st.spinner("Layer-0 logits at this length and at L_tr…" + cache.queue_note()):
+    with user_errors(), st.spinner("Layer-0 logits at this length and at L_tr…" + pass_gate.queue_note()):
         # the same pass Prop. 1/2 read, which the background job computes after the tau grid
         here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.targets, ctx.cosine_scale))
         ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)

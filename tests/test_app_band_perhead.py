@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_ok, build_tiny_t5  # noqa: E402
 from core import plots, temperature  # noqa: E402
+from core.schedule import RowTau
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -81,7 +82,7 @@ def test_equal_curves_stay_visible_and_say_so():
 
 
 def test_theory_llama4_line_is_the_mean_row_tau():
-    rows = temperature.RowTau(floor_scale=256)
+    rows = RowTau(floor_scale=256)
     brute = np.mean([1 / temperature.llama4_scale(p, 256) for p in range(2048)])
     assert rows.mean(2048) == pytest.approx(brute)
     assert rows.mean(255) == 1.0  # every row before L_tr keeps tau = 1

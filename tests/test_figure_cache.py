@@ -1,4 +1,4 @@
-"""ui.cache.figure: a figure is built once per content of its inputs, and never handed out for other inputs."""
+"""ui.figure_cache.figure: a figure is built once per content of its inputs, and never handed out for other inputs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from core import plots
 
 @pytest.fixture
 def cache_mod():
-    from ui import cache
+    from ui import figure_cache, prefetch
 
-    cache.clear()
-    yield cache
-    cache.clear()
+    prefetch.clear_all()
+    yield figure_cache
+    prefetch.clear_all()
 
 
 def test_same_content_same_object_other_content_new_figure(cache_mod):

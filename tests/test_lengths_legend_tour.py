@@ -153,10 +153,10 @@ def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     the per-layer values are the ones quoted."""
     from core import engine
     from core.settings import DocumentRequest
-    from ui import cache
+    from ui import cache, prefetch
     from ui.tour import TOUR
 
-    cache.clear()
+    prefetch.clear_all()
     req = DocumentRequest(task="passkey", tokens=8 * loaded.train_length, depth=0.5, seed=0)
     tau, info = cache.resolve_tau(loaded, req, "pmax")
     assert tau == 0.5 and info["reached"] is False
@@ -168,4 +168,4 @@ def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     quoted = ", ".join(f"{v:.3f}" for v in run.probes.layer_pmax) + " against " + ", ".join(
         f"{v:.3f}" for v in ref.probes.layer_pmax)
     assert quoted in more
-    cache.clear()
+    prefetch.clear_all()

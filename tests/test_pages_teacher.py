@@ -9,7 +9,7 @@
 
 AppTest with a tiny T5 (L_tr = 256, ByT5 bytes) of this module's own; every number the tests compare is computed
 by the library on the same model (no mocks of our code). Each test uses its own document seed, so the process-wide
-stores of :mod:`ui.cache` hold nothing of it before the test.
+stores (:mod:`ui.stores`) hold nothing of it before the test.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from conftest import app_error_text, app_ok, build_tiny_t5, wait_until  # noqa: 
 from core import engine, methods, temperature  # noqa: E402
 from core.errors import InputTooLong, ModelLoadError, UserError  # noqa: E402
 from core.settings import DocumentRequest  # noqa: E402
+from core.schedule import RowTau
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -108,17 +109,17 @@ def _array(v) -> np.ndarray:
 
 def test_calibrate_draws_the_background_grid_without_a_button(env):
     from ui import cache
-    from ui.prefetch import progress
+    from ui.prefetch import grid_job, prefetcher, progress
 
     loaded, req = _loaded(env), _req(512, seed=11)
     # what Explore leaves behind: its L_tr reference, and the prefetcher's grid of this document
     cache.run_reference(loaded, req)
-    job = cache.grid_job(loaded, req, engine.RunSettings(tau=1.0, method="fixed"))
-    cache.prefetcher().want("issue41-test", job)
+    job = grid_job(loaded, req, engine.RunSettings(tau=1.0, method="fixed"))
+    prefetcher().want("issue41-test", job)
     try:
         wait_until(lambda: progress(job)[0] == progress(job)[1])
     finally:
-        cache.prefetcher().want("issue41-test", None)
+        prefetcher().want("issue41-test", None)
     assert cache.calibrate_both(loaded, req, compute=False) is None  # not the calibration store: the grid's stats
 
     at = _calibrate(512, 11)
@@ -140,7 +141,8 @@ def test_calibrate_draws_the_background_grid_without_a_button(env):
 
 def test_calibrate_completes_when_the_rest_of_the_grid_arrives(env):
     from ui import cache
-    from ui.prefetch import progress
+    from ui.pass_gate import gate
+    from ui.prefetch import grid_job, prefetcher, progress
 
     loaded, req = _loaded(env), _req(512, seed=12)
     cache.run_reference(loaded, req)
@@ -148,14 +150,14 @@ def test_calibrate_completes_when_the_rest_of_the_grid_arrives(env):
     first = GRID[:5]  # 1.0 ... 0.8: not enough for a bisection (it needs both ends)
     for t in first:
         cache.run(loaded, req, engine.RunSettings(tau=t, method="fixed"))
-    job = cache.grid_job(loaded, req, settings)
+    job = grid_job(loaded, req, settings)
     # Explore's background grid of this document is wanted, but waits: a person's pass (this test) holds the gate
-    with cache.gate().foreground():
-        cache.prefetcher().want("issue41-grid", job)
+    with gate().foreground():
+        prefetcher().want("issue41-grid", job)
         try:
             at = _calibrate(512, 12)
         except BaseException:
-            cache.prefetcher().want("issue41-grid", None)
+            prefetcher().want("issue41-grid", None)
             raise
     app_ok(at)
     info = " ".join(i.value for i in at.info)
@@ -167,7 +169,7 @@ def test_calibrate_completes_when_the_rest_of_the_grid_arrives(env):
     try:
         wait_until(lambda: progress(job)[0] == progress(job)[1])  # the background grid goes on
     finally:
-        cache.prefetcher().want("issue41-grid", None)
+        prefetcher().want("issue41-grid", None)
     at.run()  # what the page's next look does
     app_ok(at)
     assert "cal_run" not in _keys(at)
@@ -255,7 +257,7 @@ def test_every_method_table_cells_are_never_cut(env):
     (frame,) = [d for d in at.dataframe if "label" in d.value.columns]
     table = frame.value.set_index("method")
     n = int(re.search(r"\*\*([\d,]+) tokens\*\*", " ".join(c.value for c in at.sidebar.caption)).group(1).replace(",", ""))
-    rows = temperature.RowTau(floor_scale=256, attn_scale=methods.LLAMA4_ATTN_SCALE)
+    rows = RowTau(floor_scale=256, attn_scale=methods.LLAMA4_ATTN_SCALE)
     # Llama 4's row: its mean tau and the row count, whole (it was cut at "mean 0.8861 ove")
     assert table.loc["llama4", "tau"] == f"{rows.mean(n):.4f} (mean over {n:,} rows)"
     assert table.loc["llama4", "note"] == "a tau per row: 1 before row L_tr, then smaller"
@@ -426,9 +428,9 @@ def test_the_cli_keeps_its_wording_for_the_same_folder(capsys):
 
 
 def test_a_document_too_long_for_memory_names_the_length_box(env, monkeypatch):
-    from ui import cache
+    from ui import prefetch
 
-    cache.clear()  # a document or calibration an earlier test stored is shown from the store, with no new check
+    prefetch.clear_all()  # a document or calibration an earlier test stored is shown from the store, with no new check
     monkeypatch.setattr(engine, "max_tokens", lambda loaded, batch=1, chunk_bytes=0: 100)
     at = AppTest.from_file(CALIBRATE, default_timeout=TIMEOUT).run()
     msg = app_error_text(at)
@@ -494,7 +496,7 @@ def test_long_schedules_are_short_in_the_table_and_whole_below_it():
 
     layers = [round(0.5 + 0.02 * i, 2) for i in range(24)]  # a per-layer schedule of a 24-layer encoder
     taus = {"per-layer": layers, "per-head": [[0.5, 0.7], [0.9, 1.0]], "prop1": "n/a (no root: sigma too large)",
-            "llama4": temperature.RowTau(floor_scale=256, attn_scale=0.1), "yarn": 0.7713}
+            "llama4": RowTau(floor_scale=256, attn_scale=0.1), "yarn": 0.7713}
     table = cv.taus_table(taus, rows=2048, train_length=256).set_index("method")
     assert table.loc["per-layer", "tau"] == "per layer (24): 0.50 to 0.96, mean 0.730"
     assert table.loc["per-head", "tau"].startswith("per head (2 x 2): 0.50 to 1.00")

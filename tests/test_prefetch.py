@@ -1,4 +1,4 @@
-"""The background tau grid (ui.prefetch) and the pass gate (ui.cache.PassGate), without a browser.
+"""The background tau grid (ui.prefetch) and the pass gate (ui.pass_gate.PassGate), without a browser.
 
 The grid must land in the very stores the slider and Algorithm 1 read, so
 that after it Calibrate needs no pass; and a person's pass must never wait
@@ -20,30 +20,30 @@ from conftest import wait_until
 
 @pytest.fixture
 def cache_mod():
-    from ui import cache
+    from ui import cache, prefetch
 
-    cache.clear()
+    prefetch.clear_all()
     return cache
 
 
-
-
 def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
-    from ui.prefetch import GRID, Job, progress
+    from ui import prefetch
+    from ui.prefetch import GRID, progress
+    from ui.stores import stores
 
     cache = cache_mod
     req = DocumentRequest(task="passkey", tokens=512, depth=0.5, seed=4)
     probes = cache.explore_probes(1, None)
     settings = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
-    job = cache.grid_job(tiny, req, settings)
+    job = prefetch.grid_job(tiny, req, settings)
     assert progress(job) == (0, len(GRID) + 1)  # the grid and Theory's tau = 1 pass
-    cache.prefetcher().want("test-session", job)
+    prefetch.prefetcher().want("test-session", job)
     wait_until(lambda: progress(job)[0] == len(GRID) + 1)
     # the slider's own key: a grid tau is a hit, an off-grid one is not
     assert cache.has_run(tiny, req, engine.RunSettings(tau=0.65, method="fixed", probes=probes))
     assert not cache.has_run(tiny, req, engine.RunSettings(tau=0.66, method="fixed", probes=probes))
     cache.run_reference(tiny, req)  # the page has its L_tr reference already
-    runs = cache.stores()["run"]
+    runs = stores()["run"]
     misses = runs.misses
     cals = cache.calibrate_both(tiny, req, fast=False)
     forms = cache.closed_forms(tiny, req)
@@ -57,11 +57,12 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     fresh = calibration.calibrate(tiny, cache.document(tiny, req), "pmax")
     assert cals["pmax"].tau == fresh.tau
     assert cals["pmax"].curve == pytest.approx(fresh.curve, rel=1e-5)
-    cache.prefetcher().want("test-session", None)
+    prefetch.prefetcher().want("test-session", None)
 
 
 def test_the_grid_is_computed_nearest_the_slider_first(tiny, cache_mod):
-    from ui.prefetch import GRID, Job
+    from ui.pass_gate import gate
+    from ui.prefetch import GRID, Job, prefetcher
 
     s = engine.RunSettings(tau=1.0, method="fixed", probes=cache_mod.explore_probes(1, None))
     req = DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2)
@@ -69,25 +70,26 @@ def test_the_grid_is_computed_nearest_the_slider_first(tiny, cache_mod):
     assert taus[:4] == [1.0, 0.5, 0.55, 0.45] and sorted(taus) == sorted(GRID)  # tau = 1 (the left column) first
     assert GRID[-1] == pytest.approx(0.3) and set(temperature.GRID) <= set(GRID)
     # the same document with the slider elsewhere: the wish is reordered, not restarted
-    pf = cache_mod.prefetcher()
-    with cache_mod.gate().foreground():
+    pf = prefetcher()
+    with gate().foreground():
         pf.want("s-order", Job(tiny, req, s, around=1.0))
         pf.want("s-order", Job(tiny, req, s, around=0.3))
-        (_, job), = [v for k, v in pf._wanted.items() if k == "s-order"]
+        job = pf.wanted()["s-order"]
         assert job.around == 0.3
         pf.want("s-order", None)
 
 
 def test_a_new_document_cancels_the_old_grid(tiny, cache_mod):
-    from ui.prefetch import GRID, Job, progress
+    from ui.pass_gate import gate as pass_gate
+    from ui.prefetch import GRID, Job, prefetcher, progress
 
     cache = cache_mod
     probes = cache.explore_probes(1, None)
     s = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
     old = Job(tiny, DocumentRequest(task="passkey", tokens=1024, depth=0.5, seed=1), s)
     new = Job(tiny, DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2), s)
-    pf = cache.prefetcher()
-    gate = cache.gate()
+    pf = prefetcher()
+    gate = pass_gate()
     with gate.foreground():  # hold the worker back until both wishes are in
         pf.want("s1", old)
         pf.want("s1", new)  # the same session moved on: the old document is no longer wanted
@@ -97,7 +99,7 @@ def test_a_new_document_cancels_the_old_grid(tiny, cache_mod):
 
 
 def test_foreground_goes_first():
-    from ui.cache import PassGate
+    from ui.pass_gate import PassGate
 
     gate = PassGate()
     order: list[str] = []
@@ -124,8 +126,10 @@ def test_foreground_goes_first():
 
 def test_a_second_session_queues_behind_the_first_and_is_told(cache_mod):
     """Two sessions' passes never run at once (the app's memory budget), and the one waiting sees why."""
-    gate = cache_mod.gate()
-    assert cache_mod.queue_note() == ""
+    from ui.pass_gate import gate as pass_gate, queue_note
+
+    gate = pass_gate()
+    assert queue_note() == ""
     inside, release, done = threading.Event(), threading.Event(), []
 
     def session(name: str) -> None:
@@ -138,7 +142,7 @@ def test_a_second_session_queues_behind_the_first_and_is_told(cache_mod):
     a = threading.Thread(target=session, args=("a",))
     a.start()
     inside.wait(5)
-    assert "Another session's pass goes first" in cache_mod.queue_note()
+    assert "Another session's pass goes first" in queue_note()
     inside.clear()
     b = threading.Thread(target=session, args=("b",))
     b.start()
@@ -148,4 +152,4 @@ def test_a_second_session_queues_behind_the_first_and_is_told(cache_mod):
     a.join(5)
     b.join(5)
     assert done == ["a in", "a out", "b in", "b out"]
-    assert cache_mod.queue_note() == ""
+    assert queue_note() == ""

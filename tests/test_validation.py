@@ -46,8 +46,18 @@ json_values = st.recursive(
 positive = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)
 taus = positive | st.lists(positive, min_size=1, max_size=4) \
     | st.integers(1, 4).flatmap(lambda h: st.lists(st.lists(positive, min_size=h, max_size=h), min_size=1, max_size=3))
+
+
+def _request(task, tokens, depth, seed, text, needle):
+    """A request as its task reads it: the pasted-text fields only for ``text``, tokens only for a generated task
+    (DocumentRequest refuses a field its task ignores, issue 36)."""
+    if task == "text":
+        return DocumentRequest(task=task, depth=depth, seed=seed, text=text, needle=needle)
+    return DocumentRequest(task=task, tokens=tokens, depth=depth, seed=seed)
+
+
 documents = st.builds(
-    DocumentRequest,
+    _request,
     task=st.sampled_from(("passkey", "line", "topic", "multidoc", "code", "text")),
     tokens=st.none() | st.integers(1, MAX_LENGTH),
     depth=st.floats(0.0, 1.0),

@@ -11,8 +11,9 @@ import streamlit as st
 from core import calibration, engine, methods, plots, tables, temperature, timing
 from core.errors import UserError
 from core.probes import ProbeSpec
+from core.schedule import RowTau
 from ui import chart, csv_of, plural, user_errors
-from ui import cache
+from ui import cache, choices, figure_cache, pass_gate, prefetch
 from ui import sidebar as sb
 
 EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
@@ -24,21 +25,21 @@ FALLBACK = "log-length"
 
 def use_tau(method: str, value) -> None:
     """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; a schedule -> that method)."""
-    if isinstance(value, temperature.RowTau):
-        sb.set_state(tau_method=method)
+    if isinstance(value, RowTau):
+        choices.set_state(tau_method=method)
         st.session_state["cal_used"] = f"{methods.label(method)}: {tables.schedule_text(value)}"
         return
     a = np.asarray(value, dtype=float)
     if a.ndim == 0:
-        sb.set_state(tau_method="fixed", tau_value=float(np.clip(round(float(a), 2), sb.TAU_MIN, sb.TAU_MAX)))
+        choices.set_state(tau_method="fixed", tau_value=float(np.clip(round(float(a), 2), choices.TAU_MIN, choices.TAU_MAX)))
     else:
-        sb.set_state(tau_method=method)
+        choices.set_state(tau_method=method)
     st.session_state["cal_used"] = f"{methods.label(method)}: tau = {np.round(a, 3).tolist()}"
 
 
 def use_method(method: str) -> None:
     """on_click: put a method (resolved again at each document's length) into the sidebar's Method box."""
-    sb.set_state(tau_method=method)
+    choices.set_state(tau_method=method)
     st.session_state["cal_used"] = methods.label(method)
 
 
@@ -161,20 +162,10 @@ def run(ctx: sb.Context, button_col) -> dict | None:
 
 
 def grid_on_its_way(ctx: sb.Context) -> bool:
-    """Whether the background prefetcher (:mod:`ui.prefetch`) has a wish for this document, from any session.
-
-    Reads the prefetcher's wish list, which has no public accessor yet; should
-    that change, it answers True and the patience of :func:`wait_for_grid`
-    ends the looking.
-    """
-    wanted = getattr(cache.prefetcher(), "_wanted", None)
-    if not isinstance(wanted, dict):
-        return True
-    try:
-        mk = cache.mkey(ctx.loaded)
-        return any(job.request == ctx.request and cache.mkey(job.loaded) == mk for _, job in list(wanted.values()))
-    except Exception:  # noqa: BLE001 - another shape of the wish list: look, the patience ends it
-        return True
+    """Whether the background prefetcher (:mod:`ui.prefetch`) has a wish for this document, from any session."""
+    mk = cache.mkey(ctx.loaded)
+    return any(job.request == ctx.request and cache.mkey(job.loaded) == mk
+               for job in prefetch.prefetcher().wanted().values())
 
 
 #: Seconds between looks at the shared grid while the background fills it, and the least time without a new pass
@@ -312,7 +303,7 @@ def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
     own = _stats_settings(ctx, tau)
     if cache.has_run(ctx.loaded, ctx.request, own):
         return own
-    a = np.asarray(tau, dtype=float) if not isinstance(tau, temperature.RowTau) else None
+    a = np.asarray(tau, dtype=float) if not isinstance(tau, RowTau) else None
     if a is not None and a.ndim == 0 and float(a) == 1.0:
         return cache.theory_settings(ctx.loaded, tuple(ctx.targets), ctx.cosine_scale)
     return own
@@ -337,11 +328,11 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
         settings["per-head Algorithm 1"] = _head_settings(ctx, ph[0])
     new = sum(not cache.has_run(ctx.loaded, ctx.request, s) for s in settings.values())
     with user_errors(), st.spinner(f"Per-head statistics ({plural(new, 'new pass', 'new passes')} at this length)…"
-                                     + cache.queue_note()):
+                                     + pass_gate.queue_note()):
         # the L_tr reference Explore, Theory and Prop. 1/2 read: one pass for all of them
         ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
         panels = {name: cache.run(ctx.loaded, ctx.request, s).probes.pmax[0] for name, s in settings.items()}
-    chart(cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
+    chart(figure_cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
     if ph is None:
         st.caption("Per-head Algorithm 1 (one tau per layer and head, each matched to that head's Pmax at L_tr) is "
                    "not computed yet: choose 'per-head' in the sidebar's Method box to compute it "
@@ -373,7 +364,7 @@ def tau_cell(tau, rows: int, train_length: int | None = None) -> tuple[str, str]
     if isinstance(tau, str):  # "n/a (why)"
         why = tau[len("n/a ("):-1] if tau.startswith("n/a (") and tau.endswith(")") else tau
         return "n/a", why
-    if isinstance(tau, temperature.RowTau):
+    if isinstance(tau, RowTau):
         floor = "L_tr" if train_length == tau.floor_scale else f"{tau.floor_scale:,}"
         return f"{tau.mean(rows):.4f} (mean over {rows:,} rows)", f"a tau per row: 1 before row {floor}, then smaller"
     a = np.asarray(tau, dtype=float)
@@ -438,7 +429,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
         "formula does not fit these numbers."
     )
     est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
-    with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + cache.queue_note()):
+    with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
         taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
     taus = {**taus, "pmax": cals["pmax"].tau, "entropy": cals["entropy"].tau}
     taus["llama4"] = cache.resolve_tau(ctx.loaded, ctx.request, "llama4", None, ctx.targets, ctx.cosine_scale)[0]  # no pass

@@ -3,7 +3,7 @@
 The tau-dependent views are drawn in the browser by the scrubber
 (:mod:`ui.scrubber`); here are the controls that choose what they show, the
 exports of the chosen tau, and the bias curves (which do not depend on tau;
-figures from :mod:`core.plots` through :func:`ui.cache.figure`, tables from
+figures from :mod:`core.plots` through :func:`ui.figure_cache.figure`, tables from
 :mod:`core.tables`).
 """
 
@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core import frames, plots, tables
+from core import engine, frames, plots, tables
 from core.errors import UserError
 from core.probes import ProbeSpec
 from ui import chart, csv_of, message
-from ui import cache
+from ui import cache, figure_cache
 from ui import sidebar as sb
+
+
+def check_length(ctx: sb.Context) -> None:
+    """Refuse (InputTooLong, the engine's message) a document too long for this machine's free memory.
+
+    Why before the views: every view of Explore needs a pass or the
+    tokenisation of the document, and each would refuse it again; checked
+    once here, the page shows one message and stops.
+    """
+    engine.check_length(ctx.loaded, ctx.tokens)
 
 
 def page_state(L: int, H: int) -> None:
@@ -120,7 +130,11 @@ def bias_section(ctx: sb.Context) -> None:
     ss.setdefault("ex_show_bias", False)
     if not st.toggle("Show the bias curves", key="ex_show_bias"):
         return
-    enc = cache.encoded(ctx.loaded, ctx.request, ctx.document)
+    try:
+        enc = cache.encoded(ctx.loaded, ctx.request, ctx.document)  # refuses a document past free memory
+    except UserError as err:
+        st.error(message(err))
+        return
     q0 = enc.question_tokens[0] if enc.question_tokens else enc.n // 2
     ss.setdefault("ex_rpe_heads", list(range(min(H, 8))))
     ss["ex_rpe_heads"] = [h for h in ss["ex_rpe_heads"] if h in range(H)] or [0]
@@ -136,7 +150,7 @@ def bias_section(ctx: sb.Context) -> None:
     except UserError as err:
         st.error(message(err))
         return
-    chart(cache.figure(plots.rpe_curves, curves, ss["ex_rpe_heads"], int(ss["ex_rpe_query"]), ctx.train_length,
+    chart(figure_cache.figure(plots.rpe_curves, curves, ss["ex_rpe_heads"], int(ss["ex_rpe_query"]), ctx.train_length,
                            int(getattr(ctx.loaded.config, "relative_attention_max_distance", 128))), "rpe")
     st.download_button("rpe.csv", csv_of(lambda: tables.rpe_table(curves)), "rpe.csv", "text/csv", key="dl_rpe",
                        on_click="ignore")

@@ -12,8 +12,13 @@ How: one daemon thread per process. Each session says which document it
 shows (:func:`want`); the thread works on the newest wanted document, one
 pass at a time, and drops a document as soon as no session shows it any
 more (a length change cancels the rest of the old grid). Passes go through
-:class:`ui.cache.PassGate` as background work, so a person's own pass never
-waits for more than the one background pass already running.
+:class:`ui.pass_gate.PassGate` as background work, so a person's own pass
+never waits for more than the one background pass already running.
+
+This module builds on :mod:`ui.cache` (its keys, its run store) and the
+cache never calls back: the process's one :func:`prefetcher`, the job of a
+document (:func:`grid_job`) and :func:`clear_all` (the stores and the
+wishes) live here, beside the thread.
 
 Nothing here touches Streamlit elements: the thread only computes.
 """
@@ -26,10 +31,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Hashable
 
+import streamlit as st
+
 from core import engine, frames
 from core.errors import UserError
 from core.models import Loaded
 from core.settings import DocumentRequest
+from ui import cache, pass_gate, stores
 
 #: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
 GRID = frames.SCRUB_GRID
@@ -50,8 +58,6 @@ class Job:
 
     @property
     def key(self) -> Hashable:
-        from ui import cache
-
         s = self.settings
         fixed = cache.tau_key(s.tau) if self.axis == "s" else s.cosine_scale  # what the grid holds constant
         return (cache.mkey(self.loaded), self.request, tuple(s.targets), fixed, s.probes, s.generate, self.extras,
@@ -67,8 +73,6 @@ class Job:
 
     def pending(self) -> list[engine.RunSettings]:
         """The job's passes not in the run store yet."""
-        from ui import cache
-
         return [s for s in self.passes() if not cache.has_run(self.loaded, self.request, s)]
 
 
@@ -86,6 +90,11 @@ class Prefetcher:
         # A daemon thread still inside torch when the interpreter exits aborts the
         # process ("terminate called without an active exception", exit 134): stop it first.
         atexit.register(self.stop)
+
+    def wanted(self) -> dict[str, Job]:
+        """What each session wants now (session id -> job): a copy, for pages that ask whether a grid is coming."""
+        with self._lock:
+            return {session: job for session, (_, job) in self._wanted.items()}
 
     def forget(self) -> None:
         """Drop every session's wish (the pass under way finishes; nothing new starts for them)."""
@@ -138,9 +147,7 @@ class Prefetcher:
             return any(j.key == job.key for _, j in self._wanted.values())
 
     def _loop(self) -> None:
-        from ui import cache
-
-        gate = cache.gate()
+        gate = pass_gate.gate()
         while not self._stop.is_set():
             nxt = self._next()
             if nxt is None:
@@ -179,3 +186,33 @@ def progress(job: Job) -> tuple[int, int]:
     """(passes ready, passes in all) of a job: the grid and its extras."""
     total = len(job.passes())
     return total - len(job.pending()), total
+
+
+@st.cache_resource(show_spinner=False)
+def prefetcher() -> Prefetcher:
+    """The process's one background grid worker, shared by every session."""
+    return Prefetcher()
+
+
+def session_id() -> str:
+    """This browser session's id ("" outside a Streamlit run: scripts and benchmarks)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx(suppress_warning=True)
+    return ctx.session_id if ctx is not None else ""
+
+
+def grid_job(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings, around: float = 1.0) -> Job:
+    """The background job of a document shown with these run settings: its tau grid (nearest ``around`` first),
+    then Theory's tau = 1 pass."""
+    return Job(loaded, req, replace(settings, tau=1.0, method="fixed"),
+               extras=(cache.theory_settings(loaded, settings.targets, settings.cosine_scale),), around=float(around))
+
+
+def clear_all() -> None:
+    """Forget every background wish, then every cached document, run and calibration (models stay loaded).
+
+    Wishes first: a wish left behind would refill the emptied stores.
+    """
+    prefetcher().forget()
+    stores.clear()

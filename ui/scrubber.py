@@ -27,7 +27,8 @@ import streamlit as st
 
 from core import frames, methods, temperature
 from core.errors import UserError
-from ui import cache, message
+from core.schedule import RowTau
+from ui import cache, choices, message, prefetch
 
 KEY = "scrubber"
 POLL_MS = 900
@@ -53,13 +54,11 @@ def _released() -> None:
         return
     if not np.isfinite(v):
         return
-    from ui.sidebar import put  # the choice is kept across page changes at once (see ui.sidebar)
-
     if ss.get(AXIS_KEY) == "s" and ss.get("_scrub_s_range"):
         lo, hi = ss["_scrub_s_range"]
-        put("cos_scale", float(np.clip(round(v * 2) / 2, lo, hi)))
+        choices.put("cos_scale", float(np.clip(round(v * 2) / 2, lo, hi)))
     else:
-        put("tau_value", float(np.clip(round(v, 2), temperature.TAU_FLOOR, 1.0)))
+        choices.put("tau_value", float(np.clip(round(v, 2), temperature.TAU_FLOOR, 1.0)))
     ss[_FROM_SLIDER] = True
 
 
@@ -67,14 +66,9 @@ AXIS_KEY = "ex_axis"
 AXES = {"tau": "tau", "s": "CosScale s"}
 
 
-def s_range(loaded) -> tuple[float, float]:
-    """The CosScale slider's range (the sidebar's): 1 to 4 x the trained s (at least 64)."""
-    return 1.0, float(max(4 * float(loaded.cosine_scale), 64.0))
-
-
 def s_grid(loaded) -> tuple[float, ...]:
     """15 scales, log-spaced over the slider's range, the trained s among them, on the slider's 0.5 steps."""
-    lo, hi = s_range(loaded)
+    lo, hi = choices.cos_range(loaded)
     s0 = float(loaded.cosine_scale)
     vals = {round(float(v) * 2) / 2 for v in np.geomspace(max(lo, s0 / 8), hi, 14)} | {round(s0 * 2) / 2}
     return tuple(sorted(vals))
@@ -109,7 +103,7 @@ def _in_fragment_rerun() -> bool:
 
 def grid_tau(schedule) -> float | None:
     """The grid tau a schedule is, or None (a per-layer / per-row schedule, or a tau between grid marks)."""
-    if isinstance(schedule, temperature.RowTau):
+    if isinstance(schedule, RowTau):
         return None
     a = np.asarray(schedule, dtype=float)
     if a.ndim:
@@ -167,11 +161,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         at = lambda v: replace(chosen_settings, cosine_scale=v)  # noqa: E731
         g = round(float(cos) * 2) / 2 if cos is not None and round(float(cos) * 2) / 2 in values else None
         here = float(cos if cos is not None else loaded.cosine_scale)
-        lo, hi = ss["_scrub_s_range"] = s_range(loaded)
+        lo, hi = ss["_scrub_s_range"] = choices.cos_range(loaded)
         axis_meta = {"name": "s", "label": AXES["s"], "min": lo, "max": hi, "step": 0.5}
-        from ui.prefetch import Job
-
-        job = Job(loaded, req, chosen_settings, around=here, axis="s", values=values)
+        job = prefetch.Job(loaded, req, chosen_settings, around=here, axis="s", values=values)
     else:
         values = frames.SCRUB_GRID
         grid_settings = ctx.run_settings(tau=1.0, method="fixed", probes=probes)
@@ -179,8 +171,8 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         g = grid_tau(ctx.schedule)
         here = tau
         axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
-        job = cache.grid_job(loaded, req, grid_settings, around=tau)
-    cache.prefetcher().want(cache.session_id(), job)  # a new document's grid starts now, beside its first passes
+        job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
+    prefetch.prefetcher().want(prefetch.session_id(), job)  # a new document's grid starts now, beside its first passes
     base_settings = replace(ctx.run_settings(tau=1.0, method="none", probes=probes), cosine_scale=None)
     base = cache.run(loaded, req, base_settings)
     ref = cache.run_reference(loaded, req, ctx.targets, None)

@@ -6,8 +6,8 @@ the process, ``AppTest.switch_page``, a browser opening ``/theory`` first),
 so a page must never rely on ``app.py`` having drawn anything.
 
 State (issue 41): every widget has a fixed key whose default lives in
-:data:`DEFAULTS`, and every choice is also kept in one plain session value,
-``st.session_state["_aae_kept"]`` (a dict that is no widget's key). Why:
+:data:`ui.choices.DEFAULTS`, and every choice is also kept in one plain session
+value, the store of :mod:`ui.choices` (a dict that is no widget's key). Why:
 Streamlit deletes the value of every widget a page change leaves behind
 (widget ids include the page); a value survives that only as a plain session
 key written during the last run (``init_state`` used to re-assign every key
@@ -22,16 +22,16 @@ change deleted every choice. Now:
   widget is drawn; after a page change the store is what the new page sees;
 * :func:`remember` (also called at the start of :func:`temperature_controls`,
   so in every run of Explore's fragment) copies the live values again;
-* :func:`set_state` / :func:`put` write both (callbacks, links, the code).
+* :func:`ui.choices.set_state` / :func:`ui.choices.put` write both
+  (callbacks, links, the code).
 
 A component that writes ``st.session_state["tau_value"]`` itself is picked up
-by the next :func:`remember`; :func:`set_state` records it at once. Widgets are
-created without ``value=``/``index=``, only with ``key=``.
+by the next :func:`remember`; :func:`ui.choices.set_state` records it at once.
+Widgets are created without ``value=``/``index=``, only with ``key=``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,72 +41,18 @@ import streamlit as st
 from core import engine, methods, tasks, temperature
 from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
-from core.models import Loaded, bundled_specs, default_model, registry
+from core.models import Loaded
 from core.settings import DocumentRequest, Settings
-from ui import cache, fail, url
+from core.schedule import RowTau
+from ui import cache, choices, fail, url
 
-ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
-TAU_MIN, TAU_MAX, TAU_STEP = temperature.TAU_FLOOR, 1.00, 0.01  # the floor: where refined searches stop too
-COS_MIN, COS_STEP = 1.0, 0.5  # the CosScale slider (its top depends on the model: cos_range)
-
-NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
-
-#: The filler choices the sidebar offers (the training pool stays out: it is what the models were trained on).
-HAYSTACK_CHOICES = {"default": "the task's own (the paper's)", "corpus-eval": "held-out corpus prose"}
-DEFAULTS: dict[str, Any] = {
-    "model_choice": None,  # filled from AAE_MODEL / the bundled default
-    "model_other": "",
-    "doc_mode": "Generate",
-    "doc_task": "passkey",
-    "doc_tokens": None,  # filled with L_tr once the model is known
-    "doc_depth": 50,
-    "doc_seed": 0,
-    "doc_haystack": "default",
-    "doc_text": "",
-    "doc_needle_mode": NEEDLE_MODES[0],
-    "doc_needle": "",
-    "doc_question": "",
-    "doc_expected": "",
-    "tau_method": "fixed",
-    "tau_value": 1.0,
-    "tgt_encoder": True,
-    "tgt_decoder": False,
-    "tgt_cross": False,
-    "cos_scale": None,
-}
-#: Page widgets whose values should also survive page switches (defaults are set by the pages).
-PAGE_KEYS = (
-    "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",
-    "ex_text_layer", "ex_text_window", "cal_fast", "cal_samples", "cal_pick", "cal_export", "sw_lengths", "sw_depths",
-    "sw_seeds", "sw_methods", "sw_fixed", "sw_samples", "sw_heat_method", "th_multiples", "tour_step",
-    "ex_colour", "ex_cross_layer", "ex_show_bias", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
-)
-#: Every key whose value is a choice kept across page changes (see the module docstring).
-KEEP_KEYS = tuple(DEFAULTS) + PAGE_KEYS
-_KEPT = "_aae_kept"  # the store: a plain session value, never a widget key
 _PAGE = "_aae_page"  # the page of the last full run (its script hash)
 _SHOWN = "_aae_tau_shown"  # the resolved tau last written into the disabled slider (not the person's own tau)
 
 
 # -- state --------------------------------------------------------------------------
-
-def default_model_ref() -> str:
-    """AAE_MODEL when set, else the bundled default, else the first registry model (may need the hub)."""
-    env = os.environ.get(ENV_MODEL, "").strip()
-    if env:
-        return env
-    return default_model() or next(iter(registry()))
-
-
-def model_options() -> list[str]:
-    """The env model (if any), bundled models, then the registry's hub models."""
-    env = os.environ.get(ENV_MODEL, "").strip()
-    opts = ([env] if env else []) + [s.name for s in bundled_specs()]
-    opts += [n for n, s in registry().items() if not s.bundled and n not in opts]
-    return opts
-
 
 def _page_id() -> str:
     """The page this run draws (Streamlit's page script hash; a page change is a change of it)."""
@@ -116,19 +62,8 @@ def _page_id() -> str:
     return str(getattr(ctx, "page_script_hash", "") or "")
 
 
-def kept() -> dict[str, Any]:
-    """The store of choices (a plain session value that no page change deletes)."""
-    return st.session_state.setdefault(_KEPT, {})
-
-
-def put(key: str, value: Any) -> None:
-    """Set a choice: the widget key (before its widget is drawn in this run) and the store."""
-    st.session_state[key] = value
-    kept()[key] = value
-
-
 def remember(*keys: str) -> None:
-    """Copy the widgets' live values into the store (all of :data:`KEEP_KEYS` by default).
+    """Copy the widgets' live values into the store (all of :data:`ui.choices.KEEP_KEYS` by default).
 
     Only on the page the last full run was on: right after a page change the
     widget keys hold nothing or an older value, and the store is the truth
@@ -138,8 +73,8 @@ def remember(*keys: str) -> None:
     ss = st.session_state
     if ss.get(_PAGE) != _page_id():
         return
-    store = kept()
-    for k in keys or KEEP_KEYS:
+    store = choices.kept()
+    for k in keys or choices.KEEP_KEYS:
         try:
             v = ss[k]
         except KeyError:
@@ -158,7 +93,7 @@ def init_state() -> list[str]:
     Returns the URL parameters that could not be used (one message each).
     """
     ss = st.session_state
-    store = kept()
+    store = choices.kept()
     page = _page_id()
     if ss.get(_PAGE) in (None, page):  # the same page (or the session's first run): the widget values are live
         ss[_PAGE] = page
@@ -166,25 +101,19 @@ def init_state() -> list[str]:
     ss[_PAGE] = page
     ss[_SHOWN] = None  # the store's tau goes back into the slider below
     problems = url.apply()
-    for k, v in DEFAULTS.items():
+    for k, v in choices.DEFAULTS.items():
         if k not in store and v is not None:
             store[k] = v
-    if store.get("model_choice") not in model_options():
-        store["model_choice"] = default_model_ref()
-    for k in KEEP_KEYS:
+    if store.get("model_choice") not in choices.model_options():
+        store["model_choice"] = choices.default_model_ref()
+    for k in choices.KEEP_KEYS:
         if k in store:
             ss[k] = store[k]
     return problems
 
 
-def set_state(**values: Any) -> None:
-    """For on_click callbacks (and components): set choices, widget keys and the store, before the next run draws."""
-    for k, v in values.items():
-        put(k, v)
-
-
 def _set_tokens(n: int) -> None:
-    put("doc_tokens", int(n))
+    choices.put("doc_tokens", int(n))
 
 
 def _read_upload() -> None:
@@ -192,7 +121,7 @@ def _read_upload() -> None:
     if f is None:
         return
     try:
-        put("doc_text", f.getvalue().decode("utf-8"))
+        choices.put("doc_text", f.getvalue().decode("utf-8"))
     except UnicodeDecodeError:
         st.session_state["upload_error"] = f"'{f.name}' is not UTF-8 text; save it as UTF-8 (.txt) and upload again."
 
@@ -241,7 +170,7 @@ class Context:
 
     def tau_text(self, schedule: Any = None) -> str:
         s = self.schedule if schedule is None else schedule
-        if isinstance(s, temperature.RowTau):
+        if isinstance(s, RowTau):
             return f"per row (mean {s.mean(self.tokens):.3f})"
         a = np.asarray(s, dtype=float)
         if a.ndim == 0:
@@ -281,7 +210,7 @@ def cli_command(file_name: str = "choice.json") -> str:
 def _model_section() -> Loaded:
     sb = st.sidebar
     sb.subheader("Model")
-    sb.selectbox("Model", model_options(), key="model_choice",
+    sb.selectbox("Model", choices.model_options(), key="model_choice",
                  help="Bundled models first, then T5 models from the Hugging Face hub (need internet or a local copy).")
     sb.text_input(OTHER_HINT, key="model_other", placeholder="google/flan-t5-base or ./my-t5-folder")
     ref = (st.session_state.get("model_other") or "").strip() or st.session_state["model_choice"]
@@ -305,18 +234,18 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     if ss.get("_ltr") != (ss["_model_ref"], lt) or ss.get("doc_tokens") is None:
         first = ss.get("_ltr") is None
         if not first or ss.get("doc_tokens") is None:
-            put("doc_tokens", lt)  # a new model: start at its training length
+            choices.put("doc_tokens", lt)  # a new model: start at its training length
         # ... and with its kind of document, unless the page was opened from a link that names a task
         if not (first and "task" in st.query_params) and (loaded.language_model or ss.get("doc_task") == tasks.LM):
-            put("doc_task", tasks.LM if loaded.language_model else "passkey")
+            choices.put("doc_task", tasks.LM if loaded.language_model else "passkey")
         ss["_ltr"] = (ss["_model_ref"], lt)
     if ss.get("_url_multiple"):
-        put("doc_tokens", int(ss.pop("_url_multiple")) * lt)
+        choices.put("doc_tokens", int(ss.pop("_url_multiple")) * lt)
     sb.subheader("Document")
     sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
     if ss["doc_mode"] == "Generate":
         if ss.get("doc_task") not in tasks.GENERATED:
-            put("doc_task", tasks.LM if loaded.language_model else "passkey")
+            choices.put("doc_task", tasks.LM if loaded.language_model else "passkey")
         sb.selectbox("Task", tasks.GENERATED, key="doc_task",
                      help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
                           "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).")
@@ -328,7 +257,8 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
         haystack = "default"
         if ss["doc_task"] in tasks.HAYSTACK_TASKS:
-            sb.selectbox("Filler", HAYSTACK_CHOICES, key="doc_haystack", format_func=HAYSTACK_CHOICES.get,
+            sb.selectbox("Filler", choices.HAYSTACK_CHOICES, key="doc_haystack",
+                         format_func=choices.HAYSTACK_CHOICES.get,
                          help="The paper's pass key filler is one fixed text: its documents differ only in the key. "
                               "Held-out corpus prose makes every seed a different haystack.")
             haystack = ss["doc_haystack"]
@@ -340,19 +270,19 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
         sb.file_uploader("…or upload a .txt file", type=["txt"], key="doc_file", on_change=_read_upload)
         if ss.get("upload_error"):
             st.error(ss.pop("upload_error"))
-        sb.radio("Needle", NEEDLE_MODES, key="doc_needle_mode")
+        sb.radio("Needle", choices.NEEDLE_MODES, key="doc_needle_mode")
         mode = ss["doc_needle_mode"]
         needle = question = expected = None
-        if mode == NEEDLE_MODES[1]:
+        if mode == choices.NEEDLE_MODES[1]:
             sb.text_input("Needle sentence", key="doc_needle", placeholder="The secret colour is teal.")
-        if mode != NEEDLE_MODES[0]:
+        if mode != choices.NEEDLE_MODES[0]:
             sb.text_input("Question", key="doc_question", placeholder="What is the secret colour?")
             sb.text_input("Expected answer", key="doc_expected", placeholder="teal")
             question, expected = ss["doc_question"] or None, ss["doc_expected"] or None
-            needle = ss["doc_needle"] if mode == NEEDLE_MODES[1] else ""
-            if mode == NEEDLE_MODES[1] and not (needle or "").strip():
+            needle = ss["doc_needle"] if mode == choices.NEEDLE_MODES[1] else ""
+            if mode == choices.NEEDLE_MODES[1] and not (needle or "").strip():
                 fail(UserError("Type the needle sentence to insert (or choose 'pass key sentence')."))
-        if mode != NEEDLE_MODES[2]:
+        if mode != choices.NEEDLE_MODES[2]:
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
         req = DocumentRequest(task="text", depth=ss["doc_depth"] / 100, seed=int(ss["doc_seed"]), text=ss["doc_text"],
@@ -367,15 +297,11 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     return req, doc, n
 
 
-def cos_range(loaded: Loaded) -> tuple[float, float]:
-    """The CosScale slider's range for a cosine model (a link's ``s`` is checked against it too)."""
-    return COS_MIN, float(max(4 * float(loaded.cosine_scale), 64.0))
-
-
 def shown_tau(schedule: Any, rows: int) -> float:
     """One slider position for a schedule: its mean (per layer, head or row) on the slider's step, in its range."""
     mean = temperature.schedule_mean(schedule, rows)
-    return float(np.clip(round(round(mean / TAU_STEP) * TAU_STEP, 2), TAU_MIN, TAU_MAX))
+    step = choices.TAU_STEP
+    return float(np.clip(round(round(mean / step) * step, 2), choices.TAU_MIN, choices.TAU_MAX))
 
 
 def not_reached_note(info: dict, shown: str) -> str:
@@ -418,7 +344,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     ss = st.session_state
     remember()  # a fragment rerun's choices (the panel, a component) reach the store before anything else
     if ss.get("tau_method") not in methods.NAMES:
-        put("tau_method", "fixed")
+        choices.put("tau_method", "fixed")
     if where is st.sidebar or not slider:
         c1 = c2 = where
     else:
@@ -434,7 +360,8 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         if slot is None:
             return
         ss["tau_value"], ss[_SHOWN] = value, shown
-        slot.slider("tau (fixed)", TAU_MIN, TAU_MAX, step=TAU_STEP, key="tau_value", disabled=method != "fixed",
+        slot.slider("tau (fixed)", choices.TAU_MIN, choices.TAU_MAX, step=choices.TAU_STEP, key="tau_value",
+                    disabled=method != "fixed",
                     help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
                          + ("" if method == "fixed" else " Disabled: it shows the tau the method resolves to "
                             "(the mean, for a schedule); your own tau comes back with 'fixed tau'."))
@@ -448,25 +375,25 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     cos = None
     if loaded.cosine:
         s = float(loaded.cosine_scale)
-        lo, hi = cos_range(loaded)
+        lo, hi = choices.cos_range(loaded)
         if ss.get("cos_scale") is None or ss.get("_cos_model") != ss["_model_ref"]:
-            put("cos_scale", s)
+            choices.put("cos_scale", s)
             ss["_cos_model"] = ss["_model_ref"]
         if ss.get("_url_cos") is not None:  # a link's s, checked against this model's range
             v = float(ss.pop("_url_cos"))
             if lo <= v <= hi:
-                put("cos_scale", v)
+                choices.put("cos_scale", v)
             else:
                 where.error(f"This link's s={v:g} is outside this model's CosScale range ({lo:g}-{hi:g}), "
                             "so it was left as it was.")
         if not lo <= float(ss["cos_scale"]) <= hi:
-            put("cos_scale", float(np.clip(float(ss["cos_scale"]), lo, hi)))
-        where.slider("CosScale s", lo, hi, step=COS_STEP, key="cos_scale",
+            choices.put("cos_scale", float(np.clip(float(ss["cos_scale"]), lo, hi)))
+        where.slider("CosScale s", lo, hi, step=choices.COS_STEP, key="cos_scale",
                      help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
         cos = float(ss["cos_scale"])
     else:
         ss.pop("_url_cos", None)  # a dot-product model has no s
-    tau_input = float(kept().get("tau_value", ss.get("tau_value", 1.0)))  # the person's own tau, whatever is shown
+    tau_input = float(choices.kept().get("tau_value", ss.get("tau_value", 1.0)))  # the person's own tau, whatever is shown
     bar = None
     if method in methods.MEASURED and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
         bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
@@ -483,7 +410,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     else:
         at = shown_tau(schedule, int(info.get("length") or ss.get("doc_tokens") or loaded.train_length))
         draw_slider(at, shown=at)
-    if isinstance(schedule, temperature.RowTau):  # Llama 4: one tau per query row
+    if isinstance(schedule, RowTau):  # Llama 4: one tau per query row
         shown = f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
     elif method != "fixed":

@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from core import csvio, methods, plots, tasks, temperature, timing
+from core import csvio, methods, plots, tasks, timing
 from core.errors import UserError
 from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
 from ui import chart, message, plural, user_errors
-from ui import cache
+from ui import choices, pass_gate
 from ui import sidebar as sb
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
@@ -53,14 +53,14 @@ def _length_text(k, lt: int) -> str:
 
 
 def _add_length(key: str, k) -> None:
-    sb.set_state(**{key: sorted({*st.session_state.get(key, []), k})})
+    choices.set_state(**{key: sorted({*st.session_state.get(key, []), k})})
 
 
 def _drop_stale_lengths(key: str, options: list) -> None:
     """Forget a length the sidebar offered before (its document's, since changed): the widget refuses unknown values."""
     kept = [k for k in st.session_state[key] if k in options]
     if kept != list(st.session_state[key]):
-        sb.set_state(**{key: kept})
+        choices.set_state(**{key: kept})
 
 
 def lengths_note(ctx: sb.Context, key: str, k, what: str, own: str = "documents") -> None:
@@ -165,8 +165,7 @@ def cost(ctx: sb.Context, plan: SweepPlan) -> tuple:
     lt = ctx.train_length
     mk = timing.model_key(ctx.loaded)
     work = timing.sweep_passes(plan.lengths, len(plan.depths) * len(plan.seeds) * len(chosen),
-                               [m for m in chosen if m in methods.MEASURED], plan.calib_samples, lt,
-                               ctx.loaded.n_layers, len(temperature.GRID))
+                               methods.costs(chosen, ctx.loaded.n_layers, ctx.loaded.n_heads, plan.calib_samples), lt)
     gen = [(len(plan.depths) * len(plan.seeds) * len(chosen), n) for n in plan.lengths]
     planned, gen_s = timing.total(mk, work), timing.total(mk, gen, timing.GENERATE)
     if plan.total:
@@ -256,7 +255,7 @@ def run(ctx: sb.Context, plan: SweepPlan, mk, planned, gen_s) -> Path:
 
         try:
             df = run_sweep(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
-                           should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
+                           should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=pass_gate.gate().foreground)
         except (UserError, ValueError) as err:  # ValueError: tasks.make, a length too short for the task, etc.
             bar.empty()
             _ended("sw", False, err)  # the rows finished so far are shown below, with the error above them
@@ -332,8 +331,8 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
                f"{plural(plan.continuation, 'token')}. Rows are written as they finish, so a stopped run keeps its "
                "rows and 'Resume' runs only the rest.")
     mk = timing.model_key(ctx.loaded)
-    work = timing.sweep_passes(plan.lengths, plan.sequences * len(chosen), [m for m in chosen if m in methods.MEASURED],
-                               plan.calib_samples, lt, ctx.loaded.n_layers, len(temperature.GRID))
+    work = timing.sweep_passes(plan.lengths, plan.sequences * len(chosen),
+                               methods.costs(chosen, ctx.loaded.n_layers, ctx.loaded.n_heads, plan.calib_samples), lt)
     if plan.total:
         st.caption(timing.plan_note("The perplexity table", mk, work, name_all=True)
                    + " Calibration passes by bisection are an upper bound.")
@@ -357,7 +356,7 @@ def lm_run(ctx: sb.Context, plan: PerplexityPlan) -> Path:
 
         try:
             df = run_perplexity(ctx.loaded, plan, out=path, resume=bool(resume), progress=progress,
-                                should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=cache.gate().foreground)
+                                should_stop=lambda: bool(st.session_state.get("sw_stop")), guard=pass_gate.gate().foreground)
         except (UserError, ValueError) as err:
             bar.empty()
             _ended("lm", False, err)  # the rows finished so far are shown below, with the error above them

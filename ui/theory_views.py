@@ -12,6 +12,7 @@ import streamlit as st
 from core import csvio, methods, plots, tables, tasks, temperature, timing
 from core.errors import UserError
 from core.settings import DocumentRequest
+from core.schedule import RowTau
 from ui import chart, csv_of, user_errors
 from ui import cache
 from ui import sidebar as sb
@@ -121,7 +122,7 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
             curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points])
     # Llama 4: one tau per query row, no single-number formula; its mean over an L-token document's rows
     short = methods.REGISTRY["llama4"].short if "llama4" in methods.REGISTRY else "Llama 4"
-    llama4 = temperature.RowTau(floor_scale=lt)
+    llama4 = RowTau(floor_scale=lt)
     curves[f"{short} (mean row tau)"] = (dense, [llama4.mean(n) for n in dense])
     return curves
 

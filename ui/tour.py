@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import sidebar as sb
+from ui import choices
 
 
 # The numbers in "more" are the default model's (retrieval-t5), pass key, seed 0, depth 50 %, CPU float32,
@@ -47,7 +47,7 @@ TOUR = [
 
 def _tour_go(i: int, lt: int) -> None:
     step = TOUR[i]
-    sb.set_state(tour_step=i, doc_mode="Generate", doc_task="passkey", doc_tokens=step["mult"] * lt,
+    choices.set_state(tour_step=i, doc_mode="Generate", doc_task="passkey", doc_tokens=step["mult"] * lt,
                  tau_method=step["method"], tgt_encoder=True)
 
 

@@ -17,28 +17,49 @@ carries only the model and the temperature. A cosine model's view also
 carries its CosScale ``s`` (checked against the model's slider range once the
 model is loaded, :func:`ui.sidebar.temperature_controls`).
 
-Values go into the sidebar's store of choices as well as the widget keys
-(:func:`ui.sidebar.put`), so a link's view survives the next page change.
+Values go into the store of choices as well as the widget keys
+(:func:`ui.choices.put`), so a link's view survives the next page change.
+The keys, ranges and store come from :mod:`ui.choices`; the sidebar calls
+:func:`apply` and :func:`sync`, and this module never imports the sidebar.
+
+Every parser refuses what it cannot use with a ``ValueError`` whose text is
+the reason (shown in the page's one message): a number too large for a float
+or an integer (``1e400``, ``inf``) is refused like a word, never raised as
+another kind of error.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import streamlit as st
 
 from core import methods, tasks
+from ui import choices
 
-#: URL parameter -> (session-state key, parser that returns the value or raises ValueError with a reason).
-_WRITTEN = "_url_written"
+_WRITTEN = "_url_written"  # the view this session last wrote or applied (a changed URL is a link or back/forward)
+
+
+def _finite(v: str, what: str) -> float:
+    """The number ``v`` spells, refused (ValueError ``what``) when it is not one or not finite.
+
+    Why not ``float()`` alone: ``float("1e400")`` is inf, and inf or nan then
+    raise OverflowError / ValueError wherever they are turned into an integer
+    or divided; a link must get the page's one message instead.
+    """
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(what) from None
+    if not math.isfinite(x):
+        raise ValueError(what)
+    return x
 
 
 def _int_in(lo: int, hi: int, step: int = 1) -> Callable[[str], int]:
     def parse(v: str) -> int:
-        try:
-            x = int(float(v))
-        except ValueError:
-            raise ValueError("not a whole number") from None
+        x = int(_finite(v, "not a whole number"))
         if not lo <= x <= hi:
             raise ValueError(f"outside {lo:,}-{hi:,}")
         return int(round(x / step) * step)
@@ -56,28 +77,25 @@ def _choice(options) -> Callable[[str], str]:
 
 
 def _tau(v: str) -> float:
-    from ui.sidebar import TAU_MAX, TAU_MIN
-
-    try:
-        x = float(v)
-    except ValueError:
-        raise ValueError("not a number") from None
-    if not TAU_MIN <= x <= TAU_MAX:  # also refuses nan
-        raise ValueError(f"outside {TAU_MIN}-{TAU_MAX}")
+    x = _finite(v, "not a number")
+    if not choices.TAU_MIN <= x <= choices.TAU_MAX:
+        raise ValueError(f"outside {choices.TAU_MIN}-{choices.TAU_MAX}")
     return round(x, 2)
+
+
+#: The largest ``s`` a link may carry before the model is known (any model's CosScale range ends far below;
+#: :func:`ui.sidebar.temperature_controls` checks the model's own).
+COS_MAX = 1e6
 
 
 def _cos(v: str) -> float:
     """A CosScale ``s``: a number on the slider's step, at least its bottom (its top depends on the model)."""
-    from ui.sidebar import COS_MIN, COS_STEP
-
-    try:
-        x = float(v)
-    except ValueError:
-        raise ValueError("not a number") from None
-    if not (COS_MIN <= x < float("inf")):  # also refuses nan
-        raise ValueError(f"below {COS_MIN:g} or not finite")
-    return round(x / COS_STEP) * COS_STEP
+    x = _finite(v, "not a number")
+    if x < choices.COS_MIN:
+        raise ValueError(f"below {choices.COS_MIN:g}")
+    if x > COS_MAX:  # keeps x / step finite (1e308 / 0.5 is inf)
+        raise ValueError(f"above {COS_MAX:g}")
+    return round(x / choices.COS_STEP) * choices.COS_STEP
 
 
 def _tokens(v: str) -> int | str:
@@ -92,16 +110,19 @@ def _model(v: str) -> str:
     v = v.strip()
     if not v or len(v) > 300:
         raise ValueError("empty or too long")
+    if not v.isprintable():  # a NUL, a line break: no folder a person means and no hub id has one
+        raise ValueError("not a model name")
     return v
 
 
+#: URL parameter -> (session-state key, parser that returns the value or raises ValueError with a reason).
 PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model": ("_url_model", _model),
     "task": ("doc_task", _choice(tasks.GENERATED)),
     "tokens": ("doc_tokens", _tokens),
     "depth": ("doc_depth", _int_in(0, 100, 5)),
     "seed": ("doc_seed", _int_in(0, 10**9)),
-    "filler": ("doc_haystack", _choice(("default", "corpus-eval"))),
+    "filler": ("doc_haystack", _choice(tuple(choices.HAYSTACK_CHOICES))),
     "method": ("tau_method", _choice(methods.NAMES)),
     "tau": ("tau_value", _tau),
     "s": ("_url_cos", _cos),  # a cosine model's CosScale; the sidebar checks it against the model's range
@@ -114,16 +135,14 @@ def _current() -> dict[str, str]:
 
 def apply() -> list[str]:
     """Copy a newly opened URL's view into session state; returns one message per unusable parameter."""
-    from ui.sidebar import KEEP_KEYS, put
-
     ss = st.session_state
     url = _current()
     if not url or url == ss.get(_WRITTEN):
         return []
 
     def set_(key: str, value: Any) -> None:
-        if key in KEEP_KEYS:
-            put(key, value)  # a choice: the widget key and the store
+        if key in choices.KEEP_KEYS:
+            choices.put(key, value)  # a choice: the widget key and the store
         else:
             ss[key] = value
 
@@ -136,9 +155,7 @@ def apply() -> list[str]:
             problems.append(f"{name}={raw[:40]!r} ({err})")
             continue
         if name == "model":
-            from ui.sidebar import model_options
-
-            if value in model_options():
+            if value in choices.model_options():
                 set_("model_choice", value)
                 set_("model_other", "")
             else:

@@ -1,0 +1,102 @@
+"""The choices a session makes in the sidebar and on the pages: their keys, defaults and ranges, and the store
+that keeps them across page changes.
+
+Why a module of its own: the sidebar (:mod:`ui.sidebar`) draws these
+choices and a link (:mod:`ui.url`) writes its values into them, so both need
+the same keys, ranges and store. Kept here, below both, the sidebar calls
+the URL and the URL never imports the sidebar (no cycle).
+
+The store: every choice is also kept in one plain session value, a dict
+that is no widget's key, because Streamlit deletes the value of every
+widget a page change leaves behind; :func:`put` writes both, and
+:func:`ui.sidebar.init_state` writes the store back into the widget keys at
+the start of every full run (the module docstring of :mod:`ui.sidebar`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import streamlit as st
+
+from core import temperature
+from core.models import Loaded, bundled_specs, default_model, registry
+
+ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
+TAU_MIN, TAU_MAX, TAU_STEP = temperature.TAU_FLOOR, 1.00, 0.01  # the floor: where refined searches stop too
+COS_MIN, COS_STEP = 1.0, 0.5  # the CosScale slider (its top depends on the model: cos_range)
+
+NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
+
+#: The filler choices the sidebar offers (the training pool stays out: it is what the models were trained on).
+HAYSTACK_CHOICES = {"default": "the task's own (the paper's)", "corpus-eval": "held-out corpus prose"}
+DEFAULTS: dict[str, Any] = {
+    "model_choice": None,  # filled from AAE_MODEL / the bundled default
+    "model_other": "",
+    "doc_mode": "Generate",
+    "doc_task": "passkey",
+    "doc_tokens": None,  # filled with L_tr once the model is known
+    "doc_depth": 50,
+    "doc_seed": 0,
+    "doc_haystack": "default",
+    "doc_text": "",
+    "doc_needle_mode": NEEDLE_MODES[0],
+    "doc_needle": "",
+    "doc_question": "",
+    "doc_expected": "",
+    "tau_method": "fixed",
+    "tau_value": 1.0,
+    "tgt_encoder": True,
+    "tgt_decoder": False,
+    "tgt_cross": False,
+    "cos_scale": None,
+}
+#: Page widgets whose values should also survive page switches (defaults are set by the pages).
+PAGE_KEYS = (
+    "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",
+    "ex_text_layer", "ex_text_window", "cal_fast", "cal_samples", "cal_pick", "cal_export", "sw_lengths", "sw_depths",
+    "sw_seeds", "sw_methods", "sw_fixed", "sw_samples", "sw_heat_method", "th_multiples", "tour_step",
+    "ex_colour", "ex_cross_layer", "ex_show_bias", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
+)
+#: Every key whose value is a choice kept across page changes (see the module docstring).
+KEEP_KEYS = tuple(DEFAULTS) + PAGE_KEYS
+_KEPT = "_aae_kept"  # the store: a plain session value, never a widget key
+
+
+def default_model_ref() -> str:
+    """AAE_MODEL when set, else the bundled default, else the first registry model (may need the hub)."""
+    env = os.environ.get(ENV_MODEL, "").strip()
+    if env:
+        return env
+    return default_model() or next(iter(registry()))
+
+
+def model_options() -> list[str]:
+    """The env model (if any), bundled models, then the registry's hub models."""
+    env = os.environ.get(ENV_MODEL, "").strip()
+    opts = ([env] if env else []) + [s.name for s in bundled_specs()]
+    opts += [n for n, s in registry().items() if not s.bundled and n not in opts]
+    return opts
+
+
+def kept() -> dict[str, Any]:
+    """The store of choices (a plain session value that no page change deletes)."""
+    return st.session_state.setdefault(_KEPT, {})
+
+
+def put(key: str, value: Any) -> None:
+    """Set a choice: the widget key (before its widget is drawn in this run) and the store."""
+    st.session_state[key] = value
+    kept()[key] = value
+
+
+def set_state(**values: Any) -> None:
+    """For on_click callbacks (and components): set choices, widget keys and the store, before the next run draws."""
+    for k, v in values.items():
+        put(k, v)
+
+
+def cos_range(loaded: Loaded) -> tuple[float, float]:
+    """The CosScale slider's range for a cosine model (a link's ``s`` is checked against it too)."""
+    return COS_MIN, float(max(4 * float(loaded.cosine_scale), 64.0))
