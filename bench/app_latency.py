@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from core import plots
+from core import methods, plots
 from core.engine import RunSettings
 from core.models import default_model
 from core.settings import DocumentRequest
@@ -62,7 +62,7 @@ def backend(model: str, multiple: int, taus: list[float]) -> dict:
     t = time.perf_counter()
     doc = cache.document(loaded, req)
     n = cache.token_count(loaded, req)
-    base = cache.run(loaded, req, RunSettings(tau=1.0, method="none", probes=probes))
+    base = cache.run(loaded, req, RunSettings(tau=1.0, method=methods.AS_TRAINED, probes=probes))
     ref = cache.run_reference(loaded, req)
     q0 = base.question_tokens[0]
     curves = cache.bias_curves(loaded, q0, base.tokens)
@@ -70,8 +70,8 @@ def backend(model: str, multiple: int, taus: list[float]) -> dict:
 
     def visit(tau: float) -> float:
         t0 = time.perf_counter()
-        chosen = cache.run(loaded, req, RunSettings(tau=tau, method="fixed", probes=probes))
-        b = cache.run(loaded, req, RunSettings(tau=1.0, method="none", probes=probes))
+        chosen = cache.run(loaded, req, RunSettings(tau=tau, method=methods.FIXED, probes=probes))
+        b = cache.run(loaded, req, RunSettings(tau=1.0, method=methods.AS_TRAINED, probes=probes))
         r = cache.run_reference(loaded, req)
         c = cache.bias_curves(loaded, q0, chosen.tokens)
         figures(loaded, doc, chosen, b, r, c)
@@ -80,7 +80,7 @@ def backend(model: str, multiple: int, taus: list[float]) -> dict:
     first = [visit(t) for t in taus]
     again = [visit(t) for t in taus]
     return {"loaded": loaded, "tokens": n, "warm": warm, "first": first, "again": again,
-            "encoder": [cache.run(loaded, req, RunSettings(tau=t, method="fixed", probes=probes)).seconds["encode"] for t in taus]}
+            "encoder": [cache.run(loaded, req, RunSettings(tau=t, method=methods.FIXED, probes=probes)).seconds["encode"] for t in taus]}
 
 
 def apptest(model: str, multiple: int, taus: list[float]) -> dict:

@@ -860,7 +860,7 @@ def backend_part(model: str, multiple: int, seed: int, taus: list[float], result
     from streamlit.runtime.scriptrunner_utils import script_run_context
 
     logging.getLogger(script_run_context.__name__).setLevel(logging.ERROR)  # "missing ScriptRunContext": expected here
-    from core import engine, frames
+    from core import engine, frames, methods
     from core.settings import DocumentRequest
     from ui import cache
 
@@ -868,12 +868,12 @@ def backend_part(model: str, multiple: int, seed: int, taus: list[float], result
     req = DocumentRequest(task="passkey", tokens=multiple * loaded.train_length, depth=0.5, seed=seed)
     probes = cache.explore_probes(loaded.n_layers - 1, None)  # the page's default: last layer, head mean
 
-    def at(tau: float, method: str = "fixed") -> engine.RunSettings:
+    def at(tau: float, method: str = methods.FIXED) -> engine.RunSettings:
         return engine.RunSettings(tau=tau, method=method, targets=("encoder",), cosine_scale=None, probes=probes)
 
     t = time.perf_counter()  # what the server computes for a new document: base, reference, grid
     doc = cache.document(loaded, req)
-    base = cache.run(loaded, req, at(1.0, "none"))
+    base = cache.run(loaded, req, at(1.0, methods.AS_TRAINED))
     ref = cache.run_reference(loaded, req, ("encoder",), None)
     grid = {g: cache.run(loaded, req, at(g)) for g in frames.grid_order(1.0)}  # tau = 1 is the base pass (cached)
     results.add("backend_grid_s", Timing(time.perf_counter() - t, None, None, None, 0, 0))

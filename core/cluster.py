@@ -26,22 +26,33 @@ into :class:`Job` s; this module runs them:
 
 Ray is imported only by :class:`RayEngine` (``--engine ray``): the CLI stays
 fast and the app never imports it.
+
+Every wait on the network is bounded: an ``--address`` is parsed once
+(:func:`parse_address`) and must answer a gRPC health check within
+:data:`PROBE_TIMEOUT` seconds (:func:`check_address`, no Ray import), and
+joining it must finish within :data:`JOIN_TIMEOUT` seconds. A new local Ray
+gets an object store that fits this process's memory limits
+(:func:`object_store_bytes`), or one line saying it cannot.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import ipaddress
 import itertools
 import logging
 import math
 import os
+import re
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Hashable, Iterable, Iterator, Protocol
 
+from core import memory
 from core.errors import UserError
 
 #: Encoder passes (count, tokens): what a job runs, for its cost and its time estimate.
@@ -329,37 +340,347 @@ class _Worker:
             raise
 
 
-def _reachable(address: str, timeout: float = 5.0) -> str | None:
-    """Why ``host:port`` cannot be reached (None when a TCP connection opens): ray.init would wait far longer."""
-    target = address.split("://", 1)[-1].rstrip("/")
-    host, _, port = target.rpartition(":")
-    if not host or not port.isdigit():
-        return "not host:port (e.g. 10.0.0.5:6379, ray://10.0.0.5:10001 or auto)"
+# -- where the cluster is ----------------------------------------------------------------
+
+#: Seconds ``--address`` gets to show that a Ray cluster answers there: the name lookup, the TCP connection and a
+#: gRPC health check together (:func:`check_address`). A live GCS answers its health check in milliseconds
+#: (measured: 2 ms, Ray 2.60); 10 s leaves room for a loaded head or a slow link. Why at all: ``ray.init`` against
+#: a port that accepts and never answers waited over 200 s (measured) and takes no timeout of its own.
+PROBE_TIMEOUT = 10.0
+
+#: Seconds ``ray.init`` may take to join a cluster whose GCS passed the probe, before the driver gives up on it
+#: and names the address. The backstop for a GCS that answers its health check and then stalls a driver (a
+#: joined Ray cannot be told a timeout): a join that works takes seconds, Ray's own connection retries give up
+#: after about 20 s (measured, a refused join), so 60 s is a join that will not finish. The join runs in a thread
+#: the driver can abandon (:func:`_join`).
+JOIN_TIMEOUT = 60.0
+
+_SCHEMES = ("ray",)
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_EXAMPLES = "e.g. 10.0.0.5:6379, ray://10.0.0.5:10001 or auto"
+
+
+@dataclass(frozen=True)
+class Address:
+    """A Ray cluster's address, parsed once: ``scheme`` ("" for a GCS, "ray" for Ray Client), host, port.
+
+    Why a type: the text once went to the TCP check as it came, so a port of
+    20 digits raised OverflowError and one over 65535 wrapped around (the
+    socket layer keeps 16 bits) and passed the check; now a port is
+    1..65535 or the address is refused."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def netloc(self) -> str:
+        """host:port, an IPv6 host in brackets."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.netloc}" if self.scheme else self.netloc
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` fit for one line of an error message: ASCII, no control characters, at most ``limit`` characters."""
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
+
+
+def parse_address(text: str) -> str | Address:
+    """``--address`` checked as text (no network): ``auto`` and ``local`` (Ray's own words) as they are, else an
+    :class:`Address` (``[ray://]host:port``, port 1..65535), else a :class:`UserError` in one line."""
+    text = text.strip()
+    if not text:
+        raise UserError("--address is empty: give host:port of the Ray head, or auto")
+    if text in ("auto", "local"):
+        return text
+    bad = f"--address {_shown(text)}"
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    elif scheme.lower() not in _SCHEMES:
+        raise UserError(f"{bad}: the scheme must be ray:// or none ({_EXAMPLES})")
+    else:
+        scheme = scheme.lower()
+    rest = rest[:-1] if rest.endswith("/") else rest
+    if rest.startswith("["):  # [IPv6]:port
+        host, close, port = rest[1:].partition("]")
+        if not close or not port.startswith(":"):
+            raise UserError(f"{bad}: not host:port ({_EXAMPLES}; an IPv6 host in brackets, [::1]:6379)")
+        port = port[1:]
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            raise UserError(f"{bad}: {_shown(host, 40)} is not an IPv6 address") from None
+    else:
+        host, colon, port = rest.rpartition(":")
+        if not colon or not host:
+            raise UserError(f"{bad}: not host:port ({_EXAMPLES})")
+        if ":" in host:
+            raise UserError(f"{bad}: not host:port (an IPv6 host goes in brackets: [::1]:6379)")
+        name = host[:-1] if host.endswith(".") else host
+        if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+            raise UserError(f"{bad}: {_shown(host, 40)} is not a host name or IP address ({_EXAMPLES})")
+    if not re.fullmatch(r"[0-9]+", port):
+        raise UserError(f"{bad}: not host:port, the port must be a number ({_EXAMPLES})")
+    number = int(port) if len(port) <= 6 else 0  # a longer one is out of range anyway (and int() of 5,000 digits raises)
+    if not 1 <= number <= 65535:
+        raise UserError(f"{bad}: the port must be 1 to 65535, got {_shown(port, 24)}")
+    return Address(scheme, host, number)
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame (RFC 9113 section 4.1)."""
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_int(value: int, bits: int, first: int = 0) -> bytes:
+    """An HPACK integer with a ``bits``-bit prefix (RFC 7541 section 5.1); ``first``: the flag bits above it."""
+    top = (1 << bits) - 1
+    if value < top:
+        return bytes([first | value])
+    out, value = [first | top], value - top
+    while value >= 128:
+        out.append(value % 128 + 128)
+        value //= 128
+    return bytes(out + [value])
+
+
+def _hpack_field(index: int, value: str) -> bytes:
+    """A header whose name is in HPACK's static table (``index``), "literal without indexing", no Huffman code."""
+    raw = value.encode("ascii")
+    return _hpack_int(index, 4) + _hpack_int(len(raw), 7) + raw
+
+
+def _health_check(addr: Address) -> bytes:
+    """What a gRPC client sends to call ``grpc.health.v1.Health/Check`` once: the preface, SETTINGS, the call.
+
+    Why by hand: Ray's GCS (and Ray Client's server) speak gRPC, and Ray
+    ships no Python gRPC; an empty request is five bytes and the headers are
+    a handful of HPACK literals. The GCS answers SERVING (measured); any
+    gRPC answer at all (an UNIMPLEMENTED trailer) shows a live server."""
+    headers = (
+        b"\x83\x86"  # :method POST, :scheme http (static table 3 and 6)
+        + _hpack_field(4, "/grpc.health.v1.Health/Check")  # :path
+        + _hpack_field(1, addr.netloc)  # :authority
+        + _hpack_field(31, "application/grpc")  # content-type
+        + b"\x00" + _hpack_int(2, 7) + b"te" + _hpack_int(8, 7) + b"trailers"  # te: trailers (a new name)
+    )
+    return (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0)  # preface, our (empty) SETTINGS
+            + _frame(1, 0x4, 1, headers)  # HEADERS, END_HEADERS, stream 1
+            + _frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))  # DATA, END_STREAM: an empty HealthCheckRequest
+
+
+def _resolve(host: str, port: int, seconds: float) -> list:
+    """``getaddrinfo`` within ``seconds`` (a stalled DNS server is a network wait too): the addresses, or OSError."""
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return None
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)  # a literal address: no lookup
+    except ValueError:
+        pass
+    box: dict[str, Any] = {}
+
+    def look() -> None:
+        try:
+            box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as err:
+            box["err"] = err
+
+    worker = threading.Thread(target=look, name="aae-resolve", daemon=True)  # abandoned if the lookup stalls
+    worker.start()
+    worker.join(max(0.0, seconds))
+    if "infos" in box:
+        return box["infos"]
+    err = box.get("err")
+    if isinstance(err, OSError):
+        raise err
+    if err is not None:
+        raise OSError(f"not a valid host name ({type(err).__name__})")
+    raise TimeoutError(f"the name lookup did not finish within {seconds:g} s")
+
+
+def _probe(addr: Address, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why no Ray cluster answers at ``addr`` within ``timeout`` seconds in all (None: a gRPC server answered).
+
+    A TCP connection alone proved little: a port that accepts and never
+    answers passed, and ``ray.init`` then hung for minutes. So this speaks
+    the first words of gRPC (:func:`_health_check`) and waits for the
+    answer to its call, all within one deadline. A cluster with TLS
+    (``RAY_USE_TLS``) gets the TCP check only: its handshake is Ray's."""
+    deadline = time.monotonic() + timeout
+    left = lambda: max(0.001, deadline - time.monotonic())  # noqa: E731
+    try:
+        infos = _resolve(addr.host, addr.port, left())
     except OSError as err:
-        return err.strerror or type(err).__name__
+        return f"the name {_shown(addr.host, 40)} was not resolved: {_shown(str(err.strerror or err), 80)}"
+    sock, why = None, "no address to connect to"
+    for family, kind, proto, _, sockaddr in infos:
+        if time.monotonic() >= deadline:
+            break
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError as err:  # an address family this machine lacks (IPv6 switched off)
+            why = err.strerror or type(err).__name__
+            continue
+        try:
+            sock.settimeout(left())
+            sock.connect(sockaddr)
+            break
+        except OSError as err:
+            why = f"no TCP connection within {timeout:g} s" if isinstance(err, TimeoutError) else \
+                err.strerror or type(err).__name__
+            sock.close()
+            sock = None
+    if sock is None:
+        return why if time.monotonic() < deadline else f"no TCP connection within {timeout:g} s"
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes"):
+            return None
+        try:
+            sock.settimeout(left())
+            sock.sendall(_health_check(addr))
+            return _answer(sock, deadline)
+        except TimeoutError:
+            return f"a TCP connection opened, but no answer to a gRPC health check within {timeout:g} s"
+        except OSError as err:
+            return f"the connection failed: {err.strerror or type(err).__name__}"
+
+
+def _answer(sock: socket.socket, deadline: float) -> str | None:
+    """Read HTTP/2 frames until the server answers stream 1 (None) or shows it is no gRPC server (why);
+    TimeoutError at ``deadline``."""
+    buf, first = b"", True
+    while True:
+        while len(buf) >= 9:
+            size = int.from_bytes(buf[:3], "big")
+            kind, flags, stream = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+            if first and kind != 4:  # a server's first frame is its SETTINGS (RFC 9113 section 3.4): "HTTP/1.1 4"
+                return "something answered there, but not gRPC (not a Ray GCS or Ray Client server)"
+            first = False
+            if len(buf) < 9 + size:
+                break
+            buf = buf[9 + size:]
+            if stream == 1 or kind == 7:  # an answer to the call (HEADERS, DATA, RST_STREAM) or GOAWAY: alive
+                return None
+            if kind == 4 and not flags & 0x1:
+                sock.sendall(_frame(4, 0x1, 0))  # acknowledge its SETTINGS, as a client must
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        data = sock.recv(65536)
+        if not data:
+            return "the server closed the connection without answering a gRPC health check"
+        buf += data
 
 
 def check_address(address: str | None) -> str | None:
-    """An ``--address`` a Ray driver can use, or a :class:`UserError` in one line (no Ray import, no waiting).
+    """An ``--address`` a Ray driver can use (canonical text), or a :class:`UserError` in one line (no Ray import).
 
     ``auto`` (the cluster ``ray start`` made on this node) and ``local`` (a new
     local Ray) are Ray's own words; anything else must be ``host:port`` (or
-    ``ray://host:port``) that answers a TCP connection within 5 s."""
+    ``ray://host:port``) whose server answers a gRPC health check within
+    :data:`PROBE_TIMEOUT` seconds."""
     if address is None:
         return None
-    address = address.strip()
-    if not address:
-        raise UserError("--address is empty: give host:port of the Ray head, or auto")
-    if address in ("auto", "local"):
-        return address
-    why = _reachable(address)
+    parsed = parse_address(address)
+    if isinstance(parsed, str):
+        return parsed
+    why = _probe(parsed)
     if why is not None:
-        raise UserError(f"--address {address}: cannot reach a Ray cluster there ({why}); start one with "
+        raise UserError(f"--address {parsed}: cannot reach a Ray cluster there ({why}); start one with "
                         "`ray start --head` on the head node, or leave --address out for a local Ray")
-    return address
+    return str(parsed)
+
+
+# -- memory for a local Ray ------------------------------------------------------------------
+
+#: What one of our Ray processes maps beyond this driver before ``ray.init``: Ray's core worker, its threads and
+#: their malloc arenas (and torch's in an actor). Measured on a 2-core Linux machine, Ray 2.60, the tiny model:
+#: the driver grew by 0.9 GiB in ``ray.init``, an actor stood 1.0 GiB above the driver. Beside it each process
+#: maps the whole object store.
+RAY_PROCESS_BYTES = 2**30
+
+#: The object store's share of the address space left under ``ulimit -v`` after :data:`RAY_PROCESS_BYTES`: the
+#: rest is the actor's, for its passes. Our jobs put little in the store (payloads and rows travel inline).
+STORE_SHARE = 0.5
+
+#: The object store's share of the memory left (machine or cgroup): Ray's own default proportion.
+STORE_MEMORY_SHARE = 0.3
+
+#: The smallest object store Ray starts with (``ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES``, 75 MiB).
+STORE_MIN_BYTES = 75 * 2**20
+
+
+def object_store_bytes() -> int | None:
+    """The object store a new local Ray can have under this process's limits; None: no limit, Ray's default.
+
+    Why: Ray sizes the store from the machine's memory (6.6 GiB here) and
+    maps all of it into the raylet, the driver and every actor, each of
+    which inherits ``ulimit -v``: under 4 GiB the raylet could not start
+    (exit 1 after 35 s), under 8 GiB the driver hung. Sized from what is
+    left (:data:`RAY_PROCESS_BYTES`, :data:`STORE_SHARE`), a tiny-model
+    sweep runs under 2.5, 4 and 8 GiB caps (measured); under 2 GiB, where
+    the store would be under Ray's minimum, one line before Ray starts."""
+    room, group = memory.address_space_room(), memory.cgroup_room()
+    if room is None and group is None:
+        return None
+    fits: list[float] = []
+    if room is not None:
+        fits.append(STORE_SHARE * (room - RAY_PROCESS_BYTES))
+    if group is not None:
+        fits.append(STORE_MEMORY_SHARE * group)
+    available = memory.meminfo_kib("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        fits.append(STORE_MEMORY_SHARE * available)
+    store = int(min(fits))
+    if store >= STORE_MIN_BYTES:
+        return store
+    gib = lambda n: f"{max(0, n) / 2**30:.1f} GiB"  # noqa: E731
+    if room is not None and STORE_SHARE * (room - RAY_PROCESS_BYTES) < STORE_MIN_BYTES:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        raise UserError(f"--engine ray: this process may map {gib(cap)} (ulimit -v) and has {gib(room)} of it left; "
+                        f"a local Ray needs about {gib(RAY_PROCESS_BYTES + 2 * STORE_MIN_BYTES)} more in each of "
+                        "its processes (its object store is mapped into every one): raise ulimit -v, or leave "
+                        "--engine ray out")
+    raise UserError(f"--engine ray: {gib(min(x for x in (group, available) if x is not None))} of memory left "
+                    f"(cgroup limit or machine), too little for a local Ray's object store (at least "
+                    f"{STORE_MIN_BYTES // 2**20} MiB): free memory, or leave --engine ray out")
+
+
+def _join(ray: Any, address: str, kwargs: dict, seconds: float | None = None) -> None:
+    """``ray.init(address)`` within ``seconds`` (:data:`JOIN_TIMEOUT`), or a :class:`UserError` naming the address.
+
+    Why a thread: a joining ``ray.init`` takes no timeout and was seen to
+    wait for minutes; a thread can be abandoned (a daemon: the CLI exits 2
+    at once, measured). Only a join: a new local Ray started from a thread
+    dies when the thread ends (its GCS shares the starting thread's fate,
+    measured), so :meth:`RayEngine.start` starts that one itself."""
+    seconds = JOIN_TIMEOUT if seconds is None else seconds
+    box: dict[str, BaseException | bool] = {}
+
+    def init() -> None:
+        try:
+            ray.init(address=address, **kwargs)
+            box["ok"] = True
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            box["err"] = err
+
+    worker = threading.Thread(target=init, name="aae-ray-join", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        hint = ""
+        if memory.address_space_room() is not None:
+            hint = ("; this process has an address-space limit (ulimit -v), and a driver maps the cluster's "
+                    "whole object store")
+        raise UserError(f"cannot join the Ray cluster at {address}: no answer within {seconds:g} s{hint}")
+    err = box.get("err")
+    if isinstance(err, Exception):
+        raise UserError(f"cannot join the Ray cluster at {address}: {_shown(' '.join(str(err).split()), 200)}") from None
+    if isinstance(err, BaseException):
+        raise err
 
 
 @dataclass
@@ -410,11 +731,16 @@ class RayEngine:
             kwargs = {"log_to_driver": False, "logging_level": logging.ERROR, **self.init_kwargs}
             if address in (None, "local"):
                 kwargs.setdefault("include_dashboard", False)
-            try:
-                ray.init(address=address or "local", **kwargs)
-            except (ConnectionError, RuntimeError, ValueError) as err:
-                raise UserError(f"cannot join the Ray cluster at {address or 'a new local Ray'}: "
-                                f"{' '.join(str(err).split())[:200]}") from None
+                if "object_store_memory" not in kwargs:
+                    store = object_store_bytes()  # a UserError here when a local Ray cannot fit
+                    if store is not None:
+                        kwargs["object_store_memory"] = store
+                try:  # here, not in a thread: the new Ray's processes die with the thread that starts them
+                    ray.init(address="local", **kwargs)
+                except Exception as err:  # noqa: BLE001 - Ray raises bare Exception for a node that did not start
+                    raise UserError(f"cannot start a local Ray: {_shown(' '.join(str(err).split()), 200)}") from None
+            else:
+                _join(ray, address, kwargs)
             self._started_ray = True
         try:
             self._size_pool(ray.cluster_resources())

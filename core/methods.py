@@ -92,6 +92,8 @@ class Method:
     grid_criterion: str | None = None
     #: in this bidirectional encoder it gives exactly the tau of that method at every length (tables show one)
     same_as: str | None = None
+    #: the statistic it matches to its L_tr value (a criterion of core.temperature), if it matches one
+    matches: str | None = None
     #: the user gives the schedule (a fixed tau): nothing to resolve
     takes_value: bool = False
     #: the same schedule for every document (tau = 1): nothing to resolve
@@ -251,35 +253,37 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("pmax", "Algorithm 1, Pmax", "Alg. 1 Pmax",
            "Algorithm 1: the grid tau whose mean Pmax at this length matches the mean at L_tr with tau = 1.",
            measured=True, length_dependent=True, resolve=None, search=_algorithm1("pmax"), cost=_bisection,
-           grid_criterion="pmax"),
+           grid_criterion="pmax", matches="pmax"),
     Method("entropy", "Algorithm 1, entropy", "Alg. 1 entropy",
            "Algorithm 1 on the mean attention entropy instead of Pmax.",
            measured=True, length_dependent=True, resolve=None, search=_algorithm1("entropy"), cost=_bisection,
-           grid_criterion="entropy"),
+           grid_criterion="entropy", matches="entropy"),
     Method("pmax-refined", "Algorithm 1, Pmax, refined", "Alg. 1 Pmax refined",
            "Algorithm 1's Pmax match at the crossing itself (bisection between grid points), going below the "
            f"grid's 0.5 down to {temperature.TAU_FLOOR:g} when the grid is not enough.",
            measured=True, length_dependent=True, resolve=None, search=_algorithm1("pmax", refined=True),
-           cost=_refined),
+           cost=_refined, matches="pmax"),
     Method("entropy-refined", "Algorithm 1, entropy, refined", "Alg. 1 entropy refined",
            "Algorithm 1's entropy match at the crossing itself, below the grid's end when needed.",
            measured=True, length_dependent=True, resolve=None, search=_algorithm1("entropy", refined=True),
-           cost=_refined),
+           cost=_refined, matches="entropy"),
     Method("prop1", "Prop. 1 (match Pmax)", "Prop. 1",
            "The paper's closed form matching Pmax, from layer 0's logit spread at L_tr and here.",
-           measured=True, length_dependent=True, resolve=_closed("prop1"), stats=True, cost=_stats,
+           measured=True, length_dependent=True, resolve=_closed("prop1"), stats=True, cost=_stats, matches="pmax",
            formula=lambda lt, n, d, stats: temperature.prop1(lt, n, stats["pmax_tr"], stats["sigma_tr"], stats["sigma_ex"])),
     Method("prop2", "Prop. 2 (match entropy)", "Prop. 2",
            "The paper's closed form matching entropy, from layer 0's logit spread at L_tr and here.",
-           measured=True, length_dependent=True, resolve=_closed("prop2"), stats=True, cost=_stats,
+           measured=True, length_dependent=True, resolve=_closed("prop2"), stats=True, cost=_stats, matches="entropy",
            formula=lambda lt, n, d, stats: temperature.prop2(lt, n, stats["sigma_tr"], stats["sigma_ex"])),
     Method("per-layer", "per-layer Algorithm 1 (Pmax)", "per-layer Alg. 1",
            "Algorithm 1 for each encoder layer on its own (the paper's suggested extension): one tau per layer.",
-           measured=True, length_dependent=True, resolve=None, search=_per_layer, cost=_layers, per="layer"),
+           measured=True, length_dependent=True, resolve=None, search=_per_layer, cost=_layers, per="layer",
+           matches="pmax"),
     Method("per-head", "per-head Algorithm 1 (Pmax)", "per-head Alg. 1",
            "Algorithm 1 for each head on its own, matched to that head's Pmax at L_tr; heads that cannot reach "
            "theirs in the grid stay at tau = 1 and are listed. One tau per layer and head.",
-           measured=True, length_dependent=True, resolve=None, search=_per_head, cost=_heads, per="head"),
+           measured=True, length_dependent=True, resolve=None, search=_per_head, cost=_heads, per="head",
+           matches="pmax"),
 )}
 
 #: Every method a user can name, in the order menus show them.
@@ -295,6 +299,11 @@ FORMULAS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.formula is
 #: What a sweep compares when not told (the model as trained, the paper's baseline), and a perplexity table
 #: (Table 3's rows: adding Algorithm 1 on both criteria).
 SWEEP_DEFAULT: tuple[str, ...] = ("none", "log-length")
+#: The paper's baseline (what the tour shows and sweeps compare against).
+BASELINE = "log-length"
+#: The closed forms Calibrate suggests when Algorithm 1 runs out of its range (docs/results.md: they hold up at 8x
+#: and 16x L_tr where Algorithm 1 falls behind), the paper's baseline first.
+ADVISED: tuple[str, ...] = (BASELINE, "yarn")
 PERPLEXITY_DEFAULT: tuple[str, ...] = ("none", "log-length", "pmax", "entropy")
 #: The model as trained (tau = 1): what a table's dispersion rows and a comparison's base are.
 AS_TRAINED: str = next(n for n, m in REGISTRY.items() if m.constant is not None and m.constant.is_one)
@@ -357,6 +366,15 @@ def costs(names, n_layers: int, n_heads: int, samples: int = 1,
 def entry(text: str) -> Method:
     """The registry entry of a method name or a method text (``tau=0.8``): what a list of either is asked."""
     return REGISTRY[text] if text in REGISTRY else get(parse(text)[0])
+
+
+def the(**attrs) -> str:
+    """The name of the one entry whose attributes have these values, e.g. ``the(per="head")``: how other modules
+    point at a method by what it is, not by its name. ValueError unless exactly one entry matches."""
+    found = [n for n, m in REGISTRY.items() if all(getattr(m, k) == v for k, v in attrs.items())]
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} methods have {attrs}")
+    return found[0]
 
 
 def get(name: str) -> Method:

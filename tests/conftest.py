@@ -51,6 +51,29 @@ def tiny_cos_dir(tmp_path_factory):
     return build_tiny_t5(tmp_path_factory.mktemp("tiny-cos"), cosine=24.0, seed=1)
 
 
+def app_model_of(name: str):
+    """A module's own tiny app model (L_tr = 256, ByT5 bytes): ``app_model = app_model_of("errors-t5")`` in a test
+    module. Its own folder keys its own entries in the process-wide stores of :mod:`ui.stores`, so the module's
+    tests start from stores that hold nothing of its documents."""
+    @pytest.fixture(scope="module")
+    def app_model(tmp_path_factory):
+        return build_tiny_t5(tmp_path_factory.mktemp(name), train_length=256)
+
+    return app_model
+
+
+#: The app's default model in AppTest (one per run; modules that need their own use :func:`app_model_of`).
+app_model = pytest.fixture(scope="session", name="app_model")(
+    lambda tmp_path_factory: build_tiny_t5(tmp_path_factory.mktemp("app-t5"), train_length=256))
+
+
+@pytest.fixture
+def env(app_model, monkeypatch):
+    """The app under AppTest opens ``app_model`` by default (``AAE_MODEL``)."""
+    monkeypatch.setenv("AAE_MODEL", str(app_model))
+    return app_model
+
+
 def app_error_text(at) -> str:
     """The st.error messages of an AppTest run as one string (it must show one, and no exception)."""
     assert not at.exception, [e.value for e in at.exception]

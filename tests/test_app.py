@@ -21,17 +21,6 @@ PAGES = ("pages/explore.py", "pages/calibrate.py", "pages/sweep.py", "pages/theo
 TIMEOUT = 120
 
 
-@pytest.fixture(scope="session")
-def app_model(tmp_path_factory):
-    return build_tiny_t5(tmp_path_factory.mktemp("app-t5"), train_length=256)
-
-
-@pytest.fixture
-def env(app_model, monkeypatch):
-    monkeypatch.setenv("AAE_MODEL", str(app_model))
-    return app_model
-
-
 _ok = app_ok
 
 

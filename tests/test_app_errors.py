@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_error_text, app_ok, build_tiny_t5, scrubber_view  # noqa: E402
+from conftest import app_error_text, app_model_of, app_ok, scrubber_view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -31,15 +31,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z]")
 ABSOLUTE_PATH = re.compile(r"(?:^|[\s'\"(`=])(?:/|~/)[^\s'\"`)]")
 
 
-@pytest.fixture(scope="module")
-def app_model(tmp_path_factory):
-    return build_tiny_t5(tmp_path_factory.mktemp("errors-t5"), train_length=256)
-
-
-@pytest.fixture
-def env(app_model, monkeypatch):
-    monkeypatch.setenv("AAE_MODEL", str(app_model))
-    return app_model
+app_model = app_model_of("errors-t5")
 
 
 @pytest.fixture
@@ -134,8 +126,6 @@ def test_no_app_error_names_an_option_or_a_server_path(env, small_memory, tmp_pa
 LONG_NAME = "m" * 260
 
 
-@pytest.mark.xfail(strict=False, reason="core.models.resolve raises OSError 'file name too long' until another "
-                                        "helper's one-line UserError lands (issue 36, cause 6)")
 @pytest.mark.parametrize("how", ["box", "link"])
 def test_a_260_character_model_name_is_one_error(env, how):
     if how == "box":

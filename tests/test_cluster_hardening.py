@@ -291,9 +291,9 @@ def test_the_store_is_sized_to_the_room_under_the_cap_or_refused():
         import resource, sys
         cap = int(float(sys.argv[1]) * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-        from core import cluster
+        from core import cluster, memory
         from core.errors import UserError
-        room = cluster._memory_probes()[0]()
+        room = memory.address_space_room()
         try:
             print(room, cluster.object_store_bytes())
         except UserError as err:

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok, build_tiny_t5  # noqa: E402
+from conftest import app_model_of, app_ok  # noqa: E402
 from core import timing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,16 +21,13 @@ APP = str(ROOT / "app.py")
 TIMEOUT = 120
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_t5(tmp_path_factory.mktemp("est-t5"), train_length=256)
+# no timing.clear() between tests: ui's stores outlive a test too, and a cached pass is not timed again
+app_model = app_model_of("est-t5")
 
 
 @pytest.fixture
-def env(model_dir, monkeypatch):
-    # no timing.clear() between tests: ui.cache's stores outlive a test too, and a cached pass is not timed again
-    monkeypatch.setenv("AAE_MODEL", str(model_dir))
-    return model_dir
+def model_dir(app_model):
+    return app_model
 
 
 _ok = app_ok

@@ -66,7 +66,7 @@ def test_the_grid_is_computed_nearest_the_slider_first(tiny, cache_mod):
 
     s = engine.RunSettings(tau=1.0, method="fixed", probes=cache_mod.explore_probes(1, None))
     req = DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2)
-    taus = [p.tau for p in Job(tiny, req, s, around=0.52).passes()[: len(GRID)]]
+    taus = [float(p.tau) for p in Job(tiny, req, s, around=0.52).passes()[: len(GRID)]]
     assert taus[:4] == [1.0, 0.5, 0.55, 0.45] and sorted(taus) == sorted(GRID)  # tau = 1 (the left column) first
     assert GRID[-1] == pytest.approx(0.3) and set(temperature.GRID) <= set(GRID)
     # the same document with the slider elsewhere: the wish is reordered, not restarted

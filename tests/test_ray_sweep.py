@@ -27,6 +27,8 @@ from core import batch, cluster, csvio
 from core.cli import main
 from core.sweep import KEY, SweepPlan, run_sweep
 
+from conftest import build_tiny_t5
+
 ray = pytest.importorskip("ray")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,14 +215,26 @@ def test_ctrl_c_cancels_outstanding_jobs_and_keeps_finished_rows(tiny, pool, tmp
 
 # -- failures --------------------------------------------------------------------------------------
 
-def test_a_failing_job_is_reported_with_its_cells_and_the_rest_finish(tiny, pool, tmp_path):
-    """tau = 1e-38 overflows the attention (NaN): every try of those cells raises; the others are written."""
-    plan = _plan(methods=["none", "1e-38"], lengths=[300], seeds=[0], depths=[0.5])
+def test_a_failing_job_is_reported_with_its_cells_and_the_rest_finish(pool, tmp_path):
+    """A model whose layer-0 logits are ~1e36 runs at tau = 1, and overflows float32 at tau = 0.001 (NaN): every
+    try of those cells raises; the others are written. (Any tau the bounds accept is fine on a sane model.)"""
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    from core.models import load
+
+    folder = build_tiny_t5(tmp_path / "loud-t5", train_length=256)
+    model = T5ForConditionalGeneration.from_pretrained(folder)
+    with torch.no_grad():
+        model.encoder.block[0].layer[0].SelfAttention.q.weight.mul_(1e36)
+    model.save_pretrained(folder, safe_serialization=True)
+    loud = load(str(folder))
+    plan = _plan(model=str(folder), methods=["none", "tau=0.001"], lengths=[300], seeds=[0], depths=[0.5])
     said: list[str] = []
-    df = run_sweep(tiny, plan, out=tmp_path / "s.csv", pool=pool, report=said.append)
+    df = run_sweep(loud, plan, out=tmp_path / "s.csv", pool=pool, report=said.append)
     assert list(df["method"]) == ["none"] and len(_rows(tmp_path / "s.csv")) == 1
     assert len(said) == 1, said
-    assert "method tau=1e-38" in said[0] and "300 tokens" in said[0] and "NumericalError" in said[0]
+    assert "method tau=0.001" in said[0] and "300 tokens" in said[0] and "NumericalError" in said[0]
     assert "tried 2 times" in said[0] and "--resume" in said[0]
 
 

@@ -33,7 +33,7 @@ pytest.importorskip("streamlit")
 from streamlit.proto.WidgetStates_pb2 import WidgetStates  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok, build_tiny_t5  # noqa: E402
+from conftest import app_model_of, app_ok, build_tiny_t5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -42,15 +42,7 @@ TIMEOUT = 180
 TEXT = "The river bends twice before the mill. Lanterns hang by the door. " * 6
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_tiny_t5(tmp_path_factory.mktemp("state-t5"), train_length=256)
-
-
-@pytest.fixture
-def env(model, monkeypatch):
-    monkeypatch.setenv("AAE_MODEL", str(model))
-    return model
+app_model = app_model_of("state-t5")
 
 
 @pytest.fixture

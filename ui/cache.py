@@ -35,7 +35,7 @@ from core.errors import UserError
 from core.models import Loaded, load
 from core.probes import ProbeSpec
 from core.settings import DocumentRequest
-from core.schedule import RowTau
+from core.schedule import Schedule
 from ui.pass_gate import gate
 from ui.stores import MISSING, stores
 
@@ -52,16 +52,6 @@ def model(ref: str, device: str | None = None, train_length: int | None = None) 
 
 def mkey(loaded: Loaded) -> tuple:
     return (loaded.spec.source, loaded.train_length, str(loaded.device), str(loaded.dtype))
-
-
-def tau_key(tau) -> Hashable:
-    """A hashable, rounded form of a tau schedule (number, per layer, or per layer and head; a row schedule)."""
-    if isinstance(tau, RowTau):
-        return temperature.schedule_key(tau)
-    a = np.asarray(tau, dtype=float)
-    if a.ndim == 0:
-        return round(float(a), 6)
-    return tuple(map(tuple, np.round(np.atleast_2d(a), 6).tolist())) if a.ndim == 2 else tuple(np.round(a, 6).tolist())
 
 
 # -- documents ----------------------------------------------------------------------
@@ -90,7 +80,7 @@ def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
 # -- runs ---------------------------------------------------------------------------
 
 def _run_key(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings) -> tuple:
-    return (mkey(loaded), doc_key, tau_key(settings.tau), tuple(settings.targets), settings.cosine_scale,
+    return (mkey(loaded), doc_key, settings.tau.key(), tuple(settings.targets), settings.cosine_scale,
             settings.probes, settings.max_new_tokens, settings.generate)
 
 
@@ -125,7 +115,7 @@ def run_unguarded(loaded: Loaded, req: DocumentRequest, settings: engine.RunSett
 
 def grid_key(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None) -> tuple:
     """Key of one document's statistics at one tau: what Algorithm 1 needs of a pass, whatever else it recorded."""
-    return (mkey(loaded), doc_key, tau_key(tau), tuple(targets), cosine_scale)
+    return (mkey(loaded), doc_key, Schedule.of(tau).key(), tuple(targets), cosine_scale)
 
 
 def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings, res: engine.Result) -> None:
@@ -150,7 +140,7 @@ def run_reference(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encod
                   probes: ProbeSpec | None = None) -> engine.Result:
     """The L_tr counterpart at tau = 1, no generation: the reference the meters compare with."""
     probes = probes or ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-    settings = engine.RunSettings(tau=1.0, method="none", targets=targets, cosine_scale=cosine_scale, probes=probes,
+    settings = engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=targets, cosine_scale=cosine_scale, probes=probes,
                                   generate=False)
     return _run_doc(loaded, ("ref", req), reference_document(loaded, req), settings)
 
@@ -185,24 +175,25 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
                 cosine_scale: float | None = None, samples: int = 1, progress: Progress = None,
                 compute: bool = True) -> tuple[Any, dict] | None:
     """(schedule, info) for a method on this document, via :func:`core.methods.resolve`."""
-    if method == "fixed":
+    entry = methods.get(method)
+    if entry.takes_value:
         if tau is None:
-            raise UserError("Method 'fixed' needs a tau")
-        return float(tau), {}
+            raise UserError(f"Method '{method}' needs a tau", app=f"Method '{entry.label}' needs a tau: move the tau slider.")
+        return Schedule.of(tau), {}
     key = (mkey(loaded), req, method, tuple(targets), cosine_scale, samples)
     if not compute:
         v = stores()["tau"].peek(key)
         return None if v is MISSING else v
     doc = document(loaded, req)
-    if method in methods.MEASURED:
+    if entry.measured:
         engine.check_length(loaded, token_count(loaded, req))
-    if method in temperature.CRITERIA and samples <= 1:
+    if entry.grid_criterion is not None and samples <= 1:
         # Algorithm 1 by bisection on the shared grid (the passes the slider and Calibrate use too).
         def work():
             cal = calibrate_both(loaded, req, fast=True, samples=1, targets=targets, cosine_scale=cosine_scale,
-                                 progress=progress)[method]
-            return cal.tau, {"source": "resolved", "length": token_count(loaded, req), "train_length": loaded.train_length,
-                             **cal.to_dict()}
+                                 progress=progress)[entry.grid_criterion]
+            return Schedule.of(cal.tau), {"source": "resolved", "length": token_count(loaded, req),
+                                          "train_length": loaded.train_length, **cal.to_dict()}
     else:
         def work():
             with gate().foreground():
@@ -277,7 +268,7 @@ def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale:
     """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation:
     what the Theory page and Prop. 1/2 read, one key for both."""
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if loaded.cosine else 0)
-    return engine.RunSettings(tau=1.0, method="none", targets=tuple(targets), cosine_scale=cosine_scale, probes=spec,
+    return engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=tuple(targets), cosine_scale=cosine_scale, probes=spec,
                               generate=False)
 
 
@@ -296,7 +287,7 @@ def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> 
 
     def work():
         spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-        return calibration.length_stats_of(run(loaded, req, engine.RunSettings(tau=1.0, method="none", probes=spec,
+        return calibration.length_stats_of(run(loaded, req, engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, probes=spec,
                                                                                generate=False)))
 
     return stores()["stats"].get(key, work)

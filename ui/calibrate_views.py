@@ -11,27 +11,29 @@ import streamlit as st
 from core import calibration, engine, methods, plots, tables, temperature, timing
 from core.errors import UserError
 from core.probes import ProbeSpec
-from core.schedule import RowTau
+from core.schedule import Schedule
 from ui import chart, csv_of, plural, user_errors
 from ui import cache, choices, figure_cache, pass_gate, prefetch
 from ui import sidebar as sb
 
 EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
 GRID = temperature.GRID
-#: The closed form Calibrate suggests when Algorithm 1 stops at its range's end (docs/results.md: it and YaRN hold
-#: up at 8x and 16x L_tr on the bundled model where Algorithm 1 falls behind).
-FALLBACK = "log-length"
+#: The closed form Calibrate suggests when Algorithm 1 stops at its range's end (the registry's advice: it and the
+#: next one hold up at 8x and 16x L_tr on the bundled model where Algorithm 1 falls behind, docs/results.md).
+FALLBACK = methods.ADVISED[0]
 
 
 def use_tau(method: str, value) -> None:
     """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; a schedule -> that method)."""
-    if isinstance(value, RowTau):
+    value = Schedule.of(value)
+    if value.rows is not None:
         choices.set_state(tau_method=method)
-        st.session_state["cal_used"] = f"{methods.label(method)}: {tables.schedule_text(value)}"
+        st.session_state["cal_used"] = f"{methods.label(method)}: {value.describe()}"
         return
-    a = np.asarray(value, dtype=float)
+    a = np.asarray(value)
     if a.ndim == 0:
-        choices.set_state(tau_method="fixed", tau_value=float(np.clip(round(float(a), 2), choices.TAU_MIN, choices.TAU_MAX)))
+        choices.set_state(tau_method=methods.FIXED,
+                          tau_value=float(np.clip(round(float(a), 2), choices.TAU_MIN, choices.TAU_MAX)))
     else:
         choices.set_state(tau_method=method)
     st.session_state["cal_used"] = f"{methods.label(method)}: tau = {np.round(a, 3).tolist()}"
@@ -264,7 +266,7 @@ def advice(ctx: sb.Context, cals: dict) -> None:
     if not ended:
         return
     forms = {}
-    for name in (FALLBACK, "yarn"):
+    for name in methods.ADVISED:
         try:
             forms[name] = methods.formula(name, ctx.train_length, ctx.tokens, ctx.loaded.d_kv)
         except UserError:
@@ -303,8 +305,7 @@ def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
     own = _stats_settings(ctx, tau)
     if cache.has_run(ctx.loaded, ctx.request, own):
         return own
-    a = np.asarray(tau, dtype=float) if not isinstance(tau, RowTau) else None
-    if a is not None and a.ndim == 0 and float(a) == 1.0:
+    if Schedule.of(tau).is_one:
         return cache.theory_settings(ctx.loaded, tuple(ctx.targets), ctx.cosine_scale)
     return own
 
@@ -314,7 +315,8 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
     (its tau matrix and the heads it could not align) when it has been computed."""
     st.subheader("Per head: Pmax here over its value at L_tr")
     pick = float(cals["pmax"].tau)
-    ph = cache.resolve_tau(ctx.loaded, ctx.request, "per-head", None, ctx.targets, ctx.cosine_scale, compute=False)
+    ph = cache.resolve_tau(ctx.loaded, ctx.request, methods.the(per="head"), None, ctx.targets, ctx.cosine_scale,
+                           compute=False)
     st.caption(
         "Each cell is one head's mean Pmax on this document over the same head's Pmax at L_tr with tau = 1: 1 "
         "(white) looks as in training. Algorithm 1 matches only the mean over every layer and head, so look for "
@@ -364,10 +366,11 @@ def tau_cell(tau, rows: int, train_length: int | None = None) -> tuple[str, str]
     if isinstance(tau, str):  # "n/a (why)"
         why = tau[len("n/a ("):-1] if tau.startswith("n/a (") and tau.endswith(")") else tau
         return "n/a", why
-    if isinstance(tau, RowTau):
-        floor = "L_tr" if train_length == tau.floor_scale else f"{tau.floor_scale:,}"
+    tau = Schedule.of(tau)
+    if tau.rows is not None:
+        floor = "L_tr" if train_length == tau.rows.floor_scale else f"{tau.rows.floor_scale:,}"
         return f"{tau.mean(rows):.4f} (mean over {rows:,} rows)", f"a tau per row: 1 before row {floor}, then smaller"
-    a = np.asarray(tau, dtype=float)
+    a = np.asarray(tau)
     if a.ndim == 0:
         return f"{float(a):.4f}", ""
     if a.ndim == 1:
@@ -431,26 +434,28 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
         taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
-    taus = {**taus, "pmax": cals["pmax"].tau, "entropy": cals["entropy"].tau}
-    taus["llama4"] = cache.resolve_tau(ctx.loaded, ctx.request, "llama4", None, ctx.targets, ctx.cosine_scale)[0]  # no pass
+    taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
+    rows = methods.the(per="row")  # no pass
+    taus[rows] = cache.resolve_tau(ctx.loaded, ctx.request, rows, None, ctx.targets, ctx.cosine_scale)[0]
     missing = []
-    for name, cost in (("per-layer", "about 5 passes per layer"), ("per-head", f"{len(temperature.GRID)} passes per layer")):
+    for name in (methods.the(per="layer"), methods.the(per="head")):  # many passes: only once asked for
         got = cache.resolve_tau(ctx.loaded, ctx.request, name, None, ctx.targets, ctx.cosine_scale, compute=False)
         if got is not None:
             taus[name] = got[0]
         else:
-            missing.append(f"{methods.label(name)}, {cost}")
+            cost = methods.get(name).passes(ctx.loaded.n_layers, ctx.loaded.n_heads)[0]
+            missing.append(f"{methods.label(name)}, about {cost} passes")
     table = taus_table(taus, ctx.tokens, ctx.train_length)
     st.dataframe(table, hide_index=True, width="stretch", column_order=("label", "tau", "note"),
                  column_config=column_config(table))
     for line in long_notes(table):  # in full, whatever the width of the table's cells
         st.caption(line)
-    st.caption(prop1_note(taus.get("prop1"), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
+    st.caption(prop1_note(taus.get(methods.the(stats=True, matches="pmax")), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
     if missing:
         st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "
                    + ("it" if len(missing) == 1 else "one") + " in the sidebar's Method box to compute it.")
     usable = [m for m, t in taus.items() if not isinstance(t, str)]
-    ss.setdefault("cal_pick", "pmax")
+    ss.setdefault("cal_pick", methods.the(grid_criterion="pmax"))
     if ss["cal_pick"] not in usable:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])
@@ -470,9 +475,9 @@ def export(ctx: sb.Context, taus: dict) -> None:
                "'fixed' runs exactly this tau; 'method' lets the CLI resolve the method again at its document's length.")
     st.radio("Export as", EXPORT_MODES, key="cal_export", horizontal=True)
     pick = ss["cal_pick"]
-    crit = "entropy" if pick in ("entropy", "prop2") else "pmax"
+    crit = methods.get(pick).matches or "pmax"
     if ss["cal_export"] == EXPORT_MODES[0]:
-        settings = ctx.settings(method="fixed", tau=taus[pick], criterion=crit)
+        settings = ctx.settings(method=methods.FIXED, tau=taus[pick], criterion=crit)
     else:
         settings = ctx.settings(method=pick, tau=taus[pick], criterion=crit)
     text = settings.to_json()

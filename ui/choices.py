@@ -20,7 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from core import temperature
+from core import methods, temperature
 from core.models import Loaded, bundled_specs, default_model, registry
 
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "doc_needle": "",
     "doc_question": "",
     "doc_expected": "",
-    "tau_method": "fixed",
+    "tau_method": methods.FIXED,
     "tau_value": 1.0,
     "tgt_encoder": True,
     "tgt_decoder": False,

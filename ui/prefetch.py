@@ -33,7 +33,7 @@ from typing import Hashable
 
 import streamlit as st
 
-from core import engine, frames
+from core import engine, frames, methods
 from core.errors import UserError
 from core.models import Loaded
 from core.settings import DocumentRequest
@@ -59,7 +59,7 @@ class Job:
     @property
     def key(self) -> Hashable:
         s = self.settings
-        fixed = cache.tau_key(s.tau) if self.axis == "s" else s.cosine_scale  # what the grid holds constant
+        fixed = s.tau.key() if self.axis == "s" else s.cosine_scale  # what the grid holds constant
         return (cache.mkey(self.loaded), self.request, tuple(s.targets), fixed, s.probes, s.generate, self.extras,
                 self.axis, self.values)
 
@@ -69,7 +69,7 @@ class Job:
         if self.axis == "s":
             order = sorted(self.values, key=lambda v: (abs(v - self.around), v))
             return [replace(self.settings, cosine_scale=v) for v in order] + list(self.extras)
-        return [replace(self.settings, tau=t, method="fixed") for t in frames.grid_order(self.around, GRID)] + list(self.extras)
+        return [replace(self.settings, tau=t, method=methods.FIXED) for t in frames.grid_order(self.around, GRID)] + list(self.extras)
 
     def pending(self) -> list[engine.RunSettings]:
         """The job's passes not in the run store yet."""
@@ -205,7 +205,7 @@ def session_id() -> str:
 def grid_job(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings, around: float = 1.0) -> Job:
     """The background job of a document shown with these run settings: its tau grid (nearest ``around`` first),
     then Theory's tau = 1 pass."""
-    return Job(loaded, req, replace(settings, tau=1.0, method="fixed"),
+    return Job(loaded, req, replace(settings, tau=1.0, method=methods.FIXED),
                extras=(cache.theory_settings(loaded, settings.targets, settings.cosine_scale),), around=float(around))
 
 

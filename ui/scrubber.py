@@ -27,7 +27,7 @@ import streamlit as st
 
 from core import frames, methods, temperature
 from core.errors import UserError
-from core.schedule import RowTau
+from core.schedule import Schedule
 from ui import cache, choices, message, prefetch
 
 KEY = "scrubber"
@@ -103,18 +103,16 @@ def _in_fragment_rerun() -> bool:
 
 def grid_tau(schedule) -> float | None:
     """The grid tau a schedule is, or None (a per-layer / per-row schedule, or a tau between grid marks)."""
-    if isinstance(schedule, RowTau):
+    value = Schedule.of(schedule).scalar
+    if value is None:
         return None
-    a = np.asarray(schedule, dtype=float)
-    if a.ndim:
-        return None
-    t = round(float(a), 2)
-    return t if abs(t - float(a)) < 1e-9 and t in frames.SCRUB_GRID else None
+    t = round(value, 2)
+    return t if abs(t - value) < 1e-9 and t in frames.SCRUB_GRID else None
 
 
 def shown_tau(ctx) -> float:
-    """The tau the slider shows: the person's own for 'fixed', else the method's resolved (mean) tau."""
-    if ctx.method == "fixed":
+    """The tau the slider shows: the person's own for a fixed tau, else the method's resolved (mean) tau."""
+    if methods.get(ctx.method).takes_value:
         return round(float(ctx.tau_input), 2)
     return float(np.clip(round(ctx.tau_mean, 2), temperature.TAU_FLOOR, 1.0))
 
@@ -138,7 +136,7 @@ def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
 
 def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool, axis: str) -> str:
     """What changes the payload's structure (the browser rebuilds its views when it changes)."""
-    fixed = cache.tau_key(ctx.schedule) if axis == "s" else ctx.cosine_scale
+    fixed = Schedule.of(ctx.schedule).key() if axis == "s" else ctx.cosine_scale
     raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, fixed, probes, spec, log, axis))
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
@@ -166,14 +164,14 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         job = prefetch.Job(loaded, req, chosen_settings, around=here, axis="s", values=values)
     else:
         values = frames.SCRUB_GRID
-        grid_settings = ctx.run_settings(tau=1.0, method="fixed", probes=probes)
+        grid_settings = ctx.run_settings(tau=1.0, method=methods.FIXED, probes=probes)
         at = lambda t: replace(grid_settings, tau=t)  # noqa: E731
         g = grid_tau(ctx.schedule)
         here = tau
         axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
         job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
     prefetch.prefetcher().want(prefetch.session_id(), job)  # a new document's grid starts now, beside its first passes
-    base_settings = replace(ctx.run_settings(tau=1.0, method="none", probes=probes), cosine_scale=None)
+    base_settings = replace(ctx.run_settings(tau=1.0, method=methods.AS_TRAINED, probes=probes), cosine_scale=None)
     base = cache.run(loaded, req, base_settings)
     ref = cache.run_reference(loaded, req, ctx.targets, None)
     grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
@@ -198,13 +196,13 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "value": here,
         "axis": axis_meta,
         "tau_version": _tau_version(ctx, here if axis == "s" else tau, axis),
-        "disabled": axis == "tau" and ctx.method != "fixed",
+        "disabled": axis == "tau" and not methods.get(ctx.method).takes_value,
         "chosen_title": title,
         "base_label": base_label,
         "log": bool(log),
         "pending_exact": pending,
         "poll_ms": POLL_MS if (missing or pending is not None) else 0,
-        "note": "" if ctx.method == "fixed" else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
+        "note": "" if methods.get(ctx.method).takes_value else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
     }
     only = _delta(meta["doc_id"], grid, exact)
     data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only)

@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core import engine, methods, tasks, temperature
+from core import engine, methods, tasks
 from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded
 from core.settings import DocumentRequest, Settings
-from core.schedule import RowTau
+from core.schedule import ONE, Schedule
 from ui import cache, choices, fail, url
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
@@ -134,7 +134,7 @@ class Temperature:
 
     method: str
     tau_input: float
-    schedule: Any  # number or per-layer list
+    schedule: Schedule  # what the method resolved to (the slider's own tau for a fixed one)
     info: dict
     targets: tuple[str, ...]
     cosine_scale: float | None
@@ -151,7 +151,7 @@ class Context:
     tokens: int
     method: str
     tau_input: float
-    schedule: Any  # number or per-layer list
+    schedule: Schedule  # the resolved tau: one value from the slider (or the method) down to the attention
     tau_info: dict = field(default_factory=dict)
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
@@ -166,13 +166,13 @@ class Context:
 
     @property
     def tau_mean(self) -> float:
-        return temperature.schedule_mean(self.schedule, self.tokens)
+        return self.schedule.mean(self.tokens)
 
     def tau_text(self, schedule: Any = None) -> str:
-        s = self.schedule if schedule is None else schedule
-        if isinstance(s, RowTau):
+        s = Schedule.of(self.schedule if schedule is None else schedule)
+        if s.rows is not None:
             return f"per row (mean {s.mean(self.tokens):.3f})"
-        a = np.asarray(s, dtype=float)
+        a = np.asarray(s)
         if a.ndim == 0:
             return f"{float(a):.3f}"
         return "per layer " + ", ".join(f"{v:.2f}" for v in a.reshape(len(a), -1).mean(1)) + f" (mean {a.mean():.3f})"
@@ -182,22 +182,22 @@ class Context:
                        targets=t.targets, cosine_scale=t.cosine_scale)
 
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
-        """What a pass needs, through the same conversion as the CLI and core.apply (:meth:`Settings.run_settings`)."""
-        sched = self.schedule if tau is None else tau
-        st = Settings(method=method or self.method, tau=temperature.schedule_json(sched), targets=self.targets,
-                      cosine_scale=self.cosine_scale)
-        return st.run_settings(sched, **kw)
+        """What a pass needs: the context's Schedule as it is (or ``tau``, made one here), its targets and s;
+        ``kw``: other :class:`core.engine.RunSettings` fields (None leaves a field as the context has it)."""
+        base = dict(tau=self.schedule if tau is None else tau, method=method or self.method, targets=self.targets,
+                    cosine_scale=self.cosine_scale)
+        return engine.RunSettings(**{**base, **{k: v for k, v in kw.items() if v is not None}})
 
     def settings(self, method: str | None = None, tau: Any = None, criterion: str = "pmax") -> Settings:
-        """The exportable JSON settings (the CLI's ``--settings``); a fixed schedule by default."""
-        method = method or ("fixed" if self.method not in ("none",) else "none")
+        """The exportable JSON settings (the CLI's ``--settings``); the resolved schedule as a fixed one by default
+        (the model as trained stays itself)."""
+        if method is None:
+            method = self.method if methods.get(self.method).constant is not None else methods.FIXED
         sched = self.schedule if tau is None else tau
-        if isinstance(sched, np.ndarray):
-            sched = sched.tolist()
         return Settings(
             model=self.model_ref, train_length=self.train_length, method=method,
-            tau=None if method == "none" else sched, criterion=criterion, targets=self.targets,
-            cosine_scale=self.cosine_scale, chosen_at=self.tokens, document=self.request,
+            tau=None if methods.get(method).constant is not None else Schedule.of(sched), criterion=criterion,
+            targets=self.targets, cosine_scale=self.cosine_scale, chosen_at=self.tokens, document=self.request,
         )
 
 
@@ -299,7 +299,7 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
 
 def shown_tau(schedule: Any, rows: int) -> float:
     """One slider position for a schedule: its mean (per layer, head or row) on the slider's step, in its range."""
-    mean = temperature.schedule_mean(schedule, rows)
+    mean = Schedule.of(schedule).mean(rows)
     step = choices.TAU_STEP
     return float(np.clip(round(round(mean / step) * step, 2), choices.TAU_MIN, choices.TAU_MAX))
 
@@ -344,7 +344,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     ss = st.session_state
     remember()  # a fragment rerun's choices (the panel, a component) reach the store before anything else
     if ss.get("tau_method") not in methods.NAMES:
-        choices.put("tau_method", "fixed")
+        choices.put("tau_method", methods.FIXED)
     if where is st.sidebar or not slider:
         c1 = c2 = where
     else:
@@ -353,6 +353,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
                  help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
                       + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
     method = ss["tau_method"]
+    fixed = methods.get(method).takes_value  # the slider is the person's own tau
     slot = c2.empty() if slider else None  # the slider is drawn once the method's tau is known
 
     def draw_slider(value: float, shown: float | None = None) -> None:
@@ -361,9 +362,9 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
             return
         ss["tau_value"], ss[_SHOWN] = value, shown
         slot.slider("tau (fixed)", choices.TAU_MIN, choices.TAU_MAX, step=choices.TAU_STEP, key="tau_value",
-                    disabled=method != "fixed",
+                    disabled=not fixed,
                     help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
-                         + ("" if method == "fixed" else " Disabled: it shows the tau the method resolves to "
+                         + ("" if fixed else " Disabled: it shows the tau the method resolves to "
                             "(the mean, for a schedule); your own tau comes back with 'fixed tau'."))
 
     row = where.container(horizontal=True, gap="small", vertical_alignment="center")
@@ -395,7 +396,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         ss.pop("_url_cos", None)  # a dot-product model has no s
     tau_input = float(choices.kept().get("tau_value", ss.get("tau_value", 1.0)))  # the person's own tau, whatever is shown
     bar = None
-    if method in methods.MEASURED and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
+    if methods.get(method).measured and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
         bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
         schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
@@ -405,16 +406,16 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         fail(err)
     if bar is not None:
         bar.empty()
-    if method == "fixed":
+    if fixed:
         draw_slider(tau_input)
     else:
         at = shown_tau(schedule, int(info.get("length") or ss.get("doc_tokens") or loaded.train_length))
         draw_slider(at, shown=at)
-    if isinstance(schedule, RowTau):  # Llama 4: one tau per query row
+    if schedule.rows is not None:  # Llama 4: one tau per query row
         shown = f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
-    elif method != "fixed":
-        a = np.asarray(schedule, dtype=float)
+    elif not fixed:
+        a = np.asarray(schedule)
         what = "layers" if a.ndim == 1 else "layers x heads"
         shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} {what})"
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
@@ -437,8 +438,8 @@ def sidebar(temperature: bool = True) -> Context:
     loaded = _model_section()
     req, doc, n = _document_section(loaded)
     ctx = Context(loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n,
-                  method=st.session_state.get("tau_method", "fixed"), tau_input=float(st.session_state["tau_value"]),
-                  schedule=1.0)
+                  method=st.session_state.get("tau_method", methods.FIXED), tau_input=float(st.session_state["tau_value"]),
+                  schedule=ONE)
     if temperature:
         st.sidebar.subheader("Temperature")
         ctx = ctx.with_temperature(temperature_controls(st.sidebar, loaded, req))

@@ -18,7 +18,7 @@ from ui import choices, pass_gate
 from ui import sidebar as sb
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
-SWEEP_METHODS = tuple(m for m in methods.NAMES if m != "fixed")
+SWEEP_METHODS = tuple(n for n, m in methods.REGISTRY.items() if not m.takes_value)  # fixed taus: their own box
 METHODS_HELP = "\n\n".join(f"**{methods.label(m)}**: {methods.get(m).help}" for m in SWEEP_METHODS)
 
 
@@ -120,7 +120,7 @@ def controls(ctx: sb.Context) -> SweepPlan:
     if ctx.request.task == "text":
         st.info("Sweeps use generated documents; your pasted text is not swept. Using the pass key task.")
     for k, v in (("sw_lengths", [1, 2, 4]), ("sw_depths", [0, 50, 100]), ("sw_seeds", 2),
-                 ("sw_methods", ["none", "log-length"]), ("sw_fixed", ""), ("sw_samples", 2)):
+                 ("sw_methods", list(methods.SWEEP_DEFAULT)), ("sw_fixed", ""), ("sw_samples", 2)):
         ss.setdefault(k, v)
 
     options, side = length_options(ctx)
@@ -306,7 +306,7 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
     """The perplexity grid (lengths, methods, fixed taus, sequences, calibration sequences) as a :class:`PerplexityPlan`."""
     ss = st.session_state
     lt = ctx.train_length
-    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", ["none", "log-length", "pmax"]), ("lm_fixed", ""),
+    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.the(grid_criterion="pmax")]), ("lm_fixed", ""),
                  ("lm_sequences", 20), ("sw_samples", 2)):
         ss.setdefault(k, v)
     options, side = length_options(ctx)

@@ -12,7 +12,6 @@ import streamlit as st
 from core import csvio, methods, plots, tables, tasks, temperature, timing
 from core.errors import UserError
 from core.settings import DocumentRequest
-from core.schedule import RowTau
 from ui import chart, csv_of, user_errors
 from ui import cache
 from ui import sidebar as sb
@@ -121,9 +120,9 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
         if points:
             curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points])
     # Llama 4: one tau per query row, no single-number formula; its mean over an L-token document's rows
-    short = methods.REGISTRY["llama4"].short if "llama4" in methods.REGISTRY else "Llama 4"
-    llama4 = RowTau(floor_scale=lt)
-    curves[f"{short} (mean row tau)"] = (dense, [llama4.mean(n) for n in dense])
+    rows = methods.the(per="row")
+    per_row = methods.resolve(ctx.loaded, None, rows, tokens=max(dense))[0]  # no pass: from L_tr alone
+    curves[f"{methods.get(rows).short} (mean row tau)"] = (dense, [per_row.mean(n) for n in dense])
     return curves
 
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import streamlit as st
 
+from core import methods
 from ui import choices
 
 
 # The numbers in "more" are the default model's (retrieval-t5), pass key, seed 0, depth 50 %, CPU float32,
 # measured with core.engine.run and Explore's probes (tests/test_lengths_legend_tour.py checks them).
 TOUR = [
-    dict(title="1 · At L_tr", mult=1, method="none",
+    dict(title="1 · At L_tr", mult=1, method=methods.AS_TRAINED,
          text="A pass key hidden in filler, exactly L_tr tokens long, tau = 1. This is what the model was trained on: "
               "attention is peaked (high Pmax; the black ticks are this length's own values) and the question's "
               "attention finds the needle."),
-    dict(title="2 · 8× longer", mult=8, method="none",
+    dict(title="2 · 8× longer", mult=8, method=methods.AS_TRAINED,
          text="The same task at 8 × L_tr with no correction. Each query now spreads its probability over 8 × more "
               "keys: Pmax falls and entropy rises far from the L_tr ticks (bars orange/red); in the question "
               "profile the needle's peak is still there but lower, while the filler, thin per token, takes a much "
@@ -28,10 +29,10 @@ TOUR = [
               "attention rises from 20 % to 38 % (layer 1) and from 45 % to 86 % (layer 2), the needle's falls "
               "from 49 % to 36 % and from 36 % to 8 %. The answer is 57153 for the key 51573: the right digits, "
               "in the wrong order. Other seeds and depths differ in the detail."),
-    dict(title="3 · log-length", mult=8, method="log-length",
+    dict(title="3 · log-length", mult=8, method=methods.BASELINE,
          text="tau = log L_tr / log L divides every logit so a log-length normaliser stays constant (the paper's "
               "baseline). The bars move back toward the L_tr ticks, part of the way; compare the answer with step 2."),
-    dict(title="4 · Algorithm 1", mult=8, method="pmax",
+    dict(title="4 · Algorithm 1", mult=8, method=methods.the(grid_criterion="pmax"),
          text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr. "
               "On the default model at 8× its curve never reached the L_tr line: the grid ends at tau = 0.5 short "
               "of the line, so 0.5 is the grid's end, not a match.",

@@ -182,7 +182,7 @@ def view(ctx) -> dict[str, str]:
         if r.haystack != "default":
             out["filler"] = r.haystack
     out["method"] = ctx.method
-    if ctx.method == "fixed":
+    if methods.get(ctx.method).takes_value:
         out["tau"] = f"{ctx.tau_input:.2f}"
     if getattr(ctx.loaded, "cosine", False) and ctx.cosine_scale is not None:  # only a cosine model has an s
         out["s"] = f"{float(ctx.cosine_scale):g}"
