@@ -19,6 +19,7 @@ from core import engine, tasks, temperature
 from core.errors import UserError
 from core.models import Loaded
 from core.probes import ProbeSpec
+from core.schedule import Schedule
 from core.temperature import Calibration, LayerStats
 
 Progress = Callable[[float], None]
@@ -78,7 +79,7 @@ def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSet
     cache: dict[tuple, LayerStats] = {}
 
     def fn(tau) -> LayerStats:
-        key = temperature.schedule_key(tau)
+        key = Schedule.of(tau).key()
         if key not in cache:
             res = engine.run_encoded(loaded, documents, encoded, replace(base, tau=tau))
             doc_pmax = np.stack([np.asarray(r.probes.layer_pmax, dtype=float) for r in res])  # [documents, layers]

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputTooLong, UserError
-from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS, TASKS
+from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
 from core import methods
 from core.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
@@ -353,7 +353,10 @@ def _load(model: str | None, train_length: int | None, device: str | None = None
 
     from transformers.utils import logging as hf_logging
 
+    from huggingface_hub.utils import disable_progress_bars
+
     hf_logging.disable_progress_bar()  # "Loading weights" bars would break the one-line error contract on stderr
+    disable_progress_bars()  # and so would the hub's download bars
     name = model or default_model()
     if name is None:
         raise ModelLoadError("No model given and no bundled model in assets/models: pass --model NAME|HUB_ID|FOLDER")
@@ -401,7 +404,7 @@ def _progress(desc: str):
 
 
 def cmd_run(args) -> int:
-    from core import calibration, engine
+    from core import engine
 
     chosen = args.settings_
     loaded = _load(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)

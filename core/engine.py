@@ -309,7 +309,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
         mask[i, : e.n] = 1
     ids, mask = ids.to(loaded.device), mask.to(loaded.device)
     try:  # refuse a schedule that does not fit the model before any pass
-        settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
+        tau_values = settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
     except ValueError as err:
         raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
                         f"heads): {err}") from None
@@ -325,10 +325,11 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     bad_layers = recorder.nonfinite(ENCODER) if recorder is not None else []
     if bad_layers or not bool(torch.isfinite(hidden).all()):
         where = f" (encoder layer(s) {bad_layers})" if bad_layers else ""
-        raise NumericalError(
-            f"NaN/inf appeared in the attention{where} with dtype {loaded.dtype}. T5 overflows in float16: "
-            "run in float32 (CPU) or bfloat16 (GPU); a very small tau can also overflow."
-        )
+        dtype = str(loaded.dtype).replace("torch.", "")
+        why = ("T5 overflows in float16: run in float32 (CPU) or bfloat16 (GPU)" if loaded.dtype == torch.float16
+               else f"the logits divided by tau (smallest {float(np.min(tau_values)):g}) left {dtype}'s range, or the "
+                    "weights hold NaN/inf")
+        raise NumericalError(f"NaN/inf appeared in the attention{where} with dtype {dtype}: {why}.")
     t_enc = time.perf_counter() - t0
 
     answers, pieces = [""] * len(encs), [None] * len(encs)

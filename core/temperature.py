@@ -33,7 +33,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from core.schedule import Schedule
 
 GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
 CRITERIA = ("pmax", "entropy")
@@ -68,21 +67,6 @@ def llama4_scale(position: int | float, floor_scale: int, attn_scale: float = 0.
     if floor_scale < 1 or not attn_scale >= 0:
         raise ValueError("floor_scale must be >= 1 and attn_scale >= 0")
     return math.log1p(math.floor((position + 1) / floor_scale)) * attn_scale + 1.0
-
-
-def schedule_key(tau) -> tuple:
-    """Until every caller holds a :class:`~core.schedule.Schedule`: its :meth:`~core.schedule.Schedule.key`."""
-    return Schedule.of(tau).key()
-
-
-def schedule_mean(tau, rows: int | None = None) -> float:
-    """Until every caller holds a :class:`~core.schedule.Schedule`: its :meth:`~core.schedule.Schedule.mean`."""
-    return Schedule.of(tau).mean(rows)
-
-
-def schedule_json(tau):
-    """Until every caller holds a :class:`~core.schedule.Schedule`: its :meth:`~core.schedule.Schedule.to_json`."""
-    return Schedule.of(tau).to_json()
 
 
 def infoscale(train_length: int, length: int, d: int) -> float:

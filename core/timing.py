@@ -18,7 +18,6 @@ kept within [1, 2], because at short lengths the linear parts of the model
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 import threading

@@ -74,6 +74,35 @@ def env(app_model, monkeypatch):
     return app_model
 
 
+def concurrent_sessions(monkeypatch) -> None:
+    """Let AppTest runs in several threads at once behave as sessions of one server.
+
+    They share one ScriptCache, as in a real server (one per process, compiling
+    under a lock): AppTest makes one per run, and CPython 3.11.7's compiler is
+    not safe in several threads at once ("AST constructor recursion depth
+    mismatch"). Likewise one Runtime: AppTest installs a mock Runtime per run
+    and removes it when the run ends, so with runs in several threads one run's
+    end pulls the Runtime from under another's custom component (Explore's
+    scrubber looks its definition up there).
+    """
+    from unittest.mock import MagicMock
+
+    from streamlit.components.v2.component_manager import BidiComponentManager
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+    from streamlit.testing.v1 import app_test
+
+    shared = ScriptCache()
+    monkeypatch.setattr(app_test, "ScriptCache", lambda: shared)
+    runtime = MagicMock(spec=Runtime)  # what AppTest's own mock holds
+    runtime.media_file_mgr = app_test.MediaFileManager(app_test.MemoryMediaFileStorage("/mock/media"))
+    runtime.dataframe_source_mgr = app_test.DataframeSourceManager()
+    runtime.cache_storage_manager = app_test.MemoryCacheStorageManager()
+    runtime.bidi_component_registry = BidiComponentManager()
+    monkeypatch.setattr(Runtime, "instance", classmethod(lambda cls: runtime))
+    monkeypatch.setattr(Runtime, "exists", classmethod(lambda cls: True))
+
+
 def app_error_text(at) -> str:
     """The st.error messages of an AppTest run as one string (it must show one, and no exception)."""
     assert not at.exception, [e.value for e in at.exception]

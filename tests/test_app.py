@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_error_text, app_ok, build_tiny_t5, scrubber_view  # noqa: E402
+from conftest import app_error_text, app_ok, build_tiny_t5, concurrent_sessions, scrubber_view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -322,35 +322,10 @@ def test_sessions_at_different_taus_at_once_keep_their_own(env, monkeypatch):
     Settings travel with each call (never a module global), and passes share one
     gate and one cache: a leak between sessions would show as another session's
     Pmax in this one's card.
-
-    The sessions share one ScriptCache, as in a real server (one per process,
-    compiling under a lock): AppTest makes one per run, and CPython 3.11.7's
-    compiler is not safe in several threads at once ("AST constructor
-    recursion depth mismatch").
     """
     import concurrent.futures as cf
 
-    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
-    from streamlit.testing.v1 import app_test
-
-    shared = ScriptCache()
-    monkeypatch.setattr(app_test, "ScriptCache", lambda: shared)
-    # Likewise one Runtime: AppTest installs a mock Runtime per run and removes it when the run ends, so
-    # with runs in several threads one run's end pulls the Runtime from under another's custom component
-    # (Explore's scrubber looks its definition up there). A real server has one Runtime for all sessions.
-    from unittest.mock import MagicMock
-
-    from streamlit.components.v2.component_manager import BidiComponentManager
-    from streamlit.runtime import Runtime
-
-    runtime = MagicMock(spec=Runtime)  # what AppTest's own mock holds
-    runtime.media_file_mgr = app_test.MediaFileManager(app_test.MemoryMediaFileStorage("/mock/media"))
-    runtime.dataframe_source_mgr = app_test.DataframeSourceManager()
-    runtime.cache_storage_manager = app_test.MemoryCacheStorageManager()
-    runtime.bidi_component_registry = BidiComponentManager()
-    monkeypatch.setattr(Runtime, "instance", classmethod(lambda cls: runtime))
-    monkeypatch.setattr(Runtime, "exists", classmethod(lambda cls: True))
-
+    concurrent_sessions(monkeypatch)
     taus = (0.6, 0.8, 1.0)
     alone = {}
     for t in taus:

@@ -148,7 +148,7 @@ def engine_at(model_ref):
     ``ctx.run_settings(tau=t, method="fixed", probes=cache.explore_probes(layer, head))``) and the document
     the sidebar builds from the link.
     """
-    from core import engine, temperature
+    from core import engine
     from core.models import load
     from core.settings import DocumentRequest, Settings
     from ui import cache
@@ -162,8 +162,8 @@ def engine_at(model_ref):
         key = (round(tau, 2), layer, head)
         if key not in memo:
             t = round(tau, 2)
-            st = Settings(method="fixed", tau=temperature.schedule_json(t), targets=("encoder",), cosine_scale=None)
-            memo[key] = engine.run(loaded, doc, st.run_settings(t, probes=cache.explore_probes(layer, head)))
+            chosen = Settings(method="fixed", tau=t, targets=("encoder",), cosine_scale=None)
+            memo[key] = engine.run(loaded, doc, chosen.run_settings(probes=cache.explore_probes(layer, head)))
         return memo[key]
 
     return at

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -122,3 +123,21 @@ def test_the_apps_context_hands_its_schedule_on_unchanged(tiny):
     rs = ctx.run_settings()
     assert rs.tau is schedule and rs.attention().tau is schedule
     assert ctx.run_settings(tau=0.5).tau == Schedule.of(0.5)
+
+
+@pytest.mark.parametrize("tau", [{"scheme": "llama4", "floor_scale": 256, "attn_scale": 1e300},
+                                 {"scheme": "llama4", "floor_scale": 10**400}, 1e-46, 10**400, [0.5, 1e-300]])
+def test_a_settings_file_with_a_tau_out_of_bounds_is_one_line(tmp_path, capsys, tau):
+    """Issue 36 (causes 4, 5, 12): no OverflowError, no ZeroDivisionError, no numpy warning with a server path
+    before the error, no word of float16: one line naming the field, exit 2, before any model is loaded."""
+    from core.cli import main
+
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"method": "fixed", "tau": tau}))
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning would print before the error line
+        assert main(["run", "--settings", str(f), "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and "tau" in err and "float16" not in err, err
+

@@ -33,8 +33,11 @@ from core.validation import MAX_LENGTH, MAX_TEXT_CHARS
 
 FAST = hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+# huge whole numbers (no float holds 10**400: an OverflowError used to escape) and subnormal floats (a tau of
+# 5e-324 is 0 in float32) beside the ordinary ones (issue 36)
 json_scalars = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) \
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20)
+    | st.sampled_from([10**400, -(10**400), 10**309, 5e-324, -5e-324, 1e-310, 1e-46]) \
+    | st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True) | st.text(max_size=20)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),

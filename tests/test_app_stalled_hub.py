@@ -1,0 +1,77 @@
+"""Two app sessions (issue 36, cause 1): one asks for a hub model while the hub accepts and never answers, the
+other opens the default model meanwhile. The second is not held up by the first's download, and the first ends
+with one message in the app's words within the stated bound, no traceback.
+
+AppTest through Streamlit's own runner, two sessions in two threads as one server runs them
+(:func:`conftest.concurrent_sessions`); the hub is a loopback server of tests/test_models_hardening.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core import models
+
+from conftest import app_error_text, app_model_of, app_ok, concurrent_sessions
+from test_models_hardening import PROXY_VARS, SilentHub
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+TIMEOUT = 120
+WAIT_S = 6.0  # the hub bound for this test (models.HUB_WAIT_S is 20 s): long enough to open a model meanwhile
+
+app_model = app_model_of("stalled-hub-t5")
+
+
+@pytest.fixture
+def stalled(monkeypatch, tmp_path):
+    for v in PROXY_VARS + ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(models, "_REACH", {})
+    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+    monkeypatch.setattr(models, "HUB_WAIT_S", WAIT_S)
+    hub = SilentHub()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.port}")
+    yield hub
+    hub.close()
+
+
+def test_a_stalled_hub_holds_up_neither_its_session_past_the_bound_nor_another_session(env, stalled, monkeypatch):
+    concurrent_sessions(monkeypatch)
+    box: dict = {}
+
+    def hub_session() -> None:
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+        at.query_params.update(model="someorg/stalled-t5")
+        t0 = time.monotonic()
+        at.run()
+        box["took"], box["at"] = time.monotonic() - t0, at
+
+    first = threading.Thread(target=hub_session, daemon=True)
+    first.start()
+    end = time.monotonic() + 30
+    while stalled.requests < 1 and time.monotonic() < end:  # until the first session waits on the hub
+        time.sleep(0.05)
+    assert stalled.requests >= 1 and first.is_alive()
+
+    t0 = time.monotonic()
+    other = AppTest.from_file(APP, default_timeout=TIMEOUT).run()  # the default model (a local folder)
+    took = time.monotonic() - t0
+    app_ok(other)
+    assert first.is_alive(), "the other session finished only after the stalled one"
+    assert took < WAIT_S, took
+
+    first.join(WAIT_S + 30)
+    assert not first.is_alive(), "the stalled session outlived its bound"
+    at = box["at"]
+    assert not at.exception
+    text = app_error_text(at)
+    assert "someorg/stalled-t5" in text and f"{WAIT_S:g} s" in text
+    assert "Traceback" not in text and str(stalled.port) not in text and "--" not in text  # the app's own words
+    assert box["took"] < WAIT_S + 20, box["took"]
