@@ -443,8 +443,8 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
         if got is not None:
             taus[name] = got[0]
         else:
-            cost = methods.get(name).passes(ctx.loaded.n_layers, ctx.loaded.n_heads)[0]
-            missing.append(f"{methods.label(name)}, about {cost} passes")
+            per_layer = methods.get(name).passes(ctx.loaded.n_layers, ctx.loaded.n_heads)[0] // ctx.loaded.n_layers
+            missing.append(f"{methods.label(name)}, about {per_layer} passes per layer")
     table = taus_table(taus, ctx.tokens, ctx.train_length)
     st.dataframe(table, hide_index=True, width="stretch", column_order=("label", "tau", "note"),
                  column_config=column_config(table))

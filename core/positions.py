@@ -1,0 +1,566 @@
+"""Position schemes for RoPE models, one registry entry each: the second axis beside the temperature.
+
+A scheme changes how a rotary model sees positions past its training length
+L_tr, in one or more of three ways (:data:`FREQUENCIES`, :data:`DISTANCES`,
+:data:`MASK`):
+
+* the rotary **frequencies** (PI, NTK-aware, dynamic NTK, YaRN): computed by
+  transformers' own rope functions (``ROPE_INIT_FUNCTIONS``) from a copy of
+  the model's config with the scheme's ``rope_parameters`` (:func:`configured`);
+* the **relative distances** a logit is computed at (ReRoPE, StreamingLLM's
+  cache positions, LM-Infinite's cap): :meth:`Bound.capped_positions`, and the
+  logits themselves from unrotated q and k (:func:`rectified_logits`);
+* an attention **mask** (windowed attention, StreamingLLM, LM-Infinite):
+  :meth:`Bound.mask_rows`, made for a block of query rows, never ``[L, L]``.
+
+A :class:`Scheme` owns all of it (label, help, source, what it changes, its
+parameters' defaults); :meth:`Scheme.bind` fixes them for a model's L_tr and an
+input's length L, giving a :class:`Bound`, which is what a forward pass needs.
+Schemes that need their own training (ALiBi, PoSE) are entries too, marked
+unavailable with the reason, so no list drops them silently.
+
+How a bound scheme reaches a model (docs/positions.md, "How it is applied"):
+:func:`rotary_override` sets each rotary module's frequencies for one pass and
+puts them back (the scheme's, or none at all for a scheme that rectifies
+distances, so the attention function receives unrotated q and k); the
+attention function ANDs :meth:`Bound.mask_rows` into the padding mask and, for
+rectified schemes, takes its logits from :func:`rectified_logits`.
+
+No temperature method is named here (tests/test_registry_owner.py): YaRN's
+frequencies are the entry ``yarn-rope``, and transformers' key for them is
+looked up from its function (:func:`rope_type_of`). torch and transformers are
+imported only where something is computed, so listing schemes stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from core.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+FREQUENCIES = "frequencies"
+DISTANCES = "distances"
+MASK = "mask"
+
+#: transformers' own name for the original rotary (not a key of ROPE_INIT_FUNCTIONS: each model computes it)
+DEFAULT_ROPE = "default"
+#: YaRN's ramp bounds (Peng et al. 2023, and transformers' defaults): dimensions turning more than beta_fast
+#: times over L_tr keep their frequency, fewer than beta_slow times are interpolated
+BETA_FAST = 32.0
+BETA_SLOW = 1.0
+
+
+def rope_type_of(function_name: str) -> str:
+    """transformers' ``rope_type`` key for one of its rope functions (``modeling_rope_utils.<function_name>``).
+
+    Looked up from the function rather than written, so a rename in transformers fails here, loudly, and no
+    temperature method's name is spelt outside :mod:`core.methods`."""
+    from transformers import modeling_rope_utils as rope_utils
+
+    fn = getattr(rope_utils, function_name)
+    keys = [k for k, f in rope_utils.ROPE_INIT_FUNCTIONS.items() if f is fn]
+    if len(keys) != 1:
+        raise RuntimeError(f"transformers registers {function_name} under {keys}, expected one key")
+    return keys[0]
+
+
+def fitted_factor(train_length: int, length: int) -> float:
+    """s = L / L_tr, never below 1: the stretch that brings the input's positions inside the trained range."""
+    return max(1.0, length / train_length)
+
+
+def default_inv_freq(theta: float, dim: int) -> "torch.Tensor":
+    """Plain RoPE's inverse frequencies ``theta^(-2i/d)``, i = 0 .. d/2 - 1, in float32 as transformers makes them."""
+    import torch
+
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def ntk_theta(theta: float, dim: int, factor: float) -> float:
+    """NTK-aware base: theta * s^(d / (d - 2)), which divides the lowest frequency by exactly s (bloc97, 2023)."""
+    return theta * factor ** (dim / (dim - 2))
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's sqrt(1/t) = 0.1 ln s + 1 (1 for s <= 1): cos and sin are multiplied by it, logits by its square."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+# ---- layer types and rope parameters of a config -------------------------------------------------------------
+
+
+def layer_types(config: Any) -> list[str | None]:
+    """The layer types whose rope parameters differ (ModernBERT: ``full_attention``, ``sliding_attention``), or
+    ``[None]`` for a config with one flat ``rope_parameters`` dict."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params and all(isinstance(v, dict) or v is None for v in params.values()):
+        return sorted(k for k, v in params.items() if v is not None)
+    return [None]
+
+
+def rope_params(config: Any, layer_type: str | None) -> dict:
+    """One layer type's ``rope_parameters`` dict (the flat dict when ``layer_type`` is None)."""
+    params = config.rope_parameters
+    return dict(params[layer_type] if layer_type is not None else params)
+
+
+def rotary_dim(config: Any, layer_type: str | None = None) -> int:
+    """d: the dimensions the rotation turns (head_dim x partial_rotary_factor), as transformers computes it."""
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head * rope_params(config, layer_type).get("partial_rotary_factor", 1.0))
+
+
+def model_frequencies(config: Any, layer_type: str | None) -> tuple["torch.Tensor", float]:
+    """``(inv_freq, attention_scaling)`` the model's own config gives: what its rotary module was built with."""
+    p = rope_params(config, layer_type)
+    kind = p.get("rope_type", DEFAULT_ROPE)
+    if kind == DEFAULT_ROPE:
+        return default_inv_freq(float(p["rope_theta"]), rotary_dim(config, layer_type)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv, scale = ROPE_INIT_FUNCTIONS[kind](copy.deepcopy(config), None, layer_type=layer_type)
+    return inv.float(), float(scale)
+
+
+# ---- masks and distances: plain functions of the query rows ---------------------------------------------------
+
+
+def _index(r0: int, r1: int, k_len: int, device=None) -> tuple["torch.Tensor", "torch.Tensor"]:
+    import torch
+
+    if not (0 <= r0 <= r1) or k_len < 0:
+        raise ValueError(f"rows [{r0}, {r1}) of {k_len} keys")
+    return (torch.arange(r0, r1, device=device)[:, None], torch.arange(k_len, device=device)[None, :])
+
+
+def relative_positions(r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor":
+    """``i - j`` for query rows ``[r0, r1)`` and every key: the distance RoPE's logit (q at i, k at j) depends on."""
+    i, j = _index(r0, r1, k_len, device)
+    return i - j
+
+
+def band_mask(r0: int, r1: int, k_len: int, window: int, sinks: int = 0, device=None) -> "torch.Tensor":
+    """Rows ``[r0, r1)`` of the bidirectional band ``|i - j| <= window``, plus the first ``sinks`` keys for every
+    row (bool ``[r1 - r0, k_len]``, True = attend). ``sinks = 0``: windowed attention; ``sinks > 0``: StreamingLLM's
+    and LM-Infinite's Lambda shape. Sinks are keys every row sees; the sink tokens' own rows keep their band."""
+    i, j = _index(r0, r1, k_len, device)
+    return ((i - j).abs() <= window) | (j < sinks)
+
+
+def capped_distances(r0: int, r1: int, k_len: int, cap: int, device=None) -> "torch.Tensor":
+    """ReRoPE's and LM-Infinite's distances: ``clip(i - j, -cap, cap)``: true within the cap, the cap beyond it."""
+    return relative_positions(r0, r1, k_len, device).clamp(-cap, cap)
+
+
+def cache_distances(r0: int, r1: int, k_len: int, window: int, sinks: int, device=None) -> "torch.Tensor":
+    """StreamingLLM's distances (Xiao et al. 2024, Sec. 3.2: positions within the cache, not the text).
+
+    The cache seen from row i holds the sinks and the band ``i - window .. i + window``, in text order; a
+    token's position is its rank there. Sink j outside the band is at rank j and the query at
+    ``min(sinks, i - window) + window``, so it is seen at distance ``min(i - j, window + sinks - j)``: the true
+    one while the band still overlaps the sinks, ``window + sinks - j`` once it has moved past them. Every
+    other key keeps its true distance (keys outside band and sinks are masked anyway)."""
+    import torch
+
+    rel = relative_positions(r0, r1, k_len, device)
+    j = torch.arange(k_len, device=device)[None, :]
+    far_sink = (j < sinks) & (rel.abs() > window)
+    return torch.where(far_sink, rel.sign() * torch.minimum(rel.abs(), window + sinks - j), rel)
+
+
+# ---- rotation and rectified logits ----------------------------------------------------------------------------
+
+
+def rotate(x: "torch.Tensor", positions: "torch.Tensor", inv_freq: "torch.Tensor",
+           scale: float = 1.0) -> "torch.Tensor":
+    """x rotated to ``positions`` the way transformers does it (``rotate_half``, angles ``pos x inv_freq`` in
+    float32, cos and sin times ``scale``): ``x [..., n, d]``, ``positions [n]`` (or a 0-d tensor for one position).
+
+    The same arithmetic as ``apply_rotary_pos_emb`` (tests/test_positions.py compares them), so a scheme that
+    rotates here gives the logits the model's own rotation would."""
+    import torch
+
+    d = x.shape[-1]
+    if 2 * inv_freq.numel() != d:
+        raise ValueError(f"{inv_freq.numel()} frequencies for a head of {d} (partial rotary is not supported)")
+    freqs = positions.to(x.device).float()[..., None] * inv_freq.to(device=x.device, dtype=torch.float32)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos() * scale, emb.sin() * scale
+    xf = x.float()
+    half = torch.cat((-xf[..., d // 2:], xf[..., : d // 2]), dim=-1)
+    return (xf * cos + half * sin).to(x.dtype)
+
+
+def rectified_logits(q0: "torch.Tensor", k0: "torch.Tensor", inv_freq: "torch.Tensor", distances: "torch.Tensor",
+                     r0: int, scale: float = 1.0, allowed: "torch.Tensor | None" = None,
+                     k_rotated: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """Logits of query rows ``[r0, r0 + distances.shape[0])`` at the given relative ``distances`` (float32).
+
+    ``q0`` ``[b, h, L_q, d]`` and ``k0`` ``[b, h, L_k, d]`` are *unrotated*. Where ``distances`` is the true
+    ``i - j`` the logit is plain RoPE's, rot(q_i, i) . rot(k_j, j); elsewhere it is rot(q_i, v) . k_j with
+    v = ``distances[i, j]`` (q at v, k at 0: the same relative distance). That costs one matmul for the true
+    logits and one per distinct capped value, on the columns where it occurs (ReRoPE: 2, +-w; StreamingLLM: one
+    per sink), and only where ``allowed`` (the scheme's mask) is True. ``scale``: the attention factor on cos and
+    sin (logits x scale^2). ``k_rotated``: rot(k0, j), when the caller has it for all blocks already.
+    """
+    import torch
+
+    rows = distances.shape[0]
+    qb = q0[:, :, r0:r0 + rows]
+    k_len = k0.shape[-2]
+    device = q0.device
+    distances = distances.to(device)
+    if k_rotated is None:
+        k_rotated = rotate(k0, torch.arange(k_len, device=device), inv_freq, scale)
+    q_rot = rotate(qb, torch.arange(r0, r0 + rows, device=device), inv_freq, scale)
+    out = torch.matmul(q_rot, k_rotated.transpose(-1, -2)).float()
+    moved = distances != relative_positions(r0, r0 + rows, k_len, device)
+    if allowed is not None:
+        moved &= allowed.to(device)
+    if not bool(moved.any()):
+        return out
+    for v in torch.unique(distances[moved]).tolist():
+        sel = moved & (distances == v)
+        cols = sel.any(0).nonzero().squeeze(1)
+        qv = rotate(qb, torch.tensor(v, device=device), inv_freq, scale)  # q at v, k at 0 (k0 times scale)
+        part = torch.matmul(qv, (k0[:, :, cols] * scale).transpose(-1, -2)).float()
+        out[..., cols] = torch.where(sel[:, cols], part, out[..., cols])
+    return out
+
+
+# ---- the registry ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One position scheme (see the module docstring).
+
+    ``changes``: which of :data:`FREQUENCIES`, :data:`DISTANCES`, :data:`MASK` it touches.
+    ``params``: the parameters it reads; ``defaults(L_tr)`` fills the ones a user leaves out.
+    ``rope``: ``(bound, the model's rope params of one layer type, d) -> (rope params, seq_len)``, the
+    parameters of a config copy whose transformers rope function gives its frequencies at this input
+    (:meth:`Bound.frequencies`); None: it keeps the model's.
+    ``mask``/``distances``: ``(bound, r0, r1, k_len, device) -> tensor`` for rows ``[r0, r1)``; None: none.
+    ``available``: False for schemes that need their own training, with ``reason``.
+    ``same_as``: in this encoder, at its defaults, it gives exactly that scheme's numbers (tables show one).
+    """
+
+    name: str
+    label: str
+    short: str
+    help: str
+    source: str
+    changes: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    defaults: Callable[[int], dict] = lambda train_length: {}
+    rope: Callable[["Bound", dict, int], tuple[dict, int | None]] | None = None
+    mask: Callable[..., "torch.Tensor"] | None = None
+    distances: Callable[..., "torch.Tensor"] | None = None
+    available: bool = True
+    reason: str = ""
+    same_as: str | None = None
+
+    def bind(self, train_length: int, length: int, **values: Any) -> "Bound":
+        """This scheme for a model trained at ``train_length`` on an input of ``length`` tokens; ``values``
+        override :attr:`defaults` (only names in :attr:`params`). :class:`UserError` for anything unusable."""
+        if not self.available:
+            raise UserError(f"Position scheme '{self.name}' is not available: {self.reason}")
+        if not (isinstance(train_length, int) and train_length >= 2 and isinstance(length, int) and length >= 1):
+            raise UserError(f"train_length must be a whole number >= 2 and length >= 1 (got {train_length}, {length})")
+        unknown = sorted(set(values) - set(self.params))
+        if unknown:
+            raise UserError(f"Position scheme '{self.name}' takes {', '.join(self.params) or 'no parameters'}; "
+                            f"not {', '.join(unknown)}")
+        given = {k: v for k, v in values.items() if v is not None}
+        return Bound(self, train_length, length, **{**self.defaults(train_length), **given})
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A scheme with its parameters fixed for one model (L_tr) and one input length L: what a pass applies.
+
+    ``factor``: s for PI / NTK / YaRN (None: fitted to the input, :func:`fitted_factor`), f for dynamic NTK.
+    ``window``: the band ``|i - j| <= window`` (masks) or ReRoPE's cap. ``sinks``: keys every row sees.
+    ``cap``: LM-Infinite's distance cap. ``attention_factor``: YaRN's cos/sin factor (None: 0.1 ln s + 1).
+    """
+
+    scheme: Scheme
+    train_length: int
+    length: int
+    factor: float | None = None
+    window: int | None = None
+    sinks: int = 0
+    cap: int | None = None
+    attention_factor: float | None = None
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __repr__(self) -> str:
+        keys = ("factor", "window", "sinks", "cap", "attention_factor")
+        set_ = ", ".join(f"{k}={getattr(self, k)!r}" for k in keys if k in self.scheme.params)
+        return f"Bound({self.name!r}, L_tr={self.train_length}, L={self.length}{', ' + set_ if set_ else ''})"
+
+    def __post_init__(self) -> None:
+        name = self.scheme.name
+        if self.factor is not None and not (math.isfinite(self.factor) and self.factor >= 1):
+            raise UserError(f"{name}: factor must be a number >= 1 (got {self.factor})")
+        for key in ("window", "sinks", "cap"):
+            v = getattr(self, key)
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise UserError(f"{name}: {key} must be a whole number >= 0 (got {v!r})")
+        if self.cap is not None and self.cap < 1:
+            raise UserError(f"{name}: cap must be at least 1")
+        a = self.attention_factor
+        if a is not None and not (math.isfinite(a) and a > 0):
+            raise UserError(f"{name}: attention_factor must be a positive number")
+
+    @property
+    def name(self) -> str:
+        return self.scheme.name
+
+    @property
+    def scale(self) -> float:
+        """s: the given factor, else L / L_tr (at least 1)."""
+        return self.factor if self.factor is not None else fitted_factor(self.train_length, self.length)
+
+    @property
+    def rectified(self) -> bool:
+        """Whether some logit is computed at a distance other than the true one (needs unrotated q and k)."""
+        return DISTANCES in self.scheme.changes
+
+    # -- frequencies --
+    def rope_parameters(self, config: Any, layer_type: str | None) -> tuple[dict, int | None]:
+        """``(rope params, seq_len)`` of one layer type for :func:`configured` and transformers' function."""
+        base = rope_params(config, layer_type)
+        if self.scheme.rope is None:
+            return base, None
+        return self.scheme.rope(self, base, rotary_dim(config, layer_type))
+
+    def frequencies(self, config: Any, layer_type: str | None) -> tuple["torch.Tensor", float]:
+        """``(inv_freq, attention factor)`` this scheme gives one layer type of ``config`` at this input:
+        transformers' own rope function on :func:`configured`'s copy (the plain formula for ``default``)."""
+        key = (id(config), layer_type)
+        if key not in self._cache:
+            if self.scheme.rope is None:
+                self._cache[key] = model_frequencies(config, layer_type)
+            else:
+                params, seq_len = self.rope_parameters(config, layer_type)
+                cfg = configured(config, self)
+                kind = params.get("rope_type", DEFAULT_ROPE)
+                if kind == DEFAULT_ROPE:
+                    out = default_inv_freq(float(params["rope_theta"]), rotary_dim(cfg, layer_type)), 1.0
+                else:
+                    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+                    inv, a = ROPE_INIT_FUNCTIONS[kind](cfg, None, seq_len=seq_len, layer_type=layer_type)
+                    out = inv.float(), float(a)
+                self._cache[key] = out
+        return self._cache[key]
+
+    def model_rotation(self, config: Any, layer_type: str | None) -> tuple["torch.Tensor", float] | None:
+        """What the model's rotary module should use during the pass: the scheme's frequencies, zeros (no
+        rotation: the attention function rotates, :func:`rectified_logits`) for a rectified scheme, or None
+        (leave it) when the scheme keeps the model's frequencies."""
+        if self.rectified:
+            inv, _ = model_frequencies(config, layer_type)
+            return inv.new_zeros(inv.shape), 1.0
+        if FREQUENCIES in self.scheme.changes:
+            return self.frequencies(config, layer_type)
+        return None
+
+    # -- masks and distances --
+    def mask_rows(self, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor | None":
+        """The scheme's mask for query rows ``[r0, r1)`` (bool ``[r1 - r0, k_len]``, True = attend), or None."""
+        return None if self.scheme.mask is None else self.scheme.mask(self, r0, r1, k_len, device)
+
+    def mask(self, q_len: int, k_len: int, device=None) -> "torch.Tensor | None":
+        """The whole mask ``[q_len, k_len]``: for small inputs and drawings only (a pass uses :meth:`mask_rows`)."""
+        return self.mask_rows(0, q_len, k_len, device)
+
+    def capped_positions(self, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor | None":
+        """Relative distances ``[r1 - r0, k_len]`` the logits of rows ``[r0, r1)`` use, or None: the true ones."""
+        return None if self.scheme.distances is None else self.scheme.distances(self, r0, r1, k_len, device)
+
+
+def configured(config: Any, bound: Bound) -> Any:
+    """A deep copy of ``config`` whose ``rope_parameters`` are the scheme's for every layer type (and, for dynamic
+    NTK, ``max_position_embeddings = L_tr``, the length transformers' formula divides by). The model's own config
+    is never touched; a model built from this copy has the scheme's frequencies (for a fixed factor)."""
+    cfg = copy.deepcopy(config)
+    types = layer_types(config)
+    new = {lt: bound.rope_parameters(config, lt)[0] for lt in types}
+    cfg.rope_parameters = new[None] if types == [None] else {**cfg.rope_parameters, **new}
+    if any(p.get("rope_type") == rope_type_of("_compute_dynamic_ntk_parameters") for p in new.values()):
+        cfg.max_position_embeddings = bound.train_length
+    return cfg
+
+
+def _pi(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
+    return {**base, "rope_type": rope_type_of("_compute_linear_scaling_rope_parameters"), "factor": b.scale}, None
+
+
+def _ntk(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
+    return {**base, "rope_type": DEFAULT_ROPE, "rope_theta": ntk_theta(float(base["rope_theta"]), dim, b.scale)}, None
+
+
+def _dynamic(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
+    return ({**base, "rope_type": rope_type_of("_compute_dynamic_ntk_parameters"), "factor": float(b.factor or 1.0)},
+            b.length)
+
+
+def _yarn(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
+    params = {**base, "rope_type": rope_type_of("_compute_yarn_parameters"), "factor": b.scale,
+              "original_max_position_embeddings": b.train_length, "beta_fast": BETA_FAST, "beta_slow": BETA_SLOW}
+    if b.attention_factor is not None:
+        params["attention_factor"] = b.attention_factor
+    return params, None
+
+
+def _band(b: Bound, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor":
+    return band_mask(r0, r1, k_len, b.window, b.sinks, device)
+
+
+REGISTRY: dict[str, Scheme] = {s.name: s for s in (
+    Scheme("none", "plain RoPE", "RoPE",
+           "The model as trained: every position rotated by its index, whatever the length.",
+           "Su et al. (2021), RoFormer"),
+    Scheme("pi", "position interpolation (PI)", "PI",
+           "Positions scaled by L_tr / L (angles divided by s = L / L_tr), so every position falls inside the "
+           "trained range; distances shrink by s.",
+           "Chen et al. (2023), arXiv:2306.15595; transformers' rope_type 'linear'",
+           changes=(FREQUENCIES,), params=("factor",), rope=_pi),
+    Scheme("ntk", "NTK-aware scaling", "NTK",
+           "Base theta x s^(d/(d-2)): high frequencies almost unchanged (extrapolated), the lowest divided by s "
+           "(interpolated).",
+           "bloc97 (2023), 'NTK-Aware Scaled RoPE'; plain RoPE with a larger rope_theta in transformers",
+           changes=(FREQUENCIES,), params=("factor",), rope=_ntk),
+    Scheme("dynamic-ntk", "dynamic NTK", "dyn. NTK",
+           "NTK-aware with the base recomputed from the input's length: theta x (f L / L_tr - (f - 1))^(d/(d-2)). "
+           "With f = 1 in this encoder it equals NTK fitted to the input.",
+           "emozilla (2023); transformers' rope_type 'dynamic'",
+           changes=(FREQUENCIES,), params=("factor",), rope=_dynamic, same_as="ntk"),
+    Scheme("yarn-rope", "YaRN frequencies", "YaRN RoPE",
+           f"NTK-by-parts: a ramp over dimensions between extrapolation (turning more than beta_fast = "
+           f"{BETA_FAST:g} times over L_tr) and interpolation by s (under beta_slow = {BETA_SLOW:g}), plus YaRN's "
+           "attention factor 0.1 ln s + 1 on cos and sin (logits x its square). The temperature method of the "
+           "same paper is the factor alone: set attention_factor=1 to combine the two without counting it twice.",
+           "Peng et al. (2023), arXiv:2309.00071; transformers' YaRN rope_type",
+           changes=(FREQUENCIES,), params=("factor", "attention_factor"), rope=_yarn),
+    Scheme("rerope", "ReRoPE (distances capped at w)", "ReRoPE",
+           "Logits within the window use the true relative position; beyond it, the window's: "
+           "distance clip(i - j, -w, w). Needs two sets of logits (true and capped) from unrotated q and k.",
+           "Su (2023), github.com/bojone/rerope (causal; here capped on both sides)",
+           changes=(DISTANCES,), params=("window",), defaults=lambda lt: {"window": lt // 2},
+           distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.window, dev)),
+    Scheme("window", "windowed attention", "window",
+           "Each token attends only to keys within |i - j| <= w (default L_tr - 1: every distance seen in "
+           "training and none other).",
+           "Su (2023); the paper's 'Windowed Attention' (window = L_tr)",
+           changes=(MASK,), params=("window",), defaults=lambda lt: {"window": lt - 1}, mask=_band),
+    Scheme("streaming-llm", "StreamingLLM (sinks + window)", "StreamingLLM",
+           "The first k tokens (attention sinks, k = 4) are visible to every row, plus the band |i - j| <= w; "
+           "positions as in its cache: a sink beyond the band is seen at distance w + k - j (default "
+           "w = L_tr - 1 - k, so no distance exceeds L_tr - 1).",
+           "Xiao et al. (2024), ICLR, arXiv:2309.17453",
+           changes=(MASK, DISTANCES), params=("window", "sinks"),
+           defaults=lambda lt: {"sinks": 4, "window": max(0, lt - 1 - 4)}, mask=_band,
+           distances=lambda b, r0, r1, k, dev=None: cache_distances(r0, r1, k, b.window, b.sinks, dev)),
+    Scheme("lm-infinite", "LM-Infinite (Lambda mask + distance cap)", "LM-Infinite",
+           "A Lambda-shaped mask (the first k = 5 tokens and the band |i - j| <= w) and every distance capped at "
+           "L_tr - 1 (clip(i - j, -cap, cap)), so the sinks are seen at the largest distance trained.",
+           "Han et al. (2024), NAACL, arXiv:2308.16137",
+           changes=(MASK, DISTANCES), params=("window", "sinks", "cap"),
+           defaults=lambda lt: {"sinks": 5, "window": lt - 1, "cap": lt - 1}, mask=_band,
+           distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.cap, dev)),
+    Scheme("alibi", "ALiBi", "ALiBi",
+           "Linear distance biases instead of rotations.", "Press et al. (2022), ICLR",
+           available=False,
+           reason="it replaces RoPE with linear biases, so it needs a model trained with ALiBi (the paper trained "
+                  "one); a RoPE model cannot switch to it at inference"),
+    Scheme("pose", "PoSE", "PoSE",
+           "Positional skip-wise training: short windows with position ids skipped to cover a long range.",
+           "Zhu et al. (2024), ICLR, arXiv:2309.10400",
+           available=False,
+           reason="it is a training recipe (position ids skipped during fine-tuning), not an inference-time change; "
+                  "it needs a model fine-tuned with it"),
+)}
+
+#: Every scheme a user can name, in the order menus show them (unavailable ones included, marked).
+NAMES: tuple[str, ...] = tuple(REGISTRY)
+#: The schemes a pass can apply.
+AVAILABLE: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.available)
+#: The model as trained.
+PLAIN: str = next(n for n, s in REGISTRY.items() if s.available and not s.changes)
+
+
+def get(name: str) -> Scheme:
+    """The registry entry, or a :class:`UserError` listing the names (an unavailable one is returned: ask it)."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise UserError(f"Unknown position scheme '{name}'; choose from {', '.join(AVAILABLE)}") from None
+
+
+def bind(name: str, train_length: int, length: int, **values: Any) -> Bound:
+    """``get(name).bind(...)``: the scheme ready for one pass (unavailable ones raise, saying why)."""
+    return get(name).bind(train_length, length, **values)
+
+
+def unavailable() -> dict[str, str]:
+    """Each scheme that cannot run here, and why (for lists, the CLI's help and the docs)."""
+    return {n: s.reason for n, s in REGISTRY.items() if not s.available}
+
+
+# ---- applying frequencies to a loaded model ------------------------------------------------------------------
+
+
+def rotary_modules(model: Any) -> list[Any]:
+    """The model's rotary embedding modules (transformers' ``*RotaryEmbedding``, holding ``*inv_freq`` buffers)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "rope_type")]
+
+
+@contextlib.contextmanager
+def rotary_override(model: Any, bound: Bound) -> Iterator[None]:
+    """For the duration of one pass, each rotary module rotates as ``bound`` says (:meth:`Bound.model_rotation`):
+    its ``{layer_type}_inv_freq`` buffer is overwritten in place and its ``attention_scaling`` set, its
+    ``rope_type`` pinned to ``default`` (so transformers' dynamic update, which keeps the longest length it has
+    seen, cannot change them mid-pass); everything is put back on exit, even after an error.
+
+    The model is shared state: call it inside the process's pass gate (one pass at a time), as the app does."""
+    import torch
+
+    saved: list[tuple[Any, str, str, torch.Tensor, float, Any]] = []
+    try:
+        for module in rotary_modules(model):
+            per_type = isinstance(module.rope_type, dict)
+            for lt in (sorted(module.rope_type) if per_type else [None]):
+                rotation = bound.model_rotation(module.config, lt)
+                if rotation is None:
+                    continue
+                prefix = f"{lt}_" if lt is not None else ""
+                buf = getattr(module, f"{prefix}inv_freq")
+                saved.append((module, prefix, lt, buf.detach().clone(), getattr(module, f"{prefix}attention_scaling"),
+                              module.rope_type[lt] if per_type else module.rope_type))
+                with torch.no_grad():
+                    buf.copy_(rotation[0].to(buf.device, buf.dtype))
+                setattr(module, f"{prefix}attention_scaling", rotation[1])
+                if per_type:
+                    module.rope_type[lt] = DEFAULT_ROPE
+                else:
+                    module.rope_type = DEFAULT_ROPE
+        yield
+    finally:
+        for module, prefix, lt, inv, scaling, kind in reversed(saved):
+            with torch.no_grad():
+                getattr(module, f"{prefix}inv_freq").copy_(inv)
+            setattr(module, f"{prefix}attention_scaling", scaling)
+            if lt is not None:
+                module.rope_type[lt] = kind
+            else:
+                module.rope_type = kind
