@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from core import models
 
 from conftest import app_error_text, app_model_of, app_ok, concurrent_sessions
-from test_models_hardening import PROXY_VARS, SilentHub
+from test_models_hardening import hub_env, silent_hub  # noqa: F401 (fixtures: a fresh hub cache, a silent hub)
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 TIMEOUT = 120
@@ -29,17 +28,9 @@ app_model = app_model_of("stalled-hub-t5")
 
 
 @pytest.fixture
-def stalled(monkeypatch, tmp_path):
-    for v in PROXY_VARS + ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(models, "_REACH", {})
-    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+def stalled(silent_hub, monkeypatch):
     monkeypatch.setattr(models, "HUB_WAIT_S", WAIT_S)
-    hub = SilentHub()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.port}")
-    yield hub
-    hub.close()
+    return silent_hub
 
 
 def test_a_stalled_hub_holds_up_neither_its_session_past_the_bound_nor_another_session(env, stalled, monkeypatch):
