@@ -1,4 +1,4 @@
-"""Put a chosen tau on a T5-family model you already hold, for your own ``generate`` calls.
+"""Put a chosen tau on a T5-family or ModernBERT model you already hold, for your own ``generate`` or forward calls.
 
 Two ways:
 
@@ -48,8 +48,12 @@ transformers 5.23 that is ``model_type`` ``t5``, ``mt5`` and ``umt5``: the
 ``*ForQuestionAnswering`` classes of T5, MT5 and UMT5 (Flan-T5, T5 v1.1 /
 LM-adapted, CodeT5+ 220m/770m, mT5, umT5 checkpoints load as these). UMT5
 has its own bias in every layer; the schedule applies to each layer's
-logits the same way. Anything else (BART, GPT-2, LongT5's local attention,
-encoder-only BERTs, ...) is refused with a :class:`core.errors.UserError`.
+logits the same way. Rotary encoders of ``model_type`` ``modernbert``
+(``ModernBertModel``, ``*ForMaskedLM``, ``*ForSequenceClassification``,
+``*ForTokenClassification``, ``*ForQuestionAnswering``) run through the same
+attention function: they have encoder self-attention only, so a schedule
+targets it alone. Anything else (BART, GPT-2, LongT5's local attention,
+other encoder-only BERTs, ...) is refused with a :class:`core.errors.UserError`.
 
 What is *not* done here: re-resolving a length-dependent method (log-length,
 InfoScale, Algorithm 1, Prop. 1/2, per-layer) at your inputs' length. The
@@ -68,22 +72,23 @@ from pathlib import Path
 import torch
 
 from core import attention
-from core.attention import AttentionSettings, attention_call, attention_modules
+from core.attention import AttentionSettings, attention_call, attention_modules, family_of
 from core.errors import UserError
 from core.kinds import ENCODER, KINDS
 from core.schedule import Schedule
 from core.settings import Settings
 from core.validation import Bytes, Positive, validate
 
-#: transformers ``model_type`` values whose attention we can take over.
-SUPPORTED_TYPES = ("t5", "mt5", "umt5")
+#: transformers ``model_type`` values whose attention we can take over (every family of core.attention.FAMILIES).
+SUPPORTED_TYPES = tuple(t for types in attention.FAMILIES.values() for t in types)
 #: The model classes that work (per supported type), for messages and docs.
 SUPPORTED_CLASSES = tuple(
     f"{p}{c}"
     for p in ("T5", "MT5", "UMT5")
     for c in ("ForConditionalGeneration", "EncoderModel", "Model", "ForSequenceClassification",
               "ForTokenClassification", "ForQuestionAnswering")
-)
+) + tuple(f"ModernBert{c}" for c in ("ForMaskedLM", "Model", "ForSequenceClassification", "ForTokenClassification",
+                                       "ForQuestionAnswering"))
 #: Attribute on the *model* holding its :class:`_Hold` (what to restore, and who still needs our attention).
 _HOLD_ATTR = "_aligned_hold"
 #: Guards every model's :class:`_Hold` (its creation, its counts, the switch and the restore): blocks opened and
@@ -98,15 +103,17 @@ _OPEN: contextvars.ContextVar[tuple] = contextvars.ContextVar("aligned_apply_blo
 # -- checks and settings ---------------------------------------------------------
 
 def check_supported(model) -> None:
-    """Raise :class:`UserError` unless ``model`` is a T5/MT5/UMT5 model whose attention we can take over."""
+    """Raise :class:`UserError` unless ``model`` is a T5/MT5/UMT5 or ModernBERT model whose attention we can take over."""
     name = type(model).__name__
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    works = ", ".join(SUPPORTED_CLASSES[:3] + SUPPORTED_CLASSES[6:9] + SUPPORTED_CLASSES[12:15])
+    works = ", ".join(SUPPORTED_CLASSES[:3] + SUPPORTED_CLASSES[6:9] + SUPPORTED_CLASSES[12:15]
+                      + SUPPORTED_CLASSES[18:20])
     if not isinstance(model, torch.nn.Module) or model_type not in SUPPORTED_TYPES:
         raise UserError(
             f"core.apply does not support {name} (model_type {model_type!r}): the temperature method needs "
-            f"T5's relative-position-bias attention. It works with model_type {', '.join(SUPPORTED_TYPES)}: "
+            f"an attention that runs through ours (T5's relative-position bias, or a ModernBERT rotary encoder). "
+            f"It works with model_type {', '.join(SUPPORTED_TYPES)}: "
             f"{works} (and their sequence/token classification and QA heads)."
         )
     if not hasattr(model, "set_attn_implementation") or not type(model)._can_set_attn_implementation():
@@ -114,7 +121,10 @@ def check_supported(model) -> None:
 
 
 def _n_layers_heads(model) -> tuple[int, int, int]:
+    """(encoder layers, decoder layers, heads); a rotary encoder has no decoder (its count is the encoder's)."""
     c = model.config
+    if family_of(c.model_type) == attention.ROPE:
+        return int(c.num_hidden_layers), int(c.num_hidden_layers), int(c.num_attention_heads)
     enc = int(c.num_layers)
     dec = int(getattr(c, "num_decoder_layers", None) or enc)
     return enc, dec, int(c.num_heads)
@@ -155,6 +165,8 @@ def attention_settings(
     bad = [t for t in targets if t not in KINDS]
     if bad:
         raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(KINDS)}")
+    if family_of(model.config.model_type) == attention.ROPE and any(t != ENCODER for t in targets):
+        raise UserError(f"{type(model).__name__} has encoder self-attention only: targets can only be {ENCODER!r}")
     enc, dec, heads = _n_layers_heads(model)
     try:
         schedule = Schedule.of(value)  # the one check of a tau (a Settings' is one already)

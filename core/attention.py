@@ -1,4 +1,4 @@
-"""The one attention function every T5 attention runs through.
+"""The one attention function every T5 and ModernBERT attention runs through.
 
 Registered with transformers' ``AttentionInterface`` under the name
 ``"aligned"`` (and a matching entry in ``AttentionMaskInterface`` so the model
@@ -25,6 +25,12 @@ mask, an exact rewriting that is several times faster on long inputs.
 A caller passing ``output_attentions=True`` (BertViz and friends) also needs
 them: that pass takes the blocked path and gets the whole weights back, up to
 :data:`MAX_WEIGHT_BYTES`.
+
+The second family, rotary encoders (``model_type`` ``modernbert``, :data:`FAMILIES`), calls the
+same function: ModernBERT applies its rotary embedding to q and k before the call, passes its own
+``scaling`` (1/sqrt(head dim)) and no ``position_bias``, and its ``sliding_window`` kwarg is only a
+hint for flash kernels (the window itself arrives in the boolean mask built by our mask function),
+so nothing here depends on the family but :func:`attention_modules` and :func:`layer_count`.
 
 Why chunked: T5 adds a learned bias to q.k, so fused kernels that never
 materialise probabilities cannot give us Pmax/entropy. We therefore compute
@@ -159,13 +165,33 @@ def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
     return stop
 
 
+#: The model families whose attention modules call :func:`aligned_attention`, by transformers ``model_type``:
+#: T5's learned relative bias, and bidirectional rotary encoders with a masked-LM head (ModernBERT: its
+#: attention goes through ``AttentionInterface``, one fused q/k/v projection, as many key as query heads).
+FAMILIES: dict[str, tuple[str, ...]] = {"t5": ("t5", "mt5", "umt5"), "rope": ("modernbert",)}
+T5, ROPE = "t5", "rope"
+
+
+def family_of(model_type: object) -> str | None:
+    """The family (:data:`FAMILIES`) of a transformers ``model_type``, None when we cannot run it."""
+    return next((f for f, types in FAMILIES.items() if model_type in types), None)
+
+
+def layer_count(config: object) -> int:
+    """Encoder layers a config declares: T5's ``num_layers``, else ``num_hidden_layers`` (ModernBERT), else 1."""
+    n = getattr(config, "num_layers", None) if family_of(getattr(config, "model_type", None)) == T5 else None
+    return int(n or getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None) or 1)
+
+
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The T5-family attention modules of ``model``: the ones that call this function, and hold a standing call."""
+    """The attention modules of ``model`` that call this function (T5-family and ModernBERT), and hold a standing call."""
+    from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
     from transformers.models.mt5.modeling_mt5 import MT5Attention
     from transformers.models.t5.modeling_t5 import T5Attention
     from transformers.models.umt5.modeling_umt5 import UMT5Attention
 
-    return [m for m in model.modules() if isinstance(m, (T5Attention, MT5Attention, UMT5Attention))]
+    kinds = (T5Attention, MT5Attention, UMT5Attention, ModernBertAttention)
+    return [m for m in model.modules() if isinstance(m, kinds)]
 
 
 @contextlib.contextmanager
@@ -183,7 +209,8 @@ def attention_call(settings: AttentionSettings | None = None, recorder: "Recorde
 
 
 def attention_kind(module: torch.nn.Module) -> str:
-    """Which attention a T5-family attention module is: encoder, decoder self, or cross."""
+    """Which attention a module is: encoder, decoder self, or cross (T5's ``is_decoder``/``is_causal``;
+    a ModernBERT attention has no ``is_decoder`` and ``is_causal`` False: encoder self-attention)."""
     if not getattr(module, "is_decoder", False):
         return ENCODER
     return DECODER if getattr(module, "is_causal", False) else CROSS
@@ -227,10 +254,10 @@ def _chunk_rows(batch: int, heads: int, q_len: int, k_len: int, budget: int) -> 
 def _check_weight_size(module: torch.nn.Module, kind: str, batch: int, heads: int, q_len: int, k_len: int) -> None:
     """Refuse ``output_attentions=True`` past :data:`MAX_WEIGHT_BYTES`, before anything is computed.
 
-    Counted per kind of attention over the stack's layers (``config.num_layers``: T5 gives the decoder
+    Counted per kind of attention over the stack's layers (:func:`layer_count`: T5 gives the decoder
     stack its own config), because transformers keeps every layer's weights until the pass returns;
     the first layer raises, so nothing large is allocated first. One line, naming the length that fits."""
-    layers = int(getattr(getattr(module, "config", None), "num_layers", 1) or 1)
+    layers = layer_count(getattr(module, "config", None))
     n = batch * heads * q_len * k_len * layers
     limit = MAX_WEIGHT_BYTES // 4
     if n <= limit:
@@ -331,8 +358,10 @@ def aligned_attention(
         budget = GRAD_CHUNK_BYTES if torch.is_grad_enabled() else default_chunk_bytes(query.device)
     step = _chunk_rows(batch, heads, q_len, k_len, budget)
     if recorder is None and not causal and not (dropout and module.training) and not want_weights:
-        # Nobody needs the probabilities: let torch's fused kernel do the softmax.
-        return _fused(query, key, value, attention_mask, position_bias, tau, step), None
+        # Nobody needs the probabilities: let torch's fused kernel do the softmax. With no bias and no mask
+        # (a rotary encoder on an unpadded batch) there is nothing L x L to bound: one call, no blocks.
+        whole = position_bias is None and attention_mask is None
+        return _fused(query, key, value, attention_mask, position_bias, tau, q_len if whole else step), None
     keyT = key.transpose(-1, -2)
     weights: list[torch.Tensor] | None = [] if want_weights else None  # blocks of probabilities, when asked for
     if recorder is not None and not (dropout and module.training):

@@ -1,4 +1,4 @@
-"""``python -m core run | calibrate | sweep | perplexity | rpe | train``: the headless contract.
+"""``python -m core run | calibrate | sweep | perplexity | mlm | rpe | train``: the headless contract.
 
 Exit status 0 on success; 2 with one line ``error: ...`` on stderr for
 anything the user can fix (unknown model, empty text, a bad option or
@@ -221,6 +221,23 @@ def _parser() -> argparse.ArgumentParser:
     pp.add_argument("--out", help="CSV written row by row (one row per length x method)")
     pp.add_argument("--resume", action="store_true", help="skip rows already in --out")
     pp.add_argument("--json", action="store_true", help="print one JSON object with the rows")
+    ml = sub.add_parser("mlm", help="masked-token accuracy and perplexity over lengths x methods (rotary masked-LM "
+                                    "models; the InfoScale paper's Table 1)")
+    _model_options(ml)
+    ml.add_argument("--device", type=_device, help="cpu | cuda | cuda:N | auto")
+    ml.add_argument("--dtype", type=_dtype, help="float32 | bfloat16 | auto (default: bfloat16 on CUDA, float32 on the CPU)")
+    ml.add_argument("--lengths", type=_comma_list(_length_item, "--lengths"), default=None,
+                    help="comma list of lengths in tokens, or multiples like 1x,2x,4x of L_tr (default 1x..64x)")
+    ml.add_argument("--methods", type=_methods, default=None,
+                    help=f"comma list of method names and/or fixed taus, tau=0.8 (default: {','.join(methods.SWEEP_DEFAULT)})")
+    ml.add_argument("--sequences", type=_sequences, default=32, help="held-out sequences per length (default 32)")
+    ml.add_argument("--seed", type=_seed, default=0, help="first sequence seed (seeds seed .. seed + sequences - 1); "
+                                                          "it also draws each sequence's masked positions")
+    ml.add_argument("--calib-seed", type=_seed, default=100_000, help="first seed of the calibration sequences")
+    ml.add_argument("--samples", type=_samples, default=1, help="calibration sequences for measured methods")
+    ml.add_argument("--batch-size", type=_batch_size, default=8, help="sequences per forward pass")
+    ml.add_argument("--cosine-scale", type=_positive, help="CosScale s for cosine-attention models (default: the trained s)")
+    ml.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     _model_options(rp)
     rp.add_argument("--query", type=_position, default=None, help="query position m (default: L_tr // 2)")
@@ -599,6 +616,46 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+#: ``mlm``'s default lengths: the paper's 1x .. 64x L_tr.
+MLM_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def cmd_mlm(args) -> int:
+    from tqdm import tqdm
+
+    from core import mlm
+
+    loaded = _load(args.model, args.train_length, args.device, args.tokenizer, args.dtype)
+    names = args.methods.split(",") if args.methods else list(methods.SWEEP_DEFAULT)
+    lengths = _lengths(args.lengths or [(k, True) for k in MLM_LENGTHS], loaded.train_length)
+    plan = mlm.MlmPlan(lengths=lengths, methods=names, sequences=args.sequences, seed=args.seed,
+                       calib_seed=args.calib_seed, calib_samples=args.samples, batch_size=args.batch_size,
+                       cosine_scale=args.cosine_scale).validated()
+    mlm.check_model(loaded, plan)
+    _check_fits(loaded, max(lengths), "--lengths asks for sequences of", batch=min(args.batch_size, args.sequences))
+    _check_reference(loaded, names, args.samples)
+    bars: list = []
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc="mlm (sequences)", file=sys.stderr))
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        rows = mlm.run_mlm(loaded, plan, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    if args.json:
+        print(json.dumps(mlm.summary(loaded, plan, rows)))
+    else:
+        for r in rows:
+            print(f"{r['tokens']:>7,} tokens  {r['method']:>16}  tau {r['tau']:.4f}  accuracy {r['accuracy']:.4f}  "
+                  f"perplexity {r['perplexity']:.3f}  ({r['masked']} masked)")
+    return 0
+
+
 def cmd_rpe(args) -> int:
     import pandas as pd
 
@@ -650,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             return train_main(argv[1:])
         args = prepare(argv)
         commands = {"run": cmd_run, "calibrate": cmd_calibrate, "sweep": cmd_sweep, "perplexity": cmd_perplexity,
-                    "rpe": cmd_rpe}
+                    "mlm": cmd_mlm, "rpe": cmd_rpe}
         return commands[args.cmd](args)
     except (UserError, ValueError) as err:
         return _fail(str(err))

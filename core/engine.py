@@ -296,18 +296,24 @@ def decoder_cache() -> EncoderDecoderCache:
 _CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
 
+def padded(loaded: Loaded, sequences: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id arrays as one right-padded batch on the model's device: ``(ids, mask)``, mask 1 on real tokens;
+    refused first (:func:`check_length`) when the batch cannot fit this machine now."""
+    n = max(len(s) for s in sequences)
+    check_length(loaded, n, len(sequences))
+    ids = torch.full((len(sequences), n), loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
+    mask = torch.zeros((len(sequences), n), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids.to(loaded.device), mask.to(loaded.device)
+
+
 @torch.inference_mode()
 def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], settings: RunSettings) -> list[Result]:
     """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
-    n = max(e.n for e in encs)
-    check_length(loaded, n, len(encs))
-    pad = loaded.tokenizer.pad_token_id or 0
-    ids = torch.full((len(encs), n), pad, dtype=torch.long)
-    mask = torch.zeros((len(encs), n), dtype=torch.long)
-    for i, e in enumerate(encs):
-        ids[i, : e.n] = torch.from_numpy(e.input_ids)
-        mask[i, : e.n] = 1
-    ids, mask = ids.to(loaded.device), mask.to(loaded.device)
+    ids, mask = padded(loaded, [e.input_ids for e in encs])
+    n = ids.shape[1]
     try:  # refuse a schedule that does not fit the model before any pass
         tau_values = settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
     except ValueError as err:
@@ -321,7 +327,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
 
     t0 = time.perf_counter()
     with attention_call(attn, recorder):
-        hidden = loaded.model.get_encoder()(input_ids=ids, attention_mask=enc_mask).last_hidden_state
+        hidden = loaded.encoder(input_ids=ids, attention_mask=enc_mask).last_hidden_state
     bad_layers = recorder.nonfinite(ENCODER) if recorder is not None else []
     if bad_layers or not bool(torch.isfinite(hidden).all()):
         where = f" (encoder layer(s) {bad_layers})" if bad_layers else ""
@@ -336,7 +342,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     t1 = time.perf_counter()
     # Decoder and cross-attention probes ride along with generation, one answer row per step.
     listening = recorder if recorder is not None and settings.probes.asks(DECODER, CROSS) else None
-    if settings.generate:
+    if settings.generate and loaded.seq2seq:  # a masked-LM encoder has no decoder: its pass is stats only
         with attention_call(attn, listening):
             out = loaded.model.generate(
                 encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
@@ -349,16 +355,16 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
         answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
         pieces = [_pieces(loaded.tokenizer, row) for row in out[:, 1:].tolist()]
     record = recorder.finish() if recorder is not None else None
-    nll = _continuation_nll(loaded, docs, hidden, mask, attn)
+    nll = _continuation_nll(loaded, docs, hidden, mask, attn) if loaded.seq2seq else None
     t_gen = time.perf_counter() - t1
     for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.timing)
         timing.record(timing.model_key(loaded), e.n, t_enc / len(encs))
-        if settings.generate:
+        if settings.generate and loaded.seq2seq:
             timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
 
     results = []
     for i, (doc, enc) in enumerate(zip(docs, encs)):
-        scored = settings.generate and doc.expected and doc.task != tasks.LM
+        scored = settings.generate and loaded.seq2seq and doc.expected and doc.task != tasks.LM
         sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
         rec = record if (record is None or len(encs) == 1) else record.item(i)
         results.append(

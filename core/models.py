@@ -1,4 +1,4 @@
-"""Which models we know, and loading any T5-family model with our attention.
+"""Which models we know, and loading any T5-family or rotary (ModernBERT) model with our attention.
 
 ``load(spec)`` accepts a registry name (``flan-t5-base``), a hub id
 (``google/flan-t5-base``) or a local folder, loads safetensors only with
@@ -41,6 +41,16 @@ unexpected. A mismatch is one line, checked on the safetensors headers and an
 empty (meta-device) model before any memory is spent; transformers' own
 multi-line load report never reaches stderr.
 
+Two families (:data:`core.attention.FAMILIES`): T5's encoder-decoder with a learned relative
+bias (``AutoModelForSeq2SeqLM``), and bidirectional rotary encoders with a masked-LM head
+(``model_type`` ``modernbert``, ``AutoModelForMaskedLM``; ``Loaded.family`` "rope"). Why
+ModernBERT among transformers' rotary encoders: its attention goes through ``AttentionInterface``
+(RoFormer computes its softmax inline and cannot be handed our attention), keys have as many heads
+as queries (EuroBERT's grouped keys would need repeating first), it has a masked-LM head, and its
+config holds transformers' ``rope_parameters``, where position schemes (PI, NTK, YaRN) live. Both
+families pass the same checks: safetensors only, the config against the weights, the tokenizer
+(a rotary encoder's must also have a mask token).
+
 Device policy: CUDA with bfloat16 when a GPU is present (T5 overflows to NaN
 in float16), otherwise CPU with float32.
 
@@ -81,7 +91,8 @@ from core.errors import ModelLoadError, UserError
 from core.validation import Str, TrainLength, one_line, read_json, validate
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
-T5_FAMILY = ("t5", "mt5", "umt5")
+T5_FAMILY = attention.FAMILIES[attention.T5]
+ROPE_FAMILY = attention.FAMILIES[attention.ROPE]
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,10 @@ def _folder_train_length(path: Path) -> int | None:
         return None
     raw = read_json(config, "Model config")
     lt = raw.get("n_positions") if isinstance(raw, dict) else None
+    if lt is None and isinstance(raw, dict) and raw.get("model_type") in ROPE_FAMILY:
+        # a rotary encoder's positions are not learned: the longest it was trained at is its max_position_embeddings
+        lt = raw.get("max_position_embeddings")
+        return None if lt is None else validate(TrainLength, lt, f"Model config {config}: max_position_embeddings")
     return None if lt is None else validate(TrainLength, lt, f"Model config {config}: n_positions")
 
 
@@ -595,16 +610,34 @@ class Loaded:
         return self.spec.train_length
 
     @property
+    def family(self) -> str:
+        """``"t5"`` (relative bias, encoder-decoder) or ``"rope"`` (rotary encoder, masked-LM head): what the
+        engine, the views and :mod:`core.mlm` branch on."""
+        return attention.family_of(self.config.model_type) or attention.T5
+
+    @property
+    def seq2seq(self) -> bool:
+        """Has a decoder that generates answers (T5); a rotary encoder only fills masked tokens."""
+        return self.family == attention.T5
+
+    @property
+    def encoder(self) -> torch.nn.Module:
+        """The module whose forward gives ``last_hidden_state`` of the document: T5's encoder stack, a masked-LM
+        model's base model (``get_encoder()`` returns the masked-LM model itself, whose output has no hidden states)."""
+        return self.model.get_encoder() if self.seq2seq else self.model.base_model
+
+    @property
     def n_layers(self) -> int:
-        return int(self.config.num_layers)
+        return int(self.config.num_layers) if self.seq2seq else int(self.config.num_hidden_layers)
 
     @property
     def n_heads(self) -> int:
-        return int(self.config.num_heads)
+        return int(self.config.num_heads) if self.seq2seq else int(self.config.num_attention_heads)
 
     @property
     def d_kv(self) -> int:
-        return int(self.config.d_kv)
+        """Head dimension (InfoScale's d): T5's ``d_kv``; ModernBERT's ``hidden_size / heads``, as its attention uses."""
+        return int(self.config.d_kv) if self.seq2seq else int(self.config.hidden_size) // self.n_heads
 
     @property
     def cosine(self) -> bool:
@@ -620,6 +653,8 @@ class Loaded:
         LM sequence and its score a perplexity, where a retrieval model's is an answer."""
         if self.spec.kind == "t5-lm-adapt":
             return True
+        if not self.seq2seq:  # a masked-LM encoder continues nothing
+            return False
         folder = Path(self.spec.source)
         card = read_card(folder) if self.spec.source and folder.is_dir() else None
         return card is not None and card.tasks == ["lm"]
@@ -633,6 +668,7 @@ class Loaded:
         return {
             "name": self.spec.name,
             "source": self.spec.source,
+            "family": self.family,
             "train_length": self.train_length,
             "parameters": self.n_params,
             "layers": self.n_layers,
@@ -682,7 +718,7 @@ def _cached(key: tuple) -> Loaded | None:
 
 def load(name: str | ModelSpec, device: str | None = None, train_length: int | None = None,
          tokenizer: str | None = None, dtype: str | None = None) -> Loaded:
-    """Load (once) a T5-family model with the ``aligned`` attention; see the module docstring.
+    """Load (once) a T5-family or rotary masked-LM model with the ``aligned`` attention; see the module docstring.
 
     ``tokenizer``: a registry name, hub id or folder whose tokenizer to use
     instead of the model folder's own (needed when the folder has none).
@@ -844,12 +880,21 @@ def check_weight_files(folder: str | Path, src: str | None = None) -> dict[str, 
 #: Config fields that count or size something: a whole number of at least 1 each (0 layers ends in IndexError).
 _POSITIVE_FIELDS = ("num_layers", "num_decoder_layers", "num_heads", "d_model", "d_kv", "d_ff", "vocab_size",
                     "relative_attention_num_buckets", "relative_attention_max_distance")
+#: The same for a rotary encoder (ModernBERT's names).
+_ROPE_POSITIVE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+#: Per family: the positive fields, the stacks as (weight-name prefix, layer-count field), the auto class.
+_LAYOUT = {
+    attention.T5: (_POSITIVE_FIELDS, (("encoder.block", "num_layers"), ("decoder.block", "num_decoder_layers")),
+                   "AutoModelForSeq2SeqLM"),
+    attention.ROPE: (_ROPE_POSITIVE_FIELDS, (("model.layers", "num_hidden_layers"),), "AutoModelForMaskedLM"),
+}
 
 
 def _blocks(shapes: dict[str, tuple[int, ...]], stack: str) -> set[int]:
+    """The layer numbers stored under ``stack`` (a weight-name prefix: ``encoder.block``, ``model.layers``)."""
     found = set()
     for name in shapes:
-        m = re.match(rf"{stack}\.block\.(\d+)\.", name)
+        m = re.match(rf"{re.escape(stack)}\.(\d+)\.", name)
         if m:
             found.add(int(m.group(1)))
     return found
@@ -862,28 +907,36 @@ def check_config_matches(config: Any, shapes: dict[str, tuple[int, ...]], src: s
     hold blocks 0..N-1 for the N the config declares (a fourth declared layer
     over three stored would run with random weights); and every stored tensor
     must have the shape the config gives it (checked on an empty meta-device
-    model, so a huge ``d_ff`` allocates nothing).
+    model, so a huge ``d_ff`` allocates nothing). Family-aware (:data:`_LAYOUT`):
+    a rotary encoder's fields and ``model.layers.N`` stack are checked the same way,
+    and its hidden size must split evenly into heads.
     """
-    from transformers import AutoModelForSeq2SeqLM
+    import transformers
+
+    family = attention.family_of(getattr(config, "model_type", None)) or attention.T5
+    positive, stacks, auto = _LAYOUT[family]
 
     def refuse(why: str) -> ModelLoadError:
         return ModelLoadError(f"The config.json of '{src}' does not match its weights: {why}.",
                               app=f"The config.json of model '{_shown(src)}' does not match its weights: {why}.")
 
-    for field in _POSITIVE_FIELDS:
+    for field in positive:
         value = getattr(config, field, None)
         if value is None and field == "num_decoder_layers":
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise refuse(f"{field} is {_short(repr(value))}, where a whole number of at least 1 is needed")
-    for stack, field in (("encoder", "num_layers"), ("decoder", "num_decoder_layers")):
-        declared = int(getattr(config, field) or config.num_layers)
-        stored = _blocks(shapes, stack)
+    if family == attention.ROPE and config.hidden_size % config.num_attention_heads:
+        raise refuse(f"hidden_size {config.hidden_size} does not split into {config.num_attention_heads} heads")
+    for prefix, field in stacks:
+        stack = prefix.split(".")[0] if family == attention.T5 else "encoder"
+        declared = int(getattr(config, field) or getattr(config, stacks[0][1]))
+        stored = _blocks(shapes, prefix)
         if stored != set(range(declared)):
             raise refuse(f"it declares {declared} {stack} layers ({field}) and the weights hold {len(stored)}")
     try:
         with torch.device("meta"):  # a copy: building may set attributes (the attention) on the config it is given
-            skeleton = AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config))
+            skeleton = getattr(transformers, auto).from_config(copy.deepcopy(config))
     except Exception as err:  # noqa: BLE001 - whatever a config transformers cannot build raises
         raise refuse(f"no model can be built from it ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:120]})") from None
     wanted = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
@@ -994,7 +1047,8 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
     Nothing here touches the network: a hub id was downloaded (bounded) before,
     so every read is ``local_files_only`` and no lock is held across a network wait.
     """
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
 
     src = spec.source
     where = where or local_copy(src)  # raises at once when a hub id is neither cached nor reachable
@@ -1014,13 +1068,12 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
                  f"Could not load model '{src}': {what}. Download it on a machine with internet, copy its folder "
                  f"onto this machine and type that folder in {APP_MODEL_BOX}."),
         ) from None
-    if config.model_type not in T5_FAMILY:
-        raise ModelLoadError(
-            f"'{src}' is a '{config.model_type}' model, not T5-family ({', '.join(T5_FAMILY)}): "
-            "the temperature method needs T5's relative-position-bias attention.",
-            app=f"'{_shown(src)}' is a '{config.model_type}' model, not T5-family ({', '.join(T5_FAMILY)}): "
-                "the temperature method needs T5's relative-position-bias attention.",
-        )
+    family = attention.family_of(config.model_type)
+    if family is None:
+        why = (f"not T5-family ({', '.join(T5_FAMILY)}) nor a rotary masked-LM encoder ({', '.join(ROPE_FAMILY)}): "
+               "the temperature method needs an attention that runs through ours")
+        raise ModelLoadError(f"'{src}' is a '{config.model_type}' model, {why}.",
+                             app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.")
     if tokenizer is None and not _has_tokenizer(Path(where)):
         raise ModelLoadError(
             f"Model folder '{src}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy the "
@@ -1034,7 +1087,7 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
     check_config_matches(config, shapes, src)
     try:
         with _quiet_load_report():
-            model, info = AutoModelForSeq2SeqLM.from_pretrained(
+            model, info = getattr(transformers, _LAYOUT[family][2]).from_pretrained(
                 where,
                 config=config,
                 dtype=dtype,
@@ -1059,5 +1112,11 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
                 f"in {APP_MODEL_BOX}.",
         ) from None
     _check_tokenizer(tok, tokenizer or src, int(config.vocab_size))
+    if family == attention.ROPE and getattr(tok, "mask_token_id", None) is None:
+        raise ModelLoadError(
+            f"The tokenizer of '{src}' has no mask token: a masked-LM encoder is read by filling masked tokens. "
+            "Copy the model's own tokenizer files into the folder, or name one with --tokenizer NAME|FOLDER.",
+            app=f"The tokenizer of model '{_shown(src)}' has no mask token: copy the model's own tokenizer files "
+                "into its folder.")
     model.to(dev).eval()
     return Loaded(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dtype)

@@ -41,7 +41,7 @@ from core.methods import method_label
 from core.models import Loaded
 from core.probes import ProbeSpec
 from core.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
-from core.validation import BatchSize, NewTokens, Samples, Seed, Sequences, Tokens, validate
+from core.validation import NewTokens, held_out_plan
 
 COLUMNS = [
     "model", "task", "tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll",
@@ -74,24 +74,7 @@ class PerplexityPlan:
 
     def validated(self) -> PerplexityPlan:
         """This plan with methods as labels and every bound checked, or a :class:`UserError` naming the option."""
-        where = "Bad perplexity option"
-        try:
-            methods = [method_label(m) for m in self.methods]
-        except ValueError as err:
-            raise UserError(f"{where}: {err}") from None
-        plan = replace(
-            self, lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"), methods=methods,
-            sequences=validate(Sequences, self.sequences, f"{where}: sequences"),
-            seed=validate(Seed, self.seed, f"{where}: seed"),
-            calib_seed=validate(Seed, self.calib_seed, f"{where}: calib_seed"),
-            calib_samples=validate(Samples, self.calib_samples, f"{where}: calib_samples"),
-            continuation=validate(NewTokens, self.continuation, f"{where}: continuation"),
-            batch_size=validate(BatchSize, self.batch_size, f"{where}: batch_size"),
-        )
-        if plan.calib_seed < plan.seed + plan.sequences and plan.seed < plan.calib_seed + plan.calib_samples:
-            raise UserError(f"{where}: calibration seeds {plan.calib_seed}.. overlap the scored seeds "
-                            f"{plan.seed}..{plan.seed + plan.sequences - 1}; no method may be tuned on what it is scored on")
-        return plan
+        return held_out_plan(self, "Bad perplexity option", method_label, continuation=NewTokens)
 
 
 def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan) -> list[tasks.Document]:

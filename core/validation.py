@@ -102,6 +102,30 @@ Bytes = Annotated[Whole, Field(ge=1)]  # a memory budget, e.g. the attention's b
 Tau = Annotated[Any, AfterValidator(Schedule.of), PlainSerializer(lambda s: s.to_json())]
 
 
+# -- evaluation plans ------------------------------------------------------------------------
+
+def held_out_plan(plan: Any, where: str, method_text: Callable[[Any], str], **more: Any) -> Any:
+    """A held-out evaluation plan (perplexity, masked tokens) checked once: its methods in their one spelling
+    (``method_text``: :func:`core.methods.method_label`), lengths, sequences, seeds, calibration samples and
+    batch size within their bounds, ``more`` (field -> type) too, and calibration seeds disjoint from the
+    scored ones (no method may be tuned on what it is scored on). Returns the plan with the checked values,
+    or raises a :class:`UserError` naming the option."""
+    from dataclasses import replace
+
+    try:
+        names = [method_text(m) for m in plan.methods]
+    except ValueError as err:
+        raise UserError(f"{where}: {err}") from None
+    checked = {name: validate(tp, getattr(plan, name), f"{where}: {name}") for name, tp in {
+        "lengths": list[Tokens], "sequences": Sequences, "seed": Seed, "calib_seed": Seed, "calib_samples": Samples,
+        "batch_size": BatchSize, **more}.items() if getattr(plan, name) is not None}
+    plan = replace(plan, methods=names, **checked)
+    if plan.calib_seed < plan.seed + plan.sequences and plan.seed < plan.calib_seed + plan.calib_samples:
+        raise UserError(f"{where}: calibration seeds {plan.calib_seed}.. overlap the scored seeds "
+                        f"{plan.seed}..{plan.seed + plan.sequences - 1}; no method may be tuned on what it is scored on")
+    return plan
+
+
 # -- errors as one line ------------------------------------------------------------------
 
 def _short(value: Any, width: int = 40) -> str:

@@ -154,3 +154,39 @@ def wait_until(pred, timeout: float = 180.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def build_tiny_rope(folder, *, layers: int = 2, heads: int = 4, hidden: int = 64, seed: int = 0,
+                    cosine: float | None = None, train_length: int = 64, global_every: int = 1, card: bool = True):
+    """Save a random tiny ModernBERT masked-LM (rotary, global attention in every layer unless ``global_every``
+    says otherwise) and a card.json to ``folder``. Its tokenizer is the bundled models' BPE (2,048 tokens) with a
+    ``<mask>`` token added, so held-out corpus text tokenises as it does for the bundled T5s; ``cosine``: CosScale s.
+    q (the first third of the fused Wqkv) is scaled up so random attention has structure a tau can sharpen, and the
+    output projection W_o so that what attention does shows in the logits (the residual stream drowns it otherwise)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer, ModernBertConfig, ModernBertForMaskedLM
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parent.parent / "assets" / "models" / "retrieval-t5")
+    tok.add_special_tokens({"mask_token": "<mask>"})
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    cfg = ModernBertConfig(
+        vocab_size=len(tok) + (-len(tok)) % 8, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, global_attn_every_n_layers=global_every, local_attention=16,
+        max_position_embeddings=8192, pad_token_id=pad, bos_token_id=eos, eos_token_id=eos, cls_token_id=eos,
+        sep_token_id=eos, mask_token_id=tok.mask_token_id, attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0,
+    )
+    if cosine is not None:
+        cfg.cosine_attention = True
+        cfg.cosine_scale = float(cosine)
+    model = ModernBertForMaskedLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.attn.Wqkv.weight[:hidden].mul_(6.0)
+            layer.attn.Wo.weight.mul_(20.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    if card:
+        (Path(folder) / "card.json").write_text(json.dumps({"train_length": train_length, "tasks": ["mlm"]}))
+    return folder
