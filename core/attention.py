@@ -52,6 +52,7 @@ from transformers import AttentionInterface
 
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from core import positions as rope_positions
 from core.errors import UserError
 from core.kinds import CROSS, DECODER, ENCODER, KINDS
 from core.schedule import Schedule
@@ -107,12 +108,18 @@ class AttentionSettings:
     ``s * cos(q, k)`` used on the targeted attentions (None: the trained s).
     ``chunk_bytes``: budget for one block of query rows (memory vs speed;
     None: the device's default, :func:`default_chunk_bytes`).
+    ``positions``: a position scheme bound to this input's length (:class:`core.positions.Bound`), applied to
+    encoder self-attention whatever ``targets`` says: its mask rows are ANDed into the padding mask block by
+    block, and a scheme that rectifies distances takes its logits from :func:`core.positions.rectified_logits`
+    (the model's rotary module must then hand over unrotated q and k: :func:`core.rope_pass.scheme_pass` sets
+    both up). None, or the plain scheme: nothing changes.
     """
 
     tau: Schedule = Schedule.of(1.0)
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
     chunk_bytes: int | None = None
+    positions: "rope_positions.Bound | None" = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tau", Schedule.of(self.tau))  # the same object when it is one already
@@ -123,6 +130,8 @@ class AttentionSettings:
             raise ValueError("cosine_scale must be a positive number")
         if self.chunk_bytes is not None and not (isinstance(self.chunk_bytes, int) and self.chunk_bytes > 0):
             raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
+        if self.positions is not None and not isinstance(self.positions, rope_positions.Bound):
+            raise ValueError("positions must be a core.positions.Bound (positions.bind(...)) or None")
 
 
 @dataclass
@@ -345,33 +354,43 @@ def aligned_attention(
         if call is not None and call.settings.cosine_scale is not None and kind in call.settings.targets:
             s = float(call.settings.cosine_scale)
     query, key = logit_operands(query, key, scaling, s)
+    scheme = _scheme_of(call, kind, module, query, key)
+    seen_q, seen_k = (query, key) if scheme is None or scheme.logits is None else scheme.rotated(query, key)
 
     tau = None if call is None else _layer_tau(call, kind, layer, heads, query.device, torch.float32, q_len, k_len)
     recorder = call.recorder if call is not None else None
-    if recorder is not None and not recorder.begin_layer(layer, query, key, attention_mask, cosine_scale=s, kind=kind,
-                                                         position_bias=position_bias):
+    if recorder is not None and not recorder.begin_layer(layer, seen_q, seen_k, attention_mask, cosine_scale=s,
+                                                         kind=kind, position_bias=position_bias):
         recorder = None  # nothing asked of this attention's blocks (whole logits, if asked, were taken already)
 
     causal = attention_mask is None and getattr(module, "is_causal", False) and q_len > 1
     budget = call.settings.chunk_bytes if call is not None else None
     if budget is None:
         budget = GRAD_CHUNK_BYTES if torch.is_grad_enabled() else default_chunk_bytes(query.device)
+    if scheme is not None and scheme.logits is not None:
+        # rectified logits hold a block's int64 distances and two boolean selections beside its float32 scores
+        budget = max(1, budget // RECTIFIED_BLOCK_SHARE)
     step = _chunk_rows(batch, heads, q_len, k_len, budget)
-    if recorder is None and not causal and not (dropout and module.training) and not want_weights:
+    if (recorder is None and not causal and not (dropout and module.training) and not want_weights
+            and (scheme is None or scheme.logits is None)):
         # Nobody needs the probabilities: let torch's fused kernel do the softmax. With no bias and no mask
         # (a rotary encoder on an unpadded batch) there is nothing L x L to bound: one call, no blocks.
-        whole = position_bias is None and attention_mask is None
-        return _fused(query, key, value, attention_mask, position_bias, tau, q_len if whole else step), None
+        whole = position_bias is None and attention_mask is None and scheme is None
+        return _fused(query, key, value, attention_mask, position_bias, tau, q_len if whole else step, scheme), None
     keyT = key.transpose(-1, -2)
     weights: list[torch.Tensor] | None = [] if want_weights else None  # blocks of probabilities, when asked for
-    if recorder is not None and not (dropout and module.training):
+    rectified = scheme is not None and scheme.logits is not None
+    clamped = rectified and weights is None and not torch.is_grad_enabled()  # _probed writes exp with out=
+    if (recorder is not None or clamped) and not (dropout and module.training):
+        # a rectified scheme without probes takes the probed path's clamped softmax too (recorder None): its
+        # far-off logits would otherwise send torch's exp down its slow path for results below float32's normals
         out = _probed(query, keyT, value, attention_mask, position_bias, tau, step, causal, kind, layer, recorder,
-                      weights)
+                      weights, scheme)
     else:
         out = []
         for r0 in range(0, q_len, step):
             r1 = min(q_len, r0 + step)
-            scores = _block_scores(query, keyT, attention_mask, position_bias, tau, r0, r1, causal)[1]
+            scores = _block_scores(query, keyT, attention_mask, position_bias, tau, r0, r1, causal, scheme=scheme)[1]
             if recorder is None:
                 probs = torch.softmax(scores, dim=-1)
             else:  # dropout while training with a recorder: normalise, observe, then drop
@@ -394,15 +413,78 @@ def aligned_attention(
     return attn.transpose(1, 2).contiguous(), probs_all
 
 
+#: A rectified scheme's block holds, beside its float32 scores, the int64 distances and a boolean or two of the
+#: same shape: its blocks get this share of the budget, so a block's memory stays about the budget.
+RECTIFIED_BLOCK_SHARE = 4
+
+
+@dataclass(frozen=True)
+class _SchemeOps:
+    """A bound position scheme as one attention call applies it (see :class:`AttentionSettings`): ``mask(r0, r1)``
+    gives the allowed keys of rows ``[r0, r1)`` (bool ``[rows, k_len]``) or None; ``logits(r0, r1, allowed)`` the
+    rows' float32 logits from unrotated q and k (rectified schemes) or None: the plain matmul; ``rotated(q, k)``
+    q and k at their own positions (what probes that take whole q and k see)."""
+
+    bound: "rope_positions.Bound"
+    mask: Callable[[int, int], torch.Tensor | None]
+    logits: Callable[[int, int, torch.Tensor | None], torch.Tensor] | None
+    rotated: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _layer_type(config, layer: int) -> str | None:
+    """The rope-parameter key of one layer (ModernBERT: ``config.layer_types[layer]``), None for a flat dict."""
+    if rope_positions.layer_types(config) == [None]:
+        return None
+    return config.layer_types[layer]
+
+
+def _scheme_of(call: _Call | None, kind: str, module: torch.nn.Module, query: torch.Tensor,
+               key: torch.Tensor) -> _SchemeOps | None:
+    """The call's position scheme for this attention (encoder self-attention only), or None when it changes
+    nothing here (no scheme, the plain one, or one that only changes frequencies: the rotary module did that).
+
+    ``query`` and ``key`` are the logit operands (:func:`logit_operands`: scaled, or normalised for CosScale; both
+    commute with a rotation). A rectified scheme rotates k once per call here, every block's q in
+    :func:`core.positions.rectified_logits`."""
+    bound = None if call is None or kind != ENCODER else call.settings.positions
+    if bound is None or not ({rope_positions.MASK, rope_positions.DISTANCES} & set(bound.scheme.changes)):
+        return None
+    k_len, device = key.shape[-2], query.device
+
+    def mask(r0: int, r1: int) -> torch.Tensor | None:
+        return bound.mask_rows(r0, r1, k_len, device)
+
+    if not bound.rectified:
+        return _SchemeOps(bound, mask, None, lambda q, k: (q, k))
+    config = module.config
+    inv, a = bound.frequencies(config, _layer_type(config, int(getattr(module, "layer_idx", 0) or 0)))
+    k_rot = rope_positions.rotate(key, torch.arange(k_len, device=device), inv, a)
+
+    def logits(r0: int, r1: int, allowed: torch.Tensor | None) -> torch.Tensor:
+        return rope_positions.rectified_logits(query, key, inv, bound.capped_positions(r0, r1, k_len, device), r0, a,
+                                               allowed=allowed, k_rotated=k_rot)
+
+    def rotated(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_positions.rotate(q, torch.arange(q.shape[-2], device=device), inv, a), k_rot
+
+    return _SchemeOps(bound, mask, logits, rotated)
+
+
 def _block_scores(query, keyT, attention_mask, position_bias, tau, r0: int, r1: int, causal: bool,
-                  keep_raw: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+                  keep_raw: bool = False, scheme: _SchemeOps | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(raw, scores)`` of query rows ``[r0, r1)``: raw = q.k + bias (float32), scores = raw / tau + mask.
 
     Written in place on the one fresh tensor the matmul returns, so a block
     costs one matmul and one pass per step (add, scale, mask) and no copies;
     ``raw`` is a copy only when asked for (``keep_raw``), else None.
+    ``scheme``: a position scheme's mask rows are ANDed into the mask, and a
+    rectified scheme's logits replace the matmul (raw is then those logits).
     """
-    scores = torch.matmul(query[:, :, r0:r1], keyT)
+    allowed = None if scheme is None else scheme.mask(r0, r1)
+    if scheme is not None and scheme.logits is not None:
+        scores = scheme.logits(r0, r1, allowed)
+    else:
+        scores = torch.matmul(query[:, :, r0:r1], keyT)
     if scores.dtype != torch.float32:
         scores = scores.float()
     if position_bias is not None:
@@ -421,11 +503,14 @@ def _block_scores(query, keyT, attention_mask, position_bias, tau, r0: int, r1: 
         rows = torch.arange(r0, r1, device=scores.device)[:, None] + (k_len - q_len)
         cols = torch.arange(k_len, device=scores.device)[None, :]
         scores.masked_fill_(cols > rows, torch.finfo(scores.dtype).min)
+    if allowed is not None:
+        scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
     return raw, scores
 
 
 def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, causal: bool, kind: str, layer: int,
-            recorder: "Recorder", weights: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+            recorder: "Recorder | None", weights: list[torch.Tensor] | None = None,
+            scheme: _SchemeOps | None = None) -> list[torch.Tensor]:
     """Blocks of softmax(scores) @ v that feed ``recorder``, never normalising a whole block.
 
     softmax = exp(s - max) / total, and division commutes with the value
@@ -440,12 +525,13 @@ def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, c
     get exactly 0 as in eager attention (any other weight moves by less than exp(-87) = 1.6e-38).
     """
     q_len = query.shape[-2]
-    want_raw = recorder.wants_raw(layer, kind)
+    want_raw = recorder is not None and recorder.wants_raw(layer, kind)
     out = []
     exp_buf: torch.Tensor | None = None
     for r0 in range(0, q_len, step):
         r1 = min(q_len, r0 + step)
-        raw, shifted = _block_scores(query, keyT, attention_mask, position_bias, tau, r0, r1, causal, want_raw)
+        raw, shifted = _block_scores(query, keyT, attention_mask, position_bias, tau, r0, r1, causal, want_raw,
+                                     scheme)
         # exp of anything below about -87 underflows float32 into denormals or 0, and the CPU's
         # vectorised exp takes a slow path there (6-10x slower per element, measured): a long
         # input's rows are mostly such far-off keys. exp(-87) = 1.6e-38, so clamping changes each
@@ -455,14 +541,16 @@ def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, c
             exp_buf = torch.empty(shifted.numel(), dtype=shifted.dtype, device=shifted.device)
         e = torch.exp(shifted, out=exp_buf[: shifted.numel()].view(shifted.shape))
         total = e.sum(-1, keepdim=True)
-        recorder.observe_exp(layer, r0, r1, raw, shifted, e, total, kind=kind)
+        if recorder is not None:
+            recorder.observe_exp(layer, r0, r1, raw, shifted, e, total, kind=kind)
         if weights is not None:  # before the next block overwrites exp_buf
             weights.append((e / total).masked_fill_(shifted <= EXP_FLOOR, 0.0).to(value.dtype))
         out.append(torch.matmul(e.to(value.dtype), value) / total.to(value.dtype))
     return out
 
 
-def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> torch.Tensor:
+def _fused(query, key, value, attention_mask, position_bias, tau, step: int,
+           scheme: _SchemeOps | None = None) -> torch.Tensor:
     """The fast path without probes: ``sdpa(q / tau, k, v, mask = bias / tau + mask, scale = 1)``.
 
     Exact rewriting of softmax((q.k + bias) / tau + mask) @ v (T5 does not
@@ -477,6 +565,11 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
     copy: on the 8-head default at 4,096 tokens, more time than the attention
     (bench/README.md). Instead each block is divided (or copied) once into one
     buffer that every block of the layer reuses. Returns ``[batch, q_len, heads, d]``.
+
+    ``scheme``: a position scheme's mask rows (never a rectified scheme: its logits are not q.k) are ANDed
+    in per block, as an additive mask (finfo.min where masked), as eager attention takes one: a row whose every
+    key is masked (a padding row far from the text under a window) then averages its values instead of giving
+    NaN, which the next layer's masked keys would carry into the real rows (0 x NaN).
     """
     scale = 1.0
     if tau is not None:
@@ -521,6 +614,16 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int) -> 
                 mask = torch.where(m, mask, floor, out=buffer("masked", tuple(shape), mask.dtype))
             else:
                 mask = mask + m.to(mask.dtype)
+        allowed = None if scheme is None else scheme.mask(r0, r1)
+        if allowed is not None:
+            if floor is None:
+                floor = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
+            if mask is None:
+                mask = torch.where(allowed, torch.zeros((), dtype=query.dtype, device=query.device), floor)
+            elif mask.dtype == torch.bool:
+                mask = torch.where(mask & allowed, torch.zeros((), dtype=query.dtype, device=query.device), floor)
+            else:
+                mask = torch.where(allowed, mask, floor)
         out.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, r0:r1], key, value, attn_mask=mask, scale=scale))
     attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)

@@ -130,6 +130,48 @@ def _tau(text: str) -> float:
         raise argparse.ArgumentTypeError(str(err)[:200]) from None
 
 
+def _scheme_item(part: str) -> str:
+    """A position scheme as one text (``window``, ``yarn-rope:attention_factor=1``): :func:`core.positions.parse_spec`'s
+    rule (unknown names are refused with the list, unavailable ones with their reason)."""
+    from core import positions
+
+    try:
+        return positions.spell(*positions.parse_spec(part))
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err)[:300]) from None
+
+
+def _scheme_param_item(part: str) -> tuple[str, str]:
+    """One ``key=value`` of ``--scheme-params`` (checked against the schemes once they are all known)."""
+    key, eq, value = part.partition("=")
+    if not eq or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"--scheme-params: write key=value, got {part[:40]!r}")
+    return key.strip(), value.strip()
+
+
+def _with_params(schemes: list[str], given: list[tuple[str, str]] | None) -> list[str]:
+    """``--schemes`` with ``--scheme-params`` given to every listed scheme that takes each (a scheme's own
+    ``name:key=value`` wins); a parameter no listed scheme takes is refused, naming who takes what."""
+    from core import positions
+
+    if not given:
+        return schemes
+    out = []
+    used = set()
+    for spec in schemes:
+        name, params = positions.parse_spec(spec)
+        takes = positions.get(name).params
+        extra = positions.SPEC_SEP.join(f"{k}={v}" for k, v in given if k in takes and k not in params)
+        used |= {k for k, _ in given if k in takes}
+        out.append(positions.spell(*positions.parse_spec(spec + positions.SPEC_SEP + extra if extra else spec)))
+    unused = [k for k, _ in given if k not in used]
+    if unused:
+        names = [positions.parse_spec(spec)[0] for spec in schemes]
+        takes = "; ".join(f"{n} takes {', '.join(positions.get(n).params) or 'nothing'}" for n in names)
+        raise UserError(f"--scheme-params: no listed scheme takes {', '.join(unused)} ({takes})")
+    return out
+
+
 def _methods(text: str) -> str:
     """``--methods`` checked item by item but kept as the comma string core.batch reads."""
     return ",".join(_comma_list(_method_item, "--methods")(text))
@@ -237,6 +279,11 @@ def _parser() -> argparse.ArgumentParser:
     ml.add_argument("--samples", type=_samples, default=1, help="calibration sequences for measured methods")
     ml.add_argument("--batch-size", type=_batch_size, default=8, help="sequences per forward pass")
     ml.add_argument("--cosine-scale", type=_positive, help="CosScale s for cosine-attention models (default: the trained s)")
+    ml.add_argument("--schemes", type=_comma_list(_scheme_item, "--schemes"), default=None,
+                    help="comma list of position schemes, each a name or name:key=value[:key=value] (e.g. "
+                         "none,pi,yarn-rope:attention_factor=1,window; default: none); see docs/positions.md")
+    ml.add_argument("--scheme-params", type=_comma_list(_scheme_param_item, "--scheme-params"), default=None,
+                    help="comma list of key=value given to every listed scheme that takes the key (e.g. window=32)")
     ml.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     _model_options(rp)
@@ -628,9 +675,10 @@ def cmd_mlm(args) -> int:
     loaded = _load(args.model, args.train_length, args.device, args.tokenizer, args.dtype)
     names = args.methods.split(",") if args.methods else list(methods.SWEEP_DEFAULT)
     lengths = _lengths(args.lengths or [(k, True) for k in MLM_LENGTHS], loaded.train_length)
+    schemes = _with_params(args.schemes or [mlm.PLAIN], args.scheme_params)
     plan = mlm.MlmPlan(lengths=lengths, methods=names, sequences=args.sequences, seed=args.seed,
                        calib_seed=args.calib_seed, calib_samples=args.samples, batch_size=args.batch_size,
-                       cosine_scale=args.cosine_scale).validated()
+                       cosine_scale=args.cosine_scale, schemes=tuple(schemes)).validated()
     mlm.check_model(loaded, plan)
     _check_fits(loaded, max(lengths), "--lengths asks for sequences of", batch=min(args.batch_size, args.sequences))
     _check_reference(loaded, names, args.samples)
@@ -651,7 +699,8 @@ def cmd_mlm(args) -> int:
         print(json.dumps(mlm.summary(loaded, plan, rows)))
     else:
         for r in rows:
-            print(f"{r['tokens']:>7,} tokens  {r['method']:>16}  tau {r['tau']:.4f}  accuracy {r['accuracy']:.4f}  "
+            scheme = r["scheme"] + (f" ({r['scheme_params']})" if r["scheme_params"] else "")
+            print(f"{r['tokens']:>7,} tokens  {scheme:>14}  {r['method']:>16}  tau {r['tau']:.4f}  accuracy {r['accuracy']:.4f}  "
                   f"perplexity {r['perplexity']:.3f}  ({r['masked']} masked)")
     return 0
 

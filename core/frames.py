@@ -195,8 +195,12 @@ def _num(x: Any, digits: int = 6) -> float | None:
     return round(x, digits) if math.isfinite(x) else None
 
 
-def frame(res: Result, packer: Packer, scale: LogScale, spec: ViewSpec, window: tuple[int, int] | None) -> dict:
-    """One tau's views of a run, its arrays added to ``packer``: the header entry of the frame."""
+def frame(res: Result, packer: Packer, scale: LogScale, spec: ViewSpec, window: tuple[int, int] | None,
+          card: dict | None = None) -> dict:
+    """One tau's views of a run, its arrays added to ``packer``: the header entry of the frame.
+
+    ``card``: a masked-LM model's masked-token card at this frame's setting (:func:`core.rope_view.card`: accuracy,
+    perplexity, the first masked tokens beside their predictions), shown in place of the answer; None for T5."""
     p = res.probes
     out: dict[str, Any] = {
         "tau": _num(res.tau_mean, 4),
@@ -213,6 +217,8 @@ def frame(res: Result, packer: Packer, scale: LogScale, spec: ViewSpec, window: 
         "head_entropy": [[_num(v) for v in row] for row in p.entropy[0]],
         "seconds": _num(res.seconds.get("total"), 3),
     }
+    if card is not None:
+        out["masked"] = {**card, "accuracy": _num(card["accuracy"]), "perplexity": _num(card["perplexity"], 4)}
     heat = getattr(p, f"heatmap_{spec.pool}")
     if heat is not None:
         out["map"] = packer.add(scale.encode(heat), "u8")
@@ -244,6 +250,7 @@ def payload(
     grid_taus: Iterable[float] = SCRUB_GRID,
     meta: dict | None = None,
     only: Iterable[float] | None = None,
+    cards: dict[str, dict] | None = None,
 ) -> bytes:
     """The bytes the scrubber draws from.
 
@@ -258,7 +265,12 @@ def payload(
     payload: just these grid frames, the exact frame and ``meta`` (no tau = 1
     column, reference, text or axes), marked ``"delta": true``. While a grid
     fills, each poll then sends the frames that are new, not all of them again.
+
+    ``cards``: for a masked-LM model (the rotary family), the masked-token card of each frame
+    (:func:`core.rope_view.card`) by ``"base"``, ``"ref"`` (the L_tr reference), ``"exact"`` and the grid value
+    as ``f"{t:.2f}"``; a frame without one shows no card. None for T5, whose frames carry the answer instead.
     """
+    cards = cards or {}
     n = base.tokens
     scale = LogScale.for_length(n)
     packer = Packer()
@@ -297,13 +309,17 @@ def payload(
         keep = {round(float(t), 2) for t in only}
         return packer.finish({
             "delta": True, "grid": taus,
-            "frames": {f"{t:.2f}": frame(grid[t], packer, scale, spec, window) for t in taus if t in grid and t in keep},
-            "exact": frame(exact, packer, scale, spec, window) if exact is not None else None,
+            "frames": {f"{t:.2f}": frame(grid[t], packer, scale, spec, window, cards.get(f"{t:.2f}"))
+                       for t in taus if t in grid and t in keep},
+            "exact": frame(exact, packer, scale, spec, window, cards.get("exact")) if exact is not None else None,
             "meta": meta or {},
         })
-    doc["base"] = frame(base, packer, scale, spec, window)
+    if cards.get("ref") is not None:
+        doc["ref"]["masked"] = {k: cards["ref"][k] for k in ("accuracy", "perplexity", "masked", "correct")}
+    doc["base"] = frame(base, packer, scale, spec, window, cards.get("base"))
     doc["grid"] = taus
-    doc["frames"] = {f"{t:.2f}": frame(grid[t], packer, scale, spec, window) for t in taus if t in grid}
-    doc["exact"] = frame(exact, packer, scale, spec, window) if exact is not None else None
+    doc["frames"] = {f"{t:.2f}": frame(grid[t], packer, scale, spec, window, cards.get(f"{t:.2f}"))
+                     for t in taus if t in grid}
+    doc["exact"] = frame(exact, packer, scale, spec, window, cards.get("exact")) if exact is not None else None
     doc["meta"] = meta or {}
     return packer.finish(doc)

@@ -22,25 +22,31 @@ measures the same on a loaded ``"rope"`` model (:mod:`core.models`):
   every sequence (corpus-level, as :mod:`core.perplexity` reports: a mean of
   per-sequence perplexities would let one bad sequence dominate).
 
-A method is resolved once per length through :mod:`core.methods`; measured
-ones calibrate on sequences whose seeds (``calib_seed`` on) are disjoint from
-the scored ones, under the same CosScale s as the scored pass (a tau matched
-at another s would answer another question). The rows are plain dicts;
-``scheme`` is "none" until position schemes exist (issue 38's second axis).
+Position schemes (:mod:`core.positions`, the second axis beside the
+temperature) are the plan's ``schemes``: each pass runs under one through
+:func:`core.rope_pass.scheme_pass`, bound to the pass's length. A scheme is
+one text, its name and any parameters (``yarn-rope:attention_factor=1``,
+``window:window=32``; :func:`core.positions.parse_spec`).
+
+A method is resolved once per length and scheme through :mod:`core.methods`;
+measured ones calibrate on sequences whose seeds (``calib_seed`` on) are
+disjoint from the scored ones, under the same CosScale s and the same position
+scheme as the scored pass (a tau matched under other settings would answer
+another question). The rows are plain dicts (:data:`ROW_KEYS`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 import torch
 
-from core import engine, methods, tasks
-from core.attention import AttentionSettings, attention_call
+from core import engine, methods, positions, rope_pass, tasks
+from core.attention import AttentionSettings
 from core.errors import NumericalError, UserError
 from core.kinds import ENCODER
 from core.models import Loaded
@@ -49,8 +55,8 @@ from core.validation import Positive, held_out_plan
 
 #: Share of a sequence's (non-special) tokens that are masked, as the paper (and BERT) mask them.
 MASK_RATE = 0.15
-#: The position scheme of every row until schemes exist: plain RoPE as trained.
-PLAIN = "none"
+#: The position scheme a plan uses when not told: plain RoPE as trained.
+PLAIN = positions.PLAIN
 #: Shortest sequence: the held-out prose generator's own floor (:func:`core.tasks.make`, task "lm").
 MIN_TOKENS = 8
 #: Mixed into the masking seed so that masked positions never share a random stream with the text's own draw.
@@ -119,8 +125,10 @@ class Scored:
 
 
 @torch.inference_mode()
-def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings | None = None) -> Scored:
-    """One forward pass over ``batch`` (right-padded, padding masked) under ``attn``; the masked positions scored."""
+def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings | None = None,
+          scheme: str = PLAIN, params: dict | None = None) -> Scored:
+    """One forward pass over ``batch`` (right-padded, padding masked) under ``attn`` and the position scheme
+    ``scheme`` (``params``: its parameters; bound at the padded length); the masked positions scored."""
     if loaded.seq2seq:
         raise UserError(f"Model '{loaded.spec.name}' is a {loaded.family} model: masked-token evaluation needs a "
                         "masked-LM encoder (a rotary model such as ModernBERT)")
@@ -128,7 +136,7 @@ def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings |
     rows = torch.cat([torch.full((len(s.positions),), i, dtype=torch.long) for i, s in enumerate(batch)])
     cols = torch.from_numpy(np.concatenate([s.positions for s in batch]))
     labels = torch.from_numpy(np.concatenate([s.labels for s in batch])).to(loaded.device)
-    with attention_call(attn or AttentionSettings(), None):
+    with rope_pass.scheme_pass(loaded, attn, None, scheme, params, ids.shape[1]):
         hidden = loaded.encoder(input_ids=ids, attention_mask=None if bool(mask.all()) else mask).last_hidden_state
     logits = head_logits(loaded.model, hidden[rows.to(hidden.device), cols.to(hidden.device)]).float()
     if not bool(torch.isfinite(logits).all()):
@@ -142,7 +150,10 @@ def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings |
 
 @dataclass(frozen=True)
 class MlmPlan:
-    """What to measure: ``lengths`` x ``methods``, ``sequences`` held-out sequences per cell.
+    """What to measure: ``lengths`` x ``schemes`` x ``methods``, ``sequences`` held-out sequences per cell.
+
+    ``schemes``: position schemes as texts (:func:`core.positions.parse_spec`: a name, or a name and its
+    parameters, ``window:window=32``), the plain scheme when not told.
 
     ``task``, ``haystack``, ``calib_seed`` and ``calib_samples`` are what measured methods calibrate on
     (held-out prose of the same pool, seeds disjoint from the scored ones)."""
@@ -158,6 +169,7 @@ class MlmPlan:
     rate: float = MASK_RATE
     haystack: str = "corpus-eval"
     task: str = tasks.LM
+    schemes: tuple[str, ...] = (PLAIN,)
 
     def validated(self) -> "MlmPlan":
         """This plan with methods in their one spelling and every bound checked, or a :class:`UserError`."""
@@ -168,7 +180,12 @@ class MlmPlan:
         short = [n for n in plan.lengths if n < MIN_TOKENS]
         if short:
             raise UserError(f"{where}: lengths: a sequence needs at least {MIN_TOKENS} tokens, got {short[0]}")
-        return plan
+        if not plan.schemes:
+            raise UserError(f"{where}: at least one position scheme")
+        specs = [positions.spell(*positions.parse_spec(t)) for t in plan.schemes]
+        if len(set(specs)) != len(specs):
+            raise UserError(f"{where}: schemes: {', '.join(specs)} lists one scheme twice")
+        return replace(plan, schemes=tuple(specs))
 
 
 def check_model(loaded: Loaded, plan: MlmPlan) -> None:
@@ -179,23 +196,28 @@ def check_model(loaded: Loaded, plan: MlmPlan) -> None:
     if plan.cosine_scale is not None and not loaded.cosine:
         raise UserError(f"--cosine-scale: model '{loaded.spec.name}' has dot-product attention; CosScale s applies to "
                         "models trained with cosine attention")
+    for spec in plan.schemes:
+        rope_pass.check(loaded, *positions.parse_spec(spec))
 
 
 def resolve(loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Document,
-            cache: dict) -> tuple[Schedule, dict]:
-    """``(schedule, outcome)`` of ``method`` at length ``n``. A measured one is resolved once per length on
-    calibration sequences (seeds ``calib_seed + n`` on) under the plan's CosScale s and cached; ``outcome`` holds
-    a search's ``reached`` and ``gap`` (empty strings for anything else)."""
+            cache: dict, scheme: str = PLAIN) -> tuple[Schedule, dict]:
+    """``(schedule, outcome)`` of ``method`` at length ``n`` under the position scheme ``scheme`` (a text of
+    :func:`core.positions.parse_spec`). A measured one is resolved once per length and scheme on calibration
+    sequences (seeds ``calib_seed + n`` on) under the plan's CosScale s and that scheme (its passes at L and at
+    L_tr each bind it at their own length), and cached; ``outcome`` holds a search's ``reached`` and ``gap``
+    (empty strings for anything else)."""
     name, value = methods.parse(method)
     if not methods.get(name).measured:
         tau, info = methods.resolve(loaded, doc, name, value)
         return tau, _outcome(info)
-    if (n, method) not in cache:
+    if (n, scheme, method) not in cache:
         calib = tasks.make(plan.task, loaded.tokenizer, n, seed=plan.calib_seed + n, haystack=plan.haystack)
-        base = engine.RunSettings(cosine_scale=plan.cosine_scale)
+        scheme_name, params = positions.parse_spec(scheme)
+        base = engine.RunSettings(cosine_scale=plan.cosine_scale, scheme=scheme_name, scheme_params=params)
         tau, info = methods.resolve(loaded, calib, name, samples=plan.calib_samples, base=base)
-        cache[(n, method)] = (tau, _outcome(info))
-    return cache[(n, method)]
+        cache[(n, scheme, method)] = (tau, _outcome(info))
+    return cache[(n, scheme, method)]
 
 
 def _outcome(info: dict) -> dict:
@@ -206,37 +228,47 @@ def _outcome(info: dict) -> dict:
 
 
 def run_mlm(loaded: Loaded, plan: MlmPlan, progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """Every length x method cell of ``plan`` as one plain row (see :data:`ROW_KEYS`), lengths outermost.
+    """Every length x scheme x method cell of ``plan`` as one plain row (see :data:`ROW_KEYS`), lengths outermost,
+    then schemes, then methods.
 
-    The sequences of a length are built and masked once and scored under every method."""
+    The sequences of a length are built and masked once and scored under every scheme and method.
+    ``attention_factor`` is the factor the scheme put on cos and sin as it acted on this model (logits x its
+    square: YaRN's 0.1 ln s + 1 under ``yarn-rope``, 1 for any other scheme and for a cosine model, whose
+    normalisation cancels it); a temperature method's tau divides the logits on top of it, so ``yarn-rope``
+    with the method of the same paper counts YaRN's factor twice unless bound with ``attention_factor=1``
+    (docs/positions.md)."""
     plan = plan.validated()
     check_model(loaded, plan)
     engine.check_length(loaded, max(plan.lengths), plan.batch_size)
     rows: list[dict] = []
     cache: dict = {}
-    total, done = len(plan.lengths) * len(plan.methods) * plan.sequences, 0
+    total, done = len(plan.lengths) * len(plan.schemes) * len(plan.methods) * plan.sequences, 0
     for n in plan.lengths:
         pairs = [sequence(loaded, n, plan.seed + i, plan.rate, plan.haystack) for i in range(plan.sequences)]
         masked = [m for _, m in pairs]
-        for method in plan.methods:
-            tau, outcome = resolve(loaded, plan, n, method, pairs[0][0], cache)
-            attn = AttentionSettings(tau, (ENCODER,), plan.cosine_scale)
-            t0 = time.perf_counter()
-            count, correct, nll = 0, 0, 0.0
-            for b in range(0, len(masked), plan.batch_size):
-                s = score(loaded, masked[b:b + plan.batch_size], attn)
-                count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
-                done += len(masked[b:b + plan.batch_size])
-                if progress:
-                    progress(done, total)
-            rows.append({
-                "tokens": n, "actual_tokens": int(round(np.mean([m.n for m in masked]))),
-                "train_length": loaded.train_length, "scheme": PLAIN, "method": method,
-                "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
-                "accuracy": correct / count, "perplexity": math.exp(nll / count), "nll": nll, "masked": count,
-                "sequences": len(masked), "first_seed": plan.seed, "seconds": round(time.perf_counter() - t0, 3),
-                **outcome,
-            })
+        for spec in plan.schemes:
+            scheme, params = positions.parse_spec(spec)
+            factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, params, max(m.n for m in masked)))
+            for method in plan.methods:
+                tau, outcome = resolve(loaded, plan, n, method, pairs[0][0], cache, spec)
+                attn = AttentionSettings(tau, (ENCODER,), plan.cosine_scale)
+                t0 = time.perf_counter()
+                count, correct, nll = 0, 0, 0.0
+                for b in range(0, len(masked), plan.batch_size):
+                    s = score(loaded, masked[b:b + plan.batch_size], attn, scheme, params)
+                    count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
+                    done += len(masked[b:b + plan.batch_size])
+                    if progress:
+                        progress(done, total)
+                rows.append({
+                    "tokens": n, "actual_tokens": int(round(np.mean([m.n for m in masked]))),
+                    "train_length": loaded.train_length, "scheme": scheme,
+                    "scheme_params": positions.params_text(params), "attention_factor": round(factor, 6),
+                    "method": method, "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
+                    "accuracy": correct / count, "perplexity": math.exp(nll / count), "nll": nll, "masked": count,
+                    "sequences": len(masked), "first_seed": plan.seed, "seconds": round(time.perf_counter() - t0, 3),
+                    **outcome,
+                })
     return rows
 
 
@@ -246,8 +278,8 @@ def _cosine(loaded: Loaded, plan: MlmPlan) -> float | None:
 
 
 #: The keys of every row :func:`run_mlm` returns (the CLI's ``mlm --json`` contract).
-ROW_KEYS = ("tokens", "actual_tokens", "train_length", "scheme", "method", "tau", "cosine_scale", "accuracy",
-            "perplexity", "nll", "masked", "sequences", "first_seed", "seconds", "reached", "gap")
+ROW_KEYS = ("tokens", "actual_tokens", "train_length", "scheme", "scheme_params", "attention_factor", "method", "tau",
+            "cosine_scale", "accuracy", "perplexity", "nll", "masked", "sequences", "first_seed", "seconds", "reached", "gap")
 
 
 def summary(loaded: Loaded, plan: MlmPlan, rows: list[dict]) -> dict:

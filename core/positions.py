@@ -19,8 +19,9 @@ input's length L, giving a :class:`Bound`, which is what a forward pass needs.
 Schemes that need their own training (ALiBi, PoSE) are entries too, marked
 unavailable with the reason, so no list drops them silently.
 
-How a bound scheme reaches a model (docs/positions.md, "How it is applied"):
-:func:`rotary_override` sets each rotary module's frequencies for one pass and
+How a bound scheme reaches a model (docs/positions.md, "How it is applied"; every pass of a rotary model goes
+through :func:`core.rope_pass.scheme_pass`, which binds the scheme to the pass's length and holds
+:func:`model_lock`): :func:`rotary_override` sets each rotary module's frequencies for one pass and
 puts them back (the scheme's, or none at all for a scheme that rectifies
 distances, so the attention function receives unrotated q and k); the
 attention function ANDs :meth:`Bound.mask_rows` into the padding mask and, for
@@ -37,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -226,10 +229,24 @@ def rectified_logits(q0: "torch.Tensor", k0: "torch.Tensor", inv_freq: "torch.Te
         moved &= allowed.to(device)
     if not bool(moved.any()):
         return out
-    for v in torch.unique(distances[moved]).tolist():
-        sel = moved & (distances == v)
+    # the distinct moved distances, largest first, one max per value: a sort of every moved entry
+    # (torch.unique) cost more than all the matmuls of a ReRoPE block
+    empty = torch.iinfo(distances.dtype).min
+    remaining = moved
+    while True:
+        v = int(torch.where(remaining, distances, empty).amax())
+        if v == empty:
+            break
+        sel = remaining & (distances == v)
+        remaining = remaining & ~sel
         cols = sel.any(0).nonzero().squeeze(1)
         qv = rotate(qb, torch.tensor(v, device=device), inv_freq, scale)  # q at v, k at 0 (k0 times scale)
+        if 2 * cols.numel() > k_len:  # most columns (ReRoPE: every key past the window): no gather and scatter
+            part = torch.matmul(qv, k0.transpose(-1, -2)).float()
+            if scale != 1.0:
+                part.mul_(scale)
+            out = torch.where(sel, part, out)
+            continue
         part = torch.matmul(qv, (k0[:, :, cols] * scale).transpose(-1, -2)).float()
         out[..., cols] = torch.where(sel[:, cols], part, out[..., cols])
     return out
@@ -512,12 +529,75 @@ def bind(name: str, train_length: int, length: int, **values: Any) -> Bound:
     return get(name).bind(train_length, length, **values)
 
 
+#: Between a scheme's name and its parameters in one text (``lm-infinite:window=32:sinks=2``), and between those.
+SPEC_SEP = ":"
+_INT_PARAMS = ("window", "sinks", "cap")
+
+
+def parse_spec(text: str) -> tuple[str, dict[str, int | float]]:
+    """A scheme as one text -> ``(name, params)``: ``window``, ``yarn-rope:attention_factor=1``,
+    ``lm-infinite:window=32:sinks=2``. Checked against the registry (unknown and unavailable names, parameters
+    the scheme does not take, values that are not numbers): a :class:`UserError` in one line."""
+    name, *items = str(text).strip().split(SPEC_SEP)
+    scheme = get(name)
+    if not scheme.available:
+        raise UserError(f"Position scheme '{name}' is not available: {scheme.reason}")
+    params: dict[str, int | float] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or key not in scheme.params:
+            takes = ", ".join(scheme.params) or "no parameters"
+            raise UserError(f"Position scheme '{name}' takes {takes}; got '{item}' (write {name}{SPEC_SEP}key=value)")
+        params[key] = _number(name, key, raw.strip())
+    return name, params
+
+
+def _number(name: str, key: str, raw: str) -> int | float:
+    try:
+        if key in _INT_PARAMS:
+            return int(raw)
+        value = float(raw)
+    except ValueError:
+        kind = "a whole number" if key in _INT_PARAMS else "a number"
+        raise UserError(f"{name}: {key} must be {kind} (got '{raw}')") from None
+    return value
+
+
+def spell(name: str, params: dict | None = None) -> str:
+    """The one text of a scheme and its parameters (:func:`parse_spec` reads it back), parameters in the
+    scheme's own order: ``yarn-rope:attention_factor=1``."""
+    scheme = get(name)
+    params = params or {}
+    return SPEC_SEP.join([name] + [f"{k}={params[k]:g}" for k in scheme.params if k in params])
+
+
+def params_text(params: dict | None) -> str:
+    """``window=32:sinks=2`` (the parameters given, in the order given), "" for none: a row's ``scheme_params``."""
+    return SPEC_SEP.join(f"{k}={v:g}" for k, v in (params or {}).items())
+
+
 def unavailable() -> dict[str, str]:
     """Each scheme that cannot run here, and why (for lists, the CLI's help and the docs)."""
     return {n: s.reason for n, s in REGISTRY.items() if not s.available}
 
 
 # ---- applying frequencies to a loaded model ------------------------------------------------------------------
+
+
+_LOCKS_GUARD = threading.Lock()
+_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
+
+
+def model_lock(model: Any) -> "threading.RLock":
+    """The lock of one model's rotary state (reentrant, one per model object): :func:`rotary_override` holds it
+    for the whole pass, and :func:`core.rope_pass.scheme_pass` holds it for every pass of a rotary model, plain
+    ones included (a plain pass beside another thread's override would read that scheme's frequencies)."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
 
 
 def rotary_modules(model: Any) -> list[Any]:
@@ -532,11 +612,12 @@ def rotary_override(model: Any, bound: Bound) -> Iterator[None]:
     ``rope_type`` pinned to ``default`` (so transformers' dynamic update, which keeps the longest length it has
     seen, cannot change them mid-pass); everything is put back on exit, even after an error.
 
-    The model is shared state: call it inside the process's pass gate (one pass at a time), as the app does."""
+    The model is shared state: the model's :func:`model_lock` is held from entry to exit, so two threads
+    overriding one model run their passes one after the other (the app's pass gate already runs one at a time)."""
     import torch
 
     saved: list[tuple[Any, str, str, torch.Tensor, float, Any]] = []
-    try:
+    with model_lock(model), _restoring(saved):
         for module in rotary_modules(model):
             per_type = isinstance(module.rope_type, dict)
             for lt in (sorted(module.rope_type) if per_type else [None]):
@@ -554,6 +635,15 @@ def rotary_override(model: Any, bound: Bound) -> Iterator[None]:
                     module.rope_type[lt] = DEFAULT_ROPE
                 else:
                     module.rope_type = DEFAULT_ROPE
+        yield
+
+
+@contextlib.contextmanager
+def _restoring(saved: list) -> Iterator[None]:
+    """Put back what :func:`rotary_override` recorded in ``saved``, on exit and after an error alike."""
+    import torch
+
+    try:
         yield
     finally:
         for module, prefix, lt, inv, scaling, kind in reversed(saved):

@@ -14,6 +14,14 @@ def main() -> None:
     page_setup("Sweep")
     title, what = st.empty(), st.empty()  # filled once the sidebar says which kind of document this is
     ctx = sb.sidebar()
+    if not ctx.loaded.seq2seq:  # a masked-LM encoder: accuracy and perplexity of masked tokens (InfoScale's Table 1)
+        title.title("Sweep: masked tokens over length and method")
+        what.caption("Scores held-out sequences with 15 % of their tokens masked at several lengths with each method: "
+                     "the accuracy and perplexity of the masked tokens. Measured methods are calibrated once per length "
+                     "on separate sequences (never on the scored ones). The metrics of the InfoScale paper's Table 1 "
+                     "(Li et al. 2025).")
+        sv.mlm_results(sv.mlm_run(ctx, sv.mlm_controls(ctx)))
+        return
     if ctx.request.task == tasks.LM:  # a language model: perplexity over length x method (Table 3)
         title.title("Sweep: perplexity over length and method")
         what.caption("Scores held-out sequences at several prefix lengths with each method: the perplexity of the "

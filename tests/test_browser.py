@@ -530,3 +530,60 @@ def test_a_link_reopens_the_view_and_back_and_navigation_work(server, page, dead
     back = scrubber(page, deadline)
     assert (back["tau"], back["kind"]) == ("0.70", "grid"), back
     assert _url_tau(page) == "0.70"
+
+
+# --- a rotary masked-LM model (issue 38) --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rope_server(model_ref, tmp_path_factory):
+    """A second `streamlit run app.py`, opening a tiny random ModernBERT masked LM (L_tr 64) through AAE_MODEL."""
+    from conftest import build_tiny_rope
+
+    folder = str(build_tiny_rope(tmp_path_factory.mktemp("browser-rope"), train_length=64))
+    port = _free_port()
+    env = {**os.environ, "AAE_MODEL": folder, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    _SERVERS[url] = proc
+    try:
+        _wait_health(url, proc)
+        yield url, folder
+    finally:
+        _SERVERS.pop(url, None)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, page, deadline):
+    """The RoPE model in a real browser: Explore paints the masked tokens' card, PageDown moves tau along the grid,
+    and the painted accuracy and perplexity are core.mlm's own score of the same document at that tau."""
+    import math
+
+    from core import mlm
+    from core.attention import AttentionSettings
+    from core.models import load
+
+    url, folder = rope_server
+    open_settled(page, f"{url}/?tokens=128&seed=2&method=fixed&tau=1.0", deadline, marker="masked tokens:",
+                 scope=SCRUBBER)
+    first = scrubber(page, deadline)
+    assert (first["tau"], first["kind"]) == ("1.00", "grid"), first
+    painted = {"1.00": first}
+    for tau in GRID[1:5]:
+        painted[tau] = press(page, "PageDown", {"tau": tau, "kind": "grid"}, deadline)
+    loaded = load(folder, device="cpu")
+    _, seq = mlm.sequence(loaded, 128, seed=2)
+    for tau in ("1.00", "0.80"):
+        s = mlm.score(loaded, [seq], AttentionSettings(float(tau)))
+        assert float(painted[tau]["accuracy"]) == pytest.approx(s.correct / s.masked), (tau, painted[tau])
+        assert float(painted[tau]["mlmPerplexity"]) == pytest.approx(math.exp(s.nll / s.masked), rel=1e-4), tau
+    assert float(painted["0.80"]["pmax"]) > float(painted["1.00"]["pmax"])  # a smaller tau sharpens attention
+    card = page.locator('.aae .card[data-side="chosen"]').inner_text(timeout=deadline.ms())
+    assert "masked tokens: accuracy" in card and "→" in card, card

@@ -30,7 +30,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import streamlit as st
 
-from core import calibration, engine, methods, rpe, tasks, temperature
+from core import calibration, engine, methods, mlm, rope_view, rpe, tasks, temperature
 from core.errors import UserError
 from core.models import Loaded, load
 from core.probes import ProbeSpec
@@ -74,7 +74,52 @@ def token_count(loaded: Loaded, req: DocumentRequest) -> int:
 
 
 def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
-    return stores()["enc"].get((mkey(loaded), doc_key), lambda: engine.encode(loaded, doc))
+    """The document's tokens as every pass reads them. A masked-LM model (``loaded.seq2seq`` False) reads them
+    with the masked positions of :func:`masked` replaced by its mask token, so every view (meters, maps, Algorithm
+    1, Theory) shows the attention of the very input whose masked tokens the cards score; the offsets stay the
+    text's own."""
+    def work() -> engine.Encoded:
+        enc = engine.encode(loaded, doc)
+        if loaded.seq2seq:
+            return enc
+        return replace(enc, input_ids=masked(loaded, doc_key, doc).ids)
+
+    return stores()["enc"].get((mkey(loaded), doc_key), work)
+
+
+def masked(loaded: Loaded, doc_key: Hashable, doc) -> mlm.MaskedSequence:
+    """The document's ids with :data:`core.mlm.MASK_RATE` of its tokens masked, positions drawn by the document's
+    seed (:func:`core.mlm.mask_tokens`: the masking ``python -m core mlm`` scores for the same text and seed)."""
+    def work() -> mlm.MaskedSequence:
+        return mlm.mask_tokens(loaded.tokenizer, engine.encode(loaded, doc).input_ids, doc.seed)
+
+    return stores()["enc"].get((mkey(loaded), "masked", doc_key), work)
+
+
+def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings, reference: bool = False) -> dict:
+    """The masked tokens' card of the request's document (its L_tr reference with ``reference``) under
+    ``settings``' tau, targets and CosScale: :func:`core.rope_view.card` of :func:`core.rope_view.masked_predictions`
+    (one pass without probes, torch's fused kernel)."""
+    doc_key = ("ref", req) if reference else req
+    key = (mkey(loaded), "mlm-card", doc_key, settings.tau.key(), tuple(settings.targets), settings.cosine_scale)
+
+    def work() -> dict:
+        doc = reference_document(loaded, req) if reference else document(loaded, req)
+        seq = masked(loaded, doc_key, doc)
+        with gate().foreground():
+            return rope_view.card(rope_view.masked_predictions(loaded, seq, settings.attention()), loaded.tokenizer)
+
+    return stores()["run"].get(key, work)
+
+
+def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_scale: float | None = None):
+    """:func:`core.rope_view.distance_curves` of one layer on the request's (masked) document."""
+    def work():
+        doc = document(loaded, req)
+        with gate().foreground():
+            return rope_view.distance_curves(loaded, encoded(loaded, req, doc).input_ids, layer, cosine_scale)
+
+    return stores()["rpe"].get((mkey(loaded), "distance", req, int(layer), cosine_scale), work)
 
 
 # -- runs ---------------------------------------------------------------------------

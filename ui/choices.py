@@ -15,12 +15,15 @@ the start of every full run (the module docstring of :mod:`ui.sidebar`).
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
 from core import methods, temperature
+from core.attention import ROPE, family_of
 from core.models import Loaded, bundled_specs, default_model, registry
 
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
@@ -57,7 +60,7 @@ PAGE_KEYS = (
     "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",
     "ex_text_layer", "ex_text_window", "cal_fast", "cal_samples", "cal_pick", "cal_export", "sw_lengths", "sw_depths",
     "sw_seeds", "sw_methods", "sw_fixed", "sw_samples", "sw_heat_method", "th_multiples", "tour_step",
-    "ex_colour", "ex_cross_layer", "ex_show_bias", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
+    "ex_colour", "ex_cross_layer", "ex_show_bias", "ex_dist_layer", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
 )
 #: Every key whose value is a choice kept across page changes (see the module docstring).
 KEEP_KEYS = tuple(DEFAULTS) + PAGE_KEYS
@@ -78,6 +81,20 @@ def model_options() -> list[str]:
     opts = ([env] if env else []) + [s.name for s in bundled_specs()]
     opts += [n for n, s in registry().items() if not s.bundled and n not in opts]
     return opts
+
+
+def model_labels() -> dict[str, str]:
+    """The model box's labels of the bundled models: the name, with "(RoPE masked LM)" for a rotary encoder (its
+    family read from its config.json, nothing loaded); other entries show as they are."""
+    out = {}
+    for spec in bundled_specs():
+        try:
+            raw = json.loads((Path(spec.source) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(raw, dict) and family_of(raw.get("model_type")) == ROPE:
+            out[spec.name] = f"{spec.name} (RoPE masked LM)"
+    return out
 
 
 def kept() -> dict[str, Any]:

@@ -9,6 +9,8 @@ figures from :mod:`core.plots` through :func:`ui.figure_cache.figure`, tables fr
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import streamlit as st
 
 from core import engine, frames, plots, tables
@@ -65,9 +67,10 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
                    help="Log colour shows a dispersed map's tail (and the needle cell past L_tr); linear the peaks.")
     if ss.get("ex_cross_layer") not in ["mean", *range(dec)]:
         ss["ex_cross_layer"] = "mean"
-    c[4].selectbox("Decoder layer", ["mean", *range(dec)], key="ex_cross_layer",
-                   format_func=lambda l: "mean of layers" if l == "mean" else f"layer {l}",
-                   help="Where the answer looks: one decoder layer's cross-attention, or their mean.")
+    if ctx.loaded.seq2seq:  # a masked-LM encoder writes no answer: no cross-attention to choose a layer of
+        c[4].selectbox("Decoder layer", ["mean", *range(dec)], key="ex_cross_layer",
+                       format_func=lambda l: "mean of layers" if l == "mean" else f"layer {l}",
+                       help="Where the answer looks: one decoder layer's cross-attention, or their mean.")
     c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window",
                 help="How much of the document the shaded text shows around the needle.")
     if ctx.loaded.cosine:  # a cosine model: the slider scrubs tau, or CosScale s at the chosen tau
@@ -115,8 +118,78 @@ def export(ctx: sb.Context, base, chosen, ref) -> None:
     st.markdown(f"Then run: `{sb.cli_command('settings.json')}`")
 
 
+#: Points of a distance curve sent to the browser (the 2L - 1 distances of a long document are thinned evenly).
+DISTANCE_POINTS = 2001
+
+
+def distance_figure(distances: np.ndarray, mean: np.ndarray, heads: list[int], train_length: int, layer: int):
+    """The mean logit q.k against relative distance, one line per head, L_tr marked on both sides (plotly)."""
+    import plotly.graph_objects as go
+
+    idx = np.arange(len(distances))
+    if len(idx) > DISTANCE_POINTS:
+        idx = np.unique(np.linspace(0, len(idx) - 1, DISTANCE_POINTS).round().astype(int))
+    fig = go.Figure()
+    for h in heads:
+        fig.add_scatter(x=distances[idx], y=np.asarray(mean[h], dtype=np.float32)[idx], mode="lines", name=f"head {h}",
+                        line=dict(width=1.4))
+    span = int(np.max(np.abs(distances))) if len(distances) else 0
+    for x in (-train_length, train_length):
+        if abs(x) <= span:
+            fig.add_vline(x=x, line=dict(color="black", dash="dash", width=1))
+    if span >= train_length:
+        fig.add_annotation(x=train_length, y=1, yref="paper", text="L_tr", showarrow=False, yanchor="bottom")
+    fig.update_xaxes(title="relative distance n - m (key - query), tokens")
+    fig.update_yaxes(title=f"mean logit q·k, layer {layer}")
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=24, b=10), legend=dict(orientation="h"))
+    return fig
+
+
+def distance_section(ctx: sb.Context) -> None:
+    """A rotary model's counterpart of T5's bias curves: the mean logit against relative distance per head at this
+    length (:func:`core.rope_view.distance_curves`); like the bias, it does not depend on tau."""
+    ss = st.session_state
+    L, H = ctx.loaded.n_layers, ctx.loaded.n_heads
+    st.subheader("Mean logit against relative distance")
+    st.caption(
+        "A rotary model has no position bias to draw: its queries and keys are rotated by their positions, so q·k "
+        "itself depends on the distance n - m. Each line is one head's mean logit q·k (as the attention computes it, "
+        "before tau) over every query–key pair at that distance on this document; dashed: ±L_tr. Past L_tr the model "
+        "meets distances it never saw in training: where a head's curve drifts or oscillates there, its attention "
+        "there is untrained. The rotary counterpart of the paper's Fig. 1 (T5's bias)."
+    )
+    ss.setdefault("ex_show_bias", False)
+    if not st.toggle("Show the distance curves", key="ex_show_bias"):
+        return
+    ss.setdefault("ex_dist_layer", 0)
+    if ss["ex_dist_layer"] not in range(L):
+        ss["ex_dist_layer"] = 0
+    ss.setdefault("ex_rpe_heads", list(range(min(H, 8))))
+    ss["ex_rpe_heads"] = [h for h in ss["ex_rpe_heads"] if h in range(H)] or [0]
+    r1, r2 = st.columns([3, 1])
+    r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads")
+    r2.selectbox("Layer", list(range(L)), key="ex_dist_layer")
+    try:
+        curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]))
+    except UserError as err:
+        st.error(message(err))
+        return
+    chart(figure_cache.figure(distance_figure, curves.distances, curves.mean, list(ss["ex_rpe_heads"]),
+                              ctx.train_length, curves.layer), "rope_distance")
+
+    def table() -> pd.DataFrame:
+        return pd.DataFrame(curves.mean.T, index=pd.Index(curves.distances, name="distance"),
+                            columns=[f"head {h}" for h in range(curves.heads)])
+
+    st.download_button("distance.csv", csv_of(table), "distance.csv", "text/csv", key="dl_distance", on_click="ignore")
+
+
 def bias_section(ctx: sb.Context) -> None:
-    """The relative-position bias curves: they depend on the model and the document's length, not on tau."""
+    """The relative-position bias curves: they depend on the model and the document's length, not on tau.
+    A rotary model has none: its counterpart is :func:`distance_section`."""
+    if not ctx.loaded.seq2seq:
+        distance_section(ctx)
+        return
     ss = st.session_state
     H = ctx.loaded.n_heads
     st.subheader("Relative-position bias b(m, n)")

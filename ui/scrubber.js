@@ -408,6 +408,8 @@ function paint(st) {
   r.shown = f ? tauKey(val(d, f)) : "";
   r.answer = f ? f.answer : "";
   r.correct = f ? String(f.correct) : "";
+  r.accuracy = f && f.masked ? String(f.masked.accuracy) : "";
+  r.mlmPerplexity = f && f.masked ? String(f.masked.perplexity) : "";
   r.pmax = f ? String(f.pmax) : "";
   r.entropy = f ? String(f.entropy) : "";
   r.mapSum = f && f.map ? String(f.map.data.reduce((a, b) => a + b, 0)) : "";
@@ -426,7 +428,21 @@ function paintCard(st, card, f, tau, kind) {
   card.title.textContent = chosen ? `${meta.chosen_title || "Chosen"}, ${ax.label} = ${
     kind === "exact" && !f.uniform && ax.name === "tau" ? `${fmt(on, 3)} (mean)` : kind === "grid" || kind === "exact" ? fmt(on, ax.name === "tau" ? 3 : 1) : fmt(tau, 2)}`
     : meta.base_label || "tau = 1 (no alignment)";
-  if (f.perplexity !== null && f.perplexity !== undefined) {
+  if (f.masked) {  // a masked-LM model: the masked tokens' predictions beside the true tokens
+    const m = f.masked, rm = ref.masked;
+    card.ans.innerHTML = "";
+    card.ans.append(`masked tokens: accuracy ${fmt(100 * m.accuracy, 1)} % (${m.correct} of ${m.masked}) · perplexity `
+      + `${fmt(m.perplexity, 2)}` + (rm ? ` · at L_tr ${fmt(100 * rm.accuracy, 1)} %, ${fmt(rm.perplexity, 2)}` : ""));
+    const tbl = el("div", "masked", card.ans);
+    for (const [pos, truth, pred, p, ok] of m.rows) {
+      const r = el("div", "", tbl);
+      r.title = `position ${pos}: p(true token) = ${fmt(p, 4)}`;
+      el("code", "", r, JSON.stringify(truth));
+      r.append(" → ");
+      el("code", "", r, JSON.stringify(pred));
+      el("span", ok ? "ok" : "bad", r, ok ? " ✓" : ` ✗ p=${fmt(p, 3)}`);
+    }
+  } else if (f.perplexity !== null && f.perplexity !== undefined) {
     card.ans.innerHTML = "";
     card.ans.append(`perplexity ${fmt(f.perplexity, 1)} · at L_tr ${fmt(ref.perplexity, 1)} · writes `);
     el("code", "", card.ans, f.answer || "(empty)");

@@ -141,6 +141,18 @@ def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool, axis: str) -> str:
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
+def masked_cards(ctx, base_settings, grid_settings: dict, exact_settings) -> dict[str, dict]:
+    """The masked-token cards of a masked-LM model's frames (:func:`ui.cache.mlm_card`, one fused pass each, kept):
+    the model as trained, the L_tr reference, every grid value shown and the exact setting."""
+    loaded, req = ctx.loaded, ctx.request
+    out = {"base": cache.mlm_card(loaded, req, base_settings),
+           "ref": cache.mlm_card(loaded, req, replace(base_settings, targets=tuple(ctx.targets)), reference=True)}
+    out.update({k: cache.mlm_card(loaded, req, s) for k, s in grid_settings.items()})
+    if exact_settings is not None:
+        out["exact"] = cache.mlm_card(loaded, req, exact_settings)
+    return out
+
+
 def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     """Draw the component for the context's document and return the runs the rest of the page shows.
 
@@ -205,7 +217,12 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "note": "" if methods.get(ctx.method).takes_value else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
     }
     only = _delta(meta["doc_id"], grid, exact)
-    data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only)
+    cards = None
+    if not loaded.seq2seq:  # a masked-LM model: each frame's masked-token card in place of an answer
+        cards = masked_cards(ctx, base_settings, {f"{v:.2f}": at(v) for v in grid},
+                             chosen_settings if exact is not None else None)
+    data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only,
+                          cards=cards)
     _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:

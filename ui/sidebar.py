@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core import engine, methods, tasks
+from core import engine, methods, mlm, positions, tasks
 from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded
@@ -210,8 +210,10 @@ def cli_command(file_name: str = "choice.json") -> str:
 def _model_section() -> Loaded:
     sb = st.sidebar
     sb.subheader("Model")
-    sb.selectbox("Model", choices.model_options(), key="model_choice",
-                 help="Bundled models first, then T5 models from the Hugging Face hub (need internet or a local copy).")
+    labels = choices.model_labels()
+    sb.selectbox("Model", choices.model_options(), key="model_choice", format_func=lambda r: labels.get(r, r),
+                 help="Bundled models first (T5 retrieval and language models, and rotary masked-LM encoders: 'RoPE'), "
+                      "then T5 models from the Hugging Face hub (need internet or a local copy).")
     sb.text_input(OTHER_HINT, key="model_other", placeholder="google/flan-t5-base or ./my-t5-folder")
     ref = (st.session_state.get("model_other") or "").strip() or st.session_state["model_choice"]
     st.session_state["_model_ref"] = ref
@@ -223,9 +225,22 @@ def _model_section() -> Loaded:
     sb.caption(
         f"**{d['name']}** · L_tr = **{d['train_length']:,}** tokens · {d['parameters'] / 1e6:.2f} M parameters · "
         f"{d['layers']} layers × {d['heads']} heads (d_kv {d['d_kv']}) · {d['device']} / {d['dtype']} · "
-        f"attention: {d['attention']}"
+        f"attention: {d['attention']} · "
+        + ("T5: learned relative bias, encoder-decoder" if loaded.seq2seq else
+           "RoPE: rotary positions, masked-LM encoder (fills masked tokens; no decoder)")
     )
     return loaded
+
+
+#: What a masked-LM model's document is (the sidebar says it in place of the Source and Task boxes).
+MASKED_DOC = ("**Masked tokens in held-out prose**: the held-out text of the seed at the chosen length, "
+              f"{round(100 * mlm.MASK_RATE)} % of its tokens replaced by the mask token (positions drawn by the seed); "
+              "the model fills them in.")
+
+
+def reads_prose(loaded: Loaded) -> bool:
+    """Whether the model's document is held-out prose (task ``lm``): a T5 language model, or a masked-LM encoder."""
+    return loaded.language_model or not loaded.seq2seq
 
 
 def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, int]:
@@ -236,19 +251,25 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
         if not first or ss.get("doc_tokens") is None:
             choices.put("doc_tokens", lt)  # a new model: start at its training length
         # ... and with its kind of document, unless the page was opened from a link that names a task
-        if not (first and "task" in st.query_params) and (loaded.language_model or ss.get("doc_task") == tasks.LM):
-            choices.put("doc_task", tasks.LM if loaded.language_model else "passkey")
+        if not (first and "task" in st.query_params) and (reads_prose(loaded) or ss.get("doc_task") == tasks.LM):
+            choices.put("doc_task", tasks.LM if reads_prose(loaded) else "passkey")
         ss["_ltr"] = (ss["_model_ref"], lt)
     if ss.get("_url_multiple"):
         choices.put("doc_tokens", int(ss.pop("_url_multiple")) * lt)
     sb.subheader("Document")
-    sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
+    if not loaded.seq2seq:  # a masked-LM encoder: held-out prose with masked tokens, nothing else to choose
+        choices.put("doc_mode", "Generate")
+        choices.put("doc_task", tasks.LM)
+        sb.caption(MASKED_DOC)
+    else:
+        sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
     if ss["doc_mode"] == "Generate":
         if ss.get("doc_task") not in tasks.GENERATED:
-            choices.put("doc_task", tasks.LM if loaded.language_model else "passkey")
-        sb.selectbox("Task", tasks.GENERATED, key="doc_task",
-                     help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
-                          "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).")
+            choices.put("doc_task", tasks.LM if reads_prose(loaded) else "passkey")
+        if loaded.seq2seq:
+            sb.selectbox("Task", tasks.GENERATED, key="doc_task",
+                         help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
+                              "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).")
         sb.number_input("Length in tokens", min_value=16, max_value=4_000_000, step=max(1, lt // 4), key="doc_tokens")
         row = sb.container(horizontal=True, gap="small")
         for k in MULTIPLES:
@@ -352,6 +373,14 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     c1.selectbox("Method", methods.NAMES, key="tau_method", format_func=methods.label,
                  help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
                       + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
+    if not loaded.seq2seq:
+        # HOOK (issue 38, the position-scheme axis): shown, disabled, until the app's passes carry a scheme
+        # (engine.RunSettings.scheme / scheme_params and ui.cache's keys; core.rope_pass.scheme_pass runs it).
+        names = list(positions.NAMES)
+        c1.selectbox("Position scheme", names, index=names.index(positions.PLAIN), disabled=True,
+                     key="_pos_scheme_hook",
+                     help="The second axis beside the temperature (PI, NTK, YaRN, ReRoPE, windows, sinks: "
+                          "docs/positions.md). Not in the app yet: every view here is plain RoPE as trained.")
     method = ss["tau_method"]
     fixed = methods.get(method).takes_value  # the slider is the person's own tau
     slot = c2.empty() if slider else None  # the slider is drawn once the method's tau is known
@@ -370,9 +399,13 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     row = where.container(horizontal=True, gap="small", vertical_alignment="center")
     row.caption("tau applies to:")
     row.checkbox("encoder", key="tgt_encoder", help="encoder self-attention (where dispersion happens; the probes measure it)")
-    row.checkbox("decoder", key="tgt_decoder", help="decoder self-attention")
-    row.checkbox("cross", key="tgt_cross", help="decoder -> encoder cross-attention")
-    targets = tuple(k for k, on in ((ENCODER, ss["tgt_encoder"]), (DECODER, ss["tgt_decoder"]), (CROSS, ss["tgt_cross"])) if on)
+    if loaded.seq2seq:
+        row.checkbox("decoder", key="tgt_decoder", help="decoder self-attention")
+        row.checkbox("cross", key="tgt_cross", help="decoder -> encoder cross-attention")
+        kinds = ((ENCODER, ss["tgt_encoder"]), (DECODER, ss["tgt_decoder"]), (CROSS, ss["tgt_cross"]))
+    else:  # a masked-LM encoder has no decoder: its one attention is the encoder's
+        kinds = ((ENCODER, ss["tgt_encoder"]),)
+    targets = tuple(k for k, on in kinds if on)
     cos = None
     if loaded.cosine:
         s = float(loaded.cosine_scale)

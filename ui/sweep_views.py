@@ -12,6 +12,7 @@ import streamlit as st
 from core import csvio, methods, plots, tasks, timing
 from core.errors import UserError
 from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
+from core.mlm import MASK_RATE, MIN_TOKENS, MlmPlan, run_mlm
 from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
 from ui import chart, message, plural, user_errors
 from ui import choices, pass_gate
@@ -382,3 +383,78 @@ def lm_results(path: Path) -> None:
     st.dataframe(table, width="stretch")
     st.download_button("perplexity.csv", csvio.to_csv_bytes(df), "perplexity.csv", "text/csv", key="dl_lm",
                        on_click="ignore")
+
+
+# -- a masked-LM model (the rotary family): accuracy and perplexity of the masked tokens ------------------------
+
+def mlm_controls(ctx: sb.Context) -> MlmPlan:
+    """The masked-token grid (lengths, methods, fixed taus, sequences) as a :class:`core.mlm.MlmPlan`."""
+    ss = st.session_state
+    lt = ctx.train_length
+    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.the(grid_criterion="pmax")]),
+                 ("lm_fixed", ""), ("lm_sequences", 20)):
+        ss.setdefault(k, v)
+    options, side = length_options(ctx)
+    _drop_stale_lengths("lm_lengths", options)
+    c1, c2 = st.columns(2)
+    c1.multiselect("Lengths (× L_tr)", options, key="lm_lengths", format_func=lambda k: _length_text(k, lt))
+    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", format_func=methods.label, help=METHODS_HELP)
+    lengths_note(ctx, "lm_lengths", side, "The table scores masked tokens", "held-out sequences")
+    c4, c5 = st.columns(2)
+    c4.text_input("Fixed taus", key="lm_fixed", placeholder="0.8, 0.7")
+    c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences",
+                    help=f"Held-out sequences (seeds 0, 1, …), {round(100 * MASK_RATE)} % of each one's tokens masked.")
+    with user_errors():
+        chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
+        plan = MlmPlan(lengths=[max(MIN_TOKENS, round(k * lt)) for k in sorted(ss["lm_lengths"])], methods=chosen,
+                       sequences=int(ss["lm_sequences"]), cosine_scale=ctx.cosine_scale).validated()
+    st.caption(f"{plural(len(plan.lengths) * len(plan.methods), 'cell')} of {plural(plan.sequences, 'sequence')} on "
+               f"{ctx.loaded.spec.name}: each held-out sequence with {round(100 * MASK_RATE)} % of its tokens masked "
+               "(positions by seed), the masked tokens scored: accuracy and perplexity (the InfoScale paper's Table 1 "
+               "metrics; `python -m core mlm` gives the same rows).")
+    return plan
+
+
+def mlm_run(ctx: sb.Context, plan: MlmPlan) -> Path:
+    """Start, and the masked-token runs with progress (sequences done / total); the CSV path."""
+    path = _csv_path().with_name("mlm.csv")
+    if st.button("Start", type="primary", key="mlm_start", disabled=not plan.lengths or not plan.methods):
+        bar = st.progress(0.0, text="starting…")
+        t0 = time.perf_counter()
+
+        def progress(done: int, total: int) -> None:
+            left = timing.remaining_weighted(time.perf_counter() - t0, done, total - done) if done else None
+            bar.progress(done / max(1, total), text=f"{done}/{total} sequences"
+                         + (f" · {timing.describe(left)} left" if left is not None else ""))
+
+        with user_errors(bar):
+            rows = run_mlm(ctx.loaded, plan, progress=progress)
+        bar.empty()
+        path.write_bytes(csvio.to_csv_bytes(pd.DataFrame(rows)))
+    return path
+
+
+def mlm_results(path: Path) -> None:
+    """The finished cells: perplexity over length per method, accuracy and perplexity tables, the CSV."""
+    if not path.exists() or path.stat().st_size == 0:
+        st.info("No results yet: choose the grid and press Start.")
+        return
+    df = csvio.restore_frame(pd.read_csv(path, keep_default_na=False))
+    if df.empty:
+        st.info("No finished rows yet.")
+        return
+    st.subheader("Masked tokens over length (InfoScale paper, Table 1)")
+    st.caption("Perplexity and accuracy of the masked tokens at each length. With tau = 1 a rotary model trained at "
+               "L_tr degrades past it; the paper's InfoScale and CosScale are meant to hold it.")
+    table = _labelled(perplexity_table(df))
+    chart(plots.perplexity_over_length(table, train_length=int(df["train_length"].iloc[0])), "mlm_lines")
+    acc = df.copy()
+    acc["accuracy"] = pd.to_numeric(acc["accuracy"])
+    accuracy = _labelled(acc.pivot_table(index="method", columns="tokens", values="accuracy", aggfunc="mean")
+                         .reindex(list(dict.fromkeys(acc["method"]))).round(4))
+    c1, c2 = st.columns(2)
+    c1.markdown("**Perplexity**")
+    c1.dataframe(table, width="stretch")
+    c2.markdown("**Accuracy**")
+    c2.dataframe(accuracy, width="stretch")
+    st.download_button("mlm.csv", csvio.to_csv_bytes(df), "mlm.csv", "text/csv", key="dl_mlm", on_click="ignore")

@@ -52,7 +52,20 @@ def _tour_go(i: int, lt: int) -> None:
                  tau_method=step["method"], tgt_encoder=True)
 
 
-def tour(lt: int) -> None:
+#: What the tour says on a model it is not for (a masked-LM encoder has no pass key to find).
+NOT_FOR = ("The guided tour is for the T5 pass-key models (a bundled `retrieval-t5`, say): it hides a pass key in "
+           "filler and asks for it back. This model is a masked-LM encoder, so it reads held-out prose with masked "
+           "tokens instead. The same lesson here: open the document at 1× L_tr, then 8× with no correction (the "
+           "cards' accuracy falls, Pmax falls and entropy rises against the L_tr ticks), then choose log-length or "
+           "InfoScale in the Method box.")
+
+
+def tour(lt: int, seq2seq: bool = True) -> None:
+    """The tour's expander; for a model that is not T5 (``seq2seq`` False) one paragraph saying what it is for."""
+    if not seq2seq:
+        with st.expander("Guided tour: dispersion and its fix in four steps"):
+            st.info(NOT_FOR)
+        return
     with st.expander("Guided tour: dispersion and its fix in four steps", expanded=st.session_state.get("tour_step") is not None):
         st.caption("For a class: each button sets the sidebar (pass key task, length, tau method); read the sentence, then the views below.")
         cols = st.columns(len(TOUR))

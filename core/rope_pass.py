@@ -1,0 +1,90 @@
+"""One forward pass of a model under a position scheme: the one place a scheme reaches a model.
+
+A position scheme (:mod:`core.positions`) is applied in two halves that must
+agree: the model's rotary module (:func:`core.positions.rotary_override`: the
+scheme's frequencies, or none at all for a scheme that rectifies distances)
+and the attention function (:class:`core.attention.AttentionSettings`'s
+``positions``: mask rows and rectified logits). :func:`scheme_pass` sets both
+up for one pass and undoes them, and is what every pass of a rotary model
+goes through: :func:`core.engine.run_encoded` (so Explore, sweeps and the
+passes of measured methods, Algorithm 1 included, run under the scheme) and
+:func:`core.mlm.score`.
+
+The scheme is bound per pass to the pass's own length (the padded batch's):
+a calibration's L_tr reference passes get the scheme at L_tr, its passes at
+L the scheme at L. That is why callers carry a scheme *name and parameters*
+(``RunSettings.scheme``) rather than a :class:`~core.positions.Bound`, which
+is fixed to one length.
+
+The rotary override changes the shared model for the pass, so the pass holds
+the model's lock (:func:`core.positions.model_lock`) from before the override
+to after the restore; every pass of a rotary model takes it, plain ones too
+(a plain pass beside another thread's override would read its frequencies).
+The app already runs one pass at a time (``ui/pass_gate.py``); the lock makes
+the library safe for any caller with threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import TYPE_CHECKING, Iterator
+
+from core import positions
+from core.attention import ROPE, AttentionSettings, attention_call
+from core.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.models import Loaded
+    from core.probes import Recorder
+
+
+def check(loaded: "Loaded", scheme: str, params: dict | None = None) -> None:
+    """Refuse, in one line, a scheme this model cannot run: any scheme but the plain one on a non-rotary model,
+    and unknown or unavailable names or parameters (bound at L_tr to check the values)."""
+    if scheme == positions.PLAIN and not params:
+        return
+    positions.get(scheme)
+    if loaded.family != ROPE:
+        raise UserError(f"Position scheme '{scheme}' needs a rotary (RoPE) model; '{loaded.spec.name}' is a "
+                        f"{loaded.family} model with its own relative positions")
+    positions.bind(scheme, loaded.train_length, loaded.train_length, **(params or {}))
+
+
+def bound(loaded: "Loaded", scheme: str, params: dict | None, tokens: int) -> positions.Bound | None:
+    """The scheme bound for a pass of ``tokens`` tokens, or None for a model without rotary positions (checked:
+    a non-plain scheme there is refused)."""
+    check(loaded, scheme, params)
+    if loaded.family != ROPE:
+        return None
+    return positions.bind(scheme, loaded.train_length, tokens, **(params or {}))
+
+
+@contextlib.contextmanager
+def scheme_pass(loaded: "Loaded", attn: AttentionSettings | None, recorder: "Recorder | None" = None,
+                scheme: str = positions.PLAIN, params: dict | None = None,
+                tokens: int | None = None) -> Iterator[positions.Bound | None]:
+    """Run the enclosed forward pass(es) of ``loaded`` at ``tokens`` tokens with ``attn`` and ``recorder`` under
+    the position scheme ``scheme`` (``params``: its parameters); yields the :class:`~core.positions.Bound` (None
+    for a T5 model, which takes only the plain scheme). The model is exactly as before on exit, also after an
+    error. See the module docstring for the lock."""
+    attn = attn or AttentionSettings()
+    b = bound(loaded, scheme, params, tokens if tokens is not None else loaded.train_length)
+    if b is None:
+        with attention_call(attn, recorder):
+            yield None
+        return
+    model = loaded.model
+    with positions.model_lock(model), positions.rotary_override(model, b), \
+            attention_call(replace(attn, positions=b), recorder):
+        yield b
+
+
+def attention_factor(loaded: "Loaded", b: positions.Bound | None) -> float:
+    """The factor a frequency scheme puts on cos and sin (logits x its square) as it acts on this model: YaRN's
+    0.1 ln s + 1 (or the one bound), 1 for every other scheme, and 1 for a cosine-attention model, whose
+    normalisation of q and k cancels any factor on them."""
+    if b is None or loaded.cosine or positions.FREQUENCIES not in b.scheme.changes:
+        return 1.0
+    config = loaded.model.config
+    return float(b.frequencies(config, positions.layer_types(config)[0])[1])

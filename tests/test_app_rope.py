@@ -1,0 +1,190 @@
+"""The app on a rotary masked-LM model (issue 38): every page opens a tiny ModernBERT without an exception, Explore's
+masked-token cards equal core.mlm's own score of the same document at the same tau, tau and CosScale move them, the
+distance view replaces T5's bias curves, Sweep scores masked tokens and Theory's InfoScale uses the model's head size.
+
+The tiny models come from tests/conftest.py (``build_tiny_rope``: L_tr = 64, the bundled models' BPE with a mask
+token); AAE_MODEL points the app at them. Nothing of our code is mocked: the numbers are compared with
+:func:`core.mlm.score` on :func:`core.mlm.sequence`, the evaluation ``python -m core mlm`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from conftest import app_ok, build_tiny_rope, scrubber_view  # noqa: E402
+from core import methods, mlm  # noqa: E402
+from core.attention import AttentionSettings  # noqa: E402
+from core.models import load  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+PAGES = ("pages/explore.py", "pages/calibrate.py", "pages/sweep.py", "pages/theory.py")
+TIMEOUT = 120
+L_TR = 64
+
+
+@pytest.fixture(scope="module")
+def rope_dir(tmp_path_factory):
+    return build_tiny_rope(tmp_path_factory.mktemp("app-rope"), train_length=L_TR)
+
+
+@pytest.fixture
+def rope_env(rope_dir, monkeypatch):
+    monkeypatch.setenv("AAE_MODEL", str(rope_dir))
+    return rope_dir
+
+
+def _scored(folder, tokens: int, seed: int, tau: float, cosine_scale: float | None = None) -> mlm.Scored:
+    """core.mlm's own score of the held-out sequence of ``seed`` at ``tokens`` tokens under ``tau`` (and s)."""
+    loaded = load(str(folder), device="cpu")
+    _, seq = mlm.sequence(loaded, tokens, seed)
+    return mlm.score(loaded, [seq], AttentionSettings(tau, cosine_scale=cosine_scale))
+
+
+def _array(v) -> list[float]:
+    """A plotly trace's x or y as a list (plotly sends numeric arrays as base64 ``bdata``)."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
+    return list(v)
+
+
+def _same(card: dict, scored: mlm.Scored) -> None:
+    assert card["masked"] == scored.masked and card["correct"] == scored.correct
+    assert card["accuracy"] == pytest.approx(scored.correct / scored.masked)
+    assert card["perplexity"] == pytest.approx(float(__import__("math").exp(scored.nll / scored.masked)), rel=1e-4)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_opens_alone(rope_env, page):
+    at = AppTest.from_file(str(ROOT / page), default_timeout=TIMEOUT).run()
+    app_ok(at)
+    assert at.title and at.session_state["doc_task"] == "lm"
+    assert any("RoPE" in c.value for c in at.sidebar.caption), "the sidebar says which family the model is"
+
+
+def test_explore_cards_equal_mlm_score_and_tau_moves_them(rope_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    assert at.session_state["doc_tokens"] == L_TR and not at.get("plotly_chart")
+    header, chosen = scrubber_view(at)
+    seed = int(at.session_state["doc_seed"])
+    _same(header["base"]["masked"], _scored(rope_env, L_TR, seed, 1.0))  # tau = 1
+    _same(header["ref"]["masked"], _scored(rope_env, L_TR, seed, 1.0))  # at L_tr the reference is this document
+    rows = header["base"]["masked"]["rows"]
+    assert 1 <= len(rows) <= 8 and all(isinstance(r[1], str) and isinstance(r[2], str) for r in rows)
+    # 2x L_tr, then a release of the scrubber's slider at 0.6: the chosen card is the score at tau = 0.6
+    at.session_state["doc_tokens"] = 2 * L_TR
+    at.run()
+    at.session_state["tau_value"] = 0.6
+    at.run()
+    app_ok(at)
+    header, chosen = scrubber_view(at)
+    assert header["meta"]["tau"] == pytest.approx(0.6) and chosen["tau"] == pytest.approx(0.6)
+    _same(chosen["masked"], _scored(rope_env, 2 * L_TR, seed, 0.6))
+    _same(header["base"]["masked"], _scored(rope_env, 2 * L_TR, seed, 1.0))
+    assert chosen["masked"]["perplexity"] != header["base"]["masked"]["perplexity"]
+    assert chosen["pmax"] > header["base"]["pmax"], "tau < 1 sharpens the attention of the masked document"
+    # an off-grid tau: its exact frame carries its own card
+    at.session_state["tau_value"] = 0.62
+    at.run()
+    header, chosen = scrubber_view(at)
+    if chosen is not None and chosen["tau"] == pytest.approx(0.62):
+        _same(chosen["masked"], _scored(rope_env, 2 * L_TR, seed, 0.62))
+
+
+def test_explore_draws_the_distance_view_and_the_tour_says_whom_it_is_for(rope_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.toggle(key="ex_show_bias").set_value(True).run()
+    app_ok(at)
+    assert any("relative distance" in h.value for h in at.subheader)
+    (chart,) = at.get("plotly_chart")
+    spec = json.loads(chart.proto.spec)
+    lines = [t for t in spec["data"] if t.get("name", "").startswith("head ")]
+    assert len(lines) == 4 and _array(lines[0]["x"]) == list(range(-(L_TR - 1), L_TR))  # every distance
+    at.selectbox(key="ex_dist_layer").set_value(1).run()
+    app_ok(at)
+    assert any("T5 pass-key models" in i.value for i in at.info), "the tour says it is for the T5 models"
+    assert not any(b.key == "tour_0" for b in at.button)
+
+
+def test_a_measured_method_and_the_other_pages(rope_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.selectbox(key="tau_method").set_value(methods.BASELINE).run()
+    app_ok(at)
+    for page in PAGES[1:] + PAGES[:1]:
+        at.switch_page(page).run()
+        app_ok(at)
+    at.switch_page("pages/calibrate.py").run()
+    if any(b.key == "cal_run" for b in at.button):
+        at.button(key="cal_run").click().run()
+    app_ok(at)
+    assert {"Algorithm 1 (pmax)", "Algorithm 1 (entropy)"} <= {m.label for m in at.metric}
+
+
+def test_theory_infoscale_uses_the_models_head_size(rope_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/theory.py").run()
+    app_ok(at)
+    loaded = load(str(rope_env), device="cpu")
+    assert loaded.d_kv == 16  # hidden 64 over 4 heads
+    spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "InfoScale" in c.proto.spec)
+    (line,) = [t for t in spec["data"] if "InfoScale" in t.get("name", "")]
+    name = next(n for n in methods.FORMULAS if methods.get(n).short in line["name"])
+    for n, tau in zip(_array(line["x"]), _array(line["y"])):
+        assert tau == pytest.approx(methods.formula(name, L_TR, int(n), loaded.d_kv, None), rel=1e-6)
+    assert methods.formula(name, L_TR, 16 * L_TR, 16, None) != methods.formula(name, L_TR, 16 * L_TR, 64, None)
+
+
+def test_sweep_scores_masked_tokens_as_the_cli(rope_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/sweep.py").run()
+    app_ok(at)
+    at.multiselect(key="lm_lengths").set_value([1, 2])
+    at.multiselect(key="lm_methods").set_value([methods.AS_TRAINED])
+    at.number_input(key="lm_sequences").set_value(2)
+    at.button(key="mlm_start").click().run()
+    app_ok(at)
+    perplexity, accuracy = at.dataframe[0].value, at.dataframe[1].value
+    assert list(perplexity.columns) == [L_TR, 2 * L_TR] and len(at.get("plotly_chart")) == 1
+    rows = mlm.run_mlm(load(str(rope_env), device="cpu"),
+                       mlm.MlmPlan(lengths=[L_TR, 2 * L_TR], methods=[methods.AS_TRAINED], sequences=2))
+    for r in rows:
+        assert perplexity[r["tokens"]].iloc[0] == pytest.approx(r["perplexity"], abs=0.006)
+        assert accuracy[r["tokens"]].iloc[0] == pytest.approx(r["accuracy"], abs=1e-4)
+
+
+def test_a_cosine_rope_model_moves_cosscale(tmp_path, monkeypatch):
+    folder = build_tiny_rope(tmp_path / "rope-cos", cosine=16.0, seed=1, train_length=L_TR)
+    monkeypatch.setenv("AAE_MODEL", str(folder))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    assert at.slider(key="cos_scale").value == pytest.approx(16.0)
+    at.slider(key="cos_scale").set_value(8.0).run()
+    app_ok(at)
+    header, chosen = scrubber_view(at)
+    assert "s = 16" in header["meta"]["base_label"] and chosen["cosine_scale"] == 8.0
+    seed = int(at.session_state["doc_seed"])
+    _same(chosen["masked"], _scored(folder, L_TR, seed, 1.0, cosine_scale=8.0))
+    _same(header["base"]["masked"], _scored(folder, L_TR, seed, 1.0))
+    # the scrubber's slider moves s: a grid of scales, the trained one among them; a release at s = 16
+    at.radio(key="ex_axis").set_value("s").run()
+    app_ok(at)
+    header, chosen = scrubber_view(at)
+    assert header["meta"]["axis"]["name"] == "s" and 16.0 in header["grid"]
+    at.session_state["cos_scale"] = 16.0
+    at.run()
+    header, chosen = scrubber_view(at)
+    assert chosen["cosine_scale"] == 16.0
+    _same(chosen["masked"], _scored(folder, L_TR, seed, 1.0, cosine_scale=16.0))
+    at.switch_page("pages/theory.py").run()
+    app_ok(at)

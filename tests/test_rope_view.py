@@ -1,0 +1,74 @@
+"""core.rope_view: the mean logit by relative distance against a hand computation and against the raw logits our
+attention's own probe records, and the masked tokens' predictions against core.mlm.score."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import build_tiny_rope
+from core import mlm, rope_view
+from core.attention import AttentionSettings, attention_call
+from core.models import load
+from core.probes import ProbeSpec, Recorder
+
+
+@pytest.fixture(scope="module")
+def rope(tmp_path_factory):
+    return load(str(build_tiny_rope(tmp_path_factory.mktemp("rope-view"), train_length=64)), device="cpu")
+
+
+def test_mean_logit_by_distance_by_hand():
+    # one head, L = 3, d = 1: q = 1, 2, 3 and k = 4, 5, 6, so q_i . k_j = q_i * k_j
+    q = np.array([[[1.0], [2.0], [3.0]]])
+    k = np.array([[[4.0], [5.0], [6.0]]])
+    d, mean = rope_view.mean_logit_by_distance(q, k)
+    assert d.tolist() == [-2, -1, 0, 1, 2]
+    # d = key - query: d = -2 is (query 2, key 0); d = 1 is (0, 1) and (1, 2)
+    expected = [3 * 4, (2 * 4 + 3 * 5) / 2, (1 * 4 + 2 * 5 + 3 * 6) / 3, (1 * 5 + 2 * 6) / 2, 1 * 6]
+    np.testing.assert_allclose(mean[0], expected, rtol=1e-12)
+
+
+def test_mean_logit_by_distance_equals_a_loop():
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(3, 7, 4)), rng.normal(size=(3, 7, 4))
+    d, mean = rope_view.mean_logit_by_distance(q, k)
+    for h in range(3):
+        for j, dist in enumerate(d):
+            pairs = [q[h, i] @ k[h, i + dist] for i in range(7) if 0 <= i + dist < 7]
+            assert mean[h, j] == pytest.approx(np.mean(pairs), abs=1e-12)
+    with pytest.raises(ValueError):
+        rope_view.mean_logit_by_distance(q, k[:, :5])
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_curves_equal_the_diagonals_of_the_logits_probe(rope, layer):
+    """The q and k the view reads are the ones the attention makes its logits from: the mean of each diagonal of
+    the raw logits our attention's ``logits`` probe records (q.k x 1/sqrt(d), after the rotary embedding)."""
+    ids = rope.tokenizer("The river runs past the old mill and into the quiet town below the hill.").input_ids
+    curves = rope_view.distance_curves(rope, np.asarray(ids), layer)
+    rec = Recorder(ProbeSpec.of(f"encoder.{layer}.logits"), torch.ones(1, len(ids), dtype=torch.bool))
+    with torch.inference_mode(), attention_call(AttentionSettings(), rec):
+        rope.encoder(input_ids=torch.tensor([ids]))
+    z = rec.finish()[f"encoder.{layer}.logits"][0].double().numpy()  # [heads, L, L]
+    n = len(ids)
+    assert curves.tokens == n and curves.distances.tolist() == list(range(-(n - 1), n))
+    for j, dist in enumerate(curves.distances):
+        want = np.array([np.diagonal(z[h], offset=int(dist)).mean() for h in range(rope.n_heads)])
+        np.testing.assert_allclose(curves.mean[:, j], want, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.6])
+def test_masked_predictions_equal_mlm_score(rope, tau):
+    _, seq = mlm.sequence(rope, 128, seed=3)
+    attn = AttentionSettings(tau)
+    pred = rope_view.masked_predictions(rope, seq, attn)
+    scored = mlm.score(rope, [seq], attn)
+    assert pred.masked == scored.masked and pred.correct == scored.correct
+    assert float(pred.nll.sum()) == pytest.approx(scored.nll, rel=1e-6)
+    assert pred.positions.tolist() == seq.positions.tolist() and pred.labels.tolist() == seq.labels.tolist()
+    np.testing.assert_allclose(pred.p_true, np.exp(-pred.nll))
+    c = rope_view.card(pred, rope.tokenizer, shown=3)
+    assert c["accuracy"] == scored.correct / scored.masked and len(c["rows"]) == 3
+    assert c["rows"][0][1] == rope.tokenizer.decode([int(seq.labels[0])])
