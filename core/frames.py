@@ -251,6 +251,7 @@ def payload(
     meta: dict | None = None,
     only: Iterable[float] | None = None,
     cards: dict[str, dict] | None = None,
+    mask: np.ndarray | None = None,
 ) -> bytes:
     """The bytes the scrubber draws from.
 
@@ -269,6 +270,10 @@ def payload(
     ``cards``: for a masked-LM model (the rotary family), the masked-token card of each frame
     (:func:`core.rope_view.card`) by ``"base"``, ``"ref"`` (the L_tr reference), ``"exact"`` and the grid value
     as ``f"{t:.2f}"``; a frame without one shows no card. None for T5, whose frames carry the answer instead.
+
+    ``mask``: the masked share of each map cell under the chosen position scheme (:func:`core.rope_view.mask_cells`,
+    ``[bins, bins]`` in 0..1 on the maps' own cells), drawn over the chosen map; sent as uint8 (0..255) with the
+    document (it does not depend on tau). None: no scheme mask.
     """
     cards = cards or {}
     n = base.tokens
@@ -314,6 +319,8 @@ def payload(
             "exact": frame(exact, packer, scale, spec, window, cards.get("exact")) if exact is not None else None,
             "meta": meta or {},
         })
+    if mask is not None:
+        doc["mask"] = packer.add(np.rint(np.clip(np.asarray(mask, dtype=np.float64), 0.0, 1.0) * 255.0), "u8")
     if cards.get("ref") is not None:
         doc["ref"]["masked"] = {k: cards["ref"][k] for k in ("accuracy", "perplexity", "masked", "correct")}
     doc["base"] = frame(base, packer, scale, spec, window, cards.get("base"))

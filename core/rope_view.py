@@ -107,11 +107,24 @@ def layer_qk(loaded, ids: np.ndarray, layer: int, attn: AttentionSettings | None
     return tap.q.numpy(), tap.k.numpy()
 
 
-def distance_curves(loaded, ids: np.ndarray, layer: int, cosine_scale: float | None = None) -> DistanceCurves:
-    """:func:`mean_logit_by_distance` of ``layer`` on ``ids`` at tau = 1 (the logits do not depend on tau)."""
-    q, k = layer_qk(loaded, ids, layer, AttentionSettings(cosine_scale=cosine_scale))
+def distance_curves(loaded, ids: np.ndarray, layer: int, cosine_scale: float | None = None,
+                    scheme: str = positions.PLAIN, params: dict | None = None) -> DistanceCurves:
+    """:func:`mean_logit_by_distance` of ``layer`` on ``ids`` at tau = 1 (the logits do not depend on tau), under
+    the position scheme ``scheme``. A frequency scheme (PI, NTK, YaRN) changes the curve; a mask does not change
+    q . k (the curve is over every pair, seen or not); a scheme that rectifies distances (ReRoPE, StreamingLLM,
+    LM-Infinite) computes its logits from unrotated q and k, which this curve cannot show: for those the curve is
+    plain RoPE's (:func:`shows_scheme` says which)."""
+    if not shows_scheme(scheme, params):
+        scheme, params = positions.PLAIN, None
+    q, k = layer_qk(loaded, ids, layer, AttentionSettings(cosine_scale=cosine_scale), scheme, params)
     d, mean = mean_logit_by_distance(q, k)
     return DistanceCurves(distances=d, mean=mean.astype(np.float32), layer=int(layer), tokens=int(q.shape[1]))
+
+
+def shows_scheme(scheme: str, params: dict | None = None) -> bool:
+    """Whether :func:`distance_curves` draws ``scheme``'s own logits (False for a scheme that rectifies distances:
+    its curve is plain RoPE's)."""
+    return positions.DISTANCES not in positions.get(scheme).changes
 
 
 # -- the masked tokens' predictions --------------------------------------------------------
@@ -174,3 +187,32 @@ def card(pred: MaskedPredictions, tokenizer, shown: int = 8) -> dict:
                      bool(pred.predicted[i] == pred.labels[i])])
     return {"accuracy": pred.accuracy, "perplexity": pred.perplexity, "masked": pred.masked, "correct": pred.correct,
             "rows": rows}
+
+
+# -- the scheme's mask, pooled like the attention map -----------------------------------------
+
+#: Query rows per block when pooling a mask: a block of the boolean mask is ``rows x L`` (never ``L x L``).
+MASK_BLOCK_ROWS = 256
+
+
+def mask_cells(bound: positions.Bound | None, edges: np.ndarray) -> np.ndarray | None:
+    """The share of each map cell a position scheme masks out, pooled on the map's own cells (``edges``: the
+    ``[bins + 1]`` token boundaries of :attr:`core.probes.Probes.heatmap_edges`, rows and columns alike):
+    ``out[a, b]`` is the fraction of (query in bin a, key in bin b) pairs with ``bound.mask`` False (1 = every
+    pair masked, 0 = every pair seen). None when the scheme has no mask (plain RoPE, PI, NTK, YaRN, ReRoPE).
+    Built from :meth:`core.positions.Bound.mask_rows` a block of rows at a time, float64 sums, never ``L x L``."""
+    if bound is None or bound.scheme.mask is None:
+        return None
+    edges = np.asarray(edges, dtype=np.int64)
+    n, bins = int(edges[-1]), len(edges) - 1
+    if bins < 1 or n < 1 or np.any(np.diff(edges) < 1):
+        raise ValueError("edges must rise by at least one token per cell")
+    seen = np.zeros((bins, bins), dtype=np.float64)
+    row_bin = np.repeat(np.arange(bins), np.diff(edges))
+    for r0 in range(0, n, MASK_BLOCK_ROWS):
+        r1 = min(n, r0 + MASK_BLOCK_ROWS)
+        allowed = bound.mask_rows(r0, r1, n).cpu().numpy().astype(np.float64)  # [rows, n]
+        cols = np.add.reduceat(allowed, edges[:-1], axis=1)  # [rows, bins]: keys seen per column cell
+        np.add.at(seen, row_bin[r0:r1], cols)
+    sizes = np.diff(edges).astype(np.float64)
+    return (1.0 - seen / np.outer(sizes, sizes)).astype(np.float32)

@@ -188,3 +188,104 @@ def test_a_cosine_rope_model_moves_cosscale(tmp_path, monkeypatch):
     _same(chosen["masked"], _scored(folder, L_TR, seed, 1.0, cosine_scale=16.0))
     at.switch_page("pages/theory.py").run()
     app_ok(at)
+
+
+# -- the position-scheme axis (issue 38, point 5) --------------------------------------------------------------
+
+
+def _scored_scheme(folder, tokens: int, seed: int, tau: float, scheme: str, params: dict) -> mlm.Scored:
+    """core.mlm's own score of the held-out sequence under ``tau`` and the position scheme ``scheme``."""
+    loaded = load(str(folder), device="cpu")
+    _, seq = mlm.sequence(loaded, tokens, seed)
+    return mlm.score(loaded, [seq], AttentionSettings(tau), scheme, params)
+
+
+def _query(at, name: str):
+    v = dict(at.query_params).get(name)
+    return v[0] if isinstance(v, list) else v
+
+
+def test_a_window_scheme_changes_the_cards_as_mlm_scores_it_and_is_kept(rope_env):
+    import numpy as np
+
+    from core import frames, positions, rope_view
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.session_state["doc_tokens"] = 2 * L_TR
+    at.run()
+    app_ok(at)
+    seed = int(at.session_state["doc_seed"])
+    assert at.selectbox(key="pos_scheme").value == positions.PLAIN and _query(at, "scheme") == positions.PLAIN
+    header, plain = scrubber_view(at)
+    assert "mask" not in header
+    _same(plain["masked"], _scored(rope_env, 2 * L_TR, seed, 1.0))
+    assert [o for o in at.selectbox(key="pos_scheme").options if "ALiBi" in o or "PoSE" in o] == []  # not selectable
+    at.selectbox(key="pos_scheme").set_value("window").run()
+    app_ok(at)
+    assert at.number_input(key="pos_window").value == L_TR - 1  # the scheme's default for this L_tr
+    at.number_input(key="pos_window").set_value(8).run()
+    app_ok(at)
+    header, chosen = scrubber_view(at)
+    windowed = _scored_scheme(rope_env, 2 * L_TR, seed, 1.0, "window", {"window": 8})
+    _same(chosen["masked"], windowed)
+    assert (chosen["masked"]["correct"], chosen["masked"]["perplexity"]) != (plain["masked"]["correct"],
+                                                                            plain["masked"]["perplexity"])
+    assert chosen["pmax"] > plain["pmax"], "the maps' pass runs under the window: 17 keys a row, not 128"
+    _same(header["base"]["masked"], _scored(rope_env, 2 * L_TR, seed, 1.0))  # the left column stays as trained
+    assert "window" in header["meta"]["chosen_title"] and "needle" not in header["meta"]["map_note"]
+    # the mask drawn on the map: the scheme's mask pooled on the map's own cells
+    _, arrays = frames.unpack(at.get("bidi_component")[0].proto.bytes)
+    want = rope_view.mask_cells(positions.bind("window", L_TR, 2 * L_TR, window=8), np.asarray(header["edges"]))
+    np.testing.assert_array_equal(arrays["mask"], np.rint(want * 255).astype(np.uint8))
+    assert _query(at, "scheme") == "window:window=8"
+    # tau moves under the scheme
+    at.session_state["tau_value"] = 0.6
+    at.run()
+    app_ok(at)
+    header, chosen = scrubber_view(at)
+    _same(chosen["masked"], _scored_scheme(rope_env, 2 * L_TR, seed, 0.6, "window", {"window": 8}))
+    # the export's command is the mlm command of this view
+    cmd = next(m.value for m in at.markdown if "Then run" in m.value)
+    assert "python -m core mlm" in cmd and "--schemes window:window=8" in cmd and "--methods tau=0.6" in cmd
+    assert f"--lengths {2 * L_TR}" in cmd and f"--seed {seed}" in cmd
+    assert not any(s.key == "ex_text_window" for s in at.slider), "the text window does nothing for a RoPE model"
+    # kept across pages, and Calibrate / Theory run under it
+    for page in ("pages/theory.py", "pages/calibrate.py", "pages/explore.py"):
+        at.switch_page(page).run()
+        app_ok(at)
+        assert at.session_state["pos_scheme"] == "window" and at.session_state["pos_window"] == 8
+    header, chosen = scrubber_view(at)
+    _same(chosen["masked"], _scored_scheme(rope_env, 2 * L_TR, seed, 0.6, "window", {"window": 8}))
+
+
+def test_the_scheme_travels_in_the_url(rope_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(tokens="2x", scheme="lm-infinite:sinks=2:window=16")
+    at.run()
+    app_ok(at)
+    assert at.session_state["pos_scheme"] == "lm-infinite"
+    assert (at.session_state["pos_window"], at.session_state["pos_sinks"], at.session_state["pos_cap"]) == (16, 2, L_TR - 1)
+    link = _query(at, "scheme")
+    assert link == f"lm-infinite:window=16:sinks=2:cap={L_TR - 1}"
+    header, chosen = scrubber_view(at)
+    _same(chosen["masked"], _scored_scheme(rope_env, 2 * L_TR, int(at.session_state["doc_seed"]), 1.0, "lm-infinite",
+                                           {"window": 16, "sinks": 2}))
+    # the written link opens the same view in a new session
+    again = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    again.query_params.update({k: (v[0] if isinstance(v, list) else v) for k, v in dict(at.query_params).items()})
+    again.run()
+    app_ok(again)
+    assert _query(again, "scheme") == link and again.session_state["pos_window"] == 16
+
+
+@pytest.mark.parametrize("bad", ["bogus", "alibi", "window:sinks=2", "pi:factor=0.5"])
+def test_a_bad_scheme_in_the_url_is_one_message(rope_env, bad):
+    from core import positions
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(scheme=bad, seed="3")
+    at.run()
+    assert not at.exception
+    (err,) = at.error
+    assert "scheme=" in err.value and "cannot be used" in err.value
+    assert at.session_state["pos_scheme"] == positions.PLAIN and int(at.session_state["doc_seed"]) == 3

@@ -327,8 +327,11 @@ def test_shipped_recipes_chain(path, monkeypatch):
     check_stages(cfgs)
     if path.endswith("train_config.json"):  # its last stage made the weights beside it
         c = json.loads((Path(path).parent / "config.json").read_text())
-        assert (c["num_heads"], c["num_layers"], c["num_decoder_layers"]) == (
-            cfgs[-1].num_heads, cfgs[-1].encoder_layers, cfgs[-1].decoder_layers)
+        if c.get("model_type") == "modernbert":  # a rotary encoder (core.training.mlm): ModernBERT's names
+            assert (c["num_attention_heads"], c["num_hidden_layers"]) == (cfgs[-1].num_heads, cfgs[-1].encoder_layers)
+        else:
+            assert (c["num_heads"], c["num_layers"], c["num_decoder_layers"]) == (
+                cfgs[-1].num_heads, cfgs[-1].encoder_layers, cfgs[-1].decoder_layers)
 
 
 def test_a_recipe_that_cannot_chain_is_refused_before_it_trains(tmp_path):

@@ -72,3 +72,43 @@ def test_masked_predictions_equal_mlm_score(rope, tau):
     c = rope_view.card(pred, rope.tokenizer, shown=3)
     assert c["accuracy"] == scored.correct / scored.masked and len(c["rows"]) == 3
     assert c["rows"][0][1] == rope.tokenizer.decode([int(seq.labels[0])])
+
+
+@pytest.mark.parametrize("spec", ["window:window=2", "streaming-llm:window=1:sinks=2", "lm-infinite:window=3:sinks=1"])
+def test_mask_cells_pool_the_schemes_mask(spec):
+    """The overlay's cells are the masked share of Bound.mask over each cell, pooled on uneven edges; a scheme
+    without a mask has none."""
+    from core import positions
+
+    name, params = positions.parse_spec(spec)
+    bound = positions.bind(name, 8, 11, **params)
+    edges = np.array([0, 3, 4, 8, 11])
+    got = rope_view.mask_cells(bound, edges)
+    full = bound.mask(11, 11).numpy()
+    want = np.array([[1.0 - full[edges[a]:edges[a + 1], edges[b]:edges[b + 1]].mean() for b in range(4)]
+                     for a in range(4)])
+    np.testing.assert_allclose(got, want, atol=1e-7)
+    assert got.shape == (4, 4) and 0 < got.max() <= 1 and got.min() == 0  # something masked, the diagonal seen
+
+
+def test_mask_cells_by_hand_and_in_blocks(monkeypatch):
+    # window w = 1 on 4 tokens, one token per cell: masked where |i - j| > 1
+    bound = positions_bind("window", 4, 4, window=1)
+    got = rope_view.mask_cells(bound, np.arange(5))
+    assert got.tolist() == [[0, 0, 1, 1], [0, 0, 0, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+    # two cells of two tokens: cell (0, 1) holds pairs (0,2) (0,3) (1,2) (1,3) of which (0,2) (0,3) (1,3) are masked
+    assert rope_view.mask_cells(bound, np.array([0, 2, 4])).tolist() == [[0, 0.75], [0.75, 0]]
+    # blocks of rows that cut through a cell give the same cells
+    long = positions_bind("streaming-llm", 16, 50, window=4, sinks=2)
+    edges = np.array([0, 7, 19, 20, 33, 50])
+    whole = rope_view.mask_cells(long, edges)
+    monkeypatch.setattr(rope_view, "MASK_BLOCK_ROWS", 5)
+    np.testing.assert_allclose(rope_view.mask_cells(long, edges), whole, atol=1e-7)
+    assert rope_view.mask_cells(positions_bind("pi", 4, 8), edges) is None
+    assert rope_view.mask_cells(None, edges) is None
+
+
+def positions_bind(name, train_length, length, **params):
+    from core import positions
+
+    return positions.bind(name, train_length, length, **params)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core import methods, tasks
+from core import methods, positions, tasks
 from ui import choices, url
 
 #: Number-like text: what a person (or a probe) writes for a number, overflowing ones included.
@@ -53,11 +53,18 @@ def _in_range(name: str, value) -> bool:
     if name == "s":
         return (isinstance(value, float) and math.isfinite(value) and value >= choices.COS_MIN
                 and (value / choices.COS_STEP).is_integer())
+    if name == "scheme":  # an available scheme's one text, read back to itself, its numbers finite
+        if not isinstance(value, str):
+            return False
+        scheme, params = positions.parse_spec(value)
+        return (positions.get(scheme).available and positions.spell(scheme, params) == value
+                and all(math.isfinite(v) for v in params.values()))
     raise AssertionError(f"a parameter this test does not know: {name}")
 
 
 def test_every_parameter_is_covered():
-    assert set(url.PARAMS) == {"model", "task", "tokens", "depth", "seed", "filler", "method", "tau", "s"}
+    assert set(url.PARAMS) == {"model", "task", "tokens", "depth", "seed", "filler", "method", "tau", "s",
+                                "scheme"}
 
 
 @pytest.mark.parametrize("name", sorted(url.PARAMS))
@@ -89,3 +96,41 @@ def test_the_issues_values_are_refused(name, raw):
                                               ("seed", "1e3", 1000), ("tau", "0.704", 0.7), ("s", "24.3", 24.5)])
 def test_ordinary_values_still_parse(name, raw, value):
     assert url.PARAMS[name][1](raw) == value
+
+
+_SCHEME_TEXT = st.one_of(
+    st.sampled_from(positions.NAMES + ("Window", "window ", "win", "none:window=2", "alibi:window=2", "")),
+    st.builds(lambda n, k, v: f"{n}:{k}={v}", st.sampled_from(positions.NAMES),
+              st.sampled_from(["window", "sinks", "cap", "factor", "attention_factor", "bogus", ""]), _NUMBERS),
+    st.builds(lambda a, b: f"{a}:{b}", st.text(max_size=20), st.text(max_size=20)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(raw=_SCHEME_TEXT)
+@example(raw="pi:factor=0.5")
+@example(raw="lm-infinite:cap=0")
+@example(raw="window:window=1e400")
+@example(raw="pose")
+def test_a_scheme_in_a_link_is_one_known_scheme_or_one_reason(raw):
+    try:
+        value = url.PARAMS["scheme"][1](raw)
+    except ValueError as err:
+        assert str(err) and "\n" not in str(err)
+        return
+    assert _in_range("scheme", value), (raw, value)
+    positions.bind(*positions.parse_spec(value)[:1], 64, 256, **positions.parse_spec(value)[1])  # runs on a model
+
+
+@pytest.mark.parametrize("raw, value", [("window", "window"), ("window:window=32", "window:window=32"),
+                                        ("lm-infinite:sinks=2:window=8", "lm-infinite:window=8:sinks=2"),
+                                        ("yarn-rope:attention_factor=1", "yarn-rope:attention_factor=1")])
+def test_schemes_parse_to_their_one_text(raw, value):
+    assert url.PARAMS["scheme"][1](raw) == value
+
+
+@pytest.mark.parametrize("raw", ["bogus", "alibi", "pose", "pi:factor=0.5", "lm-infinite:cap=0", "window:sinks=2",
+                                 "window:window=-1", "pi:factor=inf", "window\n"])
+def test_bad_schemes_are_refused(raw):
+    with pytest.raises(ValueError):
+        url.PARAMS["scheme"][1](raw)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import streamlit as st
 
-from core import calibration, engine, methods, mlm, rope_view, rpe, tasks, temperature
+from core import calibration, engine, methods, mlm, positions, rope_view, rpe, tasks, temperature
 from core.errors import UserError
 from core.models import Loaded, load
 from core.probes import ProbeSpec
@@ -40,6 +40,14 @@ from ui.pass_gate import gate
 from ui.stores import MISSING, stores
 
 Progress = Callable[[float], None] | None
+#: A position scheme as one hashable value, ``(name, ((param, value), ...))``: part of the key of every pass
+#: (a rotary model's; a T5 model's is always plain). Plain RoPE as trained by default.
+PLAIN_SCHEME: tuple = (positions.PLAIN, ())
+
+
+def scheme_of(settings: engine.RunSettings) -> tuple:
+    """The run settings' position scheme as a key (:data:`PLAIN_SCHEME`'s shape)."""
+    return (settings.scheme, tuple(settings.scheme_params))
 
 
 # -- models -------------------------------------------------------------------------
@@ -101,32 +109,52 @@ def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings,
     ``settings``' tau, targets and CosScale: :func:`core.rope_view.card` of :func:`core.rope_view.masked_predictions`
     (one pass without probes, torch's fused kernel)."""
     doc_key = ("ref", req) if reference else req
-    key = (mkey(loaded), "mlm-card", doc_key, settings.tau.key(), tuple(settings.targets), settings.cosine_scale)
+    key = (mkey(loaded), "mlm-card", doc_key, settings.tau.key(), tuple(settings.targets), settings.cosine_scale,
+           scheme_of(settings))
 
     def work() -> dict:
         doc = reference_document(loaded, req) if reference else document(loaded, req)
         seq = masked(loaded, doc_key, doc)
         with gate().foreground():
-            return rope_view.card(rope_view.masked_predictions(loaded, seq, settings.attention()), loaded.tokenizer)
+            pred = rope_view.masked_predictions(loaded, seq, settings.attention(), settings.scheme,
+                                                dict(settings.scheme_params))
+            return rope_view.card(pred, loaded.tokenizer)
 
     return stores()["run"].get(key, work)
 
 
-def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_scale: float | None = None):
-    """:func:`core.rope_view.distance_curves` of one layer on the request's (masked) document."""
+def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_scale: float | None = None,
+                    scheme: tuple = PLAIN_SCHEME):
+    """:func:`core.rope_view.distance_curves` of one layer on the request's (masked) document under a position
+    scheme (a frequency scheme changes the curve; see that function for the others)."""
     def work():
         doc = document(loaded, req)
         with gate().foreground():
-            return rope_view.distance_curves(loaded, encoded(loaded, req, doc).input_ids, layer, cosine_scale)
+            return rope_view.distance_curves(loaded, encoded(loaded, req, doc).input_ids, layer, cosine_scale,
+                                             scheme[0], dict(scheme[1]))
 
-    return stores()["rpe"].get((mkey(loaded), "distance", req, int(layer), cosine_scale), work)
+    return stores()["rpe"].get((mkey(loaded), "distance", req, int(layer), cosine_scale, scheme), work)
+
+
+def scheme_mask(loaded: Loaded, scheme: tuple, tokens: int, edges) -> np.ndarray | None:
+    """The position scheme's masked share per map cell (:func:`core.rope_view.mask_cells`, bound at ``tokens``) on
+    the map's ``edges``, or None for a scheme without a mask (kept: it does not depend on tau)."""
+    edges = tuple(int(e) for e in edges)
+
+    def work():
+        b = positions.bind(scheme[0], loaded.train_length, int(tokens), **dict(scheme[1]))
+        return rope_view.mask_cells(b, np.asarray(edges))
+
+    if positions.get(scheme[0]).mask is None:
+        return None
+    return stores()["rpe"].get((mkey(loaded), "scheme-mask", tuple(scheme), int(tokens), edges), work)
 
 
 # -- runs ---------------------------------------------------------------------------
 
 def _run_key(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings) -> tuple:
     return (mkey(loaded), doc_key, settings.tau.key(), tuple(settings.targets), settings.cosine_scale,
-            settings.probes, settings.max_new_tokens, settings.generate)
+            settings.probes, settings.max_new_tokens, settings.generate, scheme_of(settings))
 
 
 def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings, guarded: bool = True) -> engine.Result:
@@ -158,21 +186,25 @@ def run_unguarded(loaded: Loaded, req: DocumentRequest, settings: engine.RunSett
     return _run_doc(loaded, req, document(loaded, req), settings, guarded=False)
 
 
-def grid_key(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None) -> tuple:
-    """Key of one document's statistics at one tau: what Algorithm 1 needs of a pass, whatever else it recorded."""
-    return (mkey(loaded), doc_key, Schedule.of(tau).key(), tuple(targets), cosine_scale)
+def grid_key(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None,
+             scheme: tuple = PLAIN_SCHEME) -> tuple:
+    """Key of one document's statistics at one tau (and position scheme): what Algorithm 1 needs of a pass,
+    whatever else it recorded."""
+    return (mkey(loaded), doc_key, Schedule.of(tau).key(), tuple(targets), cosine_scale, tuple(scheme))
 
 
 def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings, res: engine.Result) -> None:
     """Keep a run's per-layer Pmax/H by (document, tau): any later Algorithm 1 on this document reads it."""
     if res.probes is not None and settings.probes.stats and res.probes.pmax.size:
         stats = temperature.LayerStats(pmax=res.probes.layer_pmax, entropy=res.probes.layer_entropy)
-        stores()["grid"].get(grid_key(loaded, doc_key, settings.tau, settings.targets, settings.cosine_scale), lambda: stats)
+        stores()["grid"].get(grid_key(loaded, doc_key, settings.tau, settings.targets, settings.cosine_scale,
+                                      scheme_of(settings)), lambda: stats)
 
 
-def known_stats(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None):
+def known_stats(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None,
+                scheme: tuple = PLAIN_SCHEME):
     """The stored :class:`core.temperature.LayerStats` of a document at tau, or None."""
-    v = stores()["grid"].peek(grid_key(loaded, doc_key, tau, targets, cosine_scale))
+    v = stores()["grid"].peek(grid_key(loaded, doc_key, tau, targets, cosine_scale, scheme))
     return None if v is MISSING else v
 
 
@@ -182,11 +214,12 @@ def run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> e
 
 
 def run_reference(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                  probes: ProbeSpec | None = None) -> engine.Result:
-    """The L_tr counterpart at tau = 1, no generation: the reference the meters compare with."""
+                  probes: ProbeSpec | None = None, scheme: tuple = PLAIN_SCHEME) -> engine.Result:
+    """The L_tr counterpart at tau = 1, no generation: the reference the meters compare with (plain RoPE, as
+    trained, unless ``scheme`` says otherwise)."""
     probes = probes or ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
     settings = engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=targets, cosine_scale=cosine_scale, probes=probes,
-                                  generate=False)
+                                  generate=False, scheme=scheme[0], scheme_params=tuple(scheme[1]))
     return _run_doc(loaded, ("ref", req), reference_document(loaded, req), settings)
 
 
@@ -212,20 +245,22 @@ def explore_probes(layer: int, head: int | None) -> ProbeSpec:
 
 # -- temperature --------------------------------------------------------------------
 
-def _base(targets: tuple, cosine_scale: float | None) -> engine.RunSettings:
-    return engine.RunSettings(targets=tuple(targets), cosine_scale=cosine_scale)
+def _base(targets: tuple, cosine_scale: float | None, scheme: tuple = PLAIN_SCHEME) -> engine.RunSettings:
+    return engine.RunSettings(targets=tuple(targets), cosine_scale=cosine_scale, scheme=scheme[0],
+                              scheme_params=tuple(scheme[1]))
 
 
 def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | None = None, targets: tuple = ("encoder",),
                 cosine_scale: float | None = None, samples: int = 1, progress: Progress = None,
-                compute: bool = True) -> tuple[Any, dict] | None:
-    """(schedule, info) for a method on this document, via :func:`core.methods.resolve`."""
+                compute: bool = True, scheme: tuple = PLAIN_SCHEME) -> tuple[Any, dict] | None:
+    """(schedule, info) for a method on this document, via :func:`core.methods.resolve`; a measured method's
+    passes run under the position scheme ``scheme`` (:data:`PLAIN_SCHEME`'s shape)."""
     entry = methods.get(method)
     if entry.takes_value:
         if tau is None:
             raise UserError(f"Method '{method}' needs a tau", app=f"Method '{entry.label}' needs a tau: move the tau slider.")
         return Schedule.of(tau), {}
-    key = (mkey(loaded), req, method, tuple(targets), cosine_scale, samples)
+    key = (mkey(loaded), req, method, tuple(targets), cosine_scale, samples, tuple(scheme))
     if not compute:
         v = stores()["tau"].peek(key)
         return None if v is MISSING else v
@@ -236,22 +271,23 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
         # Algorithm 1 by bisection on the shared grid (the passes the slider and Calibrate use too).
         def work():
             cal = calibrate_both(loaded, req, fast=True, samples=1, targets=targets, cosine_scale=cosine_scale,
-                                 progress=progress)[entry.grid_criterion]
+                                 progress=progress, scheme=scheme)[entry.grid_criterion]
             return Schedule.of(cal.tau), {"source": "resolved", "length": token_count(loaded, req),
                                           "train_length": loaded.train_length, **cal.to_dict()}
     else:
         def work():
             with gate().foreground():
-                return methods.resolve(loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale),
+                return methods.resolve(loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale, scheme),
                                            progress=progress)
     return stores()["tau"].get(key, work)
 
 
 def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, samples: int = 1, targets: tuple = ("encoder",),
                    cosine_scale: float | None = None, progress: Progress = None,
-                   compute: bool = True) -> dict[str, temperature.Calibration] | None:
-    """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes."""
-    key = (mkey(loaded), req, fast, samples, tuple(targets), cosine_scale)
+                   compute: bool = True, scheme: tuple = PLAIN_SCHEME) -> dict[str, temperature.Calibration] | None:
+    """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes, under the
+    position scheme ``scheme`` (its L_tr reference passes bind it at L_tr)."""
+    key = (mkey(loaded), req, fast, samples, tuple(targets), cosine_scale, tuple(scheme))
     if not compute:
         v = stores()["cal"].peek(key)
         return None if v is MISSING else v
@@ -259,13 +295,14 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
     def work():
         doc = document(loaded, req)
         engine.check_length(loaded, token_count(loaded, req))
-        base = _base(targets, cosine_scale)
+        base = _base(targets, cosine_scale, scheme)
         if samples <= 1:
             # One document: the passes are the ones the slider and the prefetcher
             # make of this very document (and its L_tr reference), so read and
             # fill the shared grid instead of running them again.
-            reference = shared_measure(loaded, req, ("ref", req), reference_document(loaded, req), targets, cosine_scale)(1.0)
-            meas = shared_measure(loaded, req, req, doc, targets, cosine_scale)
+            reference = shared_measure(loaded, req, ("ref", req), reference_document(loaded, req), targets, cosine_scale,
+                                       scheme)(1.0)
+            meas = shared_measure(loaded, req, req, doc, targets, cosine_scale, scheme)
         else:
             meas, reference = calibration.measures(loaded, doc, samples, base)
         return calibration.both_criteria(meas, reference, fast=fast, progress=progress)
@@ -278,49 +315,52 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
 
 
 def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc, targets: tuple,
-                   cosine_scale: float | None) -> Callable[[Any], temperature.LayerStats]:
+                   cosine_scale: float | None, scheme: tuple = PLAIN_SCHEME) -> Callable[[Any], temperature.LayerStats]:
     """``measure(tau)`` for Algorithm 1 on one document, reading the shared grid first.
 
     A miss runs a stats-only pass (no generation) through the gate and
     stores its statistics, so the slider, the prefetcher and Calibrate never
     compute the same document at the same tau twice in this process.
     """
-    base = replace(_base(targets, cosine_scale), probes=ProbeSpec.stats_only(), generate=False)
+    base = replace(_base(targets, cosine_scale, scheme), probes=ProbeSpec.stats_only(), generate=False)
 
     def fn(tau) -> temperature.LayerStats:
-        hit = known_stats(loaded, doc_key, tau, targets, cosine_scale)
+        hit = known_stats(loaded, doc_key, tau, targets, cosine_scale, scheme)
         if hit is not None:
             return hit
         _run_doc(loaded, doc_key, doc, replace(base, tau=tau))
-        return known_stats(loaded, doc_key, tau, targets, cosine_scale)
+        return known_stats(loaded, doc_key, tau, targets, cosine_scale, scheme)
 
     return fn
 
 
-def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:
+def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
+                scheme: tuple = PLAIN_SCHEME) -> dict:
     """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2)."""
-    key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale)
+    key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale, tuple(scheme))
     def work():
         # The same two passes the Theory page draws (and the prefetcher computes ahead): one per document and length.
-        ex = run(loaded, req, theory_settings(loaded, targets, cosine_scale))
-        tr = run_reference(loaded, req, targets, cosine_scale)
+        ex = run(loaded, req, theory_settings(loaded, targets, cosine_scale, scheme))
+        tr = run_reference(loaded, req, targets, cosine_scale, scheme=scheme)
         return calibration.logit_stats_of(ex, tr, loaded.train_length)
 
     return stores()["stats"].get(key, work)
 
 
-def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> engine.RunSettings:
+def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale: float | None = None,
+                    scheme: tuple = PLAIN_SCHEME) -> engine.RunSettings:
     """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation:
     what the Theory page and Prop. 1/2 read, one key for both."""
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if loaded.cosine else 0)
     return engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=tuple(targets), cosine_scale=cosine_scale, probes=spec,
-                              generate=False)
+                              generate=False, scheme=scheme[0], scheme_params=tuple(scheme[1]))
 
 
-def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None) -> dict:
+def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
+                 scheme: tuple = PLAIN_SCHEME) -> dict:
     """:func:`core.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
     return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
-                                logit_stats(loaded, req, targets, cosine_scale))
+                                logit_stats(loaded, req, targets, cosine_scale, scheme))
 
 
 def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> dict | None:

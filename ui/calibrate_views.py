@@ -63,7 +63,7 @@ class _NotKnown(Exception):
 
 
 def _stats(ctx: sb.Context, doc_key, tau) -> temperature.LayerStats | None:
-    return cache.known_stats(ctx.loaded, doc_key, tau, tuple(ctx.targets), ctx.cosine_scale)
+    return cache.known_stats(ctx.loaded, doc_key, tau, tuple(ctx.targets), ctx.cosine_scale, ctx.scheme_key)
 
 
 def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
@@ -77,7 +77,7 @@ def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
     the same :func:`core.calibration.both_criteria`.
     """
     cals = cache.calibrate_both(ctx.loaded, ctx.request, fast=fast, samples=samples, targets=tuple(ctx.targets),
-                                cosine_scale=ctx.cosine_scale, compute=False)
+                                cosine_scale=ctx.cosine_scale, compute=False, scheme=ctx.scheme_key)
     if cals is not None or samples > 1:  # several documents: their passes are not in the shared grid
         return cals
     reference = _stats(ctx, ("ref", ctx.request), 1.0)
@@ -152,12 +152,12 @@ def run(ctx: sb.Context, button_col) -> dict | None:
 
         with user_errors(bar):
             cache.calibrate_both(ctx.loaded, ctx.request, fast=fast, samples=samples, targets=tuple(ctx.targets),
-                                 cosine_scale=ctx.cosine_scale, progress=progress)
+                                 cosine_scale=ctx.cosine_scale, progress=progress, scheme=ctx.scheme_key)
         bar.empty()
         st.rerun()  # redraw from the cache, without the 'will run' note
     # The rest is on its way (Explore's background grid of this document): look again shortly.
     if shown is None and samples == 1 and grid_on_its_way(ctx):
-        wait_key = (ctx.model_ref, ctx.request, fast, tuple(ctx.targets), ctx.cosine_scale)
+        wait_key = (ctx.model_ref, ctx.request, fast, tuple(ctx.targets), ctx.cosine_scale, ctx.scheme_key)
         if ss.get("_cal_stalled") != (wait_key, ready):  # a stalled grid that moved since is looked at again
             wait_for_grid(ctx, fast, wait_key)
     return shown
@@ -296,7 +296,8 @@ def advice(ctx: sb.Context, cals: dict) -> None:
 def _stats_settings(ctx: sb.Context, tau) -> engine.RunSettings:
     """The stats-only pass Algorithm 1 makes of this document at tau (the same cache key: a hit after one document)."""
     return engine.RunSettings(tau=tau, targets=tuple(ctx.targets), cosine_scale=ctx.cosine_scale,
-                              probes=ProbeSpec.stats_only(), generate=False)
+                              probes=ProbeSpec.stats_only(), generate=False, scheme=ctx.scheme,
+                              scheme_params=tuple(ctx.scheme_params))
 
 
 def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
@@ -306,7 +307,7 @@ def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
     if cache.has_run(ctx.loaded, ctx.request, own):
         return own
     if Schedule.of(tau).is_one:
-        return cache.theory_settings(ctx.loaded, tuple(ctx.targets), ctx.cosine_scale)
+        return cache.theory_settings(ctx.loaded, tuple(ctx.targets), ctx.cosine_scale, ctx.scheme_key)
     return own
 
 
@@ -316,7 +317,7 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
     st.subheader("Per head: Pmax here over its value at L_tr")
     pick = float(cals["pmax"].tau)
     ph = cache.resolve_tau(ctx.loaded, ctx.request, methods.the(per="head"), None, ctx.targets, ctx.cosine_scale,
-                           compute=False)
+                           compute=False, scheme=ctx.scheme_key)
     st.caption(
         "Each cell is one head's mean Pmax on this document over the same head's Pmax at L_tr with tau = 1: 1 "
         "(white) looks as in training. Algorithm 1 matches only the mean over every layer and head, so look for "
@@ -332,7 +333,7 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
     with user_errors(), st.spinner(f"Per-head statistics ({plural(new, 'new pass', 'new passes')} at this length)…"
                                      + pass_gate.queue_note()):
         # the L_tr reference Explore, Theory and Prop. 1/2 read: one pass for all of them
-        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
+        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, scheme=ctx.scheme_key)
         panels = {name: cache.run(ctx.loaded, ctx.request, s).probes.pmax[0] for name, s in settings.items()}
     chart(figure_cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
     if ph is None:
@@ -433,13 +434,14 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     )
     est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
-        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)
+        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, ctx.scheme_key)
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
     rows = methods.the(per="row")  # no pass
-    taus[rows] = cache.resolve_tau(ctx.loaded, ctx.request, rows, None, ctx.targets, ctx.cosine_scale)[0]
+    taus[rows] = cache.resolve_tau(ctx.loaded, ctx.request, rows, None, ctx.targets, ctx.cosine_scale, scheme=ctx.scheme_key)[0]
     missing = []
     for name in (methods.the(per="layer"), methods.the(per="head")):  # many passes: only once asked for
-        got = cache.resolve_tau(ctx.loaded, ctx.request, name, None, ctx.targets, ctx.cosine_scale, compute=False)
+        got = cache.resolve_tau(ctx.loaded, ctx.request, name, None, ctx.targets, ctx.cosine_scale, compute=False,
+                                scheme=ctx.scheme_key)
         if got is not None:
             taus[name] = got[0]
         else:
@@ -450,7 +452,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
                  column_config=column_config(table))
     for line in long_notes(table):  # in full, whatever the width of the table's cells
         st.caption(line)
-    st.caption(prop1_note(taus.get(methods.the(stats=True, matches="pmax")), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale)))
+    st.caption(prop1_note(taus.get(methods.the(stats=True, matches="pmax")), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, ctx.scheme_key)))
     if missing:
         st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "
                    + ("it" if len(missing) == 1 else "one") + " in the sidebar's Method box to compute it.")

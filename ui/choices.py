@@ -22,7 +22,7 @@ from typing import Any
 
 import streamlit as st
 
-from core import methods, temperature
+from core import methods, positions, temperature
 from core.attention import ROPE, family_of
 from core.models import Loaded, bundled_specs, default_model, registry
 
@@ -54,7 +54,11 @@ DEFAULTS: dict[str, Any] = {
     "tgt_decoder": False,
     "tgt_cross": False,
     "cos_scale": None,
+    "pos_scheme": positions.PLAIN,  # a rotary model's position scheme (core.positions); a T5 model has none
 }
+#: A position scheme's parameters as number inputs, one key each (the scheme's defaults for this L_tr fill them).
+SCHEME_PARAM_KEYS: dict[str, str] = {p: f"pos_{p}" for s in positions.REGISTRY.values() for p in s.params}
+DEFAULTS.update({k: None for k in SCHEME_PARAM_KEYS.values()})
 #: Page widgets whose values should also survive page switches (defaults are set by the pages).
 PAGE_KEYS = (
     "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core import engine, frames, plots, tables
+from core import engine, frames, plots, positions, rope_view, tables
 from core.errors import UserError
 from core.probes import ProbeSpec
 from ui import chart, csv_of, message
@@ -71,8 +71,9 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
         c[4].selectbox("Decoder layer", ["mean", *range(dec)], key="ex_cross_layer",
                        format_func=lambda l: "mean of layers" if l == "mean" else f"layer {l}",
                        help="Where the answer looks: one decoder layer's cross-attention, or their mean.")
-    c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window",
-                help="How much of the document the shaded text shows around the needle.")
+    if ctx.loaded.seq2seq:  # a masked-LM model has no needle to centre a shaded text on: nothing to choose
+        c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window",
+                    help="How much of the document the shaded text shows around the needle.")
     if ctx.loaded.cosine:  # a cosine model: the slider scrubs tau, or CosScale s at the chosen tau
         from ui.scrubber import AXES, AXIS_KEY
 
@@ -91,8 +92,13 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
 def export(ctx: sb.Context, base, chosen, ref) -> None:
     """CSV of the chosen tau's views and the settings JSON the CLI accepts (the released tau, not a frame in passing)."""
     st.subheader("Export")
-    st.caption("The data behind the views at the chosen tau as CSV, and these settings as a JSON file the command "
-               "line accepts.")
+    if ctx.loaded.seq2seq:
+        st.caption("The data behind the views at the chosen tau as CSV, and these settings as a JSON file the command "
+                   "line accepts.")
+    else:
+        st.caption("The data behind the views at the chosen tau as CSV, and the command that scores this document's "
+                   "masked tokens under the chosen position scheme and method (its accuracy and perplexity are the "
+                   "right card's).")
     if chosen is None:
         st.caption("The exact pass of this tau is being computed; its files follow.")
         return
@@ -111,10 +117,13 @@ def export(ctx: sb.Context, base, chosen, ref) -> None:
     if tables.answer_attention(chosen, layer) is not None:
         e[3].download_button("answer_attention.csv", csv_of(lambda: tables.answer_attention_table(chosen, layer)),
                              "answer_attention.csv", "text/csv", key="dl_cross", on_click="ignore")
-    e[4].download_button("settings.json", ctx.settings().to_json(), "settings.json", "application/json",
-                         key="dl_settings", on_click="ignore")
     # Inline code, not st.code: st.code makes the browser fetch and parse a 1.6 MB syntax highlighter,
     # which on the landing page cost seconds in a fresh tab (bench/browser_latency.py).
+    if not ctx.loaded.seq2seq:  # a masked-LM model: the mlm command (the settings JSON has no position scheme)
+        st.markdown(f"Then run: `{sb.mlm_command(ctx)}`")
+        return
+    e[4].download_button("settings.json", ctx.settings().to_json(), "settings.json", "application/json",
+                         key="dl_settings", on_click="ignore")
     st.markdown(f"Then run: `{sb.cli_command('settings.json')}`")
 
 
@@ -158,6 +167,15 @@ def distance_section(ctx: sb.Context) -> None:
         "meets distances it never saw in training: where a head's curve drifts or oscillates there, its attention "
         "there is untrained. The rotary counterpart of the paper's Fig. 1 (T5's bias)."
     )
+    if ctx.scheme != positions.PLAIN:
+        entry = positions.get(ctx.scheme)
+        st.caption(f"Under the position scheme **{entry.label}**: "
+                   + ("its frequencies rotate q and k, so the curves are its own." if rope_view.shows_scheme(ctx.scheme)
+                      and positions.FREQUENCIES in entry.changes else
+                      "it masks keys but leaves q·k as it is: the curves are plain RoPE's over every pair (the mask is "
+                      "drawn on the map above)." if rope_view.shows_scheme(ctx.scheme) else
+                      "it computes logits at capped distances from unrotated q and k, which these curves cannot show: "
+                      "they are plain RoPE's."))
     ss.setdefault("ex_show_bias", False)
     if not st.toggle("Show the distance curves", key="ex_show_bias"):
         return
@@ -170,7 +188,7 @@ def distance_section(ctx: sb.Context) -> None:
     r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads")
     r2.selectbox("Layer", list(range(L)), key="ex_dist_layer")
     try:
-        curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]))
+        curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]), scheme=ctx.scheme_key)
     except UserError as err:
         st.error(message(err))
         return

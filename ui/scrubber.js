@@ -40,6 +40,7 @@ function unpack(bytes) {
     cross: view(f.cross),
   });
   if (header.base) header.base = resolve(header.base);
+  if (header.mask) header.mask = view(header.mask);
   header.exact = resolve(header.exact);
   for (const k of Object.keys(header.frames)) header.frames[k] = resolve(header.frames[k]);
   return header;
@@ -184,9 +185,9 @@ function build(root, st) {
     const what = d.heatmap_head === null || d.heatmap_head === undefined ? "mean of heads" : `head ${d.heatmap_head}`;
     el("div", "cap", root, `Encoder self-attention of layer ${d.heatmap_layer} (${what}), pooled to `
       + `${d.base.map.shape[0]} × ${d.base.map.shape[1]} cells of token ranges; both maps share one colour scale `
-      + `(${meta.log ? "log" : "linear"} colour). Red dotted lines: the needle; blue: the question. Below each map, the question's `
-      + "own rows, one token each: dispersed, their mass spreads over the whole row; a sharper tau brings back a bright "
-      + "cell at the needle column.");
+      + `(${meta.log ? "log" : "linear"} colour). ` + (meta.map_note || "Red dotted lines: the needle; blue: the question. "
+      + "Below each map, the question's own rows, one token each: dispersed, their mass spreads over the whole row; a "
+      + "sharper tau brings back a bright cell at the needle column."));
     const row = el("div", "row", root);
     st.maps = [0, 1].map((i) => {
       const col = el("div", "col", row);
@@ -512,6 +513,22 @@ function drawCodes(cv, arr, table, rowsPx) {
   ctx.drawImage(off, 0, 0, cv.width, rowsPx || cv.height);
 }
 
+// The position scheme's mask over the chosen map: each cell veiled in grey by the share of its pairs masked out.
+function shade(cv, mask) {
+  const [rows, cols] = mask.shape;
+  const img = new ImageData(cols, rows);
+  const px = img.data, src = mask.data;
+  for (let k = 0; k < src.length; k++) {
+    px[4 * k] = 235; px[4 * k + 1] = 235; px[4 * k + 2] = 235; px[4 * k + 3] = Math.round(src[k] * 0.6);
+  }
+  const off = cv._mask || (cv._mask = document.createElement("canvas"));
+  off.width = cols; off.height = rows;
+  off.getContext("2d").putImageData(img, 0, 0);
+  const ctx = cv.getContext("2d");
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(off, 0, 0, cv.width, cv.height);
+}
+
 function binOf(edges, tok) {
   let lo = 0, hi = edges.length - 2;
   while (lo < hi) {
@@ -556,6 +573,7 @@ function paintMap(st, i, f) {
   const table = tables(st, d.base.map, f.map);
   if (i === 1 && st._baseLutKey !== st._lutKey) { st._baseLutKey = st._lutKey; paintMap(st, 0, d.base); }
   drawCodes(m.cv, f.map, table);
+  if (i === 1 && d.mask) shade(m.cv, d.mask);
   const bins = f.map.shape[1];
   for (const [span, colour] of [[d.needle, "#ff2b2b"], [d.question, "#3b7dff"]]) {
     mark(m.cv, d, span, colour, bins);

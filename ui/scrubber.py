@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from core import frames, methods, temperature
+from core import frames, methods, positions, temperature
 from core.errors import UserError
 from core.schedule import Schedule
 from ui import cache, choices, message, prefetch
@@ -137,8 +137,22 @@ def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
 def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool, axis: str) -> str:
     """What changes the payload's structure (the browser rebuilds its views when it changes)."""
     fixed = Schedule.of(ctx.schedule).key() if axis == "s" else ctx.cosine_scale
-    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, fixed, probes, spec, log, axis))
+    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, fixed, probes, spec, log, axis, ctx.scheme_key))
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+def map_note(ctx) -> str:
+    """The maps' caption for a rotary masked-LM model (no needle, no question): what the rows and columns are, and
+    the chosen position scheme's mask drawn over the chosen map."""
+    note = ("Rows are queries, columns keys, every token of the masked text (its masked positions read the mask "
+            "token). The left map is the model as trained (plain RoPE, tau = 1); the right one the chosen setting.")
+    entry = positions.get(ctx.scheme)
+    if entry.mask is not None:
+        note += (f" Grey veil on the right map: the pairs {entry.short} masks out (a cell's veil is the share of its "
+                 "query-key pairs that no query sees), so the band and any sink columns stand out.")
+    elif ctx.scheme != positions.PLAIN:
+        note += f" {entry.short} masks no keys: every pair is seen."
+    return note
 
 
 def masked_cards(ctx, base_settings, grid_settings: dict, exact_settings) -> dict[str, dict]:
@@ -183,7 +197,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
         job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
     prefetch.prefetcher().want(prefetch.session_id(), job)  # a new document's grid starts now, beside its first passes
-    base_settings = replace(ctx.run_settings(tau=1.0, method=methods.AS_TRAINED, probes=probes), cosine_scale=None)
+    # the left column is the model as trained: tau = 1, its own CosScale, plain RoPE (no position scheme)
+    base_settings = replace(ctx.run_settings(tau=1.0, method=methods.AS_TRAINED, probes=probes), cosine_scale=None,
+                            scheme=positions.PLAIN, scheme_params=())
     base = cache.run(loaded, req, base_settings)
     ref = cache.run_reference(loaded, req, ctx.targets, None)
     grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
@@ -200,6 +216,11 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     missing = len(values) - len(grid)
     base_label = "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
     title = f"Chosen: {methods.label(ctx.method)}"
+    scheme = positions.get(ctx.scheme)
+    if not loaded.seq2seq:  # a rotary model: the left column is plain RoPE as trained, the right under the scheme
+        base_label = "as trained: plain RoPE, tau = 1" + (f", s = {float(loaded.cosine_scale):g}" if loaded.cosine else "")
+        if ctx.scheme != positions.PLAIN:
+            title += f" + {scheme.short}" + (f" ({positions.params_text(dict(ctx.scheme_params))})" if ctx.scheme_params else "")
     if loaded.cosine:
         title += f", tau = {ctx.tau_text()}" if axis == "s" else f", s = {float(cos if cos is not None else loaded.cosine_scale):g}"
     meta = {
@@ -216,13 +237,19 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "poll_ms": POLL_MS if (missing or pending is not None) else 0,
         "note": "" if methods.get(ctx.method).takes_value else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
     }
+    mask = None
+    if not loaded.seq2seq:
+        meta["map_note"] = map_note(ctx)
+        edges = base.probes.heatmap_edges
+        if edges is not None:
+            mask = cache.scheme_mask(loaded, ctx.scheme_key, int(base.tokens), edges)
     only = _delta(meta["doc_id"], grid, exact)
     cards = None
     if not loaded.seq2seq:  # a masked-LM model: each frame's masked-token card in place of an answer
         cards = masked_cards(ctx, base_settings, {f"{v:.2f}": at(v) for v in grid},
                              chosen_settings if exact is not None else None)
     data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only,
-                          cards=cards)
+                          cards=cards, mask=mask)
     _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:

@@ -32,19 +32,20 @@ Widgets are created without ``value=``/``index=``, only with ``key=``.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import streamlit as st
 
-from core import engine, methods, mlm, positions, tasks
+from core import engine, methods, mlm, positions, rope_pass, tasks
 from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded
 from core.settings import DocumentRequest, Settings
 from core.schedule import ONE, Schedule
-from ui import cache, choices, fail, url
+from ui import cache, choices, fail, message, url
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
@@ -138,6 +139,8 @@ class Temperature:
     info: dict
     targets: tuple[str, ...]
     cosine_scale: float | None
+    scheme: str = positions.PLAIN  # a rotary model's position scheme (core.positions); plain for T5
+    scheme_params: tuple[tuple[str, float], ...] = ()  # its parameters, in the scheme's own order
 
 
 @dataclass
@@ -155,6 +158,23 @@ class Context:
     tau_info: dict = field(default_factory=dict)
     targets: tuple[str, ...] = (ENCODER,)
     cosine_scale: float | None = None
+    scheme: str = positions.PLAIN
+    scheme_params: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def scheme_key(self) -> tuple:
+        """The position scheme as one hashable value (name, parameters): part of every cache key of a pass."""
+        return (self.scheme, tuple(self.scheme_params))
+
+    @property
+    def scheme_spec(self) -> str:
+        """The scheme as one text (``window:window=32``): the URL's ``scheme=`` and the CLI's ``--schemes``."""
+        return positions.spell(self.scheme, dict(self.scheme_params))
+
+    @property
+    def scheme_bound(self) -> positions.Bound | None:
+        """The scheme bound at this document's length (None for a T5 model)."""
+        return rope_pass.bound(self.loaded, self.scheme, dict(self.scheme_params), self.tokens)
 
     @property
     def train_length(self) -> int:
@@ -179,13 +199,13 @@ class Context:
 
     def with_temperature(self, t: Temperature) -> "Context":
         return replace(self, method=t.method, tau_input=t.tau_input, schedule=t.schedule, tau_info=t.info,
-                       targets=t.targets, cosine_scale=t.cosine_scale)
+                       targets=t.targets, cosine_scale=t.cosine_scale, scheme=t.scheme, scheme_params=t.scheme_params)
 
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
         """What a pass needs: the context's Schedule as it is (or ``tau``, made one here), its targets and s;
         ``kw``: other :class:`core.engine.RunSettings` fields (None leaves a field as the context has it)."""
         base = dict(tau=self.schedule if tau is None else tau, method=method or self.method, targets=self.targets,
-                    cosine_scale=self.cosine_scale)
+                    cosine_scale=self.cosine_scale, scheme=self.scheme, scheme_params=tuple(self.scheme_params))
         return engine.RunSettings(**{**base, **{k: v for k, v in kw.items() if v is not None}})
 
     def settings(self, method: str | None = None, tau: Any = None, criterion: str = "pmax") -> Settings:
@@ -203,6 +223,20 @@ class Context:
 
 def cli_command(file_name: str = "choice.json") -> str:
     return f"python -m core run --settings {file_name} --json"
+
+
+def mlm_command(ctx: Context) -> str:
+    """The command that scores this view's masked tokens for a rotary masked-LM model: ``python -m core mlm`` on
+    this document (its length and seed: the same held-out text and masked positions) under the chosen position
+    scheme and method (a fixed tau as ``tau=0.8``; a per-layer or per-head schedule is resolved again there)."""
+    fixed = methods.get(ctx.method).takes_value
+    method = methods.spell(ctx.method, ctx.tau_input) if fixed else ctx.method
+    parts = ["python -m core mlm", "--model", shlex.quote(ctx.model_ref), "--lengths", str(ctx.tokens),
+             "--seed", str(ctx.request.seed), "--sequences", "1", "--schemes", shlex.quote(ctx.scheme_spec),
+             "--methods", shlex.quote(method)]
+    if ctx.loaded.cosine and ctx.cosine_scale is not None:
+        parts += ["--cosine-scale", f"{float(ctx.cosine_scale):g}"]
+    return " ".join(parts + ["--json"])
 
 
 # -- drawing ------------------------------------------------------------------------
@@ -348,6 +382,94 @@ def not_reached_note(info: dict, shown: str) -> str:
             + ". A closed form (log-length or YaRN) is the better bet for this document.")
 
 
+_SCHEME_FOR = "_pos_for"  # (model, L_tr, scheme) whose defaults the parameter inputs hold
+_SCHEME_CHOSEN, _SCHEME_CTX, _SCHEME_RERUN = "_pos_chosen", "_pos_ctx", "_pos_rerun"  # (model, name, params)
+#: What an empty factor means, per parameter that may be left empty.
+_EMPTY = {"factor": "empty: fitted to the input, s = L / L_tr", "attention_factor": "empty: YaRN's 0.1 ln s + 1"}
+#: The smallest value each parameter takes (core.positions.Bound checks the same).
+_MIN = {"window": 0, "sinks": 0, "cap": 1, "factor": 1.0, "attention_factor": 0.0}
+
+
+def _scheme_label(name: str) -> str:
+    entry = positions.get(name)
+    return entry.label if entry.available else f"{entry.label} (not available)"
+
+
+def scheme_help() -> str:
+    """The scheme box's help: every scheme with what it does, the unavailable ones with why."""
+    lines = [f"**{s.label}**: {s.help}" for s in positions.REGISTRY.values() if s.available]
+    lines += [f"**{s.label}** (not available): {s.reason}" for s in positions.REGISTRY.values() if not s.available]
+    return ("How positions past L_tr are handled: the second axis beside the temperature (docs/positions.md). Every "
+            "pass of this page runs under it; the left column stays the model as trained.\n\n" + "\n\n".join(lines))
+
+
+def scheme_controls(where, loaded: Loaded) -> tuple[str, tuple[tuple[str, float], ...]]:
+    """The position-scheme box and its parameters (a rotary model only; a T5 model has no scheme: plain).
+
+    The box lists the schemes a pass can apply (:data:`core.positions.AVAILABLE`); the unavailable ones are
+    named in its help with their reason. The parameters are small number inputs holding the scheme's defaults
+    for this L_tr until changed (a new model or scheme starts from its defaults; a link's values win once).
+    Returns ``(name, params)``, the params in the scheme's own order, ready for :class:`core.engine.RunSettings`.
+    """
+    ss = st.session_state
+    if loaded.seq2seq:
+        ss.pop("_url_scheme", None)
+        return positions.PLAIN, ()
+    lt = loaded.train_length
+    url_scheme = ss.pop("_url_scheme", None)  # (name, params) from a link: checked names, numbers unchecked at L_tr
+    if url_scheme is not None:
+        choices.put("pos_scheme", url_scheme[0])
+    if ss.get("pos_scheme") not in positions.AVAILABLE:
+        choices.put("pos_scheme", positions.PLAIN)
+    where.selectbox("Position scheme", positions.AVAILABLE, key="pos_scheme", format_func=_scheme_label,
+                    help=scheme_help())
+    name = ss["pos_scheme"]
+    entry = positions.get(name)
+    keys = choices.SCHEME_PARAM_KEYS
+    here = (ss.get("_model_ref"), lt, name)
+    if ss.get(_SCHEME_FOR) != here or url_scheme is not None:
+        defaults = entry.defaults(lt)
+        for p in entry.params:
+            choices.put(keys[p], defaults.get(p))
+        if url_scheme is not None:
+            for p, v in url_scheme[1].items():
+                choices.put(keys[p], v)
+        ss[_SCHEME_FOR] = here
+    if entry.params:
+        row = where.container(horizontal=True, gap="small")
+        for p in entry.params:
+            if p in _EMPTY:
+                row.number_input(p, min_value=_MIN[p], value=None, step=0.5, key=keys[p], placeholder="fitted",
+                                 help=f"{_EMPTY[p]} (docs/positions.md)")
+            else:
+                row.number_input(p, min_value=_MIN[p], max_value=4_000_000, step=1, key=keys[p],
+                                 help=f"tokens; this model's default at L_tr = {lt}: {entry.defaults(lt).get(p)}")
+    params = {p: ss[keys[p]] for p in entry.params if ss.get(keys[p]) is not None}
+    params = {p: (int(v) if p in _MIN and isinstance(_MIN[p], int) else float(v)) for p, v in params.items()}
+    try:
+        rope_pass.check(loaded, name, params)
+    except UserError as err:  # a value the scheme refuses: said once, and the scheme's defaults run meanwhile
+        where.error(f"{message(err)} The scheme's defaults are used.")
+        params = {}
+    chosen = (ss.get("_model_ref"), name, tuple(params.items()))
+    ss[_SCHEME_CHOSEN] = chosen
+    if where is not st.sidebar and ss.get(_SCHEME_CTX) not in (None, chosen) and ss.get(_SCHEME_RERUN) != chosen:
+        # Explore's panel (a fragment) chose another scheme: the views outside it (the distance curves) read the
+        # scheme from the sidebar's context, so the whole page runs once more with it
+        ss[_SCHEME_RERUN] = chosen
+        st.rerun()
+    return name, tuple(params.items())
+
+
+def kept_scheme(loaded: Loaded) -> tuple[str, tuple]:
+    """The scheme the panel chose last for this model (plain for a T5 model or none yet): the sidebar's context
+    carries it before the panel is drawn (:func:`sidebar` with ``temperature=False``)."""
+    got = st.session_state.get(_SCHEME_CHOSEN)
+    if loaded.seq2seq or not got or got[0] != st.session_state.get("_model_ref"):
+        return positions.PLAIN, ()
+    return got[1], got[2]
+
+
 def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider: bool = True) -> Temperature:
     """Draw method, tau slider, targets and CosScale in ``where`` (the sidebar, or Explore's live panel); resolve tau.
 
@@ -373,14 +495,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     c1.selectbox("Method", methods.NAMES, key="tau_method", format_func=methods.label,
                  help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
                       + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
-    if not loaded.seq2seq:
-        # HOOK (issue 38, the position-scheme axis): shown, disabled, until the app's passes carry a scheme
-        # (engine.RunSettings.scheme / scheme_params and ui.cache's keys; core.rope_pass.scheme_pass runs it).
-        names = list(positions.NAMES)
-        c1.selectbox("Position scheme", names, index=names.index(positions.PLAIN), disabled=True,
-                     key="_pos_scheme_hook",
-                     help="The second axis beside the temperature (PI, NTK, YaRN, ReRoPE, windows, sinks: "
-                          "docs/positions.md). Not in the app yet: every view here is plain RoPE as trained.")
+    scheme, params = scheme_controls(c1, loaded)
     method = ss["tau_method"]
     fixed = methods.get(method).takes_value  # the slider is the person's own tau
     slot = c2.empty() if slider else None  # the slider is drawn once the method's tau is known
@@ -429,11 +544,13 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         ss.pop("_url_cos", None)  # a dot-product model has no s
     tau_input = float(choices.kept().get("tau_value", ss.get("tau_value", 1.0)))  # the person's own tau, whatever is shown
     bar = None
-    if methods.get(method).measured and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False) is None:
+    skey = (scheme, params)
+    if methods.get(method).measured and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False,
+                                                          scheme=skey) is None:
         bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
         schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
-                                           progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
+                                           progress=(lambda f: bar.progress(min(1.0, f))) if bar else None, scheme=skey)
     except UserError as err:
         draw_slider(tau_input)
         fail(err)
@@ -454,7 +571,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
         if info.get("reached") is False:  # Algorithm 1 ended where its range did, not at a match: say so
             where.caption(f":orange[{not_reached_note(info, shown)}]")
-    return Temperature(method, tau_input, schedule, info, targets, cos)
+    return Temperature(method, tau_input, schedule, info, targets, cos, scheme, params)
 
 
 def sidebar(temperature: bool = True) -> Context:
@@ -470,9 +587,11 @@ def sidebar(temperature: bool = True) -> Context:
         st.sidebar.error("This link has values that cannot be used, so they were left as they were: " + "; ".join(problems))
     loaded = _model_section()
     req, doc, n = _document_section(loaded)
+    scheme, params = kept_scheme(loaded)
+    st.session_state[_SCHEME_CTX] = (st.session_state["_model_ref"], scheme, params)
     ctx = Context(loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n,
                   method=st.session_state.get("tau_method", methods.FIXED), tau_input=float(st.session_state["tau_value"]),
-                  schedule=ONE)
+                  schedule=ONE, scheme=scheme, scheme_params=params)
     if temperature:
         st.sidebar.subheader("Temperature")
         ctx = ctx.with_temperature(temperature_controls(st.sidebar, loaded, req))

@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from core import methods, tasks
+from core import methods, positions, tasks
+from core.errors import UserError
 from ui import choices
 
 _WRITTEN = "_url_written"  # the view this session last wrote or applied (a changed URL is a link or back/forward)
@@ -115,6 +116,31 @@ def _model(v: str) -> str:
     return v
 
 
+#: The largest parameter values a link's scheme may carry (a window, sinks or cap in tokens; a factor): the
+#: model's own checks (core.positions.Bound) run once it is loaded.
+SCHEME_INT_MAX, SCHEME_FLOAT_MAX = 4_000_000, 1e6
+
+
+def _scheme(v: str) -> str:
+    """A rotary model's position scheme: ``window``, ``lm-infinite:window=32:sinks=2`` (:func:`core.positions.
+    parse_spec`): a known, available name and the parameters it takes, each a finite number in range. Returns the
+    scheme's one text in the scheme's own parameter order (:func:`core.positions.spell`)."""
+    if not v or len(v) > 200 or not v.isprintable():
+        raise ValueError("not a position scheme")
+    try:
+        name, params = positions.parse_spec(v)
+    except UserError as err:
+        raise ValueError(" ".join(str(err).split())) from None
+    for key, x in params.items():
+        if not math.isfinite(x) or not 0 <= x <= (SCHEME_INT_MAX if isinstance(x, int) else SCHEME_FLOAT_MAX):
+            raise ValueError(f"{key} is out of range")
+    try:  # the checks that need no model (a factor >= 1, a cap >= 1, ...): bound on a 2-token model
+        positions.bind(name, 2, 2, **params)
+    except UserError as err:
+        raise ValueError(" ".join(str(err).split())) from None
+    return positions.spell(name, params)
+
+
 #: URL parameter -> (session-state key, parser that returns the value or raises ValueError with a reason).
 PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model": ("_url_model", _model),
@@ -126,6 +152,7 @@ PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "method": ("tau_method", _choice(methods.NAMES)),
     "tau": ("tau_value", _tau),
     "s": ("_url_cos", _cos),  # a cosine model's CosScale; the sidebar checks it against the model's range
+    "scheme": ("_url_scheme", _scheme),  # a rotary model's position scheme; the sidebar binds it at the model's L_tr
 }
 
 
@@ -161,6 +188,9 @@ def apply() -> list[str]:
             else:
                 set_("model_other", value)  # a folder or hub id: loaded (or refused) like a typed one
             continue
+        if name == "scheme":
+            ss["_url_scheme"] = positions.parse_spec(value)  # (name, params): the sidebar fills the inputs
+            continue
         if name == "tokens":
             ss["_ltr"] = None  # keep the URL's length whatever model loads (see ui.sidebar._document_section)
             if isinstance(value, str):  # "8x": the sidebar resolves it with the model's L_tr
@@ -186,6 +216,8 @@ def view(ctx) -> dict[str, str]:
         out["tau"] = f"{ctx.tau_input:.2f}"
     if getattr(ctx.loaded, "cosine", False) and ctx.cosine_scale is not None:  # only a cosine model has an s
         out["s"] = f"{float(ctx.cosine_scale):g}"
+    if not getattr(ctx.loaded, "seq2seq", True):  # only a rotary model has a position scheme
+        out["scheme"] = ctx.scheme_spec
     return out
 
 

@@ -62,6 +62,10 @@ class TrainConfig:
     # stages grew them) or "identity" (zero output projections: the grown model
     # first computes exactly what the source did; see identity_blocks)
     new_blocks: str = "fresh"
+    # "t5" (the retrieval and LM models above) or "rope": a ModernBERT masked-LM encoder trained by
+    # core.training.mlm (it reads the sizes, schedule and seed above, and its own options from `mlm`)
+    family: str = "t5"
+    mlm: dict[str, object] = field(default_factory=dict)  # rope only: core.training.mlm.MLM_DEFAULTS
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

@@ -100,7 +100,18 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
 
     ``device``: "cpu", "cuda" or None (CUDA when present). Training runs in
     float32 on either: the models are small, and the app runs them in float32
-    on the CPU, so there is no precision gap between training and use."""
+    on the CPU, so there is no precision gap between training and use.
+
+    ``cfg.family == "rope"``: a masked-LM rotary encoder, trained by :func:`core.training.mlm.train`."""
+    if cfg.family != "t5":
+        from core.training import mlm
+
+        if cfg.family != mlm.ROPE:
+            raise ValueError(f"family must be 't5' or 'rope', got {cfg.family!r}")
+        if lineage != ([], []):
+            raise ValueError("the rope family trains one stage from scratch (no init_from, no staged recipe)")
+        return mlm.train(cfg, out, reuse_tokenizer=reuse_tokenizer, quiet=quiet, evaluate_at_end=evaluate_at_end,
+                         device=device)
     import multiprocessing as mp
 
     from tqdm import tqdm
