@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from core import calibration, engine, methods, tasks
+from core import calibration, csvio, engine, methods, mlm, positions, tasks
 from core.models import ModelLoadError, bundled_specs, load
 from core.probes import ProbeSpec
 from core.schedule import Schedule
@@ -712,6 +712,216 @@ def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, 
     csv.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
+# -- the masked-token table of a rotary encoder (issue 38; the InfoScale paper's Table 1) -------------------------
+
+#: The InfoScale paper's own numbers (Li et al., ICML 2025, arXiv:2501.08570; ../shared/papers/
+#: li-2025-information-entropy-invariance.txt): perplexity and masked-token accuracy (PPL, ACC) as printed, at
+#: 128, 256, 512, 1,024, 2,048 and 4,096 tokens (2x .. 64x of their L_tr = 64), GAU-alpha (6 layers) on the
+#: WJ patent corpus. Every row is copied from Table 1 except "GAU-α (plain RoPE)", which Table 1 does not hold:
+#: its four rows are Table 10's. Their CosScale is 128 for every method except W.A. (16). Text kept as printed
+#: (">500", "<0.1"). Transcribed by hand-checked script from the paper's text; not measured here.
+MLM_PAPER_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
+MLM_PAPER = {
+    'PI': {
+        'none': (('24.51', '0.46'), ('10.75', '0.55'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
+        'C.S.': (('10.38', '0.52'), ('10.46', '0.53'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
+        'I.S.': (('21.67', '0.48'), ('8.14', '0.61'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
+        'C.S. + I.S.': (('9.59', '0.54'), ('10.15', '0.54'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
+    },
+    'ALiBi': {
+        'none': (('151.00', '<0.1'), ('271.97', '<0.1'), ('346.88', '<0.1'), ('401.87', '<0.1'), ('488.47', '<0.1'), ('>500', '<0.1')),
+        'C.S.': (('151.57', '<0.1'), ('263.90', '<0.1'), ('335.35', '<0.1'), ('392.22', '<0.1'), ('468.78', '<0.1'), ('486.49', '<0.1')),
+        'I.S.': (('150.74', '<0.1'), ('270.76', '<0.1'), ('353.25', '<0.1'), ('404.16', '<0.1'), ('478.59', '<0.1'), ('>500', '<0.1')),
+        'C.S. + I.S.': (('147.23', '0.11'), ('258.90', '<0.1'), ('322.28', '<0.1'), ('386.62', '<0.1'), ('444.07', '<0.1'), ('473.05', '<0.1')),
+    },
+    'PoSE': {
+        'none': (('1.97', '0.85'), ('2.23', '0.81'), ('2.61', '0.77'), ('14.74', '0.46'), ('240.25', '0.10'), ('>500', '<0.1')),
+        'C.S.': (('2.07', '0.84'), ('2.29', '0.81'), ('2.34', '0.81'), ('3.35', '0.73'), ('12.37', '0.51'), ('22.03', '0.41')),
+        'I.S.': (('1.95', '0.85'), ('2.10', '0.83'), ('2.15', '0.82'), ('6.32', '0.60'), ('73.80', '0.23'), ('354.50', '<0.1')),
+        'C.S. + I.S.': (('2.06', '0.84'), ('2.24', '0.82'), ('2.28', '0.81'), ('3.30', '0.74'), ('11.20', '0.53'), ('18.41', '0.44')),
+    },
+    'StreamingLLM': {
+        'none': (('2.18', '0.84'), ('2.55', '0.80'), ('2.85', '0.78'), ('4.27', '0.71'), ('4.88', '0.69'), ('5.42', '0.67')),
+        'C.S.': (('2.31', '0.82'), ('2.72', '0.78'), ('2.97', '0.77'), ('4.13', '0.72'), ('4.59', '0.70'), ('4.88', '0.69')),
+        'I.S.': (('2.18', '0.83'), ('2.53', '0.80'), ('2.85', '0.79'), ('4.76', '0.70'), ('4.84', '0.70'), ('5.20', '0.68')),
+        'C.S. + I.S.': (('2.29', '0.82'), ('2.68', '0.79'), ('2.94', '0.78'), ('4.13', '0.72'), ('4.54', '0.71'), ('4.83', '0.70')),
+    },
+    'YaRN(s=16)': {
+        'none': (('2.41', '0.81'), ('2.99', '0.76'), ('3.37', '0.73'), ('7.07', '0.60'), ('15.34', '0.48'), ('26.59', '0.41')),
+        'C.S.': (('2.57', '0.78'), ('3.09', '0.75'), ('3.09', '0.75'), ('4.79', '0.67'), ('6.28', '0.63'), ('7.73', '0.59')),
+        'I.S.': (('2.26', '0.82'), ('2.58', '0.80'), ('2.61', '0.78'), ('4.37', '0.70'), ('7.49', '0.61'), ('12.38', '0.53')),
+        'C.S. + I.S.': (('2.47', '0.79'), ('2.83', '0.77'), ('2.75', '0.77'), ('4.30', '0.70'), ('5.84', '0.65'), ('7.52', '0.60')),
+    },
+    'YaRN(s=32)': {
+        'none': (('2.65', '0.79'), ('3.35', '0.74'), ('3.88', '0.71'), ('7.94', '0.58'), ('16.68', '0.47'), ('27.59', '0.40')),
+        'C.S.': (('2.70', '0.78'), ('3.29', '0.73'), ('3.40', '0.73'), ('5.29', '0.65'), ('6.87', '0.61'), ('8.50', '0.58')),
+        'I.S.': (('2.42', '0.81'), ('2.74', '0.78'), ('2.75', '0.77'), ('4.40', '0.69'), ('7.04', '0.62'), ('10.56', '0.55')),
+        'C.S. + I.S.': (('2.57', '0.79'), ('2.98', '0.76'), ('3.00', '0.75'), ('4.68', '0.68'), ('6.26', '0.63'), ('8.28', '0.59')),
+    },
+    'W.A.': {
+        'none': (('2.19', '0.84'), ('2.55', '0.80'), ('2.82', '0.78'), ('3.69', '0.74'), ('3.87', '0.73'), ('4.24', '0.71')),
+        'C.S.': (('2.21', '0.84'), ('2.67', '0.79'), ('2.93', '0.78'), ('3.81', '0.73'), ('4.02', '0.73'), ('4.44', '0.71')),
+        'I.S.': (('2.19', '0.83'), ('2.53', '0.80'), ('2.83', '0.79'), ('3.73', '0.74'), ('3.92', '0.74'), ('4.32', '0.72')),
+        'C.S. + I.S.': (('2.17', '0.84'), ('2.51', '0.81'), ('2.72', '0.80'), ('3.54', '0.75'), ('3.72', '0.75'), ('4.06', '0.73')),
+    },
+    'LM-Infinite': {
+        'none': (('12.25', '0.55'), ('18.65', '0.46'), ('21.66', '0.43'), ('30.72', '0.39'), ('32.04', '0.38'), ('32.56', '0.37')),
+        'C.S.': (('4.09', '0.69'), ('6.63', '0.61'), ('7.99', '0.58'), ('10.88', '0.54'), ('11.83', '0.53'), ('12.91', '0.50')),
+        'I.S.': (('12.66', '0.54'), ('26.64', '0.42'), ('28.47', '0.40'), ('30.90', '0.38'), ('29.92', '0.38'), ('32.81', '0.37')),
+        'C.S. + I.S.': (('3.97', '0.71'), ('6.22', '0.63'), ('7.26', '0.60'), ('9.82', '0.56'), ('10.42', '0.56'), ('11.11', '0.54')),
+    },
+    'ReRoPE': {
+        'none': (('15.61', '0.49'), ('46.44', '0.33'), ('151.22', '0.18'), ('295.42', '0.12'), ('475.82', '<0.1'), ('>500', '<0.1')),
+        'C.S.': (('3.69', '0.72'), ('3.62', '0.72'), ('3.88', '0.71'), ('5.10', '0.67'), ('5.55', '0.66'), ('6.36', '0.63')),
+        'I.S.': (('14.77', '0.50'), ('23.61', '0.43'), ('52.86', '0.32'), ('115.83', '0.23'), ('210.78', '0.17'), ('311.24', '0.12')),
+        'C.S. + I.S.': (('3.64', '0.72'), ('3.47', '0.73'), ('3.63', '0.73'), ('4.74', '0.69'), ('4.97', '0.69'), ('5.41', '0.67')),
+    },
+    'GAU-α (plain RoPE)': {
+        'none': (('2.17', '0.84'), ('2.55', '0.80'), ('3.05', '0.76'), ('17.12', '0.46'), ('327.44', '0.10'), ('>500', '<0.1')),
+        'C.S.': (('2.29', '0.82'), ('2.70', '0.78'), ('2.92', '0.77'), ('5.03', '0.68'), ('24.03', '0.43'), ('49.45', '0.32')),
+        'I.S.': (('2.16', '0.84'), ('2.48', '0.81'), ('2.71', '0.78'), ('8.60', '0.58'), ('109.15', '0.23'), ('>500', '<0.1')),
+        'C.S. + I.S.': (('2.28', '0.82'), ('2.64', '0.79'), ('2.86', '0.78'), ('5.03', '0.68'), ('23.24', '0.44'), ('44.07', '0.34')),
+    },
+}
+#: Our schemes (core.positions) beside the paper's rows they correspond to (ALiBi and PoSE need their own training:
+#: core.positions lists them unavailable; ntk has no row in the paper; YaRN's s is fitted to the input here, the
+#: paper fine-tuned at s = 16 and 32).
+MLM_PAPER_ROW = {positions.PLAIN: "GAU-α (plain RoPE)", "pi": "PI", "yarn-rope": "YaRN(s=16)", "rerope": "ReRoPE",
+                 "window": "W.A.", "streaming-llm": "StreamingLLM", "lm-infinite": "LM-Infinite"}
+#: The table's four temperature settings, as the paper's Table 1 names them: none; C.S. = the cosine-attention
+#: model at its trained CosScale s (the paper trains with s = 128 and keeps it at every evaluation length: C.S. is
+#: the cosine model, not an s that grows with L); I.S. = InfoScale (tau = 1 / InfoScale(L_tr, L, d), epsilon = 0,
+#: as the paper's Section 4.1.2) on the dot-product model; C.S. + I.S. = InfoScale on the cosine model.
+MLM_VARIANTS = ("none", "C.S.", "I.S.", "C.S. + I.S.")
+#: Masked positions per cell at least (the issue's 500), and the first sequence seed (seeds seed .. seed + k - 1;
+#: each seed also draws its sequence's masked positions, core.mlm.mask_tokens).
+MLM_MIN_MASKED = 500
+MLM_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def infoscale_method() -> str:
+    """The registry's InfoScale, asked by what it is: the one closed form (no statistics) that reads the head
+    dimension d, as InfoScale's n^(-2/d) does (core.methods owns the name)."""
+    found = [name for name, m in methods.REGISTRY.items() if m.formula is not None and not m.stats
+             and m.formula(64, 1024, 16, None) != m.formula(64, 1024, 64, None)]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one closed form that reads d (InfoScale), found {found}")
+    return found[0]
+
+
+def mlm_schemes() -> tuple[str, ...]:
+    """The schemes a table compares: every one a pass can apply, less those equal to another in an encoder
+    (dynamic NTK is NTK there: core.positions' ``same_as``)."""
+    return tuple(n for n in positions.AVAILABLE if positions.get(n).same_as is None)
+
+
+def mlm_sequences(loaded, n: int, min_masked: int = MLM_MIN_MASKED, seed: int = 0) -> int:
+    """Sequences a cell at ``n`` tokens needs for ``min_masked`` masked positions (15 % of each sequence's
+    non-special tokens: read off the first sequence, every sequence at ``n`` has the same count)."""
+    per = len(mlm.sequence(loaded, n, seed)[1].positions)
+    return max(1, -(-min_masked // per))
+
+
+def mlm_csv(out: Path, name: str) -> Path:
+    """``<out>/mlm-<stem>.csv``: one model's rows of the table."""
+    return out / f"mlm-{csv_path(Path('.'), name).stem}.csv"
+
+
+def run_mlm_table(dot: str, cos: str, multiples=MLM_MULTIPLES, out: Path = Path("assets/results"),
+                  schemes: tuple[str, ...] | None = None, min_masked: int = MLM_MIN_MASKED, seed: int = 0,
+                  batch: int = 8, pool=None, device: str | None = None, dtype: str | None = None) -> pd.DataFrame:
+    """The masked-token table: ``schemes`` x :data:`MLM_VARIANTS` x L_tr x ``multiples`` on the dot-product model
+    ``dot`` and the cosine one ``cos`` (core.mlm.run_mlm_sweep, one CSV per model, resumable: a killed run goes
+    on from its last whole row). Writes ``<out>/mlm-table.md`` (:func:`mlm_markdown`); returns the rows with
+    their ``variant``."""
+    out.mkdir(parents=True, exist_ok=True)
+    schemes = tuple(schemes or mlm_schemes())
+    infoscale = infoscale_method()
+    frames, models = [], {}
+    for name, cosine in ((dot, False), (cos, True)):
+        loaded = load(name, device="cpu" if pool is not None else device, dtype=None if pool is not None else dtype)
+        if bool(loaded.cosine) != cosine:
+            raise SystemExit(f"error: {name} {'has' if loaded.cosine else 'lacks'} cosine attention; "
+                             f"give the dot-product model as --mlm-dot and the cosine one as --mlm-cos")
+        models[cosine] = loaded
+        csv = mlm_csv(out, name)
+        for k in multiples:
+            n = int(round(k * loaded.train_length))
+            plan = mlm.MlmPlan(lengths=[n], methods=[methods.AS_TRAINED, infoscale], schemes=schemes,
+                               sequences=mlm_sequences(loaded, n, min_masked, seed), seed=seed, batch_size=batch)
+            bar = tqdm(total=len(schemes) * 2 * plan.sequences, desc=f"{loaded.spec.name} {k:g}x", file=sys.stderr)
+
+            def progress(done: int, total: int) -> None:
+                bar.n = done
+                bar.refresh()
+
+            try:
+                mlm.run_mlm_sweep(loaded, plan, out=csv, resume=csv.exists(), progress=progress, pool=pool)
+            finally:
+                bar.close()
+        frames.append(_mlm_frame(csv, cosine, infoscale))
+    df = pd.concat(frames, ignore_index=True)
+    (out / "mlm-table.md").write_text(mlm_markdown(df, models[False], models[True], min_masked, seed))
+    return df
+
+
+def _mlm_frame(csv: Path, cosine: bool, infoscale: str) -> pd.DataFrame:
+    """A model's rows with their :data:`MLM_VARIANTS` name (the method as trained or InfoScale, on this model)."""
+    df = csvio.restore_frame(pd.read_csv(csv, keep_default_na=False))
+    is_is = df["method"] == infoscale
+    df["variant"] = [MLM_VARIANTS[2 * int(i) + int(cosine)] for i in is_is]
+    return df
+
+
+def _paper_cell(name: str, variant: str, tokens: int) -> str:
+    row = MLM_PAPER.get(name, {}).get(variant)
+    if row is None or tokens not in MLM_PAPER_LENGTHS:
+        return "–"
+    ppl, acc = row[MLM_PAPER_LENGTHS.index(tokens)]
+    return f"{ppl} / {acc}"
+
+
+def mlm_markdown(df: pd.DataFrame, dot, cos, min_masked: int = MLM_MIN_MASKED, seed: int = 0) -> str:
+    """Our table (perplexity / accuracy of the masked tokens per scheme x variant x length) and the paper's numbers
+    beside it (:data:`MLM_PAPER`, by multiple of L_tr: the paper's 128 tokens are 2x its L_tr = 64)."""
+    lt = dot.train_length
+    mult = sorted({int(t) for t in df["tokens"]})
+    seqs = df.groupby("tokens")["sequences"].first()
+    masked = df.groupby("tokens")["masked"].min()
+    lines = [
+        f"### Masked-token perplexity / accuracy: {dot.spec.name} (dot product) and {cos.spec.name} "
+        f"(cosine, s = {cos.cosine_scale:g}), L_tr = {lt}", "",
+        f"Held-out prose (core.tasks lm, corpus-eval pool), 15 % of each sequence's tokens masked; per length "
+        f"{', '.join(f'{n:,}: {int(seqs[n])} sequences, >= {int(masked[n])} masked' for n in mult)} "
+        f"(at least {min_masked} per cell); sequence seeds {seed}.. (each seed also draws its masked positions); "
+        "perplexity exp(sum -log p / masked) over the cell, accuracy = top-1 correct / masked. "
+        "C.S.: the cosine model at its trained s, the same at every length (the paper's CosScale); I.S.: InfoScale "
+        "(epsilon = 0) from the method registry; none: the dot-product model as trained.", "",
+        "| scheme | setting | " + " | ".join(f"{n / lt:g}x ({n:,})" for n in mult) + " |",
+        "|---|---" + "|---" * len(mult) + "|"]
+    for scheme in dict.fromkeys(df["scheme"]):
+        d = df[df["scheme"] == scheme]
+        for variant in MLM_VARIANTS:
+            cells = []
+            for n in mult:
+                hit = d[(d["variant"] == variant) & (d["tokens"].astype(int) == n)]
+                cells.append("–" if hit.empty else
+                             f"{float(hit['perplexity'].iloc[0]):.2f} / {float(hit['accuracy'].iloc[0]):.2f}")
+            lines.append(f"| {positions.get(scheme).label} | {variant} | " + " | ".join(cells) + " |")
+    lines += ["", "**The paper's numbers** (Li et al. 2025, Table 1; the plain rows from its Table 10; GAU-alpha, "
+              "L_tr = 64, CosScale 128, 16 for W.A.), by the same multiples of L_tr:", "",
+              "| scheme (paper's row) | setting | " + " | ".join(f"{n / lt:g}x ({int(n / lt * 64):,})" for n in mult) + " |",
+              "|---|---" + "|---" * len(mult) + "|"]
+    for scheme in dict.fromkeys(df["scheme"]):
+        name = MLM_PAPER_ROW.get(scheme)
+        if name is None:
+            continue
+        for variant in MLM_VARIANTS:
+            cells = [_paper_cell(name, variant, int(round(n / lt * 64))) for n in mult]
+            lines.append(f"| {name} | {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="*", default=None)
@@ -736,8 +946,33 @@ def main() -> None:
     r.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port; default RAY_ADDRESS, else a local Ray)")
     r.add_argument("--actors", type=int, help="--engine ray: how many actors (default one per GPU, else per --cpus-per-actor CPUs)")
     r.add_argument("--cpus-per-actor", type=int, default=1, help="--engine ray without GPUs: torch threads per actor")
+    mt = p.add_argument_group("the masked-token table of rotary models (issue 38; the InfoScale paper's Table 1)")
+    mt.add_argument("--mlm-dot", help="the dot-product rotary masked LM (e.g. rope-mlm): with --mlm-cos, runs only this table")
+    mt.add_argument("--mlm-cos", help="the cosine-attention one (e.g. rope-mlm-cos): C.S. is this model at its trained s")
+    mt.add_argument("--mlm-multiples", nargs="*", type=float, default=list(MLM_MULTIPLES))
+    mt.add_argument("--mlm-schemes", default=",".join(mlm_schemes()), help="comma list of core.positions schemes")
+    mt.add_argument("--min-masked", type=int, default=MLM_MIN_MASKED, help="masked positions per cell, at least")
+    mt.add_argument("--mlm-seed", type=int, default=0, help="first sequence seed (it also draws the masked positions)")
     a = p.parse_args()
     out = Path(a.out)
+    if a.mlm_dot or a.mlm_cos:
+        if not (a.mlm_dot and a.mlm_cos):
+            p.error("--mlm-dot and --mlm-cos go together")
+        if a.engine != "ray" and (a.address or a.actors):
+            p.error("--address and --actors are for --engine ray")
+        pool = None
+        if a.engine == "ray":
+            from core import cluster
+
+            pool = cluster.RayEngine(address=a.address, actors=a.actors, cpus_per_actor=a.cpus_per_actor).start()
+        try:
+            run_mlm_table(a.mlm_dot, a.mlm_cos, a.mlm_multiples, out, tuple(a.mlm_schemes.split(",")), a.min_masked,
+                          a.mlm_seed, a.batch, pool, a.device, a.dtype)
+        finally:
+            if pool is not None:
+                pool.close()
+        print((out / "mlm-table.md").read_text())
+        return
     names = a.models or [s.name for s in bundled_specs()]
     if a.merge:
         for name in names:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputTooLong, UserError
+from core.schedule import Schedule
 from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
 from core import methods
 from core.validation import (
@@ -125,9 +126,10 @@ def _method_item(part: str) -> str:
 def _tau(text: str) -> float:
     """``--tau``: one number within the bounds every schedule has (:mod:`core.schedule`)."""
     try:
-        return methods.parse(text.strip())[1].scalar
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)[:200]) from None
+        return Schedule.of(float(text.strip())).scalar
+    except (ValueError, OverflowError) as err:
+        shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:37] + "..."
+        raise argparse.ArgumentTypeError(f"--tau takes one number, got {shown}: {err}"[:200]) from None
 
 
 def _scheme_item(part: str) -> str:
@@ -213,6 +215,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     t.add_argument("--samples", type=_samples, default=1, help="documents used to calibrate measured methods")
 
 
+def _ray_options(p: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--address``, ``--actors``, ``--cpus-per-actor``: a command that runs on a Ray cluster."""
+    r_ = p.add_argument_group("on a Ray cluster (docs/cluster.md)")
+    r_.add_argument("--engine", choices=("local", "ray"), default="local",
+                    help="local: this process (default); ray: a pool of Ray actors, one model each")
+    r_.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port, ray://host:port; "
+                                      "default RAY_ADDRESS, else a new local Ray on this machine)")
+    r_.add_argument("--actors", type=int, help="--engine ray: how many actors (default: one per GPU, else one per "
+                                               "--cpus-per-actor CPUs)")
+    r_.add_argument("--cpus-per-actor", type=int, help="--engine ray without GPUs: torch threads per actor (default 1)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m core", description="Attention Alignment Explorer, headless.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -237,14 +251,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")
     s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
     s.add_argument("--max-new-tokens", type=_new_tokens, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
-    r_ = s.add_argument_group("on a Ray cluster (docs/cluster.md)")
-    r_.add_argument("--engine", choices=("local", "ray"), default="local",
-                    help="local: this process (default); ray: a pool of Ray actors, one model each")
-    r_.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port, ray://host:port; "
-                                      "default RAY_ADDRESS, else a new local Ray on this machine)")
-    r_.add_argument("--actors", type=int, help="--engine ray: how many actors (default: one per GPU, else one per "
-                                               "--cpus-per-actor CPUs)")
-    r_.add_argument("--cpus-per-actor", type=int, help="--engine ray without GPUs: torch threads per actor (default 1)")
+    _ray_options(s)
     pp = sub.add_parser("perplexity", help="language-modelling perplexity over lengths x methods (the paper's Table 3)")
     _model_options(pp)
     pp.add_argument("--device", type=_device, help="cpu | cuda | cuda:N | auto")
@@ -285,6 +292,9 @@ def _parser() -> argparse.ArgumentParser:
     ml.add_argument("--scheme-params", type=_comma_list(_scheme_param_item, "--scheme-params"), default=None,
                     help="comma list of key=value given to every listed scheme that takes the key (e.g. window=32)")
     ml.add_argument("--json", action="store_true", help="print one JSON object with the rows")
+    ml.add_argument("--out", help="CSV written row by row (one row per length x scheme x method)")
+    ml.add_argument("--resume", action="store_true", help="skip the cells already in --out")
+    _ray_options(ml)
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     _model_options(rp)
     rp.add_argument("--query", type=_position, default=None, help="query position m (default: L_tr // 2)")
@@ -380,8 +390,24 @@ def _settings(args):
         train_length=args.train_length if args.train_length is not None else base.train_length,
         method=method, tau=tau, criterion=base.criterion, targets=args.targets or base.targets,
         cosine_scale=args.cosine_scale if args.cosine_scale is not None else base.cosine_scale,
-        chosen_at=base.chosen_at, document=doc,
+        chosen_at=base.chosen_at, document=doc, scheme=base.scheme, scheme_params=dict(base.scheme_params),
     )
+
+
+def _has_scheme(chosen) -> bool:
+    """Whether settings ask for a position scheme other than the plain one as trained."""
+    from core import positions
+
+    return chosen.scheme != positions.PLAIN or bool(chosen.scheme_params)
+
+
+def _no_scheme(chosen, command: str) -> None:
+    """A settings file's position scheme, refused by a command that would not apply it (rather than dropped)."""
+    from core import positions
+
+    if _has_scheme(chosen):
+        raise UserError(f"--settings: scheme '{positions.spell(chosen.scheme, dict(chosen.scheme_params))}': {command} "
+                        "runs the plain scheme only; use `run` with these settings, or `mlm --schemes`")
 
 
 def _check_out(path: str, option: str = "--out") -> None:
@@ -472,12 +498,15 @@ def cmd_run(args) -> int:
 
     chosen = args.settings_
     loaded = _load(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
+    chosen.check_model(loaded)  # a position scheme this model cannot run: one line, before any document
     _check_reference(loaded, [chosen.method], args.samples)
     entry = methods.get(chosen.method)
     doc = _document(loaded, chosen, args.samples if entry.measured else 1)
     prog = _progress("calibrating") if entry.search is not None else None
     # a stored schedule is used at the length it was chosen at; any other length re-resolves it
-    tau, info = methods.resolve(loaded, doc, chosen.method, chosen.tau, samples=args.samples, progress=prog, chosen_at=chosen.chosen_at)
+    tau, info = methods.resolve(loaded, doc, chosen.method, chosen.tau, samples=args.samples, progress=prog,
+                                chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
+                                base=chosen.run_settings(1.0, probes=None) if _has_scheme(chosen) else None)
     if prog:
         prog.close()
     res = engine.run(loaded, doc, chosen.run_settings(tau))
@@ -500,6 +529,7 @@ def cmd_calibrate(args) -> int:
     from core import calibration
 
     chosen = args.settings_
+    _no_scheme(chosen, "calibrate")
     loaded = _load(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
     _check_reference(loaded, methods.MEASURED, args.samples)
     doc = _document(loaded, chosen, args.samples)
@@ -533,18 +563,10 @@ def _lengths(spec: list[tuple[float, bool]] | None, train_length: int) -> list[i
     return out
 
 
-def cmd_sweep(args) -> int:
-    import contextlib
-
+def _check_engine(args) -> bool:
+    """The Ray options checked before any model loads (one line each); whether the command runs on Ray."""
     from core import cluster
 
-    def _interrupted(out: str | None) -> int:
-        """Ctrl-C: the jobs still out were cancelled; one line saying what stays, exit 130 (128 + SIGINT)."""
-        where = f"the rows written so far stay in {out}; --resume runs the rest" if out else "no --out, nothing kept"
-        print(f"interrupted: {where}", file=sys.stderr)
-        return 130
-
-    chosen = args.settings_
     on_ray = args.engine == "ray"
     if not on_ray:
         given = [o for o, v in (("--address", args.address), ("--actors", args.actors),
@@ -560,11 +582,38 @@ def cmd_sweep(args) -> int:
             raise UserError("--dtype is for local runs: Ray actors use their device's precision "
                             "(bfloat16 on a GPU, float32 on a CPU)")
         cluster.check_address(args.address or os.environ.get("RAY_ADDRESS") or None)  # before the model loads
+    return on_ray
+
+
+def _pool(args):
+    """The pool of Ray actors ``--engine ray`` asks for (not started yet), else None."""
+    from core import cluster
+
+    if args.engine != "ray":
+        return None
+    return cluster.RayEngine(address=args.address, actors=args.actors, cpus_per_actor=args.cpus_per_actor or 1,
+                             device=args.device, tokenizer=args.tokenizer)
+
+
+def _interrupted(out: str | None) -> int:
+    """Ctrl-C: the jobs still out were cancelled; one line saying what stays, exit 130 (128 + SIGINT)."""
+    where = f"the rows written so far stay in {out}; --resume runs the rest" if out else "no --out, nothing kept"
+    print(f"interrupted: {where}", file=sys.stderr)
+    return 130
+
+
+def cmd_sweep(args) -> int:
+    import contextlib
+
+    from core import cluster
+
+    chosen = args.settings_
+    _no_scheme(chosen, "sweep")
+    on_ray = _check_engine(args)
     # under Ray this process only tokenises, checks and writes: its copy of the model stays on the CPU
     loaded = _load(chosen.model, chosen.train_length, "cpu" if on_ray else args.device, args.tokenizer,
                    None if on_ray else args.dtype)
-    pool = cluster.RayEngine(address=args.address, actors=args.actors, cpus_per_actor=args.cpus_per_actor or 1,
-                             device=args.device, tokenizer=args.tokenizer) if on_ray else None
+    pool = _pool(args)
     if args.data:
         from core.batch import run_jsonl
 
@@ -668,11 +717,18 @@ MLM_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def cmd_mlm(args) -> int:
+    import contextlib
+
     from tqdm import tqdm
 
     from core import mlm
 
-    loaded = _load(args.model, args.train_length, args.device, args.tokenizer, args.dtype)
+    if args.resume and not args.out:
+        raise UserError("--resume needs --out (the CSV to resume)")
+    on_ray = _check_engine(args)
+    # under Ray this process only tokenises, checks and writes: its copy of the model stays on the CPU
+    loaded = _load(args.model, args.train_length, "cpu" if on_ray else args.device, args.tokenizer,
+                   None if on_ray else args.dtype)
     names = args.methods.split(",") if args.methods else list(methods.SWEEP_DEFAULT)
     lengths = _lengths(args.lengths or [(k, True) for k in MLM_LENGTHS], loaded.train_length)
     schemes = _with_params(args.schemes or [mlm.PLAIN], args.scheme_params)
@@ -682,6 +738,7 @@ def cmd_mlm(args) -> int:
     mlm.check_model(loaded, plan)
     _check_fits(loaded, max(lengths), "--lengths asks for sequences of", batch=min(args.batch_size, args.sequences))
     _check_reference(loaded, names, args.samples)
+    pool = _pool(args)
     bars: list = []
 
     def progress(done: int, total: int) -> None:
@@ -690,11 +747,24 @@ def cmd_mlm(args) -> int:
         bars[0].n = done
         bars[0].refresh()
 
+    failed: list[str] = []
+
+    def report(msg: str) -> None:
+        failed.append(msg)
+        tqdm.write(msg, file=sys.stderr)
+
     try:
-        rows = mlm.run_mlm(loaded, plan, progress=progress)
+        with pool or contextlib.nullcontext():
+            rows = mlm.run_mlm_sweep(loaded, plan, out=args.out, resume=args.resume, progress=progress, pool=pool,
+                                     report=report)
+    except KeyboardInterrupt:
+        return _interrupted(args.out)
     finally:
         for bar in bars:
             bar.close()
+    if failed:
+        print(f"{len(failed)} mlm job(s) failed (listed above); --resume runs their rows again", file=sys.stderr)
+    rows = [{k: r[k] for k in mlm.ROW_KEYS} for r in rows]
     if args.json:
         print(json.dumps(mlm.summary(loaded, plan, rows)))
     else:

@@ -326,7 +326,8 @@ def parse(text: str | float) -> tuple[str, Schedule | None]:
         tau = float(raw)
     except (TypeError, ValueError, OverflowError):
         if text not in NAMES or REGISTRY[text].takes_value:
-            raise ValueError(f"Unknown method '{text}'; use {FIXED_PREFIX}0.8 (a fixed tau) or one of "
+            shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:37] + "..."  # one line, whatever it holds
+            raise ValueError(f"Unknown method {shown}; use {FIXED_PREFIX}0.8 (a fixed tau) or one of "
                              f"{', '.join(n for n in NAMES if n != FIXED)}") from None
         return str(text), None
     try:

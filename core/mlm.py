@@ -38,9 +38,11 @@ another question). The rows are plain dicts (:data:`ROW_KEYS`).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -52,6 +54,9 @@ from core.kinds import ENCODER
 from core.models import Loaded
 from core.schedule import Schedule
 from core.validation import Positive, held_out_plan
+
+if TYPE_CHECKING:  # Ray and the pool are imported only when a sweep runs on them
+    from core import cluster
 
 #: Share of a sequence's (non-special) tokens that are masked, as the paper (and BERT) mask them.
 MASK_RATE = 0.15
@@ -229,7 +234,7 @@ def _outcome(info: dict) -> dict:
 
 def run_mlm(loaded: Loaded, plan: MlmPlan, progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Every length x scheme x method cell of ``plan`` as one plain row (see :data:`ROW_KEYS`), lengths outermost,
-    then schemes, then methods.
+    then schemes, then methods: :func:`run_mlm_sweep` without a CSV, run here.
 
     The sequences of a length are built and masked once and scored under every scheme and method.
     ``attention_factor`` is the factor the scheme put on cos and sin as it acted on this model (logits x its
@@ -237,39 +242,167 @@ def run_mlm(loaded: Loaded, plan: MlmPlan, progress: Callable[[int, int], None] 
     normalisation cancels it); a temperature method's tau divides the logits on top of it, so ``yarn-rope``
     with the method of the same paper counts YaRN's factor twice unless bound with ``attention_factor=1``
     (docs/positions.md)."""
+    return [{k: r[k] for k in ROW_KEYS} for r in run_mlm_sweep(loaded, plan, progress=progress)]
+
+
+def cell(loaded: Loaded, plan: MlmPlan, n: int, spec: str, method: str, cache: dict,
+         step: Callable[[int], None] | None = None) -> dict:
+    """One cell's row (:data:`COLUMNS`): the plan's sequences at ``n`` tokens scored under the scheme ``spec``
+    and ``method``. What every row comes from, here and on a Ray actor.
+
+    ``cache`` keeps what cells of one process share: a length's masked sequences (built and masked once, scored
+    under every scheme and method) and the taus measured methods resolved (per length, scheme and method, as
+    :func:`resolve` caches them). ``step(k)`` is called after each batch of ``k`` sequences."""
+    from core.cluster import Cancelled, cancelled
+
+    if ("sequences", n) not in cache:
+        pairs = [sequence(loaded, n, plan.seed + i, plan.rate, plan.haystack) for i in range(plan.sequences)]
+        cache[("sequences", n)] = (pairs[0][0], [m for _, m in pairs])
+    first, masked = cache[("sequences", n)]
+    scheme, params = positions.parse_spec(spec)
+    factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, params, max(m.n for m in masked)))
+    tau, outcome = resolve(loaded, plan, n, method, first, cache, spec)
+    attn = AttentionSettings(tau, (ENCODER,), plan.cosine_scale)
+    t0 = time.perf_counter()
+    count, correct, nll = 0, 0, 0.0
+    for b in range(0, len(masked), plan.batch_size):
+        if cancelled():  # the driver was stopped: free this actor for its next run
+            raise Cancelled
+        s = score(loaded, masked[b:b + plan.batch_size], attn, scheme, params)
+        count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
+        if step:
+            step(len(masked[b:b + plan.batch_size]))
+    return {
+        "model": loaded.spec.name, "tokens": n, "actual_tokens": int(round(np.mean([m.n for m in masked]))),
+        "train_length": loaded.train_length, "scheme": scheme,
+        "scheme_params": positions.params_text(params), "attention_factor": round(factor, 6),
+        "method": method, "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
+        "accuracy": correct / count, "perplexity": math.exp(nll / count), "nll": nll, "masked": count,
+        "sequences": len(masked), "first_seed": plan.seed, "seconds": round(time.perf_counter() - t0, 3),
+        **outcome,
+    }
+
+
+def _cell_job(loaded: Loaded, payload: tuple) -> tuple[int, dict]:
+    """A cell as a :class:`core.cluster.Job`'s function: ``(plan index, row)``. Module-level, so Ray ships it by
+    reference; on an actor the cache is its own (the payload's fresh dict)."""
+    plan, index, n, spec, method, cache = payload
+    return index, cell(loaded, plan, n, spec, method, cache)
+
+
+def cells(plan: MlmPlan) -> list[tuple[int, str, str]]:
+    """The plan's cells ``(tokens, scheme text, method)`` in row order: lengths, then schemes, then methods."""
+    return [(n, spec, m) for n in plan.lengths for spec in plan.schemes for m in plan.methods]
+
+
+def cell_key(model: str, n: int, spec: str, method: str, plan: MlmPlan, cosine: float | None) -> tuple:
+    """A cell's resume key (:data:`KEY`), as :func:`row_key` reads it from a written row."""
+    name, params = positions.parse_spec(spec)
+    return row_key({"model": model, "tokens": n, "scheme": name, "scheme_params": positions.params_text(params),
+                    "method": method, "cosine_scale": cosine, "sequences": plan.sequences, "first_seed": plan.seed})
+
+
+def row_key(row: dict) -> tuple:
+    """The :data:`KEY` of a row, from the run (typed) or from the CSV (text, restored by :mod:`core.csvio`)."""
+    def norm(k: str, v) -> str:
+        if k in ("tokens", "sequences", "first_seed"):
+            return str(int(float(v)))
+        if k == "cosine_scale":
+            return "" if v is None or v == "" else f"{float(v):g}"
+        return str(v)
+
+    try:
+        return tuple(norm(k, row[k]) for k in KEY)
+    except (KeyError, ValueError) as err:
+        raise UserError(f"the --out file holds a row that is not an mlm row ({err}); use another --out or drop "
+                        "--resume") from None
+
+
+def run_mlm_sweep(
+    loaded: Loaded,
+    plan: MlmPlan,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    pool: "cluster.RayEngine | None" = None,
+    tracker: "cluster.Tracker | None" = None,
+    report: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Run ``plan``; append one row per length x scheme x method (:data:`COLUMNS`) to ``out`` (CSV) as each cell
+    finishes; return every row of the table, the file's earlier ones first, new ones in plan order.
+
+    The CSV goes through :class:`core.csvio.ResultCSV` (the lock on the real file, a torn last row dropped and
+    redone, spreadsheet-safe cells); ``resume`` skips the cells it holds (:data:`KEY`). Everything is checked
+    before the file is touched. ``pool``: None runs the cells here in plan order; a
+    :class:`core.cluster.RayEngine` runs each as a job on its actors, heaviest first (its rows come from
+    :func:`cell`, as here, and are written here: the one writer). A job that fails twice goes to ``report``
+    (default stderr) and the run goes on; ``--resume`` runs its cell again. ``progress(done, total)`` counts
+    sequences (per batch here, per cell from a pool); ``should_stop()`` is polled between cells."""
+    from core import cluster, csvio
+    from core.sweep import typed_rows  # a resumed CSV's rows typed as pandas reads them, as sweeps resume
+
     plan = plan.validated()
     check_model(loaded, plan)
-    engine.check_length(loaded, max(plan.lengths), plan.batch_size)
-    rows: list[dict] = []
-    cache: dict = {}
-    total, done = len(plan.lengths) * len(plan.schemes) * len(plan.methods) * plan.sequences, 0
-    for n in plan.lengths:
-        pairs = [sequence(loaded, n, plan.seed + i, plan.rate, plan.haystack) for i in range(plan.sequences)]
-        masked = [m for _, m in pairs]
-        for spec in plan.schemes:
-            scheme, params = positions.parse_spec(spec)
-            factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, params, max(m.n for m in masked)))
-            for method in plan.methods:
-                tau, outcome = resolve(loaded, plan, n, method, pairs[0][0], cache, spec)
-                attn = AttentionSettings(tau, (ENCODER,), plan.cosine_scale)
-                t0 = time.perf_counter()
-                count, correct, nll = 0, 0, 0.0
-                for b in range(0, len(masked), plan.batch_size):
-                    s = score(loaded, masked[b:b + plan.batch_size], attn, scheme, params)
-                    count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
-                    done += len(masked[b:b + plan.batch_size])
-                    if progress:
-                        progress(done, total)
-                rows.append({
-                    "tokens": n, "actual_tokens": int(round(np.mean([m.n for m in masked]))),
-                    "train_length": loaded.train_length, "scheme": scheme,
-                    "scheme_params": positions.params_text(params), "attention_factor": round(factor, 6),
-                    "method": method, "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
-                    "accuracy": correct / count, "perplexity": math.exp(nll / count), "nll": nll, "masked": count,
-                    "sequences": len(masked), "first_seed": plan.seed, "seconds": round(time.perf_counter() - t0, 3),
-                    **outcome,
-                })
-    return rows
+    engine.check_length(loaded, max(plan.lengths), min(plan.batch_size, plan.sequences))
+    model = None
+    if pool is not None:
+        model = pool.model_ref(loaded)
+        pool.prepare(model)  # every actor loads the model before the CSV is touched
+    track = tracker or cluster.NO_TRACKER
+    say = report or (lambda msg: print(msg, file=sys.stderr))
+    cosine = _cosine(loaded, plan)
+    path = Path(out) if out else None
+    total = len(cells(plan)) * plan.sequences
+    with csvio.ResultCSV(path, list(COLUMNS), "mlm", resume=resume) as sink:
+        done_keys = {row_key(r) for r in sink.rows}
+        rows: list[dict] = typed_rows(path) if sink.rows else []
+        todo = [(i, c) for i, c in enumerate(cells(plan)) if cell_key(loaded.spec.name, *c, plan, cosine) not in done_keys]
+        count = (len(cells(plan)) - len(todo)) * plan.sequences
+        if progress:
+            progress(count, total)
+        new: list[tuple[int, dict]] = []
+
+        def write(index: int, row: dict) -> None:
+            new.append((index, row))
+            sink.write(row)
+
+        def step(k: int) -> None:
+            nonlocal count
+            count += k
+            if progress:
+                progress(count, total)
+
+        jobs = [cluster.Job(_cell_job, (plan, i, n, spec, m, {}), f"mlm at {n:,} tokens, scheme {spec}, method {m}",
+                            passes=((plan.sequences, n),), model=model, tag=i) for i, (n, spec, m) in todo]
+        track.start(len(jobs), len(jobs), None, pool.where if pool is not None else "in this process")
+        if pool is None:
+            shared: dict = {}  # one cache for every local cell: a length's sequences and the resolved taus
+
+            def here(ld: Loaded, payload: tuple) -> tuple[int, dict]:
+                index, n, spec, m = payload
+                return index, cell(ld, plan, n, spec, m, shared, step)
+
+            def on_local(job: cluster.Job, result: tuple[int, dict]) -> None:
+                write(*result)
+                track.advance(1, 1)
+
+            cluster.run_local((replace(j, fn=here, payload=(j.tag, *j.payload[2:5])) for j in jobs), loaded, on_local,
+                              should_stop)
+        else:
+            def on_done(job: cluster.Job, result: tuple[int, dict]) -> list:
+                write(*result)
+                step(plan.sequences)
+                track.advance(1, 1)
+                return []
+
+            def on_fail(job: cluster.Job, why: str) -> None:
+                track.advance(1, 0)
+                say(f"mlm job failed: {job.label}: {why}; its row is missing (--resume runs it again)")
+
+            pool.run(jobs, on_done, on_fail, should_stop)
+    new.sort(key=lambda t: t[0])  # plan order, as a local run gives them (the CSV keeps arrival order)
+    return rows + [r for _, r in new]
 
 
 def _cosine(loaded: Loaded, plan: MlmPlan) -> float | None:
@@ -280,6 +413,11 @@ def _cosine(loaded: Loaded, plan: MlmPlan) -> float | None:
 #: The keys of every row :func:`run_mlm` returns (the CLI's ``mlm --json`` contract).
 ROW_KEYS = ("tokens", "actual_tokens", "train_length", "scheme", "scheme_params", "attention_factor", "method", "tau",
             "cosine_scale", "accuracy", "perplexity", "nll", "masked", "sequences", "first_seed", "seconds", "reached", "gap")
+#: The columns of an ``mlm --out`` CSV: the model, then a row's keys.
+COLUMNS = ("model",) + ROW_KEYS
+#: What makes a row one cell (``--resume`` skips the cells a CSV holds): the model, the length, the scheme and its
+#: parameters, the method, and what would make the same cell another measurement (s, the sequences and their seeds).
+KEY = ("model", "tokens", "scheme", "scheme_params", "method", "cosine_scale", "sequences", "first_seed")
 
 
 def summary(loaded: Loaded, plan: MlmPlan, rows: list[dict]) -> dict:

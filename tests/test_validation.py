@@ -193,7 +193,7 @@ def test_any_option_values_parse_or_are_one_line_user_errors(case):
     if args.tokens is not None:
         assert st_.document.tokens == args.tokens
     if args.tau is not None:
-        assert st_.method == "fixed" and st_.tau == args.tau
+        assert st_.method == "fixed" and float(st_.tau) == args.tau
     if cmd == "sweep":
         for value, multiple in args.lengths or []:
             assert math.isfinite(value) and value > 0 and (multiple or 1 <= value <= MAX_LENGTH)
