@@ -536,10 +536,11 @@ def test_a_link_reopens_the_view_and_back_and_navigation_work(server, page, dead
 
 @pytest.fixture(scope="module")
 def rope_server(model_ref, tmp_path_factory):
-    """A second `streamlit run app.py`, opening a tiny random ModernBERT masked LM (L_tr 64) through AAE_MODEL."""
+    """A second `streamlit run app.py`, opening a tiny random ModernBERT masked LM (L_tr 64) through AAE_MODEL: the
+    cosine variant (s = 16), so one server shows both axes of its slider, tau and CosScale s."""
     from conftest import build_tiny_rope
 
-    folder = str(build_tiny_rope(tmp_path_factory.mktemp("browser-rope"), train_length=64))
+    folder = str(build_tiny_rope(tmp_path_factory.mktemp("browser-rope"), train_length=64, cosine=16.0))
     port = _free_port()
     env = {**os.environ, "AAE_MODEL": folder, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -587,3 +588,30 @@ def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, pag
     assert float(painted["0.80"]["pmax"]) > float(painted["1.00"]["pmax"])  # a smaller tau sharpens attention
     card = page.locator('.aae .card[data-side="chosen"]').inner_text(timeout=deadline.ms())
     assert "masked tokens: accuracy" in card and "→" in card, card
+
+
+def test_a_cosine_rope_models_slider_moves_cosscale(rope_server, page, deadline):
+    """The same model's slider switched to CosScale s: PageDown moves s along its grid in the browser, and the
+    painted masked-token numbers are core.mlm's own score of the document at that s (tau = 1)."""
+    import math
+
+    from core import mlm
+    from core.attention import AttentionSettings
+    from core.models import load
+
+    url, folder = rope_server
+    open_settled(page, f"{url}/?tokens=128&seed=3&method=fixed&tau=1.0", deadline, marker="masked tokens:",
+                 scope=SCRUBBER)
+    page.get_by_test_id("stRadioGroup").get_by_text("CosScale s", exact=True).click(timeout=deadline.ms())
+    here = wait_painted(page, {"tau": "16.00", "kind": "grid"}, deadline)  # the slider now holds the trained s
+    wait_grid(page, deadline)
+    lower = press(page, "PageDown", {"kind": "grid"}, deadline)
+    s = float(lower["tau"])
+    assert s < 16.0, lower
+    loaded = load(folder, device="cpu")
+    _, seq = mlm.sequence(loaded, 128, seed=3)
+    for painted, scale in ((here, 16.0), (lower, s)):
+        got = mlm.score(loaded, [seq], AttentionSettings(1.0, cosine_scale=scale))
+        assert float(painted["accuracy"]) == pytest.approx(got.correct / got.masked), (scale, painted)
+        assert float(painted["mlmPerplexity"]) == pytest.approx(math.exp(got.nll / got.masked), rel=1e-4), scale
+    assert float(lower["pmax"]) < float(here["pmax"])  # a smaller s flattens the softmax of s * cos(q, k)
