@@ -22,6 +22,7 @@ from core.errors import UserError
 from core.training.config import TrainConfig, _check_per_task
 from core.training.data import _batches, eval_documents
 from core.training.model import _block, build_model, get_tokenizer, grow_state, identity_blocks
+from core.training.optim import optimizer
 from core.training.stages import check_stages, lineage_entries, source_recipe, stage_dir, taught_tasks
 from core.training.supervision import CrossAttentionTap, needle_attention_loss
 
@@ -155,17 +156,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
             identity_blocks(model, {_block(k) for k in missing} - src_blocks - {None})
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev).train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        f = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * f))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    opt, sched = optimizer(model, cfg)
     ctx = mp.get_context("spawn")
     workers = max(1, cfg.workers)
     queue, stop = ctx.Queue(maxsize=8 * workers), ctx.Event()

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from core.training.config import TrainConfig
+from core.training.optim import optimizer
 
 ROPE = "rope"
 #: The added mask token (the bundled BPE has none).
@@ -245,18 +246,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     tok.save_pretrained(out)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev).train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        f = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * f))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    opt, sched = optimizer(model, cfg)
     t0, losses, history = time.time(), [], []
     rate = float(opts["mask_rate"])
     bar = tqdm(total=cfg.steps, desc=f"train {cfg.name}", file=sys.stderr, disable=quiet)
