@@ -289,3 +289,27 @@ def test_a_bad_scheme_in_the_url_is_one_message(rope_env, bad):
     (err,) = at.error
     assert "scheme=" in err.value and "cannot be used" in err.value
     assert at.session_state["pos_scheme"] == positions.PLAIN and int(at.session_state["doc_seed"]) == 3
+
+
+def test_sweep_runs_each_chosen_position_scheme(rope_env):
+    """The Sweep page's masked-token grid takes position schemes too: one row per scheme and method, each equal to
+    core.mlm's own rows under that scheme (the CLI's `mlm --schemes`)."""
+    from core import positions
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/sweep.py").run()
+    app_ok(at)
+    at.multiselect(key="lm_lengths").set_value([2])
+    at.multiselect(key="lm_methods").set_value([methods.AS_TRAINED])
+    at.multiselect(key="lm_schemes").set_value([positions.PLAIN, "window"])
+    at.number_input(key="lm_sequences").set_value(2)
+    at.button(key="mlm_start").click().run()
+    app_ok(at)
+    perplexity = at.dataframe[0].value
+    assert len(perplexity) == 2, perplexity
+    rows = mlm.run_mlm(load(str(rope_env), device="cpu"),
+                       mlm.MlmPlan(lengths=[2 * L_TR], methods=[methods.AS_TRAINED], sequences=2,
+                                   schemes=[positions.PLAIN, "window"]))
+    got = sorted(perplexity[2 * L_TR].tolist())
+    assert got == pytest.approx(sorted(r["perplexity"] for r in rows), abs=0.006)
+    assert rows[0]["perplexity"] != pytest.approx(rows[1]["perplexity"])  # the window does change the numbers

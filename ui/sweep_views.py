@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from core import csvio, methods, plots, tasks, timing
+from core import csvio, methods, plots, positions, tasks, timing
 from core.errors import UserError
 from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
 from core.mlm import MASK_RATE, MIN_TOKENS, MlmPlan, run_mlm
@@ -388,18 +388,26 @@ def lm_results(path: Path) -> None:
 # -- a masked-LM model (the rotary family): accuracy and perplexity of the masked tokens ------------------------
 
 def mlm_controls(ctx: sb.Context) -> MlmPlan:
-    """The masked-token grid (lengths, methods, fixed taus, sequences) as a :class:`core.mlm.MlmPlan`."""
+    """The masked-token grid (lengths, position schemes, methods, fixed taus, sequences) as a :class:`core.mlm.MlmPlan`."""
     ss = st.session_state
     lt = ctx.train_length
     for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.the(grid_criterion="pmax")]),
-                 ("lm_fixed", ""), ("lm_sequences", 20)):
+                 ("lm_fixed", ""), ("lm_sequences", 20), ("lm_schemes", [ctx.scheme_spec])):
         ss.setdefault(k, v)
+    own = ctx.scheme_spec  # the sidebar's scheme with its parameters, then every scheme at its defaults
+    scheme_options = [own, *(n for n in positions.AVAILABLE if n != own and positions.get(n).same_as is None)]
+    ss["lm_schemes"] = [s for s in ss["lm_schemes"] if s in scheme_options]
     options, side = length_options(ctx)
     _drop_stale_lengths("lm_lengths", options)
     c1, c2 = st.columns(2)
     c1.multiselect("Lengths (× L_tr)", options, key="lm_lengths", format_func=lambda k: _length_text(k, lt))
     c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", format_func=methods.label, help=METHODS_HELP)
     lengths_note(ctx, "lm_lengths", side, "The table scores masked tokens", "held-out sequences")
+    st.multiselect("Position schemes", scheme_options, key="lm_schemes",
+                   format_func=lambda s: positions.get(positions.parse_spec(s)[0]).label + ("" if s != own or ":" not in s
+                                                                                              else f" ({s.split(':', 1)[1]})"),
+                   help="Each scheme is a row block of the table (the sidebar's own first, with its parameters); "
+                        "every method runs under each (docs/positions.md).")
     c4, c5 = st.columns(2)
     c4.text_input("Fixed taus", key="lm_fixed", placeholder="0.8, 0.7")
     c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences",
@@ -407,8 +415,9 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
     with user_errors():
         chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
         plan = MlmPlan(lengths=[max(MIN_TOKENS, round(k * lt)) for k in sorted(ss["lm_lengths"])], methods=chosen,
-                       sequences=int(ss["lm_sequences"]), cosine_scale=ctx.cosine_scale).validated()
-    st.caption(f"{plural(len(plan.lengths) * len(plan.methods), 'cell')} of {plural(plan.sequences, 'sequence')} on "
+                       sequences=int(ss["lm_sequences"]), cosine_scale=ctx.cosine_scale,
+                       schemes=list(ss["lm_schemes"]) or [positions.PLAIN]).validated()
+    st.caption(f"{plural(len(plan.lengths) * len(plan.methods) * len(plan.schemes), 'cell')} of {plural(plan.sequences, 'sequence')} on "
                f"{ctx.loaded.spec.name}: each held-out sequence with {round(100 * MASK_RATE)} % of its tokens masked "
                "(positions by seed), the masked tokens scored: accuracy and perplexity (the InfoScale paper's Table 1 "
                "metrics; `python -m core mlm` gives the same rows).")
@@ -443,6 +452,8 @@ def mlm_results(path: Path) -> None:
     if df.empty:
         st.info("No finished rows yet.")
         return
+    if "scheme" in df and df["scheme"].nunique() > 1:  # one row per scheme and method, the paper's Table 1 layout
+        df["method"] = [f"{method_text(m)} · {positions.get(s).label}" for m, s in zip(df["method"], df["scheme"])]
     st.subheader("Masked tokens over length (InfoScale paper, Table 1)")
     st.caption("Perplexity and accuracy of the masked tokens at each length. With tau = 1 a rotary model trained at "
                "L_tr degrades past it; the paper's InfoScale and CosScale are meant to hold it.")
