@@ -71,7 +71,7 @@ from pathlib import Path
 
 import torch
 
-from core import attention
+from core import attention, relative_bias
 from core.attention import AttentionSettings, attention_call, attention_modules, family_of
 from core.errors import UserError
 from core.kinds import ENCODER, KINDS
@@ -204,12 +204,16 @@ def _configs(model) -> list:
 @dataclass
 class _Snapshot:
     entries: list  # [(config, _attn_implementation_internal)]
+    lazy_bias: bool = False  # the model handed out a lazy relative bias before (core.relative_bias)
 
     @classmethod
     def take(cls, model) -> "_Snapshot":
-        return cls([(c, c.__dict__.get("_attn_implementation_internal")) for c in _configs(model)])
+        return cls([(c, c.__dict__.get("_attn_implementation_internal")) for c in _configs(model)],
+                   relative_bias.installed(model))
 
     def restore(self, model) -> None:
+        if not self.lazy_bias:
+            relative_bias.uninstall(model)
         top = next(v for c, v in self.entries if c is model.config)
         if isinstance(top, str) and top != model.config._attn_implementation:
             try:  # the public way first; then make every config exactly what it was
@@ -228,6 +232,7 @@ def _switch_on(model) -> _Snapshot:
         for cfg in _configs(model):  # sub-configs set_attn_implementation could not reach
             if cfg._attn_implementation != attention.ATTN_NAME:
                 cfg.__dict__["_attn_implementation_internal"] = attention.ATTN_NAME
+    relative_bias.install(model)  # T5's bias as one vector per head while ours runs; restore() takes it out
     return snap
 
 

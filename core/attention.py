@@ -52,15 +52,16 @@ from transformers import AttentionInterface
 
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from core import fused_softmax
 from core import positions as rope_positions
 from core.errors import UserError
-from core.kinds import CROSS, DECODER, ENCODER, KINDS
+from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER, KINDS
+from core.relative_bias import RelativeBias
 from core.schedule import Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.probes import Recorder
 
-ATTN_NAME = "aligned"
 
 #: Bytes of float32 scores one block of query rows may hold (all heads and
 #: batch items), per device type. On the CPU a block above glibc's mmap
@@ -371,6 +372,13 @@ def aligned_attention(
         # rectified logits hold a block's int64 distances and two boolean selections beside its float32 scores
         budget = max(1, budget // RECTIFIED_BLOCK_SHARE)
     step = _chunk_rows(batch, heads, q_len, k_len, budget)
+    plan = _kernel_plan(query, value, attention_mask, position_bias, causal, scheme, want_weights,
+                        bool(dropout and module.training))
+    if plan is not None:
+        out = _kernel_blocks(query, key, value, plan, tau, step, kind, layer, recorder)
+        if recorder is not None:
+            recorder.end_layer(layer, kind)
+        return out, None
     if (recorder is None and not causal and not (dropout and module.training) and not want_weights
             and (scheme is None or scheme.logits is None)):
         # Nobody needs the probabilities: let torch's fused kernel do the softmax. With no bias and no mask
@@ -411,6 +419,101 @@ def aligned_attention(
         recorder.end_layer(layer, kind)
     probs_all = None if weights is None else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2)
     return attn.transpose(1, 2).contiguous(), probs_all
+
+
+@dataclass(frozen=True)
+class _KernelPlan:
+    """What :func:`_kernel_blocks` hands the fused kernel for one attention call: the bias as one float32
+    block and how to find a row in it (``strides(r0)``: per head, per row, base), and the keys each batch
+    item may attend (``[B, K]`` bool) or None."""
+
+    bias: torch.Tensor | None
+    strides: Callable[[int], tuple[int, int, int]]
+    keymask: torch.Tensor | None
+
+
+def _kernel_plan(query, value, attention_mask, position_bias, causal: bool, scheme: "_SchemeOps | None",
+                 want_weights: bool, dropout: bool) -> _KernelPlan | None:
+    """The fused kernel's view of this call (:mod:`core.fused_softmax`), or None when torch's path must run it.
+
+    The kernel serves inference on the CPU in float32 (what every long pass here is): not while autograd
+    records (training differentiates torch's path), not for whole weights (``output_attentions``), dropout,
+    a causal or per-row mask (decoder self-attention while teacher forcing, a position scheme's window) or
+    a rectified scheme. A padding mask that is the same for every row becomes one row of keys per item. The
+    bias is a :class:`~core.relative_bias.RelativeBias` (read in place), none, or a dense ``[1, H, q, k]``
+    tensor with contiguous keys; T5's own dense bias (a permuted view) is not."""
+    if (query.device.type != "cpu" or query.dtype != torch.float32 or value.dtype != torch.float32 or causal
+            or scheme is not None or want_weights or dropout or torch.is_grad_enabled() or query.requires_grad):
+        return None
+    keymask = None
+    if attention_mask is not None:
+        m = attention_mask
+        if m.dtype != torch.bool or m.dim() != 4 or m.shape[1] != 1 or not (m.shape[2] == 1 or m.stride(2) == 0):
+            return None
+        if m.shape[-1] != value.shape[-2]:
+            return None
+        keymask = m[:, 0, 0, :].expand(query.shape[0], value.shape[-2])
+    if position_bias is None:
+        bias, strides = None, (lambda r0: (0, 0, 0))
+    elif isinstance(position_bias, RelativeBias):
+        bias, strides = position_bias.flat(), position_bias.strides
+    elif (isinstance(position_bias, torch.Tensor) and position_bias.dim() == 4 and position_bias.shape[0] == 1
+          and position_bias.dtype == torch.float32 and position_bias.stride(-1) == 1
+          and position_bias.shape[-1] == value.shape[-2]):
+        bias = position_bias
+        hs, rs = position_bias.stride(1), position_bias.stride(2)
+        if position_bias.shape[1] == 1:
+            hs = 0
+        strides = (lambda r0: (hs, rs, r0 * rs))
+    else:
+        return None
+    if not fused_softmax.available():
+        return None
+    return _KernelPlan(bias, strides, keymask)
+
+
+def _kernel_blocks(query, key, value, plan: _KernelPlan, tau, step: int, kind: str, layer: int,
+                   recorder: "Recorder | None") -> torch.Tensor:
+    """softmax((q.k + bias) / tau + mask) @ v in blocks of query rows, each block's softmax one kernel call.
+
+    Per block: one matmul into a buffer every block reuses, the kernel (bias read in place, tau, mask, max,
+    exp and the two row sums in two passes over each row while it is in cache), the recorder fed from the
+    same exponentials (:meth:`Recorder.observe_sums`: Pmax and H from the kernel's sums, views from the rows
+    they need), and ``(exp @ v) / total``. Raw logits (q.k + bias before tau) are kept only for the rows
+    the sorted-logits probe sorts (:meth:`Recorder.sorted_rows`). Returns ``[batch, q_len, heads, d]``."""
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[-2]
+    keyT = key.transpose(-1, -2)
+    per_row = tau is not None and tau.shape[-2] != 1
+    tau_heads = None if tau is None or per_row else tau.reshape(heads)
+    buf = torch.empty(batch * heads * min(step, q_len) * k_len, dtype=torch.float32)
+    out = []
+    for r0 in range(0, q_len, step):
+        r1 = min(q_len, r0 + step)
+        scores = buf[: batch * heads * (r1 - r0) * k_len].view(batch, heads, r1 - r0, k_len)
+        torch.matmul(query[:, :, r0:r1], keyT, out=scores)
+        rows = None if recorder is None else recorder.sorted_rows(layer, r0, r1, kind)
+        raw = None
+        if rows is not None:  # before the kernel overwrites the block
+            raw = scores.index_select(2, rows)
+            if plan.bias is not None:
+                raw.add_(_bias_rows(plan, r0, rows, heads, k_len))
+        t, per = (tau[0, r0:r1, 0], "row") if per_row else (tau_heads, "head")
+        total, dot = fused_softmax.softmax_rows(scores, plan.bias, plan.strides(r0), t, per, plan.keymask)
+        if recorder is not None:
+            recorder.observe_sums(layer, r0, r1, raw, scores, total, dot, kind=kind)
+        out.append(torch.matmul(scores, value).div_(total))
+    attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    return attn.transpose(1, 2).contiguous()
+
+
+def _bias_rows(plan: _KernelPlan, r0: int, rows: torch.Tensor, heads: int, k_len: int) -> torch.Tensor:
+    """The plan's bias of block rows ``r0 + rows`` (a few, for a raw-logit probe): ``[1, H, len(rows), k_len]``."""
+    hs, rs, base = plan.strides(r0)
+    flat = plan.bias.reshape(-1)
+    starts = [base + int(i) * rs for i in rows]
+    picked = [flat.as_strided((heads, k_len), (hs, 1), flat.storage_offset() + a) for a in starts]
+    return torch.stack(picked, dim=1).unsqueeze(0)
 
 
 #: A rectified scheme's block holds, beside its float32 scores, the int64 distances and a boolean or two of the
@@ -525,7 +628,7 @@ def _probed(query, keyT, value, attention_mask, position_bias, tau, step: int, c
     get exactly 0 as in eager attention (any other weight moves by less than exp(-87) = 1.6e-38).
     """
     q_len = query.shape[-2]
-    want_raw = recorder is not None and recorder.wants_raw(layer, kind)
+    want_raw = recorder is not None and "sorted_logits" in recorder.asked(kind, layer)
     out = []
     exp_buf: torch.Tensor | None = None
     for r0 in range(0, q_len, step):
@@ -592,12 +695,20 @@ def _fused(query, key, value, attention_mask, position_bias, tau, step: int,
             scratch[role] = torch.empty((*shape[:2], step, shape[-1]), dtype=dtype, device=query.device)
         return scratch[role][:, :, : shape[2]]
 
+    row_tau = tau is not None and tau.shape[-2] != 1
+    head_scale = None if tau is None or row_tau else (1.0 / tau.float()).view(-1, 1)
     out = []
     floor: torch.Tensor | None = None
     for r0 in range(0, q_len, step):
         r1 = min(q_len, r0 + step)
         mask = None
-        if position_bias is not None:
+        if isinstance(position_bias, RelativeBias):
+            # rows cut from the vector, divided by a per-head tau on the vector itself (one pass per block)
+            mask = position_bias.rows(r0, r1, scale=head_scale)
+            if row_tau:
+                mask = mask.div_(_rows(tau, r0, r1))
+            mask = mask.to(query.dtype)
+        elif position_bias is not None:
             b = position_bias[:, :, r0:r1]
             if tau is not None or b.stride(-1) != 1 or b.dtype != query.dtype:
                 # one pass: divide (by 1 when tau is None), cast and lay out contiguously

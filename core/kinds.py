@@ -9,3 +9,7 @@ for three strings.
 ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
 #: The attention kinds a temperature can be applied to, and probes named by.
 KINDS = (ENCODER, DECODER, CROSS)
+
+#: The ``attn_implementation`` name our attention function is registered under (:mod:`core.attention`); here
+#: because the lazy relative bias (:mod:`core.relative_bias`) hands out its vector only to that function.
+ATTN_NAME = "aligned"

@@ -87,6 +87,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 
 from core import attention  # noqa: F401  (registers the "aligned" attention)
+from core import relative_bias
 from core.errors import ModelLoadError, UserError
 from core.validation import Str, TrainLength, one_line, read_json, validate
 
@@ -1119,4 +1120,5 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             app=f"The tokenizer of model '{_shown(src)}' has no mask token: copy the model's own tokenizer files "
                 "into its folder.")
     model.to(dev).eval()
+    relative_bias.install(model)  # T5's bias as one vector per head (core.relative_bias): no [H, L, L] per pass
     return Loaded(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dtype)

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from core import fused_softmax
 from core.kinds import CROSS, DECODER, ENCODER, KINDS
 from core.errors import UserError
 
@@ -68,7 +69,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 #: Probes computed from the blocks of probabilities (``logits`` is taken whole, before the softmax).
 _ROW_PROBES = frozenset(PROBES) - {"logits"}
 _STATS = ("pmax", "entropy")
-COSINE_BINS = 60  # cosine_hist bins when asked by name with ProbeSpec.cosine_hist_bins = 0
+COSINE_BINS = 60
+#: Most rows of item 0 the sorted-logits probe sorts per layer (see :meth:`Recorder.sorted_rows`).
+SORTED_ROWS = 1024  # cosine_hist bins when asked by name with ProbeSpec.cosine_hist_bins = 0
 
 
 @dataclass(frozen=True, order=True)
@@ -272,6 +275,8 @@ class Recorder:
         self._offset: dict[Key, int] = {}  # decoder/cross: answer position of the current call's first row
         self._seen: dict[Key, int] = {}
         self._layer_qk: tuple[torch.Tensor, torch.Tensor, float] | None = None
+        self._sample: torch.Tensor | None = None  # item 0's rows the sorted-logits probe sorts (long inputs)
+        self._sample_n = 0
 
     def _set_mask(self, mask: torch.Tensor) -> None:
         self.mask = mask
@@ -279,6 +284,7 @@ class Recorder:
         self.batch = mask.shape[0]
         edges = pool_edges(self.n0, self.spec.heatmap_size)
         self._edges = edges
+        self._edges_t = torch.from_numpy(edges).long()
         self._sizes = torch.from_numpy(np.diff(edges)).float()
         self._bin = torch.from_numpy(np.repeat(np.arange(len(edges) - 1), np.diff(edges)))
 
@@ -312,9 +318,36 @@ class Recorder:
     def end_layer(self, layer: int, kind: str = ENCODER) -> None:
         self._layer_qk = None
 
-    def wants_raw(self, layer: int, kind: str = ENCODER) -> bool:
-        """Whether :meth:`observe_exp` needs this layer's raw logits (q.k + bias before tau): its sorted logits."""
-        return "sorted_logits" in self.asked(kind, layer)
+    def sorted_rows(self, layer: int, r0: int, r1: int, kind: str = ENCODER) -> torch.Tensor | None:
+        """The rows of block ``[r0, r1)`` (relative to ``r0``) whose raw logits (q.k + bias before tau) the
+        sorted-logits probe sorts, or None: the caller hands exactly those rows to ``observe_*`` as ``raw``.
+
+        Every answer row, and every document row of item 0 up to :data:`SORTED_ROWS`; past that an evenly
+        spaced sample of :data:`SORTED_ROWS` of them (the first and the last included). Why: sorting is
+        ``n log n`` per row, and a whole layer of a 16k-token document is 2 G values to sort, more than the
+        rest of the pass; the average sorted vector of a sample spread over every position is the same curve
+        (docs/library.md gives the measured difference)."""
+        if "sorted_logits" not in self.asked(kind, layer):
+            return None
+        if kind != ENCODER:
+            return torch.arange(r1 - r0)
+        q1 = min(r1, self.n0)
+        if q1 <= r0:
+            return None
+        sample = self._sorted_sample()
+        if sample is None:
+            return torch.arange(q1 - r0)
+        inside = sample[(sample >= r0) & (sample < q1)] - r0
+        return inside if len(inside) else None
+
+    def _sorted_sample(self) -> torch.Tensor | None:
+        """Item 0's rows the sorted-logits probe takes when it has more than :data:`SORTED_ROWS`, else None."""
+        if self.n0 <= SORTED_ROWS:
+            return None
+        if self._sample is None or self._sample_n != self.n0:
+            self._sample = torch.linspace(0, self.n0 - 1, SORTED_ROWS).round().long().unique()
+            self._sample_n = self.n0
+        return self._sample
 
     @torch.no_grad()
     def observe(self, layer: int, r0: int, r1: int, raw: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
@@ -338,7 +371,13 @@ class Recorder:
                 # masked scores are finfo.min where p == 0 exactly: 0 * min = 0
                 ent = top + total.log() - (probs * scores).sum(-1)
             self._stats(kind, layer, r0, r1, pmax, ent)
-        self._views(kind, layer, r0, r1, lambda a, b, k: probs[0, :, a - r0 : b - r0, :k], raw)
+        self._views(kind, layer, r0, r1, lambda a, b, k: probs[0, :, a - r0 : b - r0, :k],
+                    self._sorted_part(raw, layer, r0, r1, kind))
+
+    def _sorted_part(self, raw: torch.Tensor | None, layer: int, r0: int, r1: int, kind: str) -> torch.Tensor | None:
+        """A whole block's raw logits cut to :meth:`sorted_rows` (what :meth:`observe` and :meth:`observe_exp` get)."""
+        rows = None if raw is None else self.sorted_rows(layer, r0, r1, kind)
+        return None if rows is None else raw.index_select(2, rows.to(raw.device))
 
     @torch.no_grad()
     def observe_exp(self, layer: int, r0: int, r1: int, raw: torch.Tensor | None, shifted: torch.Tensor,
@@ -349,14 +388,37 @@ class Recorder:
         row sums ``[B, H, c, 1]``. With p = exp / total: Pmax = 1 / total and
         H = -sum p log p = log total - sum(exp * shifted) / total. Only the
         rows a view needs (one layer's heatmap, the question's rows) are
-        normalised. ``raw`` (logits before tau) is needed only where
-        :meth:`wants_raw` says so.
+        normalised. ``raw`` (the block's logits before tau) is needed only where
+        :meth:`sorted_rows` names rows.
         """
+        dot = None
+        if not self.asked(kind, layer).isdisjoint(_STATS):
+            dot = torch.einsum("bhck,bhck->bhc", exp, shifted)
+        self.observe_sums(layer, r0, r1, self._sorted_part(raw, layer, r0, r1, kind), exp, total, dot, kind=kind)
+
+    @torch.no_grad()
+    def observe_sums(self, layer: int, r0: int, r1: int, sorted_raw: torch.Tensor | None, exp: torch.Tensor,
+                     total: torch.Tensor, dot: torch.Tensor | None, kind: str = ENCODER) -> None:
+        """The same as :meth:`observe_exp`, given ``dot`` = ``sum(exp * shifted)`` per row (``[B, H, c]`` or
+        ``[B, H, c, 1]``) instead of ``shifted``: what the fused kernel (:mod:`core.fused_softmax`) returns
+        from the pass that made ``exp``, so no probe reads the block again for Pmax or H. ``sorted_raw``: the
+        raw logits of the rows :meth:`sorted_rows` named (``[B, H, rows, keys]``), or None.
+
+        The map's pooling reads ``exp`` once through the kernel's ``pool_rows`` when it can (item 0's block
+        contiguous, float32, on the CPU), never normalising the block."""
         if not self.asked(kind, layer).isdisjoint(_STATS):
             t = total.squeeze(-1)
-            dot = torch.einsum("bhck,bhck->bhc", exp, shifted)
-            self._stats(kind, layer, r0, r1, t.reciprocal(), t.log() - dot / t)
-        self._views(kind, layer, r0, r1, lambda a, b, k: exp[0, :, a - r0 : b - r0, :k] / total[0, :, a - r0 : b - r0], raw)
+            d = dot.reshape(t.shape)
+            self._stats(kind, layer, r0, r1, t.reciprocal(), t.log() - d / t)
+        e0 = exp[0]
+        fast = (kind == ENCODER and e0.device.type == "cpu" and e0.dtype == torch.float32 and e0.is_contiguous()
+                and fused_softmax.available())
+
+        def pooled(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return fused_softmax.pool_rows(e0, total[0], a - r0, b - r0, self.n0, self._edges_t, self.spec.heatmap_head)
+
+        self._views(kind, layer, r0, r1, lambda a, b, k: exp[0, :, a - r0 : b - r0, :k] / total[0, :, a - r0 : b - r0],
+                    sorted_raw, pooled if fast else None)
 
     def _stats(self, kind: str, layer: int, r0: int, r1: int, pmax: torch.Tensor, ent: torch.Tensor) -> None:
         """Add one block's per-row Pmax and H ``[B, H, c]`` to the running sums (padded encoder rows skipped)."""
@@ -373,7 +435,8 @@ class Recorder:
         self._pmax[key] = self._pmax.get(key, 0) + torch.nan_to_num(pmax).sum(-1).double()
         self._ent[key] = self._ent.get(key, 0) + torch.nan_to_num(ent).sum(-1).double()
 
-    def _views(self, kind: str, layer: int, r0: int, r1: int, probs_of: Callable, raw: torch.Tensor | None) -> None:
+    def _views(self, kind: str, layer: int, r0: int, r1: int, probs_of: Callable, raw: torch.Tensor | None,
+               pooled: Callable | None = None) -> None:
         """Maps, profile, sorted logits, cosine histogram from one block of item 0.
 
         ``probs_of(a, b, k)`` gives item 0's probabilities ``[H, b - a, k]`` of
@@ -389,18 +452,21 @@ class Recorder:
         if q1 <= r0:
             return
         rows = spec.profile_rows
+        if pooled is None:
+            def pooled(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+                return self._pool_keys(probs_of(a, b, n0))
         if "map" in want:
-            self._add_tile(layer, probs_of(r0, q1, n0), r0, q1)
+            self._add_tile(layer, *pooled(r0, q1), r0, q1)
             if rows is not None:
                 a, b = max(rows[0], r0), min(rows[1], q1)
                 if b > a:
-                    self._add_question_rows(layer, probs_of(a, b, n0), a)
+                    self._add_question_rows(layer, *pooled(a, b), a)
         if "profile" in want and rows is not None:
             a, b = max(rows[0], r0), min(rows[1], q1)
             if b > a:
                 self._add_profile((kind, layer), probs_of(a, b, n0))
         if "sorted_logits" in want and raw is not None:
-            self._add_sorted((kind, layer), raw[0, :, : q1 - r0, :n0])
+            self._add_sorted((kind, layer), raw[0, :, :, :n0])
         if "cosine_hist" in want:
             self._add_cosine((kind, layer), r0, q1, n0)
 
@@ -444,7 +510,11 @@ class Recorder:
     def _add_sorted(self, key: Key, z: torch.Tensor) -> None:
         """Add item 0's raw logit rows ``[H, rows, keys]``, each sorted descending, to the running mean."""
         z = z.detach().float()
-        srt = torch.sort(z, dim=-1, descending=True).values.sum(dim=(0, 1)).double().cpu()
+        if z.device.type == "cpu" and fused_softmax.available():
+            srt = fused_softmax.sorted_sum(z.reshape(-1, z.shape[-1]) if z.stride(-1) == 1 else
+                                           z.contiguous().view(-1, z.shape[-1]))
+        else:
+            srt = torch.sort(z, dim=-1, descending=True).values.double().sum(dim=(0, 1)).cpu()
         acc = self._sorted.setdefault(key, [0, 0])
         acc[0] = acc[0] + srt
         acc[1] += z.shape[0] * z.shape[1]
@@ -467,8 +537,8 @@ class Recorder:
         kmax = torch.zeros(rows, nb).scatter_reduce_(1, self._bin.expand(rows, -1), p, "amax", include_self=True)
         return ksum, kmax
 
-    def _add_tile(self, layer: int, p0: torch.Tensor, r0: int, q1: int) -> None:
-        ksum, kmax = self._pool_keys(p0)
+    def _add_tile(self, layer: int, ksum: torch.Tensor, kmax: torch.Tensor, r0: int, q1: int) -> None:
+        """Add rows ``[r0, q1)`` of the map, keys pooled (``ksum``, ``kmax``: ``[rows, bins]``), into its row bins."""
         nb = ksum.shape[1]
         rbin = self._bin[r0:q1]
         if layer not in self._tiles:
@@ -477,13 +547,12 @@ class Recorder:
         tile_sum.index_add_(0, rbin, ksum.double())
         tile_max.scatter_reduce_(0, rbin[:, None].expand(-1, nb), kmax, "amax", include_self=True)
 
-    def _add_question_rows(self, layer: int, p0: torch.Tensor, a: int) -> None:
+    def _add_question_rows(self, layer: int, ksum: torch.Tensor, kmax: torch.Tensor, a: int) -> None:
         """The question's own rows of the map's layer/head, keys pooled like the map, rows kept one by one.
 
         In the square map a question of 20 tokens in 16k is a fraction of one
         pooled row; here each question token gets a row, so the needle's
         column can be seen lighting up (or not)."""
-        ksum, kmax = self._pool_keys(p0)
         rows = self._qrows.setdefault(layer, {})
         for i in range(ksum.shape[0]):
             rows[a + i] = (ksum[i] / self._sizes, kmax[i])

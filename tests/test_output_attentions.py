@@ -214,11 +214,12 @@ def test_config_output_attentions_is_honoured_under_apply(tiny_dir, tiny):
 
 
 def test_without_the_request_nothing_changes(tiny, monkeypatch):
-    """No output_attentions: no weights, and the fused kernel still serves every non-causal attention;
-    asking for weights is what moves a pass off it."""
+    """No output_attentions: no weights, and a fused path (torch's sdpa, or on the CPU our fused softmax kernel)
+    still serves every non-causal attention; asking for weights is what moves a pass off it."""
     calls = []
-    fused = attention._fused
-    monkeypatch.setattr(attention, "_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    for name in ("_fused", "_kernel_blocks"):
+        fused = getattr(attention, name)
+        monkeypatch.setattr(attention, name, lambda *a, _f=fused, **k: calls.append(1) or _f(*a, **k))
     enc = _enc(tiny, TEXT)
     with torch.no_grad():
         plain = tiny.model(**enc, decoder_input_ids=DECODER_IDS)
