@@ -672,15 +672,20 @@ LM_METHODS = METHODS + tuple(methods.spell(methods.FIXED, t) for t in (0.9, 0.8,
 
 
 def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, out: Path, methods: list[str],
-                 device: str | None = None, dtype: str | None = None) -> None:
+                 device: str | None = None, dtype: str | None = None, copies: tuple[str, ...] | None = None) -> None:
     """Perplexity of a language model over L_tr x ``multiples`` x ``methods`` (core.perplexity, resumable CSV),
-    then ``<out>/<model>.md``: the table with the best fixed tau marked as an oracle."""
-    from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
+    then ``<out>/<model>.md``: the table with the best fixed tau marked as an oracle.
+
+    ``copies`` (default: with and without an earlier copy, :data:`core.perplexity.COPY_KINDS`): one block of
+    rows per kind of sequence, since a model loses to dispersion only what it reads from far back, and the
+    copy is what it reads from there; the oracle is chosen per kind and length."""
+    from core.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, run_perplexity
 
     loaded = load(name, device=device, dtype=dtype)
     lt = loaded.train_length
+    copies = tuple(copies or (COPY_WITH, COPY_WITHOUT))
     plan = PerplexityPlan(model=loaded.spec.name, lengths=sorted({int(round(k * lt)) for k in multiples}),
-                          methods=methods, sequences=sequences, batch_size=batch, calib_seed=CALIB_SEED)
+                          methods=methods, sequences=sequences, batch_size=batch, calib_seed=CALIB_SEED, copies=copies)
     csv = csv_path(out, name)
     bar = tqdm(total=plan.total, desc=f"{name} perplexity (sequences)", file=sys.stderr)
 
@@ -692,24 +697,45 @@ def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, 
         df = run_perplexity(loaded, plan, out=csv, resume=csv.exists(), progress=progress)
     finally:
         bar.close()
-    table = perplexity_table(df)
-    fixed = [m for m in table.index if str(m).startswith("tau=")]
-    if fixed:  # the oracle: per length, the best fixed tau on these very sequences
-        best = table.loc[fixed].min()
-        which = table.loc[fixed].idxmin()
-        table.loc["best fixed tau (oracle)"] = best
-        table = table.drop(index=fixed)
-    lines = [f"# {name}: perplexity of the next {plan.continuation} tokens (L_tr = {lt})", "",
-             f"{sequences} held-out sequences per cell (seeds 0..{sequences - 1}, core.tasks.lm, corpus-eval pool); "
-             f"measured methods calibrated on 4 sequences with seeds from {CALIB_SEED:,}; corpus-level perplexity "
-             "exp(sum -log p / tokens).", "",
-             "| method | " + " | ".join(f"{int(c):,} ({c / lt:g}x)" for c in table.columns) + " |",
-             "|---" * (len(table.columns) + 1) + "|"]
-    for m, row in table.iterrows():
-        lines.append(f"| {m} | " + " | ".join(f"{v:.1f}" for v in row.to_numpy()) + " |")
-    if fixed:
-        lines += ["", "Best fixed tau per length: " + ", ".join(f"{int(c):,}: {which[c]}" for c in table.columns)]
-    csv.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    csv.with_suffix(".md").write_text(lm_markdown(df, name, lt, plan.continuation, sequences))
+
+
+#: What each kind of sequence is, for the table's heading (core.perplexity's module docstring says how each is drawn).
+COPY_TEXT = {"mixed": "held-out sequences as drawn (about half repeat their continuation earlier)",
+             "with": "sequences whose continuation appeared earlier in the prefix",
+             "without": "the same seeds without that earlier copy"}
+
+
+def lm_markdown(df: pd.DataFrame, name: str, lt: int, continuation: int, sequences: int) -> str:
+    """The perplexity table of one language model: a block per kind of sequence (``copy``), a row per method,
+    the fixed taus folded into one oracle row (the best per length, on these very sequences), and each
+    block's seeds."""
+    from core.perplexity import COPY_MIXED, perplexity_table
+
+    df = df.copy()
+    if "copy" not in df:
+        df["copy"] = COPY_MIXED
+    lines = [f"# {name}: perplexity of the next {continuation} tokens (L_tr = {lt})", "",
+             f"{sequences} held-out sequences per cell (core.tasks.lm, corpus-eval pool); measured methods calibrated "
+             f"on 4 sequences with seeds from {CALIB_SEED:,}; corpus-level perplexity exp(sum -log p / tokens)."]
+    for kind, d in df.groupby("copy", sort=False):
+        table = perplexity_table(d.drop(columns="copy"))
+        fixed = [m for m in table.index if str(m).startswith(methods.FIXED_PREFIX)]
+        which = None
+        if fixed:  # the oracle: per length, the best fixed tau on these very sequences
+            best, which = table.loc[fixed].min(), table.loc[fixed].idxmin()
+            table.loc["best fixed tau (oracle)"] = best
+            table = table.drop(index=fixed)
+        seeds = f"seeds {int(d['first_seed'].min())}..{int(d['last_seed'].max())}" if "last_seed" in d else \
+            f"seeds from {int(d['first_seed'].min())}"
+        lines += ["", f"## copy: {kind}: {COPY_TEXT.get(str(kind), kind)} ({seeds})", "",
+                  "| method | " + " | ".join(f"{int(c):,} ({c / lt:g}x)" for c in table.columns) + " |",
+                  "|---" * (len(table.columns) + 1) + "|"]
+        for m, row in table.iterrows():
+            lines.append(f"| {m} | " + " | ".join(f"{v:.1f}" for v in row.to_numpy()) + " |")
+        if which is not None:
+            lines += ["", "Best fixed tau per length: " + ", ".join(f"{int(c):,}: {which[c]}" for c in table.columns)]
+    return "\n".join(lines) + "\n"
 
 
 # -- the masked-token table of a rotary encoder (issue 38; the InfoScale paper's Table 1) -------------------------
@@ -941,6 +967,8 @@ def main() -> None:
     lm = p.add_argument_group("language models (card tasks [\"lm\"]): perplexity over length x method")
     lm.add_argument("--sequences", type=int, default=200, help="held-out sequences per cell (seeds 0..sequences-1)")
     lm.add_argument("--lm-methods", default=",".join(LM_METHODS), help="comma list: registry names and fixed taus")
+    lm.add_argument("--lm-copies", default="with,without",
+                    help="comma list of mixed, with, without: which sequences (core.perplexity.COPY_KINDS)")
     r = p.add_argument_group("on a Ray cluster (docs/cluster.md)")
     r.add_argument("--engine", choices=("local", "ray"), default="local")
     r.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port; default RAY_ADDRESS, else a local Ray)")
@@ -1007,7 +1035,8 @@ def main() -> None:
         for name in names:
             loaded = load(name, device=a.device, dtype=a.dtype)
             if card_tasks(loaded) == [tasks.LM]:  # a language model: the perplexity table (Table 3)
-                run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","), a.device, a.dtype)
+                run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","), a.device, a.dtype,
+                             tuple(a.lm_copies.split(",")))
                 print(csv_path(out, name).with_suffix(".md").read_text())
                 continue
             run_model(name, a.tasks or table_tasks(loaded), a.multiples, a.samples, a.batch, out, a.stats_docs,

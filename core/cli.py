@@ -267,7 +267,10 @@ def _parser() -> argparse.ArgumentParser:
     pp.add_argument("--continuation", type=_new_tokens, default=CONTINUATION, help="tokens scored per sequence")
     pp.add_argument("--batch-size", type=_batch_size, default=8, help="sequences per forward pass")
     pp.add_argument("--targets", type=_targets, default=None, help="comma list of encoder,decoder,cross (default: encoder)")
-    pp.add_argument("--out", help="CSV written row by row (one row per length x method)")
+    pp.add_argument("--copy", type=_copy_kinds, default=None,
+                    help="which sequences: comma list of mixed (default: held out as drawn), with (an earlier copy of the "
+                         "continuation), without (the same seeds, no copy); split = with,without")
+    pp.add_argument("--out", help="CSV written row by row (one row per length x method x copy)")
     pp.add_argument("--resume", action="store_true", help="skip rows already in --out")
     pp.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     ml = sub.add_parser("mlm", help="masked-token accuracy and perplexity over lengths x methods (rotary masked-LM "
@@ -671,6 +674,19 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _copy_kinds(text: str) -> tuple[str, ...]:
+    """``--copy``: kinds of perplexity sequences (core.perplexity.COPY_KINDS; ``split`` = with and without)."""
+    from core.perplexity import COPY_KINDS, COPY_WITH, COPY_WITHOUT
+
+    parts = [p.strip() for p in text.split(",")]
+    bad = [p for p in parts if p not in (*COPY_KINDS, "split")]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError(f"unknown kind(s) {', '.join(map(repr, bad))[:80]}; "
+                                         f"choose from {', '.join(COPY_KINDS)}, split")
+    kinds = [k for p in parts for k in ((COPY_WITH, COPY_WITHOUT) if p == "split" else (p,))]
+    return tuple(dict.fromkeys(kinds))
+
+
 def cmd_perplexity(args) -> int:
     from tqdm import tqdm
 
@@ -685,6 +701,7 @@ def cmd_perplexity(args) -> int:
         model=loaded.spec.name, lengths=lengths, methods=names, sequences=args.sequences, seed=args.seed,
         calib_seed=args.calib_seed, calib_samples=args.samples, continuation=args.continuation,
         batch_size=args.batch_size, targets=args.targets or ("encoder",),
+        **({"copies": args.copy} if args.copy else {}),
     )
     bars: list = []
 

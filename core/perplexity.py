@@ -18,6 +18,17 @@ retrieval sweep does (:func:`core.sweep.resolve_for`): measured methods
 as a sweep row does, whether its curve ``reached`` the L_tr reference and the
 ``gap`` left (empty for methods that are not searches).
 
+Sequences with and without an earlier copy are scored apart when asked
+(``copies``, the ``copy`` column): the paper's effect lives in the copy,
+since a model can only lose by dispersion what it reads from far back
+(docs/models.md, "A language model for Table 3"). ``"with"`` is the first
+``sequences`` seeds from ``seed`` on whose sequence at this length holds a copy
+of its continuation (:mod:`core.tasks.lm`, ``repeat=1``); ``"without"`` is the
+*same* seeds with no copy (``repeat=0``: the same continuation after the same
+kind of past, paired seed by seed, so the two rows differ only in the copy);
+``"mixed"`` (the default) is seeds ``seed ..`` as held out, about half with a
+copy. A row's ``first_seed`` and ``last_seed`` bound the seeds it scored.
+
 Rows are written as they finish to a CSV through :class:`core.csvio.ResultCSV`
 (lock, ``resume``, spreadsheet-safe cells), one row per length x method.
 """
@@ -39,15 +50,23 @@ from core.kinds import ENCODER
 from core.errors import UserError
 from core.methods import method_label
 from core.models import Loaded
+from core.tasks.lm import COPY_ROOM
 from core.probes import ProbeSpec
 from core.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
 from core.validation import NewTokens, held_out_plan
 
 COLUMNS = [
-    "model", "task", "tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll",
-    "scored_tokens", "sequences", "first_seed", "seconds", "reached", "gap",
+    "model", "task", "tokens", "actual_tokens", "train_length", "method", "copy", "tau", "perplexity", "nll",
+    "scored_tokens", "sequences", "first_seed", "last_seed", "seconds", "reached", "gap",
 ]
-KEY = ("model", "tokens", "method")
+KEY = ("model", "tokens", "method", "copy")
+#: Which held-out sequences a cell scores (the ``copy`` column; the module docstring says how each is drawn).
+COPY_MIXED, COPY_WITH, COPY_WITHOUT = "mixed", "with", "without"
+COPY_KINDS = (COPY_MIXED, COPY_WITH, COPY_WITHOUT)
+#: The ``copy`` field of ``perplexity --json`` rows: null (mixed), true, false.
+COPY_JSON = {COPY_MIXED: None, COPY_WITH: True, COPY_WITHOUT: False}
+#: Seeds searched per sequence asked for with a copy (about 3 in 4 held-out seeds have one from ~110 tokens on).
+COPY_SEARCH = 4
 
 
 @dataclass
@@ -66,21 +85,49 @@ class PerplexityPlan:
     targets: tuple[str, ...] = (ENCODER,)
     haystack: str = "corpus-eval"
     task: str = tasks.LM  # what core.sweep.resolve_for builds calibration documents of
+    copies: tuple[str, ...] = (COPY_MIXED,)  # COPY_KINDS: which sequences each length x method scores
 
     @property
     def total(self) -> int:
         """Sequences to run in all (the progress unit: a 16x cell is many times a 1x one)."""
-        return len(self.lengths) * len(self.methods) * self.sequences
+        return len(self.lengths) * len(self.methods) * self.sequences * len(self.copies)
 
     def validated(self) -> PerplexityPlan:
         """This plan with methods as labels and every bound checked, or a :class:`UserError` naming the option."""
-        return held_out_plan(self, "Bad perplexity option", method_label, continuation=NewTokens)
+        bad = [c for c in self.copies if c not in COPY_KINDS]
+        if bad or not self.copies:
+            raise UserError(f"Bad perplexity option: copies wants some of {', '.join(COPY_KINDS)}, got {list(self.copies)!r}")
+        plan = held_out_plan(self, "Bad perplexity option", method_label, continuation=NewTokens)
+        plan = replace(plan, copies=tuple(dict.fromkeys(self.copies)))
+        last = plan.seed + COPY_SEARCH * plan.sequences
+        if set(plan.copies) - {COPY_MIXED} and plan.seed < plan.calib_seed + plan.calib_samples and plan.calib_seed < last:
+            raise UserError(f"Bad perplexity option: calibration seeds {plan.calib_seed}.. overlap the seeds searched for "
+                            f"sequences with a copy ({plan.seed}..{last - 1}); no method may be tuned on what it is scored on")
+        return plan
 
 
-def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan) -> list[tasks.Document]:
-    """The cell's held-out sequences at ``tokens`` (seeds ``plan.seed`` on)."""
-    return [tasks.make(tasks.LM, loaded.tokenizer, tokens, seed=plan.seed + i, haystack=plan.haystack,
-                       continuation=plan.continuation) for i in range(plan.sequences)]
+def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan, copy: str = COPY_MIXED) -> list[tasks.Document]:
+    """The cell's held-out sequences at ``tokens``: seeds ``plan.seed`` on, all of them (``copy`` mixed), or
+    the first ``plan.sequences`` with an earlier copy, with it (``"with"``) or without it (``"without"``);
+    a :class:`UserError` when too few seeds have a copy at this length (a prefix too short to hold one)."""
+    def make(seed: int, **kw) -> tasks.Document:
+        return tasks.make(tasks.LM, loaded.tokenizer, tokens, seed=seed, haystack=plan.haystack,
+                          continuation=plan.continuation, **kw)
+
+    if copy == COPY_MIXED:
+        return [make(plan.seed + i) for i in range(plan.sequences)]
+    found: list[tasks.Document] = []
+    for seed in range(plan.seed, plan.seed + COPY_SEARCH * plan.sequences):
+        d = make(seed, repeat=1.0)
+        if d.meta["repeat"]:
+            found.append(d)
+            if len(found) == plan.sequences:
+                break
+    else:
+        raise UserError(f"only {len(found)} of seeds {plan.seed}..{plan.seed + COPY_SEARCH * plan.sequences - 1} hold an "
+                        f"earlier copy at {tokens} tokens, fewer than the {plan.sequences} sequences asked for "
+                        f"(a copy needs about {COPY_ROOM + 8} prefix tokens)")
+    return found if copy == COPY_WITH else [make(d.seed, repeat=0.0) for d in found]
 
 
 def score(loaded: Loaded, docs: list[tasks.Document], settings: engine.RunSettings, batch_size: int = 8,
@@ -126,18 +173,19 @@ def run_perplexity(
         engine.check_length(loaded, max(plan.lengths), plan.batch_size)
     path = Path(out) if out else None
     with csvio.ResultCSV(path, COLUMNS, "perplexity", resume=resume) as sink:
-        done_keys = {(r["model"], str(int(float(r["tokens"]))), r["method"]) for r in sink.rows}
+        done_keys = {(r["model"], str(int(float(r["tokens"]))), r["method"], r.get("copy") or COPY_MIXED)
+                     for r in sink.rows}
         rows: list[dict] = typed_rows(path) if sink.rows else []
         taus: dict = {}
         done = 0
         if progress:
             progress(0, plan.total, None)
-        for n in plan.lengths:
-            todo = [m for m in plan.methods if (plan.model, str(n), m) not in done_keys]
+        for n, copy in ((n, c) for n in plan.lengths for c in plan.copies):
+            todo = [m for m in plan.methods if (plan.model, str(n), m, copy) not in done_keys]
             done += (len(plan.methods) - len(todo)) * plan.sequences
             if not todo:
                 continue
-            docs = sequences(loaded, n, plan)
+            docs = sequences(loaded, n, plan, copy)
             encs = [engine.encode(loaded, d) for d in docs]
             for m in todo:
                 if should_stop and should_stop():
@@ -155,9 +203,10 @@ def run_perplexity(
                     cell = score(loaded, docs, run_settings, plan.batch_size, encs, step)
                 row = {
                     "model": plan.model, "task": tasks.LM, "tokens": n, "actual_tokens": cell["actual_tokens"],
-                    "train_length": loaded.train_length, "method": m, "tau": round(tau.mean(n), 6),
+                    "train_length": loaded.train_length, "method": m, "copy": copy, "tau": round(tau.mean(n), 6),
                     "perplexity": round(cell["perplexity"], 4), "nll": round(cell["nll"], 4),
-                    "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": plan.seed,
+                    "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": docs[0].seed,
+                    "last_seed": docs[-1].seed,
                     "seconds": round(cell["seconds"], 3), **outcome,
                 }
                 rows.append(row)
@@ -168,18 +217,27 @@ def run_perplexity(
 
 
 def perplexity_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:
-    """Perplexity pivot, method x length: the layout of the paper's Table 3."""
+    """Perplexity pivot, method x length: the layout of the paper's Table 3. Rows of more than one kind of
+    sequence (the ``copy`` column) are indexed by (copy, method), never averaged together."""
     d = df.copy()
     d["perplexity"] = pd.to_numeric(d["perplexity"])
-    table = d.pivot_table(index=rows, columns=cols, values="perplexity", aggfunc="mean").round(2)
-    return table.reindex(list(dict.fromkeys(d[rows])))  # the plan's order, not the alphabet's
+    index: str | list[str] = rows
+    if "copy" in d and d["copy"].nunique() > 1 and rows != "copy":
+        index = ["copy", rows]
+    table = d.pivot_table(index=index, columns=cols, values="perplexity", aggfunc="mean").round(2)
+    order = list(dict.fromkeys(zip(d["copy"], d[rows]) if isinstance(index, list) else d[rows]))
+    return table.reindex(order)  # the plan's order, not the alphabet's
 
 
 def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
-    """The CLI's ``perplexity --json`` object (a stable contract): the model, L_tr and the rows."""
+    """The CLI's ``perplexity --json`` object (a stable contract): the model, L_tr and the rows; each row's
+    ``copy`` says which sequences it scored (true: with an earlier copy, false: the same seeds without, null:
+    the held-out mix)."""
     keep = ["tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll", "scored_tokens",
-            "sequences", "first_seed", "seconds", "reached", "gap"]
+            "sequences", "first_seed", "last_seed", "seconds", "reached", "gap"]
     out = []
     for r in df.to_dict("records"):
-        out.append({k: (r[k].item() if hasattr(r[k], "item") else r[k]) for k in keep})
+        row = {k: (r[k].item() if hasattr(r[k], "item") else r[k]) for k in keep}
+        row["copy"] = COPY_JSON[r.get("copy") or COPY_MIXED]  # true / false; null: the held-out mix
+        out.append(row)
     return {"model": loaded.spec.name, "train_length": loaded.train_length, "rows": out}

@@ -19,7 +19,15 @@ makes those sequences from the offline corpus (:mod:`core.corpus`):
   not: a 2M-parameter model trained on them used only its last ~16 prefix
   tokens (perplexity 153.6 with 16 tokens, 152.3 with 128: docs/models.md),
   so its perplexity could not depend on how attention spreads over a long
-  prefix. ``meta["repeat"]`` says whether this sequence has the earlier copy;
+  prefix. ``meta["repeat"]`` says whether this sequence has the earlier copy, and
+  ``meta["copy_span"]`` where it is: the characters of ``text`` that repeat the
+  continuation (from the space before its first word to the end of the word of
+  its last token, as the continuation's ids start with that space; ``(0, 0)``
+  without a copy), so :func:`copy_positions` can point each continuation token
+  at its own earlier copy (the trainer's copy supervision,
+  :mod:`core.training.supervision`). ``copy_room`` bounds the copy and the last
+  paragraph's head together (default :data:`COPY_ROOM`; the trainer may raise it so
+  more of its sequences repeat: the held-out ones keep the default);
 - the continuation is ``continuation`` tokens (default :data:`CONTINUATION`),
   kept as token ids in ``meta["continuation_ids"]`` (its text, ``expected``, is
   for display only: a slice ending inside a word may tokenise differently);
@@ -73,8 +81,25 @@ def continuation_ids(document: Document) -> list[int]:
     return list(ids)
 
 
+def copy_positions(document: Document, offsets: Any) -> list[int]:
+    """Per continuation token, the index of the prefix token that is its earlier copy; ``[]`` without a copy.
+
+    ``offsets``: the fast tokenizer's ``offset_mapping`` of ``document.text``
+    (one ``(start, end)`` per token, ``(0, 0)`` for special tokens and padding).
+    The tokens whose characters fall in ``meta["copy_span"]`` are the copy's,
+    in order; the continuation's first token repeats the first of them, and so on
+    (the prefix and the continuation are tokenised word by word alike, which
+    tests/test_lm_copy.py checks id for id over many seeds and lengths)."""
+    a, b = document.meta.get("copy_span", (0, 0))
+    if document.task != LM or b <= a:
+        return []
+    n = len(continuation_ids(document))
+    inside = [i for i, (s, e) in enumerate(offsets) if e > s and e > a and s < b]
+    return inside[:n] if len(inside) >= n else []
+
+
 def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-eval",
-            continuation: int = CONTINUATION, repeat: float = REPEAT) -> Document:
+            continuation: int = CONTINUATION, repeat: float = REPEAT, copy_room: int = COPY_ROOM) -> Document:
     """One LM sequence: a prefix of at most ``tokens`` tokens (end-of-sequence included, as every
     document is counted) and its ``continuation`` tokens; ValueError for bad arguments."""
     if haystack == "default":
@@ -89,6 +114,8 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
         raise ValueError(f"an lm sequence needs tokens >= 8 and continuation >= 1, got {tokens}, {continuation}")
     if not 0.0 <= float(repeat) <= 1.0:
         raise ValueError(f"repeat must be a chance in [0, 1], got {repeat!r}")
+    if isinstance(copy_room, bool) or not isinstance(copy_room, int) or copy_room < 1:
+        raise ValueError(f"copy_room must be a whole number of tokens >= 1, got {copy_room!r}")
     seed = _check_seed(seed)
     pool = {"corpus-train": "train", "lm-train": "lm-train"}.get(haystack, "eval")
     paragraphs = _pieces(tokenizer, pool)  # per paragraph: (words, token ids of each word with its space)
@@ -120,11 +147,12 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
         # Copy and anchor head must fit in COPY_ROOM tokens whatever the length, so whether a seed repeats
         # does not depend on the length asked for (from about COPY_ROOM + 8 tokens on).
         room = copy_tokens + (starts[cw] - starts[anchor_start])
-        if room <= COPY_ROOM and room < tokens - 8 and (bounds or first + 2 < anchor_start):
+        if room <= copy_room and room < tokens - 8 and (bounds or first + 2 < anchor_start):
             b = int(bounds[round(depth * (len(bounds) - 1))]) if bounds else anchor_start
             words = words[:b] + copy + words[b:]
             pieces = pieces[:b] + copy_pieces + pieces[b:]
             starts = np.cumsum([0] + [len(p) for p in pieces])
+            copy_word = b + (cw - a)  # where the copy of the continuation's first word now is
             cw += len(copy)
             has_copy = True
     ids = [t for p in pieces for t in p]
@@ -160,11 +188,18 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
             prefix, count = " " + prefix, tokens  # bytes: the first word keeps its space
     cont_ids = ids[c:c + continuation]
     expected = tokenizer.decode(cont_ids)
+    copy_span = (0, 0)
+    if has_copy and copy_word > sw:  # the copy's continuation part inside the window (it always is: tested)
+        last_word = int(np.searchsorted(starts, c + len(cont_ids) - 1, side="right")) - 1
+        first = len(prefix) - len(" ".join(words[copy_word:cw])) - 1  # with its space: a token of its own at times
+        end = len(prefix) - len(" ".join(words[copy_word + (last_word - cw):cw])) + len(words[copy_word + (last_word - cw)])
+        copy_span = (first, end)
     return Document(
         task=LM, text=prefix, expected=expected.strip(), needle_span=(0, 0), question_span=(len(prefix), len(prefix)),
         depth=1.0, seed=seed,
         meta={"tokens": count, "target": tokens, "short_by": tokens - count, "haystack": haystack,
-              "continuation_ids": tuple(int(i) for i in cont_ids), "continuation": continuation, "repeat": has_copy},
+              "continuation_ids": tuple(int(i) for i in cont_ids), "continuation": continuation, "repeat": has_copy,
+              "copy_span": copy_span},
     )
 
 

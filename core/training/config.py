@@ -46,6 +46,10 @@ class TrainConfig:
     cosine_scale: float | None = None  # set: train with cosine attention at this s
     dropout: float = 0.0  # T5's dropout_rate; the LM model uses some (its corpus is small)
     steps: int = 5000
+    # > 0: stop after this many minutes of training (then evaluate and save as usual; the card's
+    # steps_done and "stopped" say where). A lent GPU is held for minutes, not hours: a run sized by
+    # a guess must still end with weights saved and a card that says how far it got.
+    max_minutes: float = 0.0
     batch_size: int = 16
     lr: float = 1e-3
     warmup: int = 100

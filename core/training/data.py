@@ -13,7 +13,7 @@ import torch
 
 from core import tasks
 from core.training.config import TrainConfig
-from core.training.supervision import needle_token_mask
+from core.training.supervision import copy_needle, needle_token_mask
 
 EVAL_SEED = 1_000_000  # evaluation seeds start here: never used in training
 
@@ -82,8 +82,7 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
             lab = _labels(tok, docs, cfg.line_answer)
             needle = None
             if cfg.needle_attention:
-                needle = (needle_token_mask(enc.offset_mapping.numpy(), [d.needle_span for d in docs]),
-                          np.array([cfg.needle_attention.get(d.task, 0.0) for d in docs], dtype=np.float32))
+                needle = needle_targets(cfg, docs, enc.offset_mapping.numpy(), lab.shape[1])
             # numpy, not torch: torch tensors cross processes as shared-memory handles
             # that die with the producer
             item = (step, enc.input_ids.numpy(), enc.attention_mask.numpy(), lab.numpy(), needle)
@@ -98,6 +97,25 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
         queue.put(("error", f"{type(err).__name__}: {err}"))
         return
     queue.put(None)
+
+
+def needle_targets(cfg: TrainConfig, docs: list[tasks.Document], offsets: np.ndarray,
+                   answer_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """What the needle-attention loss asks of one batch: ``(needle, weight)``.
+
+    ``needle`` is ``[B, S]`` (each document's needle span) unless a
+    language-modelling document is supervised, then ``[B, T, S]``
+    (:func:`core.training.supervision.copy_needle`: each continuation token's
+    earlier copy). ``weight`` is the task's ``needle_attention`` weight, 0 for a
+    language-modelling document without a copy (nothing to look at). A batch
+    without supervised lm documents keeps the ``[B, S]`` form, so the recipes
+    trained before copy supervision existed replay exactly."""
+    spans = needle_token_mask(offsets, [d.needle_span for d in docs])
+    has_copy = [d.task != tasks.LM or bool(d.meta.get("repeat")) for d in docs]
+    weight = np.array([cfg.needle_attention.get(d.task, 0.0) * ok for d, ok in zip(docs, has_copy)], dtype=np.float32)
+    if cfg.needle_attention.get(tasks.LM, 0.0) and any(d.task == tasks.LM for d in docs):
+        return copy_needle(offsets, docs, answer_tokens, spans), weight
+    return spans, weight
 
 
 def _labels(tok, docs: list[tasks.Document], line_answer: str) -> torch.Tensor:

@@ -171,8 +171,14 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     bar = tqdm(total=cfg.steps, desc=f"train {cfg.name}", file=sys.stderr, disable=quiet)
     tap = CrossAttentionTap(model) if cfg.needle_attention else None
     looks: list[float] = []  # the needle-attention loss, apart from `losses` (the LM loss)
+    steps_done, stopped = cfg.steps, None
+    t_first = t_last = t0
     try:
         for step in range(cfg.steps):
+            if step and cfg.max_minutes and time.time() - t0 > 60 * cfg.max_minutes:  # one step at least
+                steps_done, stopped = step, f"max_minutes {cfg.max_minutes:g} reached after {step} of {cfg.steps} steps"
+                bar.write(stopped)
+                break
             while step not in pending:
                 try:
                     item = queue.get(timeout=30)
@@ -189,6 +195,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                     continue
                 pending[item[0]] = item[1:]
             ids, mask, lab, needle = pending.pop(step)
+            if step == 0:
+                t_first = time.time()  # training proper starts: the data processes are up
             ids, mask, lab = (torch.from_numpy(a).to(dev) for a in (ids, mask, lab))
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
             losses.append(loss.item())
@@ -213,6 +221,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                 bar.write(json.dumps(history[-1]))
                 _save(model, out, cfg, history, t0, final=False, lineage=lineage)
     finally:
+        t_last = time.time()
         if tap is not None:
             tap.remove()
         stop.set()
@@ -225,8 +234,11 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     if "eval_error" in final and not quiet:
         print(f"warning: final evaluation skipped ({final['eval_error']}); the weights are saved, "
               f"evaluate them with bench/results.py or the card's test", file=sys.stderr)
-    history.append({"step": cfg.steps, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), **final,
-                    "minutes": round((time.time() - t0) / 60, 2)})
+    # steps a second after the first batch came (start-up and the final evaluation left out): what sizes a run
+    rate = (steps_done - 1) / (t_last - t_first) if steps_done > 1 and t_last > t_first else None
+    history.append({"step": steps_done, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), **final,
+                    "minutes": round((time.time() - t0) / 60, 2), **({"stopped": stopped} if stopped else {}),
+                    **({"steps_per_second": round(rate, 3)} if rate else {})})
     return _save(model, out, cfg, history, t0, final=True, losses=losses, looks=looks, lineage=lineage)
 
 

@@ -1,13 +1,20 @@
 """Attention supervision: which tokens are the needle, a tap on the decoder's cross-attention
 logits (:class:`CrossAttentionTap`), and the loss that asks the lookup heads to look at the
-needle while the answer is written (:func:`needle_attention_loss`)."""
+needle while the answer is written (:func:`needle_attention_loss`).
+
+The needle is one span per document (``[B, S]``: the asked line, the pass key), or one target per
+answer token (``[B, T, S]``): a language-modelling sequence with an earlier copy of its
+continuation asks continuation token t to look at its own copy in the prefix
+(:func:`copy_needle`), the one place a model that reads far back can read it from."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from core import tasks
 from core.attention import listen
+from core.tasks.lm import copy_positions
 from core.kinds import CROSS
 from core.probes import ProbeSpec, Recorder
 
@@ -20,6 +27,28 @@ def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.n
     start = np.array([s for s, _ in spans])[:, None]
     end = np.array([e for _, e in spans])[:, None]
     return (b > a) & (b > start) & (a < end)
+
+
+def copy_needle(offsets: np.ndarray, docs: list[tasks.Document], answer_tokens: int,
+                spans: np.ndarray | None = None) -> np.ndarray:
+    """``[batch, answer_tokens, tokens]``: per answer token, where it should look.
+
+    A language-modelling document with an earlier copy (``meta["copy_span"]``)
+    marks, in row t, the prefix token that is the copy of continuation token t
+    (:func:`core.tasks.lm.copy_positions`): one token, not the whole copy,
+    because a model that copies must know *which* of the copied tokens comes
+    next, and the copy's other tokens are exactly the wrong answers. Rows past
+    the copy, and documents without one, are all False (no target: the loss
+    leaves them out). Any other document's row is its needle span
+    (``spans``, :func:`needle_token_mask`), the same for every answer token."""
+    out = np.zeros((len(docs), answer_tokens, offsets.shape[1]), dtype=bool)
+    for i, d in enumerate(docs):
+        if d.task == tasks.LM:
+            pos = copy_positions(d, offsets[i])[:answer_tokens]
+            out[i, np.arange(len(pos)), pos] = True
+        elif spans is not None:
+            out[i] = spans[i][None, :]
+    return out
 
 
 class CrossAttentionTap:
@@ -48,12 +77,16 @@ def needle_log_shares(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle
     """``[B, heads of all layers, T]``: log of the attention share each head gives the needle.
 
     ``logits`` per layer ``[B, H, T, S]`` (:meth:`CrossAttentionTap.logits`);
-    ``enc_mask``/``needle`` ``[B, S]`` bool. A document with no needle token
-    gets ``-inf``."""
+    ``enc_mask`` ``[B, S]`` bool; ``needle`` ``[B, S]`` bool (one span per
+    document) or ``[B, T, S]`` (a target per answer token, :func:`copy_needle`).
+    A document (or answer token) with no needle token gets ``-inf``."""
+    if needle.dim() not in (2, 3):
+        raise ValueError(f"needle must be [batch, tokens] or [batch, answer tokens, tokens], got {tuple(needle.shape)}")
+    where = needle[:, None, None, :] if needle.dim() == 2 else needle[:, None, :, :]
     shares = []
     for lg in logits:
         logp = lg.float().masked_fill(~enc_mask[:, None, None, :], float("-inf")).log_softmax(-1)
-        shares.append(logp.masked_fill(~needle[:, None, None, :], float("-inf")).logsumexp(-1))
+        shares.append(logp.masked_fill(~where[:, :, : lg.shape[2]], float("-inf")).logsumexp(-1))
     return torch.cat(shares, 1)
 
 
@@ -77,9 +110,19 @@ def needle_attention_loss(logits: list[torch.Tensor], enc_mask: torch.Tensor, ne
     A max over heads would not do: on almost every document some head (one that
     always looks at a fixed place, say) happens to sit on the needle.
 
-    ``logits``: per layer ``[B, H, T, S]``; ``enc_mask``/``needle`` ``[B, S]``
-    bool; ``weight`` ``[B]``; ``answer`` ``[B, T]`` bool (the label tokens)."""
-    needle = needle | ~needle.any(1, keepdim=True)  # no needle (weight 0): a finite dummy
+    With a target per answer token (``needle`` ``[B, T, S]``, the copy of a
+    language-modelling continuation) the same holds token by token: an answer
+    token without a target is left out, as a document of weight 0 is.
+
+    ``logits``: per layer ``[B, H, T, S]``; ``enc_mask`` ``[B, S]`` bool;
+    ``needle`` ``[B, S]`` or ``[B, T, S]`` bool; ``weight`` ``[B]``; ``answer``
+    ``[B, T]`` bool (the label tokens)."""
+    if needle.dim() == 3:
+        has = needle.any(-1)  # [B, T]: answer tokens with a target
+        answer = answer & has[:, : answer.shape[1]]
+        needle = needle | ~has[..., None]  # a finite dummy where there is none
+    else:
+        needle = needle | ~needle.any(1, keepdim=True)  # no needle (weight 0): a finite dummy
     log_share = needle_log_shares(logits, enc_mask, needle)
     tokens = answer[:, None, :].float()
     per_head = -(log_share * tokens).sum(2) / tokens.sum(2).clamp(min=1)  # [B, heads]

@@ -1,0 +1,131 @@
+"""Held-out perplexity of trained lm-t5 candidates, with and without an earlier copy, under a wall-clock budget.
+
+``python research/lm_t5/evaluate.py --models DIR [DIR ...] --out OUT --budget-s 120``
+
+Why a script of its own: a lent GPU is held for minutes, and the question the
+runs answer (does dispersion cost the copy past L_tr, and does a temperature
+give it back?) is answered by a few cells first: tau = 1 and log-length at 1x
+and 8x L_tr, copy and no copy. Those run first for every model; then, while
+the budget lasts, more lengths and the measured methods. Each phase writes its
+rows to ``OUT/<model>.csv`` as they finish (:func:`core.perplexity.run_perplexity`,
+resumable), so a run cut short keeps what it measured; at the end
+``OUT/perplexity.json`` holds every row and stdout a compact table per model
+(perplexity, copy / no copy, and the 8x / 1x ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script from the repository root
+    sys.path.insert(0, str(ROOT))
+
+from core import methods  # noqa: E402
+from core.models import load  # noqa: E402
+from core.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_table, run_perplexity  # noqa: E402
+
+#: Method names asked of the registry (tests/test_registry_owner.py): tau = 1, the paper's baseline, YaRN (the
+#: other advised closed form), Algorithm 1 on Pmax and on entropy, per layer and per head.
+AS_TRAINED, BASELINE = methods.AS_TRAINED, methods.BASELINE
+YARN = next(n for n in methods.ADVISED if n != BASELINE)
+PMAX, ENTROPY = methods.the(grid_criterion="pmax"), methods.the(grid_criterion="entropy")
+PER_LAYER, PER_HEAD = methods.the(per="layer"), methods.the(per="head")
+#: (multiples of L_tr, methods), most important first: the budget decides how far down the list a run gets.
+PHASES: list[tuple[tuple[float, ...], tuple[str, ...]]] = [
+    ((1, 8), (AS_TRAINED, BASELINE)),
+    ((16,), (AS_TRAINED, BASELINE)),
+    ((8,), (PMAX, ENTROPY, YARN)),
+    ((2, 4), (AS_TRAINED, BASELINE)),
+    ((16,), (PMAX, ENTROPY, YARN)),
+    ((8, 16), (PER_LAYER, PER_HEAD)),
+]
+
+
+def evaluate(model_dirs: list[str], out: Path, sequences: int, budget_s: float, device: str | None,
+             batch_size: int, phases: int) -> pd.DataFrame:
+    """Every model through the phases in turn (all models' phase 1 before any phase 2), until ``budget_s``."""
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = {d: load(d, device=device, dtype="float32") for d in model_dirs}
+    frames: dict[str, pd.DataFrame] = {}
+    for k, (multiples, names) in enumerate(PHASES[:phases]):
+        for d, lm in loaded.items():
+            if time.time() - t0 > budget_s:
+                print(f"budget of {budget_s:g} s spent: phase {k + 1} of {d} not run", file=sys.stderr)
+                continue
+            lt = lm.train_length
+            plan = PerplexityPlan(model=Path(d).name, lengths=[int(round(m * lt)) for m in multiples],
+                                  methods=list(names), sequences=sequences, batch_size=batch_size,
+                                  copies=(COPY_WITH, COPY_WITHOUT))
+            csv = out / f"{Path(d).name}.csv"
+            t1 = time.time()
+            df = run_perplexity(lm, plan, out=csv, resume=csv.exists(),
+                                should_stop=lambda: time.time() - t0 > budget_s)
+            print(f"{Path(d).name}: phase {k + 1} ({', '.join(f'{m:g}x' for m in multiples)}; {', '.join(names)}) "
+                  f"{time.time() - t1:.1f} s", file=sys.stderr)
+            frames[d] = df
+            write(frames, out, sequences)  # after every phase: a run killed later keeps what it measured
+    return write(frames, out, sequences)
+
+
+def write(frames: dict[str, pd.DataFrame], out: Path, sequences: int) -> pd.DataFrame:
+    """``out/perplexity.json`` (every row so far) and ``out/perplexity.txt`` (:func:`report`); the rows."""
+    rows = [{**r, "dir": d} for d, df in frames.items() for r in df.to_dict("records")]
+    (out / "perplexity.json").write_text(json.dumps({"sequences": sequences, "first_seed": 0, "rows": rows}, indent=1,
+                                                    default=str))
+    df = pd.DataFrame(rows)
+    if len(df):
+        (out / "perplexity.txt").write_text(report(df) + "\n")
+    return df
+
+
+def report(df: pd.DataFrame) -> str:
+    """Per model: perplexity by (copy, method) x length, and each row's ratio to its own 1x value."""
+    lines = []
+    for model, d in df.groupby("model", sort=False):
+        table = perplexity_table(d)
+        lt = int(d["train_length"].iloc[0])
+        table.columns = [f"{int(c)} ({int(c) / lt:g}x)" for c in table.columns]
+        lines += [f"== {model}: perplexity of the next 32 tokens, {int(d['sequences'].max())} sequences a cell "
+                  f"(copy=with: seeds with an earlier copy; without: the same seeds, no copy)", table.to_string()]
+        base = d[d["tokens"] == lt].set_index(["copy", "method"])["perplexity"]
+        if len(base):
+            ratio = table.copy()
+            for idx in ratio.index:
+                ref = base.get(idx, base.get((idx[0], AS_TRAINED)))
+                ratio.loc[idx] = (ratio.loc[idx] / ref).round(2) if ref else None
+            lines += ["ratio to 1x (tau = 1 at 1x where the method has no 1x row)", ratio.to_string()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", required=True, help="model folders (python -m core train --out)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--sequences", type=int, default=200, help="held-out sequences per cell (seeds from 0)")
+    p.add_argument("--budget-s", type=float, default=120.0, help="no new phase starts, nor cell, after this")
+    p.add_argument("--device", default=None)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--phases", type=int, default=len(PHASES), help=f"at most this many of the {len(PHASES)} phases")
+    a = p.parse_args(argv)
+    found = [d for d in a.models if (Path(d) / "model.safetensors").is_file()]
+    for d in sorted(set(a.models) - set(found)):
+        print(f"skipped {d}: no model.safetensors", file=sys.stderr)
+    if not found:
+        print("error: no trained model to evaluate", file=sys.stderr)
+        return 2
+    df = evaluate(found, a.out, a.sequences, a.budget_s, a.device, a.batch_size, a.phases)
+    if len(df):
+        print((a.out / "perplexity.txt").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
