@@ -1,31 +1,30 @@
-"""Issue 2 benchmark: our probed encoder pass vs transformers' own sdpa pass, same weights, same run.
+"""Long documents on the default model: transformers' sdpa, ours with and without probes, and the arithmetic floor.
 
-    python bench/engine.py                       # L = 1k, 4k, 16k tokens, CPU
-    python bench/engine.py --lengths 1024,4096 --threads 1
-    python bench/engine.py --lengths 4096 --heads 8 --variants sdpa,no-probes   # the default model's head count
+    python bench/engine.py                                   # 2k, 4k, 8k, 16k, 32k tokens; torch's thread count
+    python bench/engine.py --lengths 2048,8192 --threads 1
+    python bench/engine.py --variants floor,probes --lengths 16384
 
-For every length L and every variant
+For every length L, each figure in a *fresh subprocess* (so peak memory is that figure's own), on the
+bundled default model (retrieval-t5: 4 encoder layers x 8 heads, d_kv 32) and a pass key document of L
+tokens:
 
-* ``sdpa``:          transformers' T5 encoder with ``attn_implementation="sdpa"``
-                     (the reference; its attention is one fused kernel),
-* ``probes-full``:   our ``aligned`` attention with every probe of a view
-                     (``ProbeSpec()`` plus the question profile: what
-                     ``core.engine.run`` records for the app),
-* ``probes-stats``:  our attention with stats-only probes (what batch runs record),
-* ``no-probes``:     our attention, no recorder, tau = 0.7 (what ``core.apply`` runs),
+* ``sdpa``:      transformers' own T5 encoder (``attn_implementation="sdpa"``): it builds the dense
+                 ``[1, H, L, L]`` relative bias and its int64 buckets; skipped where those alone would not
+                 fit in this machine's memory (32k: 34 GiB of bias).
+* ``ours``:      our attention (``core.models.load``: lazy bias, fused CPU kernel), tau = 0.7, no probes:
+                 what ``core.apply`` and accuracy-only sweeps run.
+* ``probes``:    the same with every probe the CLI's ``run`` records (``ProbeSpec()``: Pmax and H of every
+                 layer, layer 0's map, its sorted logits, and the question's profile).
+* ``floor``:     no pass: the arithmetic a pass cannot avoid, timed on this machine in the same run. The
+                 encoder's q.k and p.v matmuls (``2 d_kv`` FLOPs per score each, at the block shapes the
+                 pass uses), one ``exp`` per score, and the projections and feed-forward layers (their
+                 FLOPs at the rate ``linear`` reaches on the pass's shapes). The floor is their FLOPs and
+                 exps divided by the measured rates: nothing else (bias, tau, mask, max, sums, probes)
+                 is counted, so a pass cannot reach it.
 
-a *fresh subprocess* builds the same seeded tiny random T5 (as
-tests/conftest.py does), runs one untimed warm-up pass, then times the
-encoder forward (best of ``reps``) and reads its peak resident memory
-(``getrusage(RUSAGE_SELF).ru_maxrss``: the high-water mark of the whole
-process, which tracemalloc cannot see for torch). Ratios are variant time /
-sdpa time at the same L, measured in this one run. Memory is reported as the
-peak and as the growth over the process's footprint before the timed pass.
-
-Note: T5 itself materialises the relative position bias ``[1, heads, L, L]``
-once per pass (layer 0 computes it, every layer reuses it): 4 heads x 16k^2 x
-4 bytes = 4 GiB at 16k, and computing the buckets takes several L x L int64
-temporaries on the way. Every variant pays that, the sdpa reference included.
+Each line: seconds (encoder pass, best of the repeats after an untimed warm-up), ratio to the floor and
+to sdpa at the same L, the process's peak resident memory (``ru_maxrss``) and its growth over the
+footprint before the timed pass. The machine line states the CPU, its load before and after.
 """
 
 from __future__ import annotations
@@ -41,28 +40,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("sdpa", "probes-full", "probes-stats", "no-probes")
-
-
-def tiny_t5(layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, attn: str = "sdpa"):
-    """The tests' tiny random T5 (conftest.build_tiny_t5's weights), built in memory."""
-    import torch
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    torch.manual_seed(seed)
-    cfg = T5Config(
-        vocab_size=384, d_model=64, d_kv=d_kv, d_ff=128, num_layers=layers, num_decoder_layers=1,
-        num_heads=heads, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-    )
-    cfg._attn_implementation = attn
-    model = T5ForConditionalGeneration(cfg)
-    with torch.no_grad():
-        for blk in model.encoder.block:
-            blk.layer[0].SelfAttention.q.weight.mul_(8.0)
-        model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.normal_(0, 2.0)
-    return model.eval()
+VARIANTS = ("floor", "sdpa", "ours", "probes")
+MODEL = "retrieval-t5"
 
 
 def max_rss() -> int:
@@ -79,50 +60,127 @@ def rss_now() -> int:
         return max_rss()
 
 
-def child(variant: str, length: int, reps: int, threads: int | None, heads: int = 4) -> dict:
-    """One measurement in this (fresh) process."""
+def machine() -> str:
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
-    from core import attention  # registers "aligned"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{cpu}, {os.cpu_count()} CPUs, {mem:.0f} GiB RAM, torch {torch.__version__}, "
+            f"load average {' '.join(f'{x:.2f}' for x in load)}")
+
+
+def _document(loaded, n: int):
+    from core import engine, tasks
+
+    doc = tasks.make("passkey", loaded.tokenizer, n, seed=0)
+    return engine.encode(loaded, doc)
+
+
+def _timed(fn, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def floor_child(length: int, reps: int) -> dict:
+    """The arithmetic floor of one encoder pass at ``length`` tokens on this machine (see the module doc)."""
+    import torch
+
+    from core import attention, models
+
+    loaded = models.load(MODEL, device="cpu")
+    cfg = loaded.config
+    H, d, layers, dm, dff = cfg.num_heads, cfg.d_kv, cfg.num_layers, cfg.d_model, cfg.d_ff
+    rows = max(1, min(length, attention.KERNEL_CHUNK_BYTES // (H * length * 4)))
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, H, rows, d, generator=g)
+    kT = torch.randn(1, H, length, d, generator=g).transpose(-1, -2)
+    v = torch.randn(1, H, length, d, generator=g)
+    s = torch.empty(1, H, rows, length)
+    e = torch.rand(1, H, rows, length, generator=g) * -20
+    e_out = torch.empty_like(e)
+    x = torch.randn(length, dm, generator=g)
+    w_in, w_out = torch.randn(dff, dm, generator=g), torch.randn(dm, dff, generator=g)
+
+    def best(fn, n: int) -> float:
+        fn()
+        return min(_timed(lambda: [fn() for _ in range(n)], 3)) / n
+
+    t_qk = best(lambda: torch.matmul(q, kT, out=s), 20)
+    t_pv = best(lambda: torch.matmul(e, v), 20)
+    t_exp = best(lambda: torch.exp(e, out=e_out), 20)
+    t_lin = best(lambda: torch.nn.functional.linear(torch.nn.functional.linear(x, w_in), w_out), 5)
+    scores = layers * H * length * length
+    per_block = H * rows * length
+    rate_qk = 2 * d * per_block / t_qk
+    rate_pv = 2 * d * per_block / t_pv
+    rate_exp = per_block / t_exp
+    rate_lin = 4 * length * dm * dff / t_lin
+    # q, k, v, o projections (4 x dm x H d) and the feed-forward (2 x dm x d_ff, gated adds one), per token and layer
+    gated = 3 if "gated" in str(getattr(cfg, "feed_forward_proj", "")) else 2
+    lin_flops = layers * length * 2 * (4 * dm * H * d + gated * dm * dff)
+    parts = {"qk": 2 * d * scores / rate_qk, "pv": 2 * d * scores / rate_pv, "exp": scores / rate_exp,
+             "linear": lin_flops / rate_lin}
+    return {"variant": "floor", "length": length, "seconds": sum(parts.values()), "parts": parts,
+            "rates": {"qk_gflops": rate_qk / 1e9, "pv_gflops": rate_pv / 1e9, "exp_g_per_s": rate_exp / 1e9,
+                      "linear_gflops": rate_lin / 1e9},
+            "threads": torch.get_num_threads(), "rss_before": rss_now(), "rss_peak": max_rss()}
+
+
+def pass_child(variant: str, length: int, reps: int) -> dict:
+    """One encoder pass variant at ``length`` tokens, timed in this (fresh) process."""
+    import torch
+
+    from core import attention, models
     from core.probes import ProbeSpec, Recorder
 
-    model = tiny_t5(heads=heads, attn="sdpa" if variant == "sdpa" else attention.ATTN_NAME)
-    enc = model.get_encoder()
-    g = torch.Generator().manual_seed(1)
+    loaded = models.load(MODEL, device="cpu")
+    enc = _document(loaded, length)
+    ids = torch.as_tensor(enc.input_ids)[None]
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    model = loaded.model
+    if variant == "sdpa":
+        model.set_attn_implementation("sdpa")  # the lazy bias then hands transformers its own dense tensor
+    encoder = model.get_encoder()
 
-    def one(n: int) -> float:
-        ids = torch.randint(3, 300, (1, n), generator=g)
-        mask = torch.ones_like(ids, dtype=torch.bool)
-        if variant == "sdpa":
-            ctx, rec = None, None
-        elif variant == "no-probes":
-            ctx, rec = attention.AttentionSettings(tau=0.7), None
-        else:
-            spec = ProbeSpec(profile_rows=(max(0, n - 16), n)) if variant == "probes-full" else ProbeSpec.stats_only()
-            ctx, rec = attention.AttentionSettings(tau=0.7), Recorder(spec, mask)
-        t0 = time.perf_counter()
+    def one(x: torch.Tensor) -> None:
         with torch.inference_mode():
-            if ctx is None:
-                enc(input_ids=ids)
-            else:
-                with attention.attention_call(ctx, rec):
-                    enc(input_ids=ids)
-                if rec is not None:
-                    rec.finish()
-        return time.perf_counter() - t0
+            if variant == "sdpa":
+                encoder(input_ids=x)
+                return
+            rec = None
+            if variant == "probes":
+                n = x.shape[1]
+                rows = enc.question_tokens if n == ids.shape[1] else (max(0, n - 16), n)
+                rec = Recorder(ProbeSpec(profile_rows=rows), torch.ones_like(x, dtype=torch.bool))
+            with attention.attention_call(attention.AttentionSettings(tau=0.7), rec):
+                encoder(input_ids=x)
+            if rec is not None:
+                rec.finish()
 
-    one(256)  # warm-up: allocator, kernels, lazy imports
+    one(ids[:, :256])  # warm-up: allocator, kernel library, lazy imports
     before = rss_now()
-    times = [one(length) for _ in range(reps)]
-    return {"variant": variant, "length": length, "heads": heads, "seconds": min(times), "all": times,
-            "rss_before": before, "rss_peak": max_rss(), "threads": torch.get_num_threads()}
+    times = _timed(lambda: one(ids), reps)
+    return {"variant": variant, "length": length, "seconds": min(times), "all": times, "rss_before": before,
+            "rss_peak": max_rss(), "threads": torch.get_num_threads()}
 
 
-def run_child(variant: str, length: int, reps: int, threads: int | None, mem_limit_gb: float, heads: int = 4) -> dict:
-    cmd = [sys.executable, __file__, "--child", variant, str(length), str(reps), "--mem-limit-gb", str(mem_limit_gb),
-           "--heads", str(heads)]
+def dense_bias_bytes(length: int, heads: int = 8) -> int:
+    """What transformers' T5 holds for the bias of one pass: float32 ``[H, L, L]`` and about three int64 ``L x L``."""
+    return length * length * (4 * heads + 24)
+
+
+def run_child(variant: str, length: int, reps: int, threads: int | None) -> dict:
+    cmd = [sys.executable, __file__, "--child", variant, str(length), str(reps)]
     if threads:
         cmd += ["--threads", str(threads)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -132,62 +190,66 @@ def run_child(variant: str, length: int, reps: int, threads: int | None, mem_lim
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def machine() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-    except OSError:
-        pass
-    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{cpu}, {os.cpu_count()} CPUs, {mem:.0f} GiB RAM, torch {torch.__version__}, "
-            f"load average {' '.join(f'{x:.2f}' for x in load)}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="1024,4096,16384")
+    ap.add_argument("--lengths", default="2048,4096,8192,16384,32768")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    ap.add_argument("--heads", type=int, default=4, help="attention heads of the tiny T5 (the bundled default has 8)")
-    ap.add_argument("--mem-limit-gb", type=float, default=18.0,
-                    help="address-space cap per measurement, so a too-big pass fails instead of waking the OOM killer")
+    ap.add_argument("--json", type=Path, help="save every number here")
     ap.add_argument("--child", nargs=3, metavar=("VARIANT", "L", "REPS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.child:
-        if args.mem_limit_gb > 0:
-            lim = int(args.mem_limit_gb * 2**30)
-            resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-        print(json.dumps(child(args.child[0], int(args.child[1]), int(args.child[2]), args.threads, args.heads)))
+        variant, n, reps = args.child[0], int(args.child[1]), int(args.child[2])
+        out = floor_child(n, reps) if variant == "floor" else pass_child(variant, n, reps)
+        print(json.dumps(out))
         return 0
 
-    print(f"machine: {machine()}")
+    header = machine()
+    print(f"machine: {header}", flush=True)
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     rows = []
     for n in lengths:
-        reps = 5 if n <= 2048 else 3 if n <= 8192 else 1
+        reps = 3 if n <= 4096 else 2 if n <= 8192 else 1
         for v in variants:
-            r = run_child(v, n, reps, args.threads, args.mem_limit_gb, args.heads)
+            if v == "sdpa" and dense_bias_bytes(n) > 0.8 * free:
+                r = {"variant": v, "length": n, "error": f"skipped: its dense bias alone needs "
+                                                         f"{dense_bias_bytes(n) / 2**30:.0f} GiB"}
+            else:
+                r = run_child(v, n, reps, args.threads)
             rows.append(r)
-            print(f"  measured {v:>13} at L={n:>6}: "
+            print(f"  {v:>6} at L={n:>6}: "
                   + (r["error"] if "error" in r else f"{r['seconds']:.3f}s, peak {r['rss_peak'] / 2**30:.2f} GiB"),
                   file=sys.stderr, flush=True)
-    print(f"heads: {args.heads}; threads: {next((r['threads'] for r in rows if 'threads' in r), '?')}; load average after: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'L':>6} {'variant':>13} {'seconds':>9} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}")
+    threads = next((r["threads"] for r in rows if "threads" in r), "?")
+    print(f"model {MODEL}; threads {threads}; load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for r in rows:
+        if r.get("variant") == "floor" and "rates" in r:
+            rt = r["rates"]
+            print(f"  rates at L={r['length']}: q.k {rt['qk_gflops']:.0f} GFLOP/s, p.v {rt['pv_gflops']:.0f} GFLOP/s, "
+                  f"exp {rt['exp_g_per_s']:.2f} G/s, linear {rt['linear_gflops']:.0f} GFLOP/s")
+    print(f"{'L':>6} {'variant':>7} {'seconds':>9} {'x floor':>8} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}")
     for n in lengths:
-        base = next((r for r in rows if r["length"] == n and r["variant"] == "sdpa" and "error" not in r), None)
+        at = {r["variant"]: r for r in rows if r["length"] == n and "error" not in r}
         for r in (r for r in rows if r["length"] == n):
             if "error" in r:
-                print(f"{n:>6} {r['variant']:>13}  failed: {r['error']}")
+                print(f"{n:>6} {r['variant']:>7}  {r['error']}")
                 continue
-            ratio = f"{r['seconds'] / base['seconds']:.2f}" if base else "-"
-            grow = (r["rss_peak"] - r["rss_before"]) / 2**30
-            print(f"{n:>6} {r['variant']:>13} {r['seconds']:>9.3f} {ratio:>7} {r['rss_peak'] / 2**30:>9.2f} {grow:>6.2f}")
+            fl = f"{r['seconds'] / at['floor']['seconds']:.2f}" if "floor" in at else "-"
+            sd = f"{r['seconds'] / at['sdpa']['seconds']:.2f}" if "sdpa" in at else "-"
+            grow = (r["rss_peak"] - r["rss_before"]) / 2**30 if r["variant"] != "floor" else 0.0
+            peak = f"{r['rss_peak'] / 2**30:.2f}" if r["variant"] != "floor" else "-"
+            print(f"{n:>6} {r['variant']:>7} {r['seconds']:>9.3f} {fl:>8} {sd:>7} {peak:>9} {grow:>6.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": header, "rows": rows}, indent=1))
     return 0
 
 

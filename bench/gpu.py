@@ -1,4 +1,4 @@
-"""A Flan-T5-XL-shaped random T5 on a GPU at 15k tokens, probes on: time and memory.
+"""A Flan-T5-XL-shaped random T5 on a GPU at 15k (or 32k) tokens, probes on: time and memory.
 
     python bench/gpu.py                                   # CUDA, bfloat16, 15,000 tokens (needs a GPU)
     python bench/gpu.py --shape tiny --length 2048 --device cpu   # the same code path, on any machine
@@ -51,7 +51,7 @@ def build(shape: str, device, dtype):
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from core import attention
+    from core import attention, relative_bias
 
     cfg = T5Config(vocab_size=32128, relative_attention_num_buckets=32, relative_attention_max_distance=128,
                    dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **SHAPES[shape])
@@ -60,6 +60,7 @@ def build(shape: str, device, dtype):
         model = T5ForConditionalGeneration(cfg)
     model = model.to(dtype).eval()
     model.set_attn_implementation(attention.ATTN_NAME)
+    relative_bias.install(model)  # as core.models.load does: the bias as one vector per head (sdpa still gets it dense)
     return model
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from core.errors import InputTooLong, UserError
 from core.schedule import Schedule
 from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
-from core import methods
+from core import memory, methods
 from core.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
     Tokens,
@@ -522,7 +522,8 @@ def cmd_run(args) -> int:
         mark = {True: "correct", False: "wrong", None: "-"}[res.correct]
         print(f"model {loaded.spec.name}  tokens {res.tokens} ({res.tokens / res.train_length:.1f}x L_tr={res.train_length})  "
               f"method {chosen.method}  tau {np.round(res.tau.mean(1), 3).tolist()}")
-        print(f"answer: {res.answer!r}  expected: {res.expected!r}  [{mark}]  {res.seconds['total']:.3f}s")
+        print(f"answer: {res.answer!r}  expected: {res.expected!r}  [{mark}]  {res.seconds['total']:.3f}s  "
+              f"peak {memory.peak_bytes(loaded.device) / 2**30:.2f} GiB")
         for layer in res.layers():
             print(f"  layer {layer['layer']}: Pmax {layer['pmax']:.4f}  H {layer['entropy']:.4f}")
     return 0

@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from core import memory, positions, rope_pass, tasks, timing
-from core.attention import AttentionSettings, attention_call, default_chunk_bytes
+from core.attention import KERNEL_CHUNK_BYTES, AttentionSettings, attention_call, default_chunk_bytes
 from core.kinds import CROSS, DECODER, ENCODER
 from core.errors import InputTooLong, NumericalError, UserError
 from core.models import Loaded
@@ -157,30 +157,42 @@ class Result:
 #: Bytes per L^2 a rotary encoder's pass holds at its peak (see :func:`max_tokens`).
 ROPE_BYTES_PER_L2 = 16
 
+#: Copies of one token's activations a T5 pass holds at its peak, in units of ``d_model + d_ff + 3 x heads x
+#: d_kv`` values (see :func:`max_tokens`); measured growth of the default model's probed pass on this 2-core
+#: machine (2026-11-26, bench/README.md) fitted over 4k..32k tokens, with room to spare.
+T5_COPIES_PER_TOKEN = 8
+
 
 def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -> int:
     """The longest input this machine can run now, from free memory.
 
-    T5 itself materialises the relative bias ``[1, heads, L, L]`` once per
-    pass (layer 0 computes it, every layer reuses it), and on the way builds
-    ``L x L`` int64/float temporaries for the buckets: measured peak at 16k
-    tokens with 4 heads in float32 (bench/README.md) is 12.65 GiB, about
-    ``heads x 4 + 33`` bytes per ``L^2``. A padded batch adds a boolean mask
-    ``[batch, 1, L, L]``; our attention holds only one block of rows at a
-    time. We allow 80 % of free memory for those, after a fixed allowance
-    for the weights, activations and a few blocks.
+    T5 under our attention holds nothing ``L x L``: the relative bias is one vector per head
+    (:mod:`core.relative_bias`), and the scores live in a few blocks of rows of a fixed budget. What
+    grows with ``L`` is each token's activations (hidden states, q/k/v, the feed-forward, the decoder's
+    cross-attention keys and values): :data:`T5_COPIES_PER_TOKEN` copies of ``d_model + d_ff + 3 x
+    heads x d_kv`` values per token (measured: the default model's probed pass grew 0.25 GiB at 16,384
+    tokens, where the dense bias of transformers' own pass needed 12.7 GiB). A padded batch adds a
+    boolean mask ``[batch, 1, L, L]``.
 
-    A rotary encoder (ModernBERT) has no bias, but transformers builds its
-    ``L x L`` masks (global and sliding window) on every pass: measured peak
-    above the loaded model, 6 layers x 4 heads in float32 on this 2-core
-    machine (2026-11-26): 1.02 GiB at 8,192 tokens, 4.1 GiB at 16,384, about
+    A rotary encoder (ModernBERT) has no bias, but transformers builds its ``L x L`` masks (global
+    and sliding window) on every pass: measured peak above the loaded model, 6 layers x 4 heads in
+    float32 on this 2-core machine (2026-11-26): 1.02 GiB at 8,192 tokens, 4.1 GiB at 16,384, about
     16 bytes per ``L^2``, with probes or without.
+
+    We allow 80 % of free memory for those, after a fixed allowance for the weights and six blocks.
     """
     elt = torch.finfo(loaded.dtype).bits // 8
-    per_l2 = (ROPE_BYTES_PER_L2 if loaded.family == "rope" else loaded.n_heads * elt + 36) + (batch if batch > 1 else 0)
-    chunk = chunk_bytes or default_chunk_bytes(loaded.device)
-    budget = 0.8 * memory.free_bytes(loaded.device) - 6 * chunk - 4 * loaded.n_params * elt
-    return max(0, int(math.sqrt(max(0.0, budget) / per_l2)))
+    mask = batch if batch > 1 else 0
+    chunk = chunk_bytes or (KERNEL_CHUNK_BYTES if loaded.device.type == "cpu" else default_chunk_bytes(loaded.device))
+    budget = max(0.0, 0.8 * memory.free_bytes(loaded.device) - 6 * chunk - 4 * loaded.n_params * elt)
+    if loaded.family == "rope":
+        return int(math.sqrt(budget / (ROPE_BYTES_PER_L2 + mask)))
+    cfg = loaded.config
+    per_token = T5_COPIES_PER_TOKEN * (cfg.d_model + cfg.d_ff + 3 * loaded.n_heads * loaded.d_kv) * elt * batch
+    if mask == 0:
+        return int(budget / per_token)
+    # mask L^2 + per_token L = budget
+    return int((-per_token + math.sqrt(per_token * per_token + 4 * mask * budget)) / (2 * mask))
 
 
 # -- tokenising ------------------------------------------------------------------

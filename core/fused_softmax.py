@@ -145,6 +145,12 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _need() -> None:
+    """Build (or load) the library now; a clear error where it cannot run (callers check :func:`available`)."""
+    if not available():
+        raise RuntimeError(f"the fused softmax kernel is not available here: {why_not()}")
+
+
 def _split(fn, rows: int, per_thread: Callable[[int, int, int], tuple]) -> None:
     """Run ``fn(*per_thread(k, lo, hi))`` over ``[0, rows)`` cut into :func:`threads` parts, in parallel."""
     n = min(threads(), max(1, rows // 4))
@@ -164,6 +170,7 @@ def pool_rows(exp: torch.Tensor, total: torch.Tensor, a: int, b: int, n0: int, e
     ``edges`` (int64, ``nb + 1`` values from 0 to ``n0``): ``(sums, maxima)``, each ``[b - a, nb]`` float32.
 
     Equal to :meth:`core.probes.Recorder` pooling the normalised rows (tests/test_fused_softmax.py)."""
+    _need()
     H, c, K = exp.shape
     if not exp.is_contiguous() or exp.dtype != torch.float32:
         raise ValueError("exp must be a contiguous float32 [H, c, K] tensor")
@@ -189,6 +196,7 @@ def sorted_sum(x: torch.Tensor) -> torch.Tensor:
     """Each row of ``x`` (``[R, n]`` float32, rows contiguous) sorted descending, summed: ``[n]`` float64.
 
     What the sorted-logits probe accumulates; the same as ``torch.sort(x, descending=True).values.sum(0)``."""
+    _need()
     if x.dim() != 2 or x.dtype != torch.float32 or x.stride(1) != 1:
         raise ValueError("x must be a float32 [rows, n] tensor with contiguous rows")
     R, n = x.shape
@@ -215,8 +223,7 @@ def softmax_rows(scores: torch.Tensor, bias: torch.Tensor | None = None, bias_st
     ``keymask``: bool or uint8 ``[B, K]`` (True: attend), or None.
     Returns ``(total, dot)``, each ``[B, H, c, 1]`` float32.
     """
-    if not available():
-        raise RuntimeError(f"the fused softmax kernel is not available here: {why_not()}")
+    _need()
     B, H, c, K = scores.shape
     if scores.dtype != torch.float32 or not scores.is_contiguous() or scores.device.type != "cpu":
         raise ValueError("scores must be a contiguous float32 CPU tensor [B, H, c, K]")

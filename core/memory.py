@@ -80,3 +80,17 @@ def address_space_room() -> int | None:
         return None
     used = meminfo_kib("/proc/self/status", "VmSize") or 0
     return max(0, soft - used)
+
+
+def peak_bytes(device: torch.device | str) -> int:
+    """The most memory this process has held so far: the CUDA allocator's high-water mark on a GPU (what a
+    pass can be charged with), else the process's peak resident set (``ru_maxrss``: model, runtime and
+    every pass so far), in bytes. What the CLI prints beside a run's time."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    import sys
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r * (1 if sys.platform == "darwin" else 1024)
