@@ -158,8 +158,9 @@ class Result:
 ROPE_BYTES_PER_L2 = 16
 
 #: Copies of one token's activations a T5 pass holds at its peak, in units of ``d_model + d_ff + 3 x heads x
-#: d_kv`` values (see :func:`max_tokens`); measured growth of the default model's probed pass on this 2-core
-#: machine (2026-11-26, bench/README.md) fitted over 4k..32k tokens, with room to spare.
+#: d_kv`` values (see :func:`max_tokens`). Measured on the default model's probed pass (2026-11-26,
+#: bench/README.md: growth 0.17 GiB at 4k, 0.32 GiB at 32k tokens): about 5.6 KB per token, 1.2 copies of
+#: its 1,152 float32 values; 8 leaves room for models whose feed-forward holds more at once (gated ones).
 T5_COPIES_PER_TOKEN = 8
 
 
