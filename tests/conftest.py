@@ -190,3 +190,15 @@ def build_tiny_rope(folder, *, layers: int = 2, heads: int = 4, hidden: int = 64
     if card:
         (Path(folder) / "card.json").write_text(json.dumps({"train_length": train_length, "tasks": ["mlm"]}))
     return folder
+
+
+def bench_module(name: str):
+    """bench/<name>.py loaded as a module (bench/ is a folder of scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

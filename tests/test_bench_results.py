@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
+from conftest import bench_module
 
 
 def _results_module():
-    path = Path(__file__).resolve().parents[1] / "bench" / "results.py"
-    spec = importlib.util.spec_from_file_location("results_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("results")
 
 
 class Stop(Exception):

@@ -9,6 +9,7 @@ import sys
 
 import pandas as pd
 import pytest
+from conftest import bench_module
 
 from core import methods
 from core.errors import UserError
@@ -95,14 +96,7 @@ def test_old_rows_without_a_copy_column_read_as_mixed():
 
 
 def _results_bench():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "results.py"
-    spec = importlib.util.spec_from_file_location("results_bench_copy", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("results")
 
 
 def test_bench_table_has_a_block_per_copy_kind_and_an_oracle_each(bundled):

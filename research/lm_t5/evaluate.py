@@ -11,6 +11,14 @@ rows to ``OUT/<model>.csv`` as they finish (:func:`core.perplexity.run_perplexit
 resumable), so a run cut short keeps what it measured; at the end
 ``OUT/perplexity.json`` holds every row and stdout a compact table per model
 (perplexity, copy / no copy, and the 8x / 1x ratio).
+
+A second run (``--plan second``, research/lm_t5/gpu_eval.sh) measures what the
+first GPU run left out: per-layer and per-head Algorithm 1 at 8x and 16x, and
+the 16x Pmax / entropy / YaRN cells. ``--resume-from`` seeds each model's CSV
+with the first run's rows, so cells already measured are skipped (not re-run)
+and the tables at the end hold both runs; ``OUT/taus.json`` keeps what each
+measured method resolved to (the per-layer / per-head schedules, which heads
+reached their L_tr Pmax).
 """
 
 from __future__ import annotations
@@ -46,16 +54,48 @@ PHASES: list[tuple[tuple[float, ...], tuple[str, ...]]] = [
     ((16,), (PMAX, ENTROPY, YARN)),
     ((8, 16), (PER_LAYER, PER_HEAD)),
 ]
+#: The second GPU run: what the first left out, cheapest answer to the bar first. Phase 6's per-layer and
+#: per-head at 8x (the bar is read at 8x; ~280 calibration passes a model), then phase 5 (16x Pmax / entropy /
+#: YaRN; ~60 passes), then phase 6 at 16x (the dearest). Cells already in --resume-from rows are skipped.
+SECOND: list[tuple[tuple[float, ...], tuple[str, ...]]] = [
+    ((8,), PHASES[5][1]),
+    PHASES[4],
+    ((16,), PHASES[5][1]),
+]
+#: On the CPU, after the GPU was spent (one thread, a few dozen sequences): the 1x reference on the same sequences,
+#: then per-layer and per-head Algorithm 1 at 8x (the bar), then tau = 1 at 8x.
+CPU: list[tuple[tuple[float, ...], tuple[str, ...]]] = [
+    ((1,), (AS_TRAINED,)),
+    ((8,), (PER_LAYER,)),
+    ((8,), (PER_HEAD,)),
+    ((8,), (AS_TRAINED,)),
+]
+PLANS = {"first": PHASES, "second": SECOND, "cpu": CPU}
+COPIES = {"with": (COPY_WITH,), "without": (COPY_WITHOUT,), "split": (COPY_WITH, COPY_WITHOUT)}
 
 
 def evaluate(model_dirs: list[str], out: Path, sequences: int, budget_s: float, device: str | None,
-             batch_size: int, phases: int) -> pd.DataFrame:
+             batch_size: int, phases: int, plan: str = "first", resume_from: Path | None = None,
+             copies: tuple[str, ...] = (COPY_WITH, COPY_WITHOUT)) -> pd.DataFrame:
     """Every model through the phases in turn (all models' phase 1 before any phase 2), until ``budget_s``."""
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
+    if resume_from is not None:
+        seed_rows(resume_from, out, [Path(d).name for d in model_dirs])
     loaded = {d: load(d, device=device, dtype="float32") for d in model_dirs}
     frames: dict[str, pd.DataFrame] = {}
-    for k, (multiples, names) in enumerate(PHASES[:phases]):
+    resolved: list[dict] = []
+    names = {id(lm): Path(d).name for d, lm in loaded.items()}
+    methods.resolve = _recording(methods.resolve, resolved, out / "taus.json", names)  # undone below
+    try:
+        return _phases(loaded, frames, out, sequences, budget_s, batch_size, PLANS[plan][:phases], t0, copies)
+    finally:
+        methods.resolve = methods.resolve.__wrapped__
+
+
+def _phases(loaded: dict, frames: dict, out: Path, sequences: int, budget_s: float, batch_size: int,
+            phases: list, t0: float, copies: tuple[str, ...] = (COPY_WITH, COPY_WITHOUT)) -> pd.DataFrame:
+    for k, (multiples, names) in enumerate(phases):
         for d, lm in loaded.items():
             if time.time() - t0 > budget_s:
                 print(f"budget of {budget_s:g} s spent: phase {k + 1} of {d} not run", file=sys.stderr)
@@ -63,7 +103,7 @@ def evaluate(model_dirs: list[str], out: Path, sequences: int, budget_s: float, 
             lt = lm.train_length
             plan = PerplexityPlan(model=Path(d).name, lengths=[int(round(m * lt)) for m in multiples],
                                   methods=list(names), sequences=sequences, batch_size=batch_size,
-                                  copies=(COPY_WITH, COPY_WITHOUT))
+                                  copies=copies)
             csv = out / f"{Path(d).name}.csv"
             t1 = time.time()
             df = run_perplexity(lm, plan, out=csv, resume=csv.exists(),
@@ -73,6 +113,43 @@ def evaluate(model_dirs: list[str], out: Path, sequences: int, budget_s: float, 
             frames[d] = df
             write(frames, out, sequences)  # after every phase: a run killed later keeps what it measured
     return write(frames, out, sequences)
+
+
+def seed_rows(previous: Path, out: Path, models: list[str]) -> None:
+    """Each model's rows of an earlier run's CSV (``perplexity.csv``: every model) as ``out/<model>.csv``, so
+    :func:`core.perplexity.run_perplexity` (resume) skips the cells measured there; a model's CSV already in
+    ``out`` is kept as it is."""
+    if not previous.is_file():
+        print(f"no earlier rows at {previous}: every cell is measured", file=sys.stderr)
+        return
+    old = pd.read_csv(previous)
+    for name in models:
+        csv = out / f"{name}.csv"
+        rows = old[old["model"] == name]
+        if len(rows) and not csv.exists():
+            rows.to_csv(csv, index=False)
+            print(f"{name}: {len(rows)} rows from {previous} (those cells are not run again)", file=sys.stderr)
+
+
+def _recording(resolve, log: list[dict], path: Path, names: dict[int, str]):
+    """``methods.resolve``, also writing what each measured method resolved to (its schedule: a tau per layer
+    for per-layer, per layer and head for per-head; reached, gap, unreached heads) to ``path``."""
+    def recorded(loaded, document, method, *args, **kwargs):
+        schedule, info = resolve(loaded, document, method, *args, **kwargs)
+        if methods.get(methods.parse(method)[0]).measured and "length" in info:
+            keep = {k: v for k, v in info.items() if k not in ("curve", "grid", "band", "refined")}
+            log.append({"model": names.get(id(loaded), "?"), "method": method, "tokens": info["length"],
+                        "mean_tau": schedule.mean(info["length"]), **keep})
+            path.write_text(json.dumps(log, indent=1, default=_plain))
+        return schedule, info
+
+    recorded.__wrapped__ = resolve
+    return recorded
+
+
+def _plain(x):
+    """JSON for numpy values in a search's info."""
+    return x.tolist() if hasattr(x, "tolist") else str(x)
 
 
 def write(frames: dict[str, pd.DataFrame], out: Path, sequences: int) -> pd.DataFrame:
@@ -113,7 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=120.0, help="no new phase starts, nor cell, after this")
     p.add_argument("--device", default=None)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--phases", type=int, default=len(PHASES), help=f"at most this many of the {len(PHASES)} phases")
+    p.add_argument("--phases", type=int, default=len(PHASES), help="at most this many of the plan's phases")
+    p.add_argument("--plan", choices=sorted(PLANS), default="first",
+                   help="first: the phases of the first GPU run; second: per-layer / per-head at 8x and 16x, and "
+                        "the 16x Pmax / entropy / YaRN cells; cpu: 1x tau = 1, then per-layer, per-head and tau = 1 "
+                        "at 8x")
+    p.add_argument("--copies", choices=sorted(COPIES), default="split",
+                   help="with: only sequences with an earlier copy; without: the same seeds, no copy; split: both")
+    p.add_argument("--resume-from", type=Path, default=None,
+                   help="an earlier run's perplexity.csv: its cells are kept, not measured again")
     a = p.parse_args(argv)
     found = [d for d in a.models if (Path(d) / "model.safetensors").is_file()]
     for d in sorted(set(a.models) - set(found)):
@@ -121,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         print("error: no trained model to evaluate", file=sys.stderr)
         return 2
-    df = evaluate(found, a.out, a.sequences, a.budget_s, a.device, a.batch_size, a.phases)
+    df = evaluate(found, a.out, a.sequences, a.budget_s, a.device, a.batch_size, a.phases, a.plan, a.resume_from,
+                  COPIES[a.copies])
     if len(df):
         print((a.out / "perplexity.txt").read_text())
     return 0
