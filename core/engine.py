@@ -180,20 +180,36 @@ def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -
     float32 on this 2-core machine (2026-11-26): 1.02 GiB at 8,192 tokens, 4.1 GiB at 16,384, about
     16 bytes per ``L^2``, with probes or without.
 
-    We allow 80 % of free memory for those, after a fixed allowance for the weights and six blocks.
+    We allow 80 % of free memory for those, after a fixed allowance for the weights and the blocks of
+    scores (two on the CPU kernel's path, six on torch's), each no bigger than one layer's whole matrix.
     """
     elt = torch.finfo(loaded.dtype).bits // 8
     mask = batch if batch > 1 else 0
-    chunk = chunk_bytes or (KERNEL_CHUNK_BYTES if loaded.device.type == "cpu" else default_chunk_bytes(loaded.device))
-    budget = max(0.0, 0.8 * memory.free_bytes(loaded.device) - 6 * chunk - 4 * loaded.n_params * elt)
+    cpu = loaded.device.type == "cpu"
+    chunk = chunk_bytes or (KERNEL_CHUNK_BYTES if cpu else default_chunk_bytes(loaded.device))
+    blocks = 2 if cpu else 6  # the CPU kernel's path holds one block buffer (and a few rows); torch's a few blocks
+    base = 0.8 * memory.free_bytes(loaded.device) - 4 * loaded.n_params * elt
     if loaded.family == "rope":
-        return int(math.sqrt(budget / (ROPE_BYTES_PER_L2 + mask)))
-    cfg = loaded.config
-    per_token = T5_COPIES_PER_TOKEN * (cfg.d_model + cfg.d_ff + 3 * loaded.n_heads * loaded.d_kv) * elt * batch
-    if mask == 0:
-        return int(budget / per_token)
-    # mask L^2 + per_token L = budget
-    return int((-per_token + math.sqrt(per_token * per_token + 4 * mask * budget)) / (2 * mask))
+        per_l2, per_token = ROPE_BYTES_PER_L2 + mask, 0.0
+    else:
+        cfg = loaded.config
+        per_l2 = mask
+        per_token = T5_COPIES_PER_TOKEN * (cfg.d_model + cfg.d_ff + 3 * loaded.n_heads * loaded.d_kv) * elt * batch
+    # Blocks at their full budget; or, for short inputs, blocks no bigger than one layer's whole score matrix
+    # (a tight memory, e.g. under ulimit -v, must not be refused for a 64 MiB block a 300-token pass never makes).
+    whole = _longest(base - blocks * chunk, per_l2, per_token)
+    block_l2 = blocks * 4 * loaded.n_heads * batch
+    small = min(_longest(base, per_l2 + block_l2, per_token), math.isqrt(chunk // (4 * loaded.n_heads * batch)))
+    return max(whole, small)
+
+
+def _longest(budget: float, per_l2: float, per_token: float) -> int:
+    """The largest L with ``per_l2 L^2 + per_token L <= budget`` (0 when nothing fits)."""
+    if budget <= 0:
+        return 0
+    if per_l2 <= 0:
+        return int(budget / per_token) if per_token > 0 else 0
+    return int((-per_token + math.sqrt(per_token * per_token + 4 * per_l2 * budget)) / (2 * per_l2))
 
 
 # -- tokenising ------------------------------------------------------------------
