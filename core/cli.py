@@ -31,7 +31,7 @@ import numpy as np
 from core.errors import InputTooLong, UserError
 from core.schedule import Schedule
 from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
-from core import memory, methods
+from core import memory, methods, timing
 from core.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
     Tokens,
@@ -512,7 +512,13 @@ def cmd_run(args) -> int:
                                 base=chosen.run_settings(1.0, probes=None) if _has_scheme(chosen) else None)
     if prog:
         prog.close()
-    res = engine.run(loaded, doc, chosen.run_settings(tau))
+    settings = chosen.run_settings(tau)
+    enc = engine.encode(loaded, doc)
+    if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
+        est = engine.estimate_pass(loaded, doc, enc, settings)
+        print(f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
+              "timed, scaled by the square of the length)", file=sys.stderr, flush=True)
+    res = engine.run(loaded, doc, settings, encoded=enc)
     out = res.summary()
     out["model"] = loaded.spec.name
     out.update(_precision(loaded))

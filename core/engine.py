@@ -307,6 +307,31 @@ def run(loaded: Loaded, document: tasks.Document, settings: RunSettings | None =
     return res
 
 
+#: Passes over this many tokens or more get an estimate before they start (the CLI's ``run``): at 8,192 tokens
+#: the default model's probed pass takes about 4 s here, at 65,536 about 5 min (bench/README.md).
+ESTIMATE_FROM = 8192
+#: Tokens of the timed sample :func:`estimate_pass` scales up from.
+SAMPLE_TOKENS = 2048
+
+
+def estimate_pass(loaded: Loaded, document: tasks.Document, encoded: Encoded,
+                  settings: RunSettings | None = None) -> float:
+    """Seconds the pass over ``encoded`` should take here: a pass over its first :data:`SAMPLE_TOKENS`
+    tokens (same settings, no answer), timed the second time it runs (the first pays for what a process
+    does once: the kernel library, the allocator), scaled by the square of the length (attention's cost).
+    Why a sample: a long document's pass can take minutes, and "before it starts, about how long it
+    takes" needs a measurement of this machine now, which costs under a second. It errs long: measured
+    on the default model (2026-11-26, quiet) 27 s for a 16,384-token pass of 16-18 s, 107 s for a
+    32,768-token one of 91 s (a fit of ``a L + b L^2`` through two samples said 8 s and 44 s: the short
+    samples cannot see the long pass's cache misses)."""
+    settings = replace(settings or RunSettings(), generate=False)
+    m = min(SAMPLE_TOKENS, encoded.n)
+    head = replace(encoded, input_ids=encoded.input_ids[:m], offsets=encoded.offsets[:m], needle_tokens=None,
+                   question_tokens=None)
+    seconds = [run(loaded, document, settings, encoded=head).seconds["encode"] for _ in range(2)]
+    return seconds[-1] * (encoded.n / m) ** 2
+
+
 def run_batch(
     loaded: Loaded, documents: list[tasks.Document], settings: RunSettings | None = None, batch_size: int = 8
 ) -> list[Result]:
