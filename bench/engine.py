@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -46,10 +45,31 @@ VARIANTS = ("floor", "sdpa", "ours", "probes")
 MODEL = "retrieval-t5"
 
 
+def tiny_t5(layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, attn: str = "sdpa"):
+    """bench/batch.py's model: the tests' tiny random T5 (conftest.build_tiny_t5's weights), built in memory."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = T5Config(
+        vocab_size=384, d_model=64, d_kv=d_kv, d_ff=128, num_layers=layers, num_decoder_layers=1,
+        num_heads=heads, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )
+    cfg._attn_implementation = attn
+    model = T5ForConditionalGeneration(cfg)
+    with torch.no_grad():
+        for blk in model.encoder.block:
+            blk.layer[0].SelfAttention.q.weight.mul_(8.0)
+        model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.normal_(0, 2.0)
+    return model.eval()
+
+
 def max_rss() -> int:
-    """Peak resident set of this process so far, bytes (Linux reports KiB)."""
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r * (1 if sys.platform == "darwin" else 1024)
+    """Peak resident set of this process so far, bytes (``core.memory.peak_bytes`` on the CPU)."""
+    from core import memory
+
+    return memory.peak_bytes("cpu")
 
 
 def rss_now() -> int:
@@ -146,7 +166,6 @@ def pass_child(variant: str, length: int, reps: int) -> dict:
     loaded = models.load(MODEL, device="cpu")
     enc = _document(loaded, length)
     ids = torch.as_tensor(enc.input_ids)[None]
-    mask = torch.ones_like(ids, dtype=torch.bool)
     model = loaded.model
     if variant == "sdpa":
         model.set_attn_implementation("sdpa")  # the lazy bias then hands transformers its own dense tensor

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -64,15 +63,6 @@ def build(shape: str, device, dtype):
     return model
 
 
-def peak_bytes(device) -> int:
-    import torch
-
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r * (1 if sys.platform == "darwin" else 1024)
-
-
 def machine(device) -> str:
     """The GPU (when the pass runs on one), then bench/engine.py's description of the host and its load."""
     import torch
@@ -96,7 +86,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from core import attention, engine, tasks
+    from core import attention, engine, memory, tasks
     from core.errors import ModelLoadError
     from core.models import Loaded, load, pick_device, resolve
     from core.probes import ProbeSpec, Recorder
@@ -112,7 +102,7 @@ def main(argv=None) -> int:
     sync()
     tok = load("retrieval-t5", device="cpu").tokenizer  # any T5 tokenizer: its ids are < 32128
     loaded = Loaded(spec=resolve("flan-t5-xl"), model=model, tokenizer=tok, device=device, dtype=dtype)
-    weights = peak_bytes(device)
+    weights = memory.peak_bytes(device)
     print(f"built {a.shape}: {loaded.n_params / 1e9:.2f} B parameters, {dtype}, on {device} "
           f"in {time.perf_counter() - t0:.1f}s; weights {weights / 2**30:.2f} GiB; "
           f"max_tokens() says {engine.max_tokens(loaded):,} tokens fit now", flush=True)
@@ -156,7 +146,7 @@ def main(argv=None) -> int:
             else:
                 encoder_pass(step, ids, mask)
         sync()
-        return time.perf_counter() - t, peak_bytes(device), parts
+        return time.perf_counter() - t, memory.peak_bytes(device), parts
 
     steps = [s for s in a.steps.split(",") if s]
     with torch.inference_mode():  # warm-up: kernels, allocator, lazy imports

@@ -87,12 +87,6 @@ class RelativeBias:
     def heads(self) -> int:
         return int(self.vector.shape[0])
 
-    def dim(self) -> int:
-        return 4
-
-    def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[dim]
-
     def start(self, row: int) -> int:
         """Where query row ``row``'s window begins in :attr:`vector` (its keys follow, one by one)."""
         return self.q_len - 1 - row
