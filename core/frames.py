@@ -14,12 +14,12 @@ BertViz: arrays in, no Streamlit, no torch. Maps are quantised to uint8 on
 one log scale shared by every frame of the document (the tau = 1 map
 included), so colours compare across taus; the layout of the bytes is:
 
-``b"AAEF" | uint32 header length | header JSON (utf-8) | zero padding to 8 | blobs``
+``b"AAEF" | uint32 header length | header JSON (utf-8) | spaces to a multiple of 8 | blobs``
 
 where the header names each array by ``{"off", "shape", "dtype"}`` (offsets
 from the start of the blob area, each 8-byte aligned so the browser can view
-them as ``Float32Array`` without a copy). :func:`unpack` reads it back (tests,
-and anyone who wants the frames in Python).
+them as ``Float32Array`` without a copy). ``unpack`` in ``ui/scrubber.js`` reads it
+back (the tests hold a Python mirror of that reader: ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -41,11 +41,6 @@ SCRUB_GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(in
 #: Points of the question-profile polyline per layer (max-pooled: a one-token peak survives).
 PROFILE_POINTS = 600
 _DTYPES = {"u8": np.uint8, "f32": np.float32}
-
-
-def nearest_grid(tau: float, grid: Sequence[float] = SCRUB_GRID) -> float:
-    """The grid tau closest to ``tau`` (ties: the larger, i.e. the gentler one)."""
-    return min(grid, key=lambda g: (abs(g - tau), -g))
 
 
 def grid_order(tau: float, grid: Sequence[float] = SCRUB_GRID) -> list[float]:
@@ -117,33 +112,6 @@ class Packer:
         head = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
         pad = (-(8 + len(head))) % 8
         return MAGIC + struct.pack("<I", len(head)) + head + b" " * pad + b"".join(self._parts)
-
-
-def unpack(payload: bytes) -> tuple[dict, dict[str, np.ndarray]]:
-    """The header and every array of a payload, the arrays by their JSON path (``"frames.3.map"``)."""
-    if payload[:4] != MAGIC:
-        raise ValueError("not a scrubber payload")
-    (n,) = struct.unpack("<I", payload[4:8])
-    header = json.loads(payload[8 : 8 + n].decode("utf-8"))
-    start = 8 + n + ((-(8 + n)) % 8)
-    arrays: dict[str, np.ndarray] = {}
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            if set(node) == {"off", "shape", "dtype"}:
-                dt = _DTYPES[node["dtype"]]
-                count = int(np.prod(node["shape"])) if node["shape"] else 1
-                a = np.frombuffer(payload, dtype=dt, count=count, offset=start + node["off"])
-                arrays[path] = a.reshape(node["shape"])
-                return
-            for k, v in node.items():
-                walk(v, f"{path}.{k}" if path else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{path}.{i}")
-
-    walk(header, "")
-    return header, arrays
 
 
 # -- views of one document ---------------------------------------------------------------

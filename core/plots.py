@@ -71,12 +71,6 @@ def pool_max(values: np.ndarray, max_points: int = 2000) -> tuple[np.ndarray, np
     return edges[:-1], np.maximum.reduceat(v, edges[:-1])
 
 
-def normal_quantiles(n: int) -> np.ndarray:
-    """Standard normal quantiles at plotting positions (i + 0.5) / n, ascending."""
-    nd = NormalDist()
-    return np.array([nd.inv_cdf((i + 0.5) / n) for i in range(n)])
-
-
 def deviation(values: Sequence[float], reference: Sequence[float]) -> np.ndarray:
     """Relative deviation (v - ref) / |ref| per layer (0 where the reference is 0)."""
     v, r = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
@@ -110,9 +104,9 @@ def heatmap(
 
     ``log`` shows log10(p) (the tail of a dispersed attention becomes visible).
     ``zrange`` = (low, high) in p fixes the colour scale, so two maps drawn
-    side by side (tau = 1 and the chosen tau) compare colour for colour
-    (:func:`shared_range`). ``rows``: the token index of each row when the
-    rows are not the pooled bins (the question's own rows, one token each).
+    side by side (tau = 1 and the chosen tau) compare colour for colour.
+    ``rows``: the token index of each row when the rows are not the pooled
+    bins (the question's own rows, one token each).
     Needle keys and queries are marked by red lines, the question rows by blue ones.
     """
     z = np.asarray(z, dtype=np.float32)
@@ -193,32 +187,6 @@ def answer_attention(
     return fig
 
 
-def _nice_up(x: float) -> float:
-    """The next value of 1, 2, 5 x 10^k at or above ``x`` (> 0)."""
-    k = math.floor(math.log10(x))
-    for m in (1, 2, 5, 10):
-        if m * 10**k >= x * (1 - 1e-9):
-            return float(m * 10**k)
-    return float(10 ** (k + 1))
-
-
-def shared_range(*maps: np.ndarray | None) -> tuple[float, float] | None:
-    """One colour scale for several maps: (a power of ten below the smallest positive, 1/2/5 x 10^k above the largest).
-
-    Rounded outwards on purpose: the tau = 1 map then keeps the same scale
-    while the chosen tau moves within a step, so its figure is unchanged and
-    Streamlit does not send it to the browser again.
-    """
-    vals = [np.asarray(m, dtype=np.float32) for m in maps if m is not None and np.size(m)]
-    if not vals:
-        return None
-    hi = max(float(v.max()) for v in vals)
-    pos = [float(v[v > 0].min()) for v in vals if (v > 0).any()]
-    if hi <= 0 or not pos:
-        return (0.0, 1.0)
-    return (float(10 ** math.floor(math.log10(min(pos)) + 1e-6)), _nice_up(hi))  # 1e-6: 0.01 in float32 is 0.0099999
-
-
 def layer_meters(
     values: Sequence[float],
     reference: Sequence[float],
@@ -253,38 +221,6 @@ def layer_meters(
         )
     fig.update_xaxes(title="encoder layer", tickmode="linear", dtick=1)
     fig.update_yaxes(title=name)
-    fig.update_layout(legend=dict(orientation="h", y=-0.25), barmode="overlay")
-    return _layout(fig, title)
-
-
-def _legend_label(trace_name: str, stat: str) -> str:
-    """A :func:`layer_meters` trace's name without its statistic: "Pmax at L_tr (tau = 1)" -> "at L_tr (tau = 1)",
-    "Pmax (chosen tau)" -> "chosen tau" (only brackets around the whole rest go; inner ones stay)."""
-    rest = trace_name[len(stat):].strip() if trace_name.startswith(stat) else trace_name
-    if rest.startswith("(") and rest.endswith(")") and rest.count("(") == 1 and rest.count(")") == 1:
-        rest = rest[1:-1].strip()
-    return rest or trace_name
-
-
-def meters_pair(chosen: Mapping[str, Sequence[float]], reference: Mapping[str, Sequence[float]],
-                baseline: Mapping[str, Sequence[float]] | None = None, title: str | None = None) -> go.Figure:
-    """:func:`layer_meters` for two statistics (e.g. Pmax and entropy H) side by side in ONE figure.
-
-    One figure instead of two: on a tau move the browser lays out and draws
-    one plot, not two (plotly's per-figure cost dominates for small plots).
-    Keys of ``chosen`` name the statistics and become the panels' titles.
-    """
-    names = list(chosen)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.12)
-    for i, name in enumerate(names, start=1):
-        one = layer_meters(chosen[name], reference[name], name, None if baseline is None else baseline[name])
-        for tr in one.data:
-            tr.showlegend = i == 1
-            tr.name = _legend_label(tr.name, name)
-            tr.legendgroup = tr.name  # one legend entry (and one click) for both panels' traces
-            fig.add_trace(tr, row=1, col=i)
-        fig.update_xaxes(title="encoder layer", tickmode="linear", dtick=1, row=1, col=i)
-        fig.update_yaxes(title=name, row=1, col=i)
     fig.update_layout(legend=dict(orientation="h", y=-0.25), barmode="overlay")
     return _layout(fig, title)
 

@@ -93,12 +93,6 @@ def schedule_text(tau, rows: int | None = None) -> str:
     return Schedule.of(tau).describe(rows)
 
 
-def method_taus_table(taus: dict, label, rows: int | None = None) -> pd.DataFrame:
-    """Every method's tau for one document, shown as text (:func:`schedule_text`), or the reason it has none."""
-    return pd.DataFrame([{"method": m, "label": label(m), "tau": t if isinstance(t, str) else schedule_text(t, rows)}
-                         for m, t in taus.items()])
-
-
 def sorted_logits_table(vectors: dict) -> pd.DataFrame:
     """Average sorted logit vectors (one column per document), by rank: the QQ plot's data."""
     return pd.DataFrame({k: pd.Series(v) for k, v in vectors.items()}).rename_axis("rank")

@@ -59,16 +59,6 @@ def yarn(train_length: int, length: int) -> float:
     return (0.1 * math.log(length / train_length) + 1.0) ** -2
 
 
-def llama4_scale(position: int | float, floor_scale: int, attn_scale: float = 0.1) -> float:
-    """Llama 4's attention temperature tuning: the factor its queries at 0-based ``position`` are
-    multiplied by, ``log1p(floor((position + 1) / floor_scale)) * attn_scale + 1`` (transformers'
-    Llama4 ``attn_temperature_tuning``); the row's tau is its inverse. With floor_scale = L_tr,
-    rows before L_tr keep tau = 1."""
-    if floor_scale < 1 or not attn_scale >= 0:
-        raise ValueError("floor_scale must be >= 1 and attn_scale >= 0")
-    return math.log1p(math.floor((position + 1) / floor_scale)) * attn_scale + 1.0
-
-
 def infoscale(train_length: int, length: int, d: int) -> float:
     """InfoScale as a temperature: 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)).
 

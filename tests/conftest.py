@@ -128,16 +128,51 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+def unpack_payload(payload: bytes) -> tuple[dict, dict]:
+    """A scrubber payload (:mod:`core.frames`) read back the way ``unpack`` in ui/scrubber.js reads it: the header
+    and every array, the arrays by their JSON path (``"frames.3.map"``).
+
+    ``b"AAEF" | uint32 (little-endian) header length n | header JSON | padding to a multiple of 8 | blobs``; an
+    array's entry ``{"off", "shape", "dtype"}`` counts ``off`` from the start of the blobs, ``u8`` or ``f32``.
+    """
+    import struct
+
+    import numpy as np
+
+    if payload[:4] != b"AAEF":
+        raise ValueError("not a scrubber payload")
+    (n,) = struct.unpack("<I", payload[4:8])
+    header = json.loads(payload[8 : 8 + n].decode("utf-8"))
+    start = 8 + n + (-(8 + n)) % 8
+    dtypes = {"u8": np.dtype("<u1"), "f32": np.dtype("<f4")}
+    arrays: dict = {}
+
+    def walk(node, path: str) -> None:
+        if isinstance(node, dict):
+            if set(node) == {"off", "shape", "dtype"}:
+                assert node["off"] % 8 == 0, f"{path}: offset {node['off']} is not 8-byte aligned"
+                count = int(np.prod(node["shape"])) if node["shape"] else 1
+                a = np.frombuffer(payload, dtype=dtypes[node["dtype"]], count=count, offset=start + node["off"])
+                arrays[path] = a.reshape(node["shape"])
+                return
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}.{i}")
+
+    walk(header, "")
+    return header, arrays
+
+
 def scrubber_view(at) -> tuple[dict, dict]:
     """Explore's scrubber on an AppTest page: the payload's header and the frame of the tau on the slider.
 
     The frame is the grid frame of that tau, or the exact frame when the tau is off the grid (None while its
     pass is still to come). These are the numbers the browser paints (:mod:`core.frames`).
     """
-    from core import frames
-
     (el,) = at.get("bidi_component")
-    header, _ = frames.unpack(el.proto.bytes)
+    header, _ = unpack_payload(el.proto.bytes)
     meta = header["meta"]
     at_value = meta.get("value", meta["tau"])  # the slider's value: tau, or CosScale s on that axis
     chosen = header["frames"].get(f"{at_value:.2f}") or header["exact"]

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok, build_tiny_rope, scrubber_view  # noqa: E402
+from conftest import app_ok, build_tiny_rope, scrubber_view, unpack_payload  # noqa: E402
 from core import methods, mlm  # noqa: E402
 from core.attention import AttentionSettings  # noqa: E402
 from core.models import load  # noqa: E402
@@ -208,7 +208,7 @@ def _query(at, name: str):
 def test_a_window_scheme_changes_the_cards_as_mlm_scores_it_and_is_kept(rope_env):
     import numpy as np
 
-    from core import frames, positions, rope_view
+    from core import positions, rope_view
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.session_state["doc_tokens"] = 2 * L_TR
@@ -234,7 +234,7 @@ def test_a_window_scheme_changes_the_cards_as_mlm_scores_it_and_is_kept(rope_env
     _same(header["base"]["masked"], _scored(rope_env, 2 * L_TR, seed, 1.0))  # the left column stays as trained
     assert "window" in header["meta"]["chosen_title"] and "needle" not in header["meta"]["map_note"]
     # the mask drawn on the map: the scheme's mask pooled on the map's own cells
-    _, arrays = frames.unpack(at.get("bidi_component")[0].proto.bytes)
+    _, arrays = unpack_payload(at.get("bidi_component")[0].proto.bytes)
     want = rope_view.mask_cells(positions.bind("window", L_TR, 2 * L_TR, window=8), np.asarray(header["edges"]))
     np.testing.assert_array_equal(arrays["mask"], np.rint(want * 255).astype(np.uint8))
     assert _query(at, "scheme") == "window:window=8"

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import unpack_payload
 from core import engine, frames, tables
 from core.probes import ProbeSpec
 from core.settings import DocumentRequest
@@ -17,7 +18,6 @@ def test_grid_covers_the_slider_and_orders_nearest_first():
     assert len(frames.SCRUB_GRID) == 15 and all(round(a - b, 2) == 0.05 for a, b in zip(frames.SCRUB_GRID, frames.SCRUB_GRID[1:]))
     order = frames.grid_order(0.62)
     assert order[0] == 1.0 and order[1] == 0.6 and order[2] == 0.65 and sorted(order) == sorted(frames.SCRUB_GRID)
-    assert frames.nearest_grid(0.73) == 0.75 and frames.nearest_grid(0.725) == 0.75 and frames.nearest_grid(0.31) == 0.3
 
 
 @given(st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=1, max_size=50),
@@ -45,11 +45,11 @@ def test_pack_unpack_round_trip():
     a = np.arange(7, dtype=np.uint8)
     b = np.linspace(0, 1, 10, dtype=np.float32).reshape(2, 5)
     head = {"x": packer.add(a, "u8"), "deep": [{"y": packer.add(b, "f32")}], "label": "é"}
-    header, arrays = frames.unpack(packer.finish(head))
+    header, arrays = unpack_payload(packer.finish(head))
     assert header["label"] == "é"
     assert np.array_equal(arrays["x"], a) and np.array_equal(arrays["deep.0.y"], b)
     with pytest.raises(ValueError):
-        frames.unpack(b"nope" + bytes(10))
+        unpack_payload(b"nope" + bytes(10))
 
 
 def test_text_window_keeps_the_characters_between_tokens():
@@ -79,7 +79,7 @@ def test_payload_carries_each_runs_own_numbers(runs):
     doc, out, ref, exact = runs
     payload = frames.payload(out[1.0], ref, {0.7: out[0.7], 0.5: out[0.5]}, exact, doc.text,
                              frames.ViewSpec(window=40), meta={"tau": 0.73})
-    header, arrays = frames.unpack(payload)
+    header, arrays = unpack_payload(payload)
     assert header["grid"] == list(frames.SCRUB_GRID) and set(header["frames"]) == {"0.70", "0.50"}
     assert header["meta"] == {"tau": 0.73} and header["exact"]["tau"] == pytest.approx(0.73)
     scale = frames.LogScale(**header["scale"])
@@ -116,7 +116,7 @@ def test_payload_without_a_question_or_cross_attention(tiny):
     doc = req.build_for(loaded)
     spec = ProbeSpec(heatmap_layer=0, heatmap_size=32, sorted_logits=False, cosine_hist_bins=0)
     res = engine.run(loaded, doc, engine.RunSettings(tau=1.0, method="none", probes=spec))
-    header, arrays = frames.unpack(frames.payload(res, res, {1.0: res}, None, doc.text))
+    header, arrays = unpack_payload(frames.payload(res, res, {1.0: res}, None, doc.text))
     assert header["exact"] is None and "base.map" in arrays and "base.cross" not in arrays
 
 
@@ -125,10 +125,10 @@ def test_a_delta_carries_only_the_new_frames(runs):
     grid = {1.0: out[1.0], 0.7: out[0.7], 0.5: out[0.5]}
     full = frames.payload(out[1.0], ref, grid, None, doc.text, meta={"doc_id": "d"})
     delta = frames.payload(out[1.0], ref, grid, exact, doc.text, meta={"doc_id": "d"}, only=[0.5])
-    header, arrays = frames.unpack(delta)
+    header, arrays = unpack_payload(delta)
     assert header["delta"] is True and set(header["frames"]) == {"0.50"} and "base" not in header
     assert header["exact"]["tau"] == pytest.approx(0.73) and header["meta"] == {"doc_id": "d"}
     # the new frame is the same as in the full payload, byte for byte
-    _, full_arrays = frames.unpack(full)
+    _, full_arrays = unpack_payload(full)
     assert np.array_equal(arrays["frames.0.50.map"], full_arrays["frames.0.50.map"])
     assert len(delta) < len(full) / 2

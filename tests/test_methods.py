@@ -36,10 +36,40 @@ def test_yarn_and_llama4_by_hand():
     # YaRN: tau = (0.1 ln s + 1)^-2, s = L / L_tr; at s = 8: 1 / (0.1 * 2.0794 + 1)^2 = 0.6854
     assert methods.formula("yarn", 256, 8 * 256, 32) == pytest.approx(0.6854, abs=1e-4)
     assert methods.formula("yarn", 256, 200, 32) == 1.0  # never softens below L_tr
-    # Llama 4: queries x log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1; at pos = 4 L_tr - 1 (the
-    # 4 L_tr-th token), floor_scale = L_tr, attn_scale = 0.1: 1 + 0.1 ln 5
-    assert temperature.llama4_scale(4 * 256 - 1, 256, 0.1) == pytest.approx(1 + 0.1 * math.log(5))
-    assert temperature.llama4_scale(254, 256) == 1.0  # before L_tr: unscaled
+    # Llama 4: queries x log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1, so row tau is its inverse; at
+    # pos = 4 L_tr - 1 (the 4 L_tr-th token), floor_scale = L_tr, attn_scale = 0.1: tau = 1 / (1 + 0.1 ln 5)
+    rows = RowTau(floor_scale=256, attn_scale=0.1)
+    assert rows.taus([4 * 256 - 1])[0] == pytest.approx(1 / (1 + 0.1 * math.log(5)))
+    assert rows.taus([254])[0] == 1.0  # before L_tr: unscaled
+
+
+def test_llama4_rows_are_the_inverse_of_transformers_own_query_scale():
+    """RowTau (what the attention divides each row by) against transformers' Llama4TextAttention itself: a NoPE
+    layer with attn_temperature_tuning multiplies the query of row p by a factor; tau must be 1 / that factor."""
+    torch = pytest.importorskip("torch")
+    llama4 = pytest.importorskip("transformers.models.llama4.modeling_llama4")
+    from transformers import AttentionInterface, Llama4TextConfig
+
+    seen = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        seen["q"] = query.detach().clone()
+        return torch.zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
+
+    AttentionInterface.register("capture_llama4_q", capture)
+    floor_scale, attn_scale, n = 16, 0.3, 100
+    cfg = Llama4TextConfig(hidden_size=4, num_attention_heads=1, num_key_value_heads=1, head_dim=4,
+                           intermediate_size=8, intermediate_size_mlp=8, num_hidden_layers=1, no_rope_layers=[0],
+                           attn_temperature_tuning=True, floor_scale=floor_scale, attn_scale=attn_scale)
+    cfg._attn_implementation = "capture_llama4_q"
+    attn = llama4.Llama4TextAttention(cfg, 0)
+    assert not attn.use_rope and attn.attn_temperature_tuning  # the layer where Llama 4 tunes the temperature
+    with torch.no_grad():
+        attn.q_proj.weight.copy_(torch.eye(4))
+        attn.forward(torch.ones(1, n, 4), None, None)
+    factor = seen["q"][0, 0, :, 0].double().numpy()  # every query is all ones before the scale
+    np.testing.assert_allclose(RowTau(floor_scale, attn_scale).taus(np.arange(n)), 1 / factor, rtol=1e-6)
+    assert factor[floor_scale - 2] == 1.0 and factor[floor_scale - 1] > 1.0  # the first sharpened row: p = floor_scale - 1
 
 
 def test_log_n_and_ssmax_equal_log_length_in_an_encoder():

@@ -24,12 +24,6 @@ def test_pool_max_keeps_peaks_and_bounds_points():
     assert list(y2) == [0, 1, 2, 3, 4] and list(x2) == [0, 1, 2, 3, 4]
 
 
-def test_normal_quantiles_symmetric():
-    z = plots.normal_quantiles(101)
-    assert z[50] == pytest.approx(0.0, abs=1e-12)
-    assert z[0] == pytest.approx(-z[-1]) and np.all(np.diff(z) > 0)
-
-
 def test_heatmap_float32_log_and_needle_lines():
     z = np.full((4, 4), 0.25)
     z[3, 1] = 1.0
@@ -123,6 +117,11 @@ def test_qq_plot_gaussian_lies_on_line():
     slope = np.polyfit(pts.x, pts.y, 1)[0]
     assert slope == pytest.approx(3.0, rel=0.05)
     assert line.y[0] == pytest.approx(v.mean() + v.std() * line.x[0])
+    # every point drawn (n <= max_points): the x are the normal quantiles at (i + 0.5) / n, ascending, symmetric
+    z = np.asarray(plots.qq_plot({"L": np.arange(101.0)}, max_points=200).data[0].x)
+    assert len(z) == 101 and z[50] == pytest.approx(0.0, abs=1e-12)
+    assert z[0] == pytest.approx(-z[-1]) and np.all(np.diff(z) > 0)
+    assert z[-1] == pytest.approx(2.5793, abs=1e-4)  # Phi^-1(100.5 / 101) = Phi^-1(0.99505)
 
 
 def test_lmax_and_temperature_curves():
@@ -223,30 +222,17 @@ def test_length_axes_have_readable_ticks():
     assert list(fig.layout.xaxis.ticktext) == ["256", "512", "1,024", "2,048", "4,096"]
 
 
-def test_heatmaps_share_a_rounded_scale_and_question_rows_keep_their_tokens():
+def test_heatmaps_share_a_given_scale_and_question_rows_keep_their_tokens():
     a = np.full((4, 4), 0.01, dtype=np.float32)
     b = a.copy()
     b[3, 1] = 0.3
-    lo, hi = plots.shared_range(a, b)
-    assert (lo, hi) == (pytest.approx(0.01), pytest.approx(0.5))  # a power of ten below, 1/2/5 above
-    # a small move of the sharper map keeps the scale (the tau = 1 figure is then unchanged)
-    b[3, 1] = 0.45
-    assert plots.shared_range(a, b) == (lo, hi)
+    lo, hi = 0.01, 0.5
     f1 = plots.heatmap(a, np.array([0, 10, 20, 30, 40]), zrange=(lo, hi))
     f2 = plots.heatmap(b, np.array([0, 10, 20, 30, 40]), zrange=(lo, hi))
     assert (f1.data[0].zmin, f1.data[0].zmax) == (f2.data[0].zmin, f2.data[0].zmax) == (0.0, pytest.approx(0.5))
     q = plots.heatmap(np.ones((3, 4), dtype=np.float32), np.array([0, 10, 20, 30, 40]), rows=np.array([31, 32, 33]))
     assert (q.data[0].y0, q.data[0].dy) == (31, 1)
     assert q.layout.yaxis.title.text == "question token"
-
-
-def test_meters_pair_is_one_figure_with_both_statistics():
-    ref = {"Pmax": [0.5, 0.6], "entropy H": [2.0, 3.0]}
-    fig = plots.meters_pair({"Pmax": [0.5, 0.3], "entropy H": [2.1, 4.5]}, ref, {"Pmax": [0.2, 0.2], "entropy H": [5, 5]})
-    bars = [t for t in fig.data if isinstance(t, go.Bar)]
-    assert len(bars) == 2 and {b.xaxis for b in bars} == {"x", "x2"}
-    assert list(bars[1].y) == [2.1, 4.5]
-    assert sum(1 for t in fig.data if t.showlegend is not False) == 3  # one legend entry per kind, not per panel
 
 
 def test_profile_draws_tau_one_under_the_chosen_lines():

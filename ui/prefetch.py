@@ -2,11 +2,19 @@
 
 Why: a person who opened a document will move the slider, open Calibrate
 or ask for Algorithm 1 next, and each of those needs passes of this very
-document at the grid's taus (1.0, 0.95, ..., 0.5). Computing them while the
-person reads means a slider move onto a grid value, the Algorithm 1 curve
-and Calibrate are dictionary look-ups, and no pass is computed twice in the
-process: the passes land in :mod:`ui.cache`'s run store (the slider's key)
-and its statistics store (Algorithm 1's key).
+document at the grid's taus. The grid is the scrubber's
+(:data:`core.frames.SCRUB_GRID`): 1.00, 0.95, ..., 0.30 by 0.05, fifteen
+taus down to the slider's floor; Algorithm 1's grid
+(:data:`core.temperature.GRID`, 1.00 ... 0.50) is its first eleven. The
+passes run in :meth:`Job.passes`' order, not down the grid: tau = 1 first
+(the scrubber's left column), then the other taus nearest the tau on screen
+first (ties: the larger tau), then Theory's tau = 1 pass. (On the CosScale
+axis the grid is the page's values of s instead, nearest the value on
+screen first.) Computing them while the person reads means a slider move
+onto a grid value, the Algorithm 1 curve and Calibrate are dictionary
+look-ups, and no pass is computed twice in the process: the passes land in
+:mod:`ui.cache`'s run store (the slider's key) and its statistics store
+(Algorithm 1's key).
 
 How: one daemon thread per process. Each session says which document it
 shows (:func:`want`); the thread works on the newest wanted document, one
