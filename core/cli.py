@@ -132,13 +132,14 @@ def _tau(text: str) -> float:
         raise argparse.ArgumentTypeError(f"--tau takes one number, got {shown}: {err}"[:200]) from None
 
 
-def _scheme_item(part: str) -> str:
-    """A position scheme as one text (``window``, ``yarn-rope:attention_factor=1``): :func:`core.positions.parse_spec`'s
-    rule (unknown names are refused with the list, unavailable ones with their reason)."""
-    from core import positions
+def _scheme_item(part: str) -> "Scheme":
+    """A position scheme as one text (``window``, ``yarn-rope:attention_factor=1``), made into a
+    :class:`~core.positions.Scheme` by its one parser (unknown names are refused with the list, unavailable ones
+    with their reason, parameters given twice or out of bounds with the bound)."""
+    from core.positions import Scheme
 
     try:
-        return positions.spell(*positions.parse_spec(part))
+        return Scheme.of(part)
     except UserError as err:
         raise argparse.ArgumentTypeError(str(err)[:300]) from None
 
@@ -151,25 +152,28 @@ def _scheme_param_item(part: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _with_params(schemes: list[str], given: list[tuple[str, str]] | None) -> list[str]:
+def _with_params(schemes: list["Scheme"], given: list[tuple[str, str]] | None) -> list["Scheme"]:
     """``--schemes`` with ``--scheme-params`` given to every listed scheme that takes each (a scheme's own
-    ``name:key=value`` wins); a parameter no listed scheme takes is refused, naming who takes what."""
-    from core import positions
+    ``name:key=value`` wins); a parameter given twice, or that no listed scheme takes, is refused, naming who takes
+    what."""
+    from core.positions import Scheme
 
     if not given:
         return schemes
+    keys = [k for k, _ in given]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise UserError(f"--scheme-params: {', '.join(twice)} given twice; give each parameter once")
     out = []
     used = set()
-    for spec in schemes:
-        name, params = positions.parse_spec(spec)
-        takes = positions.get(name).params
-        extra = positions.SPEC_SEP.join(f"{k}={v}" for k, v in given if k in takes and k not in params)
+    for scheme in schemes:
+        takes = scheme.entry.params
+        extra = {k: v for k, v in given if k in takes and k not in scheme.param_dict}
         used |= {k for k, _ in given if k in takes}
-        out.append(positions.spell(*positions.parse_spec(spec + positions.SPEC_SEP + extra if extra else spec)))
+        out.append(Scheme.of(scheme.name, {**scheme.param_dict, **extra}) if extra else scheme)
     unused = [k for k, _ in given if k not in used]
     if unused:
-        names = [positions.parse_spec(spec)[0] for spec in schemes]
-        takes = "; ".join(f"{n} takes {', '.join(positions.get(n).params) or 'nothing'}" for n in names)
+        takes = "; ".join(f"{s.name} takes {', '.join(s.entry.params) or 'nothing'}" for s in schemes)
         raise UserError(f"--scheme-params: no listed scheme takes {', '.join(unused)} ({takes})")
     return out
 
@@ -399,17 +403,13 @@ def _settings(args):
 
 def _has_scheme(chosen) -> bool:
     """Whether settings ask for a position scheme other than the plain one as trained."""
-    from core import positions
-
-    return chosen.scheme != positions.PLAIN or bool(chosen.scheme_params)
+    return not chosen.choice.scheme.is_plain
 
 
 def _no_scheme(chosen, command: str) -> None:
     """A settings file's position scheme, refused by a command that would not apply it (rather than dropped)."""
-    from core import positions
-
     if _has_scheme(chosen):
-        raise UserError(f"--settings: scheme '{positions.spell(chosen.scheme, dict(chosen.scheme_params))}': {command} "
+        raise UserError(f"--settings: scheme '{chosen.choice.scheme}': {command} "
                         "runs the plain scheme only; use `run` with these settings, or `mlm --schemes`")
 
 
@@ -755,7 +755,7 @@ def cmd_mlm(args) -> int:
                    None if on_ray else args.dtype)
     names = args.methods.split(",") if args.methods else list(methods.SWEEP_DEFAULT)
     lengths = _lengths(args.lengths or [(k, True) for k in MLM_LENGTHS], loaded.train_length)
-    schemes = _with_params(args.schemes or [mlm.PLAIN], args.scheme_params)
+    schemes = _with_params(args.schemes or [mlm.PLAIN_SCHEME], args.scheme_params)
     plan = mlm.MlmPlan(lengths=lengths, methods=names, sequences=args.sequences, seed=args.seed,
                        calib_seed=args.calib_seed, calib_samples=args.samples, batch_size=args.batch_size,
                        cosine_scale=args.cosine_scale, schemes=tuple(schemes)).validated()

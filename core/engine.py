@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,37 +29,56 @@ from core.kinds import CROSS, DECODER, ENCODER
 from core.errors import InputTooLong, NumericalError, UserError
 from core.models import Loaded
 from core.probes import ProbeRecord, ProbeSpec, Recorder
-from core.schedule import ONE, Schedule
+from core.choice import AS_TRAINED, Choice
 
 
-@dataclass(frozen=True)
+#: The parts of a :class:`~core.choice.Choice` that :class:`RunSettings` still takes one by one (a caller that has
+#: no Choice yet): they are checked once, by :meth:`Choice.of`, into the one ``choice`` field.
+_CHOICE_PARTS = ("method", "tau", "targets", "cosine_scale", "scheme", "scheme_params")
+
+
+@dataclass(frozen=True, init=False)
 class RunSettings:
-    """How to run one document. ``tau`` is an already resolved :class:`~core.schedule.Schedule` (anything
-    :meth:`Schedule.of` accepts becomes one here, once); ``method`` says where it came from."""
+    """How to run one document: what it asks of the attention (``choice``: method, tau schedule, targets, CosScale,
+    position scheme, one :class:`~core.choice.Choice`) and how to run it (probes, generation, block size).
 
-    tau: Schedule = ONE
-    method: str | None = None  # None: a schedule handed over as it is (no method named)
-    targets: tuple[str, ...] = (ENCODER,)
-    cosine_scale: float | None = None
-    probes: ProbeSpec = field(default_factory=ProbeSpec)
-    max_new_tokens: int = tasks.MAX_ANSWER_TOKENS
-    generate: bool = True
-    chunk_bytes: int | None = None  # None: the device's default (attention.default_chunk_bytes)
-    #: the position scheme of a rotary model (core.positions) and its parameters, bound per pass to that pass's
-    #: length (core.rope_pass): a name, not a Bound, because calibration runs the same settings at L and at L_tr
-    scheme: str = positions.PLAIN
-    scheme_params: tuple[tuple[str, float], ...] = ()
+    ``RunSettings(choice, probes=...)`` is the form; a caller without a Choice may give its parts by name
+    (``RunSettings(tau=0.7)``), which :meth:`Choice.of` checks once (a bad one: a :class:`UserError`), and
+    ``dataclasses.replace(settings, tau=1.0)`` changes a part the same way. ``settings.tau`` and friends read the
+    choice's parts."""
 
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "tau", Schedule.of(self.tau))
-        except ValueError as err:
-            raise UserError(str(err)) from None
-        if isinstance(self.scheme_params, dict):
-            object.__setattr__(self, "scheme_params", tuple(self.scheme_params.items()))
+    choice: Choice
+    probes: ProbeSpec
+    max_new_tokens: int
+    generate: bool
+    chunk_bytes: int | None  # None: the device's default (attention.default_chunk_bytes)
+
+    def __init__(self, choice: Choice | None = None, probes: ProbeSpec | None = None,
+                 max_new_tokens: int = tasks.MAX_ANSWER_TOKENS, generate: bool = True, chunk_bytes: int | None = None,
+                 **parts: Any) -> None:
+        unknown = sorted(set(parts) - set(_CHOICE_PARTS))
+        if unknown:
+            raise TypeError(f"RunSettings got unexpected argument(s) {unknown}")
+        choice = AS_TRAINED if choice is None else choice
+        if not isinstance(choice, Choice):
+            raise TypeError("RunSettings.choice must be a core.choice.Choice")
+        if "scheme_params" in parts:  # the older pair (name, parameters): one Scheme
+            parts["scheme"] = positions.Scheme.of(parts.get("scheme", choice.scheme.name), dict(parts.pop("scheme_params")))
+        if parts:
+            choice = choice.with_(**parts)
+        for name, value in (("choice", choice), ("probes", probes if probes is not None else ProbeSpec()),
+                            ("max_new_tokens", max_new_tokens), ("generate", generate), ("chunk_bytes", chunk_bytes)):
+            object.__setattr__(self, name, value)
+
+    # read-through: the choice's parts (the choice is the one owner)
+    tau = property(lambda self: self.choice.tau)
+    method = property(lambda self: self.choice.method)
+    targets = property(lambda self: self.choice.targets)
+    cosine_scale = property(lambda self: self.choice.cosine_scale)
+    scheme = property(lambda self: self.choice.scheme)
 
     def attention(self) -> AttentionSettings:
-        return AttentionSettings(self.tau, self.targets, self.cosine_scale, self.chunk_bytes)
+        return AttentionSettings(self.choice.tau, self.choice.targets, self.choice.cosine_scale, self.chunk_bytes)
 
 
 @dataclass
@@ -397,7 +417,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
 
     t0 = time.perf_counter()
     # a rotary model's pass runs under its position scheme (bound at this batch's length), holding the model's lock
-    with rope_pass.scheme_pass(loaded, attn, recorder, settings.scheme, dict(settings.scheme_params), n):
+    with rope_pass.scheme_pass(loaded, attn, recorder, settings.scheme, n):
         hidden = loaded.encoder(input_ids=ids, attention_mask=enc_mask).last_hidden_state
     bad_layers = recorder.nonfinite(ENCODER) if recorder is not None else []
     if bad_layers or not bool(torch.isfinite(hidden).all()):

@@ -310,6 +310,16 @@ AS_TRAINED: str = next(n for n, m in REGISTRY.items() if m.constant is not None 
 #: The method whose value the user gives (a fixed tau), and its one text in CSV rows and method lists.
 FIXED: str = next(n for n, m in REGISTRY.items() if m.takes_value)
 FIXED_PREFIX = "tau="
+#: Methods other modules point at by role, named here once (the registry owns every name; a test checks that no
+#: other module spells one): Algorithm 1 on each criterion, its per-layer and per-head searches, the closed form
+#: matching Pmax (Prop. 1), the per-row schedule (Llama 4) and YaRN's attention factor.
+ALGORITHM1: dict[str, str] = {"pmax": "pmax", "entropy": "entropy"}
+PER_LAYER, PER_HEAD, PER_ROW = "per-layer", "per-head", "llama4"
+PROP1 = "prop1"
+YARN = "yarn"
+assert all(n in REGISTRY for n in (*ALGORITHM1.values(), PER_LAYER, PER_HEAD, PER_ROW, PROP1, YARN))
+assert REGISTRY[PER_LAYER].per == "layer" and REGISTRY[PER_HEAD].per == "head" and REGISTRY[PER_ROW].per == "row"
+assert all(REGISTRY[n].grid_criterion == c for c, n in ALGORITHM1.items())
 
 
 def label(name: str) -> str:
@@ -367,15 +377,6 @@ def costs(names, n_layers: int, n_heads: int, samples: int = 1,
 def entry(text: str) -> Method:
     """The registry entry of a method name or a method text (``tau=0.8``): what a list of either is asked."""
     return REGISTRY[text] if text in REGISTRY else get(parse(text)[0])
-
-
-def the(**attrs) -> str:
-    """The name of the one entry whose attributes have these values, e.g. ``the(per="head")``: how other modules
-    point at a method by what it is, not by its name. ValueError unless exactly one entry matches."""
-    found = [n for n, m in REGISTRY.items() if all(getattr(m, k) == v for k, v in attrs.items())]
-    if len(found) != 1:
-        raise ValueError(f"{len(found)} methods have {attrs}")
-    return found[0]
 
 
 def get(name: str) -> Method:

@@ -26,7 +26,7 @@ Position schemes (:mod:`core.positions`, the second axis beside the
 temperature) are the plan's ``schemes``: each pass runs under one through
 :func:`core.rope_pass.scheme_pass`, bound to the pass's length. A scheme is
 one text, its name and any parameters (``yarn-rope:attention_factor=1``,
-``window:window=32``; :func:`core.positions.parse_spec`).
+``window:window=32``; :meth:`core.positions.Scheme.of`).
 
 A method is resolved once per length and scheme through :mod:`core.methods`;
 measured ones calibrate on sequences whose seeds (``calib_seed`` on) are
@@ -52,6 +52,8 @@ from core.attention import AttentionSettings
 from core.errors import NumericalError, UserError
 from core.kinds import ENCODER
 from core.models import Loaded
+from core.choice import Choice
+from core.positions import PLAIN_SCHEME, Scheme
 from core.schedule import Schedule
 from core.validation import Positive, held_out_plan
 
@@ -131,9 +133,9 @@ class Scored:
 
 @torch.inference_mode()
 def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings | None = None,
-          scheme: str = PLAIN, params: dict | None = None) -> Scored:
+          scheme: Scheme = PLAIN_SCHEME) -> Scored:
     """One forward pass over ``batch`` (right-padded, padding masked) under ``attn`` and the position scheme
-    ``scheme`` (``params``: its parameters; bound at the padded length); the masked positions scored."""
+    ``scheme`` (bound at the padded length); the masked positions scored."""
     if loaded.seq2seq:
         raise UserError(f"Model '{loaded.spec.name}' is a {loaded.family} model: masked-token evaluation needs a "
                         "masked-LM encoder (a rotary model such as ModernBERT)")
@@ -141,7 +143,7 @@ def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings |
     rows = torch.cat([torch.full((len(s.positions),), i, dtype=torch.long) for i, s in enumerate(batch)])
     cols = torch.from_numpy(np.concatenate([s.positions for s in batch]))
     labels = torch.from_numpy(np.concatenate([s.labels for s in batch])).to(loaded.device)
-    with rope_pass.scheme_pass(loaded, attn, None, scheme, params, ids.shape[1]):
+    with rope_pass.scheme_pass(loaded, attn, None, scheme, ids.shape[1]):
         hidden = loaded.encoder(input_ids=ids, attention_mask=None if bool(mask.all()) else mask).last_hidden_state
     logits = head_logits(loaded.model, hidden[rows.to(hidden.device), cols.to(hidden.device)]).float()
     if not bool(torch.isfinite(logits).all()):
@@ -157,8 +159,8 @@ def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings |
 class MlmPlan:
     """What to measure: ``lengths`` x ``schemes`` x ``methods``, ``sequences`` held-out sequences per cell.
 
-    ``schemes``: position schemes as texts (:func:`core.positions.parse_spec`: a name, or a name and its
-    parameters, ``window:window=32``), the plain scheme when not told.
+    ``schemes``: position schemes (:class:`core.positions.Scheme`, or texts such as ``window:window=32`` that
+    :meth:`validated` makes into them), the plain scheme when not told.
 
     ``task``, ``haystack``, ``calib_seed`` and ``calib_samples`` are what measured methods calibrate on
     (held-out prose of the same pool, seeds disjoint from the scored ones)."""
@@ -174,7 +176,7 @@ class MlmPlan:
     rate: float = MASK_RATE
     haystack: str = "corpus-eval"
     task: str = tasks.LM
-    schemes: tuple[str, ...] = (PLAIN,)
+    schemes: tuple[Scheme | str, ...] = (PLAIN_SCHEME,)
 
     def validated(self) -> "MlmPlan":
         """This plan with methods in their one spelling and every bound checked, or a :class:`UserError`."""
@@ -187,10 +189,10 @@ class MlmPlan:
             raise UserError(f"{where}: lengths: a sequence needs at least {MIN_TOKENS} tokens, got {short[0]}")
         if not plan.schemes:
             raise UserError(f"{where}: at least one position scheme")
-        specs = [positions.spell(*positions.parse_spec(t)) for t in plan.schemes]
-        if len(set(specs)) != len(specs):
-            raise UserError(f"{where}: schemes: {', '.join(specs)} lists one scheme twice")
-        return replace(plan, schemes=tuple(specs))
+        schemes = tuple(Scheme.of(t) for t in plan.schemes)
+        if len(set(schemes)) != len(schemes):
+            raise UserError(f"{where}: schemes: {', '.join(map(str, schemes))} lists one scheme twice")
+        return replace(plan, schemes=schemes)
 
 
 def check_model(loaded: Loaded, plan: MlmPlan) -> None:
@@ -201,14 +203,13 @@ def check_model(loaded: Loaded, plan: MlmPlan) -> None:
     if plan.cosine_scale is not None and not loaded.cosine:
         raise UserError(f"--cosine-scale: model '{loaded.spec.name}' has dot-product attention; CosScale s applies to "
                         "models trained with cosine attention")
-    for spec in plan.schemes:
-        rope_pass.check(loaded, *positions.parse_spec(spec))
+    for scheme in plan.schemes:
+        rope_pass.check(loaded, Scheme.of(scheme))
 
 
 def resolve(loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Document,
-            cache: dict, scheme: str = PLAIN) -> tuple[Schedule, dict]:
-    """``(schedule, outcome)`` of ``method`` at length ``n`` under the position scheme ``scheme`` (a text of
-    :func:`core.positions.parse_spec`). A measured one is resolved once per length and scheme on calibration
+            cache: dict, scheme: Scheme = PLAIN_SCHEME) -> tuple[Schedule, dict]:
+    """``(schedule, outcome)`` of ``method`` at length ``n`` under the position scheme ``scheme``. A measured one is resolved once per length and scheme on calibration
     sequences (seeds ``calib_seed + n`` on) under the plan's CosScale s and that scheme (its passes at L and at
     L_tr each bind it at their own length), and cached; ``outcome`` holds a search's ``reached`` and ``gap``
     (empty strings for anything else)."""
@@ -218,8 +219,7 @@ def resolve(loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Docum
         return tau, _outcome(info)
     if (n, scheme, method) not in cache:
         calib = tasks.make(plan.task, loaded.tokenizer, n, seed=plan.calib_seed + n, haystack=plan.haystack)
-        scheme_name, params = positions.parse_spec(scheme)
-        base = engine.RunSettings(cosine_scale=plan.cosine_scale, scheme=scheme_name, scheme_params=params)
+        base = engine.RunSettings(Choice.of(cosine_scale=plan.cosine_scale, scheme=scheme))
         tau, info = methods.resolve(loaded, calib, name, samples=plan.calib_samples, base=base)
         cache[(n, scheme, method)] = (tau, _outcome(info))
     return cache[(n, scheme, method)]
@@ -245,9 +245,9 @@ def run_mlm(loaded: Loaded, plan: MlmPlan, progress: Callable[[int, int], None] 
     return [{k: r[k] for k in ROW_KEYS} for r in run_mlm_sweep(loaded, plan, progress=progress)]
 
 
-def cell(loaded: Loaded, plan: MlmPlan, n: int, spec: str, method: str, cache: dict,
+def cell(loaded: Loaded, plan: MlmPlan, n: int, scheme: Scheme, method: str, cache: dict,
          step: Callable[[int], None] | None = None) -> dict:
-    """One cell's row (:data:`COLUMNS`): the plan's sequences at ``n`` tokens scored under the scheme ``spec``
+    """One cell's row (:data:`COLUMNS`): the plan's sequences at ``n`` tokens scored under the scheme ``scheme``
     and ``method``. What every row comes from, here and on a Ray actor.
 
     ``cache`` keeps what cells of one process share: a length's masked sequences (built and masked once, scored
@@ -259,23 +259,22 @@ def cell(loaded: Loaded, plan: MlmPlan, n: int, spec: str, method: str, cache: d
         pairs = [sequence(loaded, n, plan.seed + i, plan.rate, plan.haystack) for i in range(plan.sequences)]
         cache[("sequences", n)] = (pairs[0][0], [m for _, m in pairs])
     first, masked = cache[("sequences", n)]
-    scheme, params = positions.parse_spec(spec)
-    factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, params, max(m.n for m in masked)))
-    tau, outcome = resolve(loaded, plan, n, method, first, cache, spec)
+    factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, max(m.n for m in masked)))
+    tau, outcome = resolve(loaded, plan, n, method, first, cache, scheme)
     attn = AttentionSettings(tau, (ENCODER,), plan.cosine_scale)
     t0 = time.perf_counter()
     count, correct, nll = 0, 0, 0.0
     for b in range(0, len(masked), plan.batch_size):
         if cancelled():  # the driver was stopped: free this actor for its next run
             raise Cancelled
-        s = score(loaded, masked[b:b + plan.batch_size], attn, scheme, params)
+        s = score(loaded, masked[b:b + plan.batch_size], attn, scheme)
         count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
         if step:
             step(len(masked[b:b + plan.batch_size]))
     return {
         "model": loaded.spec.name, "tokens": n, "actual_tokens": int(round(np.mean([m.n for m in masked]))),
-        "train_length": loaded.train_length, "scheme": scheme,
-        "scheme_params": positions.params_text(params), "attention_factor": round(factor, 6),
+        "train_length": loaded.train_length, "scheme": scheme.name,
+        "scheme_params": scheme.params_text(), "attention_factor": round(factor, 6),
         "method": method, "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
         "accuracy": correct / count, "perplexity": math.exp(nll / count), "nll": nll, "masked": count,
         "sequences": len(masked), "first_seed": plan.seed, "seconds": round(time.perf_counter() - t0, 3),
@@ -295,10 +294,9 @@ def cells(plan: MlmPlan) -> list[tuple[int, str, str]]:
     return [(n, spec, m) for n in plan.lengths for spec in plan.schemes for m in plan.methods]
 
 
-def cell_key(model: str, n: int, spec: str, method: str, plan: MlmPlan, cosine: float | None) -> tuple:
+def cell_key(model: str, n: int, scheme: Scheme, method: str, plan: MlmPlan, cosine: float | None) -> tuple:
     """A cell's resume key (:data:`KEY`), as :func:`row_key` reads it from a written row."""
-    name, params = positions.parse_spec(spec)
-    return row_key({"model": model, "tokens": n, "scheme": name, "scheme_params": positions.params_text(params),
+    return row_key({"model": model, "tokens": n, "scheme": scheme.name, "scheme_params": scheme.params_text(),
                     "method": method, "cosine_scale": cosine, "sequences": plan.sequences, "first_seed": plan.seed})
 
 
@@ -309,6 +307,9 @@ def row_key(row: dict) -> tuple:
             return str(int(float(v)))
         if k == "cosine_scale":
             return "" if v is None or v == "" else f"{float(v):g}"
+        if k == "scheme_params":  # in the one spelling, whichever spelling wrote it (older rows: "factor=2")
+            params = str(v or "")
+            return Scheme.of(f"{row['scheme']}{positions.SPEC_SEP}{params}" if params else str(row["scheme"])).params_text()
         return str(v)
 
     try:

@@ -13,8 +13,8 @@ L_tr, in one or more of three ways (:data:`FREQUENCIES`, :data:`DISTANCES`,
 * an attention **mask** (windowed attention, StreamingLLM, LM-Infinite):
   :meth:`Bound.mask_rows`, made for a block of query rows, never ``[L, L]``.
 
-A :class:`Scheme` owns all of it (label, help, source, what it changes, its
-parameters' defaults); :meth:`Scheme.bind` fixes them for a model's L_tr and an
+A :class:`PositionScheme` (the registry entry) owns all of it (label, help, source, what it changes, its
+parameters' defaults); :meth:`PositionScheme.bind` fixes them for a model's L_tr and an
 input's length L, giving a :class:`Bound`, which is what a forward pass needs.
 Schemes that need their own training (ALiBi, PoSE) are entries too, marked
 unavailable with the reason, so no list drops them silently.
@@ -28,9 +28,16 @@ attention function ANDs :meth:`Bound.mask_rows` into the padding mask and, for
 rectified schemes, takes its logits from :func:`rectified_logits`.
 
 No temperature method is named here (tests/test_registry_owner.py): YaRN's
-frequencies are the entry ``yarn-rope``, and transformers' key for them is
-looked up from its function (:func:`rope_type_of`). torch and transformers are
-imported only where something is computed, so listing schemes stays light.
+frequencies are the entry ``yarn-rope``; transformers' own ``rope_type`` keys
+(:data:`YARN_ROPE` and friends) are data in transformers' vocabulary, checked
+against its registry by a test. torch and transformers are imported only where
+something is computed, so listing schemes stays light.
+
+A :class:`Scheme` is a *choice* of one (an entry's name and its parameters),
+the value that travels from each edge (a settings file, the CLI's
+``--schemes``, a URL, the sidebar) to the attention: :meth:`Scheme.of` is the
+one parser and validator, :meth:`Scheme.spell` its one text, and
+:meth:`Scheme.bind` fixes it for a model's L_tr and an input's length.
 """
 
 from __future__ import annotations
@@ -60,18 +67,11 @@ BETA_FAST = 32.0
 BETA_SLOW = 1.0
 
 
-def rope_type_of(function_name: str) -> str:
-    """transformers' ``rope_type`` key for one of its rope functions (``modeling_rope_utils.<function_name>``).
-
-    Looked up from the function rather than written, so a rename in transformers fails here, loudly, and no
-    temperature method's name is spelt outside :mod:`core.methods`."""
-    from transformers import modeling_rope_utils as rope_utils
-
-    fn = getattr(rope_utils, function_name)
-    keys = [k for k, f in rope_utils.ROPE_INIT_FUNCTIONS.items() if f is fn]
-    if len(keys) != 1:
-        raise RuntimeError(f"transformers registers {function_name} under {keys}, expected one key")
-    return keys[0]
+#: transformers' ``rope_type`` keys (``modeling_rope_utils.ROPE_INIT_FUNCTIONS``) the frequency schemes hand to its
+#: own rope functions: data in transformers' vocabulary, checked against that registry by tests/test_positions.py
+LINEAR_ROPE = "linear"
+DYNAMIC_ROPE = "dynamic"
+YARN_ROPE = "yarn"
 
 
 def fitted_factor(train_length: int, length: int) -> float:
@@ -89,11 +89,6 @@ def default_inv_freq(theta: float, dim: int) -> "torch.Tensor":
 def ntk_theta(theta: float, dim: int, factor: float) -> float:
     """NTK-aware base: theta * s^(d / (d - 2)), which divides the lowest frequency by exactly s (bloc97, 2023)."""
     return theta * factor ** (dim / (dim - 2))
-
-
-def yarn_attention_factor(factor: float) -> float:
-    """YaRN's sqrt(1/t) = 0.1 ln s + 1 (1 for s <= 1): cos and sin are multiplied by it, logits by its square."""
-    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
 # ---- layer types and rope parameters of a config -------------------------------------------------------------
@@ -256,8 +251,8 @@ def rectified_logits(q0: "torch.Tensor", k0: "torch.Tensor", inv_freq: "torch.Te
 
 
 @dataclass(frozen=True)
-class Scheme:
-    """One position scheme (see the module docstring).
+class PositionScheme:
+    """One position scheme's registry entry (see the module docstring); :class:`Scheme` is a choice of one.
 
     ``changes``: which of :data:`FREQUENCIES`, :data:`DISTANCES`, :data:`MASK` it touches.
     ``params``: the parameters it reads; ``defaults(L_tr)`` fills the ones a user leaves out.
@@ -308,7 +303,7 @@ class Bound:
     ``cap``: LM-Infinite's distance cap. ``attention_factor``: YaRN's cos/sin factor (None: 0.1 ln s + 1).
     """
 
-    scheme: Scheme
+    scheme: PositionScheme
     train_length: int
     length: int
     factor: float | None = None
@@ -413,13 +408,13 @@ def configured(config: Any, bound: Bound) -> Any:
     types = layer_types(config)
     new = {lt: bound.rope_parameters(config, lt)[0] for lt in types}
     cfg.rope_parameters = new[None] if types == [None] else {**cfg.rope_parameters, **new}
-    if any(p.get("rope_type") == rope_type_of("_compute_dynamic_ntk_parameters") for p in new.values()):
+    if any(p.get("rope_type") == DYNAMIC_ROPE for p in new.values()):
         cfg.max_position_embeddings = bound.train_length
     return cfg
 
 
 def _pi(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
-    return {**base, "rope_type": rope_type_of("_compute_linear_scaling_rope_parameters"), "factor": b.scale}, None
+    return {**base, "rope_type": LINEAR_ROPE, "factor": b.scale}, None
 
 
 def _ntk(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
@@ -427,12 +422,12 @@ def _ntk(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
 
 
 def _dynamic(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
-    return ({**base, "rope_type": rope_type_of("_compute_dynamic_ntk_parameters"), "factor": float(b.factor or 1.0)},
+    return ({**base, "rope_type": DYNAMIC_ROPE, "factor": float(b.factor or 1.0)},
             b.length)
 
 
 def _yarn(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
-    params = {**base, "rope_type": rope_type_of("_compute_yarn_parameters"), "factor": b.scale,
+    params = {**base, "rope_type": YARN_ROPE, "factor": b.scale,
               "original_max_position_embeddings": b.train_length, "beta_fast": BETA_FAST, "beta_slow": BETA_SLOW}
     if b.attention_factor is not None:
         params["attention_factor"] = b.attention_factor
@@ -443,44 +438,44 @@ def _band(b: Bound, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor"
     return band_mask(r0, r1, k_len, b.window, b.sinks, device)
 
 
-REGISTRY: dict[str, Scheme] = {s.name: s for s in (
-    Scheme("none", "plain RoPE", "RoPE",
+REGISTRY: dict[str, PositionScheme] = {s.name: s for s in (
+    PositionScheme("none", "plain RoPE", "RoPE",
            "The model as trained: every position rotated by its index, whatever the length.",
            "Su et al. (2021), RoFormer"),
-    Scheme("pi", "position interpolation (PI)", "PI",
+    PositionScheme("pi", "position interpolation (PI)", "PI",
            "Positions scaled by L_tr / L (angles divided by s = L / L_tr), so every position falls inside the "
            "trained range; distances shrink by s.",
            "Chen et al. (2023), arXiv:2306.15595; transformers' rope_type 'linear'",
            changes=(FREQUENCIES,), params=("factor",), rope=_pi),
-    Scheme("ntk", "NTK-aware scaling", "NTK",
+    PositionScheme("ntk", "NTK-aware scaling", "NTK",
            "Base theta x s^(d/(d-2)): high frequencies almost unchanged (extrapolated), the lowest divided by s "
            "(interpolated).",
            "bloc97 (2023), 'NTK-Aware Scaled RoPE'; plain RoPE with a larger rope_theta in transformers",
            changes=(FREQUENCIES,), params=("factor",), rope=_ntk),
-    Scheme("dynamic-ntk", "dynamic NTK", "dyn. NTK",
+    PositionScheme("dynamic-ntk", "dynamic NTK", "dyn. NTK",
            "NTK-aware with the base recomputed from the input's length: theta x (f L / L_tr - (f - 1))^(d/(d-2)). "
            "With f = 1 in this encoder it equals NTK fitted to the input.",
            "emozilla (2023); transformers' rope_type 'dynamic'",
            changes=(FREQUENCIES,), params=("factor",), rope=_dynamic, same_as="ntk"),
-    Scheme("yarn-rope", "YaRN frequencies", "YaRN RoPE",
+    PositionScheme("yarn-rope", "YaRN frequencies", "YaRN RoPE",
            f"NTK-by-parts: a ramp over dimensions between extrapolation (turning more than beta_fast = "
            f"{BETA_FAST:g} times over L_tr) and interpolation by s (under beta_slow = {BETA_SLOW:g}), plus YaRN's "
            "attention factor 0.1 ln s + 1 on cos and sin (logits x its square). The temperature method of the "
            "same paper is the factor alone: set attention_factor=1 to combine the two without counting it twice.",
            "Peng et al. (2023), arXiv:2309.00071; transformers' YaRN rope_type",
            changes=(FREQUENCIES,), params=("factor", "attention_factor"), rope=_yarn),
-    Scheme("rerope", "ReRoPE (distances capped at w)", "ReRoPE",
+    PositionScheme("rerope", "ReRoPE (distances capped at w)", "ReRoPE",
            "Logits within the window use the true relative position; beyond it, the window's: "
            "distance clip(i - j, -w, w). Needs two sets of logits (true and capped) from unrotated q and k.",
            "Su (2023), github.com/bojone/rerope (causal; here capped on both sides)",
            changes=(DISTANCES,), params=("window",), defaults=lambda lt: {"window": lt // 2},
            distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.window, dev)),
-    Scheme("window", "windowed attention", "window",
+    PositionScheme("window", "windowed attention", "window",
            "Each token attends only to keys within |i - j| <= w (default L_tr - 1: every distance seen in "
            "training and none other).",
            "Su (2023); the paper's 'Windowed Attention' (window = L_tr)",
            changes=(MASK,), params=("window",), defaults=lambda lt: {"window": lt - 1}, mask=_band),
-    Scheme("streaming-llm", "StreamingLLM (sinks + window)", "StreamingLLM",
+    PositionScheme("streaming-llm", "StreamingLLM (sinks + window)", "StreamingLLM",
            "The first k tokens (attention sinks, k = 4) are visible to every row, plus the band |i - j| <= w; "
            "positions as in its cache: a sink beyond the band is seen at distance w + k - j (default "
            "w = L_tr - 1 - k, so no distance exceeds L_tr - 1).",
@@ -488,19 +483,19 @@ REGISTRY: dict[str, Scheme] = {s.name: s for s in (
            changes=(MASK, DISTANCES), params=("window", "sinks"),
            defaults=lambda lt: {"sinks": 4, "window": max(0, lt - 1 - 4)}, mask=_band,
            distances=lambda b, r0, r1, k, dev=None: cache_distances(r0, r1, k, b.window, b.sinks, dev)),
-    Scheme("lm-infinite", "LM-Infinite (Lambda mask + distance cap)", "LM-Infinite",
+    PositionScheme("lm-infinite", "LM-Infinite (Lambda mask + distance cap)", "LM-Infinite",
            "A Lambda-shaped mask (the first k = 5 tokens and the band |i - j| <= w) and every distance capped at "
            "L_tr - 1 (clip(i - j, -cap, cap)), so the sinks are seen at the largest distance trained.",
            "Han et al. (2024), NAACL, arXiv:2308.16137",
            changes=(MASK, DISTANCES), params=("window", "sinks", "cap"),
            defaults=lambda lt: {"sinks": 5, "window": lt - 1, "cap": lt - 1}, mask=_band,
            distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.cap, dev)),
-    Scheme("alibi", "ALiBi", "ALiBi",
+    PositionScheme("alibi", "ALiBi", "ALiBi",
            "Linear distance biases instead of rotations.", "Press et al. (2022), ICLR",
            available=False,
            reason="it replaces RoPE with linear biases, so it needs a model trained with ALiBi (the paper trained "
                   "one); a RoPE model cannot switch to it at inference"),
-    Scheme("pose", "PoSE", "PoSE",
+    PositionScheme("pose", "PoSE", "PoSE",
            "Positional skip-wise training: short windows with position ids skipped to cover a long range.",
            "Zhu et al. (2024), ICLR, arXiv:2309.10400",
            available=False,
@@ -516,7 +511,7 @@ AVAILABLE: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.available
 PLAIN: str = next(n for n, s in REGISTRY.items() if s.available and not s.changes)
 
 
-def get(name: str) -> Scheme:
+def get(name: str) -> PositionScheme:
     """The registry entry, or a :class:`UserError` listing the names (an unavailable one is returned: ask it)."""
     try:
         return REGISTRY[name]
@@ -531,50 +526,180 @@ def bind(name: str, train_length: int, length: int, **values: Any) -> Bound:
 
 #: Between a scheme's name and its parameters in one text (``lm-infinite:window=32:sinks=2``), and between those.
 SPEC_SEP = ":"
-_INT_PARAMS = ("window", "sinks", "cap")
+#: Parameters that count positions: whole numbers, at most :data:`MAX_POSITIONS` (no input is longer).
+INT_PARAMS: tuple[str, ...] = ("window", "sinks", "cap")
+#: The largest window, sink count or cap a scheme takes: the longest input anything accepts
+#: (:data:`core.validation.MAX_LENGTH`); a larger one could change nothing.
+MAX_POSITIONS = 4_000_000
+#: The largest factor (PI, NTK, YaRN) or attention factor: beyond it every frequency rounds to 0 in float32.
+MAX_FACTOR = 1e6
+
+
+def _param(name: str, key: str, value: Any, text: bool = False) -> int | float:
+    """One parameter's value checked and typed: a position count (:data:`INT_PARAMS`) is an int, whether it came
+    as ``32``, ``"32"``, ``1e6`` or ``"1e6"`` (a whole number written as a float); any other parameter is a float,
+    kept exactly as given (a text goes through ``float``, which reads back what :meth:`Scheme.spell` wrote).
+    Never a bool (JSON ``true`` is not 1), NaN or infinity; bounds stated. :class:`UserError` in one line.
+    ``text``: the value was written in a scheme's text (``window:window=32``); elsewhere (a JSON file) a string is
+    not a number."""
+    shown = str(value)[:40]
+    if isinstance(value, str) and text:
+        try:
+            value = float(value.strip()) if key not in INT_PARAMS or not value.strip().lstrip("+-").isdigit() \
+                else int(value.strip())
+        except ValueError:
+            kind = "a whole number" if key in INT_PARAMS else "a number"
+            raise UserError(f"{name}: {key} must be {kind} (got '{shown}')") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and not math.isfinite(value)):
+        raise UserError(f"{name}: {key} must be a finite number (got {shown!r})")
+    if key in INT_PARAMS:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise UserError(f"{name}: {key} must be a whole number (got {shown})")
+            value = int(value)
+        if not 0 <= value <= MAX_POSITIONS:
+            raise UserError(f"{name}: {key} must be a whole number from 0 to {MAX_POSITIONS:,} (got {shown})")
+        return int(value)
+    if not 0 < value <= MAX_FACTOR:  # an int of 400 digits too: compared, never turned into a float first
+        raise UserError(f"{name}: {key} must be a number above 0 and at most {MAX_FACTOR:g} (got {shown})")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A position scheme as chosen: a registry entry's name and the parameters given (the rest: the entry's defaults
+    for the model's L_tr, filled in by :meth:`bind`).
+
+    The one value that carries a scheme from each edge to the attention: build it with :meth:`of` (the one parser
+    and validator: a text, a dict, a ``(name, params)`` pair, None for the model as trained), write it with
+    :meth:`spell` (``window:window=32``, read back by :meth:`of`) or :meth:`to_json`, bind it per pass with
+    :meth:`bind`. Frozen and hashable, so it is a cache key as it is. ``params`` keeps the entry's own order.
+    """
+
+    name: str = PLAIN
+    params: tuple[tuple[str, int | float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not isinstance(self.params, tuple):
+            raise TypeError("Scheme(name, params) holds a name and a tuple of (key, value): build it with Scheme.of")
+
+    @classmethod
+    def of(cls, value: Any = None, params: Any = None) -> "Scheme":
+        """The scheme ``value`` describes, checked once, or a :class:`UserError` in one line.
+
+        ``value``: a :class:`Scheme` (returned as it is), None (the plain scheme), a text (``window``,
+        ``yarn-rope:attention_factor=1``, ``lm-infinite:window=32:sinks=2``), a dict ``{"name": ..., "params":
+        {...}}``, or a name with ``params`` (a dict or pairs). Refused: unknown or unavailable names, parameters the
+        scheme does not take or given twice, values that are not finite numbers or out of bounds (whole numbers
+        for positions), and values the scheme's own rules refuse (checked by binding at a nominal L_tr: the rules
+        do not depend on it)."""
+        if isinstance(value, Scheme) and params is None:
+            return value
+        if value is None and params is None:
+            return PLAIN_SCHEME
+        given: list[tuple[str, Any]]
+        if isinstance(value, dict) and params is None:
+            unknown = sorted(set(value) - {"name", "params"})
+            if unknown or "name" not in value:
+                raise UserError("a position scheme as JSON is {\"name\": ..., \"params\": {...}}; got keys "
+                                f"{', '.join(map(str, value))[:60]}")
+            value, params = value["name"], value.get("params")
+        if not isinstance(value, str):
+            raise UserError(f"a position scheme is a name like '{PLAIN}' or 'window:window=32', got "
+                            f"{type(value).__name__}")
+        name, *items = value.strip().split(SPEC_SEP)
+        entry = get(name)
+        if not entry.available:
+            raise UserError(f"Position scheme '{name}' is not available: {entry.reason}")
+        given = []
+        for item in items:
+            key, eq, raw = item.partition("=")
+            key = key.strip()
+            if not eq or key not in entry.params:
+                takes = ", ".join(entry.params) or "no parameters"
+                raise UserError(f"Position scheme '{name}' takes {takes}; got '{item[:40]}' "
+                                f"(write {name}{SPEC_SEP}key=value)")
+            given.append((key, _param(name, key, raw, text=True)))
+        if params is not None:
+            pairs = params.items() if isinstance(params, dict) else params
+            try:
+                given += [(str(k), v) for k, v in pairs]
+            except (TypeError, ValueError):
+                raise UserError(f"{name}: its parameters are key=value pairs") from None
+        keys = [k for k, _ in given]
+        unknown = [k for k in keys if k not in entry.params]
+        if unknown:
+            raise UserError(f"Position scheme '{name}' takes {', '.join(entry.params) or 'no parameters'}; "
+                            f"not {', '.join(unknown)[:60]}")
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise UserError(f"{name}: {', '.join(twice)} given twice; give each parameter once")
+        values = {k: _param(name, k, v) for k, v in given}  # a text's values were read already: unchanged
+        scheme = cls(name, tuple((k, values[k]) for k in entry.params if k in values))
+        scheme.bind(NOMINAL_TRAIN_LENGTH, NOMINAL_TRAIN_LENGTH)  # the scheme's own rules (factor >= 1, ...)
+        return scheme
+
+    @property
+    def entry(self) -> PositionScheme:
+        """The registry entry (label, help, what it changes)."""
+        return REGISTRY[self.name]
+
+    @property
+    def is_plain(self) -> bool:
+        """The model as trained: the plain scheme with no parameters."""
+        return self.name == PLAIN and not self.params
+
+    @property
+    def param_dict(self) -> dict[str, int | float]:
+        return dict(self.params)
+
+    def spell(self) -> str:
+        """The one text of this scheme (:meth:`of` reads it back exactly): ``window:window=32``, ``pi:factor=2``,
+        ``pi:factor=1.23456789``; whole values without a decimal point, others as Python writes them (exact)."""
+        return SPEC_SEP.join([self.name, *self._items()])
+
+    def params_text(self) -> str:
+        """The parameters alone (``window=32:sinks=2``), "" for none: a CSV row's ``scheme_params``."""
+        return SPEC_SEP.join(self._items())
+
+    def _items(self) -> list[str]:
+        return [f"{k}={int(v) if float(v).is_integer() and abs(v) < 2**53 else repr(v)}" for k, v in self.params]
+
+    def to_json(self) -> dict:
+        """``{"name": ..., "params": {...}}`` (:meth:`of` reads it back)."""
+        return {"name": self.name, "params": dict(self.params)}
+
+    def bind(self, train_length: int, length: int) -> "Bound":
+        """This scheme for a model trained at ``train_length`` on an input of ``length`` tokens (see
+        :meth:`PositionScheme.bind`)."""
+        return self.entry.bind(train_length, length, **dict(self.params))
+
+    def __str__(self) -> str:
+        return self.spell()
+
+
+#: the L_tr a scheme's values are checked at by :meth:`Scheme.of` (their rules do not depend on it)
+NOMINAL_TRAIN_LENGTH = 64
+#: The model as trained.
+PLAIN_SCHEME = Scheme()
 
 
 def parse_spec(text: str) -> tuple[str, dict[str, int | float]]:
-    """A scheme as one text -> ``(name, params)``: ``window``, ``yarn-rope:attention_factor=1``,
-    ``lm-infinite:window=32:sinks=2``. Checked against the registry (unknown and unavailable names, parameters
-    the scheme does not take, values that are not numbers): a :class:`UserError` in one line."""
-    name, *items = str(text).strip().split(SPEC_SEP)
-    scheme = get(name)
-    if not scheme.available:
-        raise UserError(f"Position scheme '{name}' is not available: {scheme.reason}")
-    params: dict[str, int | float] = {}
-    for item in items:
-        key, eq, raw = item.partition("=")
-        key = key.strip()
-        if not eq or key not in scheme.params:
-            takes = ", ".join(scheme.params) or "no parameters"
-            raise UserError(f"Position scheme '{name}' takes {takes}; got '{item}' (write {name}{SPEC_SEP}key=value)")
-        params[key] = _number(name, key, raw.strip())
-    return name, params
-
-
-def _number(name: str, key: str, raw: str) -> int | float:
-    try:
-        if key in _INT_PARAMS:
-            return int(raw)
-        value = float(raw)
-    except ValueError:
-        kind = "a whole number" if key in _INT_PARAMS else "a number"
-        raise UserError(f"{name}: {key} must be {kind} (got '{raw}')") from None
-    return value
+    """``(name, params)`` of a scheme text: :meth:`Scheme.of` (the one parser) taken apart, for callers that still
+    hold the two separately."""
+    scheme = Scheme.of(text)
+    return scheme.name, scheme.param_dict
 
 
 def spell(name: str, params: dict | None = None) -> str:
-    """The one text of a scheme and its parameters (:func:`parse_spec` reads it back), parameters in the
-    scheme's own order: ``yarn-rope:attention_factor=1``."""
-    scheme = get(name)
-    params = params or {}
-    return SPEC_SEP.join([name] + [f"{k}={params[k]:g}" for k in scheme.params if k in params])
+    """:meth:`Scheme.spell` of a name and its parameters."""
+    return Scheme.of(name, params or None).spell()
 
 
 def params_text(params: dict | None) -> str:
     """``window=32:sinks=2`` (the parameters given, in the order given), "" for none: a row's ``scheme_params``."""
-    return SPEC_SEP.join(f"{k}={v:g}" for k, v in (params or {}).items())
+    return SPEC_SEP.join(Scheme(PLAIN, tuple((params or {}).items()))._items())
 
 
 def unavailable() -> dict[str, str]:

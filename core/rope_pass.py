@@ -12,9 +12,9 @@ passes of measured methods, Algorithm 1 included, run under the scheme) and
 
 The scheme is bound per pass to the pass's own length (the padded batch's):
 a calibration's L_tr reference passes get the scheme at L_tr, its passes at
-L the scheme at L. That is why callers carry a scheme *name and parameters*
-(``RunSettings.scheme``) rather than a :class:`~core.positions.Bound`, which
-is fixed to one length.
+L the scheme at L. That is why callers carry a :class:`~core.positions.Scheme` (the run's
+``Choice.scheme``) rather than a :class:`~core.positions.Bound`, which is fixed
+to one length.
 
 The rotary override changes the shared model for the pass, so the pass holds
 the model's lock (:func:`core.positions.model_lock`) from before the override
@@ -39,37 +39,37 @@ if TYPE_CHECKING:  # pragma: no cover
     from core.probes import Recorder
 
 
-def check(loaded: "Loaded", scheme: str, params: dict | None = None) -> None:
-    """Refuse, in one line, a scheme this model cannot run: any scheme but the plain one on a non-rotary model,
-    and unknown or unavailable names or parameters (bound at L_tr to check the values)."""
-    if scheme == positions.PLAIN and not params:
+def check(loaded: "Loaded", scheme: positions.Scheme | str, params: dict | None = None) -> None:
+    """Refuse, in one line, a scheme this model cannot run: any scheme but the plain one on a non-rotary model.
+    (The scheme's own values were checked when it was made, :meth:`core.positions.Scheme.of`; a name and
+    ``params`` are made into one here.)"""
+    scheme = positions.Scheme.of(scheme, params)
+    if scheme.is_plain:
         return
-    positions.get(scheme)
     if loaded.family != ROPE:
-        raise UserError(f"Position scheme '{scheme}' needs a rotary (RoPE) model; '{loaded.spec.name}' is a "
+        raise UserError(f"Position scheme '{scheme.name}' needs a rotary (RoPE) model; '{loaded.spec.name}' is a "
                         f"{loaded.family} model with its own relative positions")
-    positions.bind(scheme, loaded.train_length, loaded.train_length, **(params or {}))
 
 
-def bound(loaded: "Loaded", scheme: str, params: dict | None, tokens: int) -> positions.Bound | None:
+def bound(loaded: "Loaded", scheme: positions.Scheme, tokens: int) -> positions.Bound | None:
     """The scheme bound for a pass of ``tokens`` tokens, or None for a model without rotary positions (checked:
     a non-plain scheme there is refused)."""
-    check(loaded, scheme, params)
+    check(loaded, scheme)
     if loaded.family != ROPE:
         return None
-    return positions.bind(scheme, loaded.train_length, tokens, **(params or {}))
+    return scheme.bind(loaded.train_length, tokens)
 
 
 @contextlib.contextmanager
 def scheme_pass(loaded: "Loaded", attn: AttentionSettings | None, recorder: "Recorder | None" = None,
-                scheme: str = positions.PLAIN, params: dict | None = None,
+                scheme: positions.Scheme = positions.PLAIN_SCHEME,
                 tokens: int | None = None) -> Iterator[positions.Bound | None]:
     """Run the enclosed forward pass(es) of ``loaded`` at ``tokens`` tokens with ``attn`` and ``recorder`` under
-    the position scheme ``scheme`` (``params``: its parameters); yields the :class:`~core.positions.Bound` (None
-    for a T5 model, which takes only the plain scheme). The model is exactly as before on exit, also after an
-    error. See the module docstring for the lock."""
+    the position scheme ``scheme``; yields the :class:`~core.positions.Bound` (None for a T5 model, which takes
+    only the plain scheme). The model is exactly as before on exit, also after an error. See the module
+    docstring for the lock."""
     attn = attn or AttentionSettings()
-    b = bound(loaded, scheme, params, tokens if tokens is not None else loaded.train_length)
+    b = bound(loaded, scheme, tokens if tokens is not None else loaded.train_length)
     if b is None:
         with attention_call(attn, recorder):
             yield None

@@ -92,7 +92,7 @@ class _QKTap:
 
 @torch.inference_mode()
 def layer_qk(loaded, ids: np.ndarray, layer: int, attn: AttentionSettings | None = None,
-             scheme: str = positions.PLAIN, params: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+             scheme: positions.Scheme = positions.PLAIN_SCHEME) -> tuple[np.ndarray, np.ndarray]:
     """One layer's q and k (``[heads, L, d]``, float32, the logits' own operands) in a pass over ``ids`` under the
     position scheme ``scheme`` (:func:`core.rope_pass.scheme_pass`, which also holds the model's lock). A scheme
     that rectifies distances hands the attention unrotated q and k: its curve is then not the scheme's logits."""
@@ -100,7 +100,7 @@ def layer_qk(loaded, ids: np.ndarray, layer: int, attn: AttentionSettings | None
         raise ValueError(f"layer {layer} is outside 0..{loaded.n_layers - 1}")
     tap = _QKTap(layer)
     x = torch.as_tensor(np.asarray(ids, dtype=np.int64))[None].to(loaded.device)
-    with rope_pass.scheme_pass(loaded, attn, tap, scheme, params, x.shape[1]):  # type: ignore[arg-type]  (a listener)
+    with rope_pass.scheme_pass(loaded, attn, tap, scheme, x.shape[1]):  # type: ignore[arg-type]  (a listener)
         loaded.encoder(input_ids=x)
     if tap.q is None:
         raise ValueError(f"layer {layer}'s attention was not seen in the pass")
@@ -108,23 +108,23 @@ def layer_qk(loaded, ids: np.ndarray, layer: int, attn: AttentionSettings | None
 
 
 def distance_curves(loaded, ids: np.ndarray, layer: int, cosine_scale: float | None = None,
-                    scheme: str = positions.PLAIN, params: dict | None = None) -> DistanceCurves:
+                    scheme: positions.Scheme = positions.PLAIN_SCHEME) -> DistanceCurves:
     """:func:`mean_logit_by_distance` of ``layer`` on ``ids`` at tau = 1 (the logits do not depend on tau), under
     the position scheme ``scheme``. A frequency scheme (PI, NTK, YaRN) changes the curve; a mask does not change
     q . k (the curve is over every pair, seen or not); a scheme that rectifies distances (ReRoPE, StreamingLLM,
     LM-Infinite) computes its logits from unrotated q and k, which this curve cannot show: for those the curve is
     plain RoPE's (:func:`shows_scheme` says which)."""
-    if not shows_scheme(scheme, params):
-        scheme, params = positions.PLAIN, None
-    q, k = layer_qk(loaded, ids, layer, AttentionSettings(cosine_scale=cosine_scale), scheme, params)
+    if not shows_scheme(scheme):
+        scheme = positions.PLAIN_SCHEME
+    q, k = layer_qk(loaded, ids, layer, AttentionSettings(cosine_scale=cosine_scale), scheme)
     d, mean = mean_logit_by_distance(q, k)
     return DistanceCurves(distances=d, mean=mean.astype(np.float32), layer=int(layer), tokens=int(q.shape[1]))
 
 
-def shows_scheme(scheme: str, params: dict | None = None) -> bool:
+def shows_scheme(scheme: positions.Scheme | str) -> bool:
     """Whether :func:`distance_curves` draws ``scheme``'s own logits (False for a scheme that rectifies distances:
     its curve is plain RoPE's)."""
-    return positions.DISTANCES not in positions.get(scheme).changes
+    return positions.DISTANCES not in positions.Scheme.of(scheme).entry.changes
 
 
 # -- the masked tokens' predictions --------------------------------------------------------
@@ -160,11 +160,11 @@ class MaskedPredictions:
 
 @torch.inference_mode()
 def masked_predictions(loaded, seq: MaskedSequence, attn: AttentionSettings | None = None,
-                       scheme: str = positions.PLAIN, params: dict | None = None) -> MaskedPredictions:
+                       scheme: positions.Scheme = positions.PLAIN_SCHEME) -> MaskedPredictions:
     """The pass :func:`core.mlm.score` makes of one sequence (under the position scheme ``scheme``), kept per
     masked position."""
     ids = torch.as_tensor(seq.ids, dtype=torch.long)[None].to(loaded.device)
-    with rope_pass.scheme_pass(loaded, attn, None, scheme, params, ids.shape[1]):
+    with rope_pass.scheme_pass(loaded, attn, None, scheme, ids.shape[1]):
         hidden = loaded.encoder(input_ids=ids).last_hidden_state
     cols = torch.as_tensor(seq.positions, dtype=torch.long, device=hidden.device)
     logits = head_logits(loaded.model, hidden[0, cols]).float()

@@ -24,13 +24,15 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal
 
-from pydantic import BeforeValidator, ConfigDict, PlainValidator, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from core import positions, tasks
 from core.kinds import ENCODER, KINDS
+from core.choice import Choice
 from core.errors import InputTooLong, UserError
 from core import methods
+from core.schedule import ONE
 from core.temperature import CRITERIA
 from core.validation import (
     CHARS_PER_TOKEN, Depth, Name, Positive, Seed, Tau, Text, Tokens, TrainLength, one_line, read_json, user_errors,
@@ -48,17 +50,6 @@ Haystack = Literal[tasks.HAYSTACKS]  # type: ignore[valid-type]
 Method = Literal[methods.NAMES]  # type: ignore[valid-type]
 Criterion = Literal[CRITERIA]  # type: ignore[valid-type]
 Target = Literal[KINDS]  # type: ignore[valid-type]
-#: a scheme parameter: a whole number (window, sinks, cap) or a finite number (factor, attention_factor); never a
-#: bool (JSON true is not 1), never NaN or infinity
-def _scheme_number(v: Any) -> int | float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"a scheme parameter must be a finite number (got {str(v)[:40]!r})")
-    return v
-
-
-SchemeValue = Annotated[Any, PlainValidator(_scheme_number)]
-#: the L_tr a scheme's parameters are checked at when the settings do not say (their rules do not depend on it)
-_NOMINAL_TRAIN_LENGTH = 64
 # a lone string is one target, never its letters
 Targets = Annotated[tuple[Target, ...], BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)]
 
@@ -215,19 +206,42 @@ class Settings:
     # the position scheme of a rotary model (core.positions: a name) and its parameters (numbers, by name);
     # bound per pass to that pass's length. Files from before schemes carry neither: the plain scheme.
     scheme: str = positions.PLAIN
-    scheme_params: dict[str, SchemeValue] = field(default_factory=dict)
+    scheme_params: dict[str, Any] = field(default_factory=dict)  # checked by core.positions.Scheme.of
 
     def __post_init__(self) -> None:
         if methods.REGISTRY[self.method].takes_value and self.tau is None:
             raise ValueError(f"Method '{self.method}' needs a tau")
-        _check_scheme(self.scheme, self.scheme_params, self.train_length)
+        try:
+            positions.Scheme.of(self.scheme)  # the name alone first: its errors name the field "scheme"
+        except UserError as err:
+            raise ValueError(f"scheme: {err}") from None
+        try:
+            scheme = positions.Scheme.of(self.scheme, self.scheme_params)
+        except UserError as err:
+            raise ValueError(f"scheme_params: {err}") from None
+        if self.train_length is not None:  # the scheme's defaults at this L_tr must be usable too
+            try:
+                scheme.bind(self.train_length, self.train_length)
+            except UserError as err:
+                raise ValueError(f"scheme_params: {err}") from None
+        constant = methods.REGISTRY[self.method].constant
+        # the one value a pass carries (see core.choice), made here once: Settings is frozen, so it cannot go stale
+        object.__setattr__(self, "_choice", Choice(self.method, self.tau or constant or ONE, tuple(self.targets),
+                                                   None if self.cosine_scale is None else float(self.cosine_scale),
+                                                   scheme))
+
+    @property
+    def choice(self) -> Choice:
+        """What these settings ask of the attention, as one :class:`~core.choice.Choice` (the stored tau; a method
+        that is resolved per document gets its schedule from :func:`core.methods.resolve`)."""
+        return self._choice
 
     def check_model(self, loaded: "Loaded") -> None:
         """Refuse, in one line and before any work, a scheme this model cannot run (any scheme but the plain one
         on a T5 model, which has its own relative positions); :func:`core.rope_pass.check` is the rule."""
         from core import rope_pass  # torch: only once a model is loaded
 
-        rope_pass.check(loaded, self.scheme, dict(self.scheme_params))
+        rope_pass.check(loaded, self.choice.scheme)
 
     def run_settings(self, schedule: Any = None, **overrides: Any) -> "engine.RunSettings":
         """What a pass needs from these settings: the one conversion the CLI, the app and ``core.apply`` use.
@@ -245,15 +259,13 @@ class Settings:
             raise UserError(
                 f"The settings hold method '{self.method}' but no resolved tau: resolve it in the app (or with "
                 "`python -m core calibrate`) before exporting, or give tau/schedule.")
-        kw = dict(tau=tau, method=self.method, targets=tuple(self.targets), cosine_scale=self.cosine_scale,
-                  scheme=self.scheme, scheme_params=dict(self.scheme_params))
-        return engine.RunSettings(**{**kw, **{k: v for k, v in overrides.items() if v is not None}})
+        return engine.RunSettings(self.choice, tau=tau, **{k: v for k, v in overrides.items() if v is not None})
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["targets"] = list(self.targets)
         d["tau"] = None if self.tau is None else self.tau.to_json()
-        d["scheme_params"] = dict(self.scheme_params)
+        d["scheme"], d["scheme_params"] = self.choice.scheme.name, self.choice.scheme.param_dict  # the typed values
         return {"schema": SCHEMA, **d}
 
     def to_json(self) -> str:
@@ -287,27 +299,6 @@ class Settings:
     @classmethod
     def load(cls, path: str | Path) -> "Settings":
         return cls.from_dict(read_json(path, "Settings file"), where=f"Settings file {path}")
-
-
-def _check_scheme(name: str, params: dict, train_length: int | None) -> None:
-    """The scheme must be one a pass can apply and take exactly these parameters, with usable values (bound at
-    the settings' L_tr, else at a nominal one: the values' own rules do not depend on it). One line naming the
-    field: ``scheme: ...`` or ``scheme_params: ...``."""
-    try:
-        scheme = positions.get(name)
-    except UserError as err:
-        raise ValueError(f"scheme: {err}") from None
-    if not scheme.available:
-        raise ValueError(f"scheme: position scheme '{name}' is not available: {scheme.reason}")
-    unknown = [k for k in params if k not in scheme.params]
-    if unknown:
-        raise ValueError(f"scheme_params: position scheme '{name}' takes {', '.join(scheme.params) or 'no parameters'}; "
-                         f"not {', '.join(unknown)}")
-    try:
-        lt = train_length or _NOMINAL_TRAIN_LENGTH
-        scheme.bind(lt, lt, **params)
-    except UserError as err:
-        raise ValueError(f"scheme_params: {err}") from None
 
 
 _ADAPTER = TypeAdapter(Settings)  # validates a dict (the JSON) into Settings, nested DocumentRequest included

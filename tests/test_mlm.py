@@ -91,7 +91,7 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_cli_json_rows(rope_dir, capsys):
-    infoscale = methods.the(label="InfoScale")
+    infoscale = "infoscale"
     rc, out, _ = _cli(capsys, "--model", str(rope_dir), "--lengths", "1x,2x", "--methods",
                       f"{methods.AS_TRAINED},{infoscale},tau=0.8", "--sequences", "3", "--seed", "2", "--json")
     assert rc == 0
@@ -116,7 +116,7 @@ def test_cli_json_rows(rope_dir, capsys):
 
 def test_cli_measured_method_and_cosine_scale(tmp_path, capsys):
     folder = build_tiny_rope(tmp_path, cosine=16.0, seed=6, train_length=L_TR)
-    pmax = methods.the(grid_criterion="pmax")
+    pmax = methods.ALGORITHM1["pmax"]
     rc, out, _ = _cli(capsys, "--model", str(folder), "--lengths", "2x", "--methods", pmax, "--sequences", "2",
                       "--cosine-scale", "32", "--json")
     assert rc == 0

@@ -68,7 +68,7 @@ def test_a_run_writes_one_row_per_cell_in_plan_order_and_returns_them(rope, tmp_
     out = tmp_path / "m.csv"
     rows = mlm.run_mlm_sweep(rope, plan, out=out)
     written = _rows(out)
-    cells = [(n, positions.parse_spec(s)[0], positions.params_text(positions.parse_spec(s)[1]), m)
+    cells = [(n, positions.Scheme.of(s).name, positions.Scheme.of(s).params_text(), m)
              for n in plan.lengths for s in plan.schemes for m in plan.methods]
     assert len(rows) == len(written) == len(cells) == 12
     assert [(r["tokens"], r["scheme"], r["scheme_params"], r["method"]) for r in rows] == cells

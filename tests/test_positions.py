@@ -103,10 +103,15 @@ def test_unavailable_schemes_say_why():
             P.bind(name, 64, 128)
 
 
-def test_the_rope_types_come_from_transformers_table():
-    assert P.rope_type_of("_compute_linear_scaling_rope_parameters") == "linear"
-    assert P.rope_type_of("_compute_dynamic_ntk_parameters") == "dynamic"
-    assert P.rope_type_of("_compute_yarn_parameters") == "yarn"
+def test_the_rope_types_are_keys_of_transformers_table():
+    """Our rope_type names are data in transformers' vocabulary: each must be the key of the function it means
+    (a rename in transformers fails here, not deep in a pass)."""
+    from transformers import modeling_rope_utils as rope_utils
+
+    table = rope_utils.ROPE_INIT_FUNCTIONS
+    assert table[P.LINEAR_ROPE] is rope_utils._compute_linear_scaling_rope_parameters
+    assert table[P.DYNAMIC_ROPE] is rope_utils._compute_dynamic_ntk_parameters
+    assert table[P.YARN_ROPE] is rope_utils._compute_yarn_parameters
 
 
 @pytest.mark.parametrize("d,theta,lt,n", CASES)

@@ -63,7 +63,7 @@ def _ours(loaded, scheme: str, ids: torch.Tensor, tau: float = 1.0, probed: bool
     ``probed``: a recorder asks for Pmax and entropy, so the blocked softmax runs instead of torch's kernel."""
     rec = Recorder(ProbeSpec.stats_only(), torch.ones(ids.shape, dtype=torch.bool)) if probed else None
     attn = AttentionSettings(tau=tau, chunk_bytes=SMALL_BLOCKS)
-    with torch.no_grad(), rope_pass.scheme_pass(loaded, attn, rec, scheme, params, ids.shape[1]):
+    with torch.no_grad(), rope_pass.scheme_pass(loaded, attn, rec, positions.Scheme.of(scheme, params), ids.shape[1]):
         out = loaded.model(input_ids=ids, attention_mask=attention_mask).logits
     if probed:
         record = rec.finish()
@@ -218,7 +218,7 @@ def test_a_scheme_with_a_tau_is_the_scheme_s_reference_with_logits_over_tau(rope
 
 def _yarn_tau(n: int) -> float:
     """The temperature method of YaRN's paper, asked of the registry (no method named here)."""
-    entry = methods.REGISTRY[methods.the(short="YaRN")]
+    entry = methods.REGISTRY[methods.YARN]
     return entry.formula(L_TR, n, 16, None)
 
 
@@ -270,7 +270,7 @@ def test_the_model_is_exactly_restored_after_a_pass_and_after_an_error(rope, nam
     _ours(rope, name, ids)
     assert _same(_state(rope.model), before)
     with pytest.raises(RuntimeError, match="boom"):
-        with rope_pass.scheme_pass(rope, None, None, name, None, 24):
+        with rope_pass.scheme_pass(rope, None, None, positions.Scheme.of(name), 24):
             if positions.get(name).changes != (positions.MASK,):  # the pass really changed the rotary module
                 assert not _same(_state(rope.model), before)
             raise RuntimeError("boom")
@@ -338,7 +338,7 @@ def test_measured_methods_calibrate_under_the_scheme(rope, monkeypatch):
         return real(loaded, docs, encs, settings)
 
     monkeypatch.setattr(engine, "run_encoded", spy)
-    pmax = methods.the(grid_criterion="pmax")
+    pmax = methods.ALGORITHM1["pmax"]
     rows = mlm.run_mlm(rope, mlm.MlmPlan(lengths=[2 * L_TR], methods=[pmax], sequences=1,
                                          schemes=("window:window=5",)))
     assert seen and all((s, p) == ("window", {"window": 5}) for s, p, _ in seen)

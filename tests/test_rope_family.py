@@ -240,7 +240,7 @@ def test_apply_on_a_users_modernbert(rope_dir):
 
 def test_measured_method_resolves_on_the_rope_model(rope):
     doc = tasks.make(tasks.LM, rope.tokenizer, 4 * L_TR, seed=7)
-    pmax = methods.the(grid_criterion="pmax")
+    pmax = methods.ALGORITHM1["pmax"]
     tau, info = methods.resolve(rope, doc, pmax)
     assert tau.scalar is not None and tau.scalar < 1.0  # a longer input dilutes attention: Algorithm 1 sharpens it
     assert info["source"] == "resolved" and "reached" in info

@@ -80,8 +80,7 @@ def test_mask_cells_pool_the_schemes_mask(spec):
     without a mask has none."""
     from core import positions
 
-    name, params = positions.parse_spec(spec)
-    bound = positions.bind(name, 8, 11, **params)
+    bound = positions.Scheme.of(spec).bind(8, 11)
     edges = np.array([0, 3, 4, 8, 11])
     got = rope_view.mask_cells(bound, edges)
     full = bound.mask(11, 11).numpy()

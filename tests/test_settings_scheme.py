@@ -29,15 +29,17 @@ def test_the_scheme_round_trips_through_the_exported_json(scheme, params):
     assert d["scheme"] == scheme and d["scheme_params"] == params
     back = Settings.from_dict(d)
     assert back == s and back.scheme == scheme and dict(back.scheme_params) == params
-    # whole numbers stay whole (a window of 32.0 would be refused by the scheme itself)
-    assert all(type(back.scheme_params[k]) is type(v) for k, v in params.items())
+    assert back.choice.scheme == s.choice.scheme == positions.Scheme.of(scheme, params)
+    # positions stay whole numbers (a window of 32.0 would be refused by the scheme itself); factors are floats
+    assert all(type(back.scheme_params[k]) is (int if k in positions.INT_PARAMS else float) for k in params)
 
 
 def test_run_settings_carries_the_scheme():
-    rs = Settings(scheme="lm-infinite", scheme_params={"window": 8, "sinks": 2}).run_settings(1.0)
-    assert rs.scheme == "lm-infinite" and dict(rs.scheme_params) == {"window": 8, "sinks": 2}
-    plain = Settings().run_settings()
-    assert plain.scheme == positions.PLAIN and dict(plain.scheme_params) == {}
+    chosen = Settings(scheme="lm-infinite", scheme_params={"window": 8, "sinks": 2})
+    rs = chosen.run_settings(1.0)
+    assert rs.choice.scheme is chosen.choice.scheme  # the one value, carried, not rebuilt
+    assert rs.choice.scheme == positions.Scheme("lm-infinite", (("window", 8), ("sinks", 2)))
+    assert Settings().run_settings().choice.scheme == positions.PLAIN_SCHEME
 
 
 def test_an_old_file_without_a_scheme_reads_as_the_plain_scheme(tmp_path):
@@ -53,14 +55,16 @@ def test_an_old_file_without_a_scheme_reads_as_the_plain_scheme(tmp_path):
 
 @pytest.mark.parametrize("fields, needle", [
     ({"scheme": "nope"}, "scheme: Unknown position scheme 'nope'"),
-    ({"scheme": "pose"}, "scheme: position scheme 'pose' is not available"),
-    ({"scheme": "alibi"}, "scheme: position scheme 'alibi' is not available"),
+    ({"scheme": "pose"}, "scheme: Position scheme 'pose' is not available"),
+    ({"scheme": "alibi"}, "scheme: Position scheme 'alibi' is not available"),
     ({"scheme": 5}, "scheme:"),
-    ({"scheme": "window", "scheme_params": {"factor": 2}}, "scheme_params: position scheme 'window' takes window; not factor"),
-    ({"scheme_params": {"window": 4}}, "scheme_params: position scheme 'none' takes no parameters"),
-    ({"scheme": "window", "scheme_params": {"window": True}}, "scheme_params.window: a scheme parameter must be a finite"),
-    ({"scheme": "pi", "scheme_params": {"factor": "2"}}, "scheme_params.factor: a scheme parameter must be a finite"),
-    ({"scheme": "pi", "scheme_params": {"factor": float("nan")}}, "scheme_params.factor"),
+    ({"scheme": "window", "scheme_params": {"factor": 2}}, "scheme_params: Position scheme 'window' takes window; not factor"),
+    ({"scheme_params": {"window": 4}}, "scheme_params: Position scheme 'none' takes no parameters"),
+    ({"scheme": "window", "scheme_params": {"window": True}}, "scheme_params: window: window must be a finite number"),
+    ({"scheme": "pi", "scheme_params": {"factor": "2"}}, "scheme_params: pi: factor must be a finite number"),
+    ({"scheme": "pi", "scheme_params": {"factor": float("nan")}}, "scheme_params: pi: factor must be a finite"),
+    ({"scheme": "window", "scheme_params": {"window": 10**400}}, "scheme_params: window: window must be a whole number from 0 to"),
+    ({"scheme": "window", "scheme_params": {"window": 4_000_001}}, "scheme_params: window: window must be a whole number from 0 to"),
     ({"scheme": "pi", "scheme_params": {"factor": 0.5}}, "scheme_params: pi: factor must be a number >= 1"),
     ({"scheme": "window", "scheme_params": {"window": 3.5}}, "scheme_params: window: window must be a whole number"),
     ({"scheme": "window", "scheme_params": [32]}, "scheme_params: Input should be a JSON object"),

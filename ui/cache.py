@@ -40,14 +40,21 @@ from ui.pass_gate import gate
 from ui.stores import MISSING, stores
 
 Progress = Callable[[float], None] | None
-#: A position scheme as one hashable value, ``(name, ((param, value), ...))``: part of the key of every pass
-#: (a rotary model's; a T5 model's is always plain). Plain RoPE as trained by default.
-PLAIN_SCHEME: tuple = (positions.PLAIN, ())
+#: The position scheme of a pass as one hashable value (:class:`core.positions.Scheme`): part of the key of every
+#: pass (a rotary model's; a T5 model's is always plain). Plain RoPE as trained by default.
+PLAIN_SCHEME = positions.PLAIN_SCHEME
 
 
-def scheme_of(settings: engine.RunSettings) -> tuple:
-    """The run settings' position scheme as a key (:data:`PLAIN_SCHEME`'s shape)."""
-    return (settings.scheme, tuple(settings.scheme_params))
+def scheme_of(settings: engine.RunSettings) -> positions.Scheme:
+    """The run settings' position scheme (a key as it is)."""
+    return settings.choice.scheme
+
+
+def _as_scheme(scheme: Any) -> positions.Scheme:
+    """A :class:`~core.positions.Scheme`, from one or from the ``(name, params)`` pair the sidebar still hands over."""
+    if isinstance(scheme, tuple):
+        return positions.Scheme.of(scheme[0], dict(scheme[1]))
+    return positions.Scheme.of(scheme)
 
 
 # -- models -------------------------------------------------------------------------
@@ -116,38 +123,38 @@ def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings,
         doc = reference_document(loaded, req) if reference else document(loaded, req)
         seq = masked(loaded, doc_key, doc)
         with gate().foreground():
-            pred = rope_view.masked_predictions(loaded, seq, settings.attention(), settings.scheme,
-                                                dict(settings.scheme_params))
+            pred = rope_view.masked_predictions(loaded, seq, settings.attention(), settings.choice.scheme)
             return rope_view.card(pred, loaded.tokenizer)
 
     return stores()["run"].get(key, work)
 
 
 def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_scale: float | None = None,
-                    scheme: tuple = PLAIN_SCHEME):
+                    scheme: Any = PLAIN_SCHEME):
     """:func:`core.rope_view.distance_curves` of one layer on the request's (masked) document under a position
     scheme (a frequency scheme changes the curve; see that function for the others)."""
+    scheme = _as_scheme(scheme)
+
     def work():
         doc = document(loaded, req)
         with gate().foreground():
-            return rope_view.distance_curves(loaded, encoded(loaded, req, doc).input_ids, layer, cosine_scale,
-                                             scheme[0], dict(scheme[1]))
+            return rope_view.distance_curves(loaded, encoded(loaded, req, doc).input_ids, layer, cosine_scale, scheme)
 
     return stores()["rpe"].get((mkey(loaded), "distance", req, int(layer), cosine_scale, scheme), work)
 
 
-def scheme_mask(loaded: Loaded, scheme: tuple, tokens: int, edges) -> np.ndarray | None:
+def scheme_mask(loaded: Loaded, scheme: Any, tokens: int, edges) -> np.ndarray | None:
     """The position scheme's masked share per map cell (:func:`core.rope_view.mask_cells`, bound at ``tokens``) on
     the map's ``edges``, or None for a scheme without a mask (kept: it does not depend on tau)."""
     edges = tuple(int(e) for e in edges)
+    scheme = _as_scheme(scheme)
 
     def work():
-        b = positions.bind(scheme[0], loaded.train_length, int(tokens), **dict(scheme[1]))
-        return rope_view.mask_cells(b, np.asarray(edges))
+        return rope_view.mask_cells(scheme.bind(loaded.train_length, int(tokens)), np.asarray(edges))
 
-    if positions.get(scheme[0]).mask is None:
+    if scheme.entry.mask is None:
         return None
-    return stores()["rpe"].get((mkey(loaded), "scheme-mask", tuple(scheme), int(tokens), edges), work)
+    return stores()["rpe"].get((mkey(loaded), "scheme-mask", scheme, int(tokens), edges), work)
 
 
 # -- runs ---------------------------------------------------------------------------
@@ -187,10 +194,10 @@ def run_unguarded(loaded: Loaded, req: DocumentRequest, settings: engine.RunSett
 
 
 def grid_key(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None,
-             scheme: tuple = PLAIN_SCHEME) -> tuple:
+             scheme: Any = PLAIN_SCHEME) -> tuple:
     """Key of one document's statistics at one tau (and position scheme): what Algorithm 1 needs of a pass,
     whatever else it recorded."""
-    return (mkey(loaded), doc_key, Schedule.of(tau).key(), tuple(targets), cosine_scale, tuple(scheme))
+    return (mkey(loaded), doc_key, Schedule.of(tau).key(), tuple(targets), cosine_scale, _as_scheme(scheme))
 
 
 def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings, res: engine.Result) -> None:
@@ -202,7 +209,7 @@ def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings,
 
 
 def known_stats(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None,
-                scheme: tuple = PLAIN_SCHEME):
+                scheme: Any = PLAIN_SCHEME):
     """The stored :class:`core.temperature.LayerStats` of a document at tau, or None."""
     v = stores()["grid"].peek(grid_key(loaded, doc_key, tau, targets, cosine_scale, scheme))
     return None if v is MISSING else v
@@ -214,12 +221,12 @@ def run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> e
 
 
 def run_reference(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                  probes: ProbeSpec | None = None, scheme: tuple = PLAIN_SCHEME) -> engine.Result:
+                  probes: ProbeSpec | None = None, scheme: Any = PLAIN_SCHEME) -> engine.Result:
     """The L_tr counterpart at tau = 1, no generation: the reference the meters compare with (plain RoPE, as
     trained, unless ``scheme`` says otherwise)."""
     probes = probes or ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
     settings = engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=targets, cosine_scale=cosine_scale, probes=probes,
-                                  generate=False, scheme=scheme[0], scheme_params=tuple(scheme[1]))
+                                  generate=False, scheme=_as_scheme(scheme))
     return _run_doc(loaded, ("ref", req), reference_document(loaded, req), settings)
 
 
@@ -245,14 +252,13 @@ def explore_probes(layer: int, head: int | None) -> ProbeSpec:
 
 # -- temperature --------------------------------------------------------------------
 
-def _base(targets: tuple, cosine_scale: float | None, scheme: tuple = PLAIN_SCHEME) -> engine.RunSettings:
-    return engine.RunSettings(targets=tuple(targets), cosine_scale=cosine_scale, scheme=scheme[0],
-                              scheme_params=tuple(scheme[1]))
+def _base(targets: tuple, cosine_scale: float | None, scheme: Any = PLAIN_SCHEME) -> engine.RunSettings:
+    return engine.RunSettings(targets=tuple(targets), cosine_scale=cosine_scale, scheme=_as_scheme(scheme))
 
 
 def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | None = None, targets: tuple = ("encoder",),
                 cosine_scale: float | None = None, samples: int = 1, progress: Progress = None,
-                compute: bool = True, scheme: tuple = PLAIN_SCHEME) -> tuple[Any, dict] | None:
+                compute: bool = True, scheme: Any = PLAIN_SCHEME) -> tuple[Any, dict] | None:
     """(schedule, info) for a method on this document, via :func:`core.methods.resolve`; a measured method's
     passes run under the position scheme ``scheme`` (:data:`PLAIN_SCHEME`'s shape)."""
     entry = methods.get(method)
@@ -260,7 +266,8 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
         if tau is None:
             raise UserError(f"Method '{method}' needs a tau", app=f"Method '{entry.label}' needs a tau: move the tau slider.")
         return Schedule.of(tau), {}
-    key = (mkey(loaded), req, method, tuple(targets), cosine_scale, samples, tuple(scheme))
+    scheme = _as_scheme(scheme)
+    key = (mkey(loaded), req, method, tuple(targets), cosine_scale, samples, scheme)
     if not compute:
         v = stores()["tau"].peek(key)
         return None if v is MISSING else v
@@ -284,10 +291,11 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
 
 def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, samples: int = 1, targets: tuple = ("encoder",),
                    cosine_scale: float | None = None, progress: Progress = None,
-                   compute: bool = True, scheme: tuple = PLAIN_SCHEME) -> dict[str, temperature.Calibration] | None:
+                   compute: bool = True, scheme: Any = PLAIN_SCHEME) -> dict[str, temperature.Calibration] | None:
     """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes, under the
     position scheme ``scheme`` (its L_tr reference passes bind it at L_tr)."""
-    key = (mkey(loaded), req, fast, samples, tuple(targets), cosine_scale, tuple(scheme))
+    scheme = _as_scheme(scheme)
+    key = (mkey(loaded), req, fast, samples, tuple(targets), cosine_scale, scheme)
     if not compute:
         v = stores()["cal"].peek(key)
         return None if v is MISSING else v
@@ -315,13 +323,14 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
 
 
 def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc, targets: tuple,
-                   cosine_scale: float | None, scheme: tuple = PLAIN_SCHEME) -> Callable[[Any], temperature.LayerStats]:
+                   cosine_scale: float | None, scheme: Any = PLAIN_SCHEME) -> Callable[[Any], temperature.LayerStats]:
     """``measure(tau)`` for Algorithm 1 on one document, reading the shared grid first.
 
     A miss runs a stats-only pass (no generation) through the gate and
     stores its statistics, so the slider, the prefetcher and Calibrate never
     compute the same document at the same tau twice in this process.
     """
+    scheme = _as_scheme(scheme)
     base = replace(_base(targets, cosine_scale, scheme), probes=ProbeSpec.stats_only(), generate=False)
 
     def fn(tau) -> temperature.LayerStats:
@@ -335,9 +344,10 @@ def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc,
 
 
 def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                scheme: tuple = PLAIN_SCHEME) -> dict:
+                scheme: Any = PLAIN_SCHEME) -> dict:
     """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2)."""
-    key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale, tuple(scheme))
+    scheme = _as_scheme(scheme)
+    key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale, scheme)
     def work():
         # The same two passes the Theory page draws (and the prefetcher computes ahead): one per document and length.
         ex = run(loaded, req, theory_settings(loaded, targets, cosine_scale, scheme))
@@ -348,16 +358,16 @@ def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder
 
 
 def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                    scheme: tuple = PLAIN_SCHEME) -> engine.RunSettings:
+                    scheme: Any = PLAIN_SCHEME) -> engine.RunSettings:
     """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation:
     what the Theory page and Prop. 1/2 read, one key for both."""
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if loaded.cosine else 0)
     return engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=tuple(targets), cosine_scale=cosine_scale, probes=spec,
-                              generate=False, scheme=scheme[0], scheme_params=tuple(scheme[1]))
+                              generate=False, scheme=_as_scheme(scheme))
 
 
 def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                 scheme: tuple = PLAIN_SCHEME) -> dict:
+                 scheme: Any = PLAIN_SCHEME) -> dict:
     """:func:`core.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
     return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
                                 logit_stats(loaded, req, targets, cosine_scale, scheme))

@@ -316,7 +316,7 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
     (its tau matrix and the heads it could not align) when it has been computed."""
     st.subheader("Per head: Pmax here over its value at L_tr")
     pick = float(cals["pmax"].tau)
-    ph = cache.resolve_tau(ctx.loaded, ctx.request, methods.the(per="head"), None, ctx.targets, ctx.cosine_scale,
+    ph = cache.resolve_tau(ctx.loaded, ctx.request, methods.PER_HEAD, None, ctx.targets, ctx.cosine_scale,
                            compute=False, scheme=ctx.scheme_key)
     st.caption(
         "Each cell is one head's mean Pmax on this document over the same head's Pmax at L_tr with tau = 1: 1 "
@@ -436,10 +436,10 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
         taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, ctx.scheme_key)
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
-    rows = methods.the(per="row")  # no pass
+    rows = methods.PER_ROW  # no pass
     taus[rows] = cache.resolve_tau(ctx.loaded, ctx.request, rows, None, ctx.targets, ctx.cosine_scale, scheme=ctx.scheme_key)[0]
     missing = []
-    for name in (methods.the(per="layer"), methods.the(per="head")):  # many passes: only once asked for
+    for name in (methods.PER_LAYER, methods.PER_HEAD):  # many passes: only once asked for
         got = cache.resolve_tau(ctx.loaded, ctx.request, name, None, ctx.targets, ctx.cosine_scale, compute=False,
                                 scheme=ctx.scheme_key)
         if got is not None:
@@ -452,12 +452,12 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
                  column_config=column_config(table))
     for line in long_notes(table):  # in full, whatever the width of the table's cells
         st.caption(line)
-    st.caption(prop1_note(taus.get(methods.the(stats=True, matches="pmax")), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, ctx.scheme_key)))
+    st.caption(prop1_note(taus.get(methods.PROP1), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, ctx.scheme_key)))
     if missing:
         st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "
                    + ("it" if len(missing) == 1 else "one") + " in the sidebar's Method box to compute it.")
     usable = [m for m, t in taus.items() if not isinstance(t, str)]
-    ss.setdefault("cal_pick", methods.the(grid_criterion="pmax"))
+    ss.setdefault("cal_pick", methods.ALGORITHM1["pmax"])
     if ss["cal_pick"] not in usable:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])

@@ -307,7 +307,7 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
     """The perplexity grid (lengths, methods, fixed taus, sequences, calibration sequences) as a :class:`PerplexityPlan`."""
     ss = st.session_state
     lt = ctx.train_length
-    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.the(grid_criterion="pmax")]), ("lm_fixed", ""),
+    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.ALGORITHM1["pmax"]]), ("lm_fixed", ""),
                  ("lm_sequences", 20), ("sw_samples", 2)):
         ss.setdefault(k, v)
     options, side = length_options(ctx)
@@ -391,7 +391,7 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
     """The masked-token grid (lengths, position schemes, methods, fixed taus, sequences) as a :class:`core.mlm.MlmPlan`."""
     ss = st.session_state
     lt = ctx.train_length
-    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.the(grid_criterion="pmax")]),
+    for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.ALGORITHM1["pmax"]]),
                  ("lm_fixed", ""), ("lm_sequences", 20), ("lm_schemes", [ctx.scheme_spec])):
         ss.setdefault(k, v)
     own = ctx.scheme_spec  # the sidebar's scheme with its parameters, then every scheme at its defaults

@@ -120,7 +120,7 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
         if points:
             curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points])
     # Llama 4: one tau per query row, no single-number formula; its mean over an L-token document's rows
-    rows = methods.the(per="row")
+    rows = methods.PER_ROW
     per_row = methods.resolve(ctx.loaded, None, rows, tokens=max(dense))[0]  # no pass: from L_tr alone
     curves[f"{methods.get(rows).short} (mean row tau)"] = (dense, [per_row.mean(n) for n in dense])
     return curves

@@ -32,7 +32,7 @@ TOUR = [
     dict(title="3 · log-length", mult=8, method=methods.BASELINE,
          text="tau = log L_tr / log L divides every logit so a log-length normaliser stays constant (the paper's "
               "baseline). The bars move back toward the L_tr ticks, part of the way; compare the answer with step 2."),
-    dict(title="4 · Algorithm 1", mult=8, method=methods.the(grid_criterion="pmax"),
+    dict(title="4 · Algorithm 1", mult=8, method=methods.ALGORITHM1["pmax"],
          text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr. "
               "On the default model at 8× its curve never reached the L_tr line: the grid ends at tau = 0.5 short "
               "of the line, so 0.5 is the grid's end, not a match.",

@@ -43,8 +43,8 @@ from core.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_
 #: other advised closed form), Algorithm 1 on Pmax and on entropy, per layer and per head.
 AS_TRAINED, BASELINE = methods.AS_TRAINED, methods.BASELINE
 YARN = next(n for n in methods.ADVISED if n != BASELINE)
-PMAX, ENTROPY = methods.the(grid_criterion="pmax"), methods.the(grid_criterion="entropy")
-PER_LAYER, PER_HEAD = methods.the(per="layer"), methods.the(per="head")
+PMAX, ENTROPY = methods.ALGORITHM1["pmax"], methods.ALGORITHM1["entropy"]
+PER_LAYER, PER_HEAD = methods.PER_LAYER, methods.PER_HEAD
 #: (multiples of L_tr, methods), most important first: the budget decides how far down the list a run gets.
 PHASES: list[tuple[tuple[float, ...], tuple[str, ...]]] = [
     ((1, 8), (AS_TRAINED, BASELINE)),
