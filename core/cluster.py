@@ -28,7 +28,8 @@ Ray is imported only by :class:`RayEngine` (``--engine ray``): the CLI stays
 fast and the app never imports it.
 
 Every wait on the network is bounded: an ``--address`` is parsed once
-(:func:`parse_address`) and must answer a gRPC health check within
+(:func:`parse_address`) and must answer a gRPC health check (grpcio's
+standard ``grpc.health.v1`` stub, imported only then) within
 :data:`PROBE_TIMEOUT` seconds (:func:`check_address`, no Ray import), and
 joining it must finish within :data:`JOIN_TIMEOUT` seconds. A new local Ray
 gets an object store that fits this process's memory limits
@@ -431,50 +432,13 @@ def parse_address(text: str) -> str | Address:
     return Address(scheme, host, number)
 
 
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    """One HTTP/2 frame (RFC 9113 section 4.1)."""
-    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
-
-
-def _hpack_int(value: int, bits: int, first: int = 0) -> bytes:
-    """An HPACK integer with a ``bits``-bit prefix (RFC 7541 section 5.1); ``first``: the flag bits above it."""
-    top = (1 << bits) - 1
-    if value < top:
-        return bytes([first | value])
-    out, value = [first | top], value - top
-    while value >= 128:
-        out.append(value % 128 + 128)
-        value //= 128
-    return bytes(out + [value])
-
-
-def _hpack_field(index: int, value: str) -> bytes:
-    """A header whose name is in HPACK's static table (``index``), "literal without indexing", no Huffman code."""
-    raw = value.encode("ascii")
-    return _hpack_int(index, 4) + _hpack_int(len(raw), 7) + raw
-
-
-def _health_check(addr: Address) -> bytes:
-    """What a gRPC client sends to call ``grpc.health.v1.Health/Check`` once: the preface, SETTINGS, the call.
-
-    Why by hand: Ray's GCS (and Ray Client's server) speak gRPC, and Ray
-    ships no Python gRPC; an empty request is five bytes and the headers are
-    a handful of HPACK literals. The GCS answers SERVING (measured); any
-    gRPC answer at all (an UNIMPLEMENTED trailer) shows a live server."""
-    headers = (
-        b"\x83\x86"  # :method POST, :scheme http (static table 3 and 6)
-        + _hpack_field(4, "/grpc.health.v1.Health/Check")  # :path
-        + _hpack_field(1, addr.netloc)  # :authority
-        + _hpack_field(31, "application/grpc")  # content-type
-        + b"\x00" + _hpack_int(2, 7) + b"te" + _hpack_int(8, 7) + b"trailers"  # te: trailers (a new name)
-    )
-    return (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0)  # preface, our (empty) SETTINGS
-            + _frame(1, 0x4, 1, headers)  # HEADERS, END_HEADERS, stream 1
-            + _frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))  # DATA, END_STREAM: an empty HealthCheckRequest
-
-
 def _resolve(host: str, port: int, seconds: float) -> list:
-    """``getaddrinfo`` within ``seconds`` (a stalled DNS server is a network wait too): the addresses, or OSError."""
+    """``getaddrinfo`` within ``seconds`` (a stalled DNS server is a network wait too): the addresses, or OSError.
+
+    Why here and not in grpc: grpc's call deadline does cover its own lookup (measured, grpcio 1.85: a DNS server
+    that never answers ends the call at its deadline), but as a bare DEADLINE_EXCEEDED, the same words as a port
+    that never answers; resolved here, a name that does not resolve is named as such, and grpc is handed the
+    address getaddrinfo gave (no second lookup, through c-ares, that could disagree with the system's)."""
     try:
         ipaddress.ip_address(host.split("%", 1)[0])
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)  # a literal address: no lookup
@@ -501,21 +465,29 @@ def _resolve(host: str, port: int, seconds: float) -> list:
     raise TimeoutError(f"the name lookup did not finish within {seconds:g} s")
 
 
+def _tls() -> bool:
+    """Whether Ray speaks TLS (``RAY_USE_TLS``): its handshake and certificates are Ray's, so the probe stops at TCP."""
+    return os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes")
+
+
 def _probe(addr: Address, timeout: float = PROBE_TIMEOUT) -> str | None:
     """Why no Ray cluster answers at ``addr`` within ``timeout`` seconds in all (None: a gRPC server answered).
 
     A TCP connection alone proved little: a port that accepts and never
-    answers passed, and ``ray.init`` then hung for minutes. So this speaks
-    the first words of gRPC (:func:`_health_check`) and waits for the
-    answer to its call, all within one deadline. A cluster with TLS
-    (``RAY_USE_TLS``) gets the TCP check only: its handshake is Ray's."""
+    answers passed, and ``ray.init`` then hung for minutes. So, within one
+    deadline: the name is resolved (:func:`_resolve`), the first of its
+    addresses that accepts a TCP connection is found (so a refused ::1 falls
+    through to 127.0.0.1, and a refusal or a silent host is named as such),
+    and grpc's standard health stub calls ``grpc.health.v1.Health/Check``
+    there (:func:`_health`). A cluster with TLS (``RAY_USE_TLS``) gets the
+    TCP check only."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())  # noqa: E731
     try:
         infos = _resolve(addr.host, addr.port, left())
     except OSError as err:
         return f"the name {_shown(addr.host, 40)} was not resolved: {_shown(str(err.strerror or err), 80)}"
-    sock, why = None, "no address to connect to"
+    reached, why = None, "no address to connect to"
     for family, kind, proto, _, sockaddr in infos:
         if time.monotonic() >= deadline:
             break
@@ -524,53 +496,67 @@ def _probe(addr: Address, timeout: float = PROBE_TIMEOUT) -> str | None:
         except OSError as err:  # an address family this machine lacks (IPv6 switched off)
             why = err.strerror or type(err).__name__
             continue
-        try:
-            sock.settimeout(left())
-            sock.connect(sockaddr)
-            break
-        except OSError as err:
-            why = f"no TCP connection within {timeout:g} s" if isinstance(err, TimeoutError) else \
-                err.strerror or type(err).__name__
-            sock.close()
-            sock = None
-    if sock is None:
-        return why if time.monotonic() < deadline else f"no TCP connection within {timeout:g} s"
-    with sock:
-        if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes"):
-            return None
-        try:
-            sock.settimeout(left())
-            sock.sendall(_health_check(addr))
-            return _answer(sock, deadline)
-        except TimeoutError:
-            return f"a TCP connection opened, but no answer to a gRPC health check within {timeout:g} s"
-        except OSError as err:
-            return f"the connection failed: {err.strerror or type(err).__name__}"
-
-
-def _answer(sock: socket.socket, deadline: float) -> str | None:
-    """Read HTTP/2 frames until the server answers stream 1 (None) or shows it is no gRPC server (why);
-    TimeoutError at ``deadline``."""
-    buf, first = b"", True
-    while True:
-        while len(buf) >= 9:
-            size = int.from_bytes(buf[:3], "big")
-            kind, flags, stream = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
-            if first and kind != 4:  # a server's first frame is its SETTINGS (RFC 9113 section 3.4): "HTTP/1.1 4"
-                return "something answered there, but not gRPC (not a Ray GCS or Ray Client server)"
-            first = False
-            if len(buf) < 9 + size:
+        with sock:
+            try:
+                sock.settimeout(left())
+                sock.connect(sockaddr)
+                reached = (family, sockaddr)
                 break
-            buf = buf[9 + size:]
-            if stream == 1 or kind == 7:  # an answer to the call (HEADERS, DATA, RST_STREAM) or GOAWAY: alive
-                return None
-            if kind == 4 and not flags & 0x1:
-                sock.sendall(_frame(4, 0x1, 0))  # acknowledge its SETTINGS, as a client must
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        data = sock.recv(65536)
-        if not data:
-            return "the server closed the connection without answering a gRPC health check"
-        buf += data
+            except OSError as err:
+                why = f"no TCP connection within {timeout:g} s" if isinstance(err, TimeoutError) else \
+                    err.strerror or type(err).__name__
+    if reached is None:
+        return why if time.monotonic() < deadline else f"no TCP connection within {timeout:g} s"
+    if _tls():
+        return None
+    return _health(*reached, seconds=left(), timeout=timeout)
+
+
+def _health(family: int, sockaddr: tuple, seconds: float, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Call the standard gRPC health check at ``sockaddr`` (an address that accepted TCP) within ``seconds``:
+    None when a gRPC server answered, else why not in words (``timeout``: the bound the words name).
+
+    Why grpcio: Ray's GCS and Ray Client's server speak gRPC, and a maintained
+    client speaks HTTP/2 correctly where the hand-made frames this replaces
+    (issue 46) covered only the happy path. Any gRPC answer shows a live
+    server: the GCS answers SERVING (measured), and a server without the
+    health service answers UNIMPLEMENTED. No server: UNAVAILABLE (the
+    connection failed, or what answered is not gRPC: an HTTP/1 server),
+    DEADLINE_EXCEEDED (nothing answered in time), and an HTTP status other
+    than 200 (an HTTP/2 server that is not gRPC). grpc is imported here,
+    not at the top, so the CLI's start stays light; this connection is a
+    second one (the TCP check's is closed), as grpc takes an address, not a
+    socket."""
+    try:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+    except ImportError:
+        raise UserError("--address host:port needs grpcio to check the cluster: "
+                        "pip install grpcio grpcio-health-checking (requirements.txt has both)") from None
+
+    host, port = sockaddr[0], sockaddr[1]
+    target = f"ipv6:[{host.replace('%', '%25')}]:{port}" if family == socket.AF_INET6 else f"ipv4:{host}:{port}"
+    # one call, straight to the cluster: grpc would otherwise retry, and honour http_proxy / grpc_proxy
+    options = [("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0)]
+    with grpc.insecure_channel(target, options=options) as channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=seconds)
+            return None
+        except grpc.RpcError as err:
+            code, details = err.code(), " ".join(str(err.details() or "").split())
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"a TCP connection opened, but no answer to a gRPC health check within {timeout:g} s"
+    if code != grpc.StatusCode.UNAVAILABLE:
+        if details.startswith("Received http2 header with status"):
+            # grpc's words for an HTTP/2 answer whose :status is not 200: a gRPC server always answers 200 (its
+            # status goes in the trailers), so this is a web server or proxy, though grpc calls it UNIMPLEMENTED
+            said = _shown(details.rpartition(" ")[2], 8)
+            return f"something answered there, but not gRPC (an HTTP/2 server that said {said})"
+        return None  # UNIMPLEMENTED, NOT_SERVING and the rest: a gRPC server answered
+    cause = details.rpartition(f":{port}: ")[2] or details  # grpc's last error, without the address it repeats
+    if "http1" in cause.lower():
+        return "something answered there, but not gRPC (an HTTP/1 server, not a Ray GCS or Ray Client server)"
+    return f"a TCP connection opened, but no gRPC server answered ({_shown(cause, 100)})"
 
 
 def check_address(address: str | None) -> str | None:

@@ -1,18 +1,20 @@
-"""Ray's edges, hardened (issue 36, causes 1, 4 and 10): a stalled address, ports that overflow, a memory cap.
+"""Ray's edges, hardened (issue 36, causes 1, 4 and 10; issue 46): a stalled address, ports that overflow, a memory cap.
 
 Why these tests: ``sweep --engine ray --address HOST:PORT`` to a port that
 accepts and never answers hung past 150 s inside ``ray.init``; a port of 20
 digits ended in "internal error: OverflowError" and one over 65535 wrapped
 around to a port that answered; under ``ulimit -v`` a local Ray could not
 map its object store (exit 1 after 35 s, or a hang). Each test runs the real
-thing: a loopback server that accepts and never answers (or answers a gRPC
-health check and nothing else), the CLI in this process or as a child under
-``RLIMIT_AS``. One test starts a real Ray (the shrunk store); the rest start
-none.
+thing: the address check (grpcio's health stub since issue 46) against real
+loopback servers: a ``grpc.server`` with the health service and one without
+it, a port that accepts and never answers, an HTTP/1.1 server, a closed port;
+the CLI in this process or as a child under ``RLIMIT_AS``. One test starts a
+real Ray (the shrunk store); the rest start none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import socket
@@ -21,14 +23,18 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent import futures
 from pathlib import Path
 
 import pytest
 
 from core import cluster
 from core.cli import main
+from core.errors import UserError
 
 ray = pytest.importorskip("ray")
+grpc = pytest.importorskip("grpc")
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # noqa: E402 - after the skip
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,13 +46,9 @@ GIB = 2**30
 
 
 class Loopback:
-    """A TCP server on 127.0.0.1 that accepts every connection and keeps it open.
+    """A TCP server on 127.0.0.1 that accepts every connection, keeps it open and never says a word."""
 
-    ``health``: answer a plain gRPC health check (the bytes :func:`core.cluster._probe` sends) with SERVING and
-    never answer anything else, as a GCS that passes the probe and then stalls a driver would."""
-
-    def __init__(self, health: bool = False):
-        self.health = health
+    def __init__(self):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -64,30 +66,110 @@ class Loopback:
                 return
             self.accepted += 1
             self.conns.append(conn)
-            if self.health:
-                threading.Thread(target=self._answer_health, args=(conn,), daemon=True).start()
-
-    def _answer_health(self, conn: socket.socket) -> None:
-        frame = cluster._frame
-        seen = b""
-        try:
-            while b"/grpc.health.v1.Health/Check" not in seen:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                seen += data
-            conn.sendall(frame(4, 0, 0)  # SETTINGS
-                         + frame(1, 0x4, 1, b"\x88")  # :status 200
-                         + frame(0, 0, 1, b"\x00\x00\x00\x00\x02\x08\x01")  # HealthCheckResponse SERVING
-                         + frame(1, 0x5, 1, b"\x00\x0bgrpc-status\x010"))  # trailers, END_STREAM
-        except OSError:
-            return
 
     def close(self) -> None:
         self._stop = True
         self.sock.close()
         for c in self.conns:
             c.close()
+
+
+class _Stall(grpc.GenericRpcHandler):
+    """Every method but the health service's waits (until the test ends): a GCS that passes the probe and then
+    stalls a joining driver."""
+
+    def __init__(self, release: threading.Event):
+        self.release = release
+
+    def service(self, details):
+        if details.method.startswith("/grpc.health.v1.Health/"):
+            return None
+
+        def hang(request, context):
+            self.release.wait(120)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the test is over")
+
+        return grpc.unary_unary_rpc_method_handler(hang)
+
+
+class GrpcServer:
+    """A real ``grpc.server`` on 127.0.0.1: with the standard health service (answering ``status``) or without
+    it (a call to it gets UNIMPLEMENTED, as from a GCS that lacks it); ``stall``: every other method hangs."""
+
+    def __init__(self, health_service: bool = True, stall: bool = False,
+                 status=health_pb2.HealthCheckResponse.SERVING):
+        self.release = threading.Event()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        self.checks = 0
+        if health_service:
+            servicer = health.HealthServicer()
+            servicer.set("", status)
+            check = servicer.Check
+
+            def counted(request, context):
+                self.checks += 1
+                return check(request, context)
+
+            servicer.Check = counted
+            health_pb2_grpc.add_HealthServicer_to_server(servicer, self.server)
+        if stall:
+            self.server.add_generic_rpc_handlers((_Stall(self.release),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.stop(0)
+
+
+class Http1:
+    """An HTTP/1.1 server on 127.0.0.1: every request gets ``400 Bad Request``, and the connection stays open
+    a moment (as a web server's would)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._reply, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _reply(conn: socket.socket) -> None:
+        with conn:
+            try:
+                if conn.recv(65536):
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                time.sleep(0.5)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _probe(address: str, timeout: float = cluster.PROBE_TIMEOUT) -> tuple[str | None, float]:
+    """The probe's answer for ``address`` and the seconds it took; a probe that outlives its bound by MARGIN
+    fails the test instead of hanging it."""
+    box: dict = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        box["why"] = cluster._probe(cluster.parse_address(address), timeout=timeout)
+        box["took"] = time.monotonic() - t0
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout + MARGIN)
+    assert "took" in box, f"the probe of {address} was still waiting after {timeout + MARGIN:g} s"
+    return box["why"], box["took"]
 
 
 @pytest.fixture
@@ -107,12 +189,12 @@ def _env(**extra: str) -> dict:
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
-# -- cause 1: a port that accepts and never answers ----------------------------------------------
+# -- cause 1: a port that accepts and never answers; what answers there (issue 46: grpcio's health stub) ----------
 
 @pytest.mark.parametrize("scheme", ["ray://"])  # the probe is the same for a GCS address (host:port)
 def test_a_port_that_accepts_and_never_answers_is_named_within_the_bound(tiny_dir, tmp_path, capsys, stalled, scheme):
-    """The CLI gives up after PROBE_TIMEOUT seconds, in one line naming the address, exit 2, the CSV untouched;
-    the server did get a connection (so the wait was the answer's, not a refused connection's)."""
+    """The CLI gives up after PROBE_TIMEOUT seconds, in one line naming the address and the cause, exit 2, the
+    CSV untouched; the server did get a connection (so the wait was the answer's, not a refused connection's)."""
     out = tmp_path / "s.csv"
     out.write_bytes(b"precious\r\n")
     capsys.readouterr()
@@ -123,49 +205,188 @@ def test_a_port_that_accepts_and_never_answers_is_named_within_the_bound(tiny_di
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
     assert len(err) == 1 and address in err[0] and "cannot reach a Ray cluster" in err[0], err
-    assert f"within {cluster.PROBE_TIMEOUT:g} s" in err[0], err
+    assert f"no answer to a gRPC health check within {cluster.PROBE_TIMEOUT:g} s" in err[0], err
     assert stalled.accepted >= 1
     assert cluster.PROBE_TIMEOUT - 0.5 <= took <= cluster.PROBE_TIMEOUT + MARGIN, took
     assert out.read_bytes() == b"precious\r\n"
 
 
+def test_a_silent_port_is_refused_within_the_bound_given(stalled):
+    """The gRPC call's deadline is what is left of the probe's: 2 s in all, whatever grpc's own connect timeouts
+    (20 s) would allow; both connections (the TCP check's and grpc's) reached the server."""
+    why, took = _probe(f"127.0.0.1:{stalled.port}", timeout=2.0)
+    assert why == "a TCP connection opened, but no answer to a gRPC health check within 2 s", why
+    assert 2.0 - 0.1 <= took <= 2.0 + 1.0, took
+    assert stalled.accepted >= 2
+
+
 def test_the_probe_is_one_deadline_however_many_addresses_a_name_has(stalled):
     """``localhost`` may resolve to ::1 and 127.0.0.1: the probe's bound is for all of them together."""
-    t0 = time.monotonic()
-    why = cluster._probe(cluster.parse_address(f"localhost:{stalled.port}"), timeout=2.0)
-    took = time.monotonic() - t0
+    why, took = _probe(f"localhost:{stalled.port}", timeout=2.0)
     assert why is not None and "within 2 s" in why, why
     assert took <= 2.0 + 1.0, took
 
 
-def test_a_server_that_is_not_grpc_is_refused_at_once(tmp_path):
-    """An HTTP/1 server (or anything whose first bytes are not an HTTP/2 SETTINGS frame) is not a Ray cluster."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
-
-    def reply():
-        conn, _ = srv.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-            time.sleep(1)
-
-    threading.Thread(target=reply, daemon=True).start()
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_a_grpc_server_with_the_health_service_is_a_live_cluster(scheme):
+    """A real ``grpc.server`` answering SERVING passes, at once, and its health service was what answered."""
+    server = GrpcServer()
     try:
         t0 = time.monotonic()
-        why = cluster._probe(cluster.parse_address(f"127.0.0.1:{srv.getsockname()[1]}"))
-        assert why is not None and "not gRPC" in why, why
+        assert cluster.check_address(f"{scheme}127.0.0.1:{server.port}") == f"{scheme}127.0.0.1:{server.port}"
         assert time.monotonic() - t0 < 2.0
+        assert server.checks == 1
+    finally:
+        server.close()
+
+
+def test_a_grpc_server_that_says_not_serving_is_still_a_live_server():
+    """Any gRPC answer shows a server that speaks Ray's protocol; whether it serves is for ``ray.init`` to find."""
+    server = GrpcServer(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+    try:
+        why, _ = _probe(f"127.0.0.1:{server.port}", timeout=5.0)
+        assert why is None, why
+        assert server.checks == 1
+    finally:
+        server.close()
+
+
+def test_a_grpc_server_without_the_health_service_is_a_live_cluster():
+    """Ray's GCS may not implement ``grpc.health.v1``: its UNIMPLEMENTED answer is a live gRPC server too."""
+    server = GrpcServer(health_service=False)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        with pytest.raises(grpc.RpcError) as raised:  # the server really lacks the service
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5.0)
+        channel.close()
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        why, took = _probe(f"127.0.0.1:{server.port}", timeout=5.0)
+        assert why is None and took < 2.0, (why, took)
+    finally:
+        server.close()
+
+
+def test_an_http1_server_is_refused_at_once_in_words():
+    """An HTTP/1.1 server is not a Ray cluster: one clause naming it, long before the bound."""
+    server = Http1()
+    try:
+        why, took = _probe(f"127.0.0.1:{server.port}")
+        assert why is not None and "not gRPC" in why and "HTTP/1" in why, why
+        assert took < 3.0, took
+    finally:
+        server.close()
+
+
+def test_an_http2_server_that_is_not_grpc_is_refused():
+    """A web server or proxy speaking HTTP/2 answers ``404``, which grpc reports as UNIMPLEMENTED (the code a GCS
+    without the health service gives); a gRPC server always answers HTTP 200, so this one is refused. (No HTTP/2
+    server library is installed: this fake sends the two frames such a server sends, a SETTINGS frame and a
+    HEADERS frame with ``:status 404``, HPACK static entry 13.)"""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def reply(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # SETTINGS, empty
+            conn.settimeout(0.2)
+            with contextlib.suppress(TimeoutError):
+                while conn.recv(65536):  # the client's preface, SETTINGS and call
+                    pass
+            conn.sendall(b"\x00\x00\x01\x01\x05\x00\x00\x00\x01\x8d")  # HEADERS on stream 1, END_STREAM: 404
+            time.sleep(1)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=reply, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        why, took = _probe(f"127.0.0.1:{srv.getsockname()[1]}", timeout=5.0)
+        assert why is not None and "not gRPC" in why and "404" in why, why
+        assert took < 3.0, took
     finally:
         srv.close()
 
 
+def test_a_closed_port_is_refused_at_once():
+    """Nothing listens: the refusal, in the system's words, without waiting for the bound."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    why, took = _probe(f"127.0.0.1:{port}")
+    assert why is not None and "refused" in why.lower(), why
+    assert took < 2.0, took
+
+
+def test_a_stalled_name_lookup_is_named_within_the_bound(monkeypatch):
+    """A DNS server that never answers: getaddrinfo blocks (here: until the test ends); the probe names the
+    lookup as the cause when the bound is spent, and grpc is never reached."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def stalled_lookup(host, *args, **kwargs):
+        if host == "stalled.example":
+            release.wait(60)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stalled_lookup)
+    try:
+        why, took = _probe("stalled.example:6379", timeout=1.5)
+    finally:
+        release.set()
+    assert why is not None and "stalled.example was not resolved" in why and "within 1.5 s" in why, why
+    assert 1.5 - 0.1 <= took <= 1.5 + 1.0, took
+
+
+def test_with_tls_the_check_stops_at_tcp(monkeypatch, stalled):
+    """``RAY_USE_TLS``: the handshake and its certificates are Ray's, so a port that accepts passes at once (no
+    plain-text gRPC call it would fail), and a closed one is still refused."""
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    why, took = _probe(f"127.0.0.1:{stalled.port}", timeout=5.0)
+    assert why is None and took < 2.0, (why, took)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    why, _ = _probe(f"127.0.0.1:{port}", timeout=5.0)
+    assert why is not None and "refused" in why.lower(), why
+
+
+def test_without_grpcio_an_address_is_one_line_naming_what_to_install(monkeypatch):
+    """grpcio is imported only by the check: an install without it gets one line, not an ImportError."""
+    server = GrpcServer()
+    monkeypatch.setitem(sys.modules, "grpc", None)  # import grpc raises ImportError
+    try:
+        with pytest.raises(UserError, match="pip install grpcio grpcio-health-checking"):
+            cluster.check_address(f"127.0.0.1:{server.port}")
+    finally:
+        monkeypatch.undo()
+        server.close()
+
+
+def test_the_cli_does_not_import_grpc_until_an_address_is_checked():
+    """``python -m core`` and a check of ``auto`` stay light: grpc is imported by the network check only."""
+    script = ("import sys; from core import cli, cluster; cluster.check_address('auto'); "
+              "print('grpc' in sys.modules, 'grpc_health' in sys.modules)")
+    child = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                           timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["False", "False"], child.stdout
+
+
 def test_a_cluster_that_answers_its_health_check_and_then_stalls_ray_init_is_abandoned_within_the_join_bound(tmp_path):
-    """The backstop: the probe passes (a health check answered), ``ray.init`` then gets no answer and would wait
-    for minutes; :class:`core.cluster.RayEngine` gives up after JOIN_TIMEOUT seconds (3 here, in a child: the
-    abandoned ``ray.init`` thread stays behind in its process) with one line naming the address."""
-    server = Loopback(health=True)
+    """The backstop: the probe passes (a real gRPC server answers its health check), ``ray.init`` then gets no
+    answer to anything else and would wait for minutes; :class:`core.cluster.RayEngine` gives up after
+    JOIN_TIMEOUT seconds (3 here, in a child: the abandoned ``ray.init`` thread stays behind in its process)
+    with one line naming the address."""
+    server = GrpcServer(stall=True)
     try:
         assert cluster._probe(cluster.parse_address(f"127.0.0.1:{server.port}"), timeout=5.0) is None
         script = textwrap.dedent(f"""
@@ -191,6 +412,7 @@ def test_a_cluster_that_answers_its_health_check_and_then_stalls_ray_init_is_aba
     took, msg = lines[0].split("|", 1)
     assert f"127.0.0.1:{server.port}" in msg and "no answer within 3 s" in msg, msg
     assert 3.0 <= float(took) <= 3.0 + MARGIN, took
+    assert server.checks == 2  # the probe here, then the child's own (RayEngine.start checks the address)
 
 
 # -- cause 4: ports that overflow or wrap ------------------------------------------------------------
