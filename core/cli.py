@@ -156,6 +156,7 @@ def _with_params(schemes: list["Scheme"], given: list[tuple[str, str]] | None) -
     """``--schemes`` with ``--scheme-params`` given to every listed scheme that takes each (a scheme's own
     ``name:key=value`` wins); a parameter given twice, or that no listed scheme takes, is refused, naming who takes
     what."""
+    from core import positions
     from core.positions import Scheme
 
     if not given:
@@ -170,7 +171,8 @@ def _with_params(schemes: list["Scheme"], given: list[tuple[str, str]] | None) -
         takes = scheme.entry.params
         extra = {k: v for k, v in given if k in takes and k not in scheme.param_dict}
         used |= {k for k, _ in given if k in takes}
-        out.append(Scheme.of(scheme.name, {**scheme.param_dict, **extra}) if extra else scheme)
+        text = positions.SPEC_SEP.join([scheme.spell(), *(f"{k}={v}" for k, v in extra.items())])
+        out.append(Scheme.of(text) if extra else scheme)  # the options' values are text: read as a scheme's text
     unused = [k for k, _ in given if k not in used]
     if unused:
         takes = "; ".join(f"{s.name} takes {', '.join(s.entry.params) or 'nothing'}" for s in schemes)

@@ -20,12 +20,12 @@ Schemes that need their own training (ALiBi, PoSE) are entries too, marked
 unavailable with the reason, so no list drops them silently.
 
 How a bound scheme reaches a model (docs/positions.md, "How it is applied"; every pass of a rotary model goes
-through :func:`core.rope_pass.scheme_pass`, which binds the scheme to the pass's length and holds
-:func:`model_lock`): :func:`rotary_override` sets each rotary module's frequencies for one pass and
-puts them back (the scheme's, or none at all for a scheme that rectifies
-distances, so the attention function receives unrotated q and k); the
-attention function ANDs :meth:`Bound.mask_rows` into the padding mask and, for
-rectified schemes, takes its logits from :func:`rectified_logits`.
+through :func:`core.rope_pass.scheme_pass`, which binds the scheme to the pass's length and puts the
+:class:`Bound` in the attention call's context): the model's rotary modules, swapped once for a subclass
+(:func:`rotate_per_call`), read it when they compute cos and sin (the scheme's frequencies, or none at all
+for a scheme that rectifies distances, so the attention function receives unrotated q and k); the
+attention function ANDs :meth:`Bound.mask_rows` into the padding mask and, for rectified schemes, takes its
+logits from :func:`rectified_logits`. Nothing of the shared model changes per pass.
 
 No temperature method is named here (tests/test_registry_owner.py): YaRN's
 frequencies are the entry ``yarn-rope``; transformers' own ``rope_type`` keys
@@ -42,13 +42,11 @@ one parser and validator, :meth:`Scheme.spell` its one text, and
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import threading
-import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from core.errors import UserError
 
@@ -707,22 +705,7 @@ def unavailable() -> dict[str, str]:
     return {n: s.reason for n, s in REGISTRY.items() if not s.available}
 
 
-# ---- applying frequencies to a loaded model ------------------------------------------------------------------
-
-
-_LOCKS_GUARD = threading.Lock()
-_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
-
-
-def model_lock(model: Any) -> "threading.RLock":
-    """The lock of one model's rotary state (reentrant, one per model object): :func:`rotary_override` holds it
-    for the whole pass, and :func:`core.rope_pass.scheme_pass` holds it for every pass of a rotary model, plain
-    ones included (a plain pass beside another thread's override would read that scheme's frequencies)."""
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(model)
-        if lock is None:
-            lock = _LOCKS[model] = threading.RLock()
-        return lock
+# ---- the scheme's rotation, per call ---------------------------------------------------------------------------
 
 
 def rotary_modules(model: Any) -> list[Any]:
@@ -730,52 +713,53 @@ def rotary_modules(model: Any) -> list[Any]:
     return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "rope_type")]
 
 
-@contextlib.contextmanager
-def rotary_override(model: Any, bound: Bound) -> Iterator[None]:
-    """For the duration of one pass, each rotary module rotates as ``bound`` says (:meth:`Bound.model_rotation`):
-    its ``{layer_type}_inv_freq`` buffer is overwritten in place and its ``attention_scaling`` set, its
-    ``rope_type`` pinned to ``default`` (so transformers' dynamic update, which keeps the longest length it has
-    seen, cannot change them mid-pass); everything is put back on exit, even after an error.
+_SWAP_GUARD = threading.Lock()
+_SUBCLASSES: dict[tuple[type, Callable], type] = {}
 
-    The model is shared state: the model's :func:`model_lock` is held from entry to exit, so two threads
-    overriding one model run their passes one after the other (the app's pass gate already runs one at a time)."""
-    import torch
 
-    saved: list[tuple[Any, str, str, torch.Tensor, float, Any]] = []
-    with model_lock(model), _restoring(saved):
+def _scheme_rotary_class(base: type, current: Callable[[], "Bound | None"]) -> type:
+    """A subclass of a transformers rotary module class whose ``forward`` rotates as the pass's scheme says.
+
+    ``current()`` gives the :class:`Bound` of the pass under way in this thread (None: no scheme), read when the
+    model computes its cos and sin. With one, cos and sin come from :meth:`Bound.model_rotation` (the scheme's
+    frequencies and attention factor; zeros, so no rotation at all, for a scheme that rectifies distances: the
+    attention rotates); otherwise, and for a scheme that keeps the model's frequencies, the parent's own forward.
+    The formula is the rotary embedding's: angle = position x inverse frequency, cos and sin of the angles
+    repeated over the two halves, times the attention factor."""
+    def forward(self, x, position_ids, *args, **kwargs):
+        bound = current()
+        layer_type = kwargs.get("layer_type", args[0] if args else None)
+        rotation = None if bound is None else bound.model_rotation(self.config, layer_type)
+        if rotation is None:
+            return base.forward(self, x, position_ids, *args, **kwargs)
+        import torch
+
+        inv, factor = rotation
+        freqs = position_ids[..., None].float() * inv.to(device=x.device, dtype=torch.float)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return (angles.cos() * factor).to(dtype=x.dtype), (angles.sin() * factor).to(dtype=x.dtype)
+
+    return type(f"Scheme{base.__name__}", (base,), {"forward": forward, "__doc__": _scheme_rotary_class.__doc__,
+                                                      "_scheme_base": base})
+
+
+def rotate_per_call(model: Any, current: Callable[[], "Bound | None"]) -> None:
+    """Let ``model``'s rotary modules take their rotation from the pass under way (``current``): each module's class
+    is swapped, once, for a subclass (:func:`_scheme_rotary_class`) that behaves exactly as its parent whenever
+    ``current()`` is None, as PEFT swaps modules at load. Idempotent; nothing else about the model changes.
+
+    Why not overwrite the module's frequency buffers for a pass (what this replaced): the model is shared (the app
+    serves many sessions from one), so a pass had to hold a per-model lock from the overwrite to the restore, and
+    a pass in another thread waited or, without the lock, read another scheme's frequencies. Now a pass's scheme
+    travels with the call, in the attention call's context (:func:`core.rope_pass.scheme_pass`), and two threads
+    with two schemes run side by side on one model. transformers' dynamic frequency update (which keeps the longest
+    length it has seen) is bypassed during a scheme's pass: the scheme's frequencies are computed for the pass."""
+    with _SWAP_GUARD:
         for module in rotary_modules(model):
-            per_type = isinstance(module.rope_type, dict)
-            for lt in (sorted(module.rope_type) if per_type else [None]):
-                rotation = bound.model_rotation(module.config, lt)
-                if rotation is None:
-                    continue
-                prefix = f"{lt}_" if lt is not None else ""
-                buf = getattr(module, f"{prefix}inv_freq")
-                saved.append((module, prefix, lt, buf.detach().clone(), getattr(module, f"{prefix}attention_scaling"),
-                              module.rope_type[lt] if per_type else module.rope_type))
-                with torch.no_grad():
-                    buf.copy_(rotation[0].to(buf.device, buf.dtype))
-                setattr(module, f"{prefix}attention_scaling", rotation[1])
-                if per_type:
-                    module.rope_type[lt] = DEFAULT_ROPE
-                else:
-                    module.rope_type = DEFAULT_ROPE
-        yield
-
-
-@contextlib.contextmanager
-def _restoring(saved: list) -> Iterator[None]:
-    """Put back what :func:`rotary_override` recorded in ``saved``, on exit and after an error alike."""
-    import torch
-
-    try:
-        yield
-    finally:
-        for module, prefix, lt, inv, scaling, kind in reversed(saved):
-            with torch.no_grad():
-                getattr(module, f"{prefix}inv_freq").copy_(inv)
-            setattr(module, f"{prefix}attention_scaling", scaling)
-            if lt is not None:
-                module.rope_type[lt] = kind
-            else:
-                module.rope_type = kind
+            cls = type(module)
+            if getattr(cls, "_scheme_base", None) is not None:
+                continue
+            sub = _SUBCLASSES.get((cls, current))
+            if sub is None:
+                sub = _SUBCLASSES[(cls, current)] = _scheme_rotary_class(cls, current)
+            module.__class__ = sub

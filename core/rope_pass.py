@@ -1,14 +1,16 @@
 """One forward pass of a model under a position scheme: the one place a scheme reaches a model.
 
 A position scheme (:mod:`core.positions`) is applied in two halves that must
-agree: the model's rotary module (:func:`core.positions.rotary_override`: the
-scheme's frequencies, or none at all for a scheme that rectifies distances)
-and the attention function (:class:`core.attention.AttentionSettings`'s
-``positions``: mask rows and rectified logits). :func:`scheme_pass` sets both
-up for one pass and undoes them, and is what every pass of a rotary model
-goes through: :func:`core.engine.run_encoded` (so Explore, sweeps and the
-passes of measured methods, Algorithm 1 included, run under the scheme) and
-:func:`core.mlm.score`.
+agree: the model's rotary modules (the scheme's frequencies, or none at all
+for a scheme that rectifies distances) and the attention function (mask rows
+and rectified logits). Both read the same :class:`~core.positions.Bound` from
+the attention call's context (:class:`core.attention.AttentionSettings`'s
+``positions``), which :func:`scheme_pass` sets for the enclosed pass: the
+rotary modules through a subclass swapped in once
+(:func:`core.positions.rotate_per_call`), the attention function directly.
+It is what every pass of a rotary model goes through:
+:func:`core.engine.run_encoded` (so Explore, sweeps and the passes of measured
+methods, Algorithm 1 included, run under the scheme) and :func:`core.mlm.score`.
 
 The scheme is bound per pass to the pass's own length (the padded batch's):
 a calibration's L_tr reference passes get the scheme at L_tr, its passes at
@@ -16,12 +18,10 @@ L the scheme at L. That is why callers carry a :class:`~core.positions.Scheme` (
 ``Choice.scheme``) rather than a :class:`~core.positions.Bound`, which is fixed
 to one length.
 
-The rotary override changes the shared model for the pass, so the pass holds
-the model's lock (:func:`core.positions.model_lock`) from before the override
-to after the restore; every pass of a rotary model takes it, plain ones too
-(a plain pass beside another thread's override would read its frequencies).
-The app already runs one pass at a time (``ui/pass_gate.py``); the lock makes
-the library safe for any caller with threads.
+Nothing of the shared model changes per pass: the context is per thread (and
+per asyncio task), so two threads running two schemes on one model each get
+their own, with no lock (the app, which serves many sessions from one cached
+model, relies on it).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 from core import positions
+from core import attention
 from core.attention import ROPE, AttentionSettings, attention_call
 from core.errors import UserError
 
@@ -74,10 +75,15 @@ def scheme_pass(loaded: "Loaded", attn: AttentionSettings | None, recorder: "Rec
         with attention_call(attn, recorder):
             yield None
         return
-    model = loaded.model
-    with positions.model_lock(model), positions.rotary_override(model, b), \
-            attention_call(replace(attn, positions=b), recorder):
+    positions.rotate_per_call(loaded.model, _current_bound)
+    with attention_call(replace(attn, positions=b), recorder):
         yield b
+
+
+def _current_bound() -> positions.Bound | None:
+    """The position scheme of the attention call under way in this thread (what the rotary modules read)."""
+    call = attention._CURRENT.get()  # (the attention module's own context: one per thread)
+    return None if call is None else call.settings.positions
 
 
 def attention_factor(loaded: "Loaded", b: positions.Bound | None) -> float:

@@ -58,7 +58,7 @@ class RowTau:
     Why a schedule of its own: every other method gives one tau per layer (or
     head) for all rows; Llama 4 (transformers' ``attn_temperature_tuning``)
     multiplies the query at position p by ``log1p(floor((p + 1) / floor_scale))
-    * attn_scale + 1`` (:func:`llama4_scale`), so row p's tau
+    * attn_scale + 1`` (transformers' ``Llama4TextAttention``), so row p's tau
     is its inverse and rows before ``floor_scale - 1`` keep tau = 1. With
     ``floor_scale`` = L_tr it sharpens only the rows past the training length.
     In a causal decoder row p sees p + 1 keys, so a scale growing with p tracks
@@ -84,7 +84,7 @@ class RowTau:
             raise ValueError(f"attn_scale must be a number in 0 .. {MAX_ATTN_SCALE:g}, got {_short(self.attn_scale)}")
 
     def taus(self, positions: np.ndarray) -> np.ndarray:
-        """float64 tau of each query row at these 0-based positions (the inverse of :func:`llama4_scale`)."""
+        """float64 tau of each query row at these 0-based positions (the inverse of Llama 4's query factor)."""
         p = np.asarray(positions, dtype=np.float64)
         return 1.0 / (np.log1p(np.floor((p + 1) / self.floor_scale)) * self.attn_scale + 1.0)
 

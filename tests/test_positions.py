@@ -168,7 +168,7 @@ def test_dynamic_ntk_by_hand_and_its_stale_cache_in_transformers(d, theta, lt, n
 
 
 def test_transformers_dynamic_rotary_keeps_the_longest_length_seen():
-    """Why a pass pins its frequencies (rotary_override) instead of leaving transformers' dynamic update on:
+    """Why a pass computes its scheme's frequencies (rotate_per_call) instead of leaving transformers' dynamic update on:
     after a long input, a shorter one (still past L_tr) keeps the long input's frequencies."""
     lt, d, theta = 16, 8, 500.0
     cfg = P.configured(config(d, theta, max_pos=lt), P.bind("dynamic-ntk", lt, 128))
@@ -372,25 +372,37 @@ def _ids(n: int) -> torch.Tensor:
     return torch.randint(3, 64, (1, n), generator=torch.Generator().manual_seed(1))
 
 
+_ROTATING: dict[str, P.Bound | None] = {"bound": None}
+
+
 @pytest.mark.parametrize("name", ["pi", "ntk", "dynamic-ntk", "yarn-rope"])
-def test_rotary_override_equals_a_model_built_from_the_scheme_config_and_undoes_itself(name):
+def test_the_per_call_rotation_equals_a_model_built_from_the_scheme_config_and_changes_nothing_shared(name):
+    """The rotary subclass (rotate_per_call) gives exactly a model built from the scheme's config while a scheme is
+    current, the model as trained otherwise (before, after, and after an error), and never touches the module's
+    buffers: nothing shared changes per pass."""
     lt, n = 16, 72
     cfg = config(8, 500.0, layers=2, max_pos=lt)
     model = _model(cfg)
     ids = _ids(n)
     before = model(ids).logits
+    buffers = [b.clone() for b in model.model.rotary_emb.buffers()]
     bound = P.bind(name, lt, n)
     other = _model(P.configured(cfg, bound))
     other.load_state_dict(model.state_dict())
-    with P.rotary_override(model, bound):
+    P.rotate_per_call(model, lambda: _ROTATING["bound"])
+    P.rotate_per_call(model, lambda: _ROTATING["bound"])  # idempotent: swapped once
+    assert type(model.model.rotary_emb).__mro__[1] is ModernBertRotaryEmbedding
+    torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)  # no scheme current: the parent's forward
+    _ROTATING["bound"] = bound
+    try:
         during = model(ids).logits
+    finally:
+        _ROTATING["bound"] = None
     torch.testing.assert_close(during, other(ids).logits, rtol=1e-5, atol=1e-5)
     assert (during - before).abs().max() > 1e-3  # the scheme changed something
-    torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)  # and it is all undone
-    assert model.model.rotary_emb.rope_type[FULL] == "default"
-    with pytest.raises(RuntimeError, match="boom"), P.rotary_override(model, bound):
-        raise RuntimeError("boom")
     torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.model.rotary_emb.buffers()))
+    assert model.model.rotary_emb.rope_type[FULL] == "default"
 
 
 _CURRENT: dict[str, P.Bound] = {}
@@ -423,12 +435,13 @@ AttentionInterface.register("positions-test", _scheme_attention)
 
 
 def _run(model: ModernBertForMaskedLM, bound: P.Bound, ids: torch.Tensor) -> torch.Tensor:
-    _CURRENT["bound"] = bound
+    _CURRENT["bound"] = _ROTATING["bound"] = bound
     model.set_attn_implementation("positions-test")
+    P.rotate_per_call(model, lambda: _ROTATING["bound"])
     try:
-        with P.rotary_override(model, bound):
-            return model(ids).logits
+        return model(ids).logits
     finally:
+        _ROTATING["bound"] = None
         model.set_attn_implementation("sdpa")
 
 
