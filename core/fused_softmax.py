@@ -7,16 +7,18 @@ megabytes that live in L3 at best. The kernel (``fused_softmax.cpp`` beside this
 them row by row while the row sits in L1/L2, and reads T5's relative bias from its vector
 per head in place (:class:`core.relative_bias.RelativeBias`), so no bias block is ever
 materialised. It leaves ``exp(x - max)`` in the scores' memory and returns each row's sum
-and ``sum(exp * (x - max))``: all :meth:`core.probes.Recorder.observe_exp` needs, and the
-output is ``(exp @ v) / total``.
+and ``sum(exp * (x - max))``: the output is ``(exp @ v) / total``, and the three are the
+:class:`core.softmax_block.Block` every probe is computed from (:meth:`core.probes.Recorder.observe`).
+It is the ``cpu-kernel`` backend of :mod:`core.softmax_block`, which says when it is chosen.
 
 How it is built: with the machine's ``g++`` (``-O3 -march=native``; a plain C ABI loaded by
 :mod:`ctypes`, no torch headers, well under a second), once per source, flags and CPU, into
 the user's cache folder (``$XDG_CACHE_HOME/attention-explorer``, else ``~/.cache/...``),
 written to a temporary name and renamed, so two processes building at once both end with
 a whole library. No compiler, a failed build, or ``AAE_FUSED_SOFTMAX=0`` in the
-environment: :func:`available` is False and the attention takes torch's path, which gives
-the same numbers (tests/test_fused_softmax.py holds both to transformers' eager attention).
+environment: :func:`available` is False and the attention takes another backend, which gives
+the same numbers (tests/test_fused_softmax.py holds the attention with the kernel to the attention
+without it and to transformers' eager attention, probes included).
 
 Threads: the rows of a block are split over :func:`threads` Python threads (ctypes lets go
 of the GIL during the call), the same count torch uses for its own work.

@@ -1,10 +1,15 @@
 """What a forward pass records about its attention, asked for by name.
 
 A :class:`Recorder` rides along with :func:`core.attention.aligned_attention`:
-the attention function hands it each block of query rows (raw logits, scaled
-scores, probabilities) and drops the block afterwards, so the recorder keeps
+per attention call, :meth:`Recorder.begin_layer` says what the blocks must carry
+(:class:`core.softmax_block.Needs`), then the attention function hands it each
+block of query rows as one :class:`core.softmax_block.Block` (:meth:`Recorder.observe`:
+the softmax's un-normalised exp and row sums, or probabilities, plus the raw
+logits of the rows a probe sorts), whichever backend computed it, and drops the
+block afterwards; :meth:`Recorder.end_layer` closes the call. The recorder keeps
 only running sums and small pooled arrays, never an ``L x L`` matrix. That is
-what lets a 16k-token pass run in a few GB while still feeding every view.
+what lets a 16k-token pass run in a few GB while still feeding every view. A
+new probe is computed here from the block; no backend changes for it.
 
 **Probes by name.** A probe is named ``"{kind}.{layer}.{probe}"`` (as
 TransformerLens names its hook points): ``kind`` one of ``encoder``
@@ -15,8 +20,8 @@ attention over the document), ``layer`` a number or ``*`` (every layer),
 older switches, which stand for names: :meth:`ProbeSpec.probes`); the
 :class:`ProbeRecord` answers ``record["cross.2.map"]`` (a ``*`` name stacks
 the layers). The attention function feeds the recorder only the attentions
-the spec names, so a pass that asks for nothing of an attention runs torch's
-fused kernel there.
+the spec names, so a pass that asks for nothing of an attention may take a
+backend that probes nothing there (:func:`core.softmax_block.choose_backend`).
 
 Encoder rows are the document's tokens (batch item ``i``'s real tokens are a
 prefix: the engine right-pads, padded rows are skipped and padded keys
@@ -37,6 +42,7 @@ import numpy as np
 import torch
 
 from core import fused_softmax
+from core.softmax_block import Block, Needs
 from core.kinds import CROSS, DECODER, ENCODER, KINDS
 from core.errors import UserError
 
@@ -70,7 +76,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 _ROW_PROBES = frozenset(PROBES) - {"logits"}
 _STATS = ("pmax", "entropy")
 COSINE_BINS = 60
-#: Most rows of item 0 the sorted-logits probe sorts per layer (see :meth:`Recorder.sorted_rows`).
+#: Most rows of item 0 the sorted-logits probe sorts per layer (see :meth:`Recorder._sorted_rows`).
 SORTED_ROWS = 1024  # cosine_hist bins when asked by name with ProbeSpec.cosine_hist_bins = 0
 
 
@@ -138,7 +144,7 @@ class ProbeSpec:
 
     @classmethod
     def off(cls) -> "ProbeSpec":
-        """Record nothing: the attention then runs torch's fused kernel (accuracy-only sweeps)."""
+        """Record nothing: the attention then takes a backend that probes nothing (accuracy-only sweeps)."""
         return cls(stats=False, heatmap=False, sorted_logits=False, cosine_hist_bins=0)
 
     @property
@@ -297,12 +303,13 @@ class Recorder:
 
     # -- called by the attention function ---------------------------------
     def begin_layer(self, layer: int, query, key, attention_mask, cosine_scale: float | None = None, *,
-                    kind: str = ENCODER, position_bias: torch.Tensor | None = None) -> bool:
-        """Start one attention call; True if its blocks of probabilities are wanted (else the caller may
-        take the fused path: nothing, or only ``logits``, is asked, and those are taken here)."""
+                    kind: str = ENCODER, position_bias: torch.Tensor | None = None) -> Needs | None:
+        """Start one attention call: what its blocks must carry (:class:`~core.softmax_block.Needs`), or None
+        when no block is wanted (nothing, or only ``logits``, is asked, and those are taken here): the caller
+        may then take a backend that probes nothing."""
         want = self.asked(kind, layer)
         if not want:
-            return False
+            return None
         if self.mask is None and kind != DECODER:
             self._set_mask(torch.ones(query.shape[0], key.shape[-2], dtype=torch.bool))
         k = (kind, layer)
@@ -313,22 +320,68 @@ class Recorder:
             z = torch.matmul(query, key.transpose(-1, -2))
             self._logits.setdefault(k, []).append(z if position_bias is None else z + position_bias)
         self._layer_qk = (query, key, cosine_scale) if (cosine_scale and "cosine_hist" in want) else None
-        return not want.isdisjoint(_ROW_PROBES)
+        if want.isdisjoint(_ROW_PROBES):
+            return None
+        raw_rows = None
+        if "sorted_logits" in want:
+            def raw_rows(r0: int, r1: int) -> torch.Tensor | None:
+                return self._sorted_rows(r0, r1, kind)
+        return Needs(stats=not want.isdisjoint(_STATS), raw_rows=raw_rows)
 
     def end_layer(self, layer: int, kind: str = ENCODER) -> None:
         self._layer_qk = None
 
-    def sorted_rows(self, layer: int, r0: int, r1: int, kind: str = ENCODER) -> torch.Tensor | None:
+    @torch.no_grad()
+    def observe(self, layer: int, block: Block, kind: str = ENCODER) -> None:
+        """Take one block of query rows ``[block.r0, block.r1)`` (:class:`~core.softmax_block.Block`), whichever
+        backend made it: every probe of this attention is computed here from the block.
+
+        From ``exp`` (``exp(x - max)``) and its row ``total``, p = exp / total, so Pmax = 1 / total and
+        H = -sum p log p = log total - dot / total with ``dot`` = sum(exp * (x - max)): no probability of
+        the block is divided for the statistics, and only the rows a view needs (one layer's map, the
+        question's rows) are normalised; the map's pooling reads ``exp`` once through the kernel's
+        ``pool_rows`` where it can (item 0's block contiguous, float32, on the CPU). A block without ``dot``
+        gets H from exp / total, and one with only ``probs``, Pmax and H by their definitions. ``raw``: the
+        raw logits of the rows the sorted-logits probe sorts (:meth:`_sorted_rows`)."""
+        r0, r1 = block.r0, block.r1
+        stats = not self.asked(kind, layer).isdisjoint(_STATS)
+        pooled = None
+        if block.exp is not None:
+            exp, total = block.exp.detach(), block.total.detach()
+            if stats:
+                t = total.squeeze(-1)
+                if block.dot is not None:
+                    self._stats(kind, layer, r0, r1, t.reciprocal(), t.log() - block.dot.reshape(t.shape) / t)
+                else:
+                    p = exp / total
+                    self._stats(kind, layer, r0, r1, t.reciprocal(), -torch.special.xlogy(p, p).sum(-1))
+            e0 = exp[0]
+            if (kind == ENCODER and e0.device.type == "cpu" and e0.dtype == torch.float32 and e0.is_contiguous()
+                    and fused_softmax.available()):
+                def pooled(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    return fused_softmax.pool_rows(e0, total[0], a - r0, b - r0, self.n0, self._edges_t,
+                                                   self.spec.heatmap_head)
+
+            def probs_of(a: int, b: int, k: int | None) -> torch.Tensor:
+                return exp[0, :, a - r0 : b - r0, :k] / total[0, :, a - r0 : b - r0]
+        else:
+            probs = block.probs.detach()
+            if stats:
+                self._stats(kind, layer, r0, r1, probs.amax(-1), -torch.special.xlogy(probs, probs).sum(-1))
+
+            def probs_of(a: int, b: int, k: int | None) -> torch.Tensor:
+                return probs[0, :, a - r0 : b - r0, :k]
+        self._views(kind, layer, r0, r1, probs_of, block.raw, pooled)
+
+    def _sorted_rows(self, r0: int, r1: int, kind: str) -> torch.Tensor | None:
         """The rows of block ``[r0, r1)`` (relative to ``r0``) whose raw logits (q.k + bias before tau) the
-        sorted-logits probe sorts, or None: the caller hands exactly those rows to ``observe_*`` as ``raw``.
+        sorted-logits probe sorts (:attr:`Needs.raw_rows <core.softmax_block.Needs>`), or None.
 
         Every answer row, and every document row of item 0 up to :data:`SORTED_ROWS`; past that an evenly
         spaced sample of :data:`SORTED_ROWS` of them (the first and the last included). Why: sorting is
         ``n log n`` per row, and a whole layer of a 16k-token document is 2 G values to sort, more than the
         rest of the pass; the average sorted vector of a sample spread over every position is the same curve
         (docs/library.md gives the measured difference)."""
-        if "sorted_logits" not in self.asked(kind, layer):
-            return None
         if kind != ENCODER:
             return torch.arange(r1 - r0)
         q1 = min(r1, self.n0)
@@ -348,77 +401,6 @@ class Recorder:
             self._sample = torch.linspace(0, self.n0 - 1, SORTED_ROWS).round().long().unique()
             self._sample_n = self.n0
         return self._sample
-
-    @torch.no_grad()
-    def observe(self, layer: int, r0: int, r1: int, raw: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
-                norm: tuple[torch.Tensor, torch.Tensor] | None = None, kind: str = ENCODER) -> None:
-        """Take one block of rows ``[r0, r1)``: raw logits, scaled+masked scores, probabilities.
-
-        ``norm`` = (row max of ``scores``, sum of exp(scores - max)) when the
-        caller has them: then Pmax and H cost one multiply-reduce instead of a
-        max pass and a log over every probability. The attention function
-        itself uses the cheaper :meth:`observe_exp`; this form is the
-        definition the tests check that one against.
-        """
-        probs = probs.detach()
-        if not self.asked(kind, layer).isdisjoint(_STATS):
-            if norm is None:
-                pmax = probs.amax(-1)
-                ent = -torch.special.xlogy(probs, probs).sum(-1)
-            else:
-                top, total = norm
-                pmax = total.reciprocal()
-                # masked scores are finfo.min where p == 0 exactly: 0 * min = 0
-                ent = top + total.log() - (probs * scores).sum(-1)
-            self._stats(kind, layer, r0, r1, pmax, ent)
-        self._views(kind, layer, r0, r1, lambda a, b, k: probs[0, :, a - r0 : b - r0, :k],
-                    self._sorted_part(raw, layer, r0, r1, kind))
-
-    def _sorted_part(self, raw: torch.Tensor | None, layer: int, r0: int, r1: int, kind: str) -> torch.Tensor | None:
-        """A whole block's raw logits cut to :meth:`sorted_rows` (what :meth:`observe` and :meth:`observe_exp` get)."""
-        rows = None if raw is None else self.sorted_rows(layer, r0, r1, kind)
-        return None if rows is None else raw.index_select(2, rows.to(raw.device))
-
-    @torch.no_grad()
-    def observe_exp(self, layer: int, r0: int, r1: int, raw: torch.Tensor | None, shifted: torch.Tensor,
-                    exp: torch.Tensor, total: torch.Tensor, kind: str = ENCODER) -> None:
-        """The same as :meth:`observe`, from the softmax's unnormalised pieces, so nobody divides the whole block.
-
-        ``shifted`` = scores - row max, ``exp`` = exp(shifted), ``total`` = its
-        row sums ``[B, H, c, 1]``. With p = exp / total: Pmax = 1 / total and
-        H = -sum p log p = log total - sum(exp * shifted) / total. Only the
-        rows a view needs (one layer's heatmap, the question's rows) are
-        normalised. ``raw`` (the block's logits before tau) is needed only where
-        :meth:`sorted_rows` names rows.
-        """
-        dot = None
-        if not self.asked(kind, layer).isdisjoint(_STATS):
-            dot = torch.einsum("bhck,bhck->bhc", exp, shifted)
-        self.observe_sums(layer, r0, r1, self._sorted_part(raw, layer, r0, r1, kind), exp, total, dot, kind=kind)
-
-    @torch.no_grad()
-    def observe_sums(self, layer: int, r0: int, r1: int, sorted_raw: torch.Tensor | None, exp: torch.Tensor,
-                     total: torch.Tensor, dot: torch.Tensor | None, kind: str = ENCODER) -> None:
-        """The same as :meth:`observe_exp`, given ``dot`` = ``sum(exp * shifted)`` per row (``[B, H, c]`` or
-        ``[B, H, c, 1]``) instead of ``shifted``: what the fused kernel (:mod:`core.fused_softmax`) returns
-        from the pass that made ``exp``, so no probe reads the block again for Pmax or H. ``sorted_raw``: the
-        raw logits of the rows :meth:`sorted_rows` named (``[B, H, rows, keys]``), or None.
-
-        The map's pooling reads ``exp`` once through the kernel's ``pool_rows`` when it can (item 0's block
-        contiguous, float32, on the CPU), never normalising the block."""
-        if not self.asked(kind, layer).isdisjoint(_STATS):
-            t = total.squeeze(-1)
-            d = dot.reshape(t.shape)
-            self._stats(kind, layer, r0, r1, t.reciprocal(), t.log() - d / t)
-        e0 = exp[0]
-        fast = (kind == ENCODER and e0.device.type == "cpu" and e0.dtype == torch.float32 and e0.is_contiguous()
-                and fused_softmax.available())
-
-        def pooled(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return fused_softmax.pool_rows(e0, total[0], a - r0, b - r0, self.n0, self._edges_t, self.spec.heatmap_head)
-
-        self._views(kind, layer, r0, r1, lambda a, b, k: exp[0, :, a - r0 : b - r0, :k] / total[0, :, a - r0 : b - r0],
-                    sorted_raw, pooled if fast else None)
 
     def _stats(self, kind: str, layer: int, r0: int, r1: int, pmax: torch.Tensor, ent: torch.Tensor) -> None:
         """Add one block's per-row Pmax and H ``[B, H, c]`` to the running sums (padded encoder rows skipped)."""

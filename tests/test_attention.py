@@ -227,3 +227,116 @@ def test_row_tau_in_a_model_and_its_keys(tiny):
                 dict(floor_scale=4, scheme="qwen"), dict(floor_scale=10**400), dict(floor_scale=4, attn_scale=1e300)):
         with pytest.raises(ValueError):
             RowTau(**bad)
+
+
+# -- one softmax block: the backends and their choice ---------------------------------------------------------
+
+def _block_inputs(tau="head", **kw):
+    """A call's inputs as aligned_attention makes them: 2 items x 3 heads x 37 rows, a RelativeBias, item 1's
+    keys from 29 on padded ([B, 1, 1, K]: what the kernel reads as one row of keys per item)."""
+    from core.relative_bias import RelativeBias
+    from core.softmax_block import Inputs
+
+    g = torch.Generator().manual_seed(1)
+    b, h, n, d = 2, 3, 37, 8
+    q, k, v = (torch.randn(b, h, n, d, generator=g) * 2 for _ in range(3))
+    mask = torch.ones(b, 1, 1, n, dtype=torch.bool)
+    mask[1, ..., 29:] = False
+    t = {"head": torch.tensor([0.5, 0.8, 1.3]).view(h, 1, 1), "row": torch.linspace(0.6, 1.2, n).view(1, n, 1),
+         None: None}[tau]
+    args = dict(query=q, key=k, value=v, mask=mask, bias=RelativeBias(torch.randn(h, 2 * n - 1, generator=g), n, n),
+                tau=t)
+    return Inputs(**{**args, **kw})
+
+
+def test_choose_backend_is_the_one_place_with_the_rules(monkeypatch):
+    import dataclasses
+
+    from core import fused_softmax, softmax_block as sb
+
+    probed = sb.Needs(stats=True)
+    x = _block_inputs()
+    kernel = sb.CPU_KERNEL if fused_softmax.available() else sb.SDPA
+    assert sb.choose_backend(x) == kernel
+    assert sb.choose_backend(dataclasses.replace(x, needs=probed)) == (
+        sb.CPU_KERNEL if fused_softmax.available() else sb.TORCH)
+    # what only the torch backend does: the decoder's causal mask, whole weights, dropout, autograd with probes
+    for change in (dict(causal=True, mask=None), dict(weights=True), dict(dropout=0.1), dict(grad=True, needs=probed)):
+        assert sb.choose_backend(dataclasses.replace(x, **change)) == sb.TORCH, change
+    assert sb.choose_backend(dataclasses.replace(x, grad=True)) == sb.SDPA  # autograd, nothing probed
+    assert sb.choose_backend(dataclasses.replace(x, query=x.query.double(), key=x.key.double(),
+                                                 value=x.value.double())) == sb.SDPA
+    monkeypatch.setenv(fused_softmax.ENV_SWITCH, "0")
+    assert sb.choose_backend(x) == sb.SDPA
+    assert sb.choose_backend(dataclasses.replace(x, needs=probed)) == sb.TORCH
+    # the CUDA slot: registered, documented, never chosen (yet), and opening it says so
+    assert sb.CUDA in sb.BACKENDS and not sb.BACKENDS[sb.CUDA].available
+    with pytest.raises(RuntimeError, match="not available"):
+        sb.open_backend(sb.CUDA, x, 8)
+
+
+@pytest.mark.parametrize("tau", ["head", "row", None])
+def test_every_backend_gives_the_same_block(tau):
+    """One Inputs, blocks of 10 rows: the kernel's and torch's Blocks carry the same exp, row sums, entropy
+    dots and raw-logit rows, and every backend (sdpa included) the same output rows."""
+    import dataclasses
+
+    from core import fused_softmax, softmax_block as sb
+
+    x = _block_inputs(tau, needs=sb.Needs(stats=True, raw_rows=lambda r0, r1: torch.arange(0, r1 - r0, 3)))
+    names = [sb.TORCH, sb.SDPA] + ([sb.CPU_KERNEL] if fused_softmax.available() else [])
+    blocks = {}
+    for name in names:
+        rows = sb.open_backend(name, x if name != sb.SDPA else dataclasses.replace(x, needs=None), 10)
+        blocks[name] = []
+        for r0 in range(0, 37, 10):
+            blk = rows(r0, min(37, r0 + 10))
+            # the kernel's and torch's exp may live in a buffer the next block overwrites: copy what is compared
+            blocks[name].append(dataclasses.replace(blk, exp=None if blk.exp is None else blk.exp.clone()))
+    ref = blocks[sb.TORCH]
+    for name in names:
+        for a, b in zip(blocks[name], ref, strict=True):
+            assert (a.r0, a.r1) == (b.r0, b.r1)
+            torch.testing.assert_close(a.out, b.out, atol=1e-4, rtol=1e-4)  # float32 noise of block shapes
+            if name == sb.SDPA:
+                assert a.exp is None and a.total is None and a.dot is None and a.raw is None
+                continue
+            torch.testing.assert_close(a.exp, b.exp, atol=1e-6, rtol=1e-5)  # below exp(-87): torch 1.6e-38, kernel 0
+            torch.testing.assert_close(a.total, b.total, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(a.dot, b.dot, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(a.raw, b.raw, atol=1e-5, rtol=1e-5)
+    want = torch.softmax((x.query @ x.key.transpose(-1, -2) + x.bias.full()) / (1 if x.tau is None else x.tau)
+                         + torch.where(x.mask, 0.0, torch.finfo(torch.float32).min), -1) @ x.value
+    torch.testing.assert_close(torch.cat([b.out for b in ref], 2), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ref[0].r0 = 1
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-dropout", "dropout"])
+def test_training_with_probes_and_weights(dropout):
+    """Autograd through the torch backend with a recorder and whole weights (no out= buffers while it records):
+    the gradients flow, the weights' masked keys are exactly 0, and without dropout the output, Pmax and H are
+    those of the same pass without autograd."""
+    from core.attention import aligned_attention
+
+    x = _block_inputs()
+    mask = x.mask.expand(-1, -1, 37, -1)
+    module = _EncoderModule().train()
+    q, k, v = (t.clone().requires_grad_() for t in (x.query, x.key, x.value))
+    runs = {}
+    for grad in (True, False):
+        rec = Recorder(ProbeSpec.stats_only(), x.mask[:, 0, 0])
+        with torch.set_grad_enabled(grad), attention_call(AttentionSettings(tau=0.7), rec):
+            out, w = aligned_attention(module, q, k, v, mask, scaling=1.0, dropout=dropout,
+                                       position_bias=x.bias.full(), output_attentions=True)
+        runs[grad] = out, w, rec.finish()
+    out, w, r = runs[True]
+    out.square().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert (w[1, :, :, 29:] == 0).all() and (w[0] > 0).any()
+    assert np.isfinite(r.pmax).all() and np.isfinite(r.entropy).all()
+    if not dropout:
+        torch.testing.assert_close(out.detach(), runs[False][0])
+        torch.testing.assert_close(w.detach(), runs[False][1])
+        np.testing.assert_allclose(r.pmax, runs[False][2].pmax, rtol=1e-6)
+        np.testing.assert_allclose(r.entropy, runs[False][2].entropy, rtol=1e-6)

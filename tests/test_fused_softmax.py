@@ -183,3 +183,35 @@ def test_no_compiler_means_torchs_path_and_the_same_numbers(tiny, monkeypatch):
     got = engine.run(tiny, doc, engine.RunSettings(tau=0.7))
     assert got.answer == want.answer
     np.testing.assert_allclose(got.probes.pmax, want.probes.pmax, rtol=1e-5)
+
+
+def test_kernel_pass_equals_transformers_eager_attention(tiny, tiny_dir, monkeypatch):
+    """A probed encoder pass whose every attention call takes the kernel (the backend spied on) equals
+    transformers' eager attention: the hidden states, and Pmax and H against those of eager's own attention
+    weights (output_attentions). Unpadded: a padded batch's mask arrives as ``[B, 1, L, L]``, which the kernel
+    does not take (its padding mask is tested above, on the kernel itself)."""
+    from transformers import T5ForConditionalGeneration
+
+    from core import softmax_block
+
+    monkeypatch.setenv(fused_softmax.ENV_SWITCH, "1")
+    ref = T5ForConditionalGeneration.from_pretrained(str(tiny_dir), attn_implementation="eager").eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 300, (2, 70), generator=g)
+    mask = torch.ones_like(ids)
+    chosen: list[str] = []
+    choose = softmax_block.choose_backend
+    monkeypatch.setattr(softmax_block, "choose_backend", lambda x: chosen.append(choose(x)) or chosen[-1])
+    rec = Recorder(ProbeSpec.stats_only(), mask.bool())
+    with torch.no_grad():
+        want = ref.get_encoder()(input_ids=ids, output_attentions=True)
+        with attention_call(AttentionSettings(tau=1.0), rec):
+            got = tiny.model.get_encoder()(input_ids=ids).last_hidden_state
+    assert chosen == [softmax_block.CPU_KERNEL] * tiny.model.config.num_layers
+    torch.testing.assert_close(got, want.last_hidden_state, atol=1e-5, rtol=1e-5)
+    w = torch.stack(want.attentions, 1).double()  # [batch, layers, heads, rows, keys]
+    pmax = w.amax(-1).mean(-1)
+    ent = -torch.special.xlogy(w, w).sum(-1).mean(-1)
+    r = rec.finish()
+    np.testing.assert_allclose(r.pmax, pmax.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(r.entropy, ent.numpy(), rtol=1e-5, atol=1e-5)

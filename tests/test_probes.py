@@ -8,6 +8,7 @@ import torch
 
 from core.attention import AttentionSettings, attention_call
 from core.probes import ProbeSpec, Recorder, pool_edges
+from core.softmax_block import EXP_FLOOR, Block
 
 
 def _record(model, ids, mask, spec, tau=1.0):
@@ -85,21 +86,27 @@ def test_profile_and_sorted_logits(tiny):
     np.testing.assert_allclose(v, want, rtol=1e-4, atol=1e-4)
 
 
-def test_fast_pmax_entropy_match_the_definitions():
-    """The attention hands the probes (row max, normaliser); both routes give the same Pmax and H."""
+def _exp_block(r0, r1, scores, dot=True):
+    """A Block as the torch backend makes it from scores: exp(s - max) clamped at EXP_FLOOR, its row sums,
+    and (``dot``) sum(exp * shifted)."""
+    shifted = (scores - scores.amax(-1, keepdim=True)).clamp(min=EXP_FLOOR)
+    e = torch.exp(shifted)
+    d = torch.einsum("bhck,bhck->bhc", e, shifted).unsqueeze(-1) if dot else None
+    return Block(r0, r1, exp=e, total=e.sum(-1, keepdim=True), dot=d)
+
+
+@pytest.mark.parametrize("dot", [True, False], ids=["dot", "no-dot"])
+def test_fast_pmax_entropy_match_the_definitions(dot):
+    """A Block of exp and row sums (Pmax = 1 / total, H = log total - dot / total; without dot, from exp / total)
+    gives the Pmax and H of the definitions on a Block of normalised probabilities, padded keys included."""
     g = torch.Generator().manual_seed(5)
     scores = torch.randn(2, 3, 7, 40, generator=g) * 3
-    mask = torch.ones(2, 40, dtype=torch.bool)
-    mask[1, 30:] = False
     scores[1, :, :, 30:] = torch.finfo(torch.float32).min
-    top = scores.amax(-1, keepdim=True)
-    e = torch.exp(scores - top)
-    total = e.sum(-1, keepdim=True)
-    probs = e / total
+    probs = torch.softmax(scores, -1)
     recs = []
-    for norm in (None, (top.squeeze(-1), total.squeeze(-1))):
+    for block in (Block(0, 7, probs=probs), _exp_block(0, 7, scores, dot)):
         rec = Recorder(ProbeSpec.stats_only(), torch.ones(2, 7, dtype=torch.bool))
-        rec.observe(0, 0, 7, scores, scores, probs, norm)
+        rec.observe(0, block)
         recs.append(rec.finish())
     np.testing.assert_allclose(recs[0].pmax, recs[1].pmax, rtol=1e-6)
     np.testing.assert_allclose(recs[0].entropy, recs[1].entropy, atol=2e-5)
@@ -107,24 +114,21 @@ def test_fast_pmax_entropy_match_the_definitions():
 
 
 def test_unnormalised_route_matches_the_definitions():
-    """observe_exp (what the attention calls: exp(s - max) and its row sums, never p) gives the same Pmax, H,
-    heatmap and profile as the definitions on normalised probabilities, padding included."""
+    """Blocks of exp(s - max) and row sums (what the backends hand over, never p) give the same Pmax, H, heatmap
+    and profile as blocks of normalised probabilities, padding included."""
     g = torch.Generator().manual_seed(7)
     n = 40
     scores = torch.randn(2, 3, n, n, generator=g) * 4
     scores[1, :, :, 30:] = torch.finfo(torch.float32).min
     probs = torch.softmax(scores, -1)
-    shifted = (scores - scores.amax(-1, keepdim=True)).clamp(min=-87.0)
-    e = torch.exp(shifted)
-    total = e.sum(-1, keepdim=True)
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[1, 30:] = False
     spec = ProbeSpec(heatmap_size=8, profile_rows=(33, 38), sorted_logits=False, cosine_hist_bins=0)
     a, b = Recorder(spec, mask), Recorder(spec, mask)
     for r0 in range(0, n, 16):  # blocks of rows, as the attention hands them over
         r1 = min(n, r0 + 16)
-        a.observe(0, r0, r1, scores[:, :, r0:r1], scores[:, :, r0:r1], probs[:, :, r0:r1])
-        b.observe_exp(0, r0, r1, None, shifted[:, :, r0:r1], e[:, :, r0:r1], total[:, :, r0:r1])
+        a.observe(0, Block(r0, r1, probs=probs[:, :, r0:r1]))
+        b.observe(0, _exp_block(r0, r1, scores[:, :, r0:r1]))
     ra, rb = a.finish(), b.finish()
     np.testing.assert_allclose(ra.pmax, rb.pmax, rtol=1e-5)
     np.testing.assert_allclose(ra.entropy, rb.entropy, atol=1e-4)
@@ -140,8 +144,6 @@ def test_unnormalised_route_matches_the_definitions():
 
 def test_probed_attention_far_keys_do_not_change_the_numbers():
     """Clamping exponents at EXP_FLOOR (the CPU's exp is slow below it) changes no statistic float32 can show."""
-    from core.attention import EXP_FLOOR
-
     g = torch.Generator().manual_seed(11)
     scores = torch.randn(1, 2, 8, 300, generator=g) * 60  # many keys 100+ below each row's max
     top = scores.amax(-1, keepdim=True)
