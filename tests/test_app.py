@@ -14,10 +14,11 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_error_text, app_ok, build_tiny_t5, concurrent_sessions, scrubber_view  # noqa: E402
+from test_state_pages import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-PAGES = ("pages/explore.py", "pages/calibrate.py", "pages/sweep.py", "pages/theory.py")
+PAGES = ("app_pages/explore.py", "app_pages/calibrate.py", "app_pages/sweep.py", "app_pages/theory.py")
 TIMEOUT = 120
 
 
@@ -41,7 +42,7 @@ def test_every_page_through_navigation(env):
     at.session_state["tau_value"] = 0.8  # what a slider release writes; it must survive page switches
     at.run()
     for page in PAGES[1:] + PAGES[:1]:
-        at.switch_page(page).run()
+        nav_click(at, page)
         _ok(at)
         assert at.title, page
         assert at.session_state["tau_value"] == pytest.approx(0.8), page
@@ -110,7 +111,7 @@ def test_explore_shows_where_the_answer_looks(tmp_path, monkeypatch):
 
 def test_calibrate_use_this_tau_and_export(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/calibrate.py").run()
+    nav_click(at, "app_pages/calibrate.py")
     if any(b.key == "cal_run" for b in at.button):  # not there when the background grid already holds the curves
         at.button(key="cal_run").click().run()
     _ok(at)
@@ -128,7 +129,7 @@ def test_calibrate_use_this_tau_and_export(env):
 
 def test_sweep_runs_one_cell(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/sweep.py").run()
+    nav_click(at, "app_pages/sweep.py")
     at.multiselect(key="sw_lengths").set_value([1])
     at.multiselect(key="sw_depths").set_value([50])
     at.multiselect(key="sw_methods").set_value(["none"])
@@ -142,7 +143,7 @@ def test_sweep_runs_one_cell(env):
 
 def test_theory_measures_lengths(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/theory.py").run()
+    nav_click(at, "app_pages/theory.py")
     at.multiselect(key="th_multiples").set_value([1, 2]).run()
     at.button(key="th_measure").click().run()
     _ok(at)
@@ -246,7 +247,7 @@ def test_cosine_model_has_cosscale_and_histogram(tmp_path, monkeypatch):
     header, chosen = scrubber_view(at)
     assert chosen["cosine_scale"] == 24.0 and chosen["tau"] == pytest.approx(0.7)
     assert dict(at.query_params).get("s") in ("24", ["24"], "24.0", ["24.0"])  # a shared link keeps s
-    at.switch_page("pages/theory.py").run()
+    nav_click(at, "app_pages/theory.py")
     _ok(at)
     assert any("cos(q, k)" in h.value for h in at.subheader)
 
@@ -358,7 +359,7 @@ def test_sweep_page_visits_leak_no_file_descriptors(env):
 
     def visit() -> None:
         at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-        at.switch_page("pages/sweep.py").run()
+        nav_click(at, "app_pages/sweep.py")
         _ok(at)
 
     visit()  # the first visit loads the model and opens what stays open (caches, the model's files)
@@ -415,7 +416,7 @@ def test_explore_shows_perplexity_for_a_language_model(lm_env):
 
 def test_sweep_page_draws_perplexity_for_a_language_model(lm_env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/sweep.py").run()
+    nav_click(at, "app_pages/sweep.py")
     _ok(at)
     at.multiselect(key="lm_lengths").set_value([1, 2])
     at.multiselect(key="lm_methods").set_value(["none"])

@@ -18,6 +18,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_model_of, app_ok  # noqa: E402
+from test_state_pages import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
 from core import methods, plots  # noqa: E402
 from core.schedule import RowTau
 
@@ -96,7 +97,7 @@ app_model = app_model_of("app28-t5")
 
 def _calibrate(samples: int = 1) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/calibrate.py").run()
+    nav_click(at, "app_pages/calibrate.py")
     app_ok(at)
     if samples != 1:
         at.number_input(key="cal_samples").set_value(samples).run()
@@ -194,7 +195,7 @@ def test_tour_step_4_says_whether_algorithm1_reached_the_line(env):
 
 def test_theory_chart_says_which_schemes_equal_log_length(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/theory.py").run()
+    nav_click(at, "app_pages/theory.py")
     app_ok(at)
     assert "every row sees all L keys, so n = L for every row" in _captions(at)
     names = [d["name"] for d in _chart(at, "taus")["data"]]

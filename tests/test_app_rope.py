@@ -18,13 +18,14 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_ok, build_tiny_rope, scrubber_view, unpack_payload  # noqa: E402
-from core import methods, mlm  # noqa: E402
+from test_state_pages import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
+from core import methods, mlm, positions  # noqa: E402
 from core.attention import AttentionSettings  # noqa: E402
 from core.models import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-PAGES = ("pages/explore.py", "pages/calibrate.py", "pages/sweep.py", "pages/theory.py")
+PAGES = ("app_pages/explore.py", "app_pages/calibrate.py", "app_pages/sweep.py", "app_pages/theory.py")
 TIMEOUT = 120
 L_TR = 64
 
@@ -122,9 +123,9 @@ def test_a_measured_method_and_the_other_pages(rope_env):
     at.selectbox(key="tau_method").set_value(methods.BASELINE).run()
     app_ok(at)
     for page in PAGES[1:] + PAGES[:1]:
-        at.switch_page(page).run()
+        nav_click(at, page)
         app_ok(at)
-    at.switch_page("pages/calibrate.py").run()
+    nav_click(at, "app_pages/calibrate.py")
     if any(b.key == "cal_run" for b in at.button):
         at.button(key="cal_run").click().run()
     app_ok(at)
@@ -133,7 +134,7 @@ def test_a_measured_method_and_the_other_pages(rope_env):
 
 def test_theory_infoscale_uses_the_models_head_size(rope_env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/theory.py").run()
+    nav_click(at, "app_pages/theory.py")
     app_ok(at)
     loaded = load(str(rope_env), device="cpu")
     assert loaded.d_kv == 16  # hidden 64 over 4 heads
@@ -147,7 +148,7 @@ def test_theory_infoscale_uses_the_models_head_size(rope_env):
 
 def test_sweep_scores_masked_tokens_as_the_cli(rope_env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/sweep.py").run()
+    nav_click(at, "app_pages/sweep.py")
     app_ok(at)
     at.multiselect(key="lm_lengths").set_value([1, 2])
     at.multiselect(key="lm_methods").set_value([methods.AS_TRAINED])
@@ -186,7 +187,7 @@ def test_a_cosine_rope_model_moves_cosscale(tmp_path, monkeypatch):
     header, chosen = scrubber_view(at)
     assert chosen["cosine_scale"] == 16.0
     _same(chosen["masked"], _scored(folder, L_TR, seed, 1.0, cosine_scale=16.0))
-    at.switch_page("pages/theory.py").run()
+    nav_click(at, "app_pages/theory.py")
     app_ok(at)
 
 
@@ -197,7 +198,7 @@ def _scored_scheme(folder, tokens: int, seed: int, tau: float, scheme: str, para
     """core.mlm's own score of the held-out sequence under ``tau`` and the position scheme ``scheme``."""
     loaded = load(str(folder), device="cpu")
     _, seq = mlm.sequence(loaded, tokens, seed)
-    return mlm.score(loaded, [seq], AttentionSettings(tau), scheme, params)
+    return mlm.score(loaded, [seq], AttentionSettings(tau), positions.Scheme.of(scheme, params))
 
 
 def _query(at, name: str):
@@ -250,8 +251,8 @@ def test_a_window_scheme_changes_the_cards_as_mlm_scores_it_and_is_kept(rope_env
     assert f"--lengths {2 * L_TR}" in cmd and f"--seed {seed}" in cmd
     assert not any(s.key == "ex_text_window" for s in at.slider), "the text window does nothing for a RoPE model"
     # kept across pages, and Calibrate / Theory run under it
-    for page in ("pages/theory.py", "pages/calibrate.py", "pages/explore.py"):
-        at.switch_page(page).run()
+    for page in ("app_pages/theory.py", "app_pages/calibrate.py", "app_pages/explore.py"):
+        nav_click(at, page)
         app_ok(at)
         assert at.session_state["pos_scheme"] == "window" and at.session_state["pos_window"] == 8
     header, chosen = scrubber_view(at)
@@ -297,7 +298,7 @@ def test_sweep_runs_each_chosen_position_scheme(rope_env):
     from core import positions
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/sweep.py").run()
+    nav_click(at, "app_pages/sweep.py")
     app_ok(at)
     at.multiselect(key="lm_lengths").set_value([2])
     at.multiselect(key="lm_methods").set_value([methods.AS_TRAINED])

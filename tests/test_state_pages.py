@@ -1,22 +1,27 @@
 """Issue 41 through AppTest: every choice survives page changes, also one made in Explore's fragment rerun.
 
 What happened in the browser: a tau or method change inside Explore's
-``st.fragment`` reruns only the fragment; Streamlit folds the session's plain
-values into the widgets' state at the start of that rerun, and a click on
-"Calibrate" then runs the page-change cleanup (``ScriptRunner._run_script``,
-``SessionState.on_script_finished`` with the widget ids of the request, none
-for a navigation click), which deletes the state of every widget of the old
-page. The sidebar's ``init_state`` used to keep values alive by re-assigning
-them in each full run, which a fragment rerun does not do: length, pasted
-text, needle and method were gone. ``ui.sidebar`` now keeps every choice in a
-store that is no widget's key.
+``st.fragment`` reruns only the fragment, and a click on "Calibrate" then runs
+the page-change cleanup (``SessionState._remove_stale_widgets``), which deletes
+the value of every widget the new page does not draw. Re-assigning every key
+to itself at the start of each full run (Streamlit's older recipe) does not
+survive that: the fragment rerun was the last run, and the value was gone by
+the time the next full run could copy it (checked in a real browser on
+Streamlit 1.67). Now every choice's widget is drawn with
+``persist_state="session"`` (:data:`ui.choices.KEEP`), and Streamlit keeps it.
 
 AppTest has no public fragment rerun or navigation click, so
 :func:`fragment_run` and :func:`nav_click` emulate the browser's two requests
-with AppTest's own runner (a rerun request carrying the fragment's id; a page
-request carrying no widget states). :func:`test_the_browsers_sequence_loses_nothing`
-is the teacher's sequence; the other tests take the public AppTest road and
-the same code paths (``temperature_controls`` is what the fragment runs).
+with AppTest's own runner: a rerun request carrying the fragment's id; a page
+request carrying the widget states of the entry file's widgets only (the
+browser's ``onPageChange`` keeps the main script's elements and sends their
+states), none here since ``app.py`` draws no widget. Every AppTest page change
+of the app's tests goes through :func:`nav_click`: AppTest's own
+``switch_page(page).run()`` also sends the old page's widget states, which no
+browser does, and with those Streamlit 1.67 registers a persisted widget on
+the new page at its default (the length at 16, the targets off).
+:func:`test_the_browsers_sequence_loses_nothing` is the teacher's sequence;
+:func:`test_a_tau_change_in_the_fragment_is_the_last_action` moves tau last.
 
 The app's model is the tiny random T5 of tests/test_app.py (ByT5 bytes, L_tr = 256).
 """
@@ -37,7 +42,7 @@ from conftest import app_model_of, app_ok, build_tiny_t5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-EXPLORE, CALIBRATE = "pages/explore.py", "pages/calibrate.py"
+EXPLORE, CALIBRATE = "app_pages/explore.py", "app_pages/calibrate.py"
 TIMEOUT = 180
 TEXT = "The river bends twice before the mill. Lanterns hang by the door. " * 6
 
@@ -92,10 +97,6 @@ def nav_click(at: AppTest, page: str) -> AppTest:
     return at
 
 
-def _kept(at: AppTest) -> dict:
-    return at.session_state["_aae_kept"]
-
-
 # -- tests ---------------------------------------------------------------------------------
 
 def test_the_browsers_sequence_loses_nothing(env):
@@ -132,6 +133,36 @@ def test_the_browsers_sequence_loses_nothing(env):
     assert dict(at.query_params).get("tau") in ("0.70", ["0.70"])
 
 
+def test_a_tau_change_in_the_fragment_is_the_last_action(env):
+    """Model box, pasted text, length, targets, then tau moved in Explore's panel (a fragment rerun) as the very last
+    action before a navigation click: every choice is on Calibrate, and back on Explore."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.sidebar.text_input(key="model_other").input(str(env)).run()  # the same tiny model, by its folder
+    at.sidebar.number_input(key="doc_tokens").set_value(320).run()
+    at.sidebar.radio(key="doc_mode").set_value("Paste").run()
+    at.sidebar.text_area(key="doc_text").input(TEXT).run()
+    app_ok(at)
+    at.checkbox(key="tgt_decoder").check()
+    fragment_run(at)
+    at.session_state["tau_value"] = 0.65  # the scrubber's release (ui/scrubber.py), then its fragment rerun
+    fragment_run(at)
+    want = {"model_other": str(env), "doc_mode": "Paste", "doc_text": TEXT, "doc_tokens": 320, "tgt_decoder": True,
+            "tau_method": "fixed"}
+    for page in (CALIBRATE, EXPLORE):
+        nav_click(at, page)
+        app_ok(at)
+        assert {k: at.session_state[k] for k in want} == want, page
+        assert at.session_state["tau_value"] == pytest.approx(0.65), page
+        assert at.sidebar.text_area(key="doc_text").value == TEXT, page
+        assert at.checkbox(key="tgt_decoder").value, page
+        assert dict(at.query_params).get("tau") in ("0.65", ["0.65"]), page
+    assert at.sidebar.text_input(key="model_other").value == str(env)
+    at.sidebar.radio(key="doc_mode").set_value("Generate").run()  # the pasted text, hidden, is kept too
+    assert at.sidebar.number_input(key="doc_tokens").value == 320
+    at.sidebar.radio(key="doc_mode").set_value("Paste").run()
+    assert at.sidebar.text_area(key="doc_text").value == TEXT
+
+
 def test_pasted_text_needle_and_method_survive_a_fragment_change_and_a_page_change(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.radio(key="doc_mode").set_value("Paste").run()
@@ -155,8 +186,8 @@ def test_pasted_text_needle_and_method_survive_a_fragment_change_and_a_page_chan
         assert at.selectbox(key="tau_method").value == "yarn", page
 
 
-def test_every_choice_survives_switch_page(env):
-    """The public AppTest road: widgets set through the UI, the method last (Explore's temperature panel)."""
+def test_every_choice_survives_every_page(env):
+    """Widgets set through the UI, the method last (Explore's temperature panel, a full run), then every page."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.number_input(key="doc_tokens").set_value(320).run()
     at.sidebar.number_input(key="doc_seed").set_value(7).run()
@@ -165,8 +196,8 @@ def test_every_choice_survives_switch_page(env):
     at.run()
     at.selectbox(key="tau_method").set_value("log-length").run()
     app_ok(at)
-    for page in (CALIBRATE, "pages/sweep.py", "pages/theory.py", EXPLORE):
-        at.switch_page(page).run()
+    for page in (CALIBRATE, "app_pages/sweep.py", "app_pages/theory.py", EXPLORE):
+        nav_click(at, page)
         app_ok(at)
         ss = at.session_state
         got = (ss["doc_tokens"], ss["doc_seed"], ss["tgt_decoder"], ss["tau_method"])
@@ -177,7 +208,7 @@ def test_every_choice_survives_switch_page(env):
 
 def test_disabled_slider_shows_the_resolved_tau_and_fixed_brings_back_the_own(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page(CALIBRATE).run()
+    nav_click(at, CALIBRATE)
     at.sidebar.button(key="len_8x").click().run()
     at.sidebar.slider(key="tau_value").set_value(0.9).run()
     for method in ("log-length", "yarn", "per-layer"):
@@ -189,7 +220,7 @@ def test_disabled_slider_shows_the_resolved_tau_and_fixed_brings_back_the_own(en
         assert slider.disabled, method
         assert slider.value == pytest.approx(round(mean, 2), abs=0.0101), (method, shown)
         assert slider.value < 1.0, method
-        assert _kept(at)["tau_value"] == pytest.approx(0.9), method
+        assert at.session_state["_aae_own_tau"] == pytest.approx(0.9), method  # the person's own, kept aside
     at.sidebar.selectbox(key="tau_method").set_value("fixed").run()
     assert at.sidebar.slider(key="tau_value").value == pytest.approx(0.9)
     assert not at.sidebar.slider(key="tau_value").disabled

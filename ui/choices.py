@@ -1,16 +1,14 @@
-"""The choices a session makes in the sidebar and on the pages: their keys, defaults and ranges, and the store
-that keeps them across page changes.
+"""The choices a session makes in the sidebar and on the pages: their keys, defaults and ranges.
 
 Why a module of its own: the sidebar (:mod:`ui.sidebar`) draws these
 choices and a link (:mod:`ui.url`) writes its values into them, so both need
-the same keys, ranges and store. Kept here, below both, the sidebar calls
-the URL and the URL never imports the sidebar (no cycle).
+the same keys and ranges. Kept here, below both, the sidebar calls the URL
+and the URL never imports the sidebar (no cycle).
 
-The store: every choice is also kept in one plain session value, a dict
-that is no widget's key, because Streamlit deletes the value of every
-widget a page change leaves behind; :func:`put` writes both, and
-:func:`ui.sidebar.init_state` writes the store back into the widget keys at
-the start of every full run (the module docstring of :mod:`ui.sidebar`).
+Kept across page changes by Streamlit itself: every widget of a choice is
+drawn with ``key=`` and ``persist_state=KEEP`` ("session"), so its value
+outlives the page change, a fragment rerun before it, and the widget being
+hidden (docs/app.md, "Pages and how choices are kept").
 """
 
 from __future__ import annotations
@@ -59,16 +57,9 @@ DEFAULTS: dict[str, Any] = {
 #: A position scheme's parameters as number inputs, one key each (the scheme's defaults for this L_tr fill them).
 SCHEME_PARAM_KEYS: dict[str, str] = {p: f"pos_{p}" for s in positions.REGISTRY.values() for p in s.params}
 DEFAULTS.update({k: None for k in SCHEME_PARAM_KEYS.values()})
-#: Page widgets whose values should also survive page switches (defaults are set by the pages).
-PAGE_KEYS = (
-    "ex_layer", "ex_head", "ex_pool", "ex_log", "ex_profile_layers", "ex_profile_log", "ex_rpe_heads", "ex_rpe_query",
-    "ex_text_layer", "ex_text_window", "cal_fast", "cal_samples", "cal_pick", "cal_export", "sw_lengths", "sw_depths",
-    "sw_seeds", "sw_methods", "sw_fixed", "sw_samples", "sw_heat_method", "th_multiples", "tour_step",
-    "ex_colour", "ex_cross_layer", "ex_show_bias", "ex_dist_layer", "ex_axis", "lm_lengths", "lm_methods", "lm_sequences", "lm_fixed",
-)
-#: Every key whose value is a choice kept across page changes (see the module docstring).
-KEEP_KEYS = tuple(DEFAULTS) + PAGE_KEYS
-_KEPT = "_aae_kept"  # the store: a plain session value, never a widget key
+#: A choice's widget keeps its value for the whole session: ``st.selectbox(..., key=k, persist_state=KEEP)``.
+#: Across page changes (also right after a fragment rerun) and while the widget is not drawn (Streamlit 1.67).
+KEEP = "session"
 
 
 def default_model_ref() -> str:
@@ -101,21 +92,14 @@ def model_labels() -> dict[str, str]:
     return out
 
 
-def kept() -> dict[str, Any]:
-    """The store of choices (a plain session value that no page change deletes)."""
-    return st.session_state.setdefault(_KEPT, {})
-
-
 def put(key: str, value: Any) -> None:
-    """Set a choice: the widget key (before its widget is drawn in this run) and the store."""
+    """Set a choice (its widget key, before its widget is drawn in this run)."""
     st.session_state[key] = value
-    kept()[key] = value
 
 
 def set_state(**values: Any) -> None:
-    """For on_click callbacks (and components): set choices, widget keys and the store, before the next run draws."""
-    for k, v in values.items():
-        put(k, v)
+    """For on_click callbacks (and components): set choices before the next run draws their widgets."""
+    st.session_state.update(values)
 
 
 def cos_range(loaded: Loaded) -> tuple[float, float]:

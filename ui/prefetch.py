@@ -46,6 +46,7 @@ from core.errors import UserError
 from core.models import Loaded
 from core.settings import DocumentRequest
 from ui import cache, pass_gate, stores
+from ui.streamlit_private import session_alive
 
 #: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
 GRID = frames.SCRUB_GRID
@@ -139,7 +140,7 @@ class Prefetcher:
     def _next(self) -> tuple[Job, engine.RunSettings] | None:
         """The newest wanted document that still has a pending pass, and that pass."""
         with self._lock:
-            for session in [s for s in self._wanted if not _alive(s)]:
+            for session in [s for s in self._wanted if not session_alive(s)]:
                 del self._wanted[session]  # the tab was closed: its document is no longer wanted
             jobs = sorted(self._wanted.values(), key=lambda x: -x[0])
         for _, job in jobs:
@@ -178,18 +179,6 @@ class Prefetcher:
                 gate.release_background()
 
 
-def _alive(session: str) -> bool:
-    """Whether a browser session is still connected (always True outside a Streamlit server: scripts, tests)."""
-    try:
-        from streamlit.runtime import Runtime
-
-        if not Runtime.exists():
-            return True
-        return Runtime.instance().is_active_session(session)
-    except Exception:  # an API change must not stop prefetching; at worst a closed tab's grid is finished
-        return True
-
-
 def progress(job: Job) -> tuple[int, int]:
     """(passes ready, passes in all) of a job: the grid and its extras."""
     total = len(job.passes())
@@ -200,14 +189,6 @@ def progress(job: Job) -> tuple[int, int]:
 def prefetcher() -> Prefetcher:
     """The process's one background grid worker, shared by every session."""
     return Prefetcher()
-
-
-def session_id() -> str:
-    """This browser session's id ("" outside a Streamlit run: scripts and benchmarks)."""
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-    ctx = get_script_run_ctx(suppress_warning=True)
-    return ctx.session_id if ctx is not None else ""
 
 
 def grid_job(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings, around: float = 1.0) -> Job:

@@ -29,6 +29,7 @@ from core import frames, methods, positions, temperature
 from core.errors import UserError
 from core.schedule import Schedule
 from ui import cache, choices, message, prefetch
+from ui.streamlit_private import in_fragment_rerun, session_id
 
 KEY = "scrubber"
 POLL_MS = 900
@@ -88,17 +89,9 @@ def _delta(doc_id: str, grid: dict, exact) -> list[float] | None:
     sent = ss.get(_SENT)
     keys = {f"{t:.2f}" for t in grid}
     ss[_SENT] = {"doc": doc_id, "keys": keys}
-    if not (_in_fragment_rerun() and sent and sent["doc"] == doc_id):
+    if not (in_fragment_rerun() and sent and sent["doc"] == doc_id):
         return None
     return [t for t in grid if f"{t:.2f}" not in sent["keys"]]
-
-
-def _in_fragment_rerun() -> bool:
-    """Whether this run reruns only a fragment (``st.rerun(scope="fragment")`` is refused in a full run)."""
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-    ctx = get_script_run_ctx(suppress_warning=True)
-    return bool(ctx is not None and ctx.fragment_ids_this_run)
 
 
 def grid_tau(schedule) -> float | None:
@@ -196,7 +189,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         here = tau
         axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
         job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
-    prefetch.prefetcher().want(prefetch.session_id(), job)  # a new document's grid starts now, beside its first passes
+    prefetch.prefetcher().want(session_id(), job)  # a new document's grid starts now, beside its first passes
     # the left column is the model as trained: tau = 1, its own CosScale, plain RoPE (no position scheme)
     base_settings = replace(ctx.run_settings(tau=1.0, method=methods.AS_TRAINED, probes=probes), cosine_scale=None,
                             scheme=positions.PLAIN, scheme_params=())
@@ -207,7 +200,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         grid[g] = cache.run(loaded, req, at(g))
     exact = pending = None
     if g is None:
-        if cache.has_run(loaded, req, chosen_settings) or _in_fragment_rerun():
+        if cache.has_run(loaded, req, chosen_settings) or in_fragment_rerun():
             # A release between grid marks: the browser already shows the nearest grid frame, marked as such,
             # and keeps it while this pass runs; then one payload carries the exact frame.
             exact = cache.run(loaded, req, chosen_settings)

@@ -1,33 +1,30 @@
 """The shared sidebar: model, document, temperature. Every page calls :func:`sidebar` itself.
 
-Why every page and not ``app.py``: Streamlit runs a page file *alone* in
-some cases (legacy multipage mode before ``st.navigation`` has run once in
-the process, ``AppTest.switch_page``, a browser opening ``/theory`` first),
-so a page must never rely on ``app.py`` having drawn anything.
+Every page runs through ``app.py`` (``st.navigation``; the pages live in
+``app_pages/``, not ``pages/``, so Streamlit's legacy multipage mode never
+runs a page file alone); a page draws the sidebar because the temperature
+controls are drawn where the page wants them (Explore: in its live panel, a
+fragment; the other pages: in the sidebar), and a page file still works run
+alone (``AppTest.from_file`` on a page).
 
-State (issue 41): every widget has a fixed key whose default lives in
-:data:`ui.choices.DEFAULTS`, and every choice is also kept in one plain session
-value, the store of :mod:`ui.choices` (a dict that is no widget's key). Why:
-Streamlit deletes the value of every widget a page change leaves behind
-(widget ids include the page); a value survives that only as a plain session
-key written during the last run (``init_state`` used to re-assign every key
-to itself for that). After a fragment rerun (Explore's temperature panel,
-Calibrate's polling fragment) those plain writes had been folded into the
-widgets' state by the rerun, ``init_state`` had not run again, and the page
-change deleted every choice. Now:
+State: every choice is a widget with a fixed key (its default in
+:data:`ui.choices.DEFAULTS`, set before the widget is drawn; no
+``value=``/``index=``) drawn with ``persist_state=choices.KEEP``
+("session"), so Streamlit keeps its value across page changes, also when
+the last change was made in a fragment rerun, and while it is hidden (the
+pasted text while the source is "Generate"). :func:`init_state` also
+re-assigns every choice's key to itself at the start of each full run
+(Streamlit's documented recipe): a widget drawn on both pages has another id
+on each, and in the run of a page change the new page's widget registers
+before Streamlit restores the persisted value, so without it the run would
+use the widget's default (the length at 16, the targets off; the recipe alone
+loses a change made in a fragment rerun just before the page change, checked
+in a browser on Streamlit 1.67). Callbacks, links and the code
+set a choice by writing its key before its widget is drawn
+(:func:`ui.choices.set_state`, :func:`ui.choices.put`).
 
-* :func:`init_state` (every full run) first copies the widgets' values into
-  the store when this run is on the page the last one was on (their values
-  are live), then writes the store back into the widget keys before any
-  widget is drawn; after a page change the store is what the new page sees;
-* :func:`remember` (also called at the start of :func:`temperature_controls`,
-  so in every run of Explore's fragment) copies the live values again;
-* :func:`ui.choices.set_state` / :func:`ui.choices.put` write both
-  (callbacks, links, the code).
-
-A component that writes ``st.session_state["tau_value"]`` itself is picked up
-by the next :func:`remember`; :func:`ui.choices.set_state` records it at once.
-Widgets are created without ``value=``/``index=``, only with ``key=``.
+One value is not a widget's: the person's own tau (:data:`_OWN_TAU`), because
+the tau slider shows the resolved tau while the method is not "fixed".
 """
 
 from __future__ import annotations
@@ -49,68 +46,40 @@ from ui import cache, choices, fail, message, url
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
-_PAGE = "_aae_page"  # the page of the last full run (its script hash)
+_OWN_TAU = "_aae_own_tau"  # the person's own tau (the slider shows the resolved one while the method is not fixed)
 _SHOWN = "_aae_tau_shown"  # the resolved tau last written into the disabled slider (not the person's own tau)
 
 
 # -- state --------------------------------------------------------------------------
 
-def _page_id() -> str:
-    """The page this run draws (Streamlit's page script hash; a page change is a change of it)."""
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-    ctx = get_script_run_ctx(suppress_warning=True)
-    return str(getattr(ctx, "page_script_hash", "") or "")
-
-
-def remember(*keys: str) -> None:
-    """Copy the widgets' live values into the store (all of :data:`ui.choices.KEEP_KEYS` by default).
-
-    Only on the page the last full run was on: right after a page change the
-    widget keys hold nothing or an older value, and the store is the truth
-    (:func:`init_state` writes it back first). The resolved tau shown in the
-    disabled slider is not the person's tau and is not copied.
-    """
-    ss = st.session_state
-    if ss.get(_PAGE) != _page_id():
-        return
-    store = choices.kept()
-    for k in keys or choices.KEEP_KEYS:
-        try:
-            v = ss[k]
-        except KeyError:
-            continue
-        if k == "tau_value" and ss.get(_SHOWN) is not None:
-            if v == ss[_SHOWN]:
-                continue
-            ss[_SHOWN] = None  # a new value (a link, a callback, a component): it is the person's
-        store[k] = v
-
-
 def init_state() -> list[str]:
-    """Keep every choice across page switches (:func:`remember`, then write the store back), take a newly opened
-    URL's view (:mod:`ui.url`), set missing defaults.
+    """Take a newly opened URL's view (:mod:`ui.url`) and set missing defaults, before any widget is drawn.
 
     Returns the URL parameters that could not be used (one message each).
     """
     ss = st.session_state
-    store = choices.kept()
-    page = _page_id()
-    if ss.get(_PAGE) in (None, page):  # the same page (or the session's first run): the widget values are live
-        ss[_PAGE] = page
-        remember()
-    ss[_PAGE] = page
-    ss[_SHOWN] = None  # the store's tau goes back into the slider below
+    for k in choices.DEFAULTS:  # see the module docstring: a widget that moved to another page takes this value
+        if k in ss:
+            ss[k] = ss[k]
     problems = url.apply()
     for k, v in choices.DEFAULTS.items():
-        if k not in store and v is not None:
-            store[k] = v
-    if store.get("model_choice") not in choices.model_options():
-        store["model_choice"] = choices.default_model_ref()
-    for k in choices.KEEP_KEYS:
-        if k in store:
-            ss[k] = store[k]
+        if v is not None and k not in ss:
+            ss[k] = v
+    if ss.get("model_choice") not in choices.model_options():
+        ss["model_choice"] = choices.default_model_ref()
     return problems
+
+
+def own_tau() -> float:
+    """The person's own tau: ``tau_value`` unless it holds the resolved tau this module drew in the disabled slider.
+
+    A new value there (the slider, a link, the scrubber's release, a callback) is the person's and is kept.
+    """
+    ss = st.session_state
+    v = ss.get("tau_value")
+    if v is not None and (ss.get(_SHOWN) is None or v != ss[_SHOWN]):
+        ss[_OWN_TAU], ss[_SHOWN] = float(v), None
+    return float(ss.get(_OWN_TAU, 1.0))
 
 
 def _set_tokens(n: int) -> None:
@@ -245,10 +214,10 @@ def _model_section() -> Loaded:
     sb = st.sidebar
     sb.subheader("Model")
     labels = choices.model_labels()
-    sb.selectbox("Model", choices.model_options(), key="model_choice", format_func=lambda r: labels.get(r, r),
+    sb.selectbox("Model", choices.model_options(), key="model_choice", persist_state=choices.KEEP, format_func=lambda r: labels.get(r, r),
                  help="Bundled models first (T5 retrieval and language models, and rotary masked-LM encoders: 'RoPE'), "
                       "then T5 models from the Hugging Face hub (need internet or a local copy).")
-    sb.text_input(OTHER_HINT, key="model_other", placeholder="google/flan-t5-base or ./my-t5-folder")
+    sb.text_input(OTHER_HINT, key="model_other", persist_state=choices.KEEP, placeholder="google/flan-t5-base or ./my-t5-folder")
     ref = (st.session_state.get("model_other") or "").strip() or st.session_state["model_choice"]
     st.session_state["_model_ref"] = ref
     try:
@@ -296,50 +265,50 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
         choices.put("doc_task", tasks.LM)
         sb.caption(MASKED_DOC)
     else:
-        sb.radio("Source", ("Generate", "Paste"), key="doc_mode", horizontal=True)
+        sb.radio("Source", ("Generate", "Paste"), key="doc_mode", persist_state=choices.KEEP, horizontal=True)
     if ss["doc_mode"] == "Generate":
         if ss.get("doc_task") not in tasks.GENERATED:
             choices.put("doc_task", tasks.LM if reads_prose(loaded) else "passkey")
         if loaded.seq2seq:
-            sb.selectbox("Task", tasks.GENERATED, key="doc_task",
+            sb.selectbox("Task", tasks.GENERATED, key="doc_task", persist_state=choices.KEEP,
                          help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
                               "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).")
-        sb.number_input("Length in tokens", min_value=16, max_value=4_000_000, step=max(1, lt // 4), key="doc_tokens")
+        sb.number_input("Length in tokens", min_value=16, max_value=4_000_000, step=max(1, lt // 4), key="doc_tokens", persist_state=choices.KEEP)
         row = sb.container(horizontal=True, gap="small")
         for k in MULTIPLES:
             row.button(f"{k}×", key=f"len_{k}x", on_click=_set_tokens, args=(k * lt,), help=f"{k} × L_tr = {k * lt:,} tokens")
         if ss["doc_task"] != tasks.LM:  # an LM sequence has no needle
-            sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
+            sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth", persist_state=choices.KEEP)
         haystack = "default"
         if ss["doc_task"] in tasks.HAYSTACK_TASKS:
-            sb.selectbox("Filler", choices.HAYSTACK_CHOICES, key="doc_haystack",
+            sb.selectbox("Filler", choices.HAYSTACK_CHOICES, key="doc_haystack", persist_state=choices.KEEP,
                          format_func=choices.HAYSTACK_CHOICES.get,
                          help="The paper's pass key filler is one fixed text: its documents differ only in the key. "
                               "Held-out corpus prose makes every seed a different haystack.")
             haystack = ss["doc_haystack"]
-        sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
+        sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed", persist_state=choices.KEEP)
         req = DocumentRequest(task=ss["doc_task"], tokens=int(ss["doc_tokens"]), depth=ss["doc_depth"] / 100,
                               seed=int(ss["doc_seed"]), haystack=haystack)
     else:
-        sb.text_area("Your text", key="doc_text", height=150, placeholder="Paste the text to search in…")
+        sb.text_area("Your text", key="doc_text", persist_state=choices.KEEP, height=150, placeholder="Paste the text to search in…")
         sb.file_uploader("…or upload a .txt file", type=["txt"], key="doc_file", on_change=_read_upload)
         if ss.get("upload_error"):
             st.error(ss.pop("upload_error"))
-        sb.radio("Needle", choices.NEEDLE_MODES, key="doc_needle_mode")
+        sb.radio("Needle", choices.NEEDLE_MODES, key="doc_needle_mode", persist_state=choices.KEEP)
         mode = ss["doc_needle_mode"]
         needle = question = expected = None
         if mode == choices.NEEDLE_MODES[1]:
-            sb.text_input("Needle sentence", key="doc_needle", placeholder="The secret colour is teal.")
+            sb.text_input("Needle sentence", key="doc_needle", persist_state=choices.KEEP, placeholder="The secret colour is teal.")
         if mode != choices.NEEDLE_MODES[0]:
-            sb.text_input("Question", key="doc_question", placeholder="What is the secret colour?")
-            sb.text_input("Expected answer", key="doc_expected", placeholder="teal")
+            sb.text_input("Question", key="doc_question", persist_state=choices.KEEP, placeholder="What is the secret colour?")
+            sb.text_input("Expected answer", key="doc_expected", persist_state=choices.KEEP, placeholder="teal")
             question, expected = ss["doc_question"] or None, ss["doc_expected"] or None
             needle = ss["doc_needle"] if mode == choices.NEEDLE_MODES[1] else ""
             if mode == choices.NEEDLE_MODES[1] and not (needle or "").strip():
                 fail(UserError("Type the needle sentence to insert (or choose 'pass key sentence')."))
         if mode != choices.NEEDLE_MODES[2]:
-            sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth")
-        sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed")
+            sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth", persist_state=choices.KEEP)
+        sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed", persist_state=choices.KEEP)
         req = DocumentRequest(task="text", depth=ss["doc_depth"] / 100, seed=int(ss["doc_seed"]), text=ss["doc_text"],
                               needle=needle, question=question, expected=expected)
     try:
@@ -421,7 +390,7 @@ def scheme_controls(where, loaded: Loaded) -> tuple[str, tuple[tuple[str, float]
         choices.put("pos_scheme", url_scheme[0])
     if ss.get("pos_scheme") not in positions.AVAILABLE:
         choices.put("pos_scheme", positions.PLAIN)
-    where.selectbox("Position scheme", positions.AVAILABLE, key="pos_scheme", format_func=_scheme_label,
+    where.selectbox("Position scheme", positions.AVAILABLE, key="pos_scheme", persist_state=choices.KEEP, format_func=_scheme_label,
                     help=scheme_help())
     name = ss["pos_scheme"]
     entry = positions.get(name)
@@ -439,10 +408,10 @@ def scheme_controls(where, loaded: Loaded) -> tuple[str, tuple[tuple[str, float]
         row = where.container(horizontal=True, gap="small")
         for p in entry.params:
             if p in _EMPTY:
-                row.number_input(p, min_value=_MIN[p], value=None, step=0.5, key=keys[p], placeholder="fitted",
+                row.number_input(p, min_value=_MIN[p], value=None, step=0.5, key=keys[p], persist_state=choices.KEEP, placeholder="fitted",
                                  help=f"{_EMPTY[p]} (docs/positions.md)")
             else:
-                row.number_input(p, min_value=_MIN[p], max_value=4_000_000, step=1, key=keys[p],
+                row.number_input(p, min_value=_MIN[p], max_value=4_000_000, step=1, key=keys[p], persist_state=choices.KEEP,
                                  help=f"tokens; this model's default at L_tr = {lt}: {entry.defaults(lt).get(p)}")
     params = {p: ss[keys[p]] for p in entry.params if ss.get(keys[p]) is not None}
     params = {p: (int(v) if p in _MIN and isinstance(_MIN[p], int) else float(v)) for p, v in params.items()}
@@ -485,14 +454,13 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     step), and the person's tau comes back when they return to "fixed".
     """
     ss = st.session_state
-    remember()  # a fragment rerun's choices (the panel, a component) reach the store before anything else
     if ss.get("tau_method") not in methods.NAMES:
         choices.put("tau_method", methods.FIXED)
     if where is st.sidebar or not slider:
         c1 = c2 = where
     else:
         c1, c2 = where.columns([1, 1.4], vertical_alignment="bottom")
-    c1.selectbox("Method", methods.NAMES, key="tau_method", format_func=methods.label,
+    c1.selectbox("Method", methods.NAMES, key="tau_method", persist_state=choices.KEEP, format_func=methods.label,
                  help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
                       + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
     scheme, params = scheme_controls(c1, loaded)
@@ -502,10 +470,11 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
 
     def draw_slider(value: float, shown: float | None = None) -> None:
         """The tau slider at ``value``; ``shown`` marks it as a resolved tau (not the person's, not copied)."""
-        if slot is None:
+        if slot is None:  # no slider here (Explore's is the scrubber's): the key holds the person's own tau
+            ss["tau_value"], ss[_SHOWN] = tau_input, None
             return
         ss["tau_value"], ss[_SHOWN] = value, shown
-        slot.slider("tau (fixed)", choices.TAU_MIN, choices.TAU_MAX, step=choices.TAU_STEP, key="tau_value",
+        slot.slider("tau (fixed)", choices.TAU_MIN, choices.TAU_MAX, step=choices.TAU_STEP, key="tau_value", persist_state=choices.KEEP,
                     disabled=not fixed,
                     help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
                          + ("" if fixed else " Disabled: it shows the tau the method resolves to "
@@ -513,10 +482,10 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
 
     row = where.container(horizontal=True, gap="small", vertical_alignment="center")
     row.caption("tau applies to:")
-    row.checkbox("encoder", key="tgt_encoder", help="encoder self-attention (where dispersion happens; the probes measure it)")
+    row.checkbox("encoder", key="tgt_encoder", persist_state=choices.KEEP, help="encoder self-attention (where dispersion happens; the probes measure it)")
     if loaded.seq2seq:
-        row.checkbox("decoder", key="tgt_decoder", help="decoder self-attention")
-        row.checkbox("cross", key="tgt_cross", help="decoder -> encoder cross-attention")
+        row.checkbox("decoder", key="tgt_decoder", persist_state=choices.KEEP, help="decoder self-attention")
+        row.checkbox("cross", key="tgt_cross", persist_state=choices.KEEP, help="decoder -> encoder cross-attention")
         kinds = ((ENCODER, ss["tgt_encoder"]), (DECODER, ss["tgt_decoder"]), (CROSS, ss["tgt_cross"]))
     else:  # a masked-LM encoder has no decoder: its one attention is the encoder's
         kinds = ((ENCODER, ss["tgt_encoder"]),)
@@ -537,12 +506,12 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
                             "so it was left as it was.")
         if not lo <= float(ss["cos_scale"]) <= hi:
             choices.put("cos_scale", float(np.clip(float(ss["cos_scale"]), lo, hi)))
-        where.slider("CosScale s", lo, hi, step=choices.COS_STEP, key="cos_scale",
+        where.slider("CosScale s", lo, hi, step=choices.COS_STEP, key="cos_scale", persist_state=choices.KEEP,
                      help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
         cos = float(ss["cos_scale"])
     else:
         ss.pop("_url_cos", None)  # a dot-product model has no s
-    tau_input = float(choices.kept().get("tau_value", ss.get("tau_value", 1.0)))  # the person's own tau, whatever is shown
+    tau_input = own_tau()  # the person's own tau, whatever the slider shows
     bar = None
     skey = (scheme, params)
     if methods.get(method).measured and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False,
@@ -590,7 +559,7 @@ def sidebar(temperature: bool = True) -> Context:
     scheme, params = kept_scheme(loaded)
     st.session_state[_SCHEME_CTX] = (st.session_state["_model_ref"], scheme, params)
     ctx = Context(loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n,
-                  method=st.session_state.get("tau_method", methods.FIXED), tau_input=float(st.session_state["tau_value"]),
+                  method=st.session_state.get("tau_method", methods.FIXED), tau_input=own_tau(),
                   schedule=ONE, scheme=scheme, scheme_params=params)
     if temperature:
         st.sidebar.subheader("Temperature")

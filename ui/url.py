@@ -17,10 +17,10 @@ carries only the model and the temperature. A cosine model's view also
 carries its CosScale ``s`` (checked against the model's slider range once the
 model is loaded, :func:`ui.sidebar.temperature_controls`).
 
-Values go into the store of choices as well as the widget keys
-(:func:`ui.choices.put`), so a link's view survives the next page change.
-The keys, ranges and store come from :mod:`ui.choices`; the sidebar calls
-:func:`apply` and :func:`sync`, and this module never imports the sidebar.
+Values go into the widget keys before the widgets are drawn; the widgets keep
+them across page changes (``persist_state``, :mod:`ui.choices`). The keys and
+ranges come from :mod:`ui.choices`; the sidebar calls :func:`apply` and
+:func:`sync`, and this module never imports the sidebar.
 
 Every parser refuses what it cannot use with a ``ValueError`` whose text is
 the reason (shown in the page's one message): a number too large for a float
@@ -167,12 +167,6 @@ def apply() -> list[str]:
     if not url or url == ss.get(_WRITTEN):
         return []
 
-    def set_(key: str, value: Any) -> None:
-        if key in choices.KEEP_KEYS:
-            choices.put(key, value)  # a choice: the widget key and the store
-        else:
-            ss[key] = value
-
     problems = []
     for name, raw in url.items():
         key, parse = PARAMS[name]
@@ -183,10 +177,10 @@ def apply() -> list[str]:
             continue
         if name == "model":
             if value in choices.model_options():
-                set_("model_choice", value)
-                set_("model_other", "")
+                ss["model_choice"] = value
+                ss["model_other"] = ""
             else:
-                set_("model_other", value)  # a folder or hub id: loaded (or refused) like a typed one
+                ss["model_other"] = value  # a folder or hub id: loaded (or refused) like a typed one
             continue
         if name == "scheme":
             ss["_url_scheme"] = positions.parse_spec(value)  # (name, params): the sidebar fills the inputs
@@ -196,9 +190,9 @@ def apply() -> list[str]:
             if isinstance(value, str):  # "8x": the sidebar resolves it with the model's L_tr
                 ss["_url_multiple"] = int(value[:-1])
                 continue
-        set_(key, value)
+        ss[key] = value
     if "task" in url or "tokens" in url:
-        set_("doc_mode", "Generate")
+        ss["doc_mode"] = "Generate"
     ss[_WRITTEN] = url  # applied once; the next sync() writes the resolved view
     return problems
 

@@ -7,6 +7,7 @@ import streamlit as st
 
 from ui import PAPER, page_setup
 from ui import calibrate_views as cv
+from ui import choices
 from ui import sidebar as sb
 
 
@@ -24,10 +25,10 @@ def main() -> None:
         ss.setdefault(k, v)
     st.markdown(f"Document: **{ctx.tokens:,} tokens** ({ctx.ratio:.2f} × L_tr = {ctx.train_length:,}), task `{ctx.document.task}`.")
     c1, c2, c3 = st.columns([1, 1, 2])
-    c1.toggle("bisection (fewer passes)", key="cal_fast",
+    c1.toggle("bisection (fewer passes)", key="cal_fast", persist_state=choices.KEEP,
               help="Finds the same grid point as the full grid when the curve is monotone, in about log2(11)+2 passes; "
                    "the curve then has gaps.")
-    c2.number_input("documents", min_value=1, max_value=16, step=1, key="cal_samples",
+    c2.number_input("documents", min_value=1, max_value=16, step=1, key="cal_samples", persist_state=choices.KEEP,
                     help="Average the statistic over this many documents (seeds seed, seed+1, …); pasted text uses itself. "
                          "With 2 or more, a bootstrap over the documents gives a band of the pick.")
     cals = cv.run(ctx, c3)
