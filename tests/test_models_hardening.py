@@ -35,8 +35,8 @@ def hub_env(monkeypatch, tmp_path):
     for v in PROXY_VARS + ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(models, "_REACH", {})
-    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+    monkeypatch.setattr(models.loading, "_REACH", {})
+    monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     return tmp_path / "hub-cache"
 
 
@@ -113,11 +113,11 @@ def _in_thread(fn, *args, **kwargs):
 # --- 1. a hub that accepts and never answers ---------------------------------------------------------------
 
 def test_the_stated_bound():
-    assert models.HUB_WAIT_S == 20.0 and "HUB_WAIT_S" in models.__doc__ and "20 s" in models.__doc__
+    assert models.loading.HUB_WAIT_S == 20.0 and "HUB_WAIT_S" in models.loading.__doc__ and "20 s" in models.loading.__doc__
 
 
 def test_a_silent_hub_fails_within_the_bound_in_one_line(silent_hub, monkeypatch):
-    monkeypatch.setattr(models, "HUB_WAIT_S", 2.0)
+    monkeypatch.setattr(models.loading, "HUB_WAIT_S", 2.0)
     t0 = time.monotonic()
     with pytest.raises(ModelLoadError) as err:
         models.load("someorg/some-t5", device="cpu")
@@ -130,7 +130,7 @@ def test_a_silent_hub_fails_within_the_bound_in_one_line(silent_hub, monkeypatch
 
 
 def test_loads_of_one_silent_repo_share_one_download(silent_hub, monkeypatch):
-    monkeypatch.setattr(models, "HUB_WAIT_S", 2.0)
+    monkeypatch.setattr(models.loading, "HUB_WAIT_S", 2.0)
     runs = [_in_thread(models.load, "someorg/shared-t5", device="cpu"),
             _in_thread(models.load, "someorg/shared-t5", device="cpu", dtype="bfloat16")]  # two cache keys, one repo
     t0 = time.monotonic()
@@ -145,7 +145,7 @@ def test_loads_of_one_silent_repo_share_one_download(silent_hub, monkeypatch):
 
 def test_a_silent_hub_does_not_hold_up_a_local_folder(silent_hub, monkeypatch, tiny_dir):
     """The issue's two sessions: one loads from a hub that never answers, the other opens a folder meanwhile."""
-    monkeypatch.setattr(models, "HUB_WAIT_S", 6.0)
+    monkeypatch.setattr(models.loading, "HUB_WAIT_S", 6.0)
     hub_load, hub_box = _in_thread(models.load, "someorg/stalled-t5", device="cpu")
     end = time.monotonic() + 5.0
     while silent_hub.requests < 1 and time.monotonic() < end:  # until the hub load is inside its wait
@@ -251,8 +251,8 @@ def test_a_hub_download_fetches_only_what_a_load_reads(hub_env, monkeypatch, tmp
     assert "pytorch_model.bin" not in fetched and "README.md" not in fetched
     snap = models.cached_snapshot("someorg/good-t5")
     assert snap is not None and not (snap / "pytorch_model.bin").exists()
-    models._CACHE.clear()
-    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("a complete cached copy needs no hub"))
+    models.loading._CACHE.clear()
+    monkeypatch.setattr(models.loading, "hub_reachable", lambda *a, **k: pytest.fail("a complete cached copy needs no hub"))
     again = models.load("someorg/good-t5", device="cpu")  # the download is now a cached snapshot
     assert again.n_layers == 2 and again.train_length == 256  # with its card.json (before it, L_tr is assumed 512)
 
@@ -307,7 +307,7 @@ def test_weights_that_are_not_safetensors_are_never_opened(tmp_path, tiny_dir, c
 
 def test_a_malicious_bin_beside_safetensors_weights_is_left_alone(tmp_path, tiny_dir, monkeypatch):
     """A full ``hf download`` holds pickles beside model.safetensors: the folder loads, and the pickle stays unread."""
-    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+    monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     d = tmp_path / "model"
     shutil.copytree(tiny_dir, d)
     marker = tmp_path / "pwned"
@@ -318,7 +318,7 @@ def test_a_malicious_bin_beside_safetensors_weights_is_left_alone(tmp_path, tiny
 
 
 def test_sharded_safetensors_load(tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+    monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     d = build_tiny_t5(tmp_path / "sharded", seed=4)
     from transformers import T5ForConditionalGeneration
 
@@ -385,7 +385,7 @@ def _with_config(tmp_path: Path, tiny_dir: Path, **changes) -> Path:
     ({"d_kv": 8}, "SelfAttention"),
 ])
 def test_a_config_that_does_not_fit_the_weights_is_one_line(tmp_path, tiny_dir, capfd, monkeypatch, changes, needle):
-    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+    monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     d = _with_config(tmp_path, tiny_dir, **changes)
     with pytest.raises(ModelLoadError) as err:
         models.load(str(d), device="cpu")
@@ -411,7 +411,7 @@ def _rewrite_weights(d: Path, drop: str | None = None, add: str | None = None) -
     (None, "encoder.extra.weight", "1 unexpected (encoder.extra.weight)"),
 ])
 def test_missing_or_unexpected_weights_are_one_line_and_no_report(tmp_path, tiny_dir, capfd, monkeypatch, drop, add, needle):
-    monkeypatch.setattr(models, "_CACHE", OrderedDict())
+    monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     d = _with_config(tmp_path, tiny_dir)
     _rewrite_weights(d, drop, add)
     with pytest.raises(ModelLoadError) as err:

@@ -91,7 +91,7 @@ from core import relative_bias
 from core.errors import ModelLoadError, UserError
 from core.validation import Str, TrainLength, one_line, read_json, validate
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 T5_FAMILY = attention.FAMILIES[attention.T5]
 ROPE_FAMILY = attention.FAMILIES[attention.ROPE]
 
