@@ -366,6 +366,7 @@ def aligned_attention(
         out.append(block.out)
         if want_weights:
             weights.append(block.weights)
+        del block  # before the next block is made: its raw rows (16 MB at 4k tokens) are then memory to reuse
     if recorder is not None:
         recorder.end_layer(layer, kind)
     attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
