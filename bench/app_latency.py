@@ -4,7 +4,7 @@
 
 Measures, in one run, on this machine (CPU unless a GPU is present):
 
-1. the backend path: the same cached functions ``pages/explore.py`` calls
+1. the backend path: the same cached functions ``app_pages/explore.py`` calls
    (``ui.cache.run`` for the chosen tau, the tau = 1 run and the L_tr
    reference, ``ui.cache.bias_curves``) plus every Explore figure built by
    ``core.plots``; the page's tau = 1 run and the reference are warmed first,

@@ -44,7 +44,7 @@ def _texts(at: AppTest) -> str:
 
 
 def test_calibrate_says_passes_then_time(env):
-    at = AppTest.from_file(str(ROOT / "pages/calibrate.py"), default_timeout=TIMEOUT).run()
+    at = AppTest.from_file(str(ROOT / "app_pages/calibrate.py"), default_timeout=TIMEOUT).run()
     _ok(at)
     info = " ".join(i.value for i in at.info)
     assert "Algorithm 1 will run 11 encoder passes at" in info
@@ -70,7 +70,7 @@ def test_calibrate_says_passes_then_time(env):
 
 
 def test_theory_and_sweep_say_time_before_start(env):
-    at = AppTest.from_file(str(ROOT / "pages/theory.py"), default_timeout=TIMEOUT).run()  # runs L_tr: timed
+    at = AppTest.from_file(str(ROOT / "app_pages/theory.py"), default_timeout=TIMEOUT).run()  # runs L_tr: timed
     _ok(at)
     at.multiselect(key="th_multiples").set_value([1, 2]).run()
     text = _texts(at)
@@ -80,7 +80,7 @@ def test_theory_and_sweep_say_time_before_start(env):
     text = _texts(at)
     assert "Adding the Algorithm 1 dots will run" in text
     assert "Prop. 1 and 2 rest on a Gaussian model" in text
-    sw = AppTest.from_file(str(ROOT / "pages/sweep.py"), default_timeout=TIMEOUT).run()  # same process: same record
+    sw = AppTest.from_file(str(ROOT / "app_pages/sweep.py"), default_timeout=TIMEOUT).run()  # same process: same record
     _ok(sw)
     text = _texts(sw)
     assert "The sweep will run" in text and "on this machine" in text, text

@@ -3,7 +3,7 @@
 Everything else asks an entry what it needs (``measured``, ``search``, ``cost``, ``per``, ``takes_value``,
 ``constant``, ``grid_criterion``, ``same_as``) or reads a name the registry exports (``FIXED``, ``AS_TRAINED``,
 ``SWEEP_DEFAULT``). So adding a method is one entry, and renaming one is one line. This test reads every Python
-file of the program (core/, ui/, pages/, app.py, bench/, research/; tests and docs may name methods) and fails on:
+file of the program (core/, ui/, app_pages/, app.py, bench/, research/; tests and docs may name methods) and fails on:
 
 * a string literal equal to a method name, for names that mean nothing else (``log-length``, ``per-head``,
   ``fixed``, ...);
@@ -24,7 +24,7 @@ from core.schedule import RowTau
 from core.temperature import CRITERIA
 
 ROOT = Path(__file__).resolve().parents[1]
-PROGRAM = [p for d in ("core", "ui", "pages", "bench", "research") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
+PROGRAM = [p for d in ("core", "ui", "app_pages", "bench", "research") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
 OWNER = ROOT / "core" / "methods.py"
 #: names that are also other words of the program: flagged only where a method is meant
 SHARED = {n for n in methods.NAMES if n in CRITERIA or n in ("none", RowTau.__dataclass_fields__["scheme"].default)}

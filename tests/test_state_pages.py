@@ -321,3 +321,26 @@ def test_user_errors_show_the_apps_wording(env, monkeypatch):
     text = " ".join(e.value for e in at.error)
     assert "Length in tokens box" in text
     assert "--tokens" not in text and "/srv/" not in text
+
+
+def test_each_pages_own_settings_survive_a_round_trip(env):
+    """A page's own controls (Sweep's lengths and seeds, Theory's multiples, Explore's map layer) are kept when
+    the person goes to another page and back: each widget is drawn with ``persist_state`` (without it Streamlit
+    deletes a widget's value on the first run of a page that does not draw it)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    at.selectbox(key="ex_layer").set_value(1).run()
+    nav_click(at, "app_pages/sweep.py")
+    app_ok(at)
+    at.multiselect(key="sw_lengths").set_value([1, 16]).run()
+    at.number_input(key="sw_seeds").set_value(3).run()
+    nav_click(at, "app_pages/theory.py")
+    app_ok(at)
+    at.multiselect(key="th_multiples").set_value([1, 2]).run()
+    for page in (CALIBRATE, EXPLORE, "app_pages/sweep.py", "app_pages/theory.py"):
+        nav_click(at, page)
+        app_ok(at)
+        ss = at.session_state
+        assert (ss["ex_layer"], list(ss["sw_lengths"]), ss["sw_seeds"], list(ss["th_multiples"])) == \
+            (1, [1, 16], 3, [1, 2]), page
+    assert at.multiselect(key="th_multiples").value == [1, 2]

@@ -1,4 +1,4 @@
-"""Calibrate's sections, one function each: the page (pages/calibrate.py) only arranges them."""
+"""Calibrate's sections, one function each: the page (app_pages/calibrate.py) only arranges them."""
 
 from __future__ import annotations
 
@@ -461,7 +461,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     if ss["cal_pick"] not in usable:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])
-    u1.selectbox("Method to use", usable, key="cal_pick",
+    u1.selectbox("Method to use", usable, key="cal_pick", persist_state=choices.KEEP,
                  format_func=lambda m: f"{methods.label(m)}: {tau_cell(taus[m], ctx.tokens)[0]}")
     u2.button("Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary")
     if ss.get("cal_used"):
@@ -475,7 +475,7 @@ def export(ctx: sb.Context, taus: dict) -> None:
     st.subheader("Export the choice")
     st.caption("A settings file for the command line: the model, this document request and the chosen tau. "
                "'fixed' runs exactly this tau; 'method' lets the CLI resolve the method again at its document's length.")
-    st.radio("Export as", EXPORT_MODES, key="cal_export", horizontal=True)
+    st.radio("Export as", EXPORT_MODES, key="cal_export", persist_state=choices.KEEP, horizontal=True)
     pick = ss["cal_pick"]
     crit = methods.get(pick).matches or "pmax"
     if ss["cal_export"] == EXPORT_MODES[0]:

@@ -1,4 +1,4 @@
-"""Explore's views, one function each: the page (pages/explore.py) only arranges them.
+"""Explore's views, one function each: the page (app_pages/explore.py) only arranges them.
 
 The tau-dependent views are drawn in the browser by the scrubber
 (:mod:`ui.scrubber`); here are the controls that choose what they show, the
@@ -17,7 +17,7 @@ from core import engine, frames, plots, positions, rope_view, tables
 from core.errors import UserError
 from core.probes import ProbeSpec
 from ui import chart, csv_of, message
-from ui import cache, figure_cache
+from ui import cache, choices, figure_cache
 from ui import sidebar as sb
 
 
@@ -59,20 +59,20 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
     L, H = ctx.loaded.n_layers, ctx.loaded.n_heads
     dec = int(getattr(ctx.loaded.config, "num_decoder_layers", None) or L)
     c = st.columns([1, 1.2, 1.1, 1.5, 1.2, 1.6], vertical_alignment="bottom")
-    c[0].selectbox("Map layer", list(range(L)), key="ex_layer", help="The encoder layer of the attention map.")
-    c[1].selectbox("Map head", ["mean"] + list(range(H)), key="ex_head",
+    c[0].selectbox("Map layer", list(range(L)), key="ex_layer", persist_state=choices.KEEP, help="The encoder layer of the attention map.")
+    c[1].selectbox("Map head", ["mean"] + list(range(H)), key="ex_head", persist_state=choices.KEEP,
                    format_func=lambda h: "mean of heads" if h == "mean" else f"head {h}")
-    c[2].selectbox("Pooling", ("mean", "max"), key="ex_pool", help="How each map cell sums up its token ranges.")
-    c[3].selectbox("Colour", COLOURS, key="ex_colour",
+    c[2].selectbox("Pooling", ("mean", "max"), key="ex_pool", persist_state=choices.KEEP, help="How each map cell sums up its token ranges.")
+    c[3].selectbox("Colour", COLOURS, key="ex_colour", persist_state=choices.KEEP,
                    help="Log colour shows a dispersed map's tail (and the needle cell past L_tr); linear the peaks.")
     if ss.get("ex_cross_layer") not in ["mean", *range(dec)]:
         ss["ex_cross_layer"] = "mean"
     if ctx.loaded.seq2seq:  # a masked-LM encoder writes no answer: no cross-attention to choose a layer of
-        c[4].selectbox("Decoder layer", ["mean", *range(dec)], key="ex_cross_layer",
+        c[4].selectbox("Decoder layer", ["mean", *range(dec)], key="ex_cross_layer", persist_state=choices.KEEP,
                        format_func=lambda l: "mean of layers" if l == "mean" else f"layer {l}",
                        help="Where the answer looks: one decoder layer's cross-attention, or their mean.")
     if ctx.loaded.seq2seq:  # a masked-LM model has no needle to centre a shaded text on: nothing to choose
-        c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window",
+        c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window", persist_state=choices.KEEP,
                     help="How much of the document the shaded text shows around the needle.")
     if ctx.loaded.cosine:  # a cosine model: the slider scrubs tau, or CosScale s at the chosen tau
         from ui.scrubber import AXES, AXIS_KEY
@@ -177,7 +177,7 @@ def distance_section(ctx: sb.Context) -> None:
                       "it computes logits at capped distances from unrotated q and k, which these curves cannot show: "
                       "they are plain RoPE's."))
     ss.setdefault("ex_show_bias", False)
-    if not st.toggle("Show the distance curves", key="ex_show_bias"):
+    if not st.toggle("Show the distance curves", key="ex_show_bias", persist_state=choices.KEEP):
         return
     ss.setdefault("ex_dist_layer", 0)
     if ss["ex_dist_layer"] not in range(L):
@@ -185,8 +185,8 @@ def distance_section(ctx: sb.Context) -> None:
     ss.setdefault("ex_rpe_heads", list(range(min(H, 8))))
     ss["ex_rpe_heads"] = [h for h in ss["ex_rpe_heads"] if h in range(H)] or [0]
     r1, r2 = st.columns([3, 1])
-    r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads")
-    r2.selectbox("Layer", list(range(L)), key="ex_dist_layer")
+    r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads", persist_state=choices.KEEP)
+    r2.selectbox("Layer", list(range(L)), key="ex_dist_layer", persist_state=choices.KEEP)
     try:
         curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]), scheme=ctx.scheme_key)
     except UserError as err:
@@ -219,7 +219,7 @@ def bias_section(ctx: sb.Context) -> None:
     # Behind a switch: the landing page then draws no plotly chart, and a new tab need not load and parse
     # plotly's 4.7 MB of JavaScript before the scrubber is usable (bench/browser_latency.py, warm landing).
     ss.setdefault("ex_show_bias", False)
-    if not st.toggle("Show the bias curves", key="ex_show_bias"):
+    if not st.toggle("Show the bias curves", key="ex_show_bias", persist_state=choices.KEEP):
         return
     try:
         enc = cache.encoded(ctx.loaded, ctx.request, ctx.document)  # refuses a document past free memory
@@ -233,8 +233,8 @@ def bias_section(ctx: sb.Context) -> None:
     if ss.get("_rpe_doc") != ctx.request or ss.get("ex_rpe_query") is None or ss["ex_rpe_query"] >= enc.n:
         ss["ex_rpe_query"], ss["_rpe_doc"] = int(min(q0, enc.n - 1)), ctx.request
     r1, r2 = st.columns([3, 1])
-    r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads")
-    r2.number_input("Query position m", min_value=0, max_value=max(0, enc.n - 1), step=1, key="ex_rpe_query",
+    r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads", persist_state=choices.KEEP)
+    r2.number_input("Query position m", min_value=0, max_value=max(0, enc.n - 1), step=1, key="ex_rpe_query", persist_state=choices.KEEP,
                     help="Default: the question's first token (reset when the document changes).")
     try:
         curves = cache.bias_curves(ctx.loaded, int(ss["ex_rpe_query"]), enc.n)

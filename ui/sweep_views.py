@@ -1,4 +1,4 @@
-"""The Sweep page's sections, one function each: the page (pages/sweep.py) only arranges them."""
+"""The Sweep page's sections, one function each: the page (app_pages/sweep.py) only arranges them."""
 
 from __future__ import annotations
 
@@ -127,14 +127,14 @@ def controls(ctx: sb.Context) -> SweepPlan:
     options, side = length_options(ctx)
     _drop_stale_lengths("sw_lengths", options)
     c1, c2 = st.columns(2)
-    c1.multiselect("Lengths (× L_tr)", options, key="sw_lengths", format_func=lambda k: _length_text(k, lt))
-    c2.multiselect("Needle depths (%)", list(DEPTHS), key="sw_depths")
+    c1.multiselect("Lengths (× L_tr)", options, key="sw_lengths", persist_state=choices.KEEP, format_func=lambda k: _length_text(k, lt))
+    c2.multiselect("Needle depths (%)", list(DEPTHS), key="sw_depths", persist_state=choices.KEEP)
     lengths_note(ctx, "sw_lengths", side, "The sweep runs")
-    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", format_func=methods.label, help=METHODS_HELP)
+    st.multiselect("Methods", list(SWEEP_METHODS), key="sw_methods", persist_state=choices.KEEP, format_func=methods.label, help=METHODS_HELP)
     c4, c5, c6 = st.columns(3)
-    c4.text_input("Fixed taus", key="sw_fixed", placeholder="0.8, 0.7")
-    c5.number_input("Seeds", min_value=1, max_value=100, step=1, key="sw_seeds")
-    c6.number_input("Calibration docs", min_value=1, max_value=16, step=1, key="sw_samples",
+    c4.text_input("Fixed taus", key="sw_fixed", persist_state=choices.KEEP, placeholder="0.8, 0.7")
+    c5.number_input("Seeds", min_value=1, max_value=100, step=1, key="sw_seeds", persist_state=choices.KEEP)
+    c6.number_input("Calibration docs", min_value=1, max_value=16, step=1, key="sw_samples", persist_state=choices.KEEP,
                     help="Documents per length used to calibrate Algorithm 1 / Prop. 1/2 (disjoint seeds).")
     with user_errors():
         chosen = list(ss["sw_methods"]) + _fixed_taus(ss["sw_fixed"])
@@ -284,7 +284,7 @@ def results(path: Path) -> None:
     ss.setdefault("sw_heat_method", present[0])
     if ss["sw_heat_method"] not in present:
         ss["sw_heat_method"] = present[0]
-    st.selectbox("Method", present, key="sw_heat_method", format_func=method_text)
+    st.selectbox("Method", present, key="sw_heat_method", persist_state=choices.KEEP, format_func=method_text)
     sub = df[df["method"].astype(str) == ss["sw_heat_method"]].copy()
     sub["depth %"] = (sub["depth"].astype(float) * 100).round().astype(int)
     chart(plots.accuracy_heatmap(accuracy_table(sub, "depth %", "tokens"), y_title="needle depth %"), "sw_depth")
@@ -313,14 +313,14 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
     options, side = length_options(ctx)
     _drop_stale_lengths("lm_lengths", options)
     c1, c2 = st.columns(2)
-    c1.multiselect("Prefix lengths (× L_tr)", options, key="lm_lengths", format_func=lambda k: _length_text(k, lt))
-    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", format_func=methods.label, help=METHODS_HELP)
+    c1.multiselect("Prefix lengths (× L_tr)", options, key="lm_lengths", persist_state=choices.KEEP, format_func=lambda k: _length_text(k, lt))
+    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", persist_state=choices.KEEP, format_func=methods.label, help=METHODS_HELP)
     lengths_note(ctx, "lm_lengths", side, "The table scores prefixes", "held-out sequences")
     c4, c5, c6 = st.columns(3)
-    c4.text_input("Fixed taus", key="lm_fixed", placeholder="0.8, 0.7")
-    c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences",
+    c4.text_input("Fixed taus", key="lm_fixed", persist_state=choices.KEEP, placeholder="0.8, 0.7")
+    c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences", persist_state=choices.KEEP,
                     help="Held-out sequences (distinct seeds); the table in docs/results.md uses 200.")
-    c6.number_input("Calibration sequences", min_value=1, max_value=16, step=1, key="sw_samples",
+    c6.number_input("Calibration sequences", min_value=1, max_value=16, step=1, key="sw_samples", persist_state=choices.KEEP,
                     help="Sequences per length used to calibrate Algorithm 1 / Prop. 1/2 (seeds disjoint from the scored ones).")
     with user_errors():
         chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
@@ -400,8 +400,8 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
     options, side = length_options(ctx)
     _drop_stale_lengths("lm_lengths", options)
     c1, c2 = st.columns(2)
-    c1.multiselect("Lengths (× L_tr)", options, key="lm_lengths", format_func=lambda k: _length_text(k, lt))
-    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", format_func=methods.label, help=METHODS_HELP)
+    c1.multiselect("Lengths (× L_tr)", options, key="lm_lengths", persist_state=choices.KEEP, format_func=lambda k: _length_text(k, lt))
+    c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", persist_state=choices.KEEP, format_func=methods.label, help=METHODS_HELP)
     lengths_note(ctx, "lm_lengths", side, "The table scores masked tokens", "held-out sequences")
     st.multiselect("Position schemes", scheme_options, key="lm_schemes",
                    format_func=lambda s: positions.get(positions.parse_spec(s)[0]).label + ("" if s != own or ":" not in s
@@ -409,8 +409,8 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
                    help="Each scheme is a row block of the table (the sidebar's own first, with its parameters); "
                         "every method runs under each (docs/positions.md).")
     c4, c5 = st.columns(2)
-    c4.text_input("Fixed taus", key="lm_fixed", placeholder="0.8, 0.7")
-    c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences",
+    c4.text_input("Fixed taus", key="lm_fixed", persist_state=choices.KEEP, placeholder="0.8, 0.7")
+    c5.number_input("Sequences per length", min_value=1, max_value=2000, step=10, key="lm_sequences", persist_state=choices.KEEP,
                     help=f"Held-out sequences (seeds 0, 1, …), {round(100 * MASK_RATE)} % of each one's tokens masked.")
     with user_errors():
         chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])

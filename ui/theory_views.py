@@ -1,4 +1,4 @@
-"""The Theory page's sections, one function each: the page (pages/theory.py) only arranges them."""
+"""The Theory page's sections, one function each: the page (app_pages/theory.py) only arranges them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from core import csvio, methods, plots, tables, tasks, temperature, timing
 from core.errors import UserError
 from core.settings import DocumentRequest
 from ui import chart, csv_of, user_errors
-from ui import cache
+from ui import cache, choices
 from ui import sidebar as sb
 
 
@@ -51,7 +51,7 @@ def across_lengths(ctx: sb.Context) -> tuple[dict, pd.DataFrame]:
         "sharpened by a tau that depends on L."
     )
     ss.setdefault("th_multiples", [1, 2, 4, 8])
-    st.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="th_multiples", format_func=lambda k: f"{k}× = {k * lt:,}")
+    st.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="th_multiples", persist_state=choices.KEEP, format_func=lambda k: f"{k}× = {k * lt:,}")
     if ctx.request.task in tasks.GENERATED:
         base_req = ctx.request
     else:
