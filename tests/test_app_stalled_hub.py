@@ -29,7 +29,7 @@ app_model = app_model_of("stalled-hub-t5")
 
 @pytest.fixture
 def stalled(silent_hub, monkeypatch):
-    monkeypatch.setattr(models.loading, "HUB_WAIT_S", WAIT_S)
+    monkeypatch.setattr(models.hub, "HUB_WAIT_S", WAIT_S)
     return silent_hub
 
 

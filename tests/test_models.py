@@ -74,7 +74,7 @@ def no_network(monkeypatch):
     def probe(*a, **k):
         raise AssertionError("the hub was probed although the model is cached")
 
-    monkeypatch.setattr(models.loading, "hub_reachable", probe)
+    monkeypatch.setattr(models.hub, "hub_reachable", probe)
     monkeypatch.setattr(models.loading, "_CACHE", __import__("collections").OrderedDict())  # loads here must not leak a fake model into other tests
 
 
@@ -84,7 +84,7 @@ def test_uncached_hub_id_offline_fails_at_once(monkeypatch, tmp_path, flag):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(flag, "1")
-    monkeypatch.setattr(models.loading, "hub_reachable", lambda *a, **k: pytest.fail("offline mode must not probe the hub"))
+    monkeypatch.setattr(models.hub, "hub_reachable", lambda *a, **k: pytest.fail("offline mode must not probe the hub"))
     t0 = time.perf_counter()
     with pytest.raises(ModelLoadError) as err:
         load("google/flan-t5-base", device="cpu")
@@ -102,7 +102,7 @@ def test_uncached_hub_id_unreachable_hub_fails_at_once(monkeypatch, tmp_path, ca
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     calls = []
-    monkeypatch.setattr(models.loading, "hub_reachable", lambda *a, **k: calls.append(1) or False)
+    monkeypatch.setattr(models.hub, "hub_reachable", lambda *a, **k: calls.append(1) or False)
     t0 = time.perf_counter()
     with pytest.raises(ModelLoadError) as err:
         load("flan-t5-base", device="cpu")  # registry name -> google/flan-t5-base
@@ -152,7 +152,7 @@ def test_reachability_probe_on_loopback(monkeypatch):
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen(1)
-        monkeypatch.setattr(models.loading, "_REACH", {})
+        monkeypatch.setattr(models.hub, "_REACH", {})
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.getsockname()[1]}")
         assert models.hub_reachable(timeout=1.5)
     with socket.socket() as s:

@@ -35,7 +35,7 @@ def hub_env(monkeypatch, tmp_path):
     for v in PROXY_VARS + ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(models.loading, "_REACH", {})
+    monkeypatch.setattr(models.hub, "_REACH", {})
     monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     return tmp_path / "hub-cache"
 
@@ -113,11 +113,11 @@ def _in_thread(fn, *args, **kwargs):
 # --- 1. a hub that accepts and never answers ---------------------------------------------------------------
 
 def test_the_stated_bound():
-    assert models.loading.HUB_WAIT_S == 20.0 and "HUB_WAIT_S" in models.loading.__doc__ and "20 s" in models.loading.__doc__
+    assert models.hub.HUB_WAIT_S == 20.0 and "HUB_WAIT_S" in models.hub.__doc__ and "20 s" in models.hub.__doc__
 
 
 def test_a_silent_hub_fails_within_the_bound_in_one_line(silent_hub, monkeypatch):
-    monkeypatch.setattr(models.loading, "HUB_WAIT_S", 2.0)
+    monkeypatch.setattr(models.hub, "HUB_WAIT_S", 2.0)
     t0 = time.monotonic()
     with pytest.raises(ModelLoadError) as err:
         models.load("someorg/some-t5", device="cpu")
@@ -130,7 +130,7 @@ def test_a_silent_hub_fails_within_the_bound_in_one_line(silent_hub, monkeypatch
 
 
 def test_loads_of_one_silent_repo_share_one_download(silent_hub, monkeypatch):
-    monkeypatch.setattr(models.loading, "HUB_WAIT_S", 2.0)
+    monkeypatch.setattr(models.hub, "HUB_WAIT_S", 2.0)
     runs = [_in_thread(models.load, "someorg/shared-t5", device="cpu"),
             _in_thread(models.load, "someorg/shared-t5", device="cpu", dtype="bfloat16")]  # two cache keys, one repo
     t0 = time.monotonic()
@@ -145,7 +145,7 @@ def test_loads_of_one_silent_repo_share_one_download(silent_hub, monkeypatch):
 
 def test_a_silent_hub_does_not_hold_up_a_local_folder(silent_hub, monkeypatch, tiny_dir):
     """The issue's two sessions: one loads from a hub that never answers, the other opens a folder meanwhile."""
-    monkeypatch.setattr(models.loading, "HUB_WAIT_S", 6.0)
+    monkeypatch.setattr(models.hub, "HUB_WAIT_S", 6.0)
     hub_load, hub_box = _in_thread(models.load, "someorg/stalled-t5", device="cpu")
     end = time.monotonic() + 5.0
     while silent_hub.requests < 1 and time.monotonic() < end:  # until the hub load is inside its wait
@@ -252,7 +252,7 @@ def test_a_hub_download_fetches_only_what_a_load_reads(hub_env, monkeypatch, tmp
     snap = models.cached_snapshot("someorg/good-t5")
     assert snap is not None and not (snap / "pytorch_model.bin").exists()
     models.loading._CACHE.clear()
-    monkeypatch.setattr(models.loading, "hub_reachable", lambda *a, **k: pytest.fail("a complete cached copy needs no hub"))
+    monkeypatch.setattr(models.hub, "hub_reachable", lambda *a, **k: pytest.fail("a complete cached copy needs no hub"))
     again = models.load("someorg/good-t5", device="cpu")  # the download is now a cached snapshot
     assert again.n_layers == 2 and again.train_length == 256  # with its card.json (before it, L_tr is assumed 512)
 

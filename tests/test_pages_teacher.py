@@ -485,7 +485,7 @@ def test_model_messages_have_app_texts_without_paths(tmp_path):
         models.read_card(tmp_path)
     assert str(tmp_path) in str(exc.value)  # the CLI names the file
     assert str(tmp_path) not in exc.value.app_text and f"model folder '{tmp_path.name}'" in exc.value.app_text
-    err = models.loading._not_here("owner/model", "offline mode is on (HF_HUB_OFFLINE)", "the app runs offline")
+    err = models.hub._not_here("owner/model", "offline mode is on (HF_HUB_OFFLINE)", "the app runs offline")
     assert "hf download" in str(err) and "--model" in str(err)
     assert "--" not in err.app_text and "hf download" not in err.app_text and "owner/model" in err.app_text
     assert not ABSOLUTE_PATH.search(err.app_text)

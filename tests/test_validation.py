@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from core import cli
 from core.attention import KINDS
 from core.errors import ModelLoadError, UserError
-from core.models.loading import _folder_train_length, read_card
+from core.models.catalog import _folder_train_length, read_card
 from core.settings import DocumentRequest, Settings
 from core.methods import NAMES as METHODS
 from core.temperature import CRITERIA
