@@ -21,8 +21,8 @@ def main() -> None:
     ctx = sb.sidebar()
     with user_errors(), st.spinner("Layer-0 logits at this length and at L_tr…" + pass_gate.queue_note()):
         # the same pass Prop. 1/2 read, which the background job computes after the tau grid
-        here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.targets, ctx.cosine_scale, ctx.scheme_key))
-        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, scheme=ctx.scheme_key)
+        here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.choice))
+        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.choice)
 
     tv.qq(here, ref)
     reqs, stats = tv.across_lengths(ctx)

@@ -27,6 +27,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from core import methods
 from core.errors import UserError
 from core.kinds import ENCODER, KINDS
 from core.positions import PLAIN_SCHEME, Scheme
@@ -69,7 +70,7 @@ class Choice:
         """A choice from edge values, each checked once; a :class:`UserError` in one line naming the part.
 
         ``tau``: anything :meth:`Schedule.of` accepts (None: 1); ``targets``: a kind or a sequence of kinds
-        (None: encoder only); ``cosine_scale``: a positive finite number or None; ``scheme``: anything
+        (None: encoder only; an empty sequence: none); ``cosine_scale``: a positive finite number or None; ``scheme``: anything
         :meth:`Scheme.of` accepts (None: plain). ``method`` is a name the caller took from the registry (the
         registry's own parser, :func:`core.methods.parse`, reads method texts)."""
         try:
@@ -101,9 +102,8 @@ def _targets(value: Any) -> tuple[str, ...]:
     except TypeError:
         raise UserError(f"targets must be some of {', '.join(KINDS)}") from None
     bad = [t for t in out if t not in KINDS]
-    if bad or not out:
-        shown = ", ".join(map(str, bad))[:60] or "none"
-        raise UserError(f"targets must be one or more of {', '.join(KINDS)} (got {shown})")
+    if bad:  # none at all is a choice too: tau then touches nothing (the app's three boxes unticked)
+        raise UserError(f"targets must be some of {', '.join(KINDS)} (got {', '.join(map(str, bad))[:60]})")
     return tuple(dict.fromkeys(out))  # each once, in the order given
 
 
@@ -121,5 +121,6 @@ def _cosine(value: Any) -> float | None:
     return v
 
 
-#: The model as trained: tau = 1, encoder targets, the trained s, the plain scheme.
-AS_TRAINED = Choice()
+#: The model as trained (the registry's method of that name): tau = 1, encoder targets, the trained s, the plain
+#: scheme.
+AS_TRAINED = Choice(methods.AS_TRAINED)

@@ -25,6 +25,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from core.validation import (
     Tokens,
     TrainLength, arg_type, validate,
 )
+
+if TYPE_CHECKING:  # the scheme's module is imported where a scheme is parsed
+    from core.positions import Scheme
 
 TASK_CHOICES = GENERATED + ("text",)
 

@@ -29,7 +29,7 @@ from core.kinds import CROSS, DECODER, ENCODER
 from core.errors import InputTooLong, NumericalError, UserError
 from core.models import Loaded
 from core.probes import ProbeRecord, ProbeSpec, Recorder
-from core.choice import AS_TRAINED, Choice
+from core.choice import Choice
 
 
 #: The parts of a :class:`~core.choice.Choice` that :class:`RunSettings` still takes one by one (a caller that has
@@ -59,7 +59,7 @@ class RunSettings:
         unknown = sorted(set(parts) - set(_CHOICE_PARTS))
         if unknown:
             raise TypeError(f"RunSettings got unexpected argument(s) {unknown}")
-        choice = AS_TRAINED if choice is None else choice
+        choice = Choice() if choice is None else choice
         if not isinstance(choice, Choice):
             raise TypeError("RunSettings.choice must be a core.choice.Choice")
         if "scheme_params" in parts:  # the older pair (name, parameters): one Scheme

@@ -19,7 +19,6 @@ document is made.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal

@@ -111,17 +111,19 @@ def test_a_pass_builds_its_tau_matrix_once(tiny, monkeypatch):
 def test_the_apps_context_hands_its_schedule_on_unchanged(tiny):
     """The slider's tau is made a Schedule once (ui.cache.resolve_tau) and the page's run settings carry that
     very object; a tau a page passes on (the grid's) becomes one there, once."""
+    from core.choice import Choice
     from core.settings import DocumentRequest
     from ui import cache
     from ui.sidebar import Context
 
     req = DocumentRequest(task="passkey", tokens=300, seed=4)
-    schedule, _ = cache.resolve_tau(tiny, req, "fixed", 0.65)
+    schedule, _ = cache.resolve_tau(tiny, req, "fixed", tau=0.65)
     assert isinstance(schedule, Schedule) and float(schedule) == 0.65
+    choice = Choice("fixed", schedule)
     ctx = Context(loaded=tiny, model_ref="tiny", request=req, document=cache.document(tiny, req), tokens=300,
-                  method="fixed", tau_input=0.65, schedule=schedule)
+                  choice=choice, tau_input=0.65)
     rs = ctx.run_settings()
-    assert rs.tau is schedule and rs.attention().tau is schedule
+    assert rs.choice is choice and rs.tau is schedule and rs.attention().tau is schedule
     assert ctx.run_settings(tau=0.5).tau == Schedule.of(0.5)
 
 

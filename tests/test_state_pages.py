@@ -244,7 +244,7 @@ def test_temperature_controls_without_the_slider(env, monkeypatch):
     app_ok(at)
     assert not [s for s in at.slider if s.key == "tau_value"]
     assert at.sidebar.selectbox(key="tau_method").value == "fixed"
-    assert seen["t"].method == "fixed" and seen["t"].schedule == pytest.approx(1.0)
+    assert seen["t"].choice.method == "fixed" and float(seen["t"].choice.tau) == pytest.approx(1.0)
 
 
 def test_not_reached_note_says_it_plainly():

@@ -49,7 +49,7 @@ def _in_range(name: str, value) -> bool:
     if name == "method":
         return value in methods.NAMES
     if name == "tau":
-        return isinstance(value, float) and choices.TAU_MIN <= value <= choices.TAU_MAX and value == round(value, 2)
+        return isinstance(value, float) and choices.SLIDER_MIN <= value <= choices.SLIDER_MAX and value == round(value, 2)
     if name == "s":
         return (isinstance(value, float) and math.isfinite(value) and value >= choices.COS_MIN
                 and (value / choices.COS_STEP).is_integer())

@@ -5,9 +5,9 @@ Two layers:
 * the model: ``st.cache_resource`` around :func:`core.models.load` (one copy
   per process, shared by every session; :mod:`core.models` caches too);
 * everything computed from it: the bounded LRU stores of :mod:`ui.stores`,
-  shared by all sessions. Keys are explicit tuples of the settings that
-  change a result (model, document request, tau schedule, targets, CosScale,
-  probe spec), so moving tau re-runs only the forward pass (the document and
+  shared by all sessions. Keys are explicit tuples of what changes a result
+  (model, document request, the run's :class:`~core.choice.Choice` but its
+  method label, probe spec), so moving tau re-runs only the forward pass (the document and
   its tokenisation are cached separately), and returning to an earlier tau is
   a dictionary lookup. Values are shared between sessions: treat them as
   read-only.
@@ -35,26 +35,16 @@ from core.errors import UserError
 from core.models import Loaded, load
 from core.probes import ProbeSpec
 from core.settings import DocumentRequest
-from core.schedule import Schedule
+from core.choice import AS_TRAINED, Choice
+from core.schedule import ONE, Schedule
 from ui.pass_gate import gate
 from ui.stores import MISSING, stores
 
 Progress = Callable[[float], None] | None
-#: The position scheme of a pass as one hashable value (:class:`core.positions.Scheme`): part of the key of every
-#: pass (a rotary model's; a T5 model's is always plain). Plain RoPE as trained by default.
-PLAIN_SCHEME = positions.PLAIN_SCHEME
-
-
-def scheme_of(settings: engine.RunSettings) -> positions.Scheme:
-    """The run settings' position scheme (a key as it is)."""
-    return settings.choice.scheme
-
-
-def _as_scheme(scheme: Any) -> positions.Scheme:
-    """A :class:`~core.positions.Scheme`, from one or from the ``(name, params)`` pair the sidebar still hands over."""
-    if isinstance(scheme, tuple):
-        return positions.Scheme.of(scheme[0], dict(scheme[1]))
-    return positions.Scheme.of(scheme)
+def attention_key(choice: Choice) -> tuple:
+    """What of a :class:`~core.choice.Choice` changes a pass's numbers, as a key: the tau schedule, targets, CosScale
+    and position scheme (not the method's name: a fixed 0.5 and a method that resolved to 0.5 are one pass)."""
+    return (choice.tau.key(), choice.targets, choice.cosine_scale, choice.scheme)
 
 
 # -- models -------------------------------------------------------------------------
@@ -116,8 +106,7 @@ def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings,
     ``settings``' tau, targets and CosScale: :func:`core.rope_view.card` of :func:`core.rope_view.masked_predictions`
     (one pass without probes, torch's fused kernel)."""
     doc_key = ("ref", req) if reference else req
-    key = (mkey(loaded), "mlm-card", doc_key, settings.tau.key(), tuple(settings.targets), settings.cosine_scale,
-           scheme_of(settings))
+    key = (mkey(loaded), "mlm-card", doc_key, attention_key(settings.choice))
 
     def work() -> dict:
         doc = reference_document(loaded, req) if reference else document(loaded, req)
@@ -130,11 +119,9 @@ def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings,
 
 
 def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_scale: float | None = None,
-                    scheme: Any = PLAIN_SCHEME):
+                    scheme: positions.Scheme = positions.PLAIN_SCHEME):
     """:func:`core.rope_view.distance_curves` of one layer on the request's (masked) document under a position
     scheme (a frequency scheme changes the curve; see that function for the others)."""
-    scheme = _as_scheme(scheme)
-
     def work():
         doc = document(loaded, req)
         with gate().foreground():
@@ -143,11 +130,10 @@ def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_sca
     return stores()["rpe"].get((mkey(loaded), "distance", req, int(layer), cosine_scale, scheme), work)
 
 
-def scheme_mask(loaded: Loaded, scheme: Any, tokens: int, edges) -> np.ndarray | None:
+def scheme_mask(loaded: Loaded, scheme: positions.Scheme, tokens: int, edges) -> np.ndarray | None:
     """The position scheme's masked share per map cell (:func:`core.rope_view.mask_cells`, bound at ``tokens``) on
     the map's ``edges``, or None for a scheme without a mask (kept: it does not depend on tau)."""
     edges = tuple(int(e) for e in edges)
-    scheme = _as_scheme(scheme)
 
     def work():
         return rope_view.mask_cells(scheme.bind(loaded.train_length, int(tokens)), np.asarray(edges))
@@ -160,8 +146,8 @@ def scheme_mask(loaded: Loaded, scheme: Any, tokens: int, edges) -> np.ndarray |
 # -- runs ---------------------------------------------------------------------------
 
 def _run_key(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings) -> tuple:
-    return (mkey(loaded), doc_key, settings.tau.key(), tuple(settings.targets), settings.cosine_scale,
-            settings.probes, settings.max_new_tokens, settings.generate, scheme_of(settings))
+    return (mkey(loaded), doc_key, attention_key(settings.choice), settings.probes, settings.max_new_tokens,
+            settings.generate)
 
 
 def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings, guarded: bool = True) -> engine.Result:
@@ -180,7 +166,7 @@ def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSetting
         with gate().foreground() if guarded else contextlib.nullcontext():
             res = stores()["run"].get(key, compute)
         _note_stats(loaded, doc_key, settings, res)
-    return res if res.method == settings.method else replace(res, method=settings.method)
+    return res if res.method == settings.choice.method else replace(res, method=settings.choice.method)
 
 
 def has_run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> bool:
@@ -193,25 +179,23 @@ def run_unguarded(loaded: Loaded, req: DocumentRequest, settings: engine.RunSett
     return _run_doc(loaded, req, document(loaded, req), settings, guarded=False)
 
 
-def grid_key(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None,
-             scheme: Any = PLAIN_SCHEME) -> tuple:
-    """Key of one document's statistics at one tau (and position scheme): what Algorithm 1 needs of a pass,
-    whatever else it recorded."""
-    return (mkey(loaded), doc_key, Schedule.of(tau).key(), tuple(targets), cosine_scale, _as_scheme(scheme))
+def grid_key(loaded: Loaded, doc_key: Hashable, choice: Choice) -> tuple:
+    """Key of one document's statistics under one choice (tau, targets, CosScale, position scheme): what
+    Algorithm 1 needs of a pass, whatever else it recorded."""
+    return (mkey(loaded), doc_key, attention_key(choice))
 
 
 def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings, res: engine.Result) -> None:
     """Keep a run's per-layer Pmax/H by (document, tau): any later Algorithm 1 on this document reads it."""
     if res.probes is not None and settings.probes.stats and res.probes.pmax.size:
         stats = temperature.LayerStats(pmax=res.probes.layer_pmax, entropy=res.probes.layer_entropy)
-        stores()["grid"].get(grid_key(loaded, doc_key, settings.tau, settings.targets, settings.cosine_scale,
-                                      scheme_of(settings)), lambda: stats)
+        stores()["grid"].get(grid_key(loaded, doc_key, settings.choice), lambda: stats)
 
 
-def known_stats(loaded: Loaded, doc_key: Hashable, tau, targets: tuple, cosine_scale: float | None,
-                scheme: Any = PLAIN_SCHEME):
-    """The stored :class:`core.temperature.LayerStats` of a document at tau, or None."""
-    v = stores()["grid"].peek(grid_key(loaded, doc_key, tau, targets, cosine_scale, scheme))
+def known_stats(loaded: Loaded, doc_key: Hashable, tau: Any, base: Choice = AS_TRAINED):
+    """The stored :class:`core.temperature.LayerStats` of a document at ``tau`` under ``base``'s targets, CosScale
+    and scheme, or None."""
+    v = stores()["grid"].peek(grid_key(loaded, doc_key, base.with_(tau=tau)))
     return None if v is MISSING else v
 
 
@@ -220,13 +204,12 @@ def run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> e
     return _run_doc(loaded, req, document(loaded, req), settings)
 
 
-def run_reference(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                  probes: ProbeSpec | None = None, scheme: Any = PLAIN_SCHEME) -> engine.Result:
-    """The L_tr counterpart at tau = 1, no generation: the reference the meters compare with (plain RoPE, as
-    trained, unless ``scheme`` says otherwise)."""
+def run_reference(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED,
+                  probes: ProbeSpec | None = None) -> engine.Result:
+    """The L_tr counterpart at tau = 1 under ``base``'s targets, CosScale and position scheme (plain RoPE, as
+    trained, unless it says otherwise), no generation: the reference the meters compare with."""
     probes = probes or ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-    settings = engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=targets, cosine_scale=cosine_scale, probes=probes,
-                                  generate=False, scheme=_as_scheme(scheme))
+    settings = engine.RunSettings(base.with_(method=methods.AS_TRAINED, tau=ONE), probes=probes, generate=False)
     return _run_doc(loaded, ("ref", req), reference_document(loaded, req), settings)
 
 
@@ -252,22 +235,16 @@ def explore_probes(layer: int, head: int | None) -> ProbeSpec:
 
 # -- temperature --------------------------------------------------------------------
 
-def _base(targets: tuple, cosine_scale: float | None, scheme: Any = PLAIN_SCHEME) -> engine.RunSettings:
-    return engine.RunSettings(targets=tuple(targets), cosine_scale=cosine_scale, scheme=_as_scheme(scheme))
-
-
-def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | None = None, targets: tuple = ("encoder",),
-                cosine_scale: float | None = None, samples: int = 1, progress: Progress = None,
-                compute: bool = True, scheme: Any = PLAIN_SCHEME) -> tuple[Any, dict] | None:
+def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice = AS_TRAINED, tau: Any = None,
+                samples: int = 1, progress: Progress = None, compute: bool = True) -> tuple[Any, dict] | None:
     """(schedule, info) for a method on this document, via :func:`core.methods.resolve`; a measured method's
-    passes run under the position scheme ``scheme`` (:data:`PLAIN_SCHEME`'s shape)."""
+    passes run under ``base``'s targets, CosScale and position scheme. ``tau``: a fixed method's value."""
     entry = methods.get(method)
     if entry.takes_value:
         if tau is None:
             raise UserError(f"Method '{method}' needs a tau", app=f"Method '{entry.label}' needs a tau: move the tau slider.")
         return Schedule.of(tau), {}
-    scheme = _as_scheme(scheme)
-    key = (mkey(loaded), req, method, tuple(targets), cosine_scale, samples, scheme)
+    key = (mkey(loaded), req, method, attention_key(base.with_(tau=ONE)), samples)
     if not compute:
         v = stores()["tau"].peek(key)
         return None if v is MISSING else v
@@ -277,25 +254,24 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, tau: float | 
     if entry.grid_criterion is not None and samples <= 1:
         # Algorithm 1 by bisection on the shared grid (the passes the slider and Calibrate use too).
         def work():
-            cal = calibrate_both(loaded, req, fast=True, samples=1, targets=targets, cosine_scale=cosine_scale,
-                                 progress=progress, scheme=scheme)[entry.grid_criterion]
+            cal = calibrate_both(loaded, req, base, fast=True, samples=1, progress=progress)[entry.grid_criterion]
             return Schedule.of(cal.tau), {"source": "resolved", "length": token_count(loaded, req),
                                           "train_length": loaded.train_length, **cal.to_dict()}
     else:
         def work():
             with gate().foreground():
-                return methods.resolve(loaded, doc, method, None, samples=samples, base=_base(targets, cosine_scale, scheme),
-                                           progress=progress)
+                return methods.resolve(loaded, doc, method, None, samples=samples, base=engine.RunSettings(base),
+                                       progress=progress)
     return stores()["tau"].get(key, work)
 
 
-def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, samples: int = 1, targets: tuple = ("encoder",),
-                   cosine_scale: float | None = None, progress: Progress = None,
-                   compute: bool = True, scheme: Any = PLAIN_SCHEME) -> dict[str, temperature.Calibration] | None:
-    """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes, under the
-    position scheme ``scheme`` (its L_tr reference passes bind it at L_tr)."""
-    scheme = _as_scheme(scheme)
-    key = (mkey(loaded), req, fast, samples, tuple(targets), cosine_scale, scheme)
+def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED, fast: bool = False,
+                   samples: int = 1, progress: Progress = None,
+                   compute: bool = True) -> dict[str, temperature.Calibration] | None:
+    """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes, under
+    ``base``'s targets, CosScale and position scheme (its L_tr reference passes bind the scheme at L_tr)."""
+    base = base.with_(tau=ONE)
+    key = (mkey(loaded), req, fast, samples, attention_key(base))
     if not compute:
         v = stores()["cal"].peek(key)
         return None if v is MISSING else v
@@ -303,16 +279,15 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
     def work():
         doc = document(loaded, req)
         engine.check_length(loaded, token_count(loaded, req))
-        base = _base(targets, cosine_scale, scheme)
+        settings = engine.RunSettings(base)
         if samples <= 1:
             # One document: the passes are the ones the slider and the prefetcher
             # make of this very document (and its L_tr reference), so read and
             # fill the shared grid instead of running them again.
-            reference = shared_measure(loaded, req, ("ref", req), reference_document(loaded, req), targets, cosine_scale,
-                                       scheme)(1.0)
-            meas = shared_measure(loaded, req, req, doc, targets, cosine_scale, scheme)
+            reference = shared_measure(loaded, req, ("ref", req), reference_document(loaded, req), base)(1.0)
+            meas = shared_measure(loaded, req, req, doc, base)
         else:
-            meas, reference = calibration.measures(loaded, doc, samples, base)
+            meas, reference = calibration.measures(loaded, doc, samples, settings)
         return calibration.both_criteria(meas, reference, fast=fast, progress=progress)
 
     def guarded():
@@ -322,55 +297,52 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, fast: bool = False, sam
     return stores()["cal"].get(key, guarded)
 
 
-def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc, targets: tuple,
-                   cosine_scale: float | None, scheme: Any = PLAIN_SCHEME) -> Callable[[Any], temperature.LayerStats]:
-    """``measure(tau)`` for Algorithm 1 on one document, reading the shared grid first.
+def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc,
+                   base: Choice = AS_TRAINED) -> Callable[[Any], temperature.LayerStats]:
+    """``measure(tau)`` for Algorithm 1 on one document under ``base``'s targets, CosScale and position scheme,
+    reading the shared grid first.
 
     A miss runs a stats-only pass (no generation) through the gate and
     stores its statistics, so the slider, the prefetcher and Calibrate never
     compute the same document at the same tau twice in this process.
     """
-    scheme = _as_scheme(scheme)
-    base = replace(_base(targets, cosine_scale, scheme), probes=ProbeSpec.stats_only(), generate=False)
+    settings = engine.RunSettings(base, probes=ProbeSpec.stats_only(), generate=False)
 
     def fn(tau) -> temperature.LayerStats:
-        hit = known_stats(loaded, doc_key, tau, targets, cosine_scale, scheme)
+        hit = known_stats(loaded, doc_key, tau, base)
         if hit is not None:
             return hit
-        _run_doc(loaded, doc_key, doc, replace(base, tau=tau))
-        return known_stats(loaded, doc_key, tau, targets, cosine_scale, scheme)
+        _run_doc(loaded, doc_key, doc, replace(settings, tau=tau))
+        return known_stats(loaded, doc_key, tau, base)
 
     return fn
 
 
-def logit_stats(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                scheme: Any = PLAIN_SCHEME) -> dict:
-    """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2)."""
-    scheme = _as_scheme(scheme)
-    key = (mkey(loaded), req, "logit_stats", tuple(targets), cosine_scale, scheme)
+def logit_stats(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED) -> dict:
+    """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2), under ``base``'s
+    targets, CosScale and position scheme."""
+    key = (mkey(loaded), req, "logit_stats", attention_key(base.with_(tau=ONE)))
+
     def work():
         # The same two passes the Theory page draws (and the prefetcher computes ahead): one per document and length.
-        ex = run(loaded, req, theory_settings(loaded, targets, cosine_scale, scheme))
-        tr = run_reference(loaded, req, targets, cosine_scale, scheme=scheme)
+        ex = run(loaded, req, theory_settings(loaded, base))
+        tr = run_reference(loaded, req, base)
         return calibration.logit_stats_of(ex, tr, loaded.train_length)
 
     return stores()["stats"].get(key, work)
 
 
-def theory_settings(loaded: Loaded, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                    scheme: Any = PLAIN_SCHEME) -> engine.RunSettings:
-    """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation:
-    what the Theory page and Prop. 1/2 read, one key for both."""
+def theory_settings(loaded: Loaded, base: Choice = AS_TRAINED) -> engine.RunSettings:
+    """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation, under
+    ``base``'s targets, CosScale and position scheme: what the Theory page and Prop. 1/2 read, one key for both."""
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if loaded.cosine else 0)
-    return engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, targets=tuple(targets), cosine_scale=cosine_scale, probes=spec,
-                              generate=False, scheme=_as_scheme(scheme))
+    return engine.RunSettings(base.with_(method=methods.AS_TRAINED, tau=ONE), probes=spec, generate=False)
 
 
-def closed_forms(loaded: Loaded, req: DocumentRequest, targets: tuple = ("encoder",), cosine_scale: float | None = None,
-                 scheme: Any = PLAIN_SCHEME) -> dict:
+def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED) -> dict:
     """:func:`core.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
     return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
-                                logit_stats(loaded, req, targets, cosine_scale, scheme))
+                                logit_stats(loaded, req, base))
 
 
 def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> dict | None:

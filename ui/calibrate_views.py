@@ -33,7 +33,7 @@ def use_tau(method: str, value) -> None:
     a = np.asarray(value)
     if a.ndim == 0:
         choices.set_state(tau_method=methods.FIXED,
-                          tau_value=float(np.clip(round(float(a), 2), choices.TAU_MIN, choices.TAU_MAX)))
+                          tau_value=choices.slider_tau(value, 1))
     else:
         choices.set_state(tau_method=method)
     st.session_state["cal_used"] = f"{methods.label(method)}: tau = {np.round(a, 3).tolist()}"
@@ -63,7 +63,7 @@ class _NotKnown(Exception):
 
 
 def _stats(ctx: sb.Context, doc_key, tau) -> temperature.LayerStats | None:
-    return cache.known_stats(ctx.loaded, doc_key, tau, tuple(ctx.targets), ctx.cosine_scale, ctx.scheme_key)
+    return cache.known_stats(ctx.loaded, doc_key, tau, ctx.choice)
 
 
 def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
@@ -76,8 +76,7 @@ def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
     are those :func:`ui.cache.calibrate_both` gives: the same statistics through
     the same :func:`core.calibration.both_criteria`.
     """
-    cals = cache.calibrate_both(ctx.loaded, ctx.request, fast=fast, samples=samples, targets=tuple(ctx.targets),
-                                cosine_scale=ctx.cosine_scale, compute=False, scheme=ctx.scheme_key)
+    cals = cache.calibrate_both(ctx.loaded, ctx.request, ctx.choice, fast=fast, samples=samples, compute=False)
     if cals is not None or samples > 1:  # several documents: their passes are not in the shared grid
         return cals
     reference = _stats(ctx, ("ref", ctx.request), 1.0)
@@ -151,13 +150,12 @@ def run(ctx: sb.Context, button_col) -> dict | None:
             bar.progress(f, text=timing.progress_text(text, f, time.perf_counter() - t0, planned))
 
         with user_errors(bar):
-            cache.calibrate_both(ctx.loaded, ctx.request, fast=fast, samples=samples, targets=tuple(ctx.targets),
-                                 cosine_scale=ctx.cosine_scale, progress=progress, scheme=ctx.scheme_key)
+            cache.calibrate_both(ctx.loaded, ctx.request, ctx.choice, fast=fast, samples=samples, progress=progress)
         bar.empty()
         st.rerun()  # redraw from the cache, without the 'will run' note
     # The rest is on its way (Explore's background grid of this document): look again shortly.
     if shown is None and samples == 1 and grid_on_its_way(ctx):
-        wait_key = (ctx.model_ref, ctx.request, fast, tuple(ctx.targets), ctx.cosine_scale, ctx.scheme_key)
+        wait_key = (ctx.model_ref, ctx.request, fast, cache.attention_key(ctx.choice.with_(tau=1.0)))
         if ss.get("_cal_stalled") != (wait_key, ready):  # a stalled grid that moved since is looked at again
             wait_for_grid(ctx, fast, wait_key)
     return shown
@@ -295,9 +293,7 @@ def advice(ctx: sb.Context, cals: dict) -> None:
 
 def _stats_settings(ctx: sb.Context, tau) -> engine.RunSettings:
     """The stats-only pass Algorithm 1 makes of this document at tau (the same cache key: a hit after one document)."""
-    return engine.RunSettings(tau=tau, targets=tuple(ctx.targets), cosine_scale=ctx.cosine_scale,
-                              probes=ProbeSpec.stats_only(), generate=False, scheme=ctx.scheme,
-                              scheme_params=tuple(ctx.scheme_params))
+    return engine.RunSettings(ctx.choice, tau=tau, method=None, probes=ProbeSpec.stats_only(), generate=False)
 
 
 def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
@@ -307,7 +303,7 @@ def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
     if cache.has_run(ctx.loaded, ctx.request, own):
         return own
     if Schedule.of(tau).is_one:
-        return cache.theory_settings(ctx.loaded, tuple(ctx.targets), ctx.cosine_scale, ctx.scheme_key)
+        return cache.theory_settings(ctx.loaded, ctx.choice)
     return own
 
 
@@ -316,8 +312,7 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
     (its tau matrix and the heads it could not align) when it has been computed."""
     st.subheader("Per head: Pmax here over its value at L_tr")
     pick = float(cals["pmax"].tau)
-    ph = cache.resolve_tau(ctx.loaded, ctx.request, methods.PER_HEAD, None, ctx.targets, ctx.cosine_scale,
-                           compute=False, scheme=ctx.scheme_key)
+    ph = cache.resolve_tau(ctx.loaded, ctx.request, methods.PER_HEAD, ctx.choice, compute=False)
     st.caption(
         "Each cell is one head's mean Pmax on this document over the same head's Pmax at L_tr with tau = 1: 1 "
         "(white) looks as in training. Algorithm 1 matches only the mean over every layer and head, so look for "
@@ -333,7 +328,7 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
     with user_errors(), st.spinner(f"Per-head statistics ({plural(new, 'new pass', 'new passes')} at this length)…"
                                      + pass_gate.queue_note()):
         # the L_tr reference Explore, Theory and Prop. 1/2 read: one pass for all of them
-        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, scheme=ctx.scheme_key)
+        ref = cache.run_reference(ctx.loaded, ctx.request, ctx.choice)
         panels = {name: cache.run(ctx.loaded, ctx.request, s).probes.pmax[0] for name, s in settings.items()}
     chart(figure_cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
     if ph is None:
@@ -434,14 +429,13 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     )
     est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
-        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, ctx.scheme_key)
+        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice)
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
     rows = methods.PER_ROW  # no pass
-    taus[rows] = cache.resolve_tau(ctx.loaded, ctx.request, rows, None, ctx.targets, ctx.cosine_scale, scheme=ctx.scheme_key)[0]
+    taus[rows] = cache.resolve_tau(ctx.loaded, ctx.request, rows, ctx.choice)[0]
     missing = []
     for name in (methods.PER_LAYER, methods.PER_HEAD):  # many passes: only once asked for
-        got = cache.resolve_tau(ctx.loaded, ctx.request, name, None, ctx.targets, ctx.cosine_scale, compute=False,
-                                scheme=ctx.scheme_key)
+        got = cache.resolve_tau(ctx.loaded, ctx.request, name, ctx.choice, compute=False)
         if got is not None:
             taus[name] = got[0]
         else:
@@ -452,7 +446,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
                  column_config=column_config(table))
     for line in long_notes(table):  # in full, whatever the width of the table's cells
         st.caption(line)
-    st.caption(prop1_note(taus.get(methods.PROP1), cache.logit_stats(ctx.loaded, ctx.request, ctx.targets, ctx.cosine_scale, ctx.scheme_key)))
+    st.caption(prop1_note(taus.get(methods.PROP1), cache.logit_stats(ctx.loaded, ctx.request, ctx.choice)))
     if missing:
         st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "
                    + ("it" if len(missing) == 1 else "one") + " in the sidebar's Method box to compute it.")

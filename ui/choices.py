@@ -18,14 +18,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import streamlit as st
 
 from core import methods, positions, temperature
+from core.schedule import Schedule
 from core.attention import ROPE, family_of
 from core.models import Loaded, bundled_specs, default_model, registry
 
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
-TAU_MIN, TAU_MAX, TAU_STEP = temperature.TAU_FLOOR, 1.00, 0.01  # the floor: where refined searches stop too
+#: The tau slider's range and step (the app's sliders, the scrubber's axis, a link's ``tau=``): from the refined
+#: searches' floor (:data:`core.temperature.TAU_FLOOR`) to 1. Not :data:`core.schedule.TAU_MIN`, the bound of any
+#: schedule a file or the library may hold.
+SLIDER_MIN, SLIDER_MAX, SLIDER_STEP = temperature.TAU_FLOOR, 1.00, 0.01
 COS_MIN, COS_STEP = 1.0, 0.5  # the CosScale slider (its top depends on the model: cos_range)
 
 NEEDLE_MODES = ("pass key sentence", "my needle + question", "no needle, my question")
@@ -105,3 +110,10 @@ def set_state(**values: Any) -> None:
 def cos_range(loaded: Loaded) -> tuple[float, float]:
     """The CosScale slider's range for a cosine model (a link's ``s`` is checked against it too)."""
     return COS_MIN, float(max(4 * float(loaded.cosine_scale), 64.0))
+
+
+def slider_tau(schedule: Any, rows: int) -> float:
+    """The one display of a tau on a slider: a schedule's mean (per layer, head or row: over ``rows`` query rows)
+    on the slider's step, inside its range. What the sidebar's slider, the scrubber and "use this tau" show."""
+    mean = Schedule.of(schedule).mean(rows)
+    return float(np.clip(round(round(mean / SLIDER_STEP) * SLIDER_STEP, 2), SLIDER_MIN, SLIDER_MAX))

@@ -167,8 +167,8 @@ def distance_section(ctx: sb.Context) -> None:
         "meets distances it never saw in training: where a head's curve drifts or oscillates there, its attention "
         "there is untrained. The rotary counterpart of the paper's Fig. 1 (T5's bias)."
     )
-    if ctx.scheme != positions.PLAIN:
-        entry = positions.get(ctx.scheme)
+    if not ctx.scheme.is_plain:
+        entry = ctx.scheme.entry
         st.caption(f"Under the position scheme **{entry.label}**: "
                    + ("its frequencies rotate q and k, so the curves are its own." if rope_view.shows_scheme(ctx.scheme)
                       and positions.FREQUENCIES in entry.changes else
@@ -188,7 +188,7 @@ def distance_section(ctx: sb.Context) -> None:
     r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads", persist_state=choices.KEEP)
     r2.selectbox("Layer", list(range(L)), key="ex_dist_layer", persist_state=choices.KEEP)
     try:
-        curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]), scheme=ctx.scheme_key)
+        curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]), scheme=ctx.scheme)
     except UserError as err:
         st.error(message(err))
         return

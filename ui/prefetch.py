@@ -69,8 +69,8 @@ class Job:
     def key(self) -> Hashable:
         s = self.settings
         fixed = s.tau.key() if self.axis == "s" else s.cosine_scale  # what the grid holds constant
-        return (cache.mkey(self.loaded), self.request, tuple(s.targets), fixed, s.probes, s.generate, self.extras,
-                self.axis, self.values, cache.scheme_of(s))  # a position scheme change starts a new grid
+        return (cache.mkey(self.loaded), self.request, s.choice.targets, fixed, s.probes, s.generate, self.extras,
+                self.axis, self.values, s.choice.scheme)  # a position scheme change starts a new grid
 
     def passes(self) -> list[engine.RunSettings]:
         """Every pass of the job, in the order they are computed: the grid nearest the tau on screen first
@@ -195,7 +195,7 @@ def grid_job(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings,
     """The background job of a document shown with these run settings: its tau grid (nearest ``around`` first),
     then Theory's tau = 1 pass."""
     return Job(loaded, req, replace(settings, tau=1.0, method=methods.FIXED),
-               extras=(cache.theory_settings(loaded, settings.targets, settings.cosine_scale, cache.scheme_of(settings)),),
+               extras=(cache.theory_settings(loaded, settings.choice),),
                around=float(around))
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from core import frames, methods, positions, temperature
+from core import engine, frames, methods, temperature
+from core.choice import AS_TRAINED
 from core.errors import UserError
 from core.schedule import Schedule
 from ui import cache, choices, message, prefetch
@@ -104,10 +105,10 @@ def grid_tau(schedule) -> float | None:
 
 
 def shown_tau(ctx) -> float:
-    """The tau the slider shows: the person's own for a fixed tau, else the method's resolved (mean) tau."""
-    if methods.get(ctx.method).takes_value:
-        return round(float(ctx.tau_input), 2)
-    return float(np.clip(round(ctx.tau_mean, 2), temperature.TAU_FLOOR, 1.0))
+    """The tau the slider shows: the person's own for a fixed tau, else the method's resolved (mean) tau, as
+    every slider shows one (:func:`ui.choices.slider_tau`)."""
+    own = methods.get(ctx.method).takes_value
+    return choices.slider_tau(ctx.tau_input if own else ctx.schedule, ctx.tokens)
 
 
 def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
@@ -130,7 +131,7 @@ def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
 def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool, axis: str) -> str:
     """What changes the payload's structure (the browser rebuilds its views when it changes)."""
     fixed = Schedule.of(ctx.schedule).key() if axis == "s" else ctx.cosine_scale
-    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, fixed, probes, spec, log, axis, ctx.scheme_key))
+    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, fixed, probes, spec, log, axis, ctx.scheme))
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
@@ -139,11 +140,11 @@ def map_note(ctx) -> str:
     the chosen position scheme's mask drawn over the chosen map."""
     note = ("Rows are queries, columns keys, every token of the masked text (its masked positions read the mask "
             "token). The left map is the model as trained (plain RoPE, tau = 1); the right one the chosen setting.")
-    entry = positions.get(ctx.scheme)
+    entry = ctx.scheme.entry
     if entry.mask is not None:
         note += (f" Grey veil on the right map: the pairs {entry.short} masks out (a cell's veil is the share of its "
                  "query-key pairs that no query sees), so the band and any sink columns stand out.")
-    elif ctx.scheme != positions.PLAIN:
+    elif not ctx.scheme.is_plain:
         note += f" {entry.short} masks no keys: every pair is seen."
     return note
 
@@ -153,7 +154,7 @@ def masked_cards(ctx, base_settings, grid_settings: dict, exact_settings) -> dic
     the model as trained, the L_tr reference, every grid value shown and the exact setting."""
     loaded, req = ctx.loaded, ctx.request
     out = {"base": cache.mlm_card(loaded, req, base_settings),
-           "ref": cache.mlm_card(loaded, req, replace(base_settings, targets=tuple(ctx.targets)), reference=True)}
+           "ref": cache.mlm_card(loaded, req, replace(base_settings, targets=ctx.targets), reference=True)}
     out.update({k: cache.mlm_card(loaded, req, s) for k, s in grid_settings.items()})
     if exact_settings is not None:
         out["exact"] = cache.mlm_card(loaded, req, exact_settings)
@@ -191,10 +192,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
     prefetch.prefetcher().want(session_id(), job)  # a new document's grid starts now, beside its first passes
     # the left column is the model as trained: tau = 1, its own CosScale, plain RoPE (no position scheme)
-    base_settings = replace(ctx.run_settings(tau=1.0, method=methods.AS_TRAINED, probes=probes), cosine_scale=None,
-                            scheme=positions.PLAIN, scheme_params=())
+    base_settings = engine.RunSettings(AS_TRAINED.with_(targets=ctx.targets), probes=probes)  # tau 1, trained s, plain
     base = cache.run(loaded, req, base_settings)
-    ref = cache.run_reference(loaded, req, ctx.targets, None)
+    ref = cache.run_reference(loaded, req, AS_TRAINED.with_(targets=ctx.targets))
     grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
     if g is not None and g not in grid:  # the person is waiting on this very frame: compute it now
         grid[g] = cache.run(loaded, req, at(g))
@@ -209,11 +209,11 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     missing = len(values) - len(grid)
     base_label = "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
     title = f"Chosen: {methods.label(ctx.method)}"
-    scheme = positions.get(ctx.scheme)
+    scheme = ctx.scheme.entry
     if not loaded.seq2seq:  # a rotary model: the left column is plain RoPE as trained, the right under the scheme
         base_label = "as trained: plain RoPE, tau = 1" + (f", s = {float(loaded.cosine_scale):g}" if loaded.cosine else "")
-        if ctx.scheme != positions.PLAIN:
-            title += f" + {scheme.short}" + (f" ({positions.params_text(dict(ctx.scheme_params))})" if ctx.scheme_params else "")
+        if not ctx.scheme.is_plain:
+            title += f" + {scheme.short}" + (f" ({ctx.scheme.params_text()})" if ctx.scheme.params else "")
     if loaded.cosine:
         title += f", tau = {ctx.tau_text()}" if axis == "s" else f", s = {float(cos if cos is not None else loaded.cosine_scale):g}"
     meta = {
@@ -235,7 +235,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         meta["map_note"] = map_note(ctx)
         edges = base.probes.heatmap_edges
         if edges is not None:
-            mask = cache.scheme_mask(loaded, ctx.scheme_key, int(base.tokens), edges)
+            mask = cache.scheme_mask(loaded, ctx.scheme, int(base.tokens), edges)
     only = _delta(meta["doc_id"], grid, exact)
     cards = None
     if not loaded.seq2seq:  # a masked-LM model: each frame's masked-token card in place of an answer

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core import engine, methods, mlm, positions, rope_pass, tasks
+from core import engine, methods, mlm, positions, tasks
+from core.choice import Choice
 from core.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded
@@ -100,50 +101,37 @@ def _read_upload() -> None:
 
 @dataclass(frozen=True)
 class Temperature:
-    """The temperature the controls chose, resolved for the document."""
+    """The temperature the controls chose, resolved for the document: the :class:`~core.choice.Choice` (method,
+    the schedule it resolved to, targets, CosScale, position scheme), the person's own slider tau, and what the
+    resolution said (``info``)."""
 
-    method: str
+    choice: Choice
     tau_input: float
-    schedule: Schedule  # what the method resolved to (the slider's own tau for a fixed one)
     info: dict
-    targets: tuple[str, ...]
-    cosine_scale: float | None
-    scheme: str = positions.PLAIN  # a rotary model's position scheme (core.positions); plain for T5
-    scheme_params: tuple[tuple[str, float], ...] = ()  # its parameters, in the scheme's own order
 
 
 @dataclass
 class Context:
-    """What the sidebar chose, resolved: every page works from this."""
+    """What the sidebar chose, resolved: every page works from this.
+
+    ``choice`` is the one value a pass carries to the attention (:class:`core.choice.Choice`); ``method``,
+    ``schedule``, ``targets``, ``cosine_scale`` and ``scheme`` read its parts. ``tau_input`` is the person's own
+    slider tau (kept while another method shows its resolved one), ``tau_info`` what the resolution said."""
 
     loaded: Loaded
     model_ref: str
     request: DocumentRequest
     document: tasks.Document
     tokens: int
-    method: str
+    choice: Choice
     tau_input: float
-    schedule: Schedule  # the resolved tau: one value from the slider (or the method) down to the attention
     tau_info: dict = field(default_factory=dict)
-    targets: tuple[str, ...] = (ENCODER,)
-    cosine_scale: float | None = None
-    scheme: str = positions.PLAIN
-    scheme_params: tuple[tuple[str, float], ...] = ()
 
-    @property
-    def scheme_key(self) -> tuple:
-        """The position scheme as one hashable value (name, parameters): part of every cache key of a pass."""
-        return (self.scheme, tuple(self.scheme_params))
-
-    @property
-    def scheme_spec(self) -> str:
-        """The scheme as one text (``window:window=32``): the URL's ``scheme=`` and the CLI's ``--schemes``."""
-        return positions.spell(self.scheme, dict(self.scheme_params))
-
-    @property
-    def scheme_bound(self) -> positions.Bound | None:
-        """The scheme bound at this document's length (None for a T5 model)."""
-        return rope_pass.bound(self.loaded, self.scheme, dict(self.scheme_params), self.tokens)
+    method = property(lambda self: self.choice.method)
+    schedule = property(lambda self: self.choice.tau)
+    targets = property(lambda self: self.choice.targets)
+    cosine_scale = property(lambda self: self.choice.cosine_scale)
+    scheme = property(lambda self: self.choice.scheme)
 
     @property
     def train_length(self) -> int:
@@ -167,15 +155,13 @@ class Context:
         return "per layer " + ", ".join(f"{v:.2f}" for v in a.reshape(len(a), -1).mean(1)) + f" (mean {a.mean():.3f})"
 
     def with_temperature(self, t: Temperature) -> "Context":
-        return replace(self, method=t.method, tau_input=t.tau_input, schedule=t.schedule, tau_info=t.info,
-                       targets=t.targets, cosine_scale=t.cosine_scale, scheme=t.scheme, scheme_params=t.scheme_params)
+        return replace(self, choice=t.choice, tau_input=t.tau_input, tau_info=t.info)
 
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
-        """What a pass needs: the context's Schedule as it is (or ``tau``, made one here), its targets and s;
-        ``kw``: other :class:`core.engine.RunSettings` fields (None leaves a field as the context has it)."""
-        base = dict(tau=self.schedule if tau is None else tau, method=method or self.method, targets=self.targets,
-                    cosine_scale=self.cosine_scale, scheme=self.scheme, scheme_params=tuple(self.scheme_params))
-        return engine.RunSettings(**{**base, **{k: v for k, v in kw.items() if v is not None}})
+        """What a pass needs: the context's :class:`~core.choice.Choice` as it is (or with ``tau`` / ``method``
+        changed); ``kw``: other :class:`core.engine.RunSettings` fields (None leaves a field as the context has it)."""
+        parts = {k: v for k, v in dict(tau=tau, method=method).items() if v is not None}
+        return engine.RunSettings(self.choice, **parts, **{k: v for k, v in kw.items() if v is not None})
 
     def settings(self, method: str | None = None, tau: Any = None, criterion: str = "pmax") -> Settings:
         """The exportable JSON settings (the CLI's ``--settings``); the resolved schedule as a fixed one by default
@@ -187,6 +173,7 @@ class Context:
             model=self.model_ref, train_length=self.train_length, method=method,
             tau=None if methods.get(method).constant is not None else Schedule.of(sched), criterion=criterion,
             targets=self.targets, cosine_scale=self.cosine_scale, chosen_at=self.tokens, document=self.request,
+            scheme=self.scheme.name, scheme_params=self.scheme.param_dict,
         )
 
 
@@ -201,7 +188,7 @@ def mlm_command(ctx: Context) -> str:
     fixed = methods.get(ctx.method).takes_value
     method = methods.spell(ctx.method, ctx.tau_input) if fixed else ctx.method
     parts = ["python -m core mlm", "--model", shlex.quote(ctx.model_ref), "--lengths", str(ctx.tokens),
-             "--seed", str(ctx.request.seed), "--sequences", "1", "--schemes", shlex.quote(ctx.scheme_spec),
+             "--seed", str(ctx.request.seed), "--sequences", "1", "--schemes", shlex.quote(ctx.scheme.spell()),
              "--methods", shlex.quote(method)]
     if ctx.loaded.cosine and ctx.cosine_scale is not None:
         parts += ["--cosine-scale", f"{float(ctx.cosine_scale):g}"]
@@ -321,13 +308,6 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     return req, doc, n
 
 
-def shown_tau(schedule: Any, rows: int) -> float:
-    """One slider position for a schedule: its mean (per layer, head or row) on the slider's step, in its range."""
-    mean = Schedule.of(schedule).mean(rows)
-    step = choices.TAU_STEP
-    return float(np.clip(round(round(mean / step) * step, 2), choices.TAU_MIN, choices.TAU_MAX))
-
-
 def not_reached_note(info: dict, shown: str) -> str:
     """Algorithm 1 ended where its range did, not on the L_tr reference: what that means, in words.
 
@@ -372,22 +352,22 @@ def scheme_help() -> str:
             "pass of this page runs under it; the left column stays the model as trained.\n\n" + "\n\n".join(lines))
 
 
-def scheme_controls(where, loaded: Loaded) -> tuple[str, tuple[tuple[str, float], ...]]:
+def scheme_controls(where, loaded: Loaded) -> positions.Scheme:
     """The position-scheme box and its parameters (a rotary model only; a T5 model has no scheme: plain).
 
     The box lists the schemes a pass can apply (:data:`core.positions.AVAILABLE`); the unavailable ones are
     named in its help with their reason. The parameters are small number inputs holding the scheme's defaults
     for this L_tr until changed (a new model or scheme starts from its defaults; a link's values win once).
-    Returns ``(name, params)``, the params in the scheme's own order, ready for :class:`core.engine.RunSettings`.
+    Returns the :class:`~core.positions.Scheme` (checked by :meth:`Scheme.of`, the one parser).
     """
     ss = st.session_state
     if loaded.seq2seq:
         ss.pop("_url_scheme", None)
-        return positions.PLAIN, ()
+        return positions.PLAIN_SCHEME
     lt = loaded.train_length
-    url_scheme = ss.pop("_url_scheme", None)  # (name, params) from a link: checked names, numbers unchecked at L_tr
+    url_scheme = ss.pop("_url_scheme", None)  # a link's Scheme (checked by Scheme.of)
     if url_scheme is not None:
-        choices.put("pos_scheme", url_scheme[0])
+        choices.put("pos_scheme", url_scheme.name)
     if ss.get("pos_scheme") not in positions.AVAILABLE:
         choices.put("pos_scheme", positions.PLAIN)
     where.selectbox("Position scheme", positions.AVAILABLE, key="pos_scheme", persist_state=choices.KEEP, format_func=_scheme_label,
@@ -401,7 +381,7 @@ def scheme_controls(where, loaded: Loaded) -> tuple[str, tuple[tuple[str, float]
         for p in entry.params:
             choices.put(keys[p], defaults.get(p))
         if url_scheme is not None:
-            for p, v in url_scheme[1].items():
+            for p, v in url_scheme.params:
                 choices.put(keys[p], v)
         ss[_SCHEME_FOR] = here
     if entry.params:
@@ -414,29 +394,28 @@ def scheme_controls(where, loaded: Loaded) -> tuple[str, tuple[tuple[str, float]
                 row.number_input(p, min_value=_MIN[p], max_value=4_000_000, step=1, key=keys[p], persist_state=choices.KEEP,
                                  help=f"tokens; this model's default at L_tr = {lt}: {entry.defaults(lt).get(p)}")
     params = {p: ss[keys[p]] for p in entry.params if ss.get(keys[p]) is not None}
-    params = {p: (int(v) if p in _MIN and isinstance(_MIN[p], int) else float(v)) for p, v in params.items()}
     try:
-        rope_pass.check(loaded, name, params)
+        scheme = positions.Scheme.of(name, params)
     except UserError as err:  # a value the scheme refuses: said once, and the scheme's defaults run meanwhile
         where.error(f"{message(err)} The scheme's defaults are used.")
-        params = {}
-    chosen = (ss.get("_model_ref"), name, tuple(params.items()))
+        scheme = positions.Scheme.of(name)
+    chosen = (ss.get("_model_ref"), scheme)
     ss[_SCHEME_CHOSEN] = chosen
     if where is not st.sidebar and ss.get(_SCHEME_CTX) not in (None, chosen) and ss.get(_SCHEME_RERUN) != chosen:
         # Explore's panel (a fragment) chose another scheme: the views outside it (the distance curves) read the
         # scheme from the sidebar's context, so the whole page runs once more with it
         ss[_SCHEME_RERUN] = chosen
         st.rerun()
-    return name, tuple(params.items())
+    return scheme
 
 
-def kept_scheme(loaded: Loaded) -> tuple[str, tuple]:
+def kept_scheme(loaded: Loaded) -> positions.Scheme:
     """The scheme the panel chose last for this model (plain for a T5 model or none yet): the sidebar's context
     carries it before the panel is drawn (:func:`sidebar` with ``temperature=False``)."""
     got = st.session_state.get(_SCHEME_CHOSEN)
     if loaded.seq2seq or not got or got[0] != st.session_state.get("_model_ref"):
-        return positions.PLAIN, ()
-    return got[1], got[2]
+        return positions.PLAIN_SCHEME
+    return got[1]
 
 
 def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider: bool = True) -> Temperature:
@@ -463,7 +442,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     c1.selectbox("Method", methods.NAMES, key="tau_method", persist_state=choices.KEEP, format_func=methods.label,
                  help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
                       + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
-    scheme, params = scheme_controls(c1, loaded)
+    scheme = scheme_controls(c1, loaded)
     method = ss["tau_method"]
     fixed = methods.get(method).takes_value  # the slider is the person's own tau
     slot = c2.empty() if slider else None  # the slider is drawn once the method's tau is known
@@ -474,7 +453,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
             ss["tau_value"], ss[_SHOWN] = tau_input, None
             return
         ss["tau_value"], ss[_SHOWN] = value, shown
-        slot.slider("tau (fixed)", choices.TAU_MIN, choices.TAU_MAX, step=choices.TAU_STEP, key="tau_value", persist_state=choices.KEEP,
+        slot.slider("tau (fixed)", choices.SLIDER_MIN, choices.SLIDER_MAX, step=choices.SLIDER_STEP, key="tau_value", persist_state=choices.KEEP,
                     disabled=not fixed,
                     help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
                          + ("" if fixed else " Disabled: it shows the tau the method resolves to "
@@ -513,13 +492,12 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         ss.pop("_url_cos", None)  # a dot-product model has no s
     tau_input = own_tau()  # the person's own tau, whatever the slider shows
     bar = None
-    skey = (scheme, params)
-    if methods.get(method).measured and cache.resolve_tau(loaded, req, method, None, targets, cos, compute=False,
-                                                          scheme=skey) is None:
+    base = Choice.of(targets=targets, cosine_scale=cos, scheme=scheme)  # the controls' values, checked once
+    if methods.get(method).measured and cache.resolve_tau(loaded, req, method, base, compute=False) is None:
         bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
-        schedule, info = cache.resolve_tau(loaded, req, method, tau_input, targets, cos,
-                                           progress=(lambda f: bar.progress(min(1.0, f))) if bar else None, scheme=skey)
+        schedule, info = cache.resolve_tau(loaded, req, method, base, tau_input,
+                                           progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
     except UserError as err:
         draw_slider(tau_input)
         fail(err)
@@ -528,7 +506,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     if fixed:
         draw_slider(tau_input)
     else:
-        at = shown_tau(schedule, int(info.get("length") or ss.get("doc_tokens") or loaded.train_length))
+        at = choices.slider_tau(schedule, int(info.get("length") or ss.get("doc_tokens") or loaded.train_length))
         draw_slider(at, shown=at)
     if schedule.rows is not None:  # Llama 4: one tau per query row
         shown = f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
@@ -540,7 +518,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
         if info.get("reached") is False:  # Algorithm 1 ended where its range did, not at a match: say so
             where.caption(f":orange[{not_reached_note(info, shown)}]")
-    return Temperature(method, tau_input, schedule, info, targets, cos, scheme, params)
+    return Temperature(base.with_(method=method, tau=schedule), tau_input, info)
 
 
 def sidebar(temperature: bool = True) -> Context:
@@ -556,11 +534,11 @@ def sidebar(temperature: bool = True) -> Context:
         st.sidebar.error("This link has values that cannot be used, so they were left as they were: " + "; ".join(problems))
     loaded = _model_section()
     req, doc, n = _document_section(loaded)
-    scheme, params = kept_scheme(loaded)
-    st.session_state[_SCHEME_CTX] = (st.session_state["_model_ref"], scheme, params)
+    scheme = kept_scheme(loaded)
+    st.session_state[_SCHEME_CTX] = (st.session_state["_model_ref"], scheme)
     ctx = Context(loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n,
-                  method=st.session_state.get("tau_method", methods.FIXED), tau_input=own_tau(),
-                  schedule=ONE, scheme=scheme, scheme_params=params)
+                  choice=Choice(st.session_state.get("tau_method", methods.FIXED), ONE, scheme=scheme),
+                  tau_input=own_tau())
     if temperature:
         st.sidebar.subheader("Temperature")
         ctx = ctx.with_temperature(temperature_controls(st.sidebar, loaded, req))

@@ -392,9 +392,9 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
     ss = st.session_state
     lt = ctx.train_length
     for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.ALGORITHM1["pmax"]]),
-                 ("lm_fixed", ""), ("lm_sequences", 20), ("lm_schemes", [ctx.scheme_spec])):
+                 ("lm_fixed", ""), ("lm_sequences", 20), ("lm_schemes", [ctx.scheme.spell()])):
         ss.setdefault(k, v)
-    own = ctx.scheme_spec  # the sidebar's scheme with its parameters, then every scheme at its defaults
+    own = ctx.scheme.spell()  # the sidebar's scheme with its parameters, then every scheme at its defaults
     scheme_options = [own, *(n for n in positions.AVAILABLE if n != own and positions.get(n).same_as is None)]
     ss["lm_schemes"] = [s for s in ss["lm_schemes"] if s in scheme_options]
     options, side = length_options(ctx)

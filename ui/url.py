@@ -79,8 +79,8 @@ def _choice(options) -> Callable[[str], str]:
 
 def _tau(v: str) -> float:
     x = _finite(v, "not a number")
-    if not choices.TAU_MIN <= x <= choices.TAU_MAX:
-        raise ValueError(f"outside {choices.TAU_MIN}-{choices.TAU_MAX}")
+    if not choices.SLIDER_MIN <= x <= choices.SLIDER_MAX:
+        raise ValueError(f"outside {choices.SLIDER_MIN}-{choices.SLIDER_MAX}")
     return round(x, 2)
 
 
@@ -183,7 +183,7 @@ def apply() -> list[str]:
                 ss["model_other"] = value  # a folder or hub id: loaded (or refused) like a typed one
             continue
         if name == "scheme":
-            ss["_url_scheme"] = positions.parse_spec(value)  # (name, params): the sidebar fills the inputs
+            ss["_url_scheme"] = positions.Scheme.of(value)  # the sidebar fills the inputs from it
             continue
         if name == "tokens":
             ss["_ltr"] = None  # keep the URL's length whatever model loads (see ui.sidebar._document_section)
@@ -211,7 +211,7 @@ def view(ctx) -> dict[str, str]:
     if getattr(ctx.loaded, "cosine", False) and ctx.cosine_scale is not None:  # only a cosine model has an s
         out["s"] = f"{float(ctx.cosine_scale):g}"
     if not getattr(ctx.loaded, "seq2seq", True):  # only a rotary model has a position scheme
-        out["scheme"] = ctx.scheme_spec
+        out["scheme"] = ctx.scheme.spell()
     return out
 
 
