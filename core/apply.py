@@ -75,7 +75,7 @@ from core import attention, relative_bias
 from core.attention import AttentionSettings, attention_call, attention_modules, family_of
 from core.errors import UserError
 from core.kinds import ENCODER, KINDS
-from core.schedule import Schedule
+from core.choice import Choice
 from core.settings import Settings
 from core.validation import Bytes, Positive, validate
 
@@ -151,35 +151,44 @@ def attention_settings(
     if tau is not None and schedule is not None:
         raise UserError("Give either tau (one number) or schedule (per layer / per layer and head), not both")
     value = tau if tau is not None else schedule
-    if settings is not None:  # the one Settings -> run conversion (explicit arguments win)
-        chosen = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
-        rs = chosen.run_settings(value, cosine_scale=cosine_scale)
-        value, cosine_scale = rs.tau, rs.cosine_scale
-        targets = rs.targets if targets is None else targets
-    if value is None:
-        raise UserError("No tau given: pass tau=0.7, schedule=[...] or settings=FILE")
-    targets = (ENCODER,) if targets is None else (targets,) if isinstance(targets, str) else tuple(targets)
     # the bounds every entry point uses (core.validation), not a second set written here
     cosine_scale = None if cosine_scale is None else validate(Positive, cosine_scale, "cosine_scale")
     chunk_bytes = None if chunk_bytes is None else validate(Bytes, chunk_bytes, "chunk_bytes")
-    bad = [t for t in targets if t not in KINDS]
-    if bad:
-        raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(KINDS)}")
-    if family_of(model.config.model_type) == attention.ROPE and any(t != ENCODER for t in targets):
+    if targets is not None:
+        bad = [t for t in ((targets,) if isinstance(targets, str) else targets) if t not in KINDS]
+        if bad:
+            raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(KINDS)}")
+    overrides = {k: v for k, v in dict(targets=targets, cosine_scale=cosine_scale).items() if v is not None}
+    if settings is not None:  # the one Settings -> run conversion; its Choice is handed on (explicit arguments win)
+        chosen = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
+        choice = chosen.run_settings(value).choice
+        if not choice.scheme.is_plain:
+            raise UserError(f"The settings hold position scheme '{choice.scheme}': core.apply puts a tau on a model, "
+                            "not a position scheme; run them with `python -m core run --settings FILE` (or `mlm`)")
+        choice = choice.with_(**overrides) if overrides else choice
+    else:
+        if value is None:
+            raise UserError("No tau given: pass tau=0.7, schedule=[...] or settings=FILE")
+        enc, _, heads = _n_layers_heads(model)
+        try:
+            choice = Choice.of(tau=value, **overrides)  # the one check of a tau
+        except UserError as err:
+            raise UserError(f"Bad tau schedule for {type(model).__name__} ({enc} layers x {heads} heads): {err}") from None
+    if family_of(model.config.model_type) == attention.ROPE and any(t != ENCODER for t in choice.targets):
         raise UserError(f"{type(model).__name__} has encoder self-attention only: targets can only be {ENCODER!r}")
     enc, dec, heads = _n_layers_heads(model)
+    schedule = choice.tau
     try:
-        schedule = Schedule.of(value)  # the one check of a tau (a Settings' is one already)
         if schedule.rows is None:
             schedule.matrix(enc, heads)  # does it fit this model?
     except ValueError as err:
         raise UserError(f"Bad tau schedule for {type(model).__name__} ({enc} layers x {heads} heads): {err}") from None
-    if schedule.ndim >= 1 and dec != enc and any(t != ENCODER for t in targets):
+    if schedule.ndim >= 1 and dec != enc and any(t != ENCODER for t in choice.targets):
         raise UserError(
             f"A per-layer schedule has {enc} values (encoder layers) but the decoder has {dec} layers: "
             "use one number for decoder/cross targets"
         )
-    return AttentionSettings(schedule, targets, cosine_scale, chunk_bytes)
+    return AttentionSettings(choice, chunk_bytes)
 
 
 # -- switching the attention implementation --------------------------------------

@@ -50,7 +50,7 @@ import contextlib
 import contextvars
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -60,8 +60,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from core import positions as rope_positions
 from core import softmax_block
 from core.errors import UserError
-from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER, KINDS
-from core.schedule import Schedule
+from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER
+from core.choice import Choice
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.probes import Recorder
@@ -86,42 +86,47 @@ MAX_WEIGHT_BYTES = 2**30
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class AttentionSettings:
-    """What one forward pass should do to the attention logits.
+    """What one forward pass should do to the attention logits: the run's :class:`~core.choice.Choice` as it
+    arrives here, and how this pass runs it.
 
-    ``tau``: the :class:`~core.schedule.Schedule` dividing q.k + bias (anything
-    :meth:`Schedule.of` accepts is turned into one here, once).
-    ``targets``: which attentions the schedule and ``cosine_scale`` touch; the
-    paper scales encoder self-attention only.
-    ``cosine_scale``: for models trained with cosine attention, the s in
-    ``s * cos(q, k)`` used on the targeted attentions (None: the trained s).
-    ``chunk_bytes``: budget for one block of query rows (memory vs speed;
-    None: the device's default, :func:`default_chunk_bytes`).
-    ``positions``: a position scheme bound to this input's length (:class:`core.positions.Bound`), applied to
-    encoder self-attention whatever ``targets`` says: its mask rows are ANDed into the padding mask block by
-    block, and a scheme that rectifies distances takes its logits from :func:`core.positions.rectified_logits`
-    (the model's rotary module must then hand over unrotated q and k: :func:`core.rope_pass.scheme_pass` sets
-    both up). None, or the plain scheme: nothing changes.
+    ``choice``: the tau :class:`~core.schedule.Schedule` dividing q.k + bias, the ``targets`` it (and the
+    CosScale s) touches (the paper scales encoder self-attention only), the CosScale s of a cosine-attention
+    model (None: the trained s) and the position scheme (the same object the edge made: the engine hands it on).
+    ``chunk_bytes``: budget for one block of query rows (memory vs speed; None: the device's default,
+    :func:`default_chunk_bytes`).
+    ``positions``: the choice's position scheme bound to this input's length (:class:`core.positions.Bound`),
+    applied to encoder self-attention whatever the targets say: its mask rows are ANDed into the padding mask
+    block by block, and a scheme that rectifies distances takes its logits from
+    :func:`core.positions.rectified_logits` (the model's rotary modules then hand over unrotated q and k:
+    :func:`core.rope_pass.scheme_pass` sets both up). None, or the plain scheme: nothing changes.
+
+    ``AttentionSettings(tau=0.7)`` (a part of the choice by name, checked once by :meth:`Choice.of`) stays the
+    short form for a caller without a Choice; ``tau``, ``targets`` and ``cosine_scale`` read the choice's parts.
     """
 
-    tau: Schedule = Schedule.of(1.0)
-    targets: tuple[str, ...] = (ENCODER,)
-    cosine_scale: float | None = None
-    chunk_bytes: int | None = None
-    positions: "rope_positions.Bound | None" = None
+    choice: Choice
+    chunk_bytes: int | None
+    positions: "rope_positions.Bound | None"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tau", Schedule.of(self.tau))  # the same object when it is one already
-        bad = [t for t in self.targets if t not in KINDS]
-        if bad:
-            raise ValueError(f"unknown attention target(s) {bad}; choose from {KINDS}")
-        if self.cosine_scale is not None and not (self.cosine_scale > 0 and math.isfinite(self.cosine_scale)):
-            raise ValueError("cosine_scale must be a positive number")
-        if self.chunk_bytes is not None and not (isinstance(self.chunk_bytes, int) and self.chunk_bytes > 0):
+    def __init__(self, choice: Choice | None = None, chunk_bytes: int | None = None,
+                 positions: "rope_positions.Bound | None" = None, **parts: Any) -> None:
+        choice = Choice() if choice is None else choice
+        if not isinstance(choice, Choice):
+            raise TypeError("AttentionSettings.choice must be a core.choice.Choice")
+        if parts:
+            choice = choice.with_(**parts)
+        if chunk_bytes is not None and not (isinstance(chunk_bytes, int) and chunk_bytes > 0):
             raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
-        if self.positions is not None and not isinstance(self.positions, rope_positions.Bound):
-            raise ValueError("positions must be a core.positions.Bound (positions.bind(...)) or None")
+        if positions is not None and not isinstance(positions, rope_positions.Bound):
+            raise ValueError("positions must be a core.positions.Bound (Scheme.bind(...)) or None")
+        for name, value in (("choice", choice), ("chunk_bytes", chunk_bytes), ("positions", positions)):
+            object.__setattr__(self, name, value)
+
+    tau = property(lambda self: self.choice.tau)
+    targets = property(lambda self: self.choice.targets)
+    cosine_scale = property(lambda self: self.choice.cosine_scale)
 
 
 @dataclass
@@ -132,6 +137,12 @@ class _Call:
 
 
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
+
+
+def current_call() -> _Call | None:
+    """The :func:`attention_call` under way in this thread (or asyncio task), None outside one: what the rotary
+    modules of a scheme pass read (:func:`core.rope_pass.scheme_pass`), from the same context as the attention."""
+    return _CURRENT.get()
 
 #: Attribute of an attention module holding a standing call (``core.apply.install``):
 #: used when no :func:`attention_call` is active, so it is per model, not global.

@@ -27,7 +27,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from core import methods
 from core.errors import UserError
 from core.kinds import ENCODER, KINDS
 from core.positions import PLAIN_SCHEME, Scheme
@@ -121,6 +120,6 @@ def _cosine(value: Any) -> float | None:
     return v
 
 
-#: The model as trained (the registry's method of that name): tau = 1, encoder targets, the trained s, the plain
-#: scheme.
-AS_TRAINED = Choice(methods.AS_TRAINED)
+#: tau = 1, encoder targets, the trained s, the plain scheme: the numbers of the model as trained (with no method
+#: named: the registry's name for it is ``core.methods.AS_TRAINED``).
+TRAINED = Choice()

@@ -78,7 +78,8 @@ class RunSettings:
     scheme = property(lambda self: self.choice.scheme)
 
     def attention(self) -> AttentionSettings:
-        return AttentionSettings(self.choice.tau, self.choice.targets, self.choice.cosine_scale, self.chunk_bytes)
+        """What the attention function gets: this run's choice itself (the same object) and the block budget."""
+        return AttentionSettings(self.choice, self.chunk_bytes)
 
 
 @dataclass

@@ -50,7 +50,6 @@ import torch
 from core import engine, methods, positions, rope_pass, tasks
 from core.attention import AttentionSettings
 from core.errors import NumericalError, UserError
-from core.kinds import ENCODER
 from core.models import Loaded
 from core.choice import Choice
 from core.positions import PLAIN_SCHEME, Scheme
@@ -261,7 +260,8 @@ def cell(loaded: Loaded, plan: MlmPlan, n: int, scheme: Scheme, method: str, cac
     first, masked = cache[("sequences", n)]
     factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, max(m.n for m in masked)))
     tau, outcome = resolve(loaded, plan, n, method, first, cache, scheme)
-    attn = AttentionSettings(tau, (ENCODER,), plan.cosine_scale)
+    attn = AttentionSettings(Choice(tau=tau, cosine_scale=None if plan.cosine_scale is None else float(plan.cosine_scale),
+                                    scheme=scheme))
     t0 = time.perf_counter()
     count, correct, nll = 0, 0, 0.0
     for b in range(0, len(masked), plan.batch_size):

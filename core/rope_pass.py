@@ -82,7 +82,7 @@ def scheme_pass(loaded: "Loaded", attn: AttentionSettings | None, recorder: "Rec
 
 def _current_bound() -> positions.Bound | None:
     """The position scheme of the attention call under way in this thread (what the rotary modules read)."""
-    call = attention._CURRENT.get()  # (the attention module's own context: one per thread)
+    call = attention.current_call()
     return None if call is None else call.settings.positions
 
 

@@ -116,7 +116,7 @@ def distance_curves(loaded, ids: np.ndarray, layer: int, cosine_scale: float | N
     plain RoPE's (:func:`shows_scheme` says which)."""
     if not shows_scheme(scheme):
         scheme = positions.PLAIN_SCHEME
-    q, k = layer_qk(loaded, ids, layer, AttentionSettings(cosine_scale=cosine_scale), scheme)
+    q, k = layer_qk(loaded, ids, layer, AttentionSettings(cosine_scale=cosine_scale, scheme=scheme), scheme)
     d, mean = mean_logit_by_distance(q, k)
     return DistanceCurves(distances=d, mean=mean.astype(np.float32), layer=int(layer), tokens=int(q.shape[1]))
 

@@ -45,7 +45,7 @@ def _scored(folder, tokens: int, seed: int, tau: float, cosine_scale: float | No
     """core.mlm's own score of the held-out sequence of ``seed`` at ``tokens`` tokens under ``tau`` (and s)."""
     loaded = load(str(folder), device="cpu")
     _, seq = mlm.sequence(loaded, tokens, seed)
-    return mlm.score(loaded, [seq], AttentionSettings(tau, cosine_scale=cosine_scale))
+    return mlm.score(loaded, [seq], AttentionSettings(tau=tau, cosine_scale=cosine_scale))
 
 
 def _array(v) -> list[float]:
@@ -198,7 +198,7 @@ def _scored_scheme(folder, tokens: int, seed: int, tau: float, scheme: str, para
     """core.mlm's own score of the held-out sequence under ``tau`` and the position scheme ``scheme``."""
     loaded = load(str(folder), device="cpu")
     _, seq = mlm.sequence(loaded, tokens, seed)
-    return mlm.score(loaded, [seq], AttentionSettings(tau), positions.Scheme.of(scheme, params))
+    return mlm.score(loaded, [seq], AttentionSettings(tau=tau), positions.Scheme.of(scheme, params))
 
 
 def _query(at, name: str):

@@ -574,7 +574,7 @@ def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, pag
     loaded = load(folder, device="cpu")
     _, seq = mlm.sequence(loaded, 128, seed=2)
     for tau in ("1.00", "0.80"):
-        s = mlm.score(loaded, [seq], AttentionSettings(float(tau)))
+        s = mlm.score(loaded, [seq], AttentionSettings(tau=float(tau)))
         assert float(painted[tau]["accuracy"]) == pytest.approx(s.correct / s.masked), (tau, painted[tau])
         assert float(painted[tau]["mlmPerplexity"]) == pytest.approx(math.exp(s.nll / s.masked), rel=1e-4), tau
     assert float(painted["0.80"]["pmax"]) > float(painted["1.00"]["pmax"])  # a smaller tau sharpens attention
@@ -608,7 +608,7 @@ def test_a_cosine_rope_models_slider_moves_cosscale(rope_server, page, deadline)
     s = float(lower["shown"])
     _, seq = mlm.sequence(loaded, 128, seed=3)
     for painted, scale in ((here, 16.0), (lower, s)):
-        got = mlm.score(loaded, [seq], AttentionSettings(1.0, cosine_scale=scale))
+        got = mlm.score(loaded, [seq], AttentionSettings(tau=1.0, cosine_scale=scale))
         assert float(painted["accuracy"]) == pytest.approx(got.correct / got.masked), (scale, painted)
         assert float(painted["mlmPerplexity"]) == pytest.approx(math.exp(got.nll / got.masked), rel=1e-4), scale
     assert float(lower["pmax"]) < float(here["pmax"])  # a smaller s flattens the softmax of s * cos(q, k)

@@ -62,7 +62,7 @@ def test_curves_equal_the_diagonals_of_the_logits_probe(rope, layer):
 @pytest.mark.parametrize("tau", [1.0, 0.6])
 def test_masked_predictions_equal_mlm_score(rope, tau):
     _, seq = mlm.sequence(rope, 128, seed=3)
-    attn = AttentionSettings(tau)
+    attn = AttentionSettings(tau=tau)
     pred = rope_view.masked_predictions(rope, seq, attn)
     scored = mlm.score(rope, [seq], attn)
     assert pred.masked == scored.masked and pred.correct == scored.correct

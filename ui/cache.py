@@ -35,7 +35,7 @@ from core.errors import UserError
 from core.models import Loaded, load
 from core.probes import ProbeSpec
 from core.settings import DocumentRequest
-from core.choice import AS_TRAINED, Choice
+from core.choice import TRAINED, Choice
 from core.schedule import ONE, Schedule
 from ui.pass_gate import gate
 from ui.stores import MISSING, stores
@@ -192,7 +192,7 @@ def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings,
         stores()["grid"].get(grid_key(loaded, doc_key, settings.choice), lambda: stats)
 
 
-def known_stats(loaded: Loaded, doc_key: Hashable, tau: Any, base: Choice = AS_TRAINED):
+def known_stats(loaded: Loaded, doc_key: Hashable, tau: Any, base: Choice = TRAINED):
     """The stored :class:`core.temperature.LayerStats` of a document at ``tau`` under ``base``'s targets, CosScale
     and scheme, or None."""
     v = stores()["grid"].peek(grid_key(loaded, doc_key, base.with_(tau=tau)))
@@ -204,7 +204,7 @@ def run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> e
     return _run_doc(loaded, req, document(loaded, req), settings)
 
 
-def run_reference(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED,
+def run_reference(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED,
                   probes: ProbeSpec | None = None) -> engine.Result:
     """The L_tr counterpart at tau = 1 under ``base``'s targets, CosScale and position scheme (plain RoPE, as
     trained, unless it says otherwise), no generation: the reference the meters compare with."""
@@ -235,7 +235,7 @@ def explore_probes(layer: int, head: int | None) -> ProbeSpec:
 
 # -- temperature --------------------------------------------------------------------
 
-def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice = AS_TRAINED, tau: Any = None,
+def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice = TRAINED, tau: Any = None,
                 samples: int = 1, progress: Progress = None, compute: bool = True) -> tuple[Any, dict] | None:
     """(schedule, info) for a method on this document, via :func:`core.methods.resolve`; a measured method's
     passes run under ``base``'s targets, CosScale and position scheme. ``tau``: a fixed method's value."""
@@ -265,7 +265,7 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice 
     return stores()["tau"].get(key, work)
 
 
-def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED, fast: bool = False,
+def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED, fast: bool = False,
                    samples: int = 1, progress: Progress = None,
                    compute: bool = True) -> dict[str, temperature.Calibration] | None:
     """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes, under
@@ -298,7 +298,7 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAIN
 
 
 def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc,
-                   base: Choice = AS_TRAINED) -> Callable[[Any], temperature.LayerStats]:
+                   base: Choice = TRAINED) -> Callable[[Any], temperature.LayerStats]:
     """``measure(tau)`` for Algorithm 1 on one document under ``base``'s targets, CosScale and position scheme,
     reading the shared grid first.
 
@@ -318,7 +318,7 @@ def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc,
     return fn
 
 
-def logit_stats(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED) -> dict:
+def logit_stats(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED) -> dict:
     """sigma and l_max at this length and at L_tr, and Pmax at L_tr (inputs of Prop. 1 and 2), under ``base``'s
     targets, CosScale and position scheme."""
     key = (mkey(loaded), req, "logit_stats", attention_key(base.with_(tau=ONE)))
@@ -332,14 +332,14 @@ def logit_stats(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED)
     return stores()["stats"].get(key, work)
 
 
-def theory_settings(loaded: Loaded, base: Choice = AS_TRAINED) -> engine.RunSettings:
+def theory_settings(loaded: Loaded, base: Choice = TRAINED) -> engine.RunSettings:
     """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation, under
     ``base``'s targets, CosScale and position scheme: what the Theory page and Prop. 1/2 read, one key for both."""
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if loaded.cosine else 0)
     return engine.RunSettings(base.with_(method=methods.AS_TRAINED, tau=ONE), probes=spec, generate=False)
 
 
-def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = AS_TRAINED) -> dict:
+def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED) -> dict:
     """:func:`core.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
     return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
                                 logit_stats(loaded, req, base))

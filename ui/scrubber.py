@@ -26,7 +26,7 @@ import numpy as np
 import streamlit as st
 
 from core import engine, frames, methods, temperature
-from core.choice import AS_TRAINED
+from core.choice import Choice
 from core.errors import UserError
 from core.schedule import Schedule
 from ui import cache, choices, message, prefetch
@@ -192,9 +192,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
     prefetch.prefetcher().want(session_id(), job)  # a new document's grid starts now, beside its first passes
     # the left column is the model as trained: tau = 1, its own CosScale, plain RoPE (no position scheme)
-    base_settings = engine.RunSettings(AS_TRAINED.with_(targets=ctx.targets), probes=probes)  # tau 1, trained s, plain
+    base_settings = engine.RunSettings(Choice(methods.AS_TRAINED, targets=ctx.targets), probes=probes)  # trained s, plain
     base = cache.run(loaded, req, base_settings)
-    ref = cache.run_reference(loaded, req, AS_TRAINED.with_(targets=ctx.targets))
+    ref = cache.run_reference(loaded, req, Choice(targets=ctx.targets))
     grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
     if g is not None and g not in grid:  # the person is waiting on this very frame: compute it now
         grid[g] = cache.run(loaded, req, at(g))

@@ -1,0 +1,142 @@
+"""Issue 46: one value carries a run's choices from each edge to the attention.
+
+A choice (method, tau schedule, targets, CosScale, position scheme) is made
+into a :class:`core.choice.Choice` once, where it enters: the CLI's options,
+a settings file, a link's ``?tau=``, the app's slider, ``core.apply``. Each
+test here follows one choice from its edge and checks that what the attention
+function reads in its call (``attention.current_call().settings.choice``) is
+*the same object* the edge made, not a copy rebuilt on the way.
+
+The spy replaces the function transformers' ``AttentionInterface`` holds under
+our name, so it sees exactly what the model's attention layers see, and calls
+the real function.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from conftest import app_ok
+from core import attention
+from core.choice import Choice
+from core.kinds import ATTN_NAME
+from core.schedule import Schedule
+from core.settings import Settings
+
+
+@pytest.fixture
+def arrived(monkeypatch):
+    """The choices the attention function was called with, in order (encoder calls only)."""
+    seen: list[Choice] = []
+    real = ALL_ATTENTION_FUNCTIONS[ATTN_NAME]
+
+    def spy(module, *args, **kwargs):
+        call = attention.current_call()
+        if call is not None and attention.attention_kind(module) == "encoder":
+            seen.append(call.settings.choice)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, ATTN_NAME, spy)
+    return seen
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """The Choice each Settings built at an edge (the CLI's options, a file), in order."""
+    out: list[Choice] = []
+    real = Settings.run_settings
+
+    def spy(self, *args, **kwargs):
+        out.append(self.choice)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Settings, "run_settings", spy)
+    return out
+
+
+def _same_object(arrived: list, made: Choice) -> None:
+    assert arrived, "the attention was never called with a choice"
+    assert all(c is made for c in arrived), [c for c in arrived if c is not made][:1]
+
+
+def test_from_the_cli_options(tiny_dir, arrived, made, capsys):
+    from core.cli import main
+
+    assert main(["run", "--model", str(tiny_dir), "--tokens", "300", "--tau", "0.7", "--json"]) == 0
+    (choice,) = made
+    assert float(choice.tau) == 0.7 and choice.method == "fixed"
+    _same_object(arrived, choice)
+
+
+def test_from_a_settings_file(tiny_dir, tmp_path, arrived, made, capsys):
+    from core.cli import main
+
+    f = tmp_path / "choice.json"
+    f.write_text(json.dumps({"method": "fixed", "tau": [0.8, 0.6], "targets": ["encoder"]}))
+    assert main(["run", "--model", str(tiny_dir), "--tokens", "300", "--settings", str(f), "--json"]) == 0
+    (choice,) = made
+    assert choice.tau == Schedule.of([0.8, 0.6])
+    _same_object(arrived, choice)
+
+
+def test_from_core_apply(tiny, arrived):
+    from core.apply import apply
+
+    ids = tiny.tokenizer("the pass key is 4711. " * 10, return_tensors="pt").input_ids
+    chosen = Settings(method="fixed", tau=0.6)
+    with apply(tiny.model, settings=chosen) as attn:
+        tiny.model.get_encoder()(input_ids=ids)
+    assert attn.choice is chosen.choice  # the file's value, handed on
+    _same_object(arrived, chosen.choice)
+    arrived.clear()
+    with apply(tiny.model, tau=0.9) as attn:
+        tiny.model.get_encoder()(input_ids=ids)
+    _same_object(arrived, attn.choice)
+
+
+@pytest.fixture
+def contexts(monkeypatch):
+    """The Choice each page run's context carried (what the sidebar made from the slider / link)."""
+    from ui import sidebar
+
+    out: list[Choice] = []
+    real = sidebar.Context.with_temperature
+
+    def spy(self, t):
+        out.append(t.choice)
+        return real(self, t)
+
+    monkeypatch.setattr(sidebar.Context, "with_temperature", spy)
+    return out
+
+
+def _made_by_the_sidebar(arrived: list, contexts: list, tau: float) -> None:
+    """Every pass at ``tau`` ran with a Choice the sidebar made in some run (the same object): which run made the
+    pass depends on when the frame was computed (a later run finds it cached and runs nothing)."""
+    ours = [c for c in arrived if c.tau == Schedule.of(tau)]
+    assert ours, f"no pass at tau = {tau}"
+    assert all(any(c is m for m in contexts) for c in ours), "a pass ran with a rebuilt choice"
+
+
+def test_from_a_link_and_from_the_slider(env, arrived, contexts):
+    """A link's ``tau=`` and then the slider (what the scrubber's release writes), each off the grid so Explore
+    computes the exact frame: the pass's choice is the one the sidebar made, not a copy."""
+    from streamlit.testing.v1 import AppTest
+    from test_state_pages import APP, fragment_run
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params.update({"method": "fixed", "tau": "0.63", "tokens": "300"})
+    at.run()
+    app_ok(at)
+    fragment_run(at)
+    app_ok(at)
+    _made_by_the_sidebar(arrived, contexts, 0.63)
+
+    at.session_state["tau_value"] = 0.57  # the scrubber's release: the slider's new value
+    fragment_run(at)
+    app_ok(at)
+    _made_by_the_sidebar(arrived, contexts, 0.57)
