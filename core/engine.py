@@ -23,7 +23,7 @@ from packaging.version import Version
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from core import memory, positions, rope_pass, tasks, timing
+from core import memory, rope_pass, tasks, timing
 from core.attention import KERNEL_CHUNK_BYTES, AttentionSettings, attention_call, default_chunk_bytes
 from core.kinds import CROSS, DECODER, ENCODER
 from core.errors import InputTooLong, NumericalError, UserError
@@ -34,7 +34,7 @@ from core.choice import Choice
 
 #: The parts of a :class:`~core.choice.Choice` that :class:`RunSettings` still takes one by one (a caller that has
 #: no Choice yet): they are checked once, by :meth:`Choice.of`, into the one ``choice`` field.
-_CHOICE_PARTS = ("method", "tau", "targets", "cosine_scale", "scheme", "scheme_params")
+_CHOICE_PARTS = ("method", "tau", "targets", "cosine_scale", "scheme")
 
 
 @dataclass(frozen=True, init=False)
@@ -62,8 +62,6 @@ class RunSettings:
         choice = Choice() if choice is None else choice
         if not isinstance(choice, Choice):
             raise TypeError("RunSettings.choice must be a core.choice.Choice")
-        if "scheme_params" in parts:  # the older pair (name, parameters): one Scheme
-            parts["scheme"] = positions.Scheme.of(parts.get("scheme", choice.scheme.name), dict(parts.pop("scheme_params")))
         if parts:
             choice = choice.with_(**parts)
         for name, value in (("choice", choice), ("probes", probes if probes is not None else ProbeSpec()),

@@ -683,23 +683,6 @@ NOMINAL_TRAIN_LENGTH = 64
 PLAIN_SCHEME = Scheme()
 
 
-def parse_spec(text: str) -> tuple[str, dict[str, int | float]]:
-    """``(name, params)`` of a scheme text: :meth:`Scheme.of` (the one parser) taken apart, for callers that still
-    hold the two separately."""
-    scheme = Scheme.of(text)
-    return scheme.name, scheme.param_dict
-
-
-def spell(name: str, params: dict | None = None) -> str:
-    """:meth:`Scheme.spell` of a name and its parameters."""
-    return Scheme.of(name, params or None).spell()
-
-
-def params_text(params: dict | None) -> str:
-    """``window=32:sinks=2`` (the parameters given, in the order given), "" for none: a row's ``scheme_params``."""
-    return SPEC_SEP.join(Scheme(PLAIN, tuple((params or {}).items()))._items())
-
-
 def unavailable() -> dict[str, str]:
     """Each scheme that cannot run here, and why (for lists, the CLI's help and the docs)."""
     return {n: s.reason for n, s in REGISTRY.items() if not s.available}

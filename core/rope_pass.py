@@ -40,11 +40,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from core.probes import Recorder
 
 
-def check(loaded: "Loaded", scheme: positions.Scheme | str, params: dict | None = None) -> None:
+def check(loaded: "Loaded", scheme: positions.Scheme) -> None:
     """Refuse, in one line, a scheme this model cannot run: any scheme but the plain one on a non-rotary model.
-    (The scheme's own values were checked when it was made, :meth:`core.positions.Scheme.of`; a name and
-    ``params`` are made into one here.)"""
-    scheme = positions.Scheme.of(scheme, params)
+    (The scheme's own values were checked when it was made, :meth:`core.positions.Scheme.of`.)"""
     if scheme.is_plain:
         return
     if loaded.family != ROPE:

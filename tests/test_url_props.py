@@ -56,9 +56,8 @@ def _in_range(name: str, value) -> bool:
     if name == "scheme":  # an available scheme's one text, read back to itself, its numbers finite
         if not isinstance(value, str):
             return False
-        scheme, params = positions.parse_spec(value)
-        return (positions.get(scheme).available and positions.spell(scheme, params) == value
-                and all(math.isfinite(v) for v in params.values()))
+        scheme = positions.Scheme.of(value)
+        return scheme.entry.available and scheme.spell() == value and all(math.isfinite(v) for _, v in scheme.params)
     raise AssertionError(f"a parameter this test does not know: {name}")
 
 
@@ -119,7 +118,7 @@ def test_a_scheme_in_a_link_is_one_known_scheme_or_one_reason(raw):
         assert str(err) and "\n" not in str(err)
         return
     assert _in_range("scheme", value), (raw, value)
-    positions.bind(*positions.parse_spec(value)[:1], 64, 256, **positions.parse_spec(value)[1])  # runs on a model
+    positions.Scheme.of(value).bind(64, 256)  # runs on a model
 
 
 @pytest.mark.parametrize("raw, value", [("window", "window"), ("window:window=32", "window:window=32"),

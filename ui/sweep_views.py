@@ -404,7 +404,7 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
     c2.multiselect("Methods", list(SWEEP_METHODS), key="lm_methods", persist_state=choices.KEEP, format_func=methods.label, help=METHODS_HELP)
     lengths_note(ctx, "lm_lengths", side, "The table scores masked tokens", "held-out sequences")
     st.multiselect("Position schemes", scheme_options, key="lm_schemes",
-                   format_func=lambda s: positions.get(positions.parse_spec(s)[0]).label + ("" if s != own or ":" not in s
+                   format_func=lambda s: positions.Scheme.of(s).entry.label + ("" if s != own or ":" not in s
                                                                                               else f" ({s.split(':', 1)[1]})"),
                    help="Each scheme is a row block of the table (the sidebar's own first, with its parameters); "
                         "every method runs under each (docs/positions.md).")

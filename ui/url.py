@@ -116,29 +116,16 @@ def _model(v: str) -> str:
     return v
 
 
-#: The largest parameter values a link's scheme may carry (a window, sinks or cap in tokens; a factor): the
-#: model's own checks (core.positions.Bound) run once it is loaded.
-SCHEME_INT_MAX, SCHEME_FLOAT_MAX = 4_000_000, 1e6
-
-
 def _scheme(v: str) -> str:
-    """A rotary model's position scheme: ``window``, ``lm-infinite:window=32:sinks=2`` (:func:`core.positions.
-    parse_spec`): a known, available name and the parameters it takes, each a finite number in range. Returns the
-    scheme's one text in the scheme's own parameter order (:func:`core.positions.spell`)."""
+    """A rotary model's position scheme: ``window``, ``lm-infinite:window=32:sinks=2``, read by the one parser
+    (:meth:`core.positions.Scheme.of`: a known, available name, the parameters it takes, each in its bounds).
+    Returns the scheme's one text (:meth:`core.positions.Scheme.spell`)."""
     if not v or len(v) > 200 or not v.isprintable():
         raise ValueError("not a position scheme")
     try:
-        name, params = positions.parse_spec(v)
+        return positions.Scheme.of(v).spell()
     except UserError as err:
         raise ValueError(" ".join(str(err).split())) from None
-    for key, x in params.items():
-        if not math.isfinite(x) or not 0 <= x <= (SCHEME_INT_MAX if isinstance(x, int) else SCHEME_FLOAT_MAX):
-            raise ValueError(f"{key} is out of range")
-    try:  # the checks that need no model (a factor >= 1, a cap >= 1, ...): bound on a 2-token model
-        positions.bind(name, 2, 2, **params)
-    except UserError as err:
-        raise ValueError(" ".join(str(err).split())) from None
-    return positions.spell(name, params)
 
 
 #: URL parameter -> (session-state key, parser that returns the value or raises ValueError with a reason).
