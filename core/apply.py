@@ -35,10 +35,12 @@ Two ways:
       ...                                            # any thread, any time
       apply.uninstall(model)                         # back to exactly what it was
 
-  ``install`` pins the settings on the model's own attention modules (an
-  attribute the attention function reads when no ``attention_call`` is
-  active), so two installed models keep their own tau and nothing is global.
-  An explicit ``attention_call``/``apply`` block still wins over it.
+  ``install`` registers our attention function bound to the settings under a
+  name of its own and points the model's configs at it
+  (:func:`core.attention.standing`): the settings reach the attention through
+  transformers' own dispatch whenever no ``attention_call`` is active, so two
+  installed models keep their own tau and nothing is pinned on the model's
+  modules. An explicit ``attention_call``/``apply`` block still wins over it.
 
 Architectures: T5-family models whose attention goes through transformers'
 ``AttentionInterface`` and passes T5's relative position bias to it. In
@@ -72,9 +74,9 @@ from pathlib import Path
 import torch
 
 from core import attention, relative_bias
-from core.attention import AttentionSettings, attention_call, attention_modules, family_of
+from core.attention import AttentionSettings, attention_call, family_of
 from core.errors import UserError
-from core.kinds import ENCODER, KINDS
+from core.kinds import ENCODER, KINDS, is_aligned
 from core.choice import Choice
 from core.settings import Settings
 from core.validation import Bytes, Positive, validate
@@ -193,23 +195,6 @@ def attention_settings(
 
 # -- switching the attention implementation --------------------------------------
 
-def _configs(model) -> list:
-    """Every config the model's attention reads ``_attn_implementation`` from, each once."""
-    seen: dict[int, object] = {}
-
-    def add(cfg) -> None:
-        if cfg is None or id(cfg) in seen:
-            return
-        seen[id(cfg)] = cfg
-        for key in getattr(cfg, "sub_configs", {}) or {}:
-            add(getattr(cfg, key, None))
-
-    add(model.config)
-    for mod in model.modules():
-        add(getattr(mod, "config", None))
-    return list(seen.values())
-
-
 @dataclass
 class _Snapshot:
     entries: list  # [(config, _attn_implementation_internal)]
@@ -217,7 +202,7 @@ class _Snapshot:
 
     @classmethod
     def take(cls, model) -> "_Snapshot":
-        return cls([(c, c.__dict__.get("_attn_implementation_internal")) for c in _configs(model)],
+        return cls([(c, c.__dict__.get("_attn_implementation_internal")) for c in attention.configs(model)],
                    relative_bias.installed(model))
 
     def restore(self, model) -> None:
@@ -236,10 +221,10 @@ class _Snapshot:
 
 def _switch_on(model) -> _Snapshot:
     snap = _Snapshot.take(model)
-    if any(c._attn_implementation != attention.ATTN_NAME for c, _ in snap.entries):
+    if not all(is_aligned(c._attn_implementation) for c, _ in snap.entries):  # ours already: left as it is
         model.set_attn_implementation(attention.ATTN_NAME)
-        for cfg in _configs(model):  # sub-configs set_attn_implementation could not reach
-            if cfg._attn_implementation != attention.ATTN_NAME:
+        for cfg in attention.configs(model):  # sub-configs set_attn_implementation could not reach
+            if not is_aligned(cfg._attn_implementation):
                 cfg.__dict__["_attn_implementation_internal"] = attention.ATTN_NAME
     relative_bias.install(model)  # T5's bias as one vector per head while ours runs; restore() takes it out
     return snap
@@ -260,6 +245,8 @@ class _Hold:
     before: _Snapshot
     blocks: int = 0
     installed: bool = False
+    standing: str | None = None  # the implementation name install() registered (core.attention.standing)
+    unpointed: list | None = None  # what the configs named before install() pointed them at it
 
 
 def _hold(model) -> _Hold:
@@ -423,18 +410,26 @@ def install(
 
     Same arguments as :func:`apply`. Installing again replaces the schedule
     (``uninstall`` still restores what the model was before the first
-    install). The settings are pinned on the model's attention modules, not
-    in a global, and not in ``model.config`` (so ``save_pretrained`` writes
-    nothing of ours).
+    install). The settings travel with every call: the model's configs name our
+    attention function bound to them under a name of its own
+    (:func:`core.attention.standing`, ``aligned@3``), so nothing is pinned on
+    its modules and nothing is global but transformers' own registry of
+    implementations; ``save_pretrained`` writes nothing of ours (the name is a
+    private config field).
     """
     check_supported(model)
     attn = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
-    call = attention.standing_call(attn)
+    name = attention.standing(attn)
     with _LOCK:
-        _hold(model).installed = True
-        for m in attention_modules(model):
-            m.__dict__[attention.INSTALLED_ATTR] = call
+        hold = _hold(model)
+        old = hold.standing
+        before = attention.point(model, name)
+        if old is None:
+            hold.unpointed = before
+        else:
+            attention.forget(old)
+        hold.standing, hold.installed = name, True
     return attn
 
 
@@ -443,18 +438,17 @@ def installed(model) -> AttentionSettings | None:
     hold = getattr(model, "__dict__", {}).get(_HOLD_ATTR)
     if hold is None or not hold.installed:
         return None
-    mods = attention_modules(model)
-    call = mods[0].__dict__.get(attention.INSTALLED_ATTR) if mods else None
+    call = attention.standing_call_of(hold.standing)
     return None if call is None else call.settings
 
 
 def uninstall(model) -> None:
-    """Undo :func:`install`: the previous attention implementation, and no attribute of ours left. No-op if not installed."""
+    """Undo :func:`install`: the previous attention implementation, and nothing of ours left. No-op if not installed."""
     with _LOCK:
         hold = model.__dict__.get(_HOLD_ATTR)
         if hold is None or not hold.installed:
             return
-        for m in attention_modules(model):
-            m.__dict__.pop(attention.INSTALLED_ATTR, None)
-        hold.installed = False
+        attention.point_back(hold.unpointed or [])
+        attention.forget(hold.standing)
+        hold.installed, hold.standing, hold.unpointed = False, None, None
         _let_go(model, hold)  # inside an apply block the block still needs ours; its end restores

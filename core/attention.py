@@ -14,9 +14,12 @@ attentions to touch, the probe recorder) travel in a :class:`contextvars.Context
 set by :func:`attention_call`. Context variables are per thread (and per
 asyncio task), so two Streamlit sessions sharing one cached model never see
 each other's tau. With no call active the function is exactly T5's own
-attention (tau = 1), unless :func:`core.apply.install` pinned a standing call
-on the model's attention modules (:data:`INSTALLED_ATTR`), which is per model
-(:func:`listen` pins a recorder the same way).
+attention (tau = 1), unless the model's config names one of the functions
+:func:`standing` registers: this same function bound to a model's standing
+settings (:func:`core.apply.install`) or recorder (:func:`listen`), under a
+name of its own (``aligned@3``). So those settings travel with the call too,
+through transformers' own dispatch, and nothing is pinned on the model's
+modules.
 The recorder (:mod:`core.probes`) is asked at each call what it wants of this
 attention's blocks (its probes are named per kind and layer). The call is then cut
 into blocks of query rows and each block computed by one backend, chosen per call
@@ -48,12 +51,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -144,33 +150,84 @@ def current_call() -> _Call | None:
     modules of a scheme pass read (:func:`core.rope_pass.scheme_pass`), from the same context as the attention."""
     return _CURRENT.get()
 
-#: Attribute of an attention module holding a standing call (``core.apply.install``):
-#: used when no :func:`attention_call` is active, so it is per model, not global.
-INSTALLED_ATTR = "_aligned_installed_call"
+_SERIAL = itertools.count(1)
 
 
-def standing_call(settings: AttentionSettings, recorder: "Recorder | None" = None) -> _Call:
-    """A call to pin on a model's attention modules (see :data:`INSTALLED_ATTR`)."""
-    return _Call(settings, recorder)
+def standing(settings: AttentionSettings, recorder: "Recorder | None" = None) -> str:
+    """Register :func:`aligned_attention` bound to standing ``settings`` (and ``recorder``) under a new name of its
+    own, ``aligned@N``, and return the name: a model whose configs name it (:func:`point`) runs with them in every
+    thread whenever no :func:`attention_call` is active (an explicit call still wins). What
+    :func:`core.apply.install` and :func:`listen` use; :func:`forget` takes the name back.
+
+    Why a name and not an attribute on the model's modules: the settings then reach the attention the way
+    transformers dispatches every call (the config's ``attn_implementation``), and the model's modules stay as
+    loaded; ``save_pretrained`` writes no private config field, so nothing of ours is saved either."""
+    name = f"{ATTN_NAME}@{next(_SERIAL)}"
+    AttentionInterface.register(name, functools.partial(aligned_attention, standing=_Call(settings, recorder)))
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def standing_call_of(name: object) -> _Call | None:
+    """The standing call a name :func:`standing` registered carries, None for any other name."""
+    fn = ALL_ATTENTION_FUNCTIONS.get(name) if isinstance(name, str) else None
+    return getattr(fn, "keywords", {}).get("standing")
+
+
+def forget(name: str) -> None:
+    """Let go of a name :func:`standing` registered (idempotent): it is bound again to the bare function, so it
+    holds no settings or recorder any more (transformers has no public way to unregister a name, and a name no
+    config points at costs nothing). The plain ``aligned`` is left as it is."""
+    if name != ATTN_NAME and standing_call_of(name) is not None:
+        AttentionInterface.register(name, aligned_attention)
+
+
+def configs(model: torch.nn.Module) -> list:
+    """Every config the model's attention reads ``_attn_implementation`` from (the top one, each sub-model's, e.g.
+    T5's encoder and decoder stacks), each once."""
+    seen: dict[int, object] = {}
+
+    def add(cfg) -> None:
+        if cfg is None or id(cfg) in seen:
+            return
+        seen[id(cfg)] = cfg
+        for key in getattr(cfg, "sub_configs", {}) or {}:
+            add(getattr(cfg, key, None))
+
+    add(model.config)
+    for mod in model.modules():
+        add(getattr(mod, "config", None))
+    return list(seen.values())
+
+
+def point(model: torch.nn.Module, name: str) -> list[tuple[object, object]]:
+    """Make every config of ``model`` name the implementation ``name``; returns ``[(config, what it named)]`` for
+    putting them back (:func:`point_back`)."""
+    before = [(c, c.__dict__.get("_attn_implementation_internal")) for c in configs(model)]
+    for cfg, _ in before:
+        cfg.__dict__["_attn_implementation_internal"] = name
+    return before
+
+
+def point_back(before: list[tuple[object, object]]) -> None:
+    for cfg, value in before:
+        cfg.__dict__["_attn_implementation_internal"] = value
 
 
 def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
     """Feed ``recorder`` from every pass ``model`` runs outside an :func:`attention_call`, until the
-    returned function is called; a schedule :func:`core.apply.install` pinned stays in force.
+    returned function is called; a schedule :func:`core.apply.install` put on it stays in force.
 
-    The recorder rides on a standing call (:data:`INSTALLED_ATTR`), so the model still never knows who
+    The recorder rides on a standing call (:func:`standing`), so the model still never knows who
     listens. What training's cross-attention tap uses (``cross.*.logits``,
     :class:`core.training.CrossAttentionTap`). Take listeners off in the reverse order of putting them on."""
-    before = {m: m.__dict__.get(INSTALLED_ATTR) for m in attention_modules(model)}
-    for m, prev in before.items():
-        m.__dict__[INSTALLED_ATTR] = standing_call(prev.settings if prev else AttentionSettings(), recorder)
+    prev = standing_call_of(getattr(model.config, "_attn_implementation", None))
+    name = standing(prev.settings if prev is not None else AttentionSettings(), recorder)
+    before = point(model, name)
 
     def stop() -> None:
-        for m, prev in before.items():
-            if prev is None:
-                m.__dict__.pop(INSTALLED_ATTR, None)
-            else:
-                m.__dict__[INSTALLED_ATTR] = prev
+        point_back(before)
+        forget(name)
 
     return stop
 
@@ -298,9 +355,14 @@ def aligned_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     position_bias: torch.Tensor | None = None,
+    *,
+    standing: _Call | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax((q.k * scaling + bias + mask) / tau) @ v, in blocks of query rows.
+
+    ``standing``: the model's standing settings, bound by :func:`standing` (used when no
+    :func:`attention_call` is active).
 
     Shapes follow transformers' attention interface: ``query`` is
     ``[batch, heads, q_len, d]``, ``key``/``value`` ``[batch, heads, k_len, d]``,
@@ -325,7 +387,7 @@ def aligned_attention(
     """
     call = _CURRENT.get()
     if call is None:
-        call = module.__dict__.get(INSTALLED_ATTR)
+        call = standing
     kind = attention_kind(module)
     layer = int(getattr(module, "layer_idx", 0) or 0)
     batch, heads, q_len, _ = query.shape

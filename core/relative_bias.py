@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from core.kinds import ATTN_NAME
+from core.kinds import is_aligned
 
 #: Attribute on a swapped module naming the class it had before :func:`install`.
 _ORIGINAL_ATTR = "_relative_bias_original_class"
@@ -151,7 +151,7 @@ class LazyBias:
     """Mixin put in front of a T5-family attention class: ``compute_bias`` hands out a :class:`RelativeBias`."""
 
     def compute_bias(self, query_length, key_length, device=None, past_seen_tokens=0):
-        if getattr(self.config, "_attn_implementation", None) != ATTN_NAME:
+        if not is_aligned(getattr(self.config, "_attn_implementation", None)):
             return super().compute_bias(query_length, key_length, device=device, past_seen_tokens=past_seen_tokens)
         past = int(past_seen_tokens)  # transformers may hand a 0-d tensor (a static cache's count)
         return RelativeBias(bias_vector(self, int(query_length), int(key_length), past, device),

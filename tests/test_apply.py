@@ -18,8 +18,10 @@ import torch
 from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration, pipeline
 
 from core import apply as ap
+from core import attention
 from core import temperature
-from core.attention import ATTN_NAME, INSTALLED_ATTR
+from core.attention import ATTN_NAME, attention_modules
+from core.kinds import is_aligned
 from core.cli import main as cli
 from core.errors import UserError
 from core.settings import DocumentRequest, Settings
@@ -90,7 +92,7 @@ def _answer(model, tok, text=TEXT) -> str:
 
 
 def _impls(model) -> list:
-    return [c.__dict__.get("_attn_implementation_internal") for c in ap._configs(model)]
+    return [c.__dict__.get("_attn_implementation_internal") for c in attention.configs(model)]
 
 
 def _state(model) -> dict:
@@ -221,7 +223,9 @@ def test_install_is_permanent_per_model_and_uninstall_restores(chatty_dir, tok):
 
     ap.install(a, tau=0.7)
     assert ap.installed(a).tau == Schedule.of(0.7) and ap.installed(b) is None
-    assert a.config._attn_implementation == ATTN_NAME
+    name = a.config._attn_implementation
+    assert is_aligned(name) and name != ATTN_NAME  # its own name: the settings travel with the call
+    assert all(not [k for k in vars(m) if k.startswith("_aligned")] for m in attention_modules(a))  # nothing pinned
     got = {}
     th = threading.Thread(target=lambda: got.setdefault("thread", _answer(a, tok)))
     th.start()
@@ -233,7 +237,7 @@ def test_install_is_permanent_per_model_and_uninstall_restores(chatty_dir, tok):
     assert _answer(a, tok) == want
     ap.install(a, tau=1.0)  # re-install replaces the schedule
     assert _answer(a, tok) == plain
-    assert INSTALLED_ATTR not in a.config.to_json_string() and "aligned" not in a.config.to_json_string()
+    assert "aligned" not in a.config.to_json_string()
 
     ap.uninstall(a)
     assert _impls(a) == impls and _state(a) == state
@@ -351,7 +355,7 @@ def test_install_inside_apply_survives_the_block_and_uninstall_restores(chatty_d
     with ap.apply(a, tau=1.0):
         ap.install(a, tau=0.7)
         assert _answer(a, tok) == plain  # the block's tau wins inside it
-    assert a.config._attn_implementation == ATTN_NAME  # the install is still in force
+    assert is_aligned(a.config._attn_implementation)  # the install is still in force
     assert _answer(a, tok) == want
     ap.uninstall(a)
     assert _impls(a) == impls and _state(a) == state and _answer(a, tok) == plain

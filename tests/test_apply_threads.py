@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from transformers import T5ForConditionalGeneration
 
 from core import apply as ap
+from core import attention
 from core.attention import ATTN_NAME
 from core.errors import UserError
 
@@ -49,7 +50,7 @@ def _encode(model) -> torch.Tensor:
 
 
 def _impls(model) -> list:
-    return [c.__dict__.get("_attn_implementation_internal") for c in ap._configs(model)]
+    return [c.__dict__.get("_attn_implementation_internal") for c in attention.configs(model)]
 
 
 def _state(model) -> dict:
