@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core import tasks
+from core.data import tasks
 from ui import PAPER, page_setup
 from ui import sidebar as sb
 from ui import sweep_views as sv

@@ -7,7 +7,7 @@ Measures, in one run, on this machine (CPU unless a GPU is present):
 1. the backend path: the same cached functions ``app_pages/explore.py`` calls
    (``ui.cache.run`` for the chosen tau, the tau = 1 run and the L_tr
    reference, ``ui.cache.bias_curves``) plus every Explore figure built by
-   ``core.plots``; the page's tau = 1 run and the reference are warmed first,
+   ``core.views.plots``; the page's tau = 1 run and the reference are warmed first,
    as they are when a person moves the slider;
 2. the whole page through Streamlit's AppTest: the script rerun after the
    slider moves, figures serialised (what the browser waits for, minus the
@@ -26,10 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from core import methods, plots
-from core.engine import RunSettings
+from core.runs import methods
+from core.views import plots
+from core.runs.engine import RunSettings
 from core.models import default_model
-from core.settings import DocumentRequest
+from core.runs.settings import DocumentRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 

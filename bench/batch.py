@@ -3,13 +3,13 @@
     python bench/batch.py            # everything (CPU; a few minutes on 2 busy cores)
     python bench/batch.py --quick    # skip the 16k-token memory runs
 
-(a) ``core.apply`` with tau = 0.7 and no probes vs plain transformers
+(a) ``core.runs.apply`` with tau = 0.7 and no probes vs plain transformers
     (``attn_implementation="sdpa"``) ``generate``, same model object, same
     inputs, 16 new tokens forced (aim: <= 1.15x);
 (b) a batch run's pass with stats-only probes vs the same pass without probes
     (encoder with/without a Recorder, then generation from that encoder
-    output, as ``core.engine.run_encoded`` does; aim: <= 1.5x);
-(c) Algorithm 1's fast search vs the full grid (``core.calibration.calibrate``
+    output, as ``core.runs.engine.run_encoded`` does; aim: <= 1.5x);
+(c) Algorithm 1's fast search vs the full grid (``core.runs.calibration.calibrate``
     ``fast=True/False``): forward passes and time (aim: <= 0.5x);
 (d) peak resident memory of a probed encoder pass at 4k and 16k tokens with
     the default chunk budget vs one block for all rows (``chunk_bytes`` huge),
@@ -55,7 +55,7 @@ def best_pair(f, g, reps: int) -> tuple[float, float]:
 def bench_apply(lengths_batches, reps: int) -> list[dict]:
     import torch
 
-    from core.apply import apply
+    from core.runs.apply import apply
 
     model = tiny_t5(attn="sdpa")
     out = []
@@ -82,8 +82,8 @@ def bench_probes(lengths_batches, reps: int) -> list[dict]:
     import torch
     from transformers.modeling_outputs import BaseModelOutput
 
-    from core.attention import AttentionSettings, attention_call
-    from core.probes import ProbeSpec, Recorder
+    from core.mechanics.attention import AttentionSettings, attention_call
+    from core.mechanics.probes import ProbeSpec, Recorder
 
     model = tiny_t5(attn="aligned")
     enc = model.get_encoder()
@@ -123,7 +123,8 @@ def bench_probes(lengths_batches, reps: int) -> list[dict]:
 def bench_algorithm1(length_factor: int) -> dict:
     from transformers import ByT5Tokenizer
 
-    from core import calibration, tasks
+    from core.runs import calibration
+    from core.data import tasks
     from core.models import load
 
     with tempfile.TemporaryDirectory(prefix="bench-tiny-") as tmp:
@@ -153,8 +154,8 @@ def mem_child(length: int, chunk_bytes: int, threads: int | None) -> dict:
 
     if threads:
         torch.set_num_threads(threads)
-    from core.attention import AttentionSettings, attention_call
-    from core.probes import ProbeSpec, Recorder
+    from core.mechanics.attention import AttentionSettings, attention_call
+    from core.mechanics.probes import ProbeSpec, Recorder
 
     model = tiny_t5(attn="aligned")
     enc = model.get_encoder()
@@ -175,7 +176,7 @@ def mem_child(length: int, chunk_bytes: int, threads: int | None) -> dict:
 
 
 def bench_memory(lengths, threads, limit_gb: float) -> list[dict]:
-    from core.attention import default_chunk_bytes
+    from core.mechanics.attention import default_chunk_bytes
 
     out = []
     for n in lengths:
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
     shapes = [(1024, 4), (4096, 1)]
     t0 = time.perf_counter()
 
-    print("\n(a) core.apply(tau=0.7), no probes  vs  plain sdpa generate (16 new tokens)   aim <= 1.15x")
+    print("\n(a) core.runs.apply(tau=0.7), no probes  vs  plain sdpa generate (16 new tokens)   aim <= 1.15x")
     for r in bench_apply(shapes, args.reps):
         print(f"    L={r['L']:>5} x{r['batch']}: sdpa {r['sdpa_s']:.3f}s  apply {r['apply_s']:.3f}s  ratio {r['ratio']:.2f}x "
               f"[{'met' if r['ratio'] <= 1.15 else 'MISSED'}]")

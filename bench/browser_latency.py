@@ -53,7 +53,7 @@ them in the browser on each slider event, issue 41):
 and then, in this process with the server stopped, the backend share: the
 same document's grid (15 passes, ``backend_grid_s``) and, for each off-grid
 tau of (d), its exact pass plus the payload the rerun sends
-(``core.frames.payload`` of the grid and the exact frame) -> ``backend_s``
+(``core.views.frames.payload`` of the grid and the exact frame) -> ``backend_s``
 (``backend_payload_s`` the payload alone), ``browser_over_backend`` =
 ``exact_frame_s / backend_s``, ``grid_over_backend`` = ``grid_ready_s /
 backend_grid_s``.
@@ -123,7 +123,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 VIEWPORT = {"width": 1400, "height": 1000}
 SKIPPABLE = ("cold", "scrub", "drag", "offgrid", "calibrate", "theory", "backend")
 SLIDER = ".aae input[type=range]"  # Playwright's CSS engine pierces the component's open shadow root
-GRID_N = 15  # 1.00, 0.95, ..., 0.30 (core.frames.SCRUB_GRID)
+GRID_N = 15  # 1.00, 0.95, ..., 0.30 (core.views.frames.SCRUB_GRID)
 #: (measure, limit, unit, at most?) of issues 41 and 24.
 TARGETS = (("scrub_s", 0.05, "s", True), ("scrub_p95_s", 0.15, "s", True), ("scrub_fps", 20.0, "fps", False),
            ("grid_ready_s", 20.0, "s", True), ("nearest_frame_s", 0.1, "s", True), ("exact_frame_s", 1.5, "s", True),
@@ -682,7 +682,7 @@ def scrub(browser: Browser, page, results: Results, gap: float) -> dict:
 
     Returns what each grid tau showed (answer, Pmax, H, map sum), to check that the frames differ.
     """
-    from core.frames import SCRUB_GRID
+    from core.views.frames import SCRUB_GRID
 
     grid = [f"{t:.2f}" for t in SCRUB_GRID]  # 1.00 ... 0.30
     focus_slider(page)
@@ -738,7 +738,7 @@ def drag(browser: Browser, page, repeats: int, results: Results, steps: int, sec
     """Mouse down on the thumb at the slider's right end (tau = 1.00), ``steps`` moves to its left end over
     ``seconds``, mouse up. The moves are paced here; each waits for Chromium to take the event, so a busy page
     stretches the drag (the measured time between pointerdown and pointerup is the one used)."""
-    from core.frames import SCRUB_GRID
+    from core.views.frames import SCRUB_GRID
 
     grid = {f"{t:.2f}" for t in SCRUB_GRID}
     for _ in range(repeats):
@@ -860,8 +860,10 @@ def backend_part(model: str, multiple: int, seed: int, taus: list[float], result
     from streamlit.runtime.scriptrunner_utils import script_run_context
 
     logging.getLogger(script_run_context.__name__).setLevel(logging.ERROR)  # "missing ScriptRunContext": expected here
-    from core import engine, frames, methods
-    from core.settings import DocumentRequest
+    from core.runs import engine
+    from core.views import frames
+    from core.runs import methods
+    from core.runs.settings import DocumentRequest
     from ui import cache
 
     loaded = cache.model(model)

@@ -12,7 +12,7 @@ tokens:
                  ``[1, H, L, L]`` relative bias and its int64 buckets; skipped where those alone would not
                  fit in this machine's memory (32k: 34 GiB of bias).
 * ``ours``:      our attention (``core.models.load``: lazy bias, fused CPU kernel), tau = 0.7, no probes:
-                 what ``core.apply`` and accuracy-only sweeps run.
+                 what ``core.runs.apply`` and accuracy-only sweeps run.
 * ``probes``:    the same with every probe the CLI's ``run`` records (``ProbeSpec()``: Pmax and H of every
                  layer, layer 0's map, its sorted logits, and the question's profile).
 * ``floor``:     no pass: the arithmetic a pass cannot avoid, timed on this machine in the same run. The
@@ -66,8 +66,8 @@ def tiny_t5(layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, attn
 
 
 def max_rss() -> int:
-    """Peak resident set of this process so far, bytes (``core.memory.peak_bytes`` on the CPU)."""
-    from core import memory
+    """Peak resident set of this process so far, bytes (``core.models.memory.peak_bytes`` on the CPU)."""
+    from core.models import memory
 
     return memory.peak_bytes("cpu")
 
@@ -96,7 +96,8 @@ def machine() -> str:
 
 
 def _document(loaded, n: int):
-    from core import engine, tasks
+    from core.runs import engine
+    from core.data import tasks
 
     doc = tasks.make("passkey", loaded.tokenizer, n, seed=0)
     return engine.encode(loaded, doc)
@@ -115,7 +116,8 @@ def floor_child(length: int, reps: int) -> dict:
     """The arithmetic floor of one encoder pass at ``length`` tokens on this machine (see the module doc)."""
     import torch
 
-    from core import attention, models
+    from core import models
+    from core.mechanics import attention
 
     loaded = models.load(MODEL, device="cpu")
     cfg = loaded.config
@@ -160,8 +162,9 @@ def pass_child(variant: str, length: int, reps: int) -> dict:
     """One encoder pass variant at ``length`` tokens, timed in this (fresh) process."""
     import torch
 
-    from core import attention, models
-    from core.probes import ProbeSpec, Recorder
+    from core import models
+    from core.mechanics import attention
+    from core.mechanics.probes import ProbeSpec, Recorder
 
     loaded = models.load(MODEL, device="cpu")
     enc = _document(loaded, length)

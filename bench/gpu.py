@@ -12,10 +12,10 @@ document of ``--length`` tokens with the bundled tokenizer, and times, on
 the same ids, best of ``--repeats``:
 
 * ``sdpa``:         transformers' own T5 encoder pass (the reference),
-* ``no-probes``:    our ``aligned`` attention at tau = 0.7, nothing recorded (``core.apply``'s pass),
+* ``no-probes``:    our ``aligned`` attention at tau = 0.7, nothing recorded (``core.runs.apply``'s pass),
 * ``probes-stats``: our attention with stats-only probes (batch runs, sweeps),
 * ``probes-full``:  every probe of a view, question profile included,
-* ``app-run``:      :func:`core.engine.run`, what one tau move in the app costs:
+* ``app-run``:      :func:`core.runs.engine.run`, what one tau move in the app costs:
                     tokenise, encoder with every probe, greedy answer.
 
 Peak memory is the device allocator's high-water mark during each step
@@ -50,7 +50,8 @@ def build(shape: str, device, dtype):
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from core import attention, relative_bias
+    from core.mechanics import attention
+    from core.mechanics import relative_bias
 
     cfg = T5Config(vocab_size=32128, relative_attention_num_buckets=32, relative_attention_max_distance=128,
                    dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **SHAPES[shape])
@@ -86,10 +87,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from core import attention, engine, memory, tasks
+    from core.mechanics import attention
+    from core.runs import engine
+    from core.models import memory
+    from core.data import tasks
     from core.errors import ModelLoadError
     from core.models import Loaded, load, pick_device, resolve
-    from core.probes import ProbeSpec, Recorder
+    from core.mechanics.probes import ProbeSpec, Recorder
 
     try:
         device, dtype = pick_device(a.device, a.dtype)

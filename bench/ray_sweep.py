@@ -7,7 +7,7 @@
 
 Part 1, measured: one generated sweep of the bundled model (``--lengths``
 x ``--methods``, ``--samples`` documents each) through
-:func:`core.sweep.run_sweep`, first in this process with one torch thread,
+:func:`core.experiments.sweep.run_sweep`, first in this process with one torch thread,
 then on a local Ray with ``--actors`` actors of one thread each (started
 first, its start-up timed on its own). Prints both times, their ratio, the
 rows compared (all but ``seconds`` must be equal), and the overhead per job:
@@ -20,7 +20,7 @@ and a dispersion run per cell, and per distinct tau its documents in slices
 of one batch), each job costed from per-length costs measured here (seconds
 per document of an accuracy run, batch of up to 10, probes off; of a
 stats-only encoder pass; the encoder passes Algorithm 1's calibration ran at
-2x, counted), then scheduled by :func:`core.cluster.simulate`, the same queue
+2x, counted), then scheduled by :func:`core.experiments.cluster.simulate`, the same queue
 the Ray engine uses, on 1, 8 and 64 workers, heaviest first and, to show
 what that saves, in plan order. The measured taus of ``assets/results``
 decide which accuracy runs the calibrated methods share, as a real run
@@ -61,8 +61,8 @@ def _load_avg() -> str:
 def compare(loaded, lengths: list[int], methods: list[str], samples: int, actors: int) -> dict:
     import pandas as pd
 
-    from core import cluster
-    from core.sweep import SweepPlan, run_sweep
+    from core.experiments import cluster
+    from core.experiments.sweep import SweepPlan, run_sweep
 
     plan = SweepPlan(model=loaded.spec.name, task="passkey", lengths=lengths, depths=[0.5],
                      seeds=list(range(samples)), methods=methods)
@@ -106,7 +106,7 @@ def measure_costs(loaded, batch: int = 10) -> dict:
     """Seconds per document at each multiple of L_tr (one torch thread): an accuracy run (probes off, answer
     generated, up to ``batch`` documents at once) and a stats-only encoder pass; and the encoder passes
     :func:`results.calibrated_taus` runs at 2x (here and at L_tr), counted."""
-    from core import timing
+    from core.runs import timing
 
     lt = loaded.train_length
     docs_at = {1: 10, 2: 10, 4: 5, 8: 2, 16: 1}
@@ -145,7 +145,7 @@ def measure_costs(loaded, batch: int = 10) -> dict:
 
 
 def _docs(loaded, n: int, count: int):
-    from core import engine
+    from core.runs import engine
 
     docs = rb.docs_for(loaded, "passkey", n, count)
     return docs, [engine.encode(loaded, d) for d in docs]
@@ -175,7 +175,7 @@ def recorded_taus(model_name: str) -> dict[tuple[str, float], dict]:
 
 
 def project(loaded, costs: dict, tasks: list[str], samples: int, workers_list: list[int], overhead: float) -> list[dict]:
-    from core import cluster
+    from core.experiments import cluster
 
     lt = loaded.train_length
     ref = int(costs["train_length"])

@@ -6,7 +6,7 @@
 For each model and task, at L_tr x multiples: accuracy for every method of
 :data:`METHODS` (tau = 1, the closed forms of today's long-context models,
 Algorithm 1 on the paper's grid and refined, per-layer and per-head
-alignment: registry names of :mod:`core.methods`) and every fixed tau of a
+alignment: registry names of :mod:`core.runs.methods`) and every fixed tau of a
 grid (the best one is reported as an oracle); plus the dispersion table (mean Pmax and H per layer at each length, tau = 1;
 the paper's Table 1). Test documents use seeds 0..samples-1 with needle depth
 drawn per seed; measured methods are calibrated per length on 4 documents
@@ -35,13 +35,19 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from core import calibration, csvio, engine, methods, mlm, positions, tasks
+from core.runs import calibration
+from core.experiments import csvio
+from core.runs import engine
+from core.runs import methods
+from core.experiments import mlm
+from core.values import positions
+from core.data import tasks
 from core.models import ModelLoadError, bundled_specs, load
-from core.probes import ProbeSpec
-from core.schedule import Schedule
+from core.mechanics.probes import ProbeSpec
+from core.values.schedule import Schedule
 
 FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
-#: The table's methods, asked of the registry (core.methods), in its order: every method that needs no pass
+#: The table's methods, asked of the registry (core.runs.methods), in its order: every method that needs no pass
 #: and every search. Not rows: a fixed tau (the grid above is), a method equal to another one in this encoder
 #: at every length (log-n and Scalable-Softmax = log-length: tests/test_methods.py), and the closed forms from
 #: one document's logit statistics (Prop. 1/2: Calibrate lists them).
@@ -339,7 +345,8 @@ class TablePlan:
 
     def jobs(self) -> list:
         """The jobs that can start now."""
-        from core import cluster, timing
+        from core.experiments import cluster
+        from core.runs import timing
 
         out = []
         for c in self.cells.values():
@@ -363,7 +370,7 @@ class TablePlan:
         return out
 
     def _accuracy_jobs(self, c: Cell, taus: dict) -> list:
-        from core import cluster
+        from core.experiments import cluster
 
         out = []
         for _, tau in tau_items(taus):
@@ -413,7 +420,7 @@ class TablePlan:
 def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]) -> None:
     """Run ``plan``'s jobs on ``pool``; as each cell completes, write the whole CSV in cell order and drop the
     cell's partial entries (as the local loop does). A failed job is reported; its cell stays for the next run."""
-    from core import cluster
+    from core.experiments import cluster
 
     jobs = plan.jobs()
     bar = cluster.Bar(stem)
@@ -462,7 +469,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
               stats_docs: int = 20, pool=None, device: str | None = None, dtype: str | None = None) -> pd.DataFrame:
     """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes).
 
-    ``pool``: a :class:`core.cluster.RayEngine` (``--engine ray``) runs the
+    ``pool``: a :class:`core.experiments.cluster.RayEngine` (``--engine ray``) runs the
     cells' parts as jobs on its actors, heaviest first (:class:`TablePlan`);
     each part is computed by the same functions as here and saved to the
     same partial file, and each finished cell's rows come from
@@ -673,13 +680,13 @@ LM_METHODS = METHODS + tuple(methods.spell(methods.FIXED, t) for t in (0.9, 0.8,
 
 def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, out: Path, methods: list[str],
                  device: str | None = None, dtype: str | None = None, copies: tuple[str, ...] | None = None) -> None:
-    """Perplexity of a language model over L_tr x ``multiples`` x ``methods`` (core.perplexity, resumable CSV),
+    """Perplexity of a language model over L_tr x ``multiples`` x ``methods`` (core.experiments.perplexity, resumable CSV),
     then ``<out>/<model>.md``: the table with the best fixed tau marked as an oracle.
 
-    ``copies`` (default: with and without an earlier copy, :data:`core.perplexity.COPY_KINDS`): one block of
+    ``copies`` (default: with and without an earlier copy, :data:`core.experiments.perplexity.COPY_KINDS`): one block of
     rows per kind of sequence, since a model loses to dispersion only what it reads from far back, and the
     copy is what it reads from there; the oracle is chosen per kind and length."""
-    from core.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, run_perplexity
+    from core.experiments.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, run_perplexity
 
     loaded = load(name, device=device, dtype=dtype)
     lt = loaded.train_length
@@ -700,7 +707,7 @@ def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, 
     csv.with_suffix(".md").write_text(lm_markdown(df, name, lt, plan.continuation, sequences))
 
 
-#: What each kind of sequence is, for the table's heading (core.perplexity's module docstring says how each is drawn).
+#: What each kind of sequence is, for the table's heading (core.experiments.perplexity's module docstring says how each is drawn).
 COPY_TEXT = {"mixed": "held-out sequences as drawn (about half repeat their continuation earlier)",
              "with": "sequences whose continuation appeared earlier in the prefix",
              "without": "the same seeds without that earlier copy"}
@@ -710,13 +717,13 @@ def lm_markdown(df: pd.DataFrame, name: str, lt: int, continuation: int, sequenc
     """The perplexity table of one language model: a block per kind of sequence (``copy``), a row per method,
     the fixed taus folded into one oracle row (the best per length, on these very sequences), and each
     block's seeds."""
-    from core.perplexity import COPY_MIXED, perplexity_table
+    from core.experiments.perplexity import COPY_MIXED, perplexity_table
 
     df = df.copy()
     if "copy" not in df:
         df["copy"] = COPY_MIXED
     lines = [f"# {name}: perplexity of the next {continuation} tokens (L_tr = {lt})", "",
-             f"{sequences} held-out sequences per cell (core.tasks.lm, corpus-eval pool); measured methods calibrated "
+             f"{sequences} held-out sequences per cell (core.data.tasks.lm, corpus-eval pool); measured methods calibrated "
              f"on 4 sequences with seeds from {CALIB_SEED:,}; corpus-level perplexity exp(sum -log p / tokens)."]
     for kind, d in df.groupby("copy", sort=False):
         table = perplexity_table(d.drop(columns="copy"))
@@ -809,8 +816,8 @@ MLM_PAPER = {
         'C.S. + I.S.': (('2.28', '0.82'), ('2.64', '0.79'), ('2.86', '0.78'), ('5.03', '0.68'), ('23.24', '0.44'), ('44.07', '0.34')),
     },
 }
-#: Our schemes (core.positions) beside the paper's rows they correspond to (ALiBi and PoSE need their own training:
-#: core.positions lists them unavailable; ntk has no row in the paper; YaRN's s is fitted to the input here, the
+#: Our schemes (core.values.positions) beside the paper's rows they correspond to (ALiBi and PoSE need their own training:
+#: core.values.positions lists them unavailable; ntk has no row in the paper; YaRN's s is fitted to the input here, the
 #: paper fine-tuned at s = 16 and 32).
 MLM_PAPER_ROW = {positions.PLAIN: "GAU-α (plain RoPE)", "pi": "PI", "yarn-rope": "YaRN(s=16)", "rerope": "ReRoPE",
                  "window": "W.A.", "streaming-llm": "StreamingLLM", "lm-infinite": "LM-Infinite"}
@@ -820,14 +827,14 @@ MLM_PAPER_ROW = {positions.PLAIN: "GAU-α (plain RoPE)", "pi": "PI", "yarn-rope"
 #: as the paper's Section 4.1.2) on the dot-product model; C.S. + I.S. = InfoScale on the cosine model.
 MLM_VARIANTS = ("none", "C.S.", "I.S.", "C.S. + I.S.")
 #: Masked positions per cell at least (the issue's 500), and the first sequence seed (seeds seed .. seed + k - 1;
-#: each seed also draws its sequence's masked positions, core.mlm.mask_tokens).
+#: each seed also draws its sequence's masked positions, core.experiments.mlm.mask_tokens).
 MLM_MIN_MASKED = 500
 MLM_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def infoscale_method() -> str:
     """The registry's InfoScale, asked by what it is: the one closed form (no statistics) that reads the head
-    dimension d, as InfoScale's n^(-2/d) does (core.methods owns the name)."""
+    dimension d, as InfoScale's n^(-2/d) does (core.runs.methods owns the name)."""
     found = [name for name, m in methods.REGISTRY.items() if m.formula is not None and not m.stats
              and m.formula(64, 1024, 16, None) != m.formula(64, 1024, 64, None)]
     if len(found) != 1:
@@ -837,7 +844,7 @@ def infoscale_method() -> str:
 
 def mlm_schemes() -> tuple[str, ...]:
     """The schemes a table compares: every one a pass can apply, less those equal to another in an encoder
-    (dynamic NTK is NTK there: core.positions' ``same_as``)."""
+    (dynamic NTK is NTK there: core.values.positions' ``same_as``)."""
     return tuple(n for n in positions.AVAILABLE if positions.get(n).same_as is None)
 
 
@@ -857,7 +864,7 @@ def run_mlm_table(dot: str, cos: str, multiples=MLM_MULTIPLES, out: Path = Path(
                   schemes: tuple[str, ...] | None = None, min_masked: int = MLM_MIN_MASKED, seed: int = 0,
                   batch: int = 8, pool=None, device: str | None = None, dtype: str | None = None) -> pd.DataFrame:
     """The masked-token table: ``schemes`` x :data:`MLM_VARIANTS` x L_tr x ``multiples`` on the dot-product model
-    ``dot`` and the cosine one ``cos`` (core.mlm.run_mlm_sweep, one CSV per model, resumable: a killed run goes
+    ``dot`` and the cosine one ``cos`` (core.experiments.mlm.run_mlm_sweep, one CSV per model, resumable: a killed run goes
     on from its last whole row). Writes ``<out>/mlm-table.md`` (:func:`mlm_markdown`); returns the rows with
     their ``variant``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -917,7 +924,7 @@ def mlm_markdown(df: pd.DataFrame, dot, cos, min_masked: int = MLM_MIN_MASKED, s
     lines = [
         f"### Masked-token perplexity / accuracy: {dot.spec.name} (dot product) and {cos.spec.name} "
         f"(cosine, s = {cos.cosine_scale:g}), L_tr = {lt}", "",
-        f"Held-out prose (core.tasks lm, corpus-eval pool), 15 % of each sequence's tokens masked; per length "
+        f"Held-out prose (core.data.tasks lm, corpus-eval pool), 15 % of each sequence's tokens masked; per length "
         f"{', '.join(f'{n:,}: {int(seqs[n])} sequences, >= {int(masked[n])} masked' for n in mult)} "
         f"(at least {min_masked} per cell); sequence seeds {seed}.. (each seed also draws its masked positions); "
         "perplexity exp(sum -log p / masked) over the cell, accuracy = top-1 correct / masked. "
@@ -968,7 +975,7 @@ def main() -> None:
     lm.add_argument("--sequences", type=int, default=200, help="held-out sequences per cell (seeds 0..sequences-1)")
     lm.add_argument("--lm-methods", default=",".join(LM_METHODS), help="comma list: registry names and fixed taus")
     lm.add_argument("--lm-copies", default="with,without",
-                    help="comma list of mixed, with, without: which sequences (core.perplexity.COPY_KINDS)")
+                    help="comma list of mixed, with, without: which sequences (core.experiments.perplexity.COPY_KINDS)")
     r = p.add_argument_group("on a Ray cluster (docs/cluster.md)")
     r.add_argument("--engine", choices=("local", "ray"), default="local")
     r.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port; default RAY_ADDRESS, else a local Ray)")
@@ -978,7 +985,7 @@ def main() -> None:
     mt.add_argument("--mlm-dot", help="the dot-product rotary masked LM (e.g. rope-mlm): with --mlm-cos, runs only this table")
     mt.add_argument("--mlm-cos", help="the cosine-attention one (e.g. rope-mlm-cos): C.S. is this model at its trained s")
     mt.add_argument("--mlm-multiples", nargs="*", type=float, default=list(MLM_MULTIPLES))
-    mt.add_argument("--mlm-schemes", default=",".join(mlm_schemes()), help="comma list of core.positions schemes")
+    mt.add_argument("--mlm-schemes", default=",".join(mlm_schemes()), help="comma list of core.values.positions schemes")
     mt.add_argument("--min-masked", type=int, default=MLM_MIN_MASKED, help="masked positions per cell, at least")
     mt.add_argument("--mlm-seed", type=int, default=0, help="first sequence seed (it also draws the masked positions)")
     a = p.parse_args()
@@ -990,7 +997,7 @@ def main() -> None:
             p.error("--address and --actors are for --engine ray")
         pool = None
         if a.engine == "ray":
-            from core import cluster
+            from core.experiments import cluster
 
             pool = cluster.RayEngine(address=a.address, actors=a.actors, cpus_per_actor=a.cpus_per_actor).start()
         try:
@@ -1024,7 +1031,7 @@ def main() -> None:
         p.exit(2, f"error: {err}\n")
     pool = None
     if a.engine == "ray":
-        from core import cluster
+        from core.experiments import cluster
         from core.errors import UserError
 
         try:

@@ -11,9 +11,9 @@ Anything else is a bug: exit 1 with one line ``internal error: <Type>:
 environment the traceback is shown instead.
 
 Order of checks, so that no input can eat the machine: every option is
-parsed and bounded (:mod:`core.validation`) and the settings are validated
+parsed and bounded (:mod:`core.values.validation`) and the settings are validated
 (:func:`prepare`, no model needed); then the model is loaded and every
-length is checked against this machine's memory (:func:`core.engine.max_tokens`)
+length is checked against this machine's memory (:func:`core.runs.engine.max_tokens`)
 before any document is built; output files are written only after that.
 """
 
@@ -30,17 +30,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import InputTooLong, UserError
-from core.schedule import Schedule
-from core.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
-from core import memory, methods, timing
-from core.validation import (
+from core.values.schedule import Schedule
+from core.data.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
+from core.models import memory
+from core.runs import methods
+from core.runs import timing
+from core.values.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
     Tokens,
     TrainLength, arg_type, validate,
 )
 
 if TYPE_CHECKING:  # the scheme's module is imported where a scheme is parsed
-    from core.positions import Scheme
+    from core.values.positions import Scheme
 
 TASK_CHOICES = GENERATED + ("text",)
 
@@ -52,7 +54,7 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
-# -- option types: the bounds of core.validation, with the option named by argparse ------
+# -- option types: the bounds of core.values.validation, with the option named by argparse ------
 
 _tokens = arg_type(Tokens, int, "a whole number of tokens")
 _train_length = arg_type(TrainLength, int, "a whole number of tokens")
@@ -119,7 +121,7 @@ def _length_item(part: str) -> tuple[float, bool]:
 
 
 def _method_item(part: str) -> str:
-    """A method name, or a fixed tau (``tau=0.8``; a bare number too): :func:`core.methods.parse`'s rule."""
+    """A method name, or a fixed tau (``tau=0.8``; a bare number too): :func:`core.runs.methods.parse`'s rule."""
     try:
         methods.parse(part)
     except ValueError as err:
@@ -128,7 +130,7 @@ def _method_item(part: str) -> str:
 
 
 def _tau(text: str) -> float:
-    """``--tau``: one number within the bounds every schedule has (:mod:`core.schedule`)."""
+    """``--tau``: one number within the bounds every schedule has (:mod:`core.values.schedule`)."""
     try:
         return Schedule.of(float(text.strip())).scalar
     except (ValueError, OverflowError) as err:
@@ -138,9 +140,9 @@ def _tau(text: str) -> float:
 
 def _scheme_item(part: str) -> "Scheme":
     """A position scheme as one text (``window``, ``yarn-rope:attention_factor=1``), made into a
-    :class:`~core.positions.Scheme` by its one parser (unknown names are refused with the list, unavailable ones
+    :class:`~core.values.positions.Scheme` by its one parser (unknown names are refused with the list, unavailable ones
     with their reason, parameters given twice or out of bounds with the bound)."""
-    from core.positions import Scheme
+    from core.values.positions import Scheme
 
     try:
         return Scheme.of(part)
@@ -160,8 +162,8 @@ def _with_params(schemes: list["Scheme"], given: list[tuple[str, str]] | None) -
     """``--schemes`` with ``--scheme-params`` given to every listed scheme that takes each (a scheme's own
     ``name:key=value`` wins); a parameter given twice, or that no listed scheme takes, is refused, naming who takes
     what."""
-    from core import positions
-    from core.positions import Scheme
+    from core.values import positions
+    from core.values.positions import Scheme
 
     if not given:
         return schemes
@@ -185,7 +187,7 @@ def _with_params(schemes: list["Scheme"], given: list[tuple[str, str]] | None) -
 
 
 def _methods(text: str) -> str:
-    """``--methods`` checked item by item but kept as the comma string core.batch reads."""
+    """``--methods`` checked item by item but kept as the comma string core.experiments.batch reads."""
     return ",".join(_comma_list(_method_item, "--methods")(text))
 
 
@@ -344,13 +346,13 @@ def _refuse_unused(args, over: dict, file_doc) -> None:
     """An explicit document option the command would not use is refused in one line (exit 2), not dropped.
 
     Why: issue 36, ``--haystack corpus-eval --task code`` ran with exit 0 and
-    no filler column. Which task reads what is core.settings.unused (the same
+    no filler column. Which task reads what is core.runs.settings.unused (the same
     table DocumentRequest checks); ``--depth`` is checked only here, because
     the app sends a depth for every task. ``sweep`` makes its own documents
     from --lengths and --depths (or reads --data), so its single-document
     options are refused with the option to use instead.
     """
-    from core.settings import unused, why_unused
+    from core.runs.settings import unused, why_unused
 
     task = over.get("task", file_doc.task)
     needle = over.get("needle", file_doc.needle if task == file_doc.task else None)
@@ -380,7 +382,7 @@ def _refuse_unused(args, over: dict, file_doc) -> None:
 
 def _settings(args):
     """Merge a --settings file with explicit options (options win); validated as one Settings."""
-    from core.settings import Settings
+    from core.runs.settings import Settings
 
     base = Settings.load(args.settings) if getattr(args, "settings", None) else Settings()
     text = _read_text(args.text_file) if getattr(args, "text_file", None) else None
@@ -469,7 +471,7 @@ def _precision(loaded) -> dict:
 
 def _check_fits(loaded, tokens: int, what: str, batch: int = 1) -> None:
     """Refuse, before any document is built, ``tokens`` (x ``batch`` documents) this machine cannot run now."""
-    from core import engine
+    from core.runs import engine
 
     cap = engine.max_tokens(loaded, batch)
     if tokens > cap:
@@ -503,7 +505,7 @@ def _progress(desc: str):
 
 
 def cmd_run(args) -> int:
-    from core import engine
+    from core.runs import engine
 
     chosen = args.settings_
     loaded = _load(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
@@ -542,7 +544,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from core import calibration
+    from core.runs import calibration
 
     chosen = args.settings_
     _no_scheme(chosen, "calibrate")
@@ -581,7 +583,7 @@ def _lengths(spec: list[tuple[float, bool]] | None, train_length: int) -> list[i
 
 def _check_engine(args) -> bool:
     """The Ray options checked before any model loads (one line each); whether the command runs on Ray."""
-    from core import cluster
+    from core.experiments import cluster
 
     on_ray = args.engine == "ray"
     if not on_ray:
@@ -603,7 +605,7 @@ def _check_engine(args) -> bool:
 
 def _pool(args):
     """The pool of Ray actors ``--engine ray`` asks for (not started yet), else None."""
-    from core import cluster
+    from core.experiments import cluster
 
     if args.engine != "ray":
         return None
@@ -621,7 +623,7 @@ def _interrupted(out: str | None) -> int:
 def cmd_sweep(args) -> int:
     import contextlib
 
-    from core import cluster
+    from core.experiments import cluster
 
     chosen = args.settings_
     _no_scheme(chosen, "sweep")
@@ -631,7 +633,7 @@ def cmd_sweep(args) -> int:
                    None if on_ray else args.dtype)
     pool = _pool(args)
     if args.data:
-        from core.batch import run_jsonl
+        from core.experiments.batch import run_jsonl
 
         _check_reference(loaded, args.methods.split(",") if args.methods else [chosen.method])
         try:
@@ -641,8 +643,8 @@ def cmd_sweep(args) -> int:
             return _interrupted(args.out)
     from tqdm import tqdm
 
-    from core import tasks
-    from core.sweep import SweepPlan, run_sweep
+    from core.data import tasks
+    from core.experiments.sweep import SweepPlan, run_sweep
 
     names = args.methods.split(",") if args.methods else list(methods.SWEEP_DEFAULT)
     lengths = _lengths(args.lengths, loaded.train_length)
@@ -677,19 +679,19 @@ def cmd_sweep(args) -> int:
     if failed:
         print(f"{len(failed)} sweep job(s) failed (listed above); --resume runs their rows again", file=sys.stderr)
     if not args.out:
-        from core import csvio
+        from core.experiments import csvio
 
         print(csvio.to_csv_text(df), end="")
     else:
-        from core.sweep import accuracy_table
+        from core.experiments.sweep import accuracy_table
 
         print(accuracy_table(df).to_string() if len(df) else "nothing new to run")
     return 0
 
 
 def _copy_kinds(text: str) -> tuple[str, ...]:
-    """``--copy``: kinds of perplexity sequences (core.perplexity.COPY_KINDS; ``split`` = with and without)."""
-    from core.perplexity import COPY_KINDS, COPY_WITH, COPY_WITHOUT
+    """``--copy``: kinds of perplexity sequences (core.experiments.perplexity.COPY_KINDS; ``split`` = with and without)."""
+    from core.experiments.perplexity import COPY_KINDS, COPY_WITH, COPY_WITHOUT
 
     parts = [p.strip() for p in text.split(",")]
     bad = [p for p in parts if p not in (*COPY_KINDS, "split")]
@@ -703,7 +705,7 @@ def _copy_kinds(text: str) -> tuple[str, ...]:
 def cmd_perplexity(args) -> int:
     from tqdm import tqdm
 
-    from core.perplexity import PerplexityPlan, run_perplexity, summary
+    from core.experiments.perplexity import PerplexityPlan, run_perplexity, summary
 
     loaded = _load(args.model, args.train_length, args.device, args.tokenizer, args.dtype)
     names = args.methods.split(",") if args.methods else list(methods.PERPLEXITY_DEFAULT)
@@ -732,11 +734,11 @@ def cmd_perplexity(args) -> int:
     if args.json:
         print(json.dumps(summary(loaded, df), indent=2))
     elif not args.out:
-        from core import csvio
+        from core.experiments import csvio
 
         print(csvio.to_csv_text(df), end="")
     else:
-        from core.perplexity import perplexity_table
+        from core.experiments.perplexity import perplexity_table
 
         print(perplexity_table(df).to_string() if len(df) else "nothing new to run")
     return 0
@@ -751,7 +753,7 @@ def cmd_mlm(args) -> int:
 
     from tqdm import tqdm
 
-    from core import mlm
+    from core.experiments import mlm
 
     if args.resume and not args.out:
         raise UserError("--resume needs --out (the CSV to resume)")
@@ -808,7 +810,7 @@ def cmd_mlm(args) -> int:
 def cmd_rpe(args) -> int:
     import pandas as pd
 
-    from core.rpe import bias_curves
+    from core.views.rpe import bias_curves
 
     loaded = _load(args.model, args.train_length, tokenizer=args.tokenizer)
     lt = loaded.train_length
@@ -824,7 +826,7 @@ def cmd_rpe(args) -> int:
     df = pd.DataFrame({"n": np.arange(length), "distance": np.arange(length) - m})
     for h, c in enumerate(curves):
         df[f"head{h}"] = c
-    from core import csvio
+    from core.experiments import csvio
 
     csvio.write_csv(df, args.out)  # replaced whole, under the lock sweeps hold on the real file
     print(f"wrote {args.out}: {curves.shape[0]} heads x {length} keys, query m={m}, L_tr={lt}")

@@ -10,12 +10,12 @@ ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
 #: The attention kinds a temperature can be applied to, and probes named by.
 KINDS = (ENCODER, DECODER, CROSS)
 
-#: The ``attn_implementation`` name our attention function is registered under (:mod:`core.attention`); here
-#: because the lazy relative bias (:mod:`core.relative_bias`) hands out its vector only to that function.
+#: The ``attn_implementation`` name our attention function is registered under (:mod:`core.mechanics.attention`); here
+#: because the lazy relative bias (:mod:`core.mechanics.relative_bias`) hands out its vector only to that function.
 ATTN_NAME = "aligned"
 
 
 def is_aligned(implementation: object) -> bool:
     """Whether a config's ``attn_implementation`` is our function: ``aligned``, or one of the names
-    :func:`core.attention.standing` registers it under with a model's standing settings (``aligned@3``)."""
+    :func:`core.mechanics.attention.standing` registers it under with a model's standing settings (``aligned@3``)."""
     return isinstance(implementation, str) and (implementation == ATTN_NAME or implementation.startswith(ATTN_NAME + "@"))

@@ -7,7 +7,7 @@ keeps the heads apart: on calibration documents (seeds 100000.., as
 bench/results.py calibrates; never its test seeds 0-99) it measures each
 head's mean Pmax at L_tr (tau = 1) and at each longer length at tau = 1, at
 Algorithm 1's pick (the paper's grid, bisection, as the tables use it) and at
-per-head alignment's schedule (core.temperature.per_head), and sorts the heads
+per-head alignment's schedule (core.runs.temperature.per_head), and sorts the heads
 into what a temperature can do for them:
 
 * saturated: Pmax >= 0.9 at L_tr and still >= 0.9 at tau = 1 here (locked on
@@ -30,8 +30,9 @@ import sys
 
 import numpy as np
 
-from core import tasks, temperature
-from core.calibration import measure, reference_document
+from core.data import tasks
+from core.runs import temperature
+from core.runs.calibration import measure, reference_document
 from core.models import default_model, load
 
 SATURATED = 0.9

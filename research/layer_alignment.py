@@ -18,10 +18,10 @@ import sys
 
 import numpy as np
 
-from core import tasks
-from core.calibration import measure
+from core.data import tasks
+from core.runs.calibration import measure
 from core.models import default_model, load
-from core.temperature import GRID
+from core.runs.temperature import GRID
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import torch
 
-from core import tasks
+from core.data import tasks
 from core.models import default_model, resolve
 
 LINE = re.compile(r"line ([a-z0-9-]+): REGISTER_CONTENT is \d+")

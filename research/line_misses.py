@@ -21,9 +21,10 @@ import collections
 import re
 import sys
 
-from core import engine, tasks
+from core.runs import engine
+from core.data import tasks
 from core.models import default_model, load
-from core.probes import ProbeSpec
+from core.mechanics.probes import ProbeSpec
 from core.training import TrainConfig, eval_documents
 
 LINE = re.compile(r"^line (\S+): REGISTER_CONTENT is (\d+)$", re.M)

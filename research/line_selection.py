@@ -19,9 +19,10 @@ import collections
 import re
 import sys
 
-from core import engine, tasks
+from core.runs import engine
+from core.data import tasks
 from core.models import default_model, load
-from core.probes import ProbeSpec
+from core.mechanics.probes import ProbeSpec
 
 VALUE = re.compile(r"REGISTER_CONTENT is (\d+)")
 

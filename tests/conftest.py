@@ -129,7 +129,7 @@ def one_thread():
 
 
 def unpack_payload(payload: bytes) -> tuple[dict, dict]:
-    """A scrubber payload (:mod:`core.frames`) read back the way ``unpack`` in ui/scrubber.js reads it: the header
+    """A scrubber payload (:mod:`core.views.frames`) read back the way ``unpack`` in ui/scrubber.js reads it: the header
     and every array, the arrays by their JSON path (``"frames.3.map"``).
 
     ``b"AAEF" | uint32 (little-endian) header length n | header JSON | padding to a multiple of 8 | blobs``; an
@@ -169,7 +169,7 @@ def scrubber_view(at) -> tuple[dict, dict]:
     """Explore's scrubber on an AppTest page: the payload's header and the frame of the tau on the slider.
 
     The frame is the grid frame of that tau, or the exact frame when the tau is off the grid (None while its
-    pass is still to come). These are the numbers the browser paints (:mod:`core.frames`).
+    pass is still to come). These are the numbers the browser paints (:mod:`core.views.frames`).
     """
     (el,) = at.get("bidi_component")
     header, _ = unpack_payload(el.proto.bytes)

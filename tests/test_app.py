@@ -161,7 +161,7 @@ def test_empty_text_error(env):
 
 
 def test_document_too_long_shows_engine_message(env, monkeypatch):
-    from core import engine
+    from core.runs import engine
 
     monkeypatch.setattr(engine, "max_tokens", lambda loaded, batch=1, chunk_bytes=0: 100)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()

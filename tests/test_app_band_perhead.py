@@ -19,8 +19,9 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_model_of, app_ok  # noqa: E402
 from test_state_pages import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
-from core import methods, plots  # noqa: E402
-from core.schedule import RowTau
+from core.runs import methods
+from core.views import plots  # noqa: E402
+from core.values.schedule import RowTau
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")

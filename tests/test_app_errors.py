@@ -37,7 +37,7 @@ app_model = app_model_of("errors-t5")
 @pytest.fixture
 def small_memory(monkeypatch):
     """A machine that holds 2,000 tokens: a pasted page of text is past its limit (the engine's own check)."""
-    from core import engine
+    from core.runs import engine
 
     monkeypatch.setattr(engine, "max_tokens", lambda loaded, batch=1, chunk_bytes=0: 2000)
 

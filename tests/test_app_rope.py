@@ -1,10 +1,10 @@
 """The app on a rotary masked-LM model (issue 38): every page opens a tiny ModernBERT without an exception, Explore's
-masked-token cards equal core.mlm's own score of the same document at the same tau, tau and CosScale move them, the
+masked-token cards equal core.experiments.mlm's own score of the same document at the same tau, tau and CosScale move them, the
 distance view replaces T5's bias curves, Sweep scores masked tokens and Theory's InfoScale uses the model's head size.
 
 The tiny models come from tests/conftest.py (``build_tiny_rope``: L_tr = 64, the bundled models' BPE with a mask
 token); AAE_MODEL points the app at them. Nothing of our code is mocked: the numbers are compared with
-:func:`core.mlm.score` on :func:`core.mlm.sequence`, the evaluation ``python -m core mlm`` runs.
+:func:`core.experiments.mlm.score` on :func:`core.experiments.mlm.sequence`, the evaluation ``python -m core mlm`` runs.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_ok, build_tiny_rope, scrubber_view, unpack_payload  # noqa: E402
 from test_state_pages import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
-from core import methods, mlm, positions  # noqa: E402
-from core.attention import AttentionSettings  # noqa: E402
+from core.runs import methods
+from core.experiments import mlm
+from core.values import positions  # noqa: E402
+from core.mechanics.attention import AttentionSettings  # noqa: E402
 from core.models import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +44,7 @@ def rope_env(rope_dir, monkeypatch):
 
 
 def _scored(folder, tokens: int, seed: int, tau: float, cosine_scale: float | None = None) -> mlm.Scored:
-    """core.mlm's own score of the held-out sequence of ``seed`` at ``tokens`` tokens under ``tau`` (and s)."""
+    """core.experiments.mlm's own score of the held-out sequence of ``seed`` at ``tokens`` tokens under ``tau`` (and s)."""
     loaded = load(str(folder), device="cpu")
     _, seq = mlm.sequence(loaded, tokens, seed)
     return mlm.score(loaded, [seq], AttentionSettings(tau=tau, cosine_scale=cosine_scale))
@@ -195,7 +197,7 @@ def test_a_cosine_rope_model_moves_cosscale(tmp_path, monkeypatch):
 
 
 def _scored_scheme(folder, tokens: int, seed: int, tau: float, scheme: str, params: dict) -> mlm.Scored:
-    """core.mlm's own score of the held-out sequence under ``tau`` and the position scheme ``scheme``."""
+    """core.experiments.mlm's own score of the held-out sequence under ``tau`` and the position scheme ``scheme``."""
     loaded = load(str(folder), device="cpu")
     _, seq = mlm.sequence(loaded, tokens, seed)
     return mlm.score(loaded, [seq], AttentionSettings(tau=tau), positions.Scheme.of(scheme, params))
@@ -209,7 +211,8 @@ def _query(at, name: str):
 def test_a_window_scheme_changes_the_cards_as_mlm_scores_it_and_is_kept(rope_env):
     import numpy as np
 
-    from core import positions, rope_view
+    from core.values import positions
+    from core.views import rope_view
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.session_state["doc_tokens"] = 2 * L_TR
@@ -281,7 +284,7 @@ def test_the_scheme_travels_in_the_url(rope_env):
 
 @pytest.mark.parametrize("bad", ["bogus", "alibi", "window:sinks=2", "pi:factor=0.5"])
 def test_a_bad_scheme_in_the_url_is_one_message(rope_env, bad):
-    from core import positions
+    from core.values import positions
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update(scheme=bad, seed="3")
@@ -294,8 +297,8 @@ def test_a_bad_scheme_in_the_url_is_one_message(rope_env, bad):
 
 def test_sweep_runs_each_chosen_position_scheme(rope_env):
     """The Sweep page's masked-token grid takes position schemes too: one row per scheme and method, each equal to
-    core.mlm's own rows under that scheme (the CLI's `mlm --schemes`)."""
-    from core import positions
+    core.experiments.mlm's own rows under that scheme (the CLI's `mlm --schemes`)."""
+    from core.values import positions
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     nav_click(at, "app_pages/sweep.py")

@@ -1,4 +1,4 @@
-"""core.apply on a model the user holds: same answers as the CLI, exact restore, refusals, settings files.
+"""core.runs.apply on a model the user holds: same answers as the CLI, exact restore, refusals, settings files.
 
 transformers 5.23 removed the ``text2text-generation`` pipeline (its
 REMOVED_TASKS says: use ``text-generation``). The ``text-generation``
@@ -17,16 +17,16 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration, pipeline
 
-from core import apply as ap
-from core import attention
-from core import temperature
-from core.attention import ATTN_NAME, attention_modules
+from core.runs import apply as ap
+from core.mechanics import attention
+from core.runs import temperature
+from core.mechanics.attention import ATTN_NAME, attention_modules
 from core.kinds import is_aligned
 from core.cli import main as cli
 from core.errors import UserError
-from core.settings import DocumentRequest, Settings
-from core.tasks import MAX_ANSWER_TOKENS
-from core.schedule import RowTau, Schedule
+from core.runs.settings import DocumentRequest, Settings
+from core.data.tasks import MAX_ANSWER_TOKENS
+from core.values.schedule import RowTau, Schedule
 
 CONTEXT = (
     "The harbour town kept its records in a stone tower. Every spring the keepers counted the boats, "
@@ -34,7 +34,7 @@ CONTEXT = (
 )
 QUESTION = "How many boats were counted?"
 TEXT = CONTEXT + "\n" + QUESTION  # what from_text(needle="") builds
-GEN = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False, num_beams=1)  # what core.engine.run generates with
+GEN = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False, num_beams=1)  # what core.runs.engine.run generates with
 
 
 def build_chatty_t5(folder, seed: int = 0, train_length: int = 64):
@@ -179,8 +179,8 @@ def test_schedules_per_layer_and_head(user_model, tok):
 
 def test_a_row_schedule_on_a_users_model(user_model, tok):
     """Llama 4's tau per query row reaches a model the user holds, as a RowTau or as its JSON dict, and it is
-    what core.attention computes under attention_call with the same schedule."""
-    from core.attention import AttentionSettings, attention_call
+    what core.mechanics.attention computes under attention_call with the same schedule."""
+    from core.mechanics.attention import AttentionSettings, attention_call
 
     rows = RowTau(floor_scale=8, attn_scale=2.0)  # a strong scale: rows past 8 sharpen a lot
     ids = tok(TEXT, return_tensors="pt").input_ids
@@ -310,7 +310,7 @@ def test_other_t5_family_classes(kind):
 
 
 def test_settings_json_round_trip(chatty_dir, user_model, tok, tmp_path, capsys):
-    """The app's export (Settings.to_json) drives the CLI (--settings) and core.apply to the same answer."""
+    """The app's export (Settings.to_json) drives the CLI (--settings) and core.runs.apply to the same answer."""
     n = len(tok(TEXT).input_ids)
     doc = DocumentRequest(task="text", text=CONTEXT, needle="", question=QUESTION)
     exported = Settings(model=str(chatty_dir), method="fixed", tau=0.7, chosen_at=n, document=doc)
@@ -327,7 +327,7 @@ def test_settings_json_round_trip(chatty_dir, user_model, tok, tmp_path, capsys)
     assert got_cli["answer"] == got_apply and got_cli["tau"] == 0.7 and got_cli["tokens"] == n
 
     # a length-dependent method: the CLI uses the stored tau at the length it was chosen at,
-    # re-resolves it at any other length; core.apply always uses the stored tau as is
+    # re-resolves it at any other length; core.runs.apply always uses the stored tau as is
     for chosen_at, want in ((n, 0.9), (n + 100, temperature.log_length(64, n))):
         st = Settings(model=str(chatty_dir), method="log-length", tau=0.9, chosen_at=chosen_at, document=doc)
         f.write_text(st.to_json())

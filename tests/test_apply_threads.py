@@ -1,4 +1,4 @@
-"""core.apply across threads and contexts: a block closes only where it was opened, and nothing leaks.
+"""core.runs.apply across threads and contexts: a block closes only where it was opened, and nothing leaks.
 
 Issue 36 (cause 11): a block opened in one thread and closed in another
 raised ``ValueError: <Token ...> was created in a different Context`` half
@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import T5ForConditionalGeneration
 
-from core import apply as ap
-from core import attention
-from core.attention import ATTN_NAME
+from core.runs import apply as ap
+from core.mechanics import attention
+from core.mechanics.attention import ATTN_NAME
 from core.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import T5ForConditionalGeneration
 
-from core.attention import AttentionSettings, attention_call
-from core.schedule import RowTau, Schedule
-from core.probes import ProbeSpec, Recorder
+from core.mechanics.attention import AttentionSettings, attention_call
+from core.values.schedule import RowTau, Schedule
+from core.mechanics.probes import ProbeSpec, Recorder
 
 
 def _batch(seed=0, n=60, pad_from=45):
@@ -183,7 +183,7 @@ class _EncoderModule(torch.nn.Module):
 def test_row_tau_divides_each_row_by_its_own_tau(chunk_bytes, probed):
     """softmax((q.k + bias) / tau_row) @ v, row by row, with tau_row = 1 / (0.1 ln(1 + floor((p + 1) / 4)) + 1):
     written out here by hand, for the fused kernel and the probed softmax, whatever the block size."""
-    from core.attention import aligned_attention
+    from core.mechanics.attention import aligned_attention
 
     g = torch.Generator().manual_seed(0)
     b, h, n, d = 2, 3, 23, 8
@@ -234,8 +234,8 @@ def test_row_tau_in_a_model_and_its_keys(tiny):
 def _block_inputs(tau="head", **kw):
     """A call's inputs as aligned_attention makes them: 2 items x 3 heads x 37 rows, a RelativeBias, item 1's
     keys from 29 on padded ([B, 1, 1, K]: what the kernel reads as one row of keys per item)."""
-    from core.relative_bias import RelativeBias
-    from core.softmax_block import Inputs
+    from core.mechanics.relative_bias import RelativeBias
+    from core.mechanics.softmax_block import Inputs
 
     g = torch.Generator().manual_seed(1)
     b, h, n, d = 2, 3, 37, 8
@@ -252,7 +252,8 @@ def _block_inputs(tau="head", **kw):
 def test_choose_backend_is_the_one_place_with_the_rules(monkeypatch):
     import dataclasses
 
-    from core import fused_softmax, softmax_block as sb
+    from core.mechanics import fused_softmax
+    from core.mechanics import softmax_block as sb
 
     probed = sb.Needs(stats=True)
     x = _block_inputs()
@@ -281,7 +282,8 @@ def test_every_backend_gives_the_same_block(tau):
     dots and raw-logit rows, and every backend (sdpa included) the same output rows."""
     import dataclasses
 
-    from core import fused_softmax, softmax_block as sb
+    from core.mechanics import fused_softmax
+    from core.mechanics import softmax_block as sb
 
     x = _block_inputs(tau, needs=sb.Needs(stats=True, raw_rows=lambda r0, r1: torch.arange(0, r1 - r0, 3)))
     names = [sb.TORCH, sb.SDPA] + ([sb.CPU_KERNEL] if fused_softmax.available() else [])
@@ -317,7 +319,7 @@ def test_training_with_probes_and_weights(dropout):
     """Autograd through the torch backend with a recorder and whole weights (no out= buffers while it records):
     the gradients flow, the weights' masked keys are exactly 0, and without dropout the output, Pmax and H are
     those of the same pass without autograd."""
-    from core.attention import aligned_attention
+    from core.mechanics.attention import aligned_attention
 
     x = _block_inputs()
     mask = x.mask.expand(-1, -1, 37, -1)

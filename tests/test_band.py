@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core import calibration, tasks
-from core import temperature as T
-from core.temperature import LayerStats, algorithm1, bootstrap_band
+from core.runs import calibration
+from core.data import tasks
+from core.runs import temperature as T
+from core.runs.temperature import LayerStats, algorithm1, bootstrap_band
 
 
 def _docs(crossings: list[float], offsets: list[float] | None = None, slope: float = 0.5):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from core import batch, temperature
+from core.experiments import batch
+from core.runs import temperature
 from core.cli import main as cli
-from core.settings import Settings
+from core.runs.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_rope
-from core import methods, mlm, positions, temperature
+from core.runs import methods
+from core.experiments import mlm
+from core.values import positions
+from core.runs import temperature
 from core.models import load
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ the browser holds every grid tau's views and repaints on each slider event;
 only a release reaches the server. The tests read what it painted from its
 root's data attributes (``.aae``: data-tau, data-kind, data-shown,
 data-answer, data-pmax, data-entropy, data-map-sum, data-ready, data-paints)
-and compare the painted numbers with ``core.engine.run`` in this process, on
+and compare the painted numbers with ``core.runs.engine.run`` in this process, on
 the same model, document and settings (CPU float32: the same numbers).
 
 No fixed waits: every step waits until Streamlit has *settled* (see
@@ -55,7 +55,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 PAGES = ("explore", "calibrate", "sweep", "theory")
 SCRUBBER = ".aae"  # the scrubber's root, inside the component's open shadow root (Playwright's CSS pierces it)
 TAU_SLIDER = ".aae input[type=range]"
-#: The scrubber's grid (core.frames.SCRUB_GRID), as the component writes taus.
+#: The scrubber's grid (core.views.frames.SCRUB_GRID), as the component writes taus.
 GRID = tuple(f"{1 - 0.05 * i:.2f}" for i in range(15))
 #: The document every test opens (a link: a fresh session shows exactly this), 2 x the tiny model's L_tr.
 DOC = {"task": "passkey", "tokens": 512, "depth": 30, "seed": 3}
@@ -157,9 +157,9 @@ def engine_at(model_ref):
     ``ctx.run_settings(tau=t, method="fixed", probes=cache.explore_probes(layer, head))``) and the document
     the sidebar builds from the link.
     """
-    from core import engine
+    from core.runs import engine
     from core.models import load
-    from core.settings import DocumentRequest, Settings
+    from core.runs.settings import DocumentRequest, Settings
     from ui import cache
 
     loaded = load(model_ref, device="cpu")
@@ -556,11 +556,11 @@ def rope_server(model_ref, tmp_path_factory):
 
 def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, page, deadline):
     """The RoPE model in a real browser: Explore paints the masked tokens' card, PageDown moves tau along the grid,
-    and the painted accuracy and perplexity are core.mlm's own score of the same document at that tau."""
+    and the painted accuracy and perplexity are core.experiments.mlm's own score of the same document at that tau."""
     import math
 
-    from core import mlm
-    from core.attention import AttentionSettings
+    from core.experiments import mlm
+    from core.mechanics.attention import AttentionSettings
     from core.models import load
 
     url, folder = rope_server
@@ -584,11 +584,11 @@ def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, pag
 
 def test_a_cosine_rope_models_slider_moves_cosscale(rope_server, page, deadline):
     """The same model's slider switched to CosScale s: PageDown moves s along its grid in the browser, and the
-    painted masked-token numbers are core.mlm's own score of the document at that s (tau = 1)."""
+    painted masked-token numbers are core.experiments.mlm's own score of the document at that s (tau = 1)."""
     import math
 
-    from core import mlm
-    from core.attention import AttentionSettings
+    from core.experiments import mlm
+    from core.mechanics.attention import AttentionSettings
     from core.models import load
 
     url, folder = rope_server

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import engine, memory, tasks
+from core.runs import engine
+from core.models import memory
+from core.data import tasks
 from core.models import bundled_specs, default_model, load
 from core.training import TrainConfig, check_stages, train
 
@@ -505,7 +507,7 @@ def test_producer_exits_when_its_trainer_is_killed(tmp_path, batch_size):
 def test_a_refused_evaluation_does_not_lose_the_training(tmp_path, monkeypatch):
     """When the engine refuses to evaluate (here: no free memory), training goes on, the weights
     are saved, and the card's history says why the step has no accuracy."""
-    from core import engine
+    from core.runs import engine
 
     monkeypatch.setattr(memory, "free_bytes", lambda device: 0)
     cfg = TrainConfig(**{**TINY_TRAIN, "train_length": 200, "min_length": 160, "steps": 4, "batch_size": 2,

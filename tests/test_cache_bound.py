@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core import engine, plots
+from core.runs import engine
+from core.views import plots
 from core.models import default_model
-from core.settings import DocumentRequest
+from core.runs.settings import DocumentRequest
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Issue 46: one value carries a run's choices from each edge to the attention.
 
 A choice (method, tau schedule, targets, CosScale, position scheme) is made
-into a :class:`core.choice.Choice` once, where it enters: the CLI's options,
-a settings file, a link's ``?tau=``, the app's slider, ``core.apply``. Each
+into a :class:`core.values.choice.Choice` once, where it enters: the CLI's options,
+a settings file, a link's ``?tau=``, the app's slider, ``core.runs.apply``. Each
 test here follows one choice from its edge and checks that what the attention
 function reads in its call (``attention.current_call().settings.choice``) is
 *the same object* the edge made, not a copy rebuilt on the way.
@@ -21,11 +21,11 @@ import pytest
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conftest import app_ok
-from core import attention
-from core.choice import Choice
+from core.mechanics import attention
+from core.values.choice import Choice
 from core.kinds import ATTN_NAME
-from core.schedule import Schedule
-from core.settings import Settings
+from core.values.schedule import Schedule
+from core.runs.settings import Settings
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_from_a_settings_file(tiny_dir, tmp_path, arrived, made, capsys):
 
 
 def test_from_core_apply(tiny, arrived):
-    from core.apply import apply
+    from core.runs.apply import apply
 
     ids = tiny.tokenizer("the pass key is 4711. " * 10, return_tensors="pt").input_ids
     chosen = Settings(method="fixed", tau=0.6)

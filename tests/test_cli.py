@@ -162,7 +162,7 @@ def test_document_too_long_for_memory_is_refused_before_it_is_built(tiny_dir, ca
 
 def test_unexpected_exception_is_one_line_unless_debugging(tiny_dir, capsys, monkeypatch):
     """A bug (here injected into a library call) is exit 1 and one ``internal error`` line; AAE_DEBUG=1 re-raises it."""
-    from core import methods
+    from core.runs import methods
 
     def broken(*a, **k):
         raise RuntimeError("boom\nsecond line")

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core import engine, tasks
+from core.runs import engine
+from core.data import tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 

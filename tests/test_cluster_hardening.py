@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from core import cluster
+from core.experiments import cluster
 from core.cli import main
 from core.errors import UserError
 
@@ -383,7 +383,7 @@ def test_the_cli_does_not_import_grpc_until_an_address_is_checked():
 
 def test_a_cluster_that_answers_its_health_check_and_then_stalls_ray_init_is_abandoned_within_the_join_bound(tmp_path):
     """The backstop: the probe passes (a real gRPC server answers its health check), ``ray.init`` then gets no
-    answer to anything else and would wait for minutes; :class:`core.cluster.RayEngine` gives up after
+    answer to anything else and would wait for minutes; :class:`core.experiments.cluster.RayEngine` gives up after
     JOIN_TIMEOUT seconds (3 here, in a child: the abandoned ``ray.init`` thread stays behind in its process)
     with one line naming the address."""
     server = GrpcServer(stall=True)
@@ -392,7 +392,7 @@ def test_a_cluster_that_answers_its_health_check_and_then_stalls_ray_init_is_aba
         script = textwrap.dedent(f"""
             import sys, time
             import ray
-            from core import cluster
+            from core.experiments import cluster
             from core.errors import UserError
             cluster.JOIN_TIMEOUT = 3.0
             t0 = time.monotonic()
@@ -513,7 +513,8 @@ def test_the_store_is_sized_to_the_room_under_the_cap_or_refused():
         import resource, sys
         cap = int(float(sys.argv[1]) * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-        from core import cluster, memory
+        from core.experiments import cluster
+        from core.models import memory
         from core.errors import UserError
         room = memory.address_space_room()
         try:

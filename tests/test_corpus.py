@@ -13,7 +13,7 @@ import platform
 
 import pytest
 
-from core import corpus
+from core.data import corpus
 from core.errors import UserError
 
 
@@ -63,4 +63,4 @@ def test_missing_means_harvest_and_damaged_is_one_line(tmp_path):
         with pytest.raises(UserError) as err:
             corpus.read_snapshot(bad)
         msg = str(err.value)
-        assert "\n" not in msg and "damaged" in msg and "python -m core.corpus --write" in msg
+        assert "\n" not in msg and "damaged" in msg and "python -m core.data.corpus --write" in msg

@@ -5,7 +5,7 @@ Why: a gzip bomb in ``assets/corpus/paragraphs.json.gz`` (8 MB expanding to
 and a snapshot whose sha256 matched but whose paragraphs were ``[]``, one
 word, one 54 MB paragraph or held a NUL ended in "empty range for
 randrange()" inside a task. Every damaged copy here is made in tmp_path from
-the real snapshot and read through the real :func:`core.corpus.read_snapshot`.
+the real snapshot and read through the real :func:`core.data.corpus.read_snapshot`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from core import corpus
+from core.data import corpus
 from core.errors import UserError
 
 MiB = 1 << 20
@@ -41,7 +41,7 @@ def _refused(path: Path) -> UserError:
         corpus.read_snapshot(path)
     e = err.value
     cli, app = str(e), e.app_text
-    assert "\n" not in cli and "damaged" in cli and str(path) in cli and "python -m core.corpus --write" in cli, cli
+    assert "\n" not in cli and "damaged" in cli and str(path) in cli and "python -m core.data.corpus --write" in cli, cli
     assert "\n" not in app and path.name in app and str(path.parent) not in app, app  # its name, no server path
     return e
 
@@ -159,7 +159,7 @@ def test_other_damage_is_one_line(tmp_path, raw, reason):
 @pytest.fixture
 def damaged_snapshot(tmp_path, monkeypatch):
     """The process's corpus read from a damaged copy (the digest matches; the pool is empty); caches cleared."""
-    from core.tasks import filler
+    from core.data.tasks import filler
 
     def clear():
         corpus._paragraphs.cache_clear()
@@ -177,7 +177,7 @@ def damaged_snapshot(tmp_path, monkeypatch):
 def test_a_task_and_the_cli_name_the_snapshot_not_randrange(damaged_snapshot, tiny_dir, capsys):
     from transformers import ByT5Tokenizer
 
-    from core import tasks
+    from core.data import tasks
     from core.cli import main
 
     with pytest.raises(UserError) as err:

@@ -5,7 +5,7 @@ sweep writing through a symlink to a running sweep's CSV, or through a hard
 link with ``--resume``, took a lock of its own and interleaved or doubled the
 rows, and ``rpe --out`` renamed a new file over a running sweep's CSV. Each
 test holds a real lock (a real sweep, in this process or as a second
-``python -m core`` process, or :class:`core.csvio.ResultCSV` itself) and
+``python -m core`` process, or :class:`core.experiments.csvio.ResultCSV` itself) and
 checks that every other name for the same file is refused in one line and
 that the holder's rows come out whole.
 """
@@ -23,10 +23,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core import csvio
+from core.experiments import csvio
 from core.cli import main
 from core.errors import UserError
-from core.sweep import KEY, SweepPlan, run_sweep
+from core.experiments.sweep import KEY, SweepPlan, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["id", "value"]

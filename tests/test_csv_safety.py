@@ -11,8 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core import batch, csvio, tables
-from core.sweep import SweepPlan, run_sweep
+from core.experiments import batch
+from core.experiments import csvio
+from core.views import tables
+from core.experiments.sweep import SweepPlan, run_sweep
 
 HOSTILE = ["=HYPERLINK(\"http://x\",\"y\")", "=1+1", "+1+cmd", "-2+3", "@SUM(A1)", "\tx", "\rx", "'=1+1"]
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

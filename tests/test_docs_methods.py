@@ -2,9 +2,9 @@
 
 docs/cli.md (``--method``) and docs/app.md (the method menu) each have a
 "Temperature methods" table with one row per name of
-:data:`core.methods.NAMES`. These tests read the real files and the real
+:data:`core.runs.methods.NAMES`. These tests read the real files and the real
 registry, and name no method themselves: a method added to (or dropped
-from) ``core.methods.REGISTRY`` without its row fails here, naming the doc
+from) ``core.runs.methods.REGISTRY`` without its row fails here, naming the doc
 and the method.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core import methods
+from core.runs import methods
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("docs/cli.md", "docs/app.md")
@@ -52,7 +52,7 @@ def _read(doc: str) -> str:
 @pytest.mark.parametrize("doc", DOCS)
 @pytest.mark.parametrize("name", methods.NAMES)
 def test_each_registry_name_is_in_the_doc(doc, name):
-    assert mentioned(_read(doc), name), f"{doc} does not mention `{name}` (core.methods.REGISTRY)"
+    assert mentioned(_read(doc), name), f"{doc} does not mention `{name}` (core.runs.methods.REGISTRY)"
 
 
 @pytest.mark.parametrize("doc", DOCS)

@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from core import calibration, engine, memory, methods, tasks
+from core.runs import calibration
+from core.runs import engine
+from core.models import memory
+from core.runs import methods
+from core.data import tasks
 from core.errors import InputTooLong, NumericalError, UserError
-from core.probes import ProbeSpec
+from core.mechanics.probes import ProbeSpec
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +160,8 @@ def test_where_the_answer_looks(tmp_path, doc):
     the needle's share, the table and the figure (token labels that survive plotly's markup)."""
     from conftest import build_tiny_t5
 
-    from core import plots, tables
+    from core.views import plots
+    from core.views import tables
     from core.models import load
 
     two = load(str(build_tiny_t5(tmp_path / "two", decoder_layers=2)), device="cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core import plots
+from core.views import plots
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""core.frames: the scrubber's payload, without Streamlit: shapes, quantisation, equality with the runs."""
+"""core.views.frames: the scrubber's payload, without Streamlit: shapes, quantisation, equality with the runs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import unpack_payload
-from core import engine, frames, tables
-from core.probes import ProbeSpec
-from core.settings import DocumentRequest
+from core.runs import engine
+from core.views import frames
+from core.views import tables
+from core.mechanics.probes import ProbeSpec
+from core.runs.settings import DocumentRequest
 
 
 def test_grid_covers_the_slider_and_orders_nearest_first():

@@ -1,4 +1,4 @@
-"""The fused CPU softmax kernel (core.fused_softmax) against torch, and the attention with it against eager.
+"""The fused CPU softmax kernel (core.mechanics.fused_softmax) against torch, and the attention with it against eager.
 
 Each kernel entry is held to the torch computation it replaces; the attention with the kernel on is
 held to the attention with it off (torch's path) and to transformers' eager attention, probes included;
@@ -12,10 +12,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from core import engine, fused_softmax, tasks
-from core.attention import AttentionSettings, attention_call
-from core.probes import SORTED_ROWS, ProbeSpec, Recorder, pool_edges
-from core.relative_bias import RelativeBias
+from core.runs import engine
+from core.mechanics import fused_softmax
+from core.data import tasks
+from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.probes import SORTED_ROWS, ProbeSpec, Recorder, pool_edges
+from core.mechanics.relative_bias import RelativeBias
 
 pytestmark = pytest.mark.skipif(not fused_softmax.available(), reason="no C++ compiler here: the kernel is off")
 
@@ -192,7 +194,7 @@ def test_kernel_pass_equals_transformers_eager_attention(tiny, tiny_dir, monkeyp
     does not take (its padding mask is tested above, on the kernel itself)."""
     from transformers import T5ForConditionalGeneration
 
-    from core import softmax_block
+    from core.mechanics import softmax_block
 
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "1")
     ref = T5ForConditionalGeneration.from_pretrained(str(tiny_dir), attn_implementation="eager").eval()

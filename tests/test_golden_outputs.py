@@ -1,6 +1,6 @@
 """The CLI's JSON and CSV for fixed inputs on the bundled default model, against outputs saved before a refactor.
 
-Saved 2026-11-25 from commit 011df24 (before the method registry, core.methods):
+Saved 2026-11-25 from commit 011df24 (before the method registry, core.runs.methods):
 ``python -m core run --json --tokens 512 --method pmax|infoscale``,
 ``calibrate --json --tokens 512 --fast`` and ``sweep --lengths 1x,2x
 --methods none,log-length,prop2,0.8 --depths 0.5`` (stdout). Moving code
@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from core.cli import main
-from core.methods import NAMES
+from core.runs.methods import NAMES
 from core.models import default_model
 
 GOLDEN = Path(__file__).with_name("golden")

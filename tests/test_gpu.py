@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from core import engine, tasks
+from core.runs import engine
+from core.data import tasks
 from core.models import load
-from core.probes import ProbeSpec
+from core.mechanics.probes import ProbeSpec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -118,7 +118,7 @@ def _in(package: str) -> set[str]:
 
 
 def _same_subpackage(a: str, b: str) -> bool:
-    """Two modules of one sub-package (``core.tasks.line`` and ``core.tasks.layout``): they share its private
+    """Two modules of one sub-package (``core.data.tasks.line`` and ``core.data.tasks.layout``): they share its private
     helpers, as a package's modules do; the sub-package's public face is its ``__init__``. Top-level modules of
     ``core`` or ``ui`` are each their own owner."""
     pa, pb = a.rsplit(".", 1)[0], b.rsplit(".", 1)[0]

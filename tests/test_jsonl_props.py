@@ -10,7 +10,8 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import batch, tasks
+from core.experiments import batch
+from core.data import tasks
 from core.cli import main
 from core.errors import UserError
 

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from core import tasks
+from core.data import tasks
 from core.models import default_model
 
 needs_model = pytest.mark.skipif(default_model() is None, reason="no bundled model in assets/models")
@@ -113,7 +113,7 @@ def test_tour_step_2_describes_what_the_default_model_shows(loaded):
     """At 8x L_tr, tau = 1 (pass key, seed 0, depth 50 %): the needle's peak in the question profile is lower
     but still above every filler token, the filler's share of the question's attention grows, and the answer
     is wrong with the key's own digits; at L_tr it is right (the numbers of the step's "more")."""
-    from core import engine
+    from core.runs import engine
     from ui import cache
     from ui.tour import TOUR
 
@@ -152,8 +152,8 @@ def test_tour_step_2_describes_what_the_default_model_shows(loaded):
 def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     """The detail of step 4: Algorithm 1 (Pmax) at 8x does not reach the L_tr line; mean Pmax, reference, gap and
     the per-layer values are the ones quoted."""
-    from core import engine
-    from core.settings import DocumentRequest
+    from core.runs import engine
+    from core.runs.settings import DocumentRequest
     from ui import cache, prefetch
     from ui.tour import TOUR
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from core import tasks
+from core.data import tasks
 from core.models import ASSETS
-from core.tasks.lm import copy_positions
+from core.data.tasks.lm import copy_positions
 from core.training import TrainConfig, needle_attention_loss, train
 from core.training.data import needle_targets
 from core.training.supervision import copy_needle, needle_token_mask

@@ -1,4 +1,4 @@
-"""core.methods: one registry entry per temperature method, read by every list and every resolution."""
+"""core.runs.methods: one registry entry per temperature method, read by every list and every resolution."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from core import methods, tasks, temperature
+from core.runs import methods
+from core.data import tasks
+from core.runs import temperature
 from core.errors import UserError
-from core.schedule import RowTau, Schedule
+from core.values.schedule import RowTau, Schedule
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +154,7 @@ def test_a_fixed_tau_has_one_text():
 
 def test_costs_come_from_the_entries():
     """What a method's resolve runs, in passes, is the entry's own: a search costs more than a closed form,
-    per-layer a search per layer, per-head the whole grid per layer; estimates read it (core.timing)."""
+    per-layer a search per layer, per-head the whole grid per layer; estimates read it (core.runs.timing)."""
     L, H, grid = 4, 8, len(temperature.GRID)
     costs = {n: m.passes(L, H, grid) for n, m in methods.REGISTRY.items()}
     for n, m in methods.REGISTRY.items():

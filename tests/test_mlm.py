@@ -1,4 +1,4 @@
-"""Masked-token evaluation (core.mlm and ``python -m core mlm``): masking by seed, accuracy and perplexity equal to
+"""Masked-token evaluation (core.experiments.mlm and ``python -m core mlm``): masking by seed, accuracy and perplexity equal to
 a hand computation from transformers' own logits, the CLI's JSON rows and its one-line refusals."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import torch
 from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
-from core import cli, mlm, methods, tasks
-from core.attention import AttentionSettings
+from core import cli
+from core.experiments import mlm
+from core.runs import methods
+from core.data import tasks
+from core.mechanics.attention import AttentionSettings
 from core.errors import UserError
 from core.models import load
 

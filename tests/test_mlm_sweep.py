@@ -1,5 +1,5 @@
-"""Sweeps of masked-token evaluation (core.mlm.run_mlm_sweep, ``python -m core mlm --out/--resume/--engine``): one
-row per (length, scheme, method) written through core.csvio as each cell ends; a killed run resumes to exactly one
+"""Sweeps of masked-token evaluation (core.experiments.mlm.run_mlm_sweep, ``python -m core mlm --out/--resume/--engine``): one
+row per (length, scheme, method) written through core.experiments.csvio as each cell ends; a killed run resumes to exactly one
 row per cell; the CSV holds the rows ``--json`` prints; Ray with one actor gives the rows of a local run.
 
 One local Ray for the module and one pool of one one-thread actor, as tests/test_ray_sweep.py does; the local side
@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_rope
-from core import cluster, mlm, positions
+from core.experiments import cluster
+from core.experiments import mlm
+from core.values import positions
 from core.cli import main
 from core.errors import UserError
 from core.models import load

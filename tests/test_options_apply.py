@@ -2,8 +2,8 @@
 
 The probe: ``run --task code --haystack corpus-eval`` exited 0 with no
 filler column; ``line`` and ``text`` the same. Which task reads which
-document field is one table, :func:`core.settings.unused`: DocumentRequest
-checks it on every construction (CLI, settings files, the app, core.apply's
+document field is one table, :func:`core.runs.settings.unused`: DocumentRequest
+checks it on every construction (CLI, settings files, the app, core.runs.apply's
 ``settings=``), and the CLI checks its explicit options against it first so
 its message names the option typed. ``--depth`` is checked only where it
 was typed, since the app sends a depth for every task; the app's own
@@ -16,10 +16,11 @@ import json
 
 import pytest
 
-from core import cli, tasks
+from core import cli
+from core.data import tasks
 from core.cli import main
 from core.errors import UserError
-from core.settings import HAYSTACK_TASKS, DocumentRequest, Settings, unused
+from core.runs.settings import HAYSTACK_TASKS, DocumentRequest, Settings, unused
 
 NOT_HAYSTACK = [t for t in tasks.GENERATED + ("text",) if t not in HAYSTACK_TASKS]
 
@@ -45,7 +46,7 @@ def text_file(tmp_path):
 
 def test_the_table_agrees_with_the_generators():
     """The tasks the table lets take a filler are the ones the generators read it for (passkey/topic/multidoc
-    per core.tasks, and lm's prefix), so the refusal cannot drift from what a document really uses."""
+    per core.data.tasks, and lm's prefix), so the refusal cannot drift from what a document really uses."""
     assert set(HAYSTACK_TASKS) == set(tasks.HAYSTACK_TASKS) | {tasks.LM}
     assert NOT_HAYSTACK == ["line", "code", "text"]
     for task in HAYSTACK_TASKS:
@@ -170,7 +171,7 @@ def test_an_explicit_task_drops_what_the_file_held_for_its_own_task(tmp_path):
     assert cli.prepare(["sweep", "--settings", str(f), "--task", "passkey"]).settings_.document.task == "passkey"
 
 
-# -- the request itself (what the app and core.apply build) ---------------------------------------------------
+# -- the request itself (what the app and core.runs.apply build) ---------------------------------------------------
 
 @pytest.mark.parametrize("kw,words", [
     (dict(task="code", haystack="corpus-eval"), ["haystack", "'code'"]),

@@ -21,11 +21,11 @@ import pytest
 import torch
 from transformers import T5ForConditionalGeneration
 
-from core import attention
-from core.apply import apply
-from core.attention import AttentionSettings, attention_call
+from core.mechanics import attention
+from core.runs.apply import apply
+from core.mechanics.attention import AttentionSettings, attention_call
 from core.errors import UserError
-from core.probes import ProbeSpec, Recorder
+from core.mechanics.probes import ProbeSpec, Recorder
 
 TEXT = "The keeper counted 4182 boats in the harbour that spring."
 DECODER_IDS = torch.tensor([[0, 52, 48, 53, 54, 55]])  # teacher-forced answer tokens, start token first

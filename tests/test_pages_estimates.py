@@ -1,6 +1,6 @@
 """Calibrate, Theory and Sweep say how long long work takes before it starts, and explain odd Prop. 1 values.
 
-AppTest with a tiny T5 (L_tr = 256) of this module's own, so core.timing's process-wide
+AppTest with a tiny T5 (L_tr = 256) of this module's own, so core.runs.timing's process-wide
 record holds nothing for it until these tests run passes.
 """
 
@@ -14,7 +14,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_model_of, app_ok  # noqa: E402
-from core import timing  # noqa: E402
+from core.runs import timing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")

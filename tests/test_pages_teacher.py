@@ -28,10 +28,12 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_error_text, app_ok, build_tiny_t5, wait_until  # noqa: E402
-from core import engine, methods, temperature  # noqa: E402
+from core.runs import engine
+from core.runs import methods
+from core.runs import temperature  # noqa: E402
 from core.errors import InputTooLong, ModelLoadError, UserError  # noqa: E402
-from core.settings import DocumentRequest  # noqa: E402
-from core.schedule import RowTau
+from core.runs.settings import DocumentRequest  # noqa: E402
+from core.values.schedule import RowTau
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -89,7 +91,7 @@ def _pick(at: AppTest, crit: str) -> str:
 
 def _stats_only_runs(loaded, req, taus) -> list[float]:
     """Grid taus at which Algorithm 1's own stats-only pass of this document is in the run store."""
-    from core.probes import ProbeSpec
+    from core.mechanics.probes import ProbeSpec
     from ui import cache
 
     return [t for t in taus if cache.has_run(loaded, req, engine.RunSettings(

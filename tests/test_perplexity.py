@@ -10,8 +10,9 @@ import sys
 import pytest
 import torch
 
-from core import engine, tasks
-from core.perplexity import PerplexityPlan, run_perplexity, score
+from core.runs import engine
+from core.data import tasks
+from core.experiments.perplexity import PerplexityPlan, run_perplexity, score
 
 
 def test_same_seed_same_continuation_at_every_length(tiny):

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from conftest import bench_module
 
-from core import methods
+from core.runs import methods
 from core.errors import UserError
 from core.models import load
-from core.perplexity import (COPY_MIXED, COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_table, run_perplexity,
+from core.experiments.perplexity import (COPY_MIXED, COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_table, run_perplexity,
                              sequences)
 
 

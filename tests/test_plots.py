@@ -1,4 +1,4 @@
-"""core.plots: pure figure builders; check the numbers and marks they carry, not the look."""
+"""core.views.plots: pure figure builders; check the numbers and marks they carry, not the look."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from core import plots
+from core.views import plots
 
 
 def _shapes(fig: go.Figure, kind: str | None = None) -> list:
@@ -148,7 +148,7 @@ def test_cosine_hist_normalises():
 
 
 def test_accuracy_heatmap_from_table():
-    from core.sweep import accuracy_table
+    from core.experiments.sweep import accuracy_table
 
     df = pd.DataFrame({"method": ["none", "none", "pmax", "pmax"], "tokens": [256, 512, 256, 512],
                        "correct": [True, False, True, True]})

@@ -1,4 +1,4 @@
-"""core.positions: every position scheme against a hand computation on a tiny case.
+"""core.values.positions: every position scheme against a hand computation on a tiny case.
 
 Frequencies are checked twice, against the closed formula written here and
 against transformers' own rope functions called on a config written here;
@@ -22,7 +22,7 @@ from transformers import AttentionInterface, ModernBertConfig, ModernBertForMask
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
 
-from core import positions as P
+from core.values import positions as P
 from core.errors import UserError
 
 FULL = "full_attention"

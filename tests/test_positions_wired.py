@@ -1,4 +1,4 @@
-"""Position schemes wired through the library (core.rope_pass, core.attention, core.engine, core.mlm, the CLI).
+"""Position schemes wired through the library (core.runs.rope_pass, core.mechanics.attention, core.runs.engine, core.experiments.mlm, the CLI).
 
 Each scheme, run through the project's attention on a tiny ModernBERT loaded by core.models.load, is compared
 with something that does not share its code: frequency schemes with transformers' own model built from the
@@ -22,11 +22,17 @@ import torch
 from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
-from core import cli, engine, methods, mlm, positions, rope_pass, tasks
-from core.attention import AttentionSettings
+from core import cli
+from core.runs import engine
+from core.runs import methods
+from core.experiments import mlm
+from core.values import positions
+from core.runs import rope_pass
+from core.data import tasks
+from core.mechanics.attention import AttentionSettings
 from core.errors import UserError
 from core.models import load
-from core.probes import ProbeSpec, Recorder
+from core.mechanics.probes import ProbeSpec, Recorder
 
 L_TR = 16
 N = 40  # 2.5 x L_TR: every scheme changes something
@@ -59,7 +65,7 @@ def _ids(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
 
 def _ours(loaded, scheme: str, ids: torch.Tensor, tau: float = 1.0, probed: bool = False,
           attention_mask: torch.Tensor | None = None, **params) -> torch.Tensor:
-    """The masked-LM logits of our pass under ``scheme`` (through core.rope_pass, in several blocks of rows);
+    """The masked-LM logits of our pass under ``scheme`` (through core.runs.rope_pass, in several blocks of rows);
     ``probed``: a recorder asks for Pmax and entropy, so the blocked softmax runs instead of torch's kernel."""
     rec = Recorder(ProbeSpec.stats_only(), torch.ones(ids.shape, dtype=torch.bool)) if probed else None
     attn = AttentionSettings(tau=tau, chunk_bytes=SMALL_BLOCKS)

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from core import temperature, engine, methods
-from core.settings import DocumentRequest
+from core.runs import temperature
+from core.runs import engine
+from core.runs import methods
+from core.runs.settings import DocumentRequest
 
 from conftest import wait_until
 
@@ -52,7 +54,7 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     # Algorithm 1's grid (1.0 ... 0.5) is part of the scrubber's (1.0 ... 0.3): every pass it needs was there
     assert set(cals) == {"pmax", "entropy"} and all(c.passes == len(temperature.GRID) for c in cals.values())
     # and the numbers are Algorithm 1's own: the same as calibrating from scratch
-    from core import calibration
+    from core.runs import calibration
 
     fresh = calibration.calibrate(tiny, cache.document(tiny, req), "pmax")
     assert cals["pmax"].tau == fresh.tau

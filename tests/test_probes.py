@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.attention import AttentionSettings, attention_call
-from core.probes import ProbeSpec, Recorder, pool_edges
-from core.softmax_block import EXP_FLOOR, Block
+from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.probes import ProbeSpec, Recorder, pool_edges
+from core.mechanics.softmax_block import EXP_FLOOR, Block
 
 
 def _record(model, ids, mask, spec, tau=1.0):
@@ -159,7 +159,7 @@ def test_probed_attention_far_keys_do_not_change_the_numbers():
 
 def test_probe_names_parse_and_unknown_ones_are_refused():
     from core.errors import UserError
-    from core.probes import PROBES, ProbeName, parse
+    from core.mechanics.probes import PROBES, ProbeName, parse
 
     assert parse("cross.*.map") == ProbeName("cross", None, "map")
     assert parse(" encoder.3.pmax ") == ProbeName("encoder", 3, "pmax")
@@ -275,7 +275,8 @@ def test_cross_map_rows_sum_to_one_before_pooling(tmp_path):
 def test_generation_appends_one_answer_row_per_step(tmp_path):
     """engine.run generates token by token with a key/value cache: the recorded decoder and cross maps
     must equal what transformers' eager generate reports step by step."""
-    from core import engine, tasks
+    from core.runs import engine
+    from core.data import tasks
 
     ours, eager = _eager_and_ours(tmp_path, ["cross.*.map"])[:2]
     doc = tasks.make("passkey", ours.tokenizer, 300, depth=0.5, seed=1)
@@ -305,7 +306,7 @@ def test_generation_appends_one_answer_row_per_step(tmp_path):
 def _hooked_cross_logits(model):
     """The training tap as it was before probes had names (forward hooks on each cross-attention's q and k):
     the reference the named probe must equal."""
-    from core.attention import logit_operands
+    from core.mechanics.attention import logit_operands
 
     q, k, hooks = {}, {}, []
     cfg = model.config

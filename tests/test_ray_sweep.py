@@ -1,4 +1,4 @@
-"""Sweeps on Ray (core.cluster): the same rows as a local sweep, resume after a killed driver, failed jobs.
+"""Sweeps on Ray (core.experiments.cluster): the same rows as a local sweep, resume after a killed driver, failed jobs.
 
 One local Ray for the module (``ray.init(num_cpus=2)``) and one pool of one
 one-thread actor on it, shared by the tests (its other CPU is for the actor
@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from core import batch, cluster, csvio
+from core.experiments import batch
+from core.experiments import cluster
+from core.experiments import csvio
 from core.cli import main
-from core.sweep import KEY, SweepPlan, run_sweep
+from core.experiments.sweep import KEY, SweepPlan, run_sweep
 
 from conftest import build_tiny_t5
 

@@ -1,4 +1,4 @@
-"""The method registry (core/methods.py) is the one place that names a temperature method.
+"""The method registry (core/runs/methods.py) is the one place that names a temperature method.
 
 Everything else asks an entry what it needs (``measured``, ``search``, ``cost``, ``per``, ``takes_value``,
 ``constant``, ``grid_criterion``, ``same_as``) or reads a name the registry exports (``FIXED``, ``AS_TRAINED``,
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from core import methods
-from core.schedule import RowTau
-from core.temperature import CRITERIA
+from core.runs import methods
+from core.values.schedule import RowTau
+from core.runs.temperature import CRITERIA
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = [p for d in ("core", "ui", "app_pages", "bench", "research") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
-OWNER = ROOT / "core" / "methods.py"
+OWNER = ROOT / "core" / "runs" / "methods.py"
 #: names that are also other words of the program: flagged only where a method is meant
 SHARED = {n for n in methods.NAMES if n in CRITERIA or n in ("none", RowTau.__dataclass_fields__["scheme"].default)}
 
@@ -86,7 +86,7 @@ def test_only_the_registry_names_a_method():
             continue
         for line, name in offences(ast.parse(path.read_text(encoding="utf-8"))):
             found.append(f"{path.relative_to(ROOT)}:{line}: {name!r}")
-    assert not found, "method names outside core/methods.py (ask the registry instead):\n" + "\n".join(found)
+    assert not found, "method names outside core/runs/methods.py (ask the registry instead):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("source", [

@@ -1,4 +1,4 @@
-"""The lazy relative bias (core.relative_bias): T5's bias as one vector per head, equal to transformers' own.
+"""The lazy relative bias (core.mechanics.relative_bias): T5's bias as one vector per head, equal to transformers' own.
 
 Checked against transformers' ``compute_bias`` (bidirectional and causal buckets, with a generation
 step's past), against eager attention end to end (encoder, teacher-forced decoder, generation with a
@@ -16,11 +16,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 from transformers import T5Config, T5ForConditionalGeneration, UMT5Config, UMT5ForConditionalGeneration
 
-from core import apply as apply_mod
-from core import relative_bias
-from core.attention import AttentionSettings, attention_call
-from core.probes import ProbeSpec, Recorder
-from core.relative_bias import RelativeBias, bias_vector
+from core.runs import apply as apply_mod
+from core.mechanics import relative_bias
+from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.probes import ProbeSpec, Recorder
+from core.mechanics.relative_bias import RelativeBias, bias_vector
 
 
 def _t5(attn: str = "aligned", seed: int = 0, layers: int = 2, heads: int = 4) -> T5ForConditionalGeneration:
@@ -164,8 +164,9 @@ def test_a_long_pass_never_holds_the_dense_bias(tmp_path):
     code = textwrap.dedent("""
         import resource, torch
         from transformers import T5Config, T5ForConditionalGeneration
-        from core import relative_bias, attention
-        from core.probes import ProbeSpec, Recorder
+        from core.mechanics import relative_bias
+        from core.mechanics import attention
+        from core.mechanics.probes import ProbeSpec, Recorder
         torch.manual_seed(0)
         cfg = T5Config(vocab_size=100, d_model=32, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1,
                        num_heads=8, decoder_start_token_id=0)

@@ -1,5 +1,5 @@
 """The rotary family (ModernBERT masked-LM) through our attention: loading, equality with transformers' own
-attention, tau, CosScale, probes, core.apply and a measured method, each against transformers or a hand
+attention, tau, CosScale, probes, core.runs.apply and a measured method, each against transformers or a hand
 computation (never against our own output)."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import torch
 from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
-from core import engine, methods, tasks
-from core import apply as ap
-from core.attention import AttentionSettings, attention_call, attention_modules
+from core.runs import engine
+from core.runs import methods
+from core.data import tasks
+from core.runs import apply as ap
+from core.mechanics.attention import AttentionSettings, attention_call, attention_modules
 from core.errors import ModelLoadError, UserError
 from core.models import load
-from core.probes import ProbeSpec, Recorder
+from core.mechanics.probes import ProbeSpec, Recorder
 
 L_TR = 64
 
@@ -215,7 +217,7 @@ def test_folder_without_card_takes_max_positions(tmp_path):
 
 
 def test_apply_on_a_users_modernbert(rope_dir):
-    """core.apply on a ModernBERT the user loaded with sdpa: tau in the block (checked against scaled queries),
+    """core.runs.apply on a ModernBERT the user loaded with sdpa: tau in the block (checked against scaled queries),
     sdpa restored after, decoder targets refused."""
     model = _reference(rope_dir)
     ids, mask = _batch(seed=6)

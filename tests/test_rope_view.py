@@ -1,5 +1,5 @@
-"""core.rope_view: the mean logit by relative distance against a hand computation and against the raw logits our
-attention's own probe records, and the masked tokens' predictions against core.mlm.score."""
+"""core.views.rope_view: the mean logit by relative distance against a hand computation and against the raw logits our
+attention's own probe records, and the masked tokens' predictions against core.experiments.mlm.score."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from conftest import build_tiny_rope
-from core import mlm, rope_view
-from core.attention import AttentionSettings, attention_call
+from core.experiments import mlm
+from core.views import rope_view
+from core.mechanics.attention import AttentionSettings, attention_call
 from core.models import load
-from core.probes import ProbeSpec, Recorder
+from core.mechanics.probes import ProbeSpec, Recorder
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_masked_predictions_equal_mlm_score(rope, tau):
 def test_mask_cells_pool_the_schemes_mask(spec):
     """The overlay's cells are the masked share of Bound.mask over each cell, pooled on uneven edges; a scheme
     without a mask has none."""
-    from core import positions
+    from core.values import positions
 
     bound = positions.Scheme.of(spec).bind(8, 11)
     edges = np.array([0, 3, 4, 8, 11])
@@ -108,6 +109,6 @@ def test_mask_cells_by_hand_and_in_blocks(monkeypatch):
 
 
 def positions_bind(name, train_length, length, **params):
-    from core import positions
+    from core.values import positions
 
     return positions.bind(name, train_length, length, **params)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from core.rpe import bias_curves, relative_bucket
+from core.views.rpe import bias_curves, relative_bucket
 
 
 def paper_bucket(n: int, num_buckets: int = 32, max_distance: int = 128) -> int:

@@ -1,6 +1,6 @@
 """One Schedule value: checked once where it enters, the same object down to the attention, its matrix built once.
 
-Property tests (hypothesis) over what a settings file, a CLI option, a URL or ``core.apply`` may hand over: a
+Property tests (hypothesis) over what a settings file, a CLI option, a URL or ``core.runs.apply`` may hand over: a
 value is either a Schedule that reads back equal from its JSON, or a ValueError; never another exception
 (an OverflowError from a 400-digit number, a ZeroDivisionError from a tau that is 0 in float32).
 """
@@ -16,9 +16,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st_
 
-from core import engine, tasks
-from core.attention import AttentionSettings
-from core.schedule import MAX_ATTN_SCALE, ONE, TAU_MAX, TAU_MIN, RowTau, Schedule
+from core.runs import engine
+from core.data import tasks
+from core.mechanics.attention import AttentionSettings
+from core.values.schedule import MAX_ATTN_SCALE, ONE, TAU_MAX, TAU_MIN, RowTau, Schedule
 
 finite_tau = st_.floats(min_value=TAU_MIN, max_value=TAU_MAX, allow_nan=False)
 anything = st_.recursive(
@@ -111,8 +112,8 @@ def test_a_pass_builds_its_tau_matrix_once(tiny, monkeypatch):
 def test_the_apps_context_hands_its_schedule_on_unchanged(tiny):
     """The slider's tau is made a Schedule once (ui.cache.resolve_tau) and the page's run settings carry that
     very object; a tau a page passes on (the grid's) becomes one there, once."""
-    from core.choice import Choice
-    from core.settings import DocumentRequest
+    from core.values.choice import Choice
+    from core.runs.settings import DocumentRequest
     from ui import cache
     from ui.sidebar import Context
 

@@ -1,4 +1,4 @@
-"""Settings files carry the position scheme (core.settings: ``scheme``, ``scheme_params``): exported and read back,
+"""Settings files carry the position scheme (core.runs.settings: ``scheme``, ``scheme_params``): exported and read back,
 refused in one line naming the field, old files without them read as the plain scheme, passed to RunSettings, and a
 non-plain scheme on a T5 model refused where the settings meet the model, before any work."""
 
@@ -9,11 +9,11 @@ import json
 import pytest
 
 from conftest import build_tiny_rope
-from core import positions
+from core.values import positions
 from core.cli import main
 from core.errors import UserError
 from core.models import load
-from core.settings import Settings
+from core.runs.settings import Settings
 
 
 @pytest.mark.parametrize("scheme, params", [

@@ -146,7 +146,7 @@ def _go(page, title: str, deadline) -> None:
 
 
 def test_length_and_tau_survive_a_page_change_after_a_fragment_tau_move(server, page, deadline):
-    from core import methods
+    from core.runs import methods
 
     fixed, closed = methods.label("fixed"), methods.label(CLOSED_FORM)
     _open_explore(page, server, deadline)
@@ -176,7 +176,7 @@ def test_length_and_tau_survive_a_page_change_after_a_fragment_tau_move(server, 
 
 
 def test_pasted_text_and_needle_survive_a_page_change_after_a_fragment_method_change(server, page, deadline):
-    from core import methods
+    from core.runs import methods
 
     closed = methods.label(CLOSED_FORM)
     _open_explore(page, server, deadline)

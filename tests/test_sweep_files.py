@@ -1,7 +1,7 @@
 """Sweep output files under hostile use: two writers, a torn last row, bad options before any delete, bad --out.
 
-Both kinds: the generated sweep (:func:`core.sweep.run_sweep`) and the JSONL
-batch run (:func:`core.batch.run_items` / ``python -m core sweep --data``).
+Both kinds: the generated sweep (:func:`core.experiments.sweep.run_sweep`) and the JSONL
+batch run (:func:`core.experiments.batch.run_items` / ``python -m core sweep --data``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from core import batch, csvio
+from core.experiments import batch
+from core.experiments import csvio
 from core.cli import main
 from core.errors import UserError
-from core.sweep import COLUMNS, KEY, SweepPlan, run_sweep
+from core.experiments.sweep import COLUMNS, KEY, SweepPlan, run_sweep
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

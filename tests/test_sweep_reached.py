@@ -6,9 +6,10 @@ import csv
 
 import pytest
 
-from core import methods, tasks
+from core.runs import methods
+from core.data import tasks
 from core.errors import UserError
-from core.sweep import COLUMNS, SweepPlan, run_sweep
+from core.experiments.sweep import COLUMNS, SweepPlan, run_sweep
 
 
 def _plan(tiny, **kw) -> SweepPlan:

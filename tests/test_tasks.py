@@ -1,4 +1,4 @@
-"""Tests for core.tasks and core.corpus: sizing, needle placement, reproducibility, scoring.
+"""Tests for core.data.tasks and core.data.corpus: sizing, needle placement, reproducibility, scoring.
 
 Documents are measured with a real tokenizer trained here (small vocabulary,
 small sample) and with a deliberately odd one, so the sizing search is tested
@@ -19,9 +19,10 @@ ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repo root on sys.path
     sys.path.insert(0, ROOT)
 
-from core import corpus, tasks  # noqa: E402
-from core.tasks import Document, Score, from_text, make, score  # noqa: E402
-from core.tokenizer import train_tokenizer, training_texts  # noqa: E402
+from core.data import corpus
+from core.data import tasks  # noqa: E402
+from core.data.tasks import Document, Score, from_text, make, score  # noqa: E402
+from core.models.tokenizer import train_tokenizer, training_texts  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from core import temperature as T
+from core.runs import temperature as T
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_per_layer_alignment_finds_each_layer():
 
 def _linear_measure(slope: float, offset: float):
     """A fake model whose mean Pmax falls linearly in tau: S(tau) = offset - slope * tau (monotone, as Pmax is)."""
-    from core.temperature import LayerStats
+    from core.runs.temperature import LayerStats
 
     def measure(tau):
         t = float(np.mean(tau))
@@ -139,7 +139,7 @@ def _linear_measure(slope: float, offset: float):
 
 
 def test_grid_reaches_and_the_refined_search_finds_the_crossing():
-    from core.temperature import LayerStats, algorithm1
+    from core.runs.temperature import LayerStats, algorithm1
 
     meas = _linear_measure(1.0, 1.2)  # S(tau) = 1.2 - tau: equals 0.47 at tau = 0.73
     ref = LayerStats(pmax=np.array([0.47]), entropy=np.array([0.0]))
@@ -151,7 +151,7 @@ def test_grid_reaches_and_the_refined_search_finds_the_crossing():
 
 
 def test_when_the_grid_is_not_enough_the_refined_search_goes_below_half():
-    from core.temperature import TAU_FLOOR, LayerStats, algorithm1
+    from core.runs.temperature import TAU_FLOOR, LayerStats, algorithm1
 
     meas = _linear_measure(1.0, 1.2)  # reaches 0.82 only at tau = 0.38, below the paper's grid
     ref = LayerStats(pmax=np.array([0.82]), entropy=np.array([0.0]))
@@ -167,7 +167,7 @@ def test_when_the_grid_is_not_enough_the_refined_search_goes_below_half():
 
 
 def test_entropy_refined_and_a_curve_past_the_reference_at_one():
-    from core.temperature import LayerStats, algorithm1
+    from core.runs.temperature import LayerStats, algorithm1
 
     meas = _linear_measure(2.0, 0.0)  # entropy 2 tau falls as tau falls: 1.3 at tau = 0.65
     ref = LayerStats(pmax=np.array([0.0]), entropy=np.array([1.3]))
@@ -177,7 +177,7 @@ def test_entropy_refined_and_a_curve_past_the_reference_at_one():
 
 
 def test_per_head_matches_each_head_and_lists_the_unreachable():
-    from core.temperature import GRID, LayerStats, per_head
+    from core.runs.temperature import GRID, LayerStats, per_head
 
     slopes = np.array([[1.0, 0.5, 0.0], [2.0, 1.0, 0.3]])  # Pmax of (layer, head) = 1 - slope * tau; 0: a flat head
     refs = np.array([[0.30, 0.62, 0.9], [0.0, 0.35, 0.2]])  # head (1, 2) would need tau > 1: unreachable
@@ -202,7 +202,8 @@ def test_per_head_matches_each_head_and_lists_the_unreachable():
 
 
 def test_per_head_through_the_registry_on_a_tiny_model(tiny):
-    from core import methods, tasks
+    from core.runs import methods
+    from core.data import tasks
 
     doc = tasks.make("passkey", tiny.tokenizer, 600, seed=1)
     sched, info = methods.resolve(tiny, doc, "per-head")

@@ -1,4 +1,4 @@
-"""core.timing: measured pass times, estimates from them, and the words the pages show."""
+"""core.runs.timing: measured pass times, estimates from them, and the words the pages show."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from core import methods, timing
+from core.runs import methods
+from core.runs import timing
 
 KEY = ("test-model", "cpu", "torch.float32")
 
@@ -123,7 +124,8 @@ def test_model_key_ignores_train_length():
 
 
 def test_engine_records_each_pass(tiny):
-    from core import engine, tasks
+    from core.runs import engine
+    from core.data import tasks
 
     key = timing.model_key(tiny)
     timing.clear(key)

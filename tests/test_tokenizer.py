@@ -1,4 +1,4 @@
-"""Tests for core.tokenizer: exact round trips, single-digit tokens, T5 specials, save/load.
+"""Tests for core.models.tokenizer: exact round trips, single-digit tokens, T5 specials, save/load.
 
 The tokenizer is trained here, on a small sample, so the tests exercise the
 real training pipeline and finish in seconds.
@@ -16,7 +16,7 @@ ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repo root on sys.path
     sys.path.insert(0, ROOT)
 
-from core.tokenizer import SPECIAL_TOKENS, train_tokenizer, training_texts  # noqa: E402
+from core.models.tokenizer import SPECIAL_TOKENS, train_tokenizer, training_texts  # noqa: E402
 
 VOCAB = 512
 

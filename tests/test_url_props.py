@@ -15,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core import methods, positions, tasks
+from core.runs import methods
+from core.values import positions
+from core.data import tasks
 from ui import choices, url
 
 #: Number-like text: what a person (or a probe) writes for a number, overflowing ones included.

@@ -22,14 +22,14 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from core import cli
-from core.attention import KINDS
+from core.mechanics.attention import KINDS
 from core.errors import ModelLoadError, UserError
 from core.models.catalog import _folder_train_length, read_card
-from core.settings import DocumentRequest, Settings
-from core.methods import NAMES as METHODS
-from core.temperature import CRITERIA
-from core.schedule import TAU_MAX, TAU_MIN, Schedule
-from core.validation import MAX_LENGTH, MAX_TEXT_CHARS
+from core.runs.settings import DocumentRequest, Settings
+from core.runs.methods import NAMES as METHODS
+from core.runs.temperature import CRITERIA
+from core.values.schedule import TAU_MAX, TAU_MIN, Schedule
+from core.values.validation import MAX_LENGTH, MAX_TEXT_CHARS
 
 FAST = hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -319,7 +319,7 @@ def test_text_file_problems_are_one_line(tmp_path, capsys):
 
 def test_document_request_filler(tiny):
     from core.errors import UserError
-    from core.settings import DocumentRequest
+    from core.runs.settings import DocumentRequest
 
     fixed = [DocumentRequest(task="passkey", tokens=300, seed=s).build(tiny.tokenizer, 256) for s in (1, 2)]
     varied = [DocumentRequest(task="passkey", tokens=300, seed=s, haystack="corpus-eval").build(tiny.tokenizer, 256)

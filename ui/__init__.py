@@ -1,6 +1,6 @@
 """Streamlit glue shared by the pages: the sidebar (ui.sidebar), the cached backend (ui.cache), small helpers.
 
-No maths here: numbers come from :mod:`core`, figures from :mod:`core.plots`.
+No maths here: numbers come from :mod:`core`, figures from :mod:`core.views.plots`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Iterator
 import pandas as pd
 import streamlit as st
 
-from core.csvio import to_csv_bytes
+from core.experiments.csvio import to_csv_bytes
 from core.errors import UserError
 
 TITLE = "Attention Alignment Explorer"
@@ -28,7 +28,7 @@ def page_setup(name: str) -> None:
 def csv_of(df_fn):
     """A lazy CSV payload for st.download_button: built only when the button is clicked.
 
-    Text cells a spreadsheet would run as formulas get a leading ``'`` (:mod:`core.csvio`).
+    Text cells a spreadsheet would run as formulas get a leading ``'`` (:mod:`core.experiments.csvio`).
     """
     def build() -> bytes:
         df = df_fn()

@@ -6,7 +6,7 @@ Two layers:
   per process, shared by every session; :mod:`core.models` caches too);
 * everything computed from it: the bounded LRU stores of :mod:`ui.stores`,
   shared by all sessions. Keys are explicit tuples of what changes a result
-  (model, document request, the run's :class:`~core.choice.Choice` but its
+  (model, document request, the run's :class:`~core.values.choice.Choice` but its
   method label, probe spec), so moving tau re-runs only the forward pass (the document and
   its tokenisation are cached separately), and returning to an earlier tau is
   a dictionary lookup. Values are shared between sessions: treat them as
@@ -30,19 +30,27 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import streamlit as st
 
-from core import calibration, engine, methods, mlm, positions, rope_view, rpe, tasks, temperature
+from core.runs import calibration
+from core.runs import engine
+from core.runs import methods
+from core.experiments import mlm
+from core.values import positions
+from core.views import rope_view
+from core.views import rpe
+from core.data import tasks
+from core.runs import temperature
 from core.errors import UserError
 from core.models import Loaded, load
-from core.probes import ProbeSpec
-from core.settings import DocumentRequest
-from core.choice import TRAINED, Choice
-from core.schedule import ONE, Schedule
+from core.mechanics.probes import ProbeSpec
+from core.runs.settings import DocumentRequest
+from core.values.choice import TRAINED, Choice
+from core.values.schedule import ONE, Schedule
 from ui.pass_gate import gate
 from ui.stores import MISSING, stores
 
 Progress = Callable[[float], None] | None
 def attention_key(choice: Choice) -> tuple:
-    """What of a :class:`~core.choice.Choice` changes a pass's numbers, as a key: the tau schedule, targets, CosScale
+    """What of a :class:`~core.values.choice.Choice` changes a pass's numbers, as a key: the tau schedule, targets, CosScale
     and position scheme (not the method's name: a fixed 0.5 and a method that resolved to 0.5 are one pass)."""
     return (choice.tau.key(), choice.targets, choice.cosine_scale, choice.scheme)
 
@@ -93,8 +101,8 @@ def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
 
 
 def masked(loaded: Loaded, doc_key: Hashable, doc) -> mlm.MaskedSequence:
-    """The document's ids with :data:`core.mlm.MASK_RATE` of its tokens masked, positions drawn by the document's
-    seed (:func:`core.mlm.mask_tokens`: the masking ``python -m core mlm`` scores for the same text and seed)."""
+    """The document's ids with :data:`core.experiments.mlm.MASK_RATE` of its tokens masked, positions drawn by the document's
+    seed (:func:`core.experiments.mlm.mask_tokens`: the masking ``python -m core mlm`` scores for the same text and seed)."""
     def work() -> mlm.MaskedSequence:
         return mlm.mask_tokens(loaded.tokenizer, engine.encode(loaded, doc).input_ids, doc.seed)
 
@@ -103,7 +111,7 @@ def masked(loaded: Loaded, doc_key: Hashable, doc) -> mlm.MaskedSequence:
 
 def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings, reference: bool = False) -> dict:
     """The masked tokens' card of the request's document (its L_tr reference with ``reference``) under
-    ``settings``' tau, targets and CosScale: :func:`core.rope_view.card` of :func:`core.rope_view.masked_predictions`
+    ``settings``' tau, targets and CosScale: :func:`core.views.rope_view.card` of :func:`core.views.rope_view.masked_predictions`
     (one pass without probes, torch's fused kernel)."""
     doc_key = ("ref", req) if reference else req
     key = (mkey(loaded), "mlm-card", doc_key, attention_key(settings.choice))
@@ -120,7 +128,7 @@ def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings,
 
 def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_scale: float | None = None,
                     scheme: positions.Scheme = positions.PLAIN_SCHEME):
-    """:func:`core.rope_view.distance_curves` of one layer on the request's (masked) document under a position
+    """:func:`core.views.rope_view.distance_curves` of one layer on the request's (masked) document under a position
     scheme (a frequency scheme changes the curve; see that function for the others)."""
     def work():
         doc = document(loaded, req)
@@ -131,7 +139,7 @@ def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_sca
 
 
 def scheme_mask(loaded: Loaded, scheme: positions.Scheme, tokens: int, edges) -> np.ndarray | None:
-    """The position scheme's masked share per map cell (:func:`core.rope_view.mask_cells`, bound at ``tokens``) on
+    """The position scheme's masked share per map cell (:func:`core.views.rope_view.mask_cells`, bound at ``tokens``) on
     the map's ``edges``, or None for a scheme without a mask (kept: it does not depend on tau)."""
     edges = tuple(int(e) for e in edges)
 
@@ -193,7 +201,7 @@ def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings,
 
 
 def known_stats(loaded: Loaded, doc_key: Hashable, tau: Any, base: Choice = TRAINED):
-    """The stored :class:`core.temperature.LayerStats` of a document at ``tau`` under ``base``'s targets, CosScale
+    """The stored :class:`core.runs.temperature.LayerStats` of a document at ``tau`` under ``base``'s targets, CosScale
     and scheme, or None."""
     v = stores()["grid"].peek(grid_key(loaded, doc_key, base.with_(tau=tau)))
     return None if v is MISSING else v
@@ -237,7 +245,7 @@ def explore_probes(layer: int, head: int | None) -> ProbeSpec:
 
 def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice = TRAINED, tau: Any = None,
                 samples: int = 1, progress: Progress = None, compute: bool = True) -> tuple[Any, dict] | None:
-    """(schedule, info) for a method on this document, via :func:`core.methods.resolve`; a measured method's
+    """(schedule, info) for a method on this document, via :func:`core.runs.methods.resolve`; a measured method's
     passes run under ``base``'s targets, CosScale and position scheme. ``tau``: a fixed method's value."""
     entry = methods.get(method)
     if entry.takes_value:
@@ -268,7 +276,7 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice 
 def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED, fast: bool = False,
                    samples: int = 1, progress: Progress = None,
                    compute: bool = True) -> dict[str, temperature.Calibration] | None:
-    """:func:`core.calibration.both_criteria` at the document's length, on the process's shared passes, under
+    """:func:`core.runs.calibration.both_criteria` at the document's length, on the process's shared passes, under
     ``base``'s targets, CosScale and position scheme (its L_tr reference passes bind the scheme at L_tr)."""
     base = base.with_(tau=ONE)
     key = (mkey(loaded), req, fast, samples, attention_key(base))
@@ -340,7 +348,7 @@ def theory_settings(loaded: Loaded, base: Choice = TRAINED) -> engine.RunSetting
 
 
 def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED) -> dict:
-    """:func:`core.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
+    """:func:`core.runs.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
     return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
                                 logit_stats(loaded, req, base))
 

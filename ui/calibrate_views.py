@@ -8,10 +8,16 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core import calibration, engine, methods, plots, tables, temperature, timing
+from core.runs import calibration
+from core.runs import engine
+from core.runs import methods
+from core.views import plots
+from core.views import tables
+from core.runs import temperature
+from core.runs import timing
 from core.errors import UserError
-from core.probes import ProbeSpec
-from core.schedule import Schedule
+from core.mechanics.probes import ProbeSpec
+from core.values.schedule import Schedule
 from ui import chart, csv_of, plural, user_errors
 from ui import cache, choices, figure_cache, pass_gate, prefetch
 from ui import sidebar as sb
@@ -74,7 +80,7 @@ def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
     (:func:`ui.cache.known_stats`): Explore's background grid (:mod:`ui.prefetch`),
     the sidebar's Algorithm 1 and the L_tr reference Explore reads. The numbers
     are those :func:`ui.cache.calibrate_both` gives: the same statistics through
-    the same :func:`core.calibration.both_criteria`.
+    the same :func:`core.runs.calibration.both_criteria`.
     """
     cals = cache.calibrate_both(ctx.loaded, ctx.request, ctx.choice, fast=fast, samples=samples, compute=False)
     if cals is not None or samples > 1:  # several documents: their passes are not in the shared grid

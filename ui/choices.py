@@ -21,14 +21,16 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core import methods, positions, temperature
-from core.schedule import Schedule
-from core.attention import ROPE, family_of
+from core.runs import methods
+from core.values import positions
+from core.runs import temperature
+from core.values.schedule import Schedule
+from core.mechanics.attention import ROPE, family_of
 from core.models import Loaded, bundled_specs, default_model, registry
 
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
 #: The tau slider's range and step (the app's sliders, the scrubber's axis, a link's ``tau=``): from the refined
-#: searches' floor (:data:`core.temperature.TAU_FLOOR`) to 1. Not :data:`core.schedule.TAU_MIN`, the bound of any
+#: searches' floor (:data:`core.runs.temperature.TAU_FLOOR`) to 1. Not :data:`core.values.schedule.TAU_MIN`, the bound of any
 #: schedule a file or the library may hold.
 SLIDER_MIN, SLIDER_MAX, SLIDER_STEP = temperature.TAU_FLOOR, 1.00, 0.01
 COS_MIN, COS_STEP = 1.0, 0.5  # the CosScale slider (its top depends on the model: cos_range)
@@ -57,7 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "tgt_decoder": False,
     "tgt_cross": False,
     "cos_scale": None,
-    "pos_scheme": positions.PLAIN,  # a rotary model's position scheme (core.positions); a T5 model has none
+    "pos_scheme": positions.PLAIN,  # a rotary model's position scheme (core.values.positions); a T5 model has none
 }
 #: A position scheme's parameters as number inputs, one key each (the scheme's defaults for this L_tr fill them).
 SCHEME_PARAM_KEYS: dict[str, str] = {p: f"pos_{p}" for s in positions.REGISTRY.values() for p in s.params}

@@ -3,8 +3,8 @@
 The tau-dependent views are drawn in the browser by the scrubber
 (:mod:`ui.scrubber`); here are the controls that choose what they show, the
 exports of the chosen tau, and the bias curves (which do not depend on tau;
-figures from :mod:`core.plots` through :func:`ui.figure_cache.figure`, tables from
-:mod:`core.tables`).
+figures from :mod:`core.views.plots` through :func:`ui.figure_cache.figure`, tables from
+:mod:`core.views.tables`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,14 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core import engine, frames, plots, positions, rope_view, tables
+from core.runs import engine
+from core.views import frames
+from core.views import plots
+from core.values import positions
+from core.views import rope_view
+from core.views import tables
 from core.errors import UserError
-from core.probes import ProbeSpec
+from core.mechanics.probes import ProbeSpec
 from ui import chart, csv_of, message
 from ui import cache, choices, figure_cache
 from ui import sidebar as sb
@@ -156,7 +161,7 @@ def distance_figure(distances: np.ndarray, mean: np.ndarray, heads: list[int], t
 
 def distance_section(ctx: sb.Context) -> None:
     """A rotary model's counterpart of T5's bias curves: the mean logit against relative distance per head at this
-    length (:func:`core.rope_view.distance_curves`); like the bias, it does not depend on tau."""
+    length (:func:`core.views.rope_view.distance_curves`); like the bias, it does not depend on tau."""
     ss = st.session_state
     L, H = ctx.loaded.n_layers, ctx.loaded.n_heads
     st.subheader("Mean logit against relative distance")

@@ -3,9 +3,9 @@
 Why: a person who opened a document will move the slider, open Calibrate
 or ask for Algorithm 1 next, and each of those needs passes of this very
 document at the grid's taus. The grid is the scrubber's
-(:data:`core.frames.SCRUB_GRID`): 1.00, 0.95, ..., 0.30 by 0.05, fifteen
+(:data:`core.views.frames.SCRUB_GRID`): 1.00, 0.95, ..., 0.30 by 0.05, fifteen
 taus down to the slider's floor; Algorithm 1's grid
-(:data:`core.temperature.GRID`, 1.00 ... 0.50) is its first eleven. The
+(:data:`core.runs.temperature.GRID`, 1.00 ... 0.50) is its first eleven. The
 passes run in :meth:`Job.passes`' order, not down the grid: tau = 1 first
 (the scrubber's left column), then the other taus nearest the tau on screen
 first (ties: the larger tau), then Theory's tau = 1 pass. (On the CosScale
@@ -41,10 +41,12 @@ from typing import Hashable
 
 import streamlit as st
 
-from core import engine, frames, methods
+from core.runs import engine
+from core.views import frames
+from core.runs import methods
 from core.errors import UserError
 from core.models import Loaded
-from core.settings import DocumentRequest
+from core.runs.settings import DocumentRequest
 from ui import cache, pass_gate, stores
 from ui.streamlit_private import session_alive
 

@@ -1,6 +1,6 @@
 // The scrubber: Explore's tau slider and every view that depends on tau, drawn in the browser.
 //
-// Python (ui/scrubber.py, from core/frames.py) sends one binary payload per
+// Python (ui/scrubber.py, from core/views/frames.py) sends one binary payload per
 // document: the views of every grid tau computed so far, the tau = 1 column,
 // the L_tr reference and, when the chosen tau is off the grid, its exact
 // frame. A slider move repaints from those arrays with no server round trip;

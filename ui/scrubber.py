@@ -2,7 +2,7 @@
 
 Why: a tau move used to be a Streamlit rerun with a plotly ``newPlot`` per
 changed figure (0.65-2.1 s until painted on a 2-core machine). Here the
-browser holds every grid tau's views (:func:`core.frames.payload`, sent as
+browser holds every grid tau's views (:func:`core.views.frames.payload`, sent as
 bytes) and repaints them itself on each slider event (``ui/scrubber.js``);
 the server is asked only when the slider is released:
 
@@ -25,10 +25,13 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from core import engine, frames, methods, temperature
-from core.choice import Choice
+from core.runs import engine
+from core.views import frames
+from core.runs import methods
+from core.runs import temperature
+from core.values.choice import Choice
 from core.errors import UserError
-from core.schedule import Schedule
+from core.values.schedule import Schedule
 from ui import cache, choices, message, prefetch
 from ui.streamlit_private import in_fragment_rerun, session_id
 

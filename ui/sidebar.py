@@ -36,13 +36,17 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core import engine, methods, mlm, positions, tasks
-from core.choice import Choice
-from core.attention import CROSS, DECODER, ENCODER
+from core.runs import engine
+from core.runs import methods
+from core.experiments import mlm
+from core.values import positions
+from core.data import tasks
+from core.values.choice import Choice
+from core.mechanics.attention import CROSS, DECODER, ENCODER
 from core.errors import UserError
 from core.models import Loaded
-from core.settings import DocumentRequest, Settings
-from core.schedule import ONE, Schedule
+from core.runs.settings import DocumentRequest, Settings
+from core.values.schedule import ONE, Schedule
 from ui import cache, choices, fail, message, url
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
@@ -101,7 +105,7 @@ def _read_upload() -> None:
 
 @dataclass(frozen=True)
 class Temperature:
-    """The temperature the controls chose, resolved for the document: the :class:`~core.choice.Choice` (method,
+    """The temperature the controls chose, resolved for the document: the :class:`~core.values.choice.Choice` (method,
     the schedule it resolved to, targets, CosScale, position scheme), the person's own slider tau, and what the
     resolution said (``info``)."""
 
@@ -114,7 +118,7 @@ class Temperature:
 class Context:
     """What the sidebar chose, resolved: every page works from this.
 
-    ``choice`` is the one value a pass carries to the attention (:class:`core.choice.Choice`); ``method``,
+    ``choice`` is the one value a pass carries to the attention (:class:`core.values.choice.Choice`); ``method``,
     ``schedule``, ``targets``, ``cosine_scale`` and ``scheme`` read its parts. ``tau_input`` is the person's own
     slider tau (kept while another method shows its resolved one), ``tau_info`` what the resolution said."""
 
@@ -158,8 +162,8 @@ class Context:
         return replace(self, choice=t.choice, tau_input=t.tau_input, tau_info=t.info)
 
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
-        """What a pass needs: the context's :class:`~core.choice.Choice` as it is (or with ``tau`` / ``method``
-        changed); ``kw``: other :class:`core.engine.RunSettings` fields (None leaves a field as the context has it)."""
+        """What a pass needs: the context's :class:`~core.values.choice.Choice` as it is (or with ``tau`` / ``method``
+        changed); ``kw``: other :class:`core.runs.engine.RunSettings` fields (None leaves a field as the context has it)."""
         parts = {k: v for k, v in dict(tau=tau, method=method).items() if v is not None}
         return engine.RunSettings(self.choice, **parts, **{k: v for k, v in kw.items() if v is not None})
 
@@ -335,7 +339,7 @@ _SCHEME_FOR = "_pos_for"  # (model, L_tr, scheme) whose defaults the parameter i
 _SCHEME_CHOSEN, _SCHEME_CTX, _SCHEME_RERUN = "_pos_chosen", "_pos_ctx", "_pos_rerun"  # (model, name, params)
 #: What an empty factor means, per parameter that may be left empty.
 _EMPTY = {"factor": "empty: fitted to the input, s = L / L_tr", "attention_factor": "empty: YaRN's 0.1 ln s + 1"}
-#: The smallest value each parameter takes (core.positions.Bound checks the same).
+#: The smallest value each parameter takes (core.values.positions.Bound checks the same).
 _MIN = {"window": 0, "sinks": 0, "cap": 1, "factor": 1.0, "attention_factor": 0.0}
 
 
@@ -355,10 +359,10 @@ def scheme_help() -> str:
 def scheme_controls(where, loaded: Loaded) -> positions.Scheme:
     """The position-scheme box and its parameters (a rotary model only; a T5 model has no scheme: plain).
 
-    The box lists the schemes a pass can apply (:data:`core.positions.AVAILABLE`); the unavailable ones are
+    The box lists the schemes a pass can apply (:data:`core.values.positions.AVAILABLE`); the unavailable ones are
     named in its help with their reason. The parameters are small number inputs holding the scheme's defaults
     for this L_tr until changed (a new model or scheme starts from its defaults; a link's values win once).
-    Returns the :class:`~core.positions.Scheme` (checked by :meth:`Scheme.of`, the one parser).
+    Returns the :class:`~core.values.positions.Scheme` (checked by :meth:`Scheme.of`, the one parser).
     """
     ss = st.session_state
     if loaded.seq2seq:

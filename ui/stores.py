@@ -3,7 +3,7 @@
 Why a store of our own and not ``st.cache_data``: long calibrations report
 progress through callbacks that update an ``st.progress`` bar created outside
 the cached function, which ``st.cache_data`` would try to record and replay;
-and a :class:`core.engine.Result` would be unpickled again on every rerun.
+and a :class:`core.runs.engine.Result` would be unpickled again on every rerun.
 Here returning to an earlier tau is a dictionary lookup, no pickling. Values
 are shared between sessions: treat them as read-only.
 
@@ -40,8 +40,8 @@ def sizeof(obj: Any) -> int:
     numpy arrays count their buffer (a view counts the array it keeps
     alive), torch tensors their storage, strings / numbers ``sys.getsizeof``;
     dicts, lists, tuples and sets add their items; dataclasses
-    (:class:`core.engine.Result`, :class:`core.probes.ProbeRecord`,
-    :class:`core.engine.Encoded`, documents, calibrations, LayerStats) add
+    (:class:`core.runs.engine.Result`, :class:`core.mechanics.probes.ProbeRecord`,
+    :class:`core.runs.engine.Encoded`, documents, calibrations, LayerStats) add
     their fields; a plotly figure adds its objects' dicts (the raw trace
     and layout dicts holding the arrays plotly keeps, the trace and layout
     objects, the copies of defaults), not the shared validators; a pandas frame

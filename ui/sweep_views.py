@@ -9,11 +9,16 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from core import csvio, methods, plots, positions, tasks, timing
+from core.experiments import csvio
+from core.runs import methods
+from core.views import plots
+from core.values import positions
+from core.data import tasks
+from core.runs import timing
 from core.errors import UserError
-from core.perplexity import PerplexityPlan, perplexity_table, run_perplexity
-from core.mlm import MASK_RATE, MIN_TOKENS, MlmPlan, run_mlm
-from core.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
+from core.experiments.perplexity import PerplexityPlan, perplexity_table, run_perplexity
+from core.experiments.mlm import MASK_RATE, MIN_TOKENS, MlmPlan, run_mlm
+from core.experiments.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
 from ui import chart, message, plural, user_errors
 from ui import choices, pass_gate
 from ui import sidebar as sb
@@ -388,7 +393,7 @@ def lm_results(path: Path) -> None:
 # -- a masked-LM model (the rotary family): accuracy and perplexity of the masked tokens ------------------------
 
 def mlm_controls(ctx: sb.Context) -> MlmPlan:
-    """The masked-token grid (lengths, position schemes, methods, fixed taus, sequences) as a :class:`core.mlm.MlmPlan`."""
+    """The masked-token grid (lengths, position schemes, methods, fixed taus, sequences) as a :class:`core.experiments.mlm.MlmPlan`."""
     ss = st.session_state
     lt = ctx.train_length
     for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.ALGORITHM1["pmax"]]),

@@ -9,9 +9,15 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core import csvio, methods, plots, tables, tasks, temperature, timing
+from core.experiments import csvio
+from core.runs import methods
+from core.views import plots
+from core.views import tables
+from core.data import tasks
+from core.runs import temperature
+from core.runs import timing
 from core.errors import UserError
-from core.settings import DocumentRequest
+from core.runs.settings import DocumentRequest
 from ui import chart, csv_of, user_errors
 from ui import cache, choices
 from ui import sidebar as sb

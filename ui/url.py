@@ -35,7 +35,9 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from core import methods, positions, tasks
+from core.runs import methods
+from core.values import positions
+from core.data import tasks
 from core.errors import UserError
 from ui import choices
 
@@ -118,8 +120,8 @@ def _model(v: str) -> str:
 
 def _scheme(v: str) -> str:
     """A rotary model's position scheme: ``window``, ``lm-infinite:window=32:sinks=2``, read by the one parser
-    (:meth:`core.positions.Scheme.of`: a known, available name, the parameters it takes, each in its bounds).
-    Returns the scheme's one text (:meth:`core.positions.Scheme.spell`)."""
+    (:meth:`core.values.positions.Scheme.of`: a known, available name, the parameters it takes, each in its bounds).
+    Returns the scheme's one text (:meth:`core.values.positions.Scheme.spell`)."""
     if not v or len(v) > 200 or not v.isprintable():
         raise ValueError("not a position scheme")
     try:

@@ -16,11 +16,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 
-from core import attention
+from core.mechanics import attention
 from core.errors import ModelLoadError, UserError
 from core.models.hub_cache import cached_snapshot
 from core.models.names import APP_MODEL_BOX, _is_dir, _short, is_hub_id
-from core.validation import Str, TrainLength, one_line, read_json, validate
+from core.values.validation import Str, TrainLength, one_line, read_json, validate
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 T5_FAMILY = attention.FAMILIES[attention.T5]

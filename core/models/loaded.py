@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
-from core import attention
+from core.mechanics import attention
 from core.models.catalog import ModelSpec, read_card
 
 
 @dataclass
 class Loaded:
-    """A model ready for :func:`core.engine.run`, with what the views need to describe it."""
+    """A model ready for :func:`core.runs.engine.run`, with what the views need to describe it."""
 
     spec: ModelSpec
     model: torch.nn.Module
@@ -32,7 +32,7 @@ class Loaded:
     @property
     def family(self) -> str:
         """``"t5"`` (relative bias, encoder-decoder) or ``"rope"`` (rotary encoder, masked-LM head): what the
-        engine, the views and :mod:`core.mlm` branch on."""
+        engine, the views and :mod:`core.experiments.mlm` branch on."""
         return attention.family_of(self.config.model_type) or attention.T5
 
     @property

@@ -13,7 +13,7 @@ lock held (:mod:`core.models.hub`), then, under that model's own lock, every fil
 before it is trusted (:mod:`core.models.safety`) and the model is read with ``local_files_only``.
 transformers' own multi-line load report never reaches stderr: the checks say the same in one line.
 
-Two families (:data:`core.attention.FAMILIES`): T5's encoder-decoder with a learned relative
+Two families (:data:`core.mechanics.attention.FAMILIES`): T5's encoder-decoder with a learned relative
 bias (``AutoModelForSeq2SeqLM``), and bidirectional rotary encoders with a masked-LM head
 (``model_type`` ``modernbert``, ``AutoModelForMaskedLM``; ``Loaded.family`` "rope"). Why
 ModernBERT among transformers' rotary encoders: its attention goes through ``AttentionInterface``
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from core import attention  # noqa: F401  (registers the "aligned" attention)
-from core import relative_bias
+from core.mechanics import attention  # noqa: F401  (registers the "aligned" attention)
+from core.mechanics import relative_bias
 from core.errors import ModelLoadError
 from core.models.catalog import ROPE_FAMILY, T5_FAMILY, ModelSpec, registry, resolve
 from core.models.device import pick_device
@@ -235,5 +235,5 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             app=f"The tokenizer of model '{_shown(src)}' has no mask token: copy the model's own tokenizer files "
                 "into its folder.")
     model.to(dev).eval()
-    relative_bias.install(model)  # T5's bias as one vector per head (core.relative_bias): no [H, L, L] per pass
+    relative_bias.install(model)  # T5's bias as one vector per head (core.mechanics.relative_bias): no [H, L, L] per pass
     return Loaded(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dtype)

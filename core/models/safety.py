@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from core import attention
+from core.mechanics import attention
 from core.errors import ModelLoadError, UserError
 from core.models.names import _short, _shown
-from core.validation import read_json
+from core.values.validation import read_json
 
 #: The weight files a folder is loaded from, one of them at least (an index names its shards).
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")

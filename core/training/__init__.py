@@ -9,8 +9,8 @@ The model is transformers' own ``T5ForConditionalGeneration`` (learned
 relative position bias, 32 buckets, max distance 128: exactly the mechanism
 the paper studies), run through our ``aligned`` attention so a cosine-attention
 variant (``logits = s * cos(q, k) + bias``) trains with the same code.
-Documents come from :mod:`core.tasks`, generated on the fly in a background
-process (varied haystacks from :mod:`core.corpus`' training pool, random needle
+Documents come from :mod:`core.data.tasks`, generated on the fly in a background
+process (varied haystacks from :mod:`core.data.corpus`' training pool, random needle
 depth, lengths up to L_tr). A length curriculum grows the longest document
 from ``min_length`` to ``train_length``: without it the copy solution is found
 much later (see shared/notes/feasibility.md).

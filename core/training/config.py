@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from core import tasks
+from core.data import tasks
 
 
 @dataclass

@@ -11,7 +11,7 @@ from queue import Full
 import numpy as np
 import torch
 
-from core import tasks
+from core.data import tasks
 from core.training.config import TrainConfig
 from core.training.supervision import copy_needle, needle_token_mask
 

@@ -17,7 +17,7 @@ from queue import Empty
 
 import torch
 
-from core import tasks
+from core.data import tasks
 from core.errors import UserError
 from core.training.config import TrainConfig, _check_per_task
 from core.training.data import _batches, eval_documents
@@ -59,7 +59,7 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
 def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None = None) -> dict[str, float]:
     """Accuracy per task on fresh seeds (>= EVAL_SEED) at ``length`` (default L_tr), eval haystacks;
     for language modelling, ``lm_perplexity`` on held-out text instead."""
-    from core import engine
+    from core.runs import engine
     from core.models import Loaded, ModelSpec
 
     model.eval()

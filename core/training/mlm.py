@@ -11,19 +11,19 @@ enough for a 2-core CPU:
   sliding window), run through our ``aligned`` attention while training, so
   training and evaluation share one attention function and the cosine
   variant (``cosine_scale`` set: logits ``s * cos(q, k)``) trains with the
-  same code (:func:`core.attention.aligned_attention`);
+  same code (:func:`core.mechanics.attention.aligned_attention`);
 - the tokenizer is the bundled T5s' byte-level BPE (``--tokenizer``) with a
   ``<mask>`` token added when it has none (it has none), so held-out text
   tokenises as it does for every other model here;
-- the text is a training pool of :mod:`core.corpus`, never the evaluation
+- the text is a training pool of :mod:`core.data.corpus`, never the evaluation
   pool: ``"lm-train"`` (default: the stdlib train pool plus installed
   packages' docstrings, 0.55 M words, eval-bucket paragraphs excluded) or
   ``"corpus-train"`` (the 56 k-word stdlib pool alone, which a model this
   size memorises; the tests use it because it loads at once). Its paragraphs,
-  in a seeded order and joined by spaces as :func:`core.tasks.make` ``("lm")``
+  in a seeded order and joined by spaces as :func:`core.data.tasks.make` ``("lm")``
   joins them, form one token stream; each sample is a window of L_tr - 1
   tokens from a seeded random place plus ``</s>``, exactly L_tr tokens, as
-  the held-out sequences of :mod:`core.mlm` are counted;
+  the held-out sequences of :mod:`core.experiments.mlm` are counted;
 - in each sample ``round(0.15 x non-special tokens)`` positions are chosen
   (never a special token), BERT-style: 80 % become ``<mask>``, 10 % a random
   non-special token, 10 % stay; the loss is the cross-entropy on those
@@ -32,7 +32,7 @@ enough for a 2-core CPU:
 - every step's batch is a pure function of ``(seed, step)`` and the weights
   start from ``torch.manual_seed(seed)``: the same config gives the same
   first loss and, on the CPU, the same weights;
-- the held-out score is :mod:`core.mlm`'s own (its ``sequence`` and ``score``:
+- the held-out score is :mod:`core.experiments.mlm`'s own (its ``sequence`` and ``score``:
   the corpus' eval pool, masked positions drawn by seed, tau = 1), so the card
   says what ``python -m core mlm`` measures at L_tr.
 
@@ -89,7 +89,7 @@ def options(cfg: TrainConfig) -> dict:
 
 
 def get_tokenizer(reuse: str | Path | None):
-    """The bundled BPE of ``reuse`` (or a fresh one, :mod:`core.tokenizer`) with :data:`MASK_TOKEN` added if missing."""
+    """The bundled BPE of ``reuse`` (or a fresh one, :mod:`core.models.tokenizer`) with :data:`MASK_TOKEN` added if missing."""
     from core.training.model import get_tokenizer as bpe
 
     tok = bpe(TrainConfig(), reuse)
@@ -104,10 +104,10 @@ def build_model(cfg: TrainConfig, tok):
     Vocabulary rounded up to a multiple of 8 as the project's tiny rotary models do (the rows past the
     tokenizer are never a label and never an input). ``max_position_embeddings`` is L_tr: rotary positions
     are not learned, so the field only says how long training sequences were, which is what dynamic NTK
-    scaling reads (core.positions)."""
+    scaling reads (core.values.positions)."""
     from transformers import ModernBertConfig, ModernBertForMaskedLM
 
-    from core import attention
+    from core.mechanics import attention
 
     opts = options(cfg)
     if cfg.d_model % cfg.num_heads:
@@ -136,7 +136,7 @@ def build_model(cfg: TrainConfig, tok):
 
 def token_stream(tok, pool: str, seed: int) -> np.ndarray:
     """The training pool's paragraphs in a seeded order, joined by spaces, as one array of token ids (no specials)."""
-    from core import corpus
+    from core.data import corpus
 
     paras = list(corpus.lm_train_pool() if pool == "lm-train" else corpus.pool("train"))
     random.Random(seed).shuffle(paras)
@@ -196,11 +196,11 @@ def masked_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 
 def evaluate(model, tok, lengths: list[int], sequences: int, train_length: int, seed: int = 0,
              rate: float | None = None, batch_size: int = 16) -> dict[int, dict]:
-    """Held-out masked-token accuracy (a fraction) and perplexity per length at tau = 1, by :mod:`core.mlm`.
+    """Held-out masked-token accuracy (a fraction) and perplexity per length at tau = 1, by :mod:`core.experiments.mlm`.
 
     Sequences of seeds ``seed..`` from the corpus' eval pool, masked positions drawn by seed: what
     ``python -m core mlm`` scores, so the card and the table measure the same thing."""
-    from core import mlm
+    from core.experiments import mlm
     from core.models import Loaded, ModelSpec
 
     was = model.training
@@ -230,7 +230,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     the two families differ in model and objective only. Returns the card."""
     from tqdm import tqdm
 
-    from core import mlm  # noqa: F401  now, not at the first evaluation: one snapshot of the code for the whole run
+    from core.experiments import mlm  # noqa: F401  now, not at the first evaluation: one snapshot of the code for the whole run
 
     opts = options(cfg)
     if cfg.init_from:

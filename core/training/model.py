@@ -16,7 +16,8 @@ def build_model(cfg: TrainConfig, vocab_size: int):
     """A fresh T5 with the config's sizes (our attention; cosine mode if asked)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from core import attention, relative_bias  # noqa: F401  registers "aligned"
+    from core.mechanics import attention
+    from core.mechanics import relative_bias  # noqa: F401  registers "aligned"
 
     tcfg = T5Config(
         vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
@@ -32,17 +33,17 @@ def build_model(cfg: TrainConfig, vocab_size: int):
     torch.manual_seed(cfg.seed)
     model = T5ForConditionalGeneration(tcfg)
     model.config._attn_implementation = attention.ATTN_NAME
-    relative_bias.install(model)  # the bias as one vector per head, as at inference (core.relative_bias)
+    relative_bias.install(model)  # the bias as one vector per head, as at inference (core.mechanics.relative_bias)
     return model
 
 
 def get_tokenizer(cfg: TrainConfig, reuse: str | Path | None = None):
-    """Reuse a saved tokenizer (all bundled models share one), or train the BPE of :mod:`core.tokenizer`."""
+    """Reuse a saved tokenizer (all bundled models share one), or train the BPE of :mod:`core.models.tokenizer`."""
     from transformers import AutoTokenizer
 
     if reuse and (Path(reuse) / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(str(reuse))
-    from core.tokenizer import train_tokenizer, training_texts
+    from core.models.tokenizer import train_tokenizer, training_texts
 
     return train_tokenizer(training_texts(), vocab_size=cfg.vocab_size)
 

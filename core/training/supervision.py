@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from core import tasks
-from core.attention import listen
-from core.tasks.lm import copy_positions
+from core.data import tasks
+from core.mechanics.attention import listen
+from core.data.tasks.lm import copy_positions
 from core.kinds import CROSS
-from core.probes import ProbeSpec, Recorder
+from core.mechanics.probes import ProbeSpec, Recorder
 
 
 def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
@@ -35,7 +35,7 @@ def copy_needle(offsets: np.ndarray, docs: list[tasks.Document], answer_tokens: 
 
     A language-modelling document with an earlier copy (``meta["copy_span"]``)
     marks, in row t, the prefix token that is the copy of continuation token t
-    (:func:`core.tasks.lm.copy_positions`): one token, not the whole copy,
+    (:func:`core.data.tasks.lm.copy_positions`): one token, not the whole copy,
     because a model that copies must know *which* of the copied tokens comes
     next, and the copy's other tokens are exactly the wrong answers. Rows past
     the copy, and documents without one, are all False (no target: the loss
@@ -54,8 +54,8 @@ def copy_needle(offsets: np.ndarray, docs: list[tasks.Document], answer_tokens: 
 class CrossAttentionTap:
     """The decoder's cross-attention logits, with their gradient, of the forward passes since the last read.
 
-    A standing :class:`core.probes.Recorder` asking for ``cross.*.logits``
-    (:func:`core.attention.listen`): the one way a pass is tapped. The
+    A standing :class:`core.mechanics.probes.Recorder` asking for ``cross.*.logits``
+    (:func:`core.mechanics.attention.listen`): the one way a pass is tapped. The
     attention function hands it each cross-attention's q.k (answer tokens x
     document tokens, cheap) and still runs its fused softmax, so the model
     trains exactly as it would untapped."""

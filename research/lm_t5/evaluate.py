@@ -7,7 +7,7 @@ runs answer (does dispersion cost the copy past L_tr, and does a temperature
 give it back?) is answered by a few cells first: tau = 1 and log-length at 1x
 and 8x L_tr, copy and no copy. Those run first for every model; then, while
 the budget lasts, more lengths and the measured methods. Each phase writes its
-rows to ``OUT/<model>.csv`` as they finish (:func:`core.perplexity.run_perplexity`,
+rows to ``OUT/<model>.csv`` as they finish (:func:`core.experiments.perplexity.run_perplexity`,
 resumable), so a run cut short keeps what it measured; at the end
 ``OUT/perplexity.json`` holds every row and stdout a compact table per model
 (perplexity, copy / no copy, and the 8x / 1x ratio).
@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script from the repository root
     sys.path.insert(0, str(ROOT))
 
-from core import methods  # noqa: E402
+from core.runs import methods  # noqa: E402
 from core.models import load  # noqa: E402
-from core.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_table, run_perplexity  # noqa: E402
+from core.experiments.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_table, run_perplexity  # noqa: E402
 
 #: Method names asked of the registry (tests/test_registry_owner.py): tau = 1, the paper's baseline, YaRN (the
 #: other advised closed form), Algorithm 1 on Pmax and on entropy, per layer and per head.
@@ -117,7 +117,7 @@ def _phases(loaded: dict, frames: dict, out: Path, sequences: int, budget_s: flo
 
 def seed_rows(previous: Path, out: Path, models: list[str]) -> None:
     """Each model's rows of an earlier run's CSV (``perplexity.csv``: every model) as ``out/<model>.csv``, so
-    :func:`core.perplexity.run_perplexity` (resume) skips the cells measured there; a model's CSV already in
+    :func:`core.experiments.perplexity.run_perplexity` (resume) skips the cells measured there; a model's CSV already in
     ``out`` is kept as it is."""
     if not previous.is_file():
         print(f"no earlier rows at {previous}: every cell is measured", file=sys.stderr)

@@ -1,0 +1,344 @@
+"""Many ``engine.run``s -> one tidy table, written row by row.
+
+A sweep is the product lengths x depths x seeds x methods for one model and
+task. Each finished document is appended to the CSV at once (a killed sweep
+keeps what it finished); ``resume=True`` skips rows already there and redoes
+a last row cut short by a kill. The whole plan is checked before the CSV is
+touched, and one sweep at a time writes a CSV (:class:`core.experiments.csvio.ResultCSV`:
+lock, resume checks, spreadsheet-safe cells).
+
+Measured methods (Algorithm 1, Prop. 1/2, per-layer) are calibrated once per
+length on *calibration* documents whose seeds are disjoint from the test
+seeds (``calib_seed`` onwards), so no method is tuned on the documents it is
+scored on. A search's rows say whether that calibration ``reached`` the L_tr
+reference and the ``gap`` it left (empty for other methods).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator
+
+import pandas as pd
+
+from core.experiments import csvio
+from core.runs import engine
+from core.runs import methods
+from core.data import tasks
+from core.runs import timing
+from core.runs.methods import method_label
+from core.values.validation import Depth, Samples, Seed, Tokens, validate
+from core.errors import UserError
+from core.models import Loaded
+from core.mechanics.probes import ProbeSpec
+from core.values.schedule import Schedule
+
+if TYPE_CHECKING:  # Ray and the pool are imported only when a sweep runs on them
+    from core.experiments import cluster
+
+COLUMNS = [
+    "model", "task", "tokens", "actual_tokens", "depth", "seed", "method", "tau",
+    "answer", "expected", "correct", "pmax", "entropy", "seconds", "reached", "gap",
+]
+#: Columns a search fills (Algorithm 1 and its per-layer, per-head and refined kin: did its curve reach the
+#: L_tr reference, and S_ex - S_tr at the pick, both from the calibration documents); empty for other methods.
+SEARCH_COLUMNS = ("reached", "gap")
+KEY = ("model", "task", "tokens", "depth", "seed", "method")
+
+
+@dataclass
+class SweepPlan:
+    model: str
+    task: str
+    lengths: list[int]
+    depths: list[float]
+    seeds: list[int]
+    methods: list[str]
+    calib_samples: int = 4
+    calib_seed: int = 100_000
+    haystack: str = "default"
+
+    def cells(self) -> Iterable[tuple[int, float, int, str]]:
+        for n in self.lengths:
+            for d in self.depths:
+                for s in self.seeds:
+                    for m in self.methods:
+                        yield n, d, s, m
+
+    @property
+    def total(self) -> int:
+        return len(self.lengths) * len(self.depths) * len(self.seeds) * len(self.methods)
+
+    def validated(self) -> SweepPlan:
+        """This plan with methods as labels, or a :class:`UserError` naming the first bad option.
+
+        Called first by :func:`run_sweep`, so a bad option never costs the
+        rows of an existing CSV.
+        """
+        try:
+            methods = [method_label(m) for m in self.methods]
+        except ValueError as err:
+            raise UserError(f"Bad sweep option: {err}") from None
+        where = "Bad sweep option"  # the bounds every entry point uses (core.values.validation)
+        return replace(
+            self, lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"),
+            depths=validate(list[Depth], self.depths, f"{where}: depths"),
+            seeds=validate(list[Seed], self.seeds, f"{where}: seeds"), methods=methods,
+            calib_samples=validate(Samples, self.calib_samples, f"{where}: calib_samples"),
+            calib_seed=validate(Seed, self.calib_seed, f"{where}: calib_seed"),
+        )
+
+
+def _done_keys(rows: list[dict[str, str]], path: Path | None) -> set[tuple]:
+    """Keys of the rows a resumed CSV already holds (cells as written, restored by csvio)."""
+    try:
+        return {tuple(_norm(k, r[k]) for k in KEY) for r in rows}
+    except ValueError as err:
+        raise UserError(f"{path} holds a row that is not a sweep row ({err}); use another --out or drop --resume") from None
+
+
+def _norm(k: str, v) -> str:
+    if k == "tokens" or k == "seed":
+        return str(int(float(v)))
+    if k == "depth":
+        return f"{float(v):g}"
+    return str(v)
+
+
+def run_sweep(
+    loaded: Loaded,
+    plan: SweepPlan,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: Callable[[int, int, dict | None], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    guard: Callable[[], ContextManager] = contextlib.nullcontext,
+    pool: "cluster.RayEngine | None" = None,
+    tracker: "cluster.Tracker | None" = None,
+    report: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """Run the plan; append rows to ``out`` (CSV) as they finish; return the table (in plan order).
+
+    ``progress(done, total, row)`` is called after each row (and once at the
+    start with ``row=None``); ``should_stop()`` is polled between rows (the
+    app's cancel button). ``guard()`` is entered around each row's passes:
+    the app passes its pass gate, so a sweep and other sessions' passes take
+    turns instead of sharing the memory one of them was checked against.
+
+    ``pool``: None runs here, one cell per job in plan order. A
+    :class:`core.experiments.cluster.RayEngine` runs the same cells, cut into jobs of
+    one length, one method and a slice of documents, on its actors, heaviest
+    first; a measured method's calibration is a job of its own that its
+    cells wait for. Either way every row comes from :func:`_cells_job` and is
+    written here (the one writer), so the rows are the same. On Ray a job
+    that fails twice goes to ``report`` (default: stderr) with its cells and
+    the sweep goes on; ``--resume`` reruns the missing rows. ``tracker``
+    hears of the plan and of each job (:class:`core.experiments.cluster.Bar`).
+    """
+    from core.experiments import cluster
+
+    plan = plan.validated()
+    if plan.total:
+        engine.check_length(loaded, max(plan.lengths))  # before a huge document is built, or the CSV touched
+        _check_task(loaded, plan)
+    model = None
+    if pool is not None:
+        model = pool.model_ref(loaded)
+        pool.prepare(model)  # every actor loads the model before the CSV is touched
+    track = tracker or cluster.NO_TRACKER
+    say = report or (lambda msg: print(msg, file=sys.stderr))
+    path = Path(out) if out else None
+    with csvio.ResultCSV(path, COLUMNS, "sweep", resume=resume) as sink:
+        done = _done_keys(sink.rows, path)
+        rows: list[dict] = typed_rows(path) if sink.rows else []
+        cells = list(enumerate(plan.cells()))
+        todo = [(i, c) for i, c in cells if _key(plan, *c) not in done]
+        if progress:
+            progress(0, plan.total, None)
+        workers = pool.workers if pool is not None else 1
+        jobs = _jobs(loaded, plan, todo, workers, model)
+        same_device = pool is None or (pool.on_cpu and loaded.device.type == "cpu")
+        seconds = cluster.estimate(jobs, timing.model_key(loaded), workers) if same_device else None
+        where = pool.where if pool is not None else "in this process"
+        track.start(len(todo) if pool is None else len(jobs), len(todo), seconds, where)
+        written = len(rows)
+        new: list[tuple[int, dict]] = []
+
+        def write(index: int, row: dict) -> None:
+            """The one writer: every finished row, local or from an actor, goes through here."""
+            nonlocal written
+            new.append((index, row))
+            sink.write(row)
+            written += 1
+            if progress:
+                progress(index + 1 if pool is None else written, plan.total, row)
+
+        if pool is None:
+            taus: dict[tuple[int, str], tuple] = {}  # (length, method) -> (schedule, search outcome)
+
+            def local_jobs() -> Iterator[cluster.Job]:
+                for i, (n, depth, seed, m) in cells:
+                    if _key(plan, n, depth, seed, m) in done:
+                        if progress:
+                            progress(i + 1, plan.total, None)
+                        continue
+                    yield cluster.Job(_cells_job, (plan, n, m, [(i, depth, seed)], taus), _label(plan, n, m, [(i, depth, seed)]))
+
+            def on_local(job: cluster.Job, result: list[tuple[int, dict]]) -> None:
+                for index, row in result:
+                    write(index, row)
+                track.advance(1, len(result))
+
+            cluster.run_local(local_jobs(), loaded, on_local, should_stop, guard)
+            return pd.DataFrame(rows + [r for _, r in new], columns=COLUMNS)
+
+        waiting = {j.tag: j for j in jobs if j.kind == "calibrate"}
+        held: dict[tuple[int, str], list[cluster.Job]] = {}
+        for j in jobs:
+            if j.kind == "cells" and j.tag in waiting:
+                held.setdefault(j.tag, []).append(j)
+        ready = [j for j in jobs if j.kind == "calibrate" or j.tag not in waiting]
+
+        def on_done(job: cluster.Job, result) -> list[cluster.Job]:
+            if job.kind == "calibrate":
+                track.advance(1, 0)
+                out = held.pop(job.tag, [])
+                for j in out:
+                    j.payload = (*j.payload[:4], {job.tag: result})  # (schedule, search outcome), as _resolve_for caches
+                return out
+            for index, row in result:
+                write(index, row)
+            track.advance(1, len(result))
+            return []
+
+        def on_fail(job: cluster.Job, why: str) -> None:
+            track.advance(1, 0)
+            say(f"sweep job failed: {job.label}: {why}; its rows are missing (--resume runs them again)")
+            for j in held.pop(job.tag, []) if job.kind == "calibrate" else []:
+                track.advance(1, 0)
+                say(f"sweep job not run: {j.label}: its calibration failed")
+
+        pool.run(ready, on_done, on_fail, should_stop)
+    new.sort(key=lambda t: t[0])  # plan order, as a local sweep returns them (the CSV keeps arrival order)
+    return pd.DataFrame(rows + [r for _, r in new], columns=COLUMNS)
+
+
+def _key(plan: SweepPlan, n: int, depth: float, seed: int, m: str) -> tuple:
+    return tuple(_norm(k, v) for k, v in zip(KEY, (plan.model, plan.task, n, depth, seed, m)))
+
+
+def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]]) -> str:
+    """The cells of a job in words, for a failure report."""
+    depths = sorted({d for _, d, _ in cells})
+    seeds = sorted({s for _, _, s in cells})
+    span = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
+    return (f"{plan.task} at {n:,} tokens, method {m}, depth{'s' if len(depths) > 1 else ''} "
+            f"{','.join(f'{d:g}' for d in depths)}, {span} ({len(cells)} row{'s' if len(cells) != 1 else ''})")
+
+
+def _jobs(loaded: Loaded, plan: SweepPlan, todo: list[tuple[int, tuple]], workers: int,
+          model: "cluster.ModelRef | None") -> list["cluster.Job"]:
+    """The cells still to run as Ray jobs: per (length, method), slices of documents; a measured method's
+    calibration at that length is a job its slices wait for (they get its tau, ``tag`` = (length, method)).
+
+    Also the basis of the estimate said before a local sweep (the same work, in other pieces)."""
+    from core.experiments import cluster
+
+    groups: dict[tuple[int, str], list[tuple[int, float, int]]] = {}
+    for i, (n, depth, seed, m) in todo:
+        groups.setdefault((n, m), []).append((i, depth, seed))
+    size = cluster.chunk_size(len(todo), workers)
+    jobs: list[cluster.Job] = []
+    for (n, m), cells in groups.items():
+        slices = [cluster.Job(_cells_job, (plan, n, m, part, {}), _label(plan, n, m, part),
+                              passes=((len(part), n),), answers=((len(part), n),), model=model, tag=(n, m))
+                  for part in cluster.chunks(cells, size)]
+        if m in methods.MEASURED:
+            passes = tuple(timing.sweep_passes([n], 0, methods.costs([m], loaded.n_layers, loaded.n_heads, plan.calib_samples),
+                                               loaded.train_length))
+            jobs.append(cluster.Job(_calibrate_job, (plan, n, m), f"calibrating {m} at {n:,} tokens",
+                                    passes=passes, unlocks=sum(j.cost for j in slices), model=model,
+                                    kind="calibrate", tag=(n, m)))
+        jobs += slices
+    return jobs
+
+
+def _calibrate_job(loaded: Loaded, payload: tuple) -> tuple[float | list, dict]:
+    """A measured method's tau at one length and its search outcome (``reached``, ``gap``): a job of its own on
+    Ray, whose result its cells wait for (it becomes their cache entry, so their rows equal local ones)."""
+    plan, n, m = payload
+    return resolve_for(loaded, plan, n, m, None, {})
+
+
+def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
+    """Rows of some cells of one length and one method: ``[(plan index, row)]``.
+
+    What every sweep row comes from, locally (one cell, the sweep's tau
+    cache) and on an actor (a slice; the calibration job's (tau, outcome) in the cache)."""
+    from core.experiments.cluster import Cancelled, cancelled
+
+    plan, n, m, cells, cache = payload
+    out = []
+    for index, depth, seed in cells:
+        if cancelled():  # the driver was stopped: free this actor for its next run
+            raise Cancelled
+        doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
+        tau, outcome = resolve_for(loaded, plan, n, m, doc, cache)
+        res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
+        out.append((index, {
+            "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
+            "depth": depth, "seed": seed, "method": m,
+            "tau": tau.mean(res.tokens), "answer": res.answer, "expected": res.expected,
+            "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
+            "seconds": round(res.seconds["total"], 4), **outcome,
+        }))
+    return out
+
+
+def _check_task(loaded: Loaded, plan: SweepPlan) -> None:
+    """Build the shortest document once, so an unknown task or haystack, or a length too short for the task,
+    is refused before the CSV is touched (a longer document only has more filler)."""
+    try:
+        tasks.make(plan.task, loaded.tokenizer, min(plan.lengths), depth=plan.depths[0], seed=plan.seeds[0],
+                   haystack=plan.haystack)
+    except ValueError as err:
+        raise UserError(f"Bad sweep option: {err}") from None
+
+
+def typed_rows(path: Path) -> list[dict]:
+    """The rows a resumed CSV holds, typed as pandas reads them, text as it was before neutralising."""
+    return csvio.restore_frame(pd.read_csv(path, keep_default_na=False)).to_dict("records")
+
+
+def resolve_for(loaded: Loaded, plan, n: int, method: str, doc: tasks.Document | None,
+                cache: dict) -> tuple[Schedule, dict]:
+    """``(schedule, {"reached", "gap"})`` of a method at length n; a measured one resolved once per length on
+    calibration documents (seeds disjoint from the test seeds) and cached as that pair. ``reached`` / ``gap``
+    are those of its search (:meth:`core.runs.temperature.Calibration.to_dict`), empty strings for a method that
+    is not a search (none, a fixed tau, closed forms, Prop. 1/2)."""
+    name, value = methods.parse(method)
+    if not methods.get(name).measured:
+        tau, info = methods.resolve(loaded, doc, name, value)
+        return tau, _outcome(info)
+    if (n, method) not in cache:
+        calib_doc = tasks.make(plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack)
+        tau, info = methods.resolve(loaded, calib_doc, method, samples=plan.calib_samples)
+        cache[(n, method)] = (tau, _outcome(info))
+    return cache[(n, method)]
+
+
+def _outcome(info: dict) -> dict:
+    """A search's ``reached`` (bool) and ``gap`` (float, 6 decimals) from its info; empty strings otherwise."""
+    if "reached" not in info or "gap" not in info:
+        return dict.fromkeys(SEARCH_COLUMNS, "")
+    return {"reached": bool(info["reached"]), "gap": round(float(info["gap"]), 6)}
+
+
+def accuracy_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:
+    """Accuracy (%) pivot, e.g. method x length (the paper's Table 4) or depth x length (needle heatmap)."""
+    d = df.copy()
+    d["correct"] = d["correct"].astype(str).str.lower().isin(["true", "1"])
+    return (d.pivot_table(index=rows, columns=cols, values="correct", aggfunc="mean") * 100).round(1)

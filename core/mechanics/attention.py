@@ -1,0 +1,528 @@
+"""The one attention function every T5 and ModernBERT attention runs through.
+
+Registered with transformers' ``AttentionInterface`` under the name
+``"aligned"`` (and a matching entry in ``AttentionMaskInterface`` so the model
+hands us compact boolean masks). A model loaded with
+``attn_implementation="aligned"`` calls :func:`aligned_attention` for encoder
+self-attention, decoder self-attention and cross-attention alike; the function
+finds out which one it is serving from the module it is given
+(``is_decoder`` / ``is_causal`` / ``layer_idx``), so the model never needs to
+know who listens.
+
+Per-call settings (the temperature schedule, the CosScale value, which
+attentions to touch, the probe recorder) travel in a :class:`contextvars.ContextVar`
+set by :func:`attention_call`. Context variables are per thread (and per
+asyncio task), so two Streamlit sessions sharing one cached model never see
+each other's tau. With no call active the function is exactly T5's own
+attention (tau = 1), unless the model's config names one of the functions
+:func:`standing` registers: this same function bound to a model's standing
+settings (:func:`core.runs.apply.install`) or recorder (:func:`listen`), under a
+name of its own (``aligned@3``). So those settings travel with the call too,
+through transformers' own dispatch, and nothing is pinned on the model's
+modules.
+The recorder (:mod:`core.mechanics.probes`) is asked at each call what it wants of this
+attention's blocks (its probes are named per kind and layer). The call is then cut
+into blocks of query rows and each block computed by one backend, chosen per call
+in one place (:func:`core.mechanics.softmax_block.choose_backend`): on the CPU in float32
+(every long pass here) our fused C++ kernel (:mod:`core.mechanics.fused_softmax`), probed or
+not; elsewhere, when nobody probes and nobody needs the probabilities, torch's fused
+``scaled_dot_product_attention`` with the bias (over tau) as its additive mask, an
+exact rewriting; otherwise plain torch ops (autograd, dropout, the decoder's causal
+mask, whole weights, a rectified position scheme). Every backend returns a block as
+one :class:`core.mechanics.softmax_block.Block`, and the recorder takes that one object
+(:meth:`core.mechanics.probes.Recorder.observe`), whichever backend made it.
+A caller passing ``output_attentions=True`` (BertViz and friends) gets the whole
+weights back, up to :data:`MAX_WEIGHT_BYTES`: that pass takes the torch backend.
+
+The second family, rotary encoders (``model_type`` ``modernbert``, :data:`FAMILIES`), calls the
+same function: ModernBERT applies its rotary embedding to q and k before the call, passes its own
+``scaling`` (1/sqrt(head dim)) and no ``position_bias``, and its ``sliding_window`` kwarg is only a
+hint for flash kernels (the window itself arrives in the boolean mask built by our mask function),
+so nothing here depends on the family but :func:`attention_modules` and :func:`layer_count`.
+
+Why blocks: T5 adds a learned bias to q.k, so fused kernels that never
+materialise probabilities cannot give us Pmax/entropy. We therefore compute
+the softmax ourselves, over blocks of query rows, so at most
+``batch x heads x chunk x L`` scores exist at once, and feed the probes
+from each block before it is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from core.values import positions as rope_positions
+from core.mechanics import softmax_block
+from core.errors import UserError
+from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER
+from core.values.choice import Choice
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.mechanics.probes import Recorder
+
+
+#: The block budgets, the exp floor and the backends live in :mod:`core.mechanics.softmax_block`; named here too, where
+#: callers (the engine, the benchmarks) have always read them.
+CHUNK_BYTES = softmax_block.CHUNK_BYTES
+KERNEL_CHUNK_BYTES = softmax_block.KERNEL_CHUNK_BYTES
+GRAD_CHUNK_BYTES = softmax_block.GRAD_CHUNK_BYTES
+RECTIFIED_BLOCK_SHARE = softmax_block.RECTIFIED_BLOCK_SHARE
+EXP_FLOOR = softmax_block.EXP_FLOOR
+default_chunk_bytes = softmax_block.default_chunk_bytes
+
+#: Most bytes of whole attention weights one pass may return per kind of attention (encoder,
+#: decoder, cross) when the caller passes ``output_attentions=True``, counted at 4 bytes (float32)
+#: per weight: ``batch x heads x q_len x k_len x layers`` at most 2**28 weights. The weights are
+#: held whole (transformers keeps every layer's until the pass returns), which is exactly what the
+#: blocked softmax avoids, so past this a clear :class:`~core.errors.UserError` beats running out
+#: of memory halfway; probes (:mod:`core.mechanics.probes`) give the same numbers at any length.
+MAX_WEIGHT_BYTES = 2**30
+
+
+
+@dataclass(frozen=True, init=False)
+class AttentionSettings:
+    """What one forward pass should do to the attention logits: the run's :class:`~core.values.choice.Choice` as it
+    arrives here, and how this pass runs it.
+
+    ``choice``: the tau :class:`~core.values.schedule.Schedule` dividing q.k + bias, the ``targets`` it (and the
+    CosScale s) touches (the paper scales encoder self-attention only), the CosScale s of a cosine-attention
+    model (None: the trained s) and the position scheme (the same object the edge made: the engine hands it on).
+    ``chunk_bytes``: budget for one block of query rows (memory vs speed; None: the device's default,
+    :func:`default_chunk_bytes`).
+    ``positions``: the choice's position scheme bound to this input's length (:class:`core.values.positions.Bound`),
+    applied to encoder self-attention whatever the targets say: its mask rows are ANDed into the padding mask
+    block by block, and a scheme that rectifies distances takes its logits from
+    :func:`core.values.positions.rectified_logits` (the model's rotary modules then hand over unrotated q and k:
+    :func:`core.runs.rope_pass.scheme_pass` sets both up). None, or the plain scheme: nothing changes.
+
+    ``AttentionSettings(tau=0.7)`` (a part of the choice by name, checked once by :meth:`Choice.of`) stays the
+    short form for a caller without a Choice; ``tau``, ``targets`` and ``cosine_scale`` read the choice's parts.
+    """
+
+    choice: Choice
+    chunk_bytes: int | None
+    positions: "rope_positions.Bound | None"
+
+    def __init__(self, choice: Choice | None = None, chunk_bytes: int | None = None,
+                 positions: "rope_positions.Bound | None" = None, **parts: Any) -> None:
+        choice = Choice() if choice is None else choice
+        if not isinstance(choice, Choice):
+            raise TypeError("AttentionSettings.choice must be a core.values.choice.Choice")
+        if parts:
+            choice = choice.with_(**parts)
+        if chunk_bytes is not None and not (isinstance(chunk_bytes, int) and chunk_bytes > 0):
+            raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
+        if positions is not None and not isinstance(positions, rope_positions.Bound):
+            raise ValueError("positions must be a core.values.positions.Bound (Scheme.bind(...)) or None")
+        for name, value in (("choice", choice), ("chunk_bytes", chunk_bytes), ("positions", positions)):
+            object.__setattr__(self, name, value)
+
+    tau = property(lambda self: self.choice.tau)
+    targets = property(lambda self: self.choice.targets)
+    cosine_scale = property(lambda self: self.choice.cosine_scale)
+
+
+@dataclass
+class _Call:
+    settings: AttentionSettings
+    recorder: "Recorder | None"
+    taus: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+
+
+_CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
+
+
+def current_call() -> _Call | None:
+    """The :func:`attention_call` under way in this thread (or asyncio task), None outside one: what the rotary
+    modules of a scheme pass read (:func:`core.runs.rope_pass.scheme_pass`), from the same context as the attention."""
+    return _CURRENT.get()
+
+_SERIAL = itertools.count(1)
+
+
+def standing(settings: AttentionSettings, recorder: "Recorder | None" = None) -> str:
+    """Register :func:`aligned_attention` bound to standing ``settings`` (and ``recorder``) under a new name of its
+    own, ``aligned@N``, and return the name: a model whose configs name it (:func:`point`) runs with them in every
+    thread whenever no :func:`attention_call` is active (an explicit call still wins). What
+    :func:`core.runs.apply.install` and :func:`listen` use; :func:`forget` takes the name back.
+
+    Why a name and not an attribute on the model's modules: the settings then reach the attention the way
+    transformers dispatches every call (the config's ``attn_implementation``), and the model's modules stay as
+    loaded; ``save_pretrained`` writes no private config field, so nothing of ours is saved either."""
+    name = f"{ATTN_NAME}@{next(_SERIAL)}"
+    AttentionInterface.register(name, functools.partial(aligned_attention, standing=_Call(settings, recorder)))
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def standing_call_of(name: object) -> _Call | None:
+    """The standing call a name :func:`standing` registered carries, None for any other name."""
+    fn = ALL_ATTENTION_FUNCTIONS.get(name) if isinstance(name, str) else None
+    return getattr(fn, "keywords", {}).get("standing")
+
+
+def forget(name: str) -> None:
+    """Let go of a name :func:`standing` registered (idempotent): it is bound again to the bare function, so it
+    holds no settings or recorder any more (transformers has no public way to unregister a name, and a name no
+    config points at costs nothing). The plain ``aligned`` is left as it is."""
+    if name != ATTN_NAME and standing_call_of(name) is not None:
+        AttentionInterface.register(name, aligned_attention)
+
+
+def configs(model: torch.nn.Module) -> list:
+    """Every config the model's attention reads ``_attn_implementation`` from (the top one, each sub-model's, e.g.
+    T5's encoder and decoder stacks), each once."""
+    seen: dict[int, object] = {}
+
+    def add(cfg) -> None:
+        if cfg is None or id(cfg) in seen:
+            return
+        seen[id(cfg)] = cfg
+        for key in getattr(cfg, "sub_configs", {}) or {}:
+            add(getattr(cfg, key, None))
+
+    add(model.config)
+    for mod in model.modules():
+        add(getattr(mod, "config", None))
+    return list(seen.values())
+
+
+def point(model: torch.nn.Module, name: str) -> list[tuple[object, object]]:
+    """Make every config of ``model`` name the implementation ``name``; returns ``[(config, what it named)]`` for
+    putting them back (:func:`point_back`)."""
+    before = [(c, c.__dict__.get("_attn_implementation_internal")) for c in configs(model)]
+    for cfg, _ in before:
+        cfg.__dict__["_attn_implementation_internal"] = name
+    return before
+
+
+def point_back(before: list[tuple[object, object]]) -> None:
+    for cfg, value in before:
+        cfg.__dict__["_attn_implementation_internal"] = value
+
+
+def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
+    """Feed ``recorder`` from every pass ``model`` runs outside an :func:`attention_call`, until the
+    returned function is called; a schedule :func:`core.runs.apply.install` put on it stays in force.
+
+    The recorder rides on a standing call (:func:`standing`), so the model still never knows who
+    listens. What training's cross-attention tap uses (``cross.*.logits``,
+    :class:`core.training.CrossAttentionTap`). Take listeners off in the reverse order of putting them on."""
+    prev = standing_call_of(getattr(model.config, "_attn_implementation", None))
+    name = standing(prev.settings if prev is not None else AttentionSettings(), recorder)
+    before = point(model, name)
+
+    def stop() -> None:
+        point_back(before)
+        forget(name)
+
+    return stop
+
+
+#: The model families whose attention modules call :func:`aligned_attention`, by transformers ``model_type``:
+#: T5's learned relative bias, and bidirectional rotary encoders with a masked-LM head (ModernBERT: its
+#: attention goes through ``AttentionInterface``, one fused q/k/v projection, as many key as query heads).
+FAMILIES: dict[str, tuple[str, ...]] = {"t5": ("t5", "mt5", "umt5"), "rope": ("modernbert",)}
+T5, ROPE = "t5", "rope"
+
+
+def family_of(model_type: object) -> str | None:
+    """The family (:data:`FAMILIES`) of a transformers ``model_type``, None when we cannot run it."""
+    return next((f for f, types in FAMILIES.items() if model_type in types), None)
+
+
+def layer_count(config: object) -> int:
+    """Encoder layers a config declares: T5's ``num_layers``, else ``num_hidden_layers`` (ModernBERT), else 1."""
+    n = getattr(config, "num_layers", None) if family_of(getattr(config, "model_type", None)) == T5 else None
+    return int(n or getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None) or 1)
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The attention modules of ``model`` that call this function (T5-family and ModernBERT), and hold a standing call."""
+    from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
+    from transformers.models.mt5.modeling_mt5 import MT5Attention
+    from transformers.models.t5.modeling_t5 import T5Attention
+    from transformers.models.umt5.modeling_umt5 import UMT5Attention
+
+    kinds = (T5Attention, MT5Attention, UMT5Attention, ModernBertAttention)
+    return [m for m in model.modules() if isinstance(m, kinds)]
+
+
+@contextlib.contextmanager
+def attention_call(settings: AttentionSettings | None = None, recorder: "Recorder | None" = None) -> Iterator[None]:
+    """Run the enclosed forward passes with ``settings`` and feed ``recorder``.
+
+    The settings live in a context variable: visible to this thread (or task)
+    only, restored on exit even if the pass raises.
+    """
+    token = _CURRENT.set(_Call(settings or AttentionSettings(), recorder))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def attention_kind(module: torch.nn.Module) -> str:
+    """Which attention a module is: encoder, decoder self, or cross (T5's ``is_decoder``/``is_causal``;
+    a ModernBERT attention has no ``is_decoder`` and ``is_causal`` False: encoder self-attention)."""
+    if not getattr(module, "is_decoder", False):
+        return ENCODER
+    return DECODER if getattr(module, "is_causal", False) else CROSS
+
+
+def _layer_tau(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, q_len: int = 1,
+               k_len: int = 1) -> torch.Tensor | None:
+    """The tau of one layer, ``[heads, 1, 1]`` (or ``[1, q_len, 1]``: one per query row for a
+    row schedule), or None when it is 1 everywhere. Read from the call's :class:`Schedule` (which
+    keeps what it computed) and converted to a tensor once per call and layer."""
+    if kind not in call.settings.targets:
+        return None
+    tau = call.settings.tau
+    if tau.rows is not None:
+        # Row positions: a decoder's cached step sits at the end of its keys; other rows start at 0.
+        start = k_len - q_len if kind == DECODER else 0
+        key = (kind, "rows", start, q_len)
+        if key not in call.taus:
+            t = tau.row_taus(start, q_len)
+            call.taus[key] = None if t is None else torch.from_numpy(t)
+        t = call.taus[key]
+        return None if t is None else t.to(device=device, dtype=dtype).view(1, q_len, 1)
+    key = (kind, layer)
+    if key not in call.taus:
+        row = tau.heads(layer, n_heads)
+        call.taus[key] = None if row is None else torch.tensor(row, dtype=torch.float64)
+    t = call.taus[key]
+    return None if t is None else t.to(device=device, dtype=dtype).view(n_heads, 1, 1)
+
+
+
+def _check_weight_size(module: torch.nn.Module, kind: str, batch: int, heads: int, q_len: int, k_len: int) -> None:
+    """Refuse ``output_attentions=True`` past :data:`MAX_WEIGHT_BYTES`, before anything is computed.
+
+    Counted per kind of attention over the stack's layers (:func:`layer_count`: T5 gives the decoder
+    stack its own config), because transformers keeps every layer's weights until the pass returns;
+    the first layer raises, so nothing large is allocated first. One line, naming the length that fits."""
+    layers = layer_count(getattr(module, "config", None))
+    n = batch * heads * q_len * k_len * layers
+    limit = MAX_WEIGHT_BYTES // 4
+    if n <= limit:
+        return
+    per = batch * heads * layers
+    if kind == CROSS:
+        fits = f"encoder inputs of up to {limit // (per * q_len):,} tokens at this decoder length"
+    else:
+        fits = f"inputs of up to {math.isqrt(limit // per):,} tokens"
+    raise UserError(
+        f"output_attentions=True would return {n * 4 / 2**30:.1f} GiB of {kind} attention weights "
+        f"(batch {batch} x {heads} heads x {q_len} x {k_len} x {layers} layers, as float32), past the bound of "
+        f"{MAX_WEIGHT_BYTES / 2**30:g} GiB (core.mechanics.attention.MAX_WEIGHT_BYTES), which holds {fits} at batch {batch}; "
+        f"use a shorter input, or probes (core.mechanics.probes), which give Pmax, entropy and maps at any length.")
+
+
+def logit_operands(query: torch.Tensor, key: torch.Tensor, scaling: float | None,
+                   cosine_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q', k')`` with ``q' @ k'.T`` the logits before the bias: ``s * cos(q, k)``
+    in cosine mode (``cosine_scale`` = s), else ``q.k * scaling`` (T5 passes 1).
+
+    One place for the rule: every logit a probe sees (``logits`` included) is made from these."""
+    if cosine_scale is not None:
+        return (torch.nn.functional.normalize(query, dim=-1) * cosine_scale,
+                torch.nn.functional.normalize(key, dim=-1))
+    if scaling is not None and scaling != 1.0:
+        query = query * scaling
+    return query, key
+
+
+def aligned_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    position_bias: torch.Tensor | None = None,
+    *,
+    standing: _Call | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax((q.k * scaling + bias + mask) / tau) @ v, in blocks of query rows.
+
+    ``standing``: the model's standing settings, bound by :func:`standing` (used when no
+    :func:`attention_call` is active).
+
+    Shapes follow transformers' attention interface: ``query`` is
+    ``[batch, heads, q_len, d]``, ``key``/``value`` ``[batch, heads, k_len, d]``,
+    ``attention_mask`` boolean (True = attend) or additive float,
+    ``[batch, 1, q_len, k_len]`` or None; ``position_bias`` ``[1|batch, heads,
+    q_len, k_len]``. Returns ``[batch, q_len, heads, d]`` and, normally, no
+    weights (they are never held whole; probes get them block by block, one
+    :class:`core.mechanics.softmax_block.Block` at a time, :meth:`core.mechanics.probes.Recorder.observe`).
+
+    ``output_attentions=True`` in ``kwargs`` is how transformers asks for the
+    weights (the model's forward passes it down to every attention function
+    with its other ``TransformersKwargs``; a forward hook on the attention
+    layer collects the second return value into ``encoder_attentions`` etc.),
+    or, without the kwarg, ``config.output_attentions``.
+    Then, and only then, the weights come back whole, ``[batch, heads, q_len,
+    k_len]`` in the value's dtype like transformers' eager attention: the
+    same blocks of probabilities the output is made from (same tau, mask,
+    bias, CosScale), concatenated, so BertViz can be pointed at a model under
+    our attention. Only the ``torch`` backend returns them, so such a pass
+    takes it (:func:`core.mechanics.softmax_block.choose_backend`); a pass over
+    :data:`MAX_WEIGHT_BYTES` is refused first (:func:`_check_weight_size`).
+    """
+    call = _CURRENT.get()
+    if call is None:
+        call = standing
+    kind = attention_kind(module)
+    layer = int(getattr(module, "layer_idx", 0) or 0)
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[-2]
+    config = getattr(module, "config", None)
+    # The kwarg wins, else the config's default, as transformers' collector decides (capture_outputs): a model
+    # loaded eager with output_attentions=True in its config and then put under apply() still gets its weights.
+    want_weights = bool(kwargs["output_attentions"] if "output_attentions" in kwargs
+                        else getattr(config, "output_attentions", False))
+    if want_weights:
+        _check_weight_size(module, kind, batch, heads, q_len, k_len)
+    cosine = bool(getattr(config, "cosine_attention", False))
+
+    s = None
+    if cosine:
+        # CosScale: logits = s * cos(q, k). The trained s lives in the config;
+        # a per-call value overrides it on the targeted attentions.
+        s = float(getattr(config, "cosine_scale", 1.0))
+        if call is not None and call.settings.cosine_scale is not None and kind in call.settings.targets:
+            s = float(call.settings.cosine_scale)
+    query, key = logit_operands(query, key, scaling, s)
+    scheme = _scheme_of(call, kind, module, query, key)
+    seen_q, seen_k = (query, key) if scheme is None or scheme.logits is None else scheme.rotated(query, key)
+
+    tau = None if call is None else _layer_tau(call, kind, layer, heads, query.device, torch.float32, q_len, k_len)
+    recorder = call.recorder if call is not None else None
+    needs = None
+    if recorder is not None:
+        # what the recorder asks of this attention's blocks; nothing (None or False): it took whatever it wanted
+        # of the call (whole logits) already, and the blocks may go through a backend that probes nothing
+        needs = recorder.begin_layer(layer, seen_q, seen_k, attention_mask, cosine_scale=s, kind=kind,
+                                     position_bias=position_bias) or None
+        if needs is None:
+            recorder = None
+
+    x = softmax_block.Inputs(
+        query, key, value, attention_mask, position_bias, tau,
+        causal=attention_mask is None and getattr(module, "is_causal", False) and q_len > 1,
+        scheme=scheme, needs=needs, weights=want_weights, dropout=float(dropout) if module.training else 0.0,
+        grad=torch.is_grad_enabled())
+    backend = softmax_block.choose_backend(x)
+    step = softmax_block.rows_per_block(backend, x, call.settings.chunk_bytes if call is not None else None)
+    rows = _open(backend, x, step)
+    out, weights = [], []
+    for r0 in range(0, q_len, step):
+        block = rows(r0, min(q_len, r0 + step))
+        if recorder is not None:
+            recorder.observe(layer, block, kind=kind)
+        out.append(block.out)
+        if want_weights:
+            weights.append(block.weights)
+        del block  # before the next block is made: its raw rows (16 MB at 4k tokens) are then memory to reuse
+    if recorder is not None:
+        recorder.end_layer(layer, kind)
+    attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    probs = None if not want_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2)
+    return attn.transpose(1, 2).contiguous(), probs
+
+
+def _open(backend: str, x: softmax_block.Inputs, step: int) -> softmax_block.Rows:
+    """:func:`core.mechanics.softmax_block.open_backend`, through :func:`_fused` / :func:`_kernel_blocks` for the two
+    backends that serve passes nobody probes (tests/test_output_attentions.py counts the calls they serve)."""
+    opener = {softmax_block.SDPA: _fused, softmax_block.CPU_KERNEL: _kernel_blocks}.get(backend)
+    return opener(x, step) if opener is not None else softmax_block.open_backend(backend, x, step)
+
+
+def _fused(x: softmax_block.Inputs, step: int) -> softmax_block.Rows:
+    """The ``sdpa`` backend opened for one call."""
+    return softmax_block.open_backend(softmax_block.SDPA, x, step)
+
+
+def _kernel_blocks(x: softmax_block.Inputs, step: int) -> softmax_block.Rows:
+    """The ``cpu-kernel`` backend opened for one call."""
+    return softmax_block.open_backend(softmax_block.CPU_KERNEL, x, step)
+
+
+@dataclass(frozen=True)
+class _SchemeOps:
+    """A bound position scheme as one attention call applies it (see :class:`AttentionSettings`): ``mask(r0, r1)``
+    gives the allowed keys of rows ``[r0, r1)`` (bool ``[rows, k_len]``) or None; ``logits(r0, r1, allowed)`` the
+    rows' float32 logits from unrotated q and k (rectified schemes) or None: the plain matmul; ``rotated(q, k)``
+    q and k at their own positions (what probes that take whole q and k see)."""
+
+    bound: "rope_positions.Bound"
+    mask: Callable[[int, int], torch.Tensor | None]
+    logits: Callable[[int, int, torch.Tensor | None], torch.Tensor] | None
+    rotated: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _layer_type(config, layer: int) -> str | None:
+    """The rope-parameter key of one layer (ModernBERT: ``config.layer_types[layer]``), None for a flat dict."""
+    if rope_positions.layer_types(config) == [None]:
+        return None
+    return config.layer_types[layer]
+
+
+def _scheme_of(call: _Call | None, kind: str, module: torch.nn.Module, query: torch.Tensor,
+               key: torch.Tensor) -> _SchemeOps | None:
+    """The call's position scheme for this attention (encoder self-attention only), or None when it changes
+    nothing here (no scheme, the plain one, or one that only changes frequencies: the rotary module did that).
+
+    ``query`` and ``key`` are the logit operands (:func:`logit_operands`: scaled, or normalised for CosScale; both
+    commute with a rotation). A rectified scheme rotates k once per call here, every block's q in
+    :func:`core.values.positions.rectified_logits`."""
+    bound = None if call is None or kind != ENCODER else call.settings.positions
+    if bound is None or not ({rope_positions.MASK, rope_positions.DISTANCES} & set(bound.scheme.changes)):
+        return None
+    k_len, device = key.shape[-2], query.device
+
+    def mask(r0: int, r1: int) -> torch.Tensor | None:
+        return bound.mask_rows(r0, r1, k_len, device)
+
+    if not bound.rectified:
+        return _SchemeOps(bound, mask, None, lambda q, k: (q, k))
+    config = module.config
+    inv, a = bound.frequencies(config, _layer_type(config, int(getattr(module, "layer_idx", 0) or 0)))
+    k_rot = rope_positions.rotate(key, torch.arange(k_len, device=device), inv, a)
+
+    def logits(r0: int, r1: int, allowed: torch.Tensor | None) -> torch.Tensor:
+        return rope_positions.rectified_logits(query, key, inv, bound.capped_positions(r0, r1, k_len, device), r0, a,
+                                               allowed=allowed, k_rotated=k_rot)
+
+    def rotated(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_positions.rotate(q, torch.arange(q.shape[-2], device=device), inv, a), k_rot
+
+    return _SchemeOps(bound, mask, logits, rotated)
+
+
+
+def register() -> None:
+    """Make ``attn_implementation="aligned"`` available to transformers (idempotent)."""
+    AttentionInterface.register(ATTN_NAME, aligned_attention)
+    # Boolean masks (True = attend), None when there is no padding: 4x smaller
+    # than additive float masks, and nothing at all in the common case.
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+register()

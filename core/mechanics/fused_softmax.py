@@ -1,0 +1,252 @@
+"""A fused CPU kernel for one block of attention rows: bias, tau, mask, max, exp, sums in two passes.
+
+Why: on the CPU the probed softmax of a long input was about 2.5x its arithmetic floor
+(issue 39): torch runs bias add, divide, mask, row max, subtract, clamp, exp, row sum and
+the entropy's dot product as separate passes over each block, each reading and writing
+megabytes that live in L3 at best. The kernel (``fused_softmax.cpp`` beside this file) does
+them row by row while the row sits in L1/L2, and reads T5's relative bias from its vector
+per head in place (:class:`core.mechanics.relative_bias.RelativeBias`), so no bias block is ever
+materialised. It leaves ``exp(x - max)`` in the scores' memory and returns each row's sum
+and ``sum(exp * (x - max))``: the output is ``(exp @ v) / total``, and the three are the
+:class:`core.mechanics.softmax_block.Block` every probe is computed from (:meth:`core.mechanics.probes.Recorder.observe`).
+It is the ``cpu-kernel`` backend of :mod:`core.mechanics.softmax_block`, which says when it is chosen.
+
+How it is built: with the machine's ``g++`` (``-O3 -march=native``; a plain C ABI loaded by
+:mod:`ctypes`, no torch headers, well under a second), once per source, flags and CPU, into
+the user's cache folder (``$XDG_CACHE_HOME/attention-explorer``, else ``~/.cache/...``),
+written to a temporary name and renamed, so two processes building at once both end with
+a whole library. No compiler, a failed build, or ``AAE_FUSED_SOFTMAX=0`` in the
+environment: :func:`available` is False and the attention takes another backend, which gives
+the same numbers (tests/test_fused_softmax.py holds the attention with the kernel to the attention
+without it and to transformers' eager attention, probes included).
+
+Threads: the rows of a block are split over :func:`threads` Python threads (ctypes lets go
+of the GIL during the call), the same count torch uses for its own work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+SOURCE = Path(__file__).with_name("fused_softmax.cpp")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno")
+#: Set to 0 to keep the kernel off (benchmarks comparing the two paths; a machine without g++ needs nothing).
+ENV_SWITCH = "AAE_FUSED_SOFTMAX"
+#: Seconds a build may take before it is given up (the attention then takes torch's path).
+BUILD_TIMEOUT_S = 60
+
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+_TRIED = False
+_WHY: str | None = None
+_POOL: ThreadPoolExecutor | None = None
+_POOL_SIZE = 0
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attention-explorer"
+
+
+def _cpu_key() -> str:
+    """What ``-march=native`` depends on: the CPU's flags (a shared home seen from two machines builds twice)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def _build() -> ctypes.CDLL:
+    src = SOURCE.read_bytes()
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise OSError("no C++ compiler (g++) on this machine")
+    digest = hashlib.sha256(src + " ".join(FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
+    out = _cache_dir() / f"fused_softmax-{digest}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S)
+            if done.returncode != 0:
+                raise OSError(f"g++ failed: {(done.stderr or done.stdout).strip().splitlines()[:1]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(out))
+    fn = lib.aae_softmax_rows
+    fn.restype = None
+    fn.argtypes = [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int32, _P, _I, _I, _P, _P]
+    lib.aae_pool_rows.restype = None
+    lib.aae_pool_rows.argtypes = [_P, _I, _I, _I, _P, _I, ctypes.c_int32, _P, _I, _I, _I, _P, _P, _P]
+    lib.aae_sorted_sum.restype = None
+    lib.aae_sorted_sum.argtypes = [_P, _I, _I, _I, _I, _P, _P]
+    return lib
+
+
+def available() -> bool:
+    """Whether the kernel can run here (built on first call; False without a compiler or when switched off)."""
+    global _LIB, _TRIED, _WHY
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return False
+    if _TRIED:
+        return _LIB is not None
+    with _LOCK:
+        if not _TRIED:
+            try:
+                _LIB = _build()
+            except (OSError, subprocess.SubprocessError) as err:
+                _LIB, _WHY = None, str(err)
+            _TRIED = True
+    return _LIB is not None
+
+
+def why_not() -> str | None:
+    """Why the kernel is not in use (None when it is, or was never asked for)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"switched off ({ENV_SWITCH}=0)"
+    return None if _LIB is not None else _WHY
+
+
+def threads() -> int:
+    """How many threads share a block's rows: torch's own intra-op count."""
+    return max(1, torch.get_num_threads())
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    global _POOL, _POOL_SIZE
+    with _LOCK:
+        if _POOL is None or _POOL_SIZE != n:
+            old, _POOL, _POOL_SIZE = _POOL, ThreadPoolExecutor(n, thread_name_prefix="fused-softmax"), n
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _need() -> None:
+    """Build (or load) the library now; a clear error where it cannot run (callers check :func:`available`)."""
+    if not available():
+        raise RuntimeError(f"the fused softmax kernel is not available here: {why_not()}")
+
+
+def _split(fn, rows: int, per_thread: Callable[[int, int, int], tuple]) -> None:
+    """Run ``fn(*per_thread(k, lo, hi))`` over ``[0, rows)`` cut into :func:`threads` parts, in parallel."""
+    n = min(threads(), max(1, rows // 4))
+    cuts = [rows * k // n for k in range(n + 1)]
+    if n == 1:
+        fn(*per_thread(0, 0, rows))
+        return
+    jobs = [_pool(n).submit(fn, *per_thread(k, cuts[k], cuts[k + 1])) for k in range(n)]
+    for j in jobs:
+        j.result()
+
+
+def pool_rows(exp: torch.Tensor, total: torch.Tensor, a: int, b: int, n0: int, edges: torch.Tensor,
+              head: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``[a, b)`` of one item's probabilities ``exp / total`` (``exp`` ``[H, c, K]`` contiguous, ``total``
+    ``[H, c, 1]``), the head mean (``head`` None) or one head, keys ``[0, n0)`` pooled into the bins between
+    ``edges`` (int64, ``nb + 1`` values from 0 to ``n0``): ``(sums, maxima)``, each ``[b - a, nb]`` float32.
+
+    Equal to :meth:`core.mechanics.probes.Recorder` pooling the normalised rows (tests/test_fused_softmax.py)."""
+    _need()
+    H, c, K = exp.shape
+    if not exp.is_contiguous() or exp.dtype != torch.float32:
+        raise ValueError("exp must be a contiguous float32 [H, c, K] tensor")
+    inv = total.reshape(H, c).reciprocal().contiguous()
+    edges = edges.to(torch.int64).contiguous()
+    nb = edges.numel() - 1
+    rows = b - a
+    sums = torch.empty(rows, nb, dtype=torch.float32)
+    maxes = torch.empty(rows, nb, dtype=torch.float32)
+    n = min(threads(), max(1, rows // 4))
+    temp = torch.empty(n, max(1, n0), dtype=torch.float32)
+    shift = a * nb * 4  # the C side writes row r at out + r * nb: point the outputs a rows back
+
+    def part(k: int, lo: int, hi: int) -> tuple:
+        return (exp.data_ptr(), H, K, n0, inv.data_ptr(), c, -1 if head is None else int(head), edges.data_ptr(), nb,
+                a + lo, a + hi, temp[k].data_ptr(), sums.data_ptr() - shift, maxes.data_ptr() - shift)
+
+    _split(_LIB.aae_pool_rows, rows, part)
+    return sums, maxes
+
+
+def sorted_sum(x: torch.Tensor) -> torch.Tensor:
+    """Each row of ``x`` (``[R, n]`` float32, rows contiguous) sorted descending, summed: ``[n]`` float64.
+
+    What the sorted-logits probe accumulates; the same as ``torch.sort(x, descending=True).values.sum(0)``."""
+    _need()
+    if x.dim() != 2 or x.dtype != torch.float32 or x.stride(1) != 1:
+        raise ValueError("x must be a float32 [rows, n] tensor with contiguous rows")
+    R, n = x.shape
+    k = min(threads(), max(1, R // 4))
+    accs = torch.zeros(k, n, dtype=torch.float64)
+    scratch = torch.empty(k, 2 * n, dtype=torch.int32)
+
+    def part(j: int, lo: int, hi: int) -> tuple:
+        return (x.data_ptr(), x.stride(0), n, lo, hi, scratch[j].data_ptr(), accs[j].data_ptr())
+
+    _split(_LIB.aae_sorted_sum, R, part)
+    return accs.sum(0)
+
+
+def softmax_rows(scores: torch.Tensor, bias: torch.Tensor | None = None, bias_strides: tuple[int, int, int] = (0, 0, 0),
+                 tau: torch.Tensor | None = None, tau_per: str = "head", keymask: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn ``scores`` (``[B, H, c, K]`` float32 q.k, contiguous, CPU) into ``exp(x - max)`` in place.
+
+    ``bias``: a float32 tensor whose element ``bias_strides = (per head, per row, base)`` away
+    from its start begins a row's keys (contiguous keys): for a
+    :class:`~core.mechanics.relative_bias.RelativeBias` vector ``(len, -1, start of the block's first row)``.
+    ``tau``: ``[H]`` (``tau_per="head"``) or ``[c]`` (``tau_per="row"``: the block's rows), or None.
+    ``keymask``: bool or uint8 ``[B, K]`` (True: attend), or None.
+    Returns ``(total, dot)``, each ``[B, H, c, 1]`` float32.
+    """
+    _need()
+    B, H, c, K = scores.shape
+    if scores.dtype != torch.float32 or not scores.is_contiguous() or scores.device.type != "cpu":
+        raise ValueError("scores must be a contiguous float32 CPU tensor [B, H, c, K]")
+    mode = 0
+    if tau is not None:
+        tau = tau.to(torch.float32).contiguous().view(-1)
+        mode, want = {"head": (1, H), "row": (2, c)}.get(tau_per, (0, -1))
+        if tau.numel() != want:
+            raise ValueError(f"tau_per must be 'head' ([{H}] values) or 'row' ([{c}] values); got {tau_per!r} "
+                             f"with {tau.numel()} values")
+    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
+        raise ValueError("bias must be a float32 CPU tensor")
+    if keymask is not None:
+        keymask = keymask.to(torch.uint8).contiguous()
+        if tuple(keymask.shape) != (B, K):
+            raise ValueError(f"keymask must be [batch, keys] = [{B}, {K}], got {tuple(keymask.shape)}")
+    total = torch.empty(B, H, c, 1, dtype=torch.float32)
+    dot = torch.empty(B, H, c, 1, dtype=torch.float32)
+    hs, rs, base = bias_strides
+    fn = _LIB.aae_softmax_rows
+    rows = B * H * c
+    args = (scores.data_ptr(), B, H, c, K, _ptr(bias), hs, rs, base, _ptr(tau), mode, _ptr(keymask))
+    _split(fn, rows, lambda k, lo, hi: (*args, lo, hi, total.data_ptr(), dot.data_ptr()))
+    return total, dot

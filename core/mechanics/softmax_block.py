@@ -1,0 +1,516 @@
+"""One block of attention rows, from q and k to the softmax's pieces and the output: the backends and their choice.
+
+:func:`core.mechanics.attention.aligned_attention` cuts every attention call into blocks of query rows (so at most
+``batch x heads x rows x keys`` scores exist at once) and asks one backend for each block. Whatever the
+backend, a block comes back as one :class:`Block`: the output rows, and, where the backend computes the
+softmax itself, its pieces (the un-normalised ``exp(x - max)`` or the probabilities, the row total, the row
+sum of ``exp * (x - max)`` for the entropy, the raw logits of the rows the sorted-logits probe sorts). The
+recorder (:meth:`core.mechanics.probes.Recorder.observe`) takes that one object, so a probe never depends on which
+backend ran, and a backend never knows which probes exist: it hands over what :class:`Needs` asks for.
+
+The backends (:data:`BACKENDS`), chosen in one place, :func:`choose_backend`:
+
+* ``cpu-kernel``: the fused C++ kernel of :mod:`core.mechanics.fused_softmax` (bias read in place, tau, padding mask,
+  max, exp and both row sums in two passes over each row). Inference on the CPU in float32, probed or not:
+  no autograd, dropout, whole weights, causal mask or position scheme, and a bias and mask it can read in
+  place. One scores buffer serves every block of a call (:data:`KERNEL_CHUNK_BYTES`).
+* ``sdpa``: torch's ``scaled_dot_product_attention`` with the bias over tau as its additive mask (exact).
+  Output only, so only where nothing is probed and nobody needs the probabilities: not for the decoder's
+  causal mask, dropout, whole weights or a rectified scheme's logits.
+* ``torch``: everything else, in plain torch ops (``exp`` clamped at :data:`EXP_FLOOR` where the
+  un-normalised pieces are used; ``torch.softmax`` where nobody probes the block). The only backend
+  autograd and dropout run through, and the only one that returns whole weights.
+* ``cuda``: the slot for a CUDA kernel (FlexAttention / Triton, a later issue). Registered but not
+  available (:attr:`Backend.available` is False), so :func:`choose_backend` never picks it; the kernel lands
+  as its ``open`` and one rule in :func:`choose_backend`.
+
+A backend is ``open``-ed once per attention call (its per-call work: buffers reused by every block of the
+call, the bias view, tau laid out), and the opened backend is called per block. On the CPU that reuse is
+what keeps page faults out of the hot loop (bench/README.md). A block's ``exp`` may live in such a buffer:
+it is valid until the next block of the same call is asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from core.mechanics import fused_softmax
+from core.mechanics.relative_bias import RelativeBias
+
+#: Bytes of float32 scores one block of query rows may hold (all heads and
+#: batch items), per device type. On the CPU a block above glibc's mmap
+#: threshold (32 MiB at most) is fresh mmap'd memory every time it is
+#: allocated, and the page faults cost more than the softmax: 8 MiB blocks
+#: made probed passes of the default model 1.7-2.6x faster than 256 MiB at
+#: 2k-4k tokens (bench/README.md). A GPU's caching allocator reuses memory,
+#: and large blocks keep its kernels busy. Either way a 16k-token pass holds
+#: only a few blocks at once.
+CHUNK_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
+
+#: Bytes of float32 scores per block on the ``cpu-kernel`` backend: there one buffer serves every block of a
+#: call, so the page faults of a large block are paid once per call, and larger blocks keep the matmuls
+#: efficient. Measured on the default model at 8,192 tokens with every probe, 2 threads (bench/README.md):
+#: 8 MiB 5.43 s, 32 MiB 4.78 s, 64 MiB 4.35 s, 128 MiB 4.29 s.
+KERNEL_CHUNK_BYTES = 64 * 2**20
+
+#: While autograd records (training), every block is kept for the backward pass
+#: anyway, so small blocks would save no memory and only add work.
+GRAD_CHUNK_BYTES = 256 * 2**20
+
+#: A rectified scheme's block holds, beside its float32 scores, the int64 distances and a boolean or two of the
+#: same shape: its blocks get this share of the budget, so a block's memory stays about the budget.
+RECTIFIED_BLOCK_SHARE = 4
+
+#: Lowest exponent the ``torch`` backend evaluates: exp(-87) is still a normal float32. Below it the CPU's
+#: vectorised exp takes a slow path (6-10x slower per element, measured) and a long input's rows are mostly
+#: such far-off keys; clamping changes each probability by less than exp(-87) = 1.6e-38, and Pmax and H by
+#: nothing float32 can show. The C++ kernel sets exp to 0 below the same floor.
+EXP_FLOOR = -87.0
+
+TORCH, CPU_KERNEL, SDPA, CUDA = "torch", "cpu-kernel", "sdpa", "cuda"
+
+
+def default_chunk_bytes(device: torch.device | str) -> int:
+    """The block budget for ``device`` (see :data:`CHUNK_BYTES`; other devices get the CPU's)."""
+    return CHUNK_BYTES.get(torch.device(device).type, CHUNK_BYTES["cpu"])
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a recorder asks of one attention call's blocks beyond the output (:meth:`core.mechanics.probes.Recorder.begin_layer`).
+
+    ``stats``: the row sums of ``exp * (x - max)`` (:attr:`Block.dot`, for the entropy).
+    ``raw_rows(r0, r1)``: the rows of block ``[r0, r1)`` (relative to ``r0``, int64) whose raw logits
+    (q.k + bias, before tau and masks) the block must carry (:attr:`Block.raw`), or None for none of them;
+    None: no raw logits at all. Any ``Needs`` also means: the block's softmax pieces, not only its output."""
+
+    stats: bool = False
+    raw_rows: Callable[[int, int], torch.Tensor | None] | None = None
+
+
+@dataclass(frozen=True)
+class Block:
+    """Query rows ``[r0, r1)`` of one attention call, as one backend computed them.
+
+    ``out``: the output rows ``[B, H, c, d]`` (softmax @ v, after dropout), in the value's dtype.
+    ``exp``: ``exp(x - max)`` ``[B, H, c, K]`` float32, x = (q.k + bias) / tau + mask, exponents at or above
+    :data:`EXP_FLOOR` (the kernel writes 0 below it, torch clamps); with ``total`` its row sums ``[B, H, c, 1]``:
+    the probabilities are ``exp / total``. None where the backend made normalised ``probs`` instead (``torch``
+    when nobody probes) or nothing (``sdpa``). May live in a buffer the next block overwrites.
+    ``probs``: normalised probabilities ``[B, H, c, K]`` (before dropout) where the backend made them
+    without ``exp``.
+    ``top``: the row max of x ``[B, H, c, 1]`` where the backend keeps it (``torch``), else None.
+    ``dot``: ``sum(exp * (x - max))`` per row ``[B, H, c, 1]`` when :attr:`Needs.stats` asked (the kernel
+    always gives it), else None: then H = log(total) - dot / total and Pmax = 1 / total.
+    ``raw``: raw logits (q.k + bias, before tau) of the rows :attr:`Needs.raw_rows` named,
+    ``[B, H, rows, K]`` float32, or None.
+    ``weights``: the probabilities ``output_attentions=True`` returns ``[B, H, c, K]`` (value dtype, after
+    dropout, masked keys exactly 0) when asked, else None."""
+
+    r0: int
+    r1: int
+    out: torch.Tensor | None = None
+    exp: torch.Tensor | None = None
+    total: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    top: torch.Tensor | None = None
+    dot: torch.Tensor | None = None
+    raw: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One attention call as the backends see it (made once per call by :func:`core.mechanics.attention.aligned_attention`).
+
+    ``query`` ``[B, H, q, d]`` and ``key``/``value`` ``[B, H, K, d]``: the logit operands
+    (:func:`core.mechanics.attention.logit_operands`: scaled, or normalised for CosScale). ``mask``: the attention mask,
+    boolean (True = attend) or additive float, ``[B, 1, q | 1, K]``, or None. ``bias``: T5's position bias
+    ``[1 | B, H, q, K]`` (a :class:`~core.mechanics.relative_bias.RelativeBias`, read in place, or a tensor) or None.
+    ``tau``: ``[H, 1, 1]`` per head or ``[1, q, 1]`` per row, or None (1). ``causal``: the decoder's causal
+    mask (no mask given). ``scheme``: a position scheme's per-call operations
+    (:class:`core.mechanics.attention._SchemeOps`: ``mask(r0, r1)`` rows ANDed into the mask; ``logits`` the rectified
+    logits, or None) or None. ``needs``: what a recorder asks of the blocks (None: nothing is probed).
+    ``weights``: ``output_attentions=True``. ``dropout``: the probability while training, else 0.
+    ``grad``: autograd records (no ``out=`` buffers then)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None = None
+    bias: Any = None
+    tau: torch.Tensor | None = None
+    causal: bool = False
+    scheme: Any = None
+    needs: Needs | None = None
+    weights: bool = False
+    dropout: float = 0.0
+    grad: bool = False
+
+    @property
+    def rectified(self) -> bool:
+        """Whether a position scheme replaces q.k by its own logits."""
+        return self.scheme is not None and self.scheme.logits is not None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(batch, heads, q_len, k_len)``."""
+        b, h, q, _ = self.query.shape
+        return b, h, q, self.key.shape[-2]
+
+
+#: An opened backend: ``rows(r0, r1) -> Block`` for one call's blocks of query rows.
+Rows = Callable[[int, int], Block]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way to compute blocks. ``open(inputs, rows_per_block)`` does the per-call work and returns the
+    block function (:data:`Rows`); ``budget(inputs, asked)``: bytes of float32 scores per block (``asked``:
+    the call's ``chunk_bytes`` or None). ``open`` None: registered but not available here."""
+
+    name: str
+    open: Callable[[Inputs, int], Rows] | None
+    budget: Callable[[Inputs, int | None], int]
+    about: str
+
+    @property
+    def available(self) -> bool:
+        return self.open is not None
+
+
+def choose_backend(x: Inputs) -> str:
+    """The backend (:data:`BACKENDS`) for one attention call: the one place with the rules.
+
+    1. ``cuda``: never yet (the slot is not available).
+    2. ``cpu-kernel``: inference on the CPU in float32 (no autograd, dropout or whole weights), no causal
+       mask, no position scheme, a bias and padding mask it can read in place (:func:`_kernel_view`), and
+       the kernel built here (:func:`core.mechanics.fused_softmax.available`; ``AAE_FUSED_SOFTMAX=0`` switches it off).
+    3. ``sdpa``: nothing probed and nothing that needs the probabilities or a mask torch cannot be handed:
+       no causal mask, dropout, whole weights or rectified logits.
+    4. ``torch``: the rest.
+    """
+    if BACKENDS[CUDA].available and x.query.device.type == "cuda":  # pragma: no cover  (the next issue's kernel)
+        return CUDA
+    if (x.query.device.type == "cpu" and x.query.dtype == torch.float32 and x.value.dtype == torch.float32
+            and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal)
+            and x.scheme is None and _kernel_view(x) is not None and fused_softmax.available()):
+        return CPU_KERNEL
+    if x.needs is None and not (x.causal or x.dropout or x.weights or x.rectified):
+        return SDPA
+    return TORCH
+
+
+def rows_per_block(name: str, x: Inputs, asked: int | None) -> int:
+    """How many query rows one block of backend ``name`` takes for this call."""
+    b, h, q, k = x.shape
+    return _chunk_rows(b, h, q, k, BACKENDS[name].budget(x, asked))
+
+
+def open_backend(name: str, x: Inputs, rows: int) -> Rows:
+    """Backend ``name`` opened for this call, blocks of ``rows`` query rows: ``f(r0, r1) -> Block``."""
+    backend = BACKENDS[name]
+    if backend.open is None:
+        raise RuntimeError(f"the {name} attention backend is not available here")
+    return backend.open(x, rows)
+
+
+def _chunk_rows(batch: int, heads: int, q_len: int, k_len: int, budget: int) -> int:
+    per_row = max(1, batch * heads * k_len * 4)
+    return max(1, min(q_len, budget // per_row))
+
+
+def _rows(tau: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor | None:
+    """The part of a tau for query rows ``[r0, r1)``: a per-row tau (``[1, q_len, 1]``) is cut, a per-head one kept."""
+    return tau if tau is None or tau.shape[-2] == 1 else tau[:, r0:r1]
+
+
+def _torch_budget(x: Inputs, asked: int | None) -> int:
+    budget = asked
+    if budget is None:
+        budget = GRAD_CHUNK_BYTES if x.grad else default_chunk_bytes(x.query.device)
+    if x.rectified:  # rectified logits hold a block's int64 distances and two boolean selections beside its scores
+        budget = max(1, budget // RECTIFIED_BLOCK_SHARE)
+    return budget
+
+
+def _sdpa_budget(x: Inputs, asked: int | None) -> int:
+    if x.bias is None and x.mask is None and x.scheme is None:
+        # nothing L x L to bound (a rotary encoder on an unpadded batch): one call, one block
+        return max(1, x.shape[0] * x.shape[1] * x.shape[2] * x.shape[3] * 4)
+    return _torch_budget(x, asked)
+
+
+# -- torch ---------------------------------------------------------------------------------------------------
+
+def _block_scores(x: Inputs, keyT: torch.Tensor, r0: int, r1: int,
+                  raw_rows: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(raw, scores)`` of query rows ``[r0, r1)``: scores = (q.k + bias) / tau + mask (float32), raw = the
+    rows ``raw_rows`` of q.k + bias (a copy taken before tau), or None.
+
+    Written in place on the one fresh tensor the matmul returns, so a block costs one matmul and one pass
+    per step (add, scale, mask) and no copies. A position scheme's mask rows are ANDed into the mask, and a
+    rectified scheme's logits replace the matmul (raw is then those logits)."""
+    scheme = x.scheme
+    allowed = None if scheme is None else scheme.mask(r0, r1)
+    if scheme is not None and scheme.logits is not None:
+        scores = scheme.logits(r0, r1, allowed)
+    else:
+        scores = torch.matmul(x.query[:, :, r0:r1], keyT)
+    if scores.dtype != torch.float32:
+        scores = scores.float()
+    if x.bias is not None:
+        scores.add_(x.bias[:, :, r0:r1])
+    raw = None if raw_rows is None else scores.index_select(2, raw_rows.to(scores.device))
+    if x.tau is not None:
+        scores.div_(_rows(x.tau, r0, r1))
+    m = x.mask
+    if m is not None:
+        m = m[:, :, r0:r1] if m.shape[-2] > 1 else m
+        if m.dtype == torch.bool:
+            scores.masked_fill_(~m, torch.finfo(scores.dtype).min)
+        else:
+            scores.add_(m)
+    elif x.causal:
+        k_len, q_len = keyT.shape[-1], x.query.shape[-2]
+        rows = torch.arange(r0, r1, device=scores.device)[:, None] + (k_len - q_len)
+        cols = torch.arange(k_len, device=scores.device)[None, :]
+        scores.masked_fill_(cols > rows, torch.finfo(scores.dtype).min)
+    if allowed is not None:
+        scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    return raw, scores
+
+
+def _open_torch(x: Inputs, step: int) -> Rows:
+    """Plain torch ops. Where a recorder takes the blocks (or a rectified scheme's far-off logits would send
+    ``exp`` down its slow path), the softmax stays un-normalised: ``exp(x - max)`` clamped at
+    :data:`EXP_FLOOR`, written into one buffer per call, and the output is ``(exp @ v) / total`` (division
+    commutes with the value product, so no block of probabilities is divided; on the CPU a third faster than
+    normalising every probability). Elsewhere (the decoder's causal mask, whole weights, dropout, autograd,
+    with nobody probing) ``torch.softmax``. Autograd: no ``out=`` and no in-place step after the row max."""
+    keyT = x.key.transpose(-1, -2)
+    unnormalised = x.needs is not None or (x.rectified and not (x.weights or x.grad or x.dropout))
+    reuse = not x.grad
+    buf: list[torch.Tensor] = []
+    vdt = x.value.dtype
+
+    def rows(r0: int, r1: int) -> Block:
+        want = None if x.needs is None or x.needs.raw_rows is None else x.needs.raw_rows(r0, r1)
+        raw, scores = _block_scores(x, keyT, r0, r1, want)
+        if not unnormalised:
+            probs = torch.softmax(scores, dim=-1)
+            p = torch.nn.functional.dropout(probs, p=x.dropout, training=True) if x.dropout else probs
+            p = p.to(vdt)  # a fresh tensor per block: kept as it is for the weights, as eager returns it
+            return Block(r0, r1, out=torch.matmul(p, x.value), probs=probs, raw=raw,
+                         weights=p if x.weights else None)
+        top = scores.amax(-1, keepdim=True)
+        if reuse:
+            shifted = scores.sub_(top).clamp_(min=EXP_FLOOR)
+            n = shifted.numel()
+            if not buf or buf[0].numel() < n:
+                buf[:] = [torch.empty(n, dtype=shifted.dtype, device=shifted.device)]
+            e = torch.exp(shifted, out=buf[0][:n].view(shifted.shape))
+        else:
+            shifted = (scores - top).clamp(min=EXP_FLOOR)
+            e = torch.exp(shifted)
+        total = e.sum(-1, keepdim=True)
+        dot = None
+        if x.needs is not None and x.needs.stats:
+            with torch.no_grad():
+                dot = torch.einsum("bhck,bhck->bhc", e, shifted).unsqueeze(-1)
+        weights = None
+        if x.dropout:
+            # masked keys (clamped at the floor) exactly 0, as in eager attention, then dropped like eager's
+            p = (e / total).masked_fill_(shifted <= EXP_FLOOR, 0.0)
+            p = torch.nn.functional.dropout(p, p=x.dropout, training=True).to(vdt)
+            out = torch.matmul(p, x.value)
+            weights = p if x.weights else None
+        else:
+            out = torch.matmul(e.to(vdt), x.value) / total.to(vdt)
+            if x.weights:  # before the next block overwrites the buffer; any other weight moves by < exp(-87)
+                weights = (e / total).masked_fill_(shifted <= EXP_FLOOR, 0.0).to(vdt)
+        return Block(r0, r1, out=out, exp=e, total=total, top=top, dot=dot, raw=raw, weights=weights)
+
+    return rows
+
+
+# -- cpu-kernel ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _KernelView:
+    """The bias as one float32 block and how to find a row in it (``strides(r0)``: per head, per row, base),
+    and the keys each batch item may attend (``[B, K]`` bool) or None."""
+
+    bias: torch.Tensor | None
+    strides: Callable[[int], tuple[int, int, int]]
+    keymask: torch.Tensor | None
+
+
+def _kernel_view(x: Inputs) -> _KernelView | None:
+    """The kernel's view of the call's bias and mask, or None when it cannot read them in place.
+
+    A padding mask that is the same for every row becomes one row of keys per item (a per-row mask is not);
+    the bias is a :class:`~core.mechanics.relative_bias.RelativeBias` (read in place), none, or a dense ``[1, H, q, k]``
+    float32 tensor with contiguous keys (T5's own dense bias, a permuted view, is not)."""
+    k_len = x.value.shape[-2]
+    keymask = None
+    if x.mask is not None:
+        m = x.mask
+        if m.dtype != torch.bool or m.dim() != 4 or m.shape[1] != 1 or not (m.shape[2] == 1 or m.stride(2) == 0):
+            return None
+        if m.shape[-1] != k_len:
+            return None
+        keymask = m[:, 0, 0, :].expand(x.query.shape[0], k_len)
+    b = x.bias
+    if b is None:
+        return _KernelView(None, lambda r0: (0, 0, 0), keymask)
+    if isinstance(b, RelativeBias):
+        return _KernelView(b.flat(), b.strides, keymask)
+    if (isinstance(b, torch.Tensor) and b.dim() == 4 and b.shape[0] == 1 and b.dtype == torch.float32
+            and b.stride(-1) == 1 and b.shape[-1] == k_len):
+        hs, rs = (0 if b.shape[1] == 1 else b.stride(1)), b.stride(2)
+        return _KernelView(b, lambda r0: (hs, rs, r0 * rs), keymask)
+    return None
+
+
+def _bias_rows(view: _KernelView, r0: int, rows: torch.Tensor, heads: int, k_len: int) -> torch.Tensor:
+    """The view's bias of block rows ``r0 + rows`` (a few, for a raw-logit probe): ``[1, H, len(rows), k_len]``."""
+    hs, rs, base = view.strides(r0)
+    flat = view.bias.reshape(-1)
+    starts = [base + int(i) * rs for i in rows]
+    picked = [flat.as_strided((heads, k_len), (hs, 1), flat.storage_offset() + a) for a in starts]
+    return torch.stack(picked, dim=1).unsqueeze(0)
+
+
+def _open_kernel(x: Inputs, step: int) -> Rows:
+    """Per block: one matmul into a buffer every block of the call reuses, the kernel (bias read in place,
+    tau, mask, max, exp and the two row sums in two passes over each row while it is in cache), and
+    ``(exp @ v) / total``. Raw logits are copied out before the kernel overwrites the block, only for the rows
+    :attr:`Needs.raw_rows` names."""
+    view = _kernel_view(x)
+    batch, heads, q_len, k_len = x.shape
+    keyT = x.key.transpose(-1, -2)
+    tau = x.tau
+    per_row = tau is not None and tau.shape[-2] != 1
+    tau_heads = None if tau is None or per_row else tau.reshape(heads)
+    buf = torch.empty(batch * heads * min(step, q_len) * k_len, dtype=torch.float32)
+
+    def rows(r0: int, r1: int) -> Block:
+        scores = buf[: batch * heads * (r1 - r0) * k_len].view(batch, heads, r1 - r0, k_len)
+        torch.matmul(x.query[:, :, r0:r1], keyT, out=scores)
+        want = None if x.needs is None or x.needs.raw_rows is None else x.needs.raw_rows(r0, r1)
+        raw = None
+        if want is not None:
+            raw = scores.index_select(2, want)
+            if view.bias is not None:
+                raw.add_(_bias_rows(view, r0, want, heads, k_len))
+        t, per = (tau[0, r0:r1, 0], "row") if per_row else (tau_heads, "head")
+        total, dot = fused_softmax.softmax_rows(scores, view.bias, view.strides(r0), t, per, view.keymask)
+        out = torch.matmul(scores, x.value).div_(total)
+        return Block(r0, r1, out=out, exp=scores, total=total, dot=dot, raw=raw)
+
+    return rows
+
+
+# -- sdpa ----------------------------------------------------------------------------------------------------
+
+def _open_sdpa(x: Inputs, step: int) -> Rows:
+    """``sdpa(q / tau, k, v, mask = bias / tau + mask, scale = 1)``: an exact rewriting of
+    softmax((q.k + bias) / tau + mask) @ v (T5 does not scale q.k; a cosine model's q and k arrive already
+    normalised and scaled). The bias is cut into the same blocks of query rows, so the float mask handed to
+    the kernel never exceeds the block budget.
+
+    Why the bias is copied on purpose: T5 hands over its bias as a permuted view of an ``[L, L, heads]``
+    lookup, and torch's kernel wants each mask row contiguous, so it would copy every block into fresh memory
+    itself (page faults included), after our division had already made one strided copy: on the 8-head
+    default at 4,096 tokens, more time than the attention (bench/README.md). Instead each block is divided
+    (or copied) once into one buffer that every block of the call reuses (not while training: autograd
+    cannot differentiate through ``out=``).
+
+    A position scheme's mask rows (never a rectified scheme: its logits are not q.k) are ANDed in per block,
+    as an additive mask (finfo.min where masked), as eager attention takes one: a row whose every key is
+    masked (a padding row far from the text under a window) then averages its values instead of giving NaN,
+    which the next layer's masked keys would carry into the real rows (0 x NaN)."""
+    query, key, value, tau = x.query, x.key, x.value, x.tau
+    scale = 1.0
+    if tau is not None:
+        t = tau.view(-1)
+        if bool((t == t[0]).all()):
+            scale = 1.0 / float(t[0])  # exact: no rounding of q in low precision
+        else:
+            query = query / tau.to(query.dtype)
+        tau = tau.to(query.dtype)
+    scratch: dict[str, torch.Tensor] | None = None if x.grad else {}
+
+    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """This block's slice of the role's buffer, or None (``out=None``: a fresh tensor) while training."""
+        if scratch is None:
+            return None
+        if role not in scratch:
+            scratch[role] = torch.empty((*shape[:2], step, shape[-1]), dtype=dtype, device=query.device)
+        return scratch[role][:, :, : shape[2]]
+
+    row_tau = tau is not None and tau.shape[-2] != 1
+    head_scale = None if tau is None or row_tau else (1.0 / tau.float()).view(-1, 1)
+    floor: list[torch.Tensor] = []  # made once per call: a scalar tensor per block would sync a GPU each time
+
+    def min_of(dtype: torch.dtype) -> torch.Tensor:
+        if not floor:
+            floor.append(torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=query.device))
+        return floor[0]
+
+    def rows(r0: int, r1: int) -> Block:
+        mask = None
+        bias = x.bias
+        if isinstance(bias, RelativeBias):
+            # rows cut from the vector, divided by a per-head tau on the vector itself (one pass per block)
+            mask = bias.rows(r0, r1, scale=head_scale)
+            if row_tau:
+                mask = mask.div_(_rows(tau, r0, r1))
+            mask = mask.to(query.dtype)
+        elif bias is not None:
+            b = bias[:, :, r0:r1]
+            if tau is not None or b.stride(-1) != 1 or b.dtype != query.dtype:
+                # one pass: divide (by 1 when tau is None), cast and lay out contiguously
+                b = torch.div(b, 1.0 if tau is None else _rows(tau, r0, r1),
+                              out=buffer("bias", tuple(b.shape), query.dtype))
+            mask = b.to(query.dtype)
+        if x.mask is not None:
+            m = x.mask[:, :, r0:r1] if x.mask.shape[-2] > 1 else x.mask
+            if mask is None:
+                mask = m if m.dtype == torch.bool else m.to(query.dtype)
+            elif m.dtype == torch.bool:
+                shape = torch.broadcast_shapes(m.shape, mask.shape)
+                mask = torch.where(m, mask, min_of(mask.dtype), out=buffer("masked", tuple(shape), mask.dtype))
+            else:
+                mask = mask + m.to(mask.dtype)
+        allowed = None if x.scheme is None else x.scheme.mask(r0, r1)
+        if allowed is not None:
+            low = min_of(query.dtype)
+            zero = torch.zeros((), dtype=query.dtype, device=query.device)
+            if mask is None:
+                mask = torch.where(allowed, zero, low)
+            elif mask.dtype == torch.bool:
+                mask = torch.where(mask & allowed, zero, low)
+            else:
+                mask = torch.where(allowed, mask, low)
+        out = torch.nn.functional.scaled_dot_product_attention(query[:, :, r0:r1], key, value, attn_mask=mask,
+                                                               scale=scale)
+        return Block(r0, r1, out=out)
+
+    return rows
+
+
+#: Every backend, by name. ``cuda`` is the slot of the CUDA kernel to come (FlexAttention / Triton): it gets
+#: an ``open`` (and a budget), :func:`choose_backend` its rule, and nothing else changes.
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend(CUDA, None, _torch_budget, "a CUDA kernel (FlexAttention / Triton): not available yet, never chosen"),
+    Backend(CPU_KERNEL, _open_kernel, lambda x, asked: asked or KERNEL_CHUNK_BYTES,
+            "core.mechanics.fused_softmax's C++ kernel: CPU float32 inference, probed or not"),
+    Backend(SDPA, _open_sdpa, _sdpa_budget, "torch's scaled_dot_product_attention: output only, nothing probed"),
+    Backend(TORCH, _open_torch, _torch_budget,
+            "plain torch ops: autograd, dropout, whole weights, causal and rectified masks, probes anywhere"),
+)}

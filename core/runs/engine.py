@@ -1,0 +1,517 @@
+"""``run(loaded, document, settings) -> Result``: the one entry the app, the CLI and sweeps share.
+
+One encoder pass, with the tau schedule applied and the probes riding along,
+then greedy generation *from that encoder output* (the encoder is never run
+twice; decoder and cross-attention probes, when asked by name, ride along
+with it, one answer row per step), then scoring. Every stage is timed.
+:func:`run_batch` does the same for several documents at once (right-padded,
+padding masked), which is what batch runs use; :func:`run` is its
+one-document case with all probes on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from packaging.version import Version
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
+
+from core.models import memory
+from core.runs import rope_pass
+from core.data import tasks
+from core.runs import timing
+from core.mechanics.attention import KERNEL_CHUNK_BYTES, AttentionSettings, attention_call, default_chunk_bytes
+from core.kinds import CROSS, DECODER, ENCODER
+from core.errors import InputTooLong, NumericalError, UserError
+from core.models import Loaded
+from core.mechanics.probes import ProbeRecord, ProbeSpec, Recorder
+from core.values.choice import Choice
+
+
+#: The parts of a :class:`~core.values.choice.Choice` that :class:`RunSettings` still takes one by one (a caller that has
+#: no Choice yet): they are checked once, by :meth:`Choice.of`, into the one ``choice`` field.
+_CHOICE_PARTS = ("method", "tau", "targets", "cosine_scale", "scheme")
+
+
+@dataclass(frozen=True, init=False)
+class RunSettings:
+    """How to run one document: what it asks of the attention (``choice``: method, tau schedule, targets, CosScale,
+    position scheme, one :class:`~core.values.choice.Choice`) and how to run it (probes, generation, block size).
+
+    ``RunSettings(choice, probes=...)`` is the form; a caller without a Choice may give its parts by name
+    (``RunSettings(tau=0.7)``), which :meth:`Choice.of` checks once (a bad one: a :class:`UserError`), and
+    ``dataclasses.replace(settings, tau=1.0)`` changes a part the same way. ``settings.tau`` and friends read the
+    choice's parts."""
+
+    choice: Choice
+    probes: ProbeSpec
+    max_new_tokens: int
+    generate: bool
+    chunk_bytes: int | None  # None: the device's default (attention.default_chunk_bytes)
+
+    def __init__(self, choice: Choice | None = None, probes: ProbeSpec | None = None,
+                 max_new_tokens: int = tasks.MAX_ANSWER_TOKENS, generate: bool = True, chunk_bytes: int | None = None,
+                 **parts: Any) -> None:
+        unknown = sorted(set(parts) - set(_CHOICE_PARTS))
+        if unknown:
+            raise TypeError(f"RunSettings got unexpected argument(s) {unknown}")
+        choice = Choice() if choice is None else choice
+        if not isinstance(choice, Choice):
+            raise TypeError("RunSettings.choice must be a core.values.choice.Choice")
+        if parts:
+            choice = choice.with_(**parts)
+        for name, value in (("choice", choice), ("probes", probes if probes is not None else ProbeSpec()),
+                            ("max_new_tokens", max_new_tokens), ("generate", generate), ("chunk_bytes", chunk_bytes)):
+            object.__setattr__(self, name, value)
+
+    # read-through: the choice's parts (the choice is the one owner)
+    tau = property(lambda self: self.choice.tau)
+    method = property(lambda self: self.choice.method)
+    targets = property(lambda self: self.choice.targets)
+    cosine_scale = property(lambda self: self.choice.cosine_scale)
+    scheme = property(lambda self: self.choice.scheme)
+
+    def attention(self) -> AttentionSettings:
+        """What the attention function gets: this run's choice itself (the same object) and the block budget."""
+        return AttentionSettings(self.choice, self.chunk_bytes)
+
+
+@dataclass
+class Encoded:
+    """A tokenised document and where its needle and question sit, in tokens."""
+
+    input_ids: np.ndarray  # [n]
+    offsets: np.ndarray  # [n, 2] character span of each token in document.text ((0, 0) for specials)
+    needle_tokens: tuple[int, int] | None
+    question_tokens: tuple[int, int] | None
+
+    @property
+    def n(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Result:
+    """Everything one run produced, as plain numbers and numpy arrays."""
+
+    task: str
+    answer: str
+    expected: str
+    correct: bool | None
+    parsed: str | None
+    method: str
+    tau: np.ndarray  # [layers, heads] the encoder schedule used
+    tokens: int
+    train_length: int
+    needle_tokens: tuple[int, int] | None
+    question_tokens: tuple[int, int] | None
+    probes: ProbeRecord | None  # None when the run asked for no probes (ProbeSpec.off())
+    seconds: dict[str, float]
+    offsets: np.ndarray | None = None
+    cosine_scale: float | None = None
+    nll: float | None = None  # language modelling (task "lm"): summed -log p of the continuation's tokens
+    scored_tokens: int | None = None  # how many continuation tokens ``nll`` sums over
+    answer_tokens: list[str] | None = None  # the generated tokens one by one (eos included): decoder/cross map rows
+
+    @property
+    def perplexity(self) -> float | None:
+        """exp(mean -log p) of the continuation (task "lm"); None for retrieval documents."""
+        if self.nll is None or not self.scored_tokens:
+            return None
+        return float(np.exp(self.nll / self.scored_tokens))
+
+    @property
+    def tau_mean(self) -> float:
+        return float(np.mean(self.tau))
+
+    @property
+    def pmax(self) -> float:
+        """Mean Pmax over layers, heads and real rows."""
+        return float(self.probes.pmax[0].mean())
+
+    @property
+    def entropy(self) -> float:
+        return float(self.probes.entropy[0].mean())
+
+    def layers(self) -> list[dict]:
+        return [
+            {"layer": i, "pmax": float(p), "entropy": float(h)}
+            for i, (p, h) in enumerate(zip(self.probes.layer_pmax, self.probes.layer_entropy))
+        ]
+
+    def summary(self) -> dict:
+        """The CLI's ``run --json`` object (a stable contract)."""
+        tau = self.tau
+        same = bool(np.all(tau == tau.flat[0]))
+        return {
+            "task": self.task,
+            "answer": self.answer,
+            "expected": self.expected,
+            "correct": self.correct,
+            "parsed": self.parsed,
+            "method": self.method,
+            "tau": float(tau.flat[0]) if same else tau.mean(axis=1).round(4).tolist(),
+            "tokens": self.tokens,
+            "train_length": self.train_length,
+            "ratio": round(self.tokens / self.train_length, 3),
+            "seconds": round(self.seconds["total"], 4),
+            "timings": {k: round(v, 4) for k, v in self.seconds.items()},
+            "pmax": self.pmax,
+            "entropy": self.entropy,
+            "sigma": self.probes.sigma,
+            "l_max": self.probes.l_max,
+            "layers": self.layers(),
+            **({"cosine_scale": self.cosine_scale} if self.cosine_scale is not None else {}),
+            **({"perplexity": self.perplexity, "nll": self.nll, "scored_tokens": self.scored_tokens}
+               if self.nll is not None else {}),
+        }
+
+
+# -- memory ----------------------------------------------------------------------
+
+#: Bytes per L^2 a rotary encoder's pass holds at its peak (see :func:`max_tokens`).
+ROPE_BYTES_PER_L2 = 16
+
+#: Copies of one token's activations a T5 pass holds at its peak, in units of ``d_model + d_ff + 3 x heads x
+#: d_kv`` values (see :func:`max_tokens`). Measured on the default model's probed pass (2026-11-26,
+#: bench/README.md: growth 0.17 GiB at 4k, 0.32 GiB at 32k tokens): about 5.6 KB per token, 1.2 copies of
+#: its 1,152 float32 values; 8 leaves room for models whose feed-forward holds more at once (gated ones).
+T5_COPIES_PER_TOKEN = 8
+
+
+def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -> int:
+    """The longest input this machine can run now, from free memory.
+
+    T5 under our attention holds nothing ``L x L``: the relative bias is one vector per head
+    (:mod:`core.mechanics.relative_bias`), and the scores live in a few blocks of rows of a fixed budget. What
+    grows with ``L`` is each token's activations (hidden states, q/k/v, the feed-forward, the decoder's
+    cross-attention keys and values): :data:`T5_COPIES_PER_TOKEN` copies of ``d_model + d_ff + 3 x
+    heads x d_kv`` values per token (measured: the default model's probed pass grew 0.25 GiB at 16,384
+    tokens, where the dense bias of transformers' own pass needed 12.7 GiB). A padded batch adds a
+    boolean mask ``[batch, 1, L, L]``.
+
+    A rotary encoder (ModernBERT) has no bias, but transformers builds its ``L x L`` masks (global
+    and sliding window) on every pass: measured peak above the loaded model, 6 layers x 4 heads in
+    float32 on this 2-core machine (2026-11-26): 1.02 GiB at 8,192 tokens, 4.1 GiB at 16,384, about
+    16 bytes per ``L^2``, with probes or without.
+
+    We allow 80 % of free memory for those, after a fixed allowance for the weights and the blocks of
+    scores (two on the CPU kernel's path, six on torch's), each no bigger than one layer's whole matrix.
+    """
+    elt = torch.finfo(loaded.dtype).bits // 8
+    mask = batch if batch > 1 else 0
+    cpu = loaded.device.type == "cpu"
+    chunk = chunk_bytes or (KERNEL_CHUNK_BYTES if cpu else default_chunk_bytes(loaded.device))
+    blocks = 2 if cpu else 6  # the CPU kernel's path holds one block buffer (and a few rows); torch's a few blocks
+    base = 0.8 * memory.free_bytes(loaded.device) - 4 * loaded.n_params * elt
+    if loaded.family == "rope":
+        per_l2, per_token = ROPE_BYTES_PER_L2 + mask, 0.0
+    else:
+        cfg = loaded.config
+        per_l2 = mask
+        per_token = T5_COPIES_PER_TOKEN * (cfg.d_model + cfg.d_ff + 3 * loaded.n_heads * loaded.d_kv) * elt * batch
+    # Blocks at their full budget; or, for short inputs, blocks no bigger than one layer's whole score matrix
+    # (a tight memory, e.g. under ulimit -v, must not be refused for a 64 MiB block a 300-token pass never makes).
+    whole = _longest(base - blocks * chunk, per_l2, per_token)
+    block_l2 = blocks * 4 * loaded.n_heads * batch
+    small = min(_longest(base, per_l2 + block_l2, per_token), math.isqrt(chunk // (4 * loaded.n_heads * batch)))
+    return max(whole, small)
+
+
+def _longest(budget: float, per_l2: float, per_token: float) -> int:
+    """The largest L with ``per_l2 L^2 + per_token L <= budget`` (0 when nothing fits)."""
+    if budget <= 0:
+        return 0
+    if per_l2 <= 0:
+        return int(budget / per_token) if per_token > 0 else 0
+    return int((-per_token + math.sqrt(per_token * per_token + 4 * per_l2 * budget)) / (2 * per_l2))
+
+
+# -- tokenising ------------------------------------------------------------------
+
+def _token_span(offsets: np.ndarray, span: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Tokens whose characters overlap ``span`` (``[start, end)`` in characters)."""
+    if span is None or span[1] <= span[0]:
+        return None
+    a, b = span
+    hit = np.nonzero((offsets[:, 1] > a) & (offsets[:, 0] < b) & (offsets[:, 1] > offsets[:, 0]))[0]
+    return (int(hit[0]), int(hit[-1]) + 1) if len(hit) else None
+
+
+def _offsets(tokenizer, text: str, ids: list[int]) -> np.ndarray:
+    """Character offsets per token for a slow tokenizer (fast ones return them directly).
+
+    Token i covers the characters whose prefix grows the token count past i;
+    binary search keeps this O(n log n) tokenizer calls.
+    """
+    n_special = len(tokenizer("").input_ids)
+    ends, pos = [], 0
+    counts = {}
+
+    def count(k: int) -> int:
+        if k not in counts:
+            counts[k] = len(tokenizer(text[:k]).input_ids) - n_special
+        return counts[k]
+
+    real = len(ids) - n_special
+    for i in range(real):
+        lo, hi = pos, len(text)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if count(mid) > i:
+                hi = mid
+            else:
+                lo = mid + 1
+        ends.append((pos, lo))
+        pos = lo
+    ends += [(0, 0)] * n_special
+    return np.asarray(ends, dtype=np.int64).reshape(-1, 2)
+
+
+def encode(loaded: Loaded, document: tasks.Document) -> Encoded:
+    """Tokenise a document (nothing is truncated) and map its needle and question to tokens."""
+    if not document.text or not document.text.strip():
+        raise UserError("The document is empty: paste some text or generate a document.")
+    tok = loaded.tokenizer
+    fast = getattr(tok, "is_fast", False)
+    enc = tok(document.text, return_offsets_mapping=True) if fast else tok(document.text)
+    ids = enc["input_ids"]
+    check_length(loaded, len(ids))  # before the offsets: a slow tokenizer's are O(n log n) calls
+    if fast:
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    else:
+        offsets = _offsets(tok, document.text, ids)
+    return Encoded(
+        input_ids=np.asarray(ids, dtype=np.int64),
+        offsets=offsets,
+        needle_tokens=_token_span(offsets, document.needle_span),
+        question_tokens=_token_span(offsets, document.question_span),
+    )
+
+
+def check_length(loaded: Loaded, n: int, batch: int = 1) -> None:
+    """Refuse, with the limit in the message, an input this machine cannot hold."""
+    cap = max_tokens(loaded, batch)
+    if n > cap:
+        raise InputTooLong(
+            f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
+            f"this machine can run at most about {cap:,} tokens now "
+            f"({memory.free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document.",
+            app=f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
+                f"this machine can run at most about {cap:,} tokens now "
+                f"({memory.free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document: a smaller number in "
+                "the Length in tokens box, or a shorter text.",
+        )
+
+
+# -- running ---------------------------------------------------------------------
+
+def run(loaded: Loaded, document: tasks.Document, settings: RunSettings | None = None, encoded: Encoded | None = None) -> Result:
+    """Run one document with all probes (question profile included) and return a :class:`Result`."""
+    settings = settings or RunSettings()
+    t0 = time.perf_counter()
+    enc = encoded or encode(loaded, document)
+    probes = settings.probes
+    if probes.profile_rows is None and enc.question_tokens is not None:
+        probes = replace(probes, profile_rows=enc.question_tokens)
+    t_tok = time.perf_counter() - t0
+    (res,) = run_encoded(loaded, [document], [enc], replace(settings, probes=probes))
+    res.seconds["tokenize"] = t_tok
+    res.seconds["total"] += t_tok
+    res.offsets = enc.offsets
+    return res
+
+
+#: Passes over this many tokens or more get an estimate before they start (the CLI's ``run``): at 8,192 tokens
+#: the default model's probed pass takes about 4 s here, at 65,536 about 5 min (bench/README.md).
+ESTIMATE_FROM = 8192
+#: Tokens of the timed sample :func:`estimate_pass` scales up from.
+SAMPLE_TOKENS = 2048
+
+
+def estimate_pass(loaded: Loaded, document: tasks.Document, encoded: Encoded,
+                  settings: RunSettings | None = None) -> float:
+    """Seconds the pass over ``encoded`` should take here: a pass over its first :data:`SAMPLE_TOKENS`
+    tokens (same settings, no answer), timed the second time it runs (the first pays for what a process
+    does once: the kernel library, the allocator), scaled by the square of the length (attention's cost).
+    Why a sample: a long document's pass can take minutes, and "before it starts, about how long it
+    takes" needs a measurement of this machine now, which costs under a second. It errs long: measured
+    on the default model (2026-11-26, quiet) 27 s for a 16,384-token pass of 16-18 s, 107 s for a
+    32,768-token one of 91 s (a fit of ``a L + b L^2`` through two samples said 8 s and 44 s: the short
+    samples cannot see the long pass's cache misses)."""
+    settings = replace(settings or RunSettings(), generate=False)
+    m = min(SAMPLE_TOKENS, encoded.n)
+    head = replace(encoded, input_ids=encoded.input_ids[:m], offsets=encoded.offsets[:m], needle_tokens=None,
+                   question_tokens=None)
+    seconds = [run(loaded, document, settings, encoded=head).seconds["encode"] for _ in range(2)]
+    return seconds[-1] * (encoded.n / m) ** 2
+
+
+def run_batch(
+    loaded: Loaded, documents: list[tasks.Document], settings: RunSettings | None = None, batch_size: int = 8
+) -> list[Result]:
+    """Run many documents, batched by similar length, stats-only probes unless asked otherwise.
+
+    Results come back in the order of ``documents``.
+    """
+    settings = settings or RunSettings(probes=ProbeSpec.stats_only())
+    encs = [encode(loaded, d) for d in documents]
+    order = sorted(range(len(documents)), key=lambda i: encs[i].n)
+    out: list[Result | None] = [None] * len(documents)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        for i, r in zip(idx, run_encoded(loaded, [documents[i] for i in idx], [encs[i] for i in idx], settings)):
+            out[i] = r
+    return out  # type: ignore[return-value]
+
+
+def decoder_cache() -> EncoderDecoderCache:
+    """An empty key/value cache for ``generate`` whose layers grow as the decoder fills them.
+
+    Why not let ``generate`` make one: it sizes the cache from the config's
+    ``num_hidden_layers``, which T5's config maps to the *encoder* depth
+    (``num_layers``), so a model with more decoder than encoder layers (one a
+    training stage grew) fails with an IndexError in its last decoder layer
+    (transformers 5.23)."""
+    return EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+
+# generate() takes that cache as ``cache`` from transformers 5.24 on (``past_key_values``
+# still works there, with a FutureWarning on every run, until 6.0); older 5.x know only the old name.
+_CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+
+
+def padded(loaded: Loaded, sequences: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id arrays as one right-padded batch on the model's device: ``(ids, mask)``, mask 1 on real tokens;
+    refused first (:func:`check_length`) when the batch cannot fit this machine now."""
+    n = max(len(s) for s in sequences)
+    check_length(loaded, n, len(sequences))
+    ids = torch.full((len(sequences), n), loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
+    mask = torch.zeros((len(sequences), n), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids.to(loaded.device), mask.to(loaded.device)
+
+
+@torch.inference_mode()
+def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], settings: RunSettings) -> list[Result]:
+    """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
+    ids, mask = padded(loaded, [e.input_ids for e in encs])
+    n = ids.shape[1]
+    try:  # refuse a schedule that does not fit the model before any pass
+        tau_values = settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
+    except ValueError as err:
+        raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
+                        f"heads): {err}") from None
+    attn = settings.attention()
+    # No probe asked for: no recorder, so the attention takes torch's fused kernel.
+    recorder = Recorder(settings.probes, mask.bool()) if settings.probes.wanted else None
+    # A batch without padding needs no mask at all (and gets the fast path).
+    enc_mask = None if bool(mask.all()) else mask
+
+    t0 = time.perf_counter()
+    # a rotary model's pass runs under its position scheme (bound at this batch's length), holding the model's lock
+    with rope_pass.scheme_pass(loaded, attn, recorder, settings.scheme, n):
+        hidden = loaded.encoder(input_ids=ids, attention_mask=enc_mask).last_hidden_state
+    bad_layers = recorder.nonfinite(ENCODER) if recorder is not None else []
+    if bad_layers or not bool(torch.isfinite(hidden).all()):
+        where = f" (encoder layer(s) {bad_layers})" if bad_layers else ""
+        dtype = str(loaded.dtype).replace("torch.", "")
+        why = ("T5 overflows in float16: run in float32 (CPU) or bfloat16 (GPU)" if loaded.dtype == torch.float16
+               else f"the logits divided by tau (smallest {float(np.min(tau_values)):g}) left {dtype}'s range, or the "
+                    "weights hold NaN/inf")
+        raise NumericalError(f"NaN/inf appeared in the attention{where} with dtype {dtype}: {why}.")
+    t_enc = time.perf_counter() - t0
+
+    answers, pieces = [""] * len(encs), [None] * len(encs)
+    t1 = time.perf_counter()
+    # Decoder and cross-attention probes ride along with generation, one answer row per step.
+    listening = recorder if recorder is not None and settings.probes.asks(DECODER, CROSS) else None
+    if settings.generate and loaded.seq2seq:  # a masked-LM encoder has no decoder: its pass is stats only
+        with attention_call(attn, listening):
+            out = loaded.model.generate(
+                encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+                attention_mask=mask,
+                max_new_tokens=settings.max_new_tokens,
+                do_sample=False,
+                num_beams=1,
+                **{_CACHE_KWARG: decoder_cache()},
+            )
+        answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
+        pieces = [_pieces(loaded.tokenizer, row) for row in out[:, 1:].tolist()]
+    record = recorder.finish() if recorder is not None else None
+    nll = _continuation_nll(loaded, docs, hidden, mask, attn) if loaded.seq2seq else None
+    t_gen = time.perf_counter() - t1
+    for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.runs.timing)
+        timing.record(timing.model_key(loaded), e.n, t_enc / len(encs))
+        if settings.generate and loaded.seq2seq:
+            timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
+
+    results = []
+    for i, (doc, enc) in enumerate(zip(docs, encs)):
+        scored = settings.generate and loaded.seq2seq and doc.expected and doc.task != tasks.LM
+        sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
+        rec = record if (record is None or len(encs) == 1) else record.item(i)
+        results.append(
+            Result(
+                task=doc.task,
+                answer=answers[i],
+                expected=doc.expected,
+                correct=None if sc is None else sc.correct,
+                parsed=None if sc is None else sc.parsed,
+                method=settings.method,
+                tau=settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=enc.n),  # a row schedule: its mean here
+                tokens=enc.n,
+                train_length=loaded.train_length,
+                needle_tokens=enc.needle_tokens,
+                question_tokens=enc.question_tokens,
+                probes=rec,
+                seconds={"encode": t_enc / len(encs), "generate": t_gen / len(encs), "total": (t_enc + t_gen) / len(encs)},
+                cosine_scale=settings.cosine_scale if loaded.cosine else None,
+                nll=None if nll is None or nll[i] is None else nll[i][0],
+                scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
+                answer_tokens=pieces[i],
+            )
+        )
+    return results
+
+
+def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.Tensor, mask: torch.Tensor,
+                      attn: AttentionSettings) -> list[tuple[float, int] | None] | None:
+    """Per document, (summed -log p, tokens) of a language-modelling document's continuation, teacher-forced
+    on the encoder states already computed (the decoder runs under the same settings); None for the others.
+
+    Why here and not in a task module: it is one more decoder pass over the run's own encoder output,
+    so Explore, sweeps and the perplexity table all get it from the same run."""
+    lm = [i for i, d in enumerate(docs) if d.task == tasks.LM]
+    if not lm:
+        return None
+    conts = [tasks.continuation_ids(docs[i]) for i in lm]
+    labels = torch.full((len(lm), max(len(c) for c in conts)), -100, dtype=torch.long)
+    for j, c in enumerate(conts):
+        labels[j, : len(c)] = torch.tensor(c)
+    labels = labels.to(loaded.device)
+    with attention_call(attn, None):
+        logits = loaded.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden[lm]), attention_mask=mask[lm],
+                              labels=labels).logits
+    lost = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+    out: list[tuple[float, int] | None] = [None] * len(docs)
+    for j, i in enumerate(lm):
+        out[i] = (float(lost[j].sum()), len(conts[j]))
+    return out
+
+
+def _pieces(tokenizer, ids: list[int]) -> list[str]:
+    """One generated answer token by token, up to and with its end token (a batch pads finished answers)."""
+    eos = tokenizer.eos_token_id
+    if eos in ids:
+        ids = ids[: ids.index(eos) + 1]
+    return [tokenizer.decode([t]) for t in ids]

@@ -1,0 +1,94 @@
+"""One forward pass of a model under a position scheme: the one place a scheme reaches a model.
+
+A position scheme (:mod:`core.values.positions`) is applied in two halves that must
+agree: the model's rotary modules (the scheme's frequencies, or none at all
+for a scheme that rectifies distances) and the attention function (mask rows
+and rectified logits). Both read the same :class:`~core.values.positions.Bound` from
+the attention call's context (:class:`core.mechanics.attention.AttentionSettings`'s
+``positions``), which :func:`scheme_pass` sets for the enclosed pass: the
+rotary modules through a subclass swapped in once
+(:func:`core.values.positions.rotate_per_call`), the attention function directly.
+It is what every pass of a rotary model goes through:
+:func:`core.runs.engine.run_encoded` (so Explore, sweeps and the passes of measured
+methods, Algorithm 1 included, run under the scheme) and :func:`core.experiments.mlm.score`.
+
+The scheme is bound per pass to the pass's own length (the padded batch's):
+a calibration's L_tr reference passes get the scheme at L_tr, its passes at
+L the scheme at L. That is why callers carry a :class:`~core.values.positions.Scheme` (the run's
+``Choice.scheme``) rather than a :class:`~core.values.positions.Bound`, which is fixed
+to one length.
+
+Nothing of the shared model changes per pass: the context is per thread (and
+per asyncio task), so two threads running two schemes on one model each get
+their own, with no lock (the app, which serves many sessions from one cached
+model, relies on it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import TYPE_CHECKING, Iterator
+
+from core.values import positions
+from core.mechanics import attention
+from core.mechanics.attention import ROPE, AttentionSettings, attention_call
+from core.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.models import Loaded
+    from core.mechanics.probes import Recorder
+
+
+def check(loaded: "Loaded", scheme: positions.Scheme) -> None:
+    """Refuse, in one line, a scheme this model cannot run: any scheme but the plain one on a non-rotary model.
+    (The scheme's own values were checked when it was made, :meth:`core.values.positions.Scheme.of`.)"""
+    if scheme.is_plain:
+        return
+    if loaded.family != ROPE:
+        raise UserError(f"Position scheme '{scheme.name}' needs a rotary (RoPE) model; '{loaded.spec.name}' is a "
+                        f"{loaded.family} model with its own relative positions")
+
+
+def bound(loaded: "Loaded", scheme: positions.Scheme, tokens: int) -> positions.Bound | None:
+    """The scheme bound for a pass of ``tokens`` tokens, or None for a model without rotary positions (checked:
+    a non-plain scheme there is refused)."""
+    check(loaded, scheme)
+    if loaded.family != ROPE:
+        return None
+    return scheme.bind(loaded.train_length, tokens)
+
+
+@contextlib.contextmanager
+def scheme_pass(loaded: "Loaded", attn: AttentionSettings | None, recorder: "Recorder | None" = None,
+                scheme: positions.Scheme = positions.PLAIN_SCHEME,
+                tokens: int | None = None) -> Iterator[positions.Bound | None]:
+    """Run the enclosed forward pass(es) of ``loaded`` at ``tokens`` tokens with ``attn`` and ``recorder`` under
+    the position scheme ``scheme``; yields the :class:`~core.values.positions.Bound` (None for a T5 model, which takes
+    only the plain scheme). The model is exactly as before on exit, also after an error. See the module
+    docstring for the lock."""
+    attn = attn or AttentionSettings()
+    b = bound(loaded, scheme, tokens if tokens is not None else loaded.train_length)
+    if b is None:
+        with attention_call(attn, recorder):
+            yield None
+        return
+    positions.rotate_per_call(loaded.model, _current_bound)
+    with attention_call(replace(attn, positions=b), recorder):
+        yield b
+
+
+def _current_bound() -> positions.Bound | None:
+    """The position scheme of the attention call under way in this thread (what the rotary modules read)."""
+    call = attention.current_call()
+    return None if call is None else call.settings.positions
+
+
+def attention_factor(loaded: "Loaded", b: positions.Bound | None) -> float:
+    """The factor a frequency scheme puts on cos and sin (logits x its square) as it acts on this model: YaRN's
+    0.1 ln s + 1 (or the one bound), 1 for every other scheme, and 1 for a cosine-attention model, whose
+    normalisation of q and k cancels any factor on them."""
+    if b is None or loaded.cosine or positions.FREQUENCIES not in b.scheme.changes:
+        return 1.0
+    config = loaded.model.config
+    return float(b.frequencies(config, positions.layer_types(config)[0])[1])
