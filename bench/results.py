@@ -11,7 +11,7 @@ grid (the best one is reported as an oracle); plus the dispersion table (mean Pm
 the paper's Table 1). Test documents use seeds 0..samples-1 with needle depth
 drawn per seed; measured methods are calibrated per length on 4 documents
 with seeds from 100,000 on (never the test documents). Accuracy runs record
-no probes, so the attention takes torch's fused kernel (about 5x faster on the
+no probes, so the attention takes its output-only backend (about 5x faster on the
 CPU); Pmax and H are measured at tau = 1 on the first ``--stats-docs``
 documents. Writes ``<out>/<model>.csv`` (one row per task, length, method)
 cell by cell, so a killed run picks up where it stopped, and
@@ -82,7 +82,7 @@ def _run(loaded, docs, encs, settings: engine.RunSettings, batch: int) -> list[e
 
 
 def correct_flags(loaded, docs, encs, tau, batch: int) -> list[bool]:
-    """Whether each document is answered right at ``tau``. No probes: the attention takes torch's fused kernel
+    """Whether each document is answered right at ``tau``. No probes: the attention takes its output-only backend
     (about 5x faster)."""
     res = _run(loaded, docs, encs, engine.RunSettings(tau=tau, probes=ProbeSpec.off()), batch)
     return [bool(r.correct) for r in res]

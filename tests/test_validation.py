@@ -22,7 +22,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from core import cli
-from core.mechanics.attention import KINDS
+from core.kinds import KINDS
 from core.errors import ModelLoadError, UserError
 from core.models.catalog import _folder_train_length, read_card
 from core.runs.settings import DocumentRequest, Settings

@@ -16,7 +16,7 @@ measures the same on a loaded ``"rope"`` model (:mod:`core.models`):
   mask token (no 80/10/10 at evaluation: every masked token is one to predict);
 - one forward pass per batch of sequences under an
   :class:`~core.mechanics.attention.AttentionSettings` (tau, CosScale s), no probes, so
-  the attention takes torch's fused kernel;
+  the attention takes its fastest backend (output only: core.mechanics.softmax_block);
 - a cell's accuracy is correct / masked and its perplexity
   ``exp(sum of -log p(true token) / masked)`` over every masked position of
   every sequence (corpus-level, as :mod:`core.experiments.perplexity` reports: a mean of

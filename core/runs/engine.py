@@ -412,7 +412,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
         raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
                         f"heads): {err}") from None
     attn = settings.attention()
-    # No probe asked for: no recorder, so the attention takes torch's fused kernel.
+    # No probe asked for: no recorder, so the attention's blocks only make the output (the fastest backend: softmax_block).
     recorder = Recorder(settings.probes, mask.bool()) if settings.probes.wanted else None
     # A batch without padding needs no mask at all (and gets the fast path).
     enc_mask = None if bool(mask.all()) else mask

@@ -13,7 +13,7 @@ Two views, each in place of a T5 one:
   from an ``L x L`` matrix, so a 64x document costs what its q and k cost.
   :func:`layer_qk` takes q and k from a pass through our attention function
   (a listener that reads the one layer and asks for nothing else, so every
-  layer still runs torch's fused kernel).
+  layer still runs its fastest, output-only backend).
 - **The masked tokens' predictions** (instead of T5's retrieval answer): per
   masked position the true token, the model's top prediction, the
   probability of the true token and its -log p; accuracy and perplexity over
@@ -78,7 +78,7 @@ def mean_logit_by_distance(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np
 class _QKTap:
     """Listens to one encoder layer of a pass through :func:`core.mechanics.attention.aligned_attention`: keeps its q and k
     as the logits are made from them (:func:`core.mechanics.attention.logit_operands`: scaled, or normalised and times s for
-    a cosine model) and asks for nothing else, so the attention stays on torch's fused kernel."""
+    a cosine model) and asks for nothing else, so the attention stays on its fastest, output-only backend."""
 
     def __init__(self, layer: int) -> None:
         self.layer = int(layer)
