@@ -373,7 +373,7 @@ def test_without_grpcio_an_address_is_one_line_naming_what_to_install(monkeypatc
 
 def test_the_cli_does_not_import_grpc_until_an_address_is_checked():
     """``python -m core`` and a check of ``auto`` stay light: grpc is imported by the network check only."""
-    script = ("import sys; from core import cli, cluster; cluster.check_address('auto'); "
+    script = ("import sys; from core import cli; from core.experiments import cluster; cluster.check_address('auto'); "
               "print('grpc' in sys.modules, 'grpc_health' in sys.modules)")
     child = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True,
                            timeout=120)

@@ -37,8 +37,8 @@ from core.values.schedule import RowTau
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-CALIBRATE = str(ROOT / "pages/calibrate.py")
-SWEEP = str(ROOT / "pages/sweep.py")
+CALIBRATE = str(ROOT / "app_pages/calibrate.py")
+SWEEP = str(ROOT / "app_pages/sweep.py")
 TIMEOUT = 240
 GRID = temperature.GRID
 
@@ -204,7 +204,7 @@ def test_calibrate_shows_the_sidebars_bisection_then_completes_it(env):
     assert "Shown below: Algorithm 1 by bisection" in info and "curves have gaps" in info, info
     assert at.button(key="cal_run").label == "Complete the curves"
     assert _pick(at, "pmax") == f"tau = {fast['pmax'].tau:.2f}"
-    todo = [t for t in GRID if cache.known_stats(loaded, req, t, ("encoder",), None) is None]
+    todo = [t for t in GRID if cache.known_stats(loaded, req, t) is None]
     assert todo and f"The whole curve will run {len(todo)} encoder pass" in info, info
 
     at.button(key="cal_run").click().run()

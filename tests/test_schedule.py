@@ -92,13 +92,13 @@ def test_a_pass_builds_its_tau_matrix_once(tiny, monkeypatch):
 
     monkeypatch.setattr(Schedule, "_build", counting)
     seen = []
-    real_settings_init = AttentionSettings.__post_init__
+    real_settings_init = AttentionSettings.__init__
 
-    def watch(self):
-        real_settings_init(self)
+    def watch(self, *args, **kwargs):
+        real_settings_init(self, *args, **kwargs)
         seen.append(self.tau)
 
-    monkeypatch.setattr(AttentionSettings, "__post_init__", watch)
+    monkeypatch.setattr(AttentionSettings, "__init__", watch)
     tau = Schedule.of([[0.8, 0.7, 0.9, 0.6], [0.75, 0.85, 0.65, 0.95]])  # per layer and head (tiny: 2 x 4)
     doc = tasks.make("passkey", tiny.tokenizer, 300, seed=3)
     res = engine.run(tiny, doc, engine.RunSettings(tau=tau, max_new_tokens=4))
