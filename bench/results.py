@@ -35,11 +35,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from core.runs import calibration
-from core.experiments import csvio
-from core.runs import engine
-from core.runs import methods
-from core.experiments import mlm
+from core.runs import calibration, engine, methods
+from core.experiments import csvio, mlm
 from core.values import positions
 from core.data import tasks
 from core.models import ModelLoadError, bundled_specs, load

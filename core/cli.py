@@ -33,8 +33,7 @@ from core.errors import InputTooLong, UserError
 from core.values.schedule import Schedule
 from core.data.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
 from core.models import memory
-from core.runs import methods
-from core.runs import timing
+from core.runs import methods, timing
 from core.values.validation import (
     MAX_LENGTH, MAX_TEXT_CHARS, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences,
     Tokens,

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_rope
-from core.runs import methods
+from core.runs import methods, temperature
 from core.experiments import mlm
 from core.values import positions
-from core.runs import temperature
 from core.models import load
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from core.runs import engine
-from core.models import memory
+from core.models import bundled_specs, default_model, load, memory
 from core.data import tasks
-from core.models import bundled_specs, default_model, load
 from core.training import TrainConfig, check_stages, train
 
 BUNDLED = bundled_specs()

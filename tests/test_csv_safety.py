@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.experiments import batch
-from core.experiments import csvio
+from core.experiments import batch, csvio
 from core.views import tables
 from core.experiments.sweep import SweepPlan, run_sweep
 

@@ -8,10 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.runs import calibration
-from core.runs import engine
+from core.runs import calibration, engine, methods
 from core.models import memory
-from core.runs import methods
 from core.data import tasks
 from core.errors import InputTooLong, NumericalError, UserError
 from core.mechanics.probes import ProbeSpec

@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from conftest import unpack_payload
 from core.runs import engine
-from core.views import frames
-from core.views import tables
+from core.views import frames, tables
 from core.mechanics.probes import ProbeSpec
 from core.runs.settings import DocumentRequest
 

@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from core.runs import methods
+from core.runs import methods, temperature
 from core.data import tasks
-from core.runs import temperature
 from core.errors import UserError
 from core.values.schedule import RowTau, Schedule
 

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_rope
-from core.experiments import cluster
-from core.experiments import mlm
+from core.experiments import cluster, mlm
 from core.values import positions
 from core.cli import main
 from core.errors import UserError

@@ -28,8 +28,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_error_text, app_ok, build_tiny_t5, wait_until  # noqa: E402
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods
 from core.runs import temperature  # noqa: E402
 from core.errors import InputTooLong, ModelLoadError, UserError  # noqa: E402
 from core.runs.settings import DocumentRequest  # noqa: E402

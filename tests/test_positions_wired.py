@@ -23,11 +23,9 @@ from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
 from core import cli
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods, rope_pass
 from core.experiments import mlm
 from core.values import positions
-from core.runs import rope_pass
 from core.data import tasks
 from core.mechanics.attention import AttentionSettings
 from core.errors import UserError

@@ -12,9 +12,7 @@ import time
 
 import pytest
 
-from core.runs import temperature
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods, temperature
 from core.runs.settings import DocumentRequest
 
 from conftest import wait_until

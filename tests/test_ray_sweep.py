@@ -23,9 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from core.experiments import batch
-from core.experiments import cluster
-from core.experiments import csvio
+from core.experiments import batch, cluster, csvio
 from core.cli import main
 from core.experiments.sweep import KEY, SweepPlan, run_sweep
 

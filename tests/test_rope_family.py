@@ -12,8 +12,7 @@ import torch
 from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods
 from core.data import tasks
 from core.runs import apply as ap
 from core.mechanics.attention import AttentionSettings, attention_call, attention_modules

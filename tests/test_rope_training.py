@@ -13,8 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.training import TrainConfig, load_stages, train
-from core.training import mlm
+from core.training import TrainConfig, load_stages, mlm, train
 
 BPE = Path(__file__).resolve().parent.parent / "assets" / "models" / "retrieval-t5"
 # Small enough for seconds on one thread; the stdlib train pool loads at once (the shipped recipes use "lm-train").

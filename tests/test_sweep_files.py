@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.experiments import batch
-from core.experiments import csvio
+from core.experiments import batch, csvio
 from core.cli import main
 from core.errors import UserError
 from core.experiments.sweep import COLUMNS, KEY, SweepPlan, run_sweep

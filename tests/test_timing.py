@@ -7,8 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.runs import methods
-from core.runs import timing
+from core.runs import methods, timing
 
 KEY = ("test-model", "cpu", "torch.float32")
 

@@ -30,15 +30,11 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import streamlit as st
 
-from core.runs import calibration
-from core.runs import engine
-from core.runs import methods
+from core.runs import calibration, engine, methods, temperature
 from core.experiments import mlm
 from core.values import positions
-from core.views import rope_view
-from core.views import rpe
+from core.views import rope_view, rpe
 from core.data import tasks
-from core.runs import temperature
 from core.errors import UserError
 from core.models import Loaded, load
 from core.mechanics.probes import ProbeSpec

@@ -8,13 +8,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.runs import calibration
-from core.runs import engine
-from core.runs import methods
-from core.views import plots
-from core.views import tables
-from core.runs import temperature
-from core.runs import timing
+from core.runs import calibration, engine, methods, temperature, timing
+from core.views import plots, tables
 from core.errors import UserError
 from core.mechanics.probes import ProbeSpec
 from core.values.schedule import Schedule

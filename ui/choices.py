@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core.runs import methods
+from core.runs import methods, temperature
 from core.values import positions
-from core.runs import temperature
 from core.values.schedule import Schedule
 from core.mechanics.attention import ROPE, family_of
 from core.models import Loaded, bundled_specs, default_model, registry

@@ -14,11 +14,8 @@ import pandas as pd
 import streamlit as st
 
 from core.runs import engine
-from core.views import frames
-from core.views import plots
+from core.views import frames, plots, rope_view, tables
 from core.values import positions
-from core.views import rope_view
-from core.views import tables
 from core.errors import UserError
 from core.mechanics.probes import ProbeSpec
 from ui import chart, csv_of, message

@@ -41,9 +41,8 @@ from typing import Hashable
 
 import streamlit as st
 
-from core.runs import engine
+from core.runs import engine, methods
 from core.views import frames
-from core.runs import methods
 from core.errors import UserError
 from core.models import Loaded
 from core.runs.settings import DocumentRequest

@@ -25,10 +25,8 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from core.runs import engine
+from core.runs import engine, methods, temperature
 from core.views import frames
-from core.runs import methods
-from core.runs import temperature
 from core.values.choice import Choice
 from core.errors import UserError
 from core.values.schedule import Schedule

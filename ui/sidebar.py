@@ -36,8 +36,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods
 from core.experiments import mlm
 from core.values import positions
 from core.data import tasks

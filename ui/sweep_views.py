@@ -10,11 +10,10 @@ import pandas as pd
 import streamlit as st
 
 from core.experiments import csvio
-from core.runs import methods
+from core.runs import methods, timing
 from core.views import plots
 from core.values import positions
 from core.data import tasks
-from core.runs import timing
 from core.errors import UserError
 from core.experiments.perplexity import PerplexityPlan, perplexity_table, run_perplexity
 from core.experiments.mlm import MASK_RATE, MIN_TOKENS, MlmPlan, run_mlm

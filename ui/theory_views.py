@@ -10,12 +10,9 @@ import pandas as pd
 import streamlit as st
 
 from core.experiments import csvio
-from core.runs import methods
-from core.views import plots
-from core.views import tables
+from core.runs import methods, temperature, timing
+from core.views import plots, tables
 from core.data import tasks
-from core.runs import temperature
-from core.runs import timing
 from core.errors import UserError
 from core.runs.settings import DocumentRequest
 from ui import chart, csv_of, user_errors

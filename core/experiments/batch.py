@@ -56,10 +56,8 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 import numpy as np
 
 from core.experiments import csvio
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods, timing
 from core.data import tasks
-from core.runs import timing
 from core.errors import UserError
 from core.values.validation import BatchSize, validate
 from core.models import Loaded

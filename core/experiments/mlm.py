@@ -47,10 +47,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods, rope_pass
 from core.values import positions
-from core.runs import rope_pass
 from core.data import tasks
 from core.mechanics.attention import AttentionSettings
 from core.errors import NumericalError, UserError

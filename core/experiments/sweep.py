@@ -25,10 +25,8 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator
 import pandas as pd
 
 from core.experiments import csvio
-from core.runs import engine
-from core.runs import methods
+from core.runs import engine, methods, timing
 from core.data import tasks
-from core.runs import timing
 from core.runs.methods import method_label
 from core.values.validation import Depth, Samples, Seed, Tokens, validate
 from core.errors import UserError

@@ -67,7 +67,7 @@ from core.values import positions as rope_positions
 from core.mechanics import softmax_block
 from core.errors import UserError
 from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER
-from core.values.choice import Choice
+from core.values.choice import Choice, given
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.mechanics.probes import Recorder
@@ -118,11 +118,7 @@ class AttentionSettings:
 
     def __init__(self, choice: Choice | None = None, chunk_bytes: int | None = None,
                  positions: "rope_positions.Bound | None" = None, **parts: Any) -> None:
-        choice = Choice() if choice is None else choice
-        if not isinstance(choice, Choice):
-            raise TypeError("AttentionSettings.choice must be a core.values.choice.Choice")
-        if parts:
-            choice = choice.with_(**parts)
+        choice = given(choice, parts, "AttentionSettings")
         if chunk_bytes is not None and not (isinstance(chunk_bytes, int) and chunk_bytes > 0):
             raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
         if positions is not None and not isinstance(positions, rope_positions.Bound):

@@ -73,8 +73,7 @@ from pathlib import Path
 
 import torch
 
-from core.mechanics import attention
-from core.mechanics import relative_bias
+from core.mechanics import attention, relative_bias
 from core.mechanics.attention import AttentionSettings, attention_call, family_of
 from core.errors import UserError
 from core.kinds import ENCODER, KINDS, is_aligned

@@ -15,9 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from core.runs import engine
+from core.runs import engine, temperature
 from core.data import tasks
-from core.runs import temperature
 from core.errors import UserError
 from core.models import Loaded
 from core.mechanics.probes import ProbeSpec

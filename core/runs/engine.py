@@ -23,21 +23,14 @@ from packaging.version import Version
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from core.models import memory
-from core.runs import rope_pass
+from core.models import Loaded, memory
+from core.runs import rope_pass, timing
 from core.data import tasks
-from core.runs import timing
 from core.mechanics.attention import KERNEL_CHUNK_BYTES, AttentionSettings, attention_call, default_chunk_bytes
 from core.kinds import CROSS, DECODER, ENCODER
 from core.errors import InputTooLong, NumericalError, UserError
-from core.models import Loaded
 from core.mechanics.probes import ProbeRecord, ProbeSpec, Recorder
-from core.values.choice import Choice
-
-
-#: The parts of a :class:`~core.values.choice.Choice` that :class:`RunSettings` still takes one by one (a caller that has
-#: no Choice yet): they are checked once, by :meth:`Choice.of`, into the one ``choice`` field.
-_CHOICE_PARTS = ("method", "tau", "targets", "cosine_scale", "scheme")
+from core.values.choice import Choice, given
 
 
 @dataclass(frozen=True, init=False)
@@ -59,14 +52,7 @@ class RunSettings:
     def __init__(self, choice: Choice | None = None, probes: ProbeSpec | None = None,
                  max_new_tokens: int = tasks.MAX_ANSWER_TOKENS, generate: bool = True, chunk_bytes: int | None = None,
                  **parts: Any) -> None:
-        unknown = sorted(set(parts) - set(_CHOICE_PARTS))
-        if unknown:
-            raise TypeError(f"RunSettings got unexpected argument(s) {unknown}")
-        choice = Choice() if choice is None else choice
-        if not isinstance(choice, Choice):
-            raise TypeError("RunSettings.choice must be a core.values.choice.Choice")
-        if parts:
-            choice = choice.with_(**parts)
+        choice = given(choice, parts, "RunSettings")
         for name, value in (("choice", choice), ("probes", probes if probes is not None else ProbeSpec()),
                             ("max_new_tokens", max_new_tokens), ("generate", generate), ("chunk_bytes", chunk_bytes)):
             object.__setattr__(self, name, value)

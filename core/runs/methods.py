@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from core.runs import temperature
-from core.runs import timing
+from core.runs import temperature, timing
 from core.errors import UserError
 from core.values.schedule import ONE, RowTau, Schedule
 

@@ -87,9 +87,19 @@ class Choice:
         checked = Choice.of(**{**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, **parts})
         return self if checked == self else checked
 
-    @property
-    def touches_encoder(self) -> bool:
-        return ENCODER in self.targets
+
+def given(choice: "Choice | None", parts: dict[str, Any], owner: str) -> Choice:
+    """The Choice a settings object holds: ``choice`` (None: the model as trained) with ``parts`` given by name
+    changed through :meth:`Choice.with_` (the short form ``RunSettings(tau=0.7)``); a part ``Choice`` does not
+    have, or a ``choice`` that is not one, is a TypeError naming ``owner``. One rule for
+    :class:`core.runs.engine.RunSettings` and :class:`core.mechanics.attention.AttentionSettings`."""
+    unknown = sorted(set(parts) - {f.name for f in dataclasses.fields(Choice)})
+    if unknown:
+        raise TypeError(f"{owner} got unexpected argument(s) {unknown}")
+    choice = Choice() if choice is None else choice
+    if not isinstance(choice, Choice):
+        raise TypeError(f"{owner}.choice must be a core.values.choice.Choice")
+    return choice.with_(**parts) if parts else choice
 
 
 def _targets(value: Any) -> tuple[str, ...]:

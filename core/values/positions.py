@@ -45,6 +45,7 @@ from __future__ import annotations
 import copy
 import math
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -698,6 +699,8 @@ def rotary_modules(model: Any) -> list[Any]:
 
 _SWAP_GUARD = threading.Lock()
 _SUBCLASSES: dict[tuple[type, Callable], type] = {}
+#: Models whose rotary modules are swapped already: every scheme pass asks, so the answer is one set lookup.
+_SWAPPED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _scheme_rotary_class(base: type, current: Callable[[], "Bound | None"]) -> type:
@@ -737,6 +740,8 @@ def rotate_per_call(model: Any, current: Callable[[], "Bound | None"]) -> None:
     travels with the call, in the attention call's context (:func:`core.runs.rope_pass.scheme_pass`), and two threads
     with two schemes run side by side on one model. transformers' dynamic frequency update (which keeps the longest
     length it has seen) is bypassed during a scheme's pass: the scheme's frequencies are computed for the pass."""
+    if model in _SWAPPED:
+        return
     with _SWAP_GUARD:
         for module in rotary_modules(model):
             cls = type(module)
@@ -746,3 +751,4 @@ def rotate_per_call(model: Any, current: Callable[[], "Bound | None"]) -> None:
             if sub is None:
                 sub = _SUBCLASSES[(cls, current)] = _scheme_rotary_class(cls, current)
             module.__class__ = sub
+        _SWAPPED.add(model)
