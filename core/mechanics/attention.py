@@ -141,6 +141,26 @@ class _Call:
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
 
 
+#: What this thread runs between two attention calls (a layer's attention and the next), or None: see
+#: :func:`between_layers`.
+_BETWEEN: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("aligned_between", default=None)
+
+
+@contextlib.contextmanager
+def between_layers(fn: Callable[[], None] | None) -> Iterator[None]:
+    """Call ``fn()`` before every attention call the enclosed passes make in this thread (once per layer and
+    kind of attention), restored on exit.
+
+    Why: work that may wait (the app's background grid) gives way there to a person's request: ``fn`` blocks
+    until the foreground is served, so the person waits at most for the layer under way, not a whole pass.
+    ``fn`` may also raise (a cancelled pass stops at the next layer, its partial results dropped)."""
+    token = _BETWEEN.set(fn)
+    try:
+        yield
+    finally:
+        _BETWEEN.reset(token)
+
+
 def current_call() -> _Call | None:
     """The :func:`attention_call` under way in this thread (or asyncio task), None outside one: what the rotary
     modules of a scheme pass read (:func:`core.runs.rope_pass.scheme_pass`), from the same context as the attention."""
@@ -381,6 +401,9 @@ def aligned_attention(
     takes it (:func:`core.mechanics.softmax_block.choose_backend`); a pass over
     :data:`MAX_WEIGHT_BYTES` is refused first (:func:`_check_weight_size`).
     """
+    pause = _BETWEEN.get()
+    if pause is not None:
+        pause()
     call = _CURRENT.get()
     if call is None:
         call = standing

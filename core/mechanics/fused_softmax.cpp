@@ -56,6 +56,25 @@ static inline float sexp(float x) {
 
 extern "C" {
 
+// The vector instructions this build uses (what -march chose), for `python -m core doctor`.
+const char* aae_isa() {
+#if defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__)
+    return "avx2";
+#elif defined(__AVX__)
+    return "avx";
+#elif defined(__ARM_FEATURE_SVE)
+    return "sve";
+#elif defined(__ARM_NEON)
+    return "neon";
+#elif defined(__SSE2__)
+    return "sse2";
+#else
+    return "scalar";
+#endif
+}
+
 // rows [row_lo, row_hi) of the block S [B, H, c, K] (contiguous).
 // bias: NULL, or float32 with row (h, i) at bias + h * bias_hs + i * bias_rs + bias_base (keys contiguous).
 // tau: NULL, or per head (tau_mode 1, [H]) or per block row (tau_mode 2, [c]).

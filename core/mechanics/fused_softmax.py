@@ -99,6 +99,8 @@ def _build() -> ctypes.CDLL:
     fn.argtypes = [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int32, _P, _I, _I, _P, _P]
     lib.aae_pool_rows.restype = None
     lib.aae_pool_rows.argtypes = [_P, _I, _I, _I, _P, _I, ctypes.c_int32, _P, _I, _I, _I, _P, _P, _P]
+    lib.aae_isa.restype = ctypes.c_char_p
+    lib.aae_isa.argtypes = []
     lib.aae_sorted_sum.restype = None
     lib.aae_sorted_sum.argtypes = [_P, _I, _I, _I, _I, _P, _P]
     return lib
@@ -126,6 +128,12 @@ def why_not() -> str | None:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"switched off ({ENV_SWITCH}=0)"
     return None if _LIB is not None else _WHY
+
+
+def built_isa() -> str | None:
+    """The vector instructions the loaded kernel was compiled for (``avx512``, ``avx2``, ``neon``...), None
+    when no kernel is loaded."""
+    return None if not available() else _LIB.aae_isa().decode()
 
 
 def threads() -> int:
