@@ -50,7 +50,7 @@ import torch
 from core.runs import engine, methods, rope_pass
 from core.values import positions
 from core.data import tasks
-from core.mechanics.attention import AttentionSettings
+from core.mechanics.attention import ROPE as ROPE_FAMILY, AttentionSettings
 from core.errors import NumericalError, UserError
 from core.models import Loaded
 from core.values.choice import Choice
@@ -206,6 +206,8 @@ def check_model(loaded: Loaded, plan: MlmPlan) -> None:
                         "models trained with cosine attention")
     for scheme in plan.schemes:
         rope_pass.check(loaded, Scheme.of(scheme))
+    if loaded.family == ROPE_FAMILY:
+        rope_pass.check_rotation(loaded)  # a rotary config its own attention cannot apply: before any pass
 
 
 def resolve(loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Document,

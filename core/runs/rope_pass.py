@@ -27,6 +27,7 @@ model, relies on it).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
@@ -56,7 +57,31 @@ def bound(loaded: "Loaded", scheme: positions.Scheme, tokens: int) -> positions.
     check(loaded, scheme)
     if loaded.family != ROPE:
         return None
+    check_rotation(loaded)
     return scheme.bind(loaded.train_length, tokens)
+
+
+#: Models whose rotary config was found runnable (:func:`check_rotation`): asked once per model, not per pass.
+_ROTATION_OK: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def check_rotation(loaded: "Loaded") -> None:
+    """Refuse, in one line, a rotary model whose rotary modules hold frequencies its attention cannot apply (a
+    ``partial_rotary_factor`` under a rope type that honours it on ModernBERT, which rotates the whole head; a
+    ``head_dim`` narrower than the head): transformers' own model ends in a RuntimeError on a tensor size there
+    (issue 47, point 3). The counts are read from the model's own modules' buffers."""
+    model = loaded.model
+    if model in _ROTATION_OK:
+        return
+    config = model.config
+    held: dict[str | None, int] = {}
+    for module in positions.rotary_modules(model):
+        for lt in positions.layer_types(config):
+            buf = getattr(module, "inv_freq" if lt is None else f"{lt}_inv_freq", None)
+            if buf is not None:
+                held[lt] = int(buf.numel())
+    positions.check_rotation(config, held)
+    _ROTATION_OK.add(model)
 
 
 @contextlib.contextmanager

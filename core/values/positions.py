@@ -108,10 +108,63 @@ def rope_params(config: Any, layer_type: str | None) -> dict:
     return dict(params[layer_type] if layer_type is not None else params)
 
 
+#: ``model_type``s whose attention rotates the whole head (``apply_rotary_pos_emb`` over ``head_dim``) and whose
+#: default frequencies ignore ``partial_rotary_factor`` (transformers' ``ModernBertRotaryEmbedding``): a config
+#: there that says its rotary covers part of the head still rotates all of it (issue 47, point 3)
+WHOLE_HEAD_ROTARY: tuple[str, ...] = ("modernbert",)
+
+
+def attention_head_dim(config: Any) -> int:
+    """The width of one head as the model's attention splits q and k (``hidden_size // num_attention_heads`` for
+    ModernBERT, which never reads a ``head_dim`` field; the field otherwise)."""
+    if getattr(config, "model_type", None) in WHOLE_HEAD_ROTARY:
+        return config.hidden_size // config.num_attention_heads
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def rotary_dim(config: Any, layer_type: str | None = None) -> int:
-    """d: the dimensions the rotation turns (head_dim x partial_rotary_factor), as transformers computes it."""
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    """d: the dimensions the model's rotation turns, the ``d`` of every scheme's formula (NTK's ``d / (d - 2)``,
+    YaRN's ramp) and of the frequencies it builds (d / 2 of them).
+
+    transformers' ModernBERT rotates the whole head whatever ``partial_rotary_factor`` says (its default frequencies
+    ignore the factor, ``apply_rotary_pos_emb`` turns every dimension), so there it is the head; elsewhere
+    ``head_dim x partial_rotary_factor``, as transformers' rope functions compute it."""
+    head = attention_head_dim(config)
+    if getattr(config, "model_type", None) in WHOLE_HEAD_ROTARY:
+        return head
     return int(head * rope_params(config, layer_type).get("partial_rotary_factor", 1.0))
+
+
+def _rope_config_head(config: Any) -> int:
+    """The head width transformers' rope functions read (``config.head_dim`` when set, else hidden / heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def check_rotation(config: Any, model_inv_freq: "dict[str | None, int] | None" = None) -> None:
+    """Refuse, in one line, a rotary config the model's own attention cannot apply: one whose rotary module holds
+    other than ``rotary_dim / 2`` frequencies (a ``partial_rotary_factor`` under a rope type that honours it, such
+    as ``linear`` or ``yarn``, on a model that rotates the whole head; a ``head_dim`` narrower than the attention's
+    head). transformers' own model ends in "The size of tensor a (16) must match the size of tensor b (8)" on
+    them. ``model_inv_freq``: the frequency count each layer type's module holds (default: computed from the
+    config as transformers' module does)."""
+    for lt in layer_types(config):
+        want = rotary_dim(config, lt)
+        have = None if model_inv_freq is None else model_inv_freq.get(lt)
+        if have is None:
+            p = rope_params(config, lt)
+            kind = p.get("rope_type", DEFAULT_ROPE)
+            factor = 1.0 if (kind == DEFAULT_ROPE and getattr(config, "model_type", None) in WHOLE_HEAD_ROTARY) \
+                else p.get("partial_rotary_factor", 1.0)
+            have = int(_rope_config_head(config) * factor) // 2
+        if 2 * have != want:
+            where = f" ({lt})" if lt else ""
+            p = rope_params(config, lt)
+            raise UserError(
+                f"this model's rotary embedding{where} gives {have} frequencies (rope_type "
+                f"'{p.get('rope_type', DEFAULT_ROPE)}', partial_rotary_factor {p.get('partial_rotary_factor', 1.0):g},"
+                f" head_dim {_rope_config_head(config)}) but its attention rotates {want} dimensions of each head: "
+                "transformers cannot run this config; give the whole head's rotary (partial_rotary_factor 1) or "
+                "rope_type 'default'")
 
 
 def model_frequencies(config: Any, layer_type: str | None) -> tuple["torch.Tensor", float]:
@@ -124,6 +177,17 @@ def model_frequencies(config: Any, layer_type: str | None) -> tuple["torch.Tenso
 
     inv, scale = ROPE_INIT_FUNCTIONS[kind](copy.deepcopy(config), None, layer_type=layer_type)
     return inv.float(), float(scale)
+
+
+def _fit_rotary(config: Any, params: dict, layer_type: str | None) -> dict:
+    """``params`` with the ``partial_rotary_factor`` that makes transformers' rope functions (which compute
+    ``int(head_dim x factor)``) build frequencies for the dimensions the model rotates (:func:`rotary_dim`): a
+    scheme's frequencies must fit the model's rotation, not the factor a whole-head model ignores."""
+    head = _rope_config_head(config)
+    want = rotary_dim(config, layer_type)
+    if int(head * params.get("partial_rotary_factor", 1.0)) == want:
+        return params
+    return {**params, "partial_rotary_factor": want / head}
 
 
 # ---- masks and distances: plain functions of the query rows ---------------------------------------------------
@@ -402,10 +466,12 @@ class Bound:
 def configured(config: Any, bound: Bound) -> Any:
     """A deep copy of ``config`` whose ``rope_parameters`` are the scheme's for every layer type (and, for dynamic
     NTK, ``max_position_embeddings = L_tr``, the length transformers' formula divides by). The model's own config
-    is never touched; a model built from this copy has the scheme's frequencies (for a fixed factor)."""
+    is never touched; a model built from this copy has the scheme's frequencies (for a fixed factor). Each layer
+    type's ``partial_rotary_factor`` is the one that gives the dimensions the model rotates (:func:`rotary_dim`), so a
+    whole-head model whose config names a smaller factor gets frequencies for its whole head (issue 47, point 3)."""
     cfg = copy.deepcopy(config)
     types = layer_types(config)
-    new = {lt: bound.rope_parameters(config, lt)[0] for lt in types}
+    new = {lt: _fit_rotary(config, bound.rope_parameters(config, lt)[0], lt) for lt in types}
     cfg.rope_parameters = new[None] if types == [None] else {**cfg.rope_parameters, **new}
     if any(p.get("rope_type") == DYNAMIC_ROPE for p in new.values()):
         cfg.max_position_embeddings = bound.train_length
