@@ -134,12 +134,31 @@ def test_probed_pass_with_and_without_the_kernel(tiny, monkeypatch, tau):
 
 
 def test_padded_batch_with_and_without_the_kernel(tiny, monkeypatch):
+    """A padded batch (two documents of different lengths): with the kernel on, every encoder self-attention
+    call (its padding mask the same row of keys for every query) takes the kernel, and the numbers equal
+    torch's path (the kernel off)."""
+    from core.mechanics import softmax_block
+
     docs = [tasks.make("passkey", tiny.tokenizer, n, seed=s) for s, n in enumerate((300, 520))]
     settings_ = engine.RunSettings(tau=0.7, probes=ProbeSpec.stats_only())
+    chosen: list[tuple[str, bool]] = []
+    choose = softmax_block.choose_backend
+
+    def spy(x):
+        chosen.append((choose(x), x.mask is not None and not x.causal and x.query.shape[2] > 1
+                       and x.query.shape[2] == x.key.shape[2]))
+        return chosen[-1][0]
+
+    monkeypatch.setattr(softmax_block, "choose_backend", spy)
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "0")
     a = engine.run_batch(tiny, docs, settings_, batch_size=2)
+    assert {name for name, _ in chosen} <= {softmax_block.TORCH, softmax_block.SDPA}
+    chosen.clear()
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "1")
     b = engine.run_batch(tiny, docs, settings_, batch_size=2)
+    encoder = [name for name, padded_self in chosen if padded_self]
+    assert len(encoder) >= tiny.model.config.num_layers
+    assert set(encoder) == {softmax_block.CPU_KERNEL}
     for x, y in zip(a, b):
         assert x.answer == y.answer
         np.testing.assert_allclose(y.probes.pmax, x.probes.pmax, rtol=1e-5, atol=1e-7)

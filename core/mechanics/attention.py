@@ -180,7 +180,7 @@ def standing(settings: AttentionSettings, recorder: "Recorder | None" = None) ->
     loaded; ``save_pretrained`` writes no private config field, so nothing of ours is saved either."""
     name = f"{ATTN_NAME}@{next(_SERIAL)}"
     AttentionInterface.register(name, functools.partial(aligned_attention, standing=_Call(settings, recorder)))
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, compact_mask)
     return name
 
 
@@ -536,12 +536,31 @@ def _scheme_of(call: _Call | None, kind: str, module: torch.nn.Module, query: to
 
 
 
+def compact_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """transformers' boolean ``sdpa_mask`` (True = attend; None when nothing is masked), with a padding mask
+    whose rows are all the same handed over as one row of keys per item, broadcast over the query rows
+    (``[B, 1, q, K]`` with stride 0 along q).
+
+    Why: a padded batch's encoder (and cross-attention) mask is the same row of keys for every query, but
+    ``sdpa_mask`` materialises it ``[B, 1, L, L]`` (1 GiB of booleans for 4 x 16k), and a per-row mask is one
+    the fused kernel cannot read in place, so padded batches (sweeps, batch runs) never took it. Checked once
+    per forward pass (the mask is made once and shared by every layer): ``B x L x L`` comparisons, against
+    ``layers x heads x L x L x d`` multiply-adds of the pass. A causal or windowed mask keeps its rows."""
+    mask = sdpa_mask(*args, **kwargs)
+    if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[2] > 1
+            and mask.stride(2) != 0):
+        first = mask[:, :, :1]
+        if torch.equal(mask, first.expand(mask.shape)):
+            return first.clone().expand(mask.shape)
+    return mask
+
+
 def register() -> None:
     """Make ``attn_implementation="aligned"`` available to transformers (idempotent)."""
     AttentionInterface.register(ATTN_NAME, aligned_attention)
     # Boolean masks (True = attend), None when there is no padding: 4x smaller
-    # than additive float masks, and nothing at all in the common case.
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    # than additive float masks, and nothing at all in the common case; a padding mask as one row per item.
+    AttentionMaskInterface.register(ATTN_NAME, compact_mask)
 
 
 register()

@@ -11,14 +11,18 @@ and ``sum(exp * (x - max))``: the output is ``(exp @ v) / total``, and the three
 :class:`core.mechanics.softmax_block.Block` every probe is computed from (:meth:`core.mechanics.probes.Recorder.observe`).
 It is the ``cpu-kernel`` backend of :mod:`core.mechanics.softmax_block`, which says when it is chosen.
 
-How it is built: with the machine's ``g++`` (``-O3 -march=native``; a plain C ABI loaded by
-:mod:`ctypes`, no torch headers, well under a second), once per source, flags and CPU, into
-the user's cache folder (``$XDG_CACHE_HOME/attention-explorer``, else ``~/.cache/...``),
-written to a temporary name and renamed, so two processes building at once both end with
-a whole library. No compiler, a failed build, or ``AAE_FUSED_SOFTMAX=0`` in the
-environment: :func:`available` is False and the attention takes another backend, which gives
-the same numbers (tests/test_fused_softmax.py holds the attention with the kernel to the attention
-without it and to transformers' eager attention, probes included).
+How it is built: with the machine's ``g++`` (``-O3 -march=native``, or :data:`MARCH_ENV`; a plain C ABI
+loaded by :mod:`ctypes`, no torch headers, well under a second), once per source, flags and CPU, into the
+user's cache folder (``$XDG_CACHE_HOME/attention-explorer``, else ``~/.cache/...``), written to a temporary
+name and renamed, with the sha256 of its bytes written the same way beside it, so two processes building at
+once both end with a whole library. Before the loader opens a cached library its bytes must match that
+digest (a truncated file would kill the process with SIGBUS, a foreign one would run its constructors), the
+folder must be writable by this user only (else a private temporary folder serves the process), and once
+loaded it must pass a small self-test against torch's arithmetic. A damaged file is rebuilt; a build that
+fails or hangs (:data:`BUILD_TIMEOUT_S`), no compiler, or ``AAE_FUSED_SOFTMAX=0`` in the environment:
+:func:`available` is False and the attention takes another backend, which gives the same numbers
+(tests/test_fused_softmax.py holds the attention with the kernel to the attention without it and to
+transformers' eager attention, probes included); one line on stderr says why (``AAE_DEBUG=1``: more).
 
 Threads: the rows of a block are split over :func:`threads` Python threads (ctypes lets go
 of the GIL during the call), the same count torch uses for its own work.
@@ -26,14 +30,20 @@ of the GIL during the call), the same count torch uses for its own work.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
+import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -41,11 +51,20 @@ from typing import Callable
 import torch
 
 SOURCE = Path(__file__).with_name("fused_softmax.cpp")
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno")
+#: ``-march`` the kernel is built for: the machine's own CPU unless ``AAE_KERNEL_MARCH`` names another (e.g.
+#: ``haswell``: the AVX2 code path on an AVX-512 machine, what bench/engine.py's ``--isa avx2`` measures).
+MARCH_ENV = "AAE_KERNEL_MARCH"
+BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno")
 #: Set to 0 to keep the kernel off (benchmarks comparing the two paths; a machine without g++ needs nothing).
 ENV_SWITCH = "AAE_FUSED_SOFTMAX"
-#: Seconds a build may take before it is given up (the attention then takes torch's path).
-BUILD_TIMEOUT_S = 60
+#: Seconds a build may take before it is given up (the attention then takes torch's path). A build takes
+#: well under a second here (2-core Xeon, quiet) and about 3 s at load 15; a compiler that hangs must not
+#: hold a person's first pass (issue 47: ~97 s before this bound).
+BUILD_TIMEOUT_S = 20
+#: A half-written library of a build that died (killed, full disk) is removed by the next build once it is
+#: this old (a younger one may be another process's build under way).
+STALE_BUILD_S = 600
+_BUILD_PREFIX = "build-"
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
@@ -58,6 +77,14 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler flags of this process's build (``-march`` from :data:`MARCH_ENV`, else ``native``)."""
+    march = os.environ.get(MARCH_ENV, "").strip() or "native"
+    if not march.replace("-", "").replace("_", "").isalnum():
+        raise OSError(f"{MARCH_ENV}={march[:40]!r} is not a CPU name g++ knows (e.g. native, haswell)")
+    return (*BASE_FLAGS[:1], f"-march={march}", *BASE_FLAGS[1:])
+
+
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "attention-explorer"
@@ -67,33 +94,102 @@ def _cpu_key() -> str:
     """What ``-march=native`` depends on: the CPU's flags (a shared home seen from two machines builds twice)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+            flags_ = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
-        flags = ""
-    return platform.machine() + flags
+        flags_ = ""
+    return platform.machine() + flags_
 
 
-def _build() -> ctypes.CDLL:
-    src = SOURCE.read_bytes()
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise OSError("no C++ compiler (g++) on this machine")
-    digest = hashlib.sha256(src + " ".join(FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
-    out = _cache_dir() / f"fused_softmax-{digest}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
+def _say(line: str, detail: str | None = None) -> None:
+    """One line on stderr about the kernel (why a file was rebuilt or the kernel is off); ``AAE_DEBUG=1``: more."""
+    print(f"attention kernel: {line}", file=sys.stderr)
+    if detail and os.environ.get("AAE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}:
+        print(detail, file=sys.stderr)
+
+
+def _private_folder(folder: Path) -> Path:
+    """``folder``, made if need be (mode 0700), if only this user can write it; else a fresh private temporary
+    folder (removed at exit), with one line saying why: a library in a folder others can write could be
+    swapped for theirs between our check and the loader."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = folder.stat()
+        mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+        if mine and not st.st_mode & 0o022 and os.access(folder, os.W_OK):
+            return folder
+        why = "is not only yours to write" if os.access(folder, os.W_OK) or not mine else "is read-only"
+    except OSError as err:
+        why = f"cannot be made ({err.strerror or err})"
+    tmp = Path(tempfile.mkdtemp(prefix="aae-kernel-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    _say(f"the cache folder {why}; building in a private temporary folder for this process")
+    return tmp
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _clean_leftovers(folder: Path) -> None:
+    """Remove half-written libraries of builds that died (older than :data:`STALE_BUILD_S`)."""
+    now = time.time()
+    for old in folder.glob(f"{_BUILD_PREFIX}*"):
         try:
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT_S)
-            if done.returncode != 0:
-                raise OSError(f"g++ failed: {(done.stderr or done.stdout).strip().splitlines()[:1]}")
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(out))
+            if now - old.stat().st_mtime > STALE_BUILD_S:
+                old.unlink()
+        except OSError:
+            pass
+
+
+def _compile(compiler: str, out: Path, build_flags: tuple[str, ...]) -> None:
+    """Compile the source to ``out`` with its digest beside it (``out.sha256``), each written under a temporary
+    name and renamed, so a reader sees either nothing or a whole library with its digest. The compiler runs in
+    its own process group, killed whole (cc1plus too) past :data:`BUILD_TIMEOUT_S`."""
+    folder = out.parent
+    _clean_leftovers(folder)
+    fd, tmp = tempfile.mkstemp(prefix=_BUILD_PREFIX, suffix=".so", dir=folder)
+    os.close(fd)
+    tmp_digest = tmp + ".sha256"
+    try:
+        proc = subprocess.Popen([compiler, *build_flags, str(SOURCE), "-o", tmp], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise OSError(f"the build took over {BUILD_TIMEOUT_S} s and was stopped") from None
+        if proc.returncode != 0:
+            raise OSError("g++ failed: " + ((err or "").strip().splitlines() or ["no message"])[0][:200])
+        Path(tmp_digest).write_text(_sha256(Path(tmp)) + "\n")
+        os.replace(tmp, out)
+        os.replace(tmp_digest, str(out) + ".sha256")
+    finally:
+        for left in (tmp, tmp_digest):
+            with contextlib.suppress(OSError):
+                os.unlink(left)
+
+
+def _verified(out: Path) -> str | None:
+    """None when ``out`` is the library a build here wrote (its bytes match the digest written beside it), else
+    what is wrong with it. Checked before the loader opens it: a truncated library makes the loader die with
+    SIGBUS, and a foreign one's constructors would run."""
+    digest = Path(str(out) + ".sha256")
+    if not out.exists():
+        return "missing"
+    try:
+        want = digest.read_text().strip()
+    except OSError:
+        return "has no digest beside it (not a library this code built)"
+    try:
+        got = _sha256(out)
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    return None if got == want else "does not match its digest (truncated, damaged or replaced)"
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.aae_softmax_rows
     fn.restype = None
     fn.argtypes = [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int32, _P, _I, _I, _P, _P]
@@ -106,8 +202,58 @@ def _build() -> ctypes.CDLL:
     return lib
 
 
+def _self_test(lib: ctypes.CDLL) -> None:
+    """One small block through the library against the same arithmetic in torch: a library that loads but
+    computes something else (a stale or planted build) is refused, never trusted with a person's numbers."""
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(1, 2, 3, 37, generator=g) * 4
+    tau = torch.tensor([0.7, 1.3])
+    x = s / tau.view(1, 2, 1, 1)
+    d = x - x.amax(-1, keepdim=True)
+    e = torch.exp(d)
+    got = s.clone()
+    total = torch.empty(1, 2, 3, 1)
+    dot = torch.empty(1, 2, 3, 1)
+    lib.aae_softmax_rows(got.data_ptr(), 1, 2, 3, 37, None, 0, 0, 0, tau.data_ptr(), 1, None, 0, 6,
+                         total.data_ptr(), dot.data_ptr())
+    ok = (torch.allclose(got, e, rtol=1e-5, atol=1e-7) and torch.allclose(total, e.sum(-1, keepdim=True), rtol=1e-5)
+          and torch.allclose(dot, (e * d).sum(-1, keepdim=True), rtol=1e-4, atol=1e-5))
+    if not ok:
+        raise OSError("the library's arithmetic is wrong (self-test)")
+
+
+def library_name() -> str:
+    """The cached library's file name: one per source, flags and CPU."""
+    key = SOURCE.read_bytes() + " ".join(flags()).encode() + _cpu_key().encode()
+    return f"fused_softmax-{hashlib.sha256(key).hexdigest()[:16]}.so"
+
+
+def _build() -> ctypes.CDLL:
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise OSError("no C++ compiler (g++) on this machine")
+    build_flags = flags()
+    out = _private_folder(_cache_dir()) / library_name()
+    problem = _verified(out)
+    if problem is not None and problem != "missing":
+        _say(f"the cached library {problem}; rebuilding it")
+    if problem is not None:
+        _compile(compiler, out, build_flags)
+        if _verified(out) is not None:  # another process replaced it meanwhile, or the disk lied
+            raise OSError("the library just built does not match its digest")
+    try:
+        lib = _bind(ctypes.CDLL(str(out)))
+    except (OSError, AttributeError) as err:
+        raise OSError(f"the library does not load ({str(err).split(':')[-1].strip()[:120]})") from err
+    _self_test(lib)
+    return lib
+
+
 def available() -> bool:
-    """Whether the kernel can run here (built on first call; False without a compiler or when switched off)."""
+    """Whether the kernel can run here (built on first call; False without a compiler or when switched off).
+
+    A build or load that fails says why in one line on stderr (once per process) and leaves the attention on
+    torch's path, which gives the same numbers, slower."""
     global _LIB, _TRIED, _WHY
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return False
@@ -119,6 +265,9 @@ def available() -> bool:
                 _LIB = _build()
             except (OSError, subprocess.SubprocessError) as err:
                 _LIB, _WHY = None, str(err)
+                if "no C++ compiler" not in _WHY:
+                    _say(f"off ({_WHY}); attention takes torch's path (same numbers, slower)",
+                         traceback.format_exc())
             _TRIED = True
     return _LIB is not None
 
