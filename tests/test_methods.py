@@ -27,7 +27,8 @@ def test_every_entry_is_complete_and_the_flags_agree():
             assert m.length_dependent, m.name  # a pass at one length says nothing at another
         if m.stats:
             assert m.measured and m.formula is not None, m.name
-    assert set(methods.FORMULAS) == {"log-length", "yarn", "log-n", "ssmax", "infoscale", "prop1", "prop2"}
+    assert set(methods.FORMULAS) == {"log-length", "yarn", "log-n", "ssmax", "infoscale", "longrope", "critical",
+                                     "prop1", "prop2"}
     assert methods.label("tau=0.7") == "tau=0.7"
     with pytest.raises(UserError, match="Unknown method 'nope'"):
         methods.get("nope")
@@ -124,7 +125,8 @@ def test_every_method_resolves_through_its_entry(tiny, doc):
             continue
         assert isinstance(tau, Schedule), name
         if m.per == "row":  # one tau per query row, from L_tr alone
-            assert tau == Schedule.of(RowTau(floor_scale=tiny.train_length, attn_scale=0.1))
+            assert tau.rows is not None and tau.rows.floor_scale == tiny.train_length, name
+            assert tau == Schedule.of(RowTau(floor_scale=tiny.train_length, scheme=tau.rows.scheme)), name
             assert info["mean_tau"] == pytest.approx(tau.mean(n)) and info["mean_tau"] < 1
             continue
         a = tau.matrix(L, H)

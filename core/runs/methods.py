@@ -30,7 +30,7 @@ import numpy as np
 
 from core.runs import temperature, timing
 from core.errors import UserError
-from core.values.schedule import ONE, RowTau, Schedule
+from core.values.schedule import ONE, QWEN_LOGN, RowTau, Schedule
 
 if TYPE_CHECKING:  # the registry itself stays light: the CLI checks names before torch is imported
     from core.runs import engine
@@ -53,13 +53,38 @@ class Query:
     samples: int = 1
     base: "engine.RunSettings | None" = None
     progress: Progress | None = None
+    #: the value of the method's :class:`Param` (by its name), when the caller set one
+    params: dict | None = None
 
     @property
     def train_length(self) -> int:
         return self.loaded.train_length
 
 
-Formula = Callable[[int, int, int, "dict | None"], float]  # (L_tr, L, d_kv, tau = 1 logit statistics) -> tau
+#: (L_tr, L, d_kv, tau = 1 logit statistics) -> tau; a method with a :class:`Param` also gets it by keyword
+Formula = Callable[..., float]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A number a method takes besides the lengths (critical scaling's gamma): its name, what it means, its
+    default from L_tr and its bounds. Library callers pass it as ``params={name: value}`` to :func:`resolve`
+    and :func:`formula`; where none is given the default is used (and reported in the resolve's info)."""
+
+    name: str
+    help: str
+    default: Callable[[int], float]
+    low: float
+    high: float
+
+    def value(self, train_length: int, params: dict | None) -> float:
+        """The value to use: the caller's (checked against the bounds) or the default at this L_tr."""
+        given = (params or {}).get(self.name)
+        if given is None:
+            return float(self.default(train_length))
+        if isinstance(given, bool) or not isinstance(given, (int, float)) or not self.low <= float(given) <= self.high:
+            raise UserError(f"{self.name} must be a number in {self.low:g} .. {self.high:g}, got {given!r}")
+        return float(given)
 
 
 @dataclass(frozen=True)
@@ -99,6 +124,8 @@ class Method:
     takes_value: bool = False
     #: the same schedule for every document (tau = 1): nothing to resolve
     constant: Schedule | None = None
+    #: a number it takes besides the lengths (its default from L_tr is used where the caller gives none)
+    param: Param | None = None
 
     def __post_init__(self) -> None:
         if self.search is not None and self.resolve is None:
@@ -115,15 +142,18 @@ class Method:
         return (0, 0) if self.cost is None else self.cost(n_layers, n_heads, grid_size, samples)
 
 
-def formula(name: str, train_length: int, length: int, d_kv: int, stats: dict | None = None) -> float:
-    """A closed-form method's tau; :class:`UserError` (with the reason) where its model has no answer."""
+def formula(name: str, train_length: int, length: int, d_kv: int, stats: dict | None = None,
+            params: dict | None = None) -> float:
+    """A closed-form method's tau; :class:`UserError` (with the reason) where its model has no answer.
+    ``params``: the value of the method's :class:`Param`, by name (its default when not given)."""
     m = get(name)
     if m.formula is None:
         raise UserError(f"Method '{name}' has no closed form")
     if m.stats and stats is None:
         raise UserError(f"{m.short} needs layer 0's logit statistics at L_tr and at this length")
+    extra = {} if m.param is None else {m.param.name: m.param.value(train_length, params)}
     try:
-        return float(m.formula(train_length, length, d_kv, stats))
+        return float(m.formula(train_length, length, d_kv, stats, **extra))
     except ValueError as err:
         raise UserError(f"{name}: {err}") from None
 
@@ -148,7 +178,9 @@ def _closed(name: str, uses_d: bool = False) -> Callable[[Query], tuple[Schedule
             from core.runs import calibration
 
             stats = calibration.logit_stats(q.loaded, q.document, q.base)
-        tau = formula(name, q.train_length, q.tokens, q.loaded.d_kv, stats)
+        tau = formula(name, q.train_length, q.tokens, q.loaded.d_kv, stats, q.params)
+        if m.param is not None:
+            return Schedule.of(tau), {m.param.name: m.param.value(q.train_length, q.params)}
         return Schedule.of(tau), (stats if stats is not None else {"d": q.loaded.d_kv} if uses_d else {})
 
     return resolve
@@ -161,6 +193,11 @@ def _llama4(q: Query) -> tuple[Schedule, dict]:
 
 #: Llama 4's ``attn_scale`` (its config's default, 0.1); its ``floor_scale`` here is the model's L_tr.
 LLAMA4_ATTN_SCALE = 0.1
+
+
+def _qwen_rows(q: Query) -> tuple[Schedule, dict]:
+    rows = RowTau(floor_scale=q.train_length, scheme=QWEN_LOGN)
+    return Schedule.of(rows), {"rows": rows.to_dict(), "mean_tau": rows.mean(q.tokens)}
 
 
 def _algorithm1(criterion: str, refined: bool = False) -> Callable:
@@ -251,6 +288,27 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            "Li et al. (ICML 2025): tau = 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)), d = d_kv.",
            measured=False, length_dependent=True, resolve=_closed("infoscale", uses_d=True),
            formula=lambda lt, n, d, stats: temperature.infoscale(lt, n, d)),
+    Method("log-n-rows", "log-n (Qwen) per query position", "log-n rows",
+           "Qwen's use_logn_attn as its code applies it: the query at position p (0-based) x log_{L_tr}(p + 1) once "
+           "p + 1 > L_tr (Qwen-7B's logn_list, seq_length = L_tr), a tau per query row: rows up to L_tr keep "
+           "tau = 1, the last row of an 8x input gets log L_tr / log 8 L_tr (0.727 at L_tr = 256). Unlike 'log-n' "
+           "(n = the keys a row sees, all L here) it leaves the early rows of a long input as dispersed as at "
+           "tau = 1. Shown as its mean over the rows.",
+           measured=False, length_dependent=False, resolve=_qwen_rows, per="row"),
+    Method("longrope", "LongRoPE attention factor", "LongRoPE",
+           "Ding et al. (2024), Phi-3's rope scaling: cos and sin x sqrt(1 + ln s / ln L_tr), so the logits x "
+           "(1 + ln s / ln L_tr); with s = L / L_tr that is ln L / ln L_tr, so tau = log L_tr / log L: equal to "
+           "log-length at every length (a shipped model fixes s = max_position_embeddings / L_tr instead).",
+           measured=False, length_dependent=True, resolve=_closed("longrope"),
+           formula=lambda lt, n, d, stats: temperature.longrope(lt, n), same_as="log-length"),
+    Method("critical", "critical attention scaling, gamma log n", "critical",
+           "Chen, Lin, Polyanskiy, Rigollet (2025): logits x beta_n = gamma ln n, n the keys a row sees (all L in "
+           "this encoder), tau = 1 / (gamma ln L). gamma defaults to 1 / ln L_tr (tau = 1 at L_tr; then it equals "
+           "log-length above L_tr, and softens below it); library callers set it (params={'gamma': ...}).",
+           measured=False, length_dependent=True, resolve=_closed("critical"),
+           formula=lambda lt, n, d, stats, gamma: temperature.critical(n, gamma),
+           param=Param("gamma", "beta_n = gamma ln n; 1 / ln L_tr keeps tau = 1 at L_tr",
+                       temperature.critical_gamma, temperature.GAMMA_MIN, temperature.GAMMA_MAX)),
     Method("pmax", "Algorithm 1, Pmax", "Alg. 1 Pmax",
            "Algorithm 1: the grid tau whose mean Pmax at this length matches the mean at L_tr with tau = 1.",
            measured=True, length_dependent=True, resolve=None, search=_algorithm1("pmax"), cost=_bisection,
@@ -398,6 +456,7 @@ def resolve(
     progress: Progress | None = None,
     chosen_at: int | None = None,
     tokens: int | None = None,
+    params: dict | None = None,
 ) -> tuple[Schedule, dict]:
     """The schedule a method gives for this document, and what it was computed from.
 
@@ -406,8 +465,13 @@ def resolve(
     was chosen at exactly this document's length (``chosen_at``); any other
     length re-resolves the method here. ``info["source"]`` says which
     happened (the method's name for ``none`` and a fixed tau, ``stored`` or ``resolved``).
+    ``params``: the value of the method's :class:`Param` by name (critical scaling's ``gamma``); refused for a
+    method that takes none.
     """
     m = get(method)
+    if params and (m.param is None or set(params) - {m.param.name}):
+        takes = "none" if m.param is None else m.param.name
+        raise UserError(f"Method '{m.name}' takes no {', '.join(sorted(set(params) - {takes}))} (it takes {takes})")
     if m.constant is not None:
         return m.constant, {"source": m.name}
     if m.takes_value:
@@ -417,7 +481,7 @@ def resolve(
     n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
     if tau is not None and chosen_at == n:
         return Schedule.of(tau), {"source": "stored", "chosen_at": chosen_at, "length": n}
-    schedule, extra = m.resolve(Query(loaded, document, n, samples, base, progress))
+    schedule, extra = m.resolve(Query(loaded, document, n, samples, base, progress, params))
     return Schedule.of(schedule), {"source": "resolved", "chosen_at": chosen_at, "length": n, "train_length": loaded.train_length,
                       **extra}
 

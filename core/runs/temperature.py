@@ -7,6 +7,12 @@ sharpens. The methods, from the cheapest to the most measured:
 * ``fixed``: a number the user chose.
 * ``log-length``: tau = log L_tr / log L_ex, the paper's baseline (keeps
   the scale of a log L normaliser constant).
+* ``longrope``: LongRoPE's attention factor, tau = 1 / (1 + ln s / ln L_tr)
+  (= log-length with s = L / L_tr); ``critical``: critical attention
+  scaling, tau = 1 / (gamma ln L), gamma settable; ``log-n-rows``: Qwen's
+  log-n by query position (a row schedule, :class:`core.values.schedule.RowTau`).
+  Adaptive temperature (:func:`adaptive_beta`) is here as maths only: it
+  needs each row's logits inside the attention.
 * ``infoscale``: InfoScale (Li et al., "Information Entropy Invariance",
   ICML 2025) multiplies logits by lambda = sqrt(1 - n^(-2/d)) / sqrt(1 -
   n_tr^(-2/d)); as a temperature tau = 1 / lambda. We take d = d_kv, the
@@ -70,6 +76,82 @@ def infoscale(train_length: int, length: int, d: int) -> float:
         return 1.0
     lam = math.sqrt(1 - length ** (-2 / d)) / math.sqrt(1 - train_length ** (-2 / d))
     return 1.0 / lam
+
+
+def longrope(train_length: int, length: int, factor: float | None = None) -> float:
+    """LongRoPE's attention factor as a temperature (Ding et al. 2024; transformers'
+    ``_compute_longrope_parameters``, used by Phi-3): cos and sin are multiplied by
+    ``sqrt(1 + ln s / ln L_tr)``, so q and k each are and the logits by ``1 + ln s / ln L_tr``; tau is its
+    inverse, 1 for s <= 1. ``factor``: s, by default L / L_tr (as :func:`yarn` reads it here; a model
+    ships one fixed s = max_position_embeddings / L_tr). With s = L / L_tr, ``1 + ln s / ln L_tr = ln L / ln
+    L_tr``: exactly the paper's log-length tau."""
+    if train_length < 2 or length < 1:
+        raise ValueError("L_tr must be at least 2 tokens and L at least 1")
+    s = length / train_length if factor is None else float(factor)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"the LongRoPE factor must be a positive number, got {s!r}")
+    if s <= 1.0:
+        return 1.0
+    return 1.0 / (1.0 + math.log(s) / math.log(train_length))
+
+
+#: The bounds of critical attention scaling's gamma (a tau of 1 / (gamma ln L) for L in 2 .. 4M tokens stays
+#: inside the schedule's 0.001 .. 1000 for gamma in this range only where L allows: checked per call).
+GAMMA_MIN, GAMMA_MAX = 1e-3, 100.0
+
+
+def critical_gamma(train_length: int) -> float:
+    """The default gamma of :func:`critical`: 1 / ln L_tr, the one gamma that leaves the model as trained at L_tr."""
+    if train_length < 2:
+        raise ValueError("L_tr must be at least 2 tokens")
+    return 1.0 / math.log(train_length)
+
+
+def critical(length: int, gamma: float) -> float:
+    """Critical attention scaling (Chen, Lin, Polyanskiy, Rigollet 2025, "Critical attention scaling in
+    long-context transformers", arXiv 2510.05554): the logits multiplied by beta_n = gamma log n, n the keys a
+    row sees (L in this bidirectional encoder), so tau = 1 / (gamma ln L). Their model's critical gamma is 1 /
+    (1 - rho); a trained model has no rho, so gamma is the user's (default :func:`critical_gamma`). Unlike
+    log-length it is not held at 1 below L_tr: a shorter input is softened (tau > 1)."""
+    if length < 2:
+        raise ValueError("L must be at least 2 tokens (ln 1 = 0)")
+    g = float(gamma)
+    if not (math.isfinite(g) and GAMMA_MIN <= g <= GAMMA_MAX):
+        raise ValueError(f"gamma must be a number in {GAMMA_MIN:g} .. {GAMMA_MAX:g}, got {gamma!r}")
+    tau = 1.0 / (g * math.log(length))
+    if not 1e-3 <= tau <= 1e3:
+        raise ValueError(f"gamma {g:g} at {length:,} tokens gives tau {tau:.3g}, outside 0.001 .. 1000")
+    return tau
+
+
+#: Adaptive temperature's polynomial in a row's entropy H (Velickovic et al. 2024, "softmax is not enough (for
+#: sharp out-of-distribution)", arXiv 2410.01104, its Figure 5 fit), highest power first: beta = poly(H).
+ADAPTIVE_POLY: tuple[float, ...] = (-0.037, 0.481, -2.3, 4.917, -1.791)
+#: Rows whose entropy (nats) is at or below this keep beta = 1 (the paper: "don't overcorrect low-entropy heads").
+ADAPTIVE_MIN_ENTROPY = 0.5
+
+
+def adaptive_beta(entropy) -> np.ndarray:
+    """Adaptive temperature's inverse temperature per row from the row's tau = 1 entropy H (nats):
+    ``beta = max(poly(H), 1)`` where H > 0.5, else 1 (it never softens); the row's logits are then multiplied by
+    beta, i.e. its tau is 1 / beta. Not a registry method: it needs each row's logits inside the attention
+    (docs/library.md says what the kernel would need)."""
+    h = np.asarray(entropy, dtype=np.float64)
+    return np.where(h > ADAPTIVE_MIN_ENTROPY, np.maximum(np.polyval(ADAPTIVE_POLY, h), 1.0), 1.0)
+
+
+def adaptive_softmax(logits) -> np.ndarray:
+    """The paper's ``adaptive_temperature_softmax`` over the last axis (numpy, float64): softmax, the row's
+    entropy (with its 1e-9 inside the log), beta from :func:`adaptive_beta`, softmax of logits x beta."""
+    z = np.asarray(logits, dtype=np.float64)
+
+    def softmax(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    p = softmax(z)
+    h = np.sum(-p * np.log(p + 1e-9), axis=-1, keepdims=True)
+    return softmax(z * adaptive_beta(h))
 
 
 def prop1(train_length: int, length: int, pmax_tr: float, sigma_tr: float, sigma_ex: float) -> float:

@@ -17,7 +17,7 @@ Four shapes, the ones the papers and their extensions need:
 * one number per layer (per-layer Algorithm 1);
 * one number per layer and head (per-head Algorithm 1);
 * one number per query row, a function of the row's position
-  (:class:`RowTau`, Llama 4's temperature tuning).
+  (:class:`RowTau`: Llama 4's temperature tuning, Qwen's log-n by query position).
 
 Why a value object rather than ``float | list``: five containers used to
 repeat ``{tau, ...}`` and five places validated it, each a little
@@ -49,6 +49,9 @@ MAX_FLOOR_SCALE = 4_000_000
 #: Llama 4 ships 0.1. Ten times past L_tr ... 4M tokens this keeps every row's tau above 0.006 (a huge value
 #: would divide the logits by ~0 and overflow: refused here, in one line, before any pass).
 MAX_ATTN_SCALE = 10.0
+#: The row schemes :class:`RowTau` knows: Llama 4's attention temperature tuning and Qwen's log-n by query position.
+LLAMA4, QWEN_LOGN = "llama4", "qwen-logn"
+ROW_SCHEMES: tuple[str, ...] = (LLAMA4, QWEN_LOGN)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,15 @@ class RowTau:
     scheme is a decoder's idea; docs/library.md says what that means here).
     Here the row's tau divides the whole logit row (q.k + bias), as every tau
     in this module does.
+
+    ``scheme="qwen-logn"``: Qwen's ``use_logn_attn`` (Qwen-7B's
+    ``QWenAttention``: ``logn_list = [math.log(i, seq_length) if i >
+    seq_length else 1 for i in range(1, 32768)]``, the query at position p
+    multiplied by entry p), with ``floor_scale`` = its ``seq_length`` (here
+    L_tr): row p's tau is ``1 / log_{L_tr}(p + 1)`` once ``p + 1 > L_tr``, 1
+    before. It has no ``attn_scale`` (it must stay at the default and is not
+    written out). Qwen scales the query only (q.k); here the tau divides q.k
+    + bias, as for every schedule.
     """
 
     floor_scale: int
@@ -74,8 +86,12 @@ class RowTau:
     scheme: str = "llama4"
 
     def __post_init__(self) -> None:
-        if self.scheme != "llama4":
-            raise ValueError(f"unknown row scheme {self.scheme!r}; the one known is 'llama4'")
+        if self.scheme not in ROW_SCHEMES:
+            raise ValueError(f"unknown row scheme {_short(self.scheme)}; the known ones are {', '.join(ROW_SCHEMES)}")
+        if self.scheme == QWEN_LOGN and self.attn_scale != 0.1:
+            raise ValueError(f"the {QWEN_LOGN} row scheme has no attn_scale (got {_short(self.attn_scale)})")
+        if self.scheme == QWEN_LOGN and self.floor_scale == 1:
+            raise ValueError(f"the {QWEN_LOGN} row scheme's floor_scale is a log base: at least 2")
         if isinstance(self.floor_scale, bool) or not isinstance(self.floor_scale, numbers.Integral) \
                 or not 1 <= self.floor_scale <= MAX_FLOOR_SCALE:
             raise ValueError(f"floor_scale must be a whole number in 1 .. {MAX_FLOOR_SCALE:,}, got {_short(self.floor_scale)}")
@@ -84,8 +100,11 @@ class RowTau:
             raise ValueError(f"attn_scale must be a number in 0 .. {MAX_ATTN_SCALE:g}, got {_short(self.attn_scale)}")
 
     def taus(self, positions: np.ndarray) -> np.ndarray:
-        """float64 tau of each query row at these 0-based positions (the inverse of Llama 4's query factor)."""
+        """float64 tau of each query row at these 0-based positions (the inverse of the scheme's query factor)."""
         p = np.asarray(positions, dtype=np.float64)
+        if self.scheme == QWEN_LOGN:
+            n = p + 1
+            return np.where(n > self.floor_scale, np.log(self.floor_scale) / np.log(np.maximum(n, 2.0)), 1.0)
         return 1.0 / (np.log1p(np.floor((p + 1) / self.floor_scale)) * self.attn_scale + 1.0)
 
     def mean(self, rows: int) -> float:
@@ -93,6 +112,8 @@ class RowTau:
         return float(self.taus(np.arange(max(1, int(rows)))).mean())
 
     def to_dict(self) -> dict:
+        if self.scheme == QWEN_LOGN:
+            return {"scheme": self.scheme, "floor_scale": int(self.floor_scale)}
         return {"scheme": self.scheme, "floor_scale": int(self.floor_scale), "attn_scale": float(self.attn_scale)}
 
     @classmethod
@@ -292,6 +313,8 @@ class Schedule:
         if self._rows is not None:
             r = self._rows
             mean = "" if rows is None else f": mean {r.mean(rows):.4f} over {rows:,} rows"
+            if r.scheme == QWEN_LOGN:
+                return f"per query row (Qwen log-n, base {r.floor_scale}){mean}"
             return f"per query row (floor_scale {r.floor_scale}, attn_scale {r.attn_scale:g}){mean}"
         a = self._values
         if a.ndim == 0:
