@@ -3,6 +3,7 @@
     python bench/engine.py                                   # 2k, 4k, 8k, 16k, 32k tokens; torch's thread count
     python bench/engine.py --lengths 2048,8192 --threads 1
     python bench/engine.py --variants floor,probes --lengths 16384
+    python bench/engine.py --lengths 8192 --isa avx2          # an AVX2-only CPU's code paths, on this machine
 
 For every length L, each figure in a *fresh subprocess* (so peak memory is that figure's own), on the
 bundled default model (retrieval-t5: 4 encoder layers x 8 heads, d_kv 32) and a pass key document of L
@@ -21,6 +22,11 @@ tokens:
                  FLOPs at the rate ``linear`` reaches on the pass's shapes). The floor is their FLOPs and
                  exps divided by the measured rates: nothing else (bias, tau, mask, max, sums, probes)
                  is counted, so a pass cannot reach it.
+
+``--isa avx2`` runs every child as an AVX2-only CPU would: torch's own kernels (``ATEN_CPU_CAPABILITY``),
+MKL's and oneDNN's matmuls (``MKL_ENABLE_INSTRUCTIONS``, ``ONEDNN_MAX_CPU_ISA``) and our kernel
+(``AAE_KERNEL_MARCH=haswell``) all limited to AVX2, floor included, so the ratio is the one such a CPU sees
+(its clock and caches aside).
 
 Each line: seconds (encoder pass, best of the repeats after an untimed warm-up), ratio to the floor and
 to sdpa at the same L, the process's peak resident memory (``ru_maxrss``) and its growth over the
@@ -42,6 +48,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 VARIANTS = ("floor", "sdpa", "ours", "probes")
+#: The environment that makes this machine run an older CPU's code paths (see the module doc).
+ISA_ENV = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "AAE_KERNEL_MARCH": "haswell"},
+    "native": {},
+}
 MODEL = "retrieval-t5"
 
 
@@ -80,8 +92,9 @@ def rss_now() -> int:
         return max_rss()
 
 
-def machine() -> str:
+def machine(isa: str = "native") -> str:
     import torch
+    from core.mechanics.machine import vector_isa
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -91,7 +104,8 @@ def machine() -> str:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{cpu}, {os.cpu_count()} CPUs, {mem:.0f} GiB RAM, torch {torch.__version__}, "
+    runs = vector_isa() if isa == "native" else f"{isa} code paths (the CPU has {vector_isa()})"
+    return (f"{cpu}, {runs}, {os.cpu_count()} CPUs, {mem:.0f} GiB RAM, torch {torch.__version__}, "
             f"load average {' '.join(f'{x:.2f}' for x in load)}")
 
 
@@ -201,11 +215,11 @@ def dense_bias_bytes(length: int, heads: int = 8) -> int:
     return length * length * (4 * heads + 24)
 
 
-def run_child(variant: str, length: int, reps: int, threads: int | None) -> dict:
+def run_child(variant: str, length: int, reps: int, threads: int | None, isa: str = "native") -> dict:
     cmd = [sys.executable, __file__, "--child", variant, str(length), str(reps)]
     if threads:
         cmd += ["--threads", str(threads)]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **ISA_ENV[isa]})
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or ["?"])[-1][:160]
         return {"variant": variant, "length": length, "error": f"exit {p.returncode}: {tail}"}
@@ -218,6 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--json", type=Path, help="save every number here")
+    ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native",
+                    help="run as a CPU with only these vector instructions would (avx2: no AVX-512)")
     ap.add_argument("--child", nargs=3, metavar=("VARIANT", "L", "REPS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
@@ -230,7 +246,7 @@ def main(argv=None) -> int:
         print(json.dumps(out))
         return 0
 
-    header = machine()
+    header = machine(args.isa)
     print(f"machine: {header}", flush=True)
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = [v for v in args.variants.split(",") if v]
@@ -246,7 +262,7 @@ def main(argv=None) -> int:
                 r = {"variant": v, "length": n, "error": f"skipped: its dense bias alone needs "
                                                          f"{dense_bias_bytes(n) / 2**30:.0f} GiB"}
             else:
-                r = run_child(v, n, reps, args.threads)
+                r = run_child(v, n, reps, args.threads, args.isa)
             rows.append(r)
             print(f"  {v:>6} at L={n:>6}: "
                   + (r["error"] if "error" in r else f"{r['seconds']:.3f}s, peak {r['rss_peak'] / 2**30:.2f} GiB"),
