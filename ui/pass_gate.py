@@ -11,9 +11,25 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 import streamlit as st
+
+
+class GaveWay(Exception):
+    """A background pass stopped between two layers, its partial results dropped; the pass is redone later.
+
+    Raised by :meth:`PassGate.give_way` (no room to keep the pass paused, a pause past its bound, a pass nobody
+    wants any more) from inside the pass (:func:`core.mechanics.attention.between_layers`), so it unwinds
+    through the model and the run store stores nothing.
+    """
+
+
+#: Seconds the background waits after the last foreground work ended before it takes the gate again: a page that
+#: runs several passes in a row (Explore's first run: its tau = 1 pass, then its L_tr reference) gets them all
+#: before the background resumes, not one layer of background work between each two.
+RESUME_AFTER_S = 0.5
 
 
 class PassGate:
@@ -24,48 +40,127 @@ class PassGate:
     memory than the free-memory check allowed for one. Foreground work (a
     page a person is waiting on) announces itself with :meth:`foreground`;
     background work (:mod:`ui.prefetch`) takes :meth:`background` only while
-    nobody waits, so a slider move waits for at most the one background pass
-    already under way.
+    nobody waits, and between two of its layers calls :meth:`give_way`, so a
+    person's pass waits for at most the layer under way, not the whole
+    background pass (issue 49).
+
+    A paused background pass keeps what it holds between two layers (its
+    hidden states, the probes recorded so far, a decoder's key/value cache);
+    its attention blocks, a pass's peak, are gone by then. So while a
+    person's pass runs beside a paused one, memory holds one pass's working
+    memory plus that state: :meth:`give_way` pauses only when the caller
+    says the state is small next to free memory (:mod:`ui.prefetch` measures
+    it), and otherwise abandons the background pass at the layer (it is redone
+    later), which keeps "one pass at a time" exact.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, resume_after: float = RESUME_AFTER_S) -> None:
         self._lock = threading.RLock()  # re-entrant: a foreground computation may nest passes
         self._cond = threading.Condition()
         self._waiting = 0
+        self._holder: int | None = None  # the thread holding the gate for background work, if any
+        self._quiet_since = float("-inf")  # when the last foreground work ended (time.monotonic)
+        self.resume_after = float(resume_after)
+        self.pauses = 0  # background passes paused for a person (tests and benchmarks read these)
+        self.paused_s = 0.0
+        self.last_wait_s = 0.0  # how long the last foreground work (outermost) waited for the gate
+        self._depth = threading.local()
 
     @property
     def busy(self) -> bool:
         """Someone is waiting for (or running) a foreground pass."""
         return self._waiting > 0
 
+    @property
+    def background_running(self) -> bool:
+        """A background pass holds the gate now (not while it is paused)."""
+        return self._holder is not None
+
     @contextlib.contextmanager
     def foreground(self) -> Iterator[None]:
-        """Hold the gate for a person's pass (waiting, if need be, for the one background pass under way)."""
+        """Hold the gate for a person's pass (waiting, if need be, for the layer under way of a background pass)."""
         with self._cond:
             self._waiting += 1
+        depth = getattr(self._depth, "n", 0)
+        t0 = time.monotonic()
         try:
             with self._lock:
-                yield
+                if not depth:
+                    self.last_wait_s = time.monotonic() - t0
+                self._depth.n = depth + 1
+                try:
+                    yield
+                finally:
+                    self._depth.n = depth
         finally:
             with self._cond:
                 self._waiting -= 1
+                if not self._waiting:
+                    self._quiet_since = time.monotonic()
                 self._cond.notify_all()
 
     def background(self, timeout: float = 0.5) -> bool:
-        """Take the gate for one background pass; False (try later) while foreground work waits."""
+        """Take the gate for one background pass; False (try later) while foreground work waits, or ended less
+        than :attr:`resume_after` seconds ago and does not stay away for the rest of ``timeout``."""
+        end = time.monotonic() + timeout
         with self._cond:
-            if self._waiting:
-                self._cond.wait(timeout)
-                return False
-        if not self._lock.acquire(timeout=timeout):
+            while True:
+                if self._waiting:
+                    self._cond.wait(max(0.0, end - time.monotonic()))
+                    return False
+                quiet = self._quiet_since + self.resume_after - time.monotonic()
+                if quiet <= 0:
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(quiet, left))
+        if not self._lock.acquire(timeout=max(0.0, end - time.monotonic())):
             return False
         if self._waiting:  # someone arrived meanwhile: let them go first
             self._lock.release()
             return False
+        self._holder = threading.get_ident()
         return True
 
     def release_background(self) -> None:
-        self._lock.release()
+        """Give back the gate taken with :meth:`background` (nothing if :meth:`give_way` left it released)."""
+        if self._holder == threading.get_ident():
+            self._holder = None
+            self._lock.release()
+
+    def give_way(self, pause: bool, alive: Callable[[], bool] = lambda: True, most_s: float = 600.0,
+                 step: float = 0.5) -> float:
+        """Called by the background pass holding the gate, between two of its layers: let a waiting person go first.
+
+        Returns 0 at once when nobody waits. Otherwise, with ``pause``, gives the
+        gate to the person, waits (in steps of ``step`` s) until no foreground
+        work is left, takes the gate back and returns the seconds paused; without
+        ``pause`` (its state would not fit beside the person's pass) raises
+        :class:`GaveWay`. Also raises it, the gate not held, when ``alive()``
+        turns false during the pause (the pass is no longer wanted) or the pause
+        passes ``most_s`` seconds (a bound: a pass never waits forever holding
+        its memory; it is redone later).
+        """
+        if not self._waiting:
+            return 0.0
+        if self._holder != threading.get_ident():
+            raise RuntimeError("give_way() is for the thread holding the gate for background work")
+        if not pause:
+            raise GaveWay("a person's pass goes first, and this pass's state is too large to keep while it runs")
+        self.release_background()
+        self.pauses += 1
+        t0 = time.monotonic()
+        try:
+            while True:
+                if not alive():
+                    raise GaveWay("the paused pass is no longer wanted")
+                if time.monotonic() - t0 > most_s:
+                    raise GaveWay(f"paused for more than {most_s:g} s")
+                if self.background(timeout=step):
+                    return time.monotonic() - t0
+        finally:
+            self.paused_s += time.monotonic() - t0
 
 
 @st.cache_resource(show_spinner=False)

@@ -19,9 +19,28 @@ look-ups, and no pass is computed twice in the process: the passes land in
 How: one daemon thread per process. Each session says which document it
 shows (:func:`want`); the thread works on the newest wanted document, one
 pass at a time, and drops a document as soon as no session shows it any
-more (a length change cancels the rest of the old grid). Passes go through
-:class:`ui.pass_gate.PassGate` as background work, so a person's own pass
-never waits for more than the one background pass already running.
+more (a length change cancels the rest of the old grid, and the pass under
+way stops at its next layer). Passes go through
+:class:`ui.pass_gate.PassGate` as background work, and between two layers
+(:func:`core.mechanics.attention.between_layers`) a background pass gives
+way to a person's pass: it pauses, the person's pass runs, and it resumes
+where it stopped. So a person's own pass (a page, Calibrate, a paste, an
+off-grid frame) waits for at most the layer under way, not a whole
+background pass (issue 49: at 16,384 tokens a pass takes ~20 s here, one
+of the default model's four encoder layers ~4 s).
+
+Pause, not abandon, because abandoning throws away the part of the pass
+already done (on average half a pass, ~10 s at 16k, per request) and a
+person who keeps asking could starve the grid; a paused pass loses
+nothing. The price is memory: a paused pass keeps its state between layers
+(hidden states, probes so far, a decoder's key/value cache; measured on the
+default model at 16,384 tokens: up to 0.12 GB live, against a pass's
+0.21 GB peak growth), and that sits beside the person's pass. So the pass
+pauses only while that state is at most :data:`PAUSE_SHARE` of free memory
+(measured when the person arrives: :func:`live_bytes` since the pass
+began); otherwise, or where the allocator cannot say, it is abandoned at the
+layer and redone later, and "one pass at a time" holds exactly. A pause
+lasts at most :data:`PAUSE_MOST_S`.
 
 This module builds on :mod:`ui.cache` (its keys, its run store) and the
 cache never calls back: the process's one :func:`prefetcher`, the job of a
@@ -34,13 +53,18 @@ Nothing here touches Streamlit elements: the thread only computes.
 from __future__ import annotations
 
 import atexit
+import ctypes
+import ctypes.util
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Hashable
 
 import streamlit as st
+import torch
 
+from core.mechanics import attention
+from core.models import memory
 from core.runs import engine, methods
 from core.views import frames
 from core.errors import UserError
@@ -51,6 +75,43 @@ from ui.streamlit_private import session_alive
 
 #: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
 GRID = frames.SCRUB_GRID
+#: A background pass pauses for a person (rather than being abandoned at the layer) while what it holds is at most
+#: this share of the memory still free: the person's pass then has at least 3/4 of what it would have had.
+PAUSE_SHARE = 0.25
+#: Seconds a background pass stays paused at most (then it is abandoned, its memory freed, and redone later).
+PAUSE_MOST_S = 300.0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2  # glibc 2.33+
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def live_bytes(device: torch.device) -> int | None:
+    """Bytes the allocator of ``device`` holds in use now: CUDA's allocated memory, or on the CPU glibc's heap in
+    use plus its mmapped blocks (``mallinfo2``: torch's CPU tensors come from malloc); None where neither is known.
+
+    Not the resident size: glibc keeps freed heap resident, so the RSS after a
+    pass's peak says nothing about what a paused pass still holds."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    if device.type != "cpu" or _MALLINFO2 is None:
+        return None
+    m = _MALLINFO2()
+    return int(m.uordblks + m.hblkhd)
 
 
 @dataclass(frozen=True)
@@ -89,12 +150,16 @@ class Job:
 class Prefetcher:
     """The background thread and what each session wants of it (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause_share: float = PAUSE_SHARE, pause_most_s: float = PAUSE_MOST_S) -> None:
+        self.pause_share = float(pause_share)  # 0: never pause, abandon the pass at the layer instead
+        self.pause_most_s = float(pause_most_s)
         self._wanted: dict[str, tuple[float, Job]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0  # computed by this thread (tests and the benchmark read it)
+        self.gave_way = 0  # passes abandoned at a layer (a person went first without a pause, a pass no longer wanted)
+        self.held: int | None = None  # bytes the last pass that gave way held when it did (None: not known)
         self.failed: dict[Hashable, str] = {}
         self._stop = threading.Event()
         # A daemon thread still inside torch when the interpreter exits aborts the
@@ -113,7 +178,7 @@ class Prefetcher:
             self.failed.clear()
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Finish the pass under way, then end the thread (called at exit)."""
+        """Stop the pass under way at its next layer, then end the thread (called at exit)."""
         self._stop.set()
         self._wake.set()
         t = self._thread
@@ -172,12 +237,40 @@ class Prefetcher:
                 break
             try:
                 if self._still_wanted(job):
-                    cache.run_unguarded(job.loaded, job.request, settings)
+                    with attention.between_layers(self._between_layers(gate, job, settings)):
+                        cache.run_unguarded(job.loaded, job.request, settings)
                     self.passes += 1
+            except pass_gate.GaveWay:
+                self.gave_way += 1  # stopped at a layer: pending again (if still wanted), redone later
             except (UserError, ValueError, RuntimeError) as err:  # too long, out of memory: stop this grid
                 self.failed[job.key] = str(err)
             finally:
                 gate.release_background()
+
+    def _between_layers(self, gate: pass_gate.PassGate, job: Job, settings: engine.RunSettings):
+        """What the pass of ``settings`` runs before each attention call: stop when nobody wants it any more,
+        give way to a person (pause, or abandon when its state would not fit beside theirs), and after a pause
+        stop if the person's own pass was this very one."""
+        device = job.loaded.device
+        start = live_bytes(device)
+
+        def alive() -> bool:
+            return not self._stop.is_set() and self._still_wanted(job)
+
+        def between() -> None:
+            if not alive():
+                raise pass_gate.GaveWay("the pass is no longer wanted")
+            if not gate.busy:
+                return
+            now = live_bytes(device)
+            held = None if now is None or start is None else max(0, now - start)
+            self.held = held
+            pause = held is not None and held <= self.pause_share * memory.free_bytes(device)
+            gate.give_way(pause, alive, self.pause_most_s)
+            if cache.has_run(job.loaded, job.request, settings):
+                raise pass_gate.GaveWay("the person's pass was this very one")
+
+        return between
 
 
 def progress(job: Job) -> tuple[int, int]:
