@@ -13,6 +13,8 @@ because their widgets are drawn with ``persist_state="session"`` (docs/app.md,
 
 import streamlit as st
 
+from ui.sidebar import about_machine
+
 st.set_page_config(page_title="Attention Alignment Explorer", layout="wide")
 nav = st.navigation(
     [
@@ -23,3 +25,5 @@ nav = st.navigation(
     ]
 )
 nav.run()
+# Last, so that a first call that builds the attention kernel never holds up a page's views.
+about_machine()

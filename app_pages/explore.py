@@ -9,15 +9,16 @@ from ui import PAPER, message, page_setup, user_errors
 from ui import url
 from ui import explore_views as views
 from ui import sidebar as sb
-from ui.scrubber import scrubber
-from ui.tour import tour
+from ui.scrubber import AXIS_KEY, scrubber
+from ui.tour import still_on_step, tour
 
 
 def main() -> None:
     page_setup("Explore")
     st.title("Explore: attention dispersion, live")
     st.caption(
-        "One document, read twice: at tau = 1 and at the tau on the slider. Longer inputs spread each query's "
+        "One document, read twice: as trained (tau = 1) and at the setting on the slider (tau, or CosScale s on a "
+        "cosine model). Longer inputs spread each query's "
         "attention thin (Pmax down, entropy up); dividing the logits by tau < 1 sharpens it again. The slider "
         f"redraws every view below in your browser. Paper: {PAPER}."
     )
@@ -43,7 +44,12 @@ def live(ctx: sb.Context) -> None:
     reruns this fragment once (URL, export, the exact frame off the grid).
     """
     with st.container(border=True, key="temperature_panel"):
-        ctx = ctx.with_temperature(sb.temperature_controls(st.container(), ctx.loaded, ctx.request, slider=False))
+        # One control for CosScale s: the scrubber's slider while it moves s, else the panel's own slider.
+        s_on_scrubber = ctx.loaded.cosine and st.session_state.get(AXIS_KEY) == "s"
+        ctx = ctx.with_temperature(sb.temperature_controls(st.container(), ctx.loaded, ctx.request, slider=False,
+                                                           s_slider=not s_on_scrubber))
+        if not still_on_step(ctx.train_length):  # a method changed here left the tour's step: its text goes too
+            st.rerun(scope="app")
         probes, spec, log = views.view_controls(ctx)
         try:
             runs = scrubber(ctx, probes, spec, log)
@@ -51,6 +57,8 @@ def live(ctx: sb.Context) -> None:
             st.error(message(err))
             return
     url.sync(ctx)
+    if runs["base"] is None:  # the document waits for the person's go-ahead (its estimate is over the limit)
+        return
     with st.container(key="explore_export"):
         views.export(ctx, runs["base"], runs["chosen"], runs["ref"])
 

@@ -86,7 +86,10 @@ def test_meters_legend_keeps_its_brackets():
     start = js.index("function buildMeter(")
     body = js[start : js.index("\nfunction ", start + 1)]
     shown = re.findall(r'textContent = "([^"]*)";', body)
-    assert shown == ["chosen tau", "at L_tr (tau = 1)", "here at tau = 1"]
+    assert shown == ["at L_tr (tau = 1)", "here at tau = 1"]
+    assert '? "chosen s" : "chosen tau";' in body  # the bars' entry names the slider's axis
+    # its key shows the bars' three colours, not a green square over red and orange bars (issue 50, point 8)
+    assert re.search(r'\["#2ca02c", "#ff9f1c", "#d62728"\]\.forEach\(\(c, i\) => svg\("rect"', body)
     for name in shown:
         assert name.count("(") == name.count(")"), name
 
@@ -102,7 +105,8 @@ def test_tour_step_4_is_two_sentences_on_the_page_with_the_detail_aside():
 
     step = TOUR[3]
     assert len(_sentences(step["text"])) <= 2, _sentences(step["text"])
-    assert "reached the L_tr line" in step["text"] and "the grid ends at tau = 0.5 short of the line" in step["text"]
+    assert "reached the L_tr line" in step["text"] and "ends short of the line" in step["text"]
+    assert "grid" not in step["text"] + step["more"]  # one meaning of "the grid": the scrubber's frames (issue 50)
     assert "per-layer alignment" in step["more"] and "gap" in step["more"]
     assert "exactly L_tr tokens" in TOUR[0]["text"]
 

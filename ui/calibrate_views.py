@@ -137,12 +137,12 @@ def run(ctx: sb.Context, button_col) -> dict | None:
     else:
         note += " The documents' passes are their own (not Explore's grid); results are cached."
     if shown is not None:
-        note = (f"Shown below: Algorithm 1 by bisection, from the {plural(_points(shown), 'grid point')} the sidebar's "
+        note = (f"Shown below: Algorithm 1 by bisection, from the {plural(_points(shown), 'tau')} the sidebar's "
                 "Algorithm 1 already measured, so the curves have gaps. " + note)
     st.info(note)
     label = "Run Algorithm 1" if shown is None else "Complete the curves"
     if button_col.button(label, type="primary", key="cal_run"):
-        text = "Algorithm 1: forward passes over the tau grid…"
+        text = "Algorithm 1: forward passes over its range of tau…"
         bar = st.progress(0.0, text=timing.progress_text(text, 0.0, 0.0, planned))
         t0 = time.perf_counter()
 
@@ -213,7 +213,7 @@ def curves(cals: dict) -> None:
     st.subheader("S_ex(tau) against S_tr(1)")
     st.caption(
         "Each curve is the mean statistic over all layers, heads and rows of this document at each tau; the dashed "
-        "line is the same statistic at L_tr with tau = 1. Algorithm 1 picks the grid point closest to the line "
+        "line is the same statistic at L_tr with tau = 1. Algorithm 1 picks the tau of its range closest to the line "
         "(red). Pmax rises and entropy falls as tau shrinks: the attention sharpens (paper Algorithm 1, Fig. 4). "
         "Where a curve ends before it meets the line, the pick is only where the search stopped: the card says so."
     )
@@ -345,10 +345,11 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
     st.dataframe(pd.DataFrame(tau.round(3), index=[f"layer {l}" for l in range(tau.shape[0])],
                               columns=[f"h{h}" for h in range(tau.shape[1])]), width="content")
     if unreached:
-        st.caption(f"**{len(unreached)} of {tau.size} heads never reached their L_tr Pmax** inside the grid and stay "
+        st.caption(f"**{len(unreached)} of {tau.size} heads never reached their L_tr Pmax** inside the range searched "
+                   "(tau 1.0 down to 0.5) and stay "
                    "at the default tau: " + ", ".join(f"layer {l} head {h}" for l, h in unreached) + ".")
     else:
-        st.caption(f"Every one of the {tau.size} heads reached its own L_tr Pmax inside the grid.")
+        st.caption(f"Every one of the {tau.size} heads reached its own L_tr Pmax inside the range searched.")
 
 
 #: Pixels per character of a table cell, with room to spare (the app's sans-serif at the dataframe's size measured

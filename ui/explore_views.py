@@ -33,11 +33,21 @@ def check_length(ctx: sb.Context) -> None:
     engine.check_length(ctx.loaded, ctx.tokens)
 
 
+#: The view controls' defaults (the map layer's is the model's last layer).
+VIEW_DEFAULTS = {"ex_head": "mean", "ex_pool": "mean", "ex_colour": None, "ex_text_window": 150, "ex_cross_layer": "mean"}
+
+
 def page_state(L: int, H: int) -> None:
+    """Give every view control a valid value for this model, before any of them is drawn.
+
+    Called by the page and again by :func:`view_controls` in every run of Explore's panel (a fragment): a control
+    this model does not draw (a masked-LM model has no text window and no decoder layer) may lose its kept value
+    in Streamlit's cleanup of the full run, and the panel's next poll or release, which reruns the fragment only,
+    must not find it missing (issue 50, defect 1: a KeyError after a switch from a T5 model to a RoPE model).
+    """
     ss = st.session_state
-    for k, v in (("ex_layer", L - 1), ("ex_head", "mean"), ("ex_pool", "mean"), ("ex_colour", COLOURS[0]),
-                 ("ex_text_window", 150), ("ex_cross_layer", "mean")):
-        ss.setdefault(k, v)
+    for k, v in (("ex_layer", L - 1), *VIEW_DEFAULTS.items()):
+        ss.setdefault(k, COLOURS[0] if k == "ex_colour" else v)
     if ss["ex_layer"] not in range(L):
         ss["ex_layer"] = L - 1
     if ss["ex_head"] != "mean" and ss["ex_head"] not in range(H):
@@ -59,6 +69,7 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
     """
     ss = st.session_state
     L, H = ctx.loaded.n_layers, ctx.loaded.n_heads
+    page_state(L, H)
     dec = int(getattr(ctx.loaded.config, "num_decoder_layers", None) or L)
     c = st.columns([1, 1.2, 1.1, 1.5, 1.2, 1.6], vertical_alignment="bottom")
     c[0].selectbox("Map layer", list(range(L)), key="ex_layer", persist_state=choices.KEEP, help="The encoder layer of the attention map.")
@@ -105,7 +116,7 @@ def export(ctx: sb.Context, base, chosen, ref) -> None:
         st.caption("The exact pass of this tau is being computed; its files follow.")
         return
     ss = st.session_state
-    pool = ss["ex_pool"]
+    pool = ss.get("ex_pool", "mean")
     layer = None if ss.get("ex_cross_layer", "mean") == "mean" else int(ss["ex_cross_layer"])
     e = st.columns(5)
     e[0].download_button("meters.csv", csv_of(lambda: tables.meters_table(chosen, base, ref)), "meters.csv", "text/csv",

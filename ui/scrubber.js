@@ -118,6 +118,9 @@ const val = (d, f) => (axisOf(d).name === "s" ? f.cosine_scale : f.tau);
 
 function build(root, st) {
   root.textContent = "";
+  // A new document may lack views the last one had (a RoPE model has no profile, text or cross-attention): drop
+  // every handle of the old build, or a paint would reach for the old document's views.
+  for (const k of ["maps", "mapLegend", "profileSvg", "lines", "baseLines", "spans", "cross", "heads", "meters"]) st[k] = null;
   const d = st.doc, meta = d.meta || {};
   // controls
   const ctl = el("div", "ctl", root);
@@ -157,13 +160,14 @@ function build(root, st) {
   });
   el("div", "cap", root, `The document is ${d.tokens.toLocaleString("en")} tokens, ${(d.tokens / d.train_length).toFixed(2)} × `
     + `the training length L_tr = ${d.train_length.toLocaleString("en")}. Left: ${meta.base_label || "tau = 1"}; right: the `
-    + "tau on the slider. Deltas compare with the same task at L_tr (tau = 1).");
+    + `${ax.name === "s" ? "CosScale s on the slider, at the chosen tau" : "tau on the slider"}. Deltas compare with the `
+    + "same task at L_tr (tau = 1).");
 
   // meters
   el("h4", "", root, "Pmax and entropy per layer against L_tr");
-  el("div", "cap", root, "Bars: the chosen tau; black ticks: the same task at L_tr with tau = 1 (what training looked like); "
+  el("div", "cap", root, `Bars: the chosen ${ax.name === "s" ? "s" : "tau"}; black ticks: the same task at L_tr with tau = 1 (what training looked like); `
     + "grey circles: this document at tau = 1. Green within 10 % of the tick, orange within 30 %, red beyond. Alignment "
-    + "means bars on the ticks (paper Sec. 4).");
+    + "means bars on the ticks (paper Sec. 4). The entropy axis reaches ln(tokens), the entropy of uniform attention.");
   const mrow = el("div", "row", root);
   st.meters = ["pmax", "entropy"].map((k) => buildMeter(el("div", "col", mrow), st, k));
   const det = el("details", "", root);
@@ -287,9 +291,11 @@ function build(root, st) {
     const dir = { PageUp: 1, PageDown: -1, ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1 }[e.key];
     if (!dir || (!e.key.startsWith("Page") && !e.shiftKey)) return;
     e.preventDefault();
+    // The next grid value in the axis's own direction, whatever order the grid comes in (tau's descends, s's ascends).
     const v = Number(range.value);
-    const next = dir > 0 ? d.grid.filter((t) => t > v + 1e-9).pop() : d.grid.find((t) => t < v - 1e-9);
-    if (next === undefined) return;
+    const above = d.grid.filter((t) => t > v + 1e-9), below = d.grid.filter((t) => t < v - 1e-9);
+    if (!(dir > 0 ? above : below).length) return;
+    const next = dir > 0 ? Math.min(...above) : Math.max(...below);
     range.value = tauKey(next);
     move("key");
     commit(st);
@@ -304,8 +310,10 @@ function buildMeter(box, st, kind) {
   const all = refs.concat(bases);
   for (const f of Object.values(d.frames)) all.push(...f[`layer_${kind}`]);
   if (d.exact) all.push(...d.exact[`layer_${kind}`]);
-  const top = kind === "pmax" ? 1.0 : Math.max(...all) * 1.12;
-  const y = (v) => y0 + h - (Math.max(0, v) / top) * h;
+  // The axis holds every value a frame can have, also frames that arrive later (a CosScale s of 2 flattens the
+  // attention): Pmax <= 1, and H <= ln(tokens), the entropy of uniform attention over the document (or over L_tr).
+  const top = kind === "pmax" ? 1.0 : Math.max(Math.log(Math.max(2, d.tokens, d.train_length)), ...all);
+  const y = (v) => y0 + h - (Math.min(top, Math.max(0, v)) / top) * h;
   svg("line", { x1: x0, y1: y0 + h, x2: x0 + w, y2: y0 + h, stroke: "#999" }, s);
   for (let k = 0; k <= 4; k++) {
     const v = (top * k) / 4;
@@ -323,8 +331,9 @@ function buildMeter(box, st, kind) {
     svg("text", { x: cx, y: y0 + h + 14, "text-anchor": "middle" }, s).textContent = `layer ${l}`;
   }
   const lx = x0 + 4, ly = H - 6;
-  svg("rect", { x: lx, y: ly - 8, width: 10, height: 8, fill: "#2ca02c" }, s);
-  svg("text", { x: lx + 14, y: ly }, s).textContent = "chosen tau";
+  // The bars' colour says how far they are from the tick (green, orange, red): the key shows all three.
+  ["#2ca02c", "#ff9f1c", "#d62728"].forEach((c, i) => svg("rect", { x: lx + 4 * i, y: ly - 8, width: 4, height: 8, fill: c }, s));
+  svg("text", { x: lx + 16, y: ly }, s).textContent = axisOf(d).name === "s" ? "chosen s" : "chosen tau";
   svg("line", { x1: lx + 90, x2: lx + 104, y1: ly - 4, y2: ly - 4, stroke: "#000", "stroke-width": 3 }, s);
   svg("text", { x: lx + 108, y: ly }, s).textContent = "at L_tr (tau = 1)";
   svg("circle", { cx: lx + 222, cy: ly - 4, r: 4, fill: "none", stroke: "#888", "stroke-width": 2 }, s);

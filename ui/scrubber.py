@@ -30,7 +30,8 @@ from core.views import frames
 from core.values.choice import Choice
 from core.errors import UserError
 from core.values.schedule import Schedule
-from ui import cache, choices, message, prefetch
+from core.runs import timing
+from ui import cache, choices, long_work, message, prefetch
 from ui.streamlit_private import in_fragment_rerun, session_id
 
 KEY = "scrubber"
@@ -191,9 +192,34 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         here = tau
         axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
         job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
-    prefetch.prefetcher().want(session_id(), job)  # a new document's grid starts now, beside its first passes
     # the left column is the model as trained: tau = 1, its own CosScale, plain RoPE (no position scheme)
     base_settings = engine.RunSettings(Choice(methods.AS_TRAINED, targets=ctx.targets), probes=probes)  # trained s, plain
+    slot = st.empty()  # the component's place; while a new document's first passes run, what they are and how far
+    first = [s for s in (base_settings, None if g is None else at(g)) if s is not None and not cache.has_run(loaded, req, s)]
+    first = [s for i, s in enumerate(first) if all(cache.attention_key(s.choice) != cache.attention_key(o.choice)
+                                                   or s.probes != o.probes for o in first[:i])]
+    if first:
+        per = timing.estimate(timing.model_key(loaded), ctx.tokens)
+        total = None if per is None else per * len(first)
+        n_pass = f"{len(first)} pass{'es' if len(first) > 1 else ''}"
+        what = (f"This document is {ctx.tokens:,} tokens ({ctx.ratio:.2f}× L_tr). Its views need {n_pass} first: "
+                f"{timing.describe(total)} on this machine ({timing.basis(timing.model_key(loaded), ctx.tokens)}); its "
+                f"{len(values)} grid frames follow in the background, "
+                f"{timing.describe(None if per is None else per * len(values))} more.")
+        if not long_work.ask((cache.mkey(loaded), req), total, what, slot.container()):
+            prefetch.prefetcher().want(session_id(), None)  # nothing starts in the background either
+            return {"base": None, "chosen": None, "ref": None}
+    prefetch.prefetcher().want(session_id(), job)  # a new document's grid starts now, beside its first passes
+    if first:
+        with slot.container():
+            long_work.hide_stale()  # the old document's views are not this one's: hidden until this run ends
+            st.info(f"**Computing the new document.** {what}")
+            bar = st.progress(0.0, text="starting…")
+        for i, s in enumerate(first):
+            label = f"pass {i + 1} of {len(first)} ({'tau = 1' if s is base_settings else 'the chosen ' + AXES[axis]}):"
+            with long_work.layer_progress(bar, label, per, loaded.n_layers):
+                cache.run(loaded, req, s)
+        bar.progress(1.0, text="drawing the views…")
     base = cache.run(loaded, req, base_settings)
     ref = cache.run_reference(loaded, req, Choice(targets=ctx.targets))
     grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
@@ -244,7 +270,8 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
                              chosen_settings if exact is not None else None)
     data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only,
                           cards=cards, mask=mask)
-    _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
+    with slot.container():
+        _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:
         # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from core.runs import engine, methods
+from core.runs import engine, methods, temperature, timing
 from core.experiments import mlm
 from core.values import positions
 from core.data import tasks
@@ -46,7 +46,7 @@ from core.errors import UserError
 from core.models import Loaded
 from core.runs.settings import DocumentRequest, Settings
 from core.values.schedule import ONE, Schedule
-from ui import cache, choices, fail, message, url
+from ui import cache, choices, fail, long_work, message, url
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
@@ -231,6 +231,13 @@ MASKED_DOC = ("**Masked tokens in held-out prose**: the held-out text of the see
               "the model fills them in.")
 
 
+#: Paste mode before anything is typed: what to do (not an error), and what a shared link carries.
+PASTE_FIRST = ("**Paste mode.** Paste a text into the sidebar's *Your text* box (or upload a .txt file); its views "
+               "appear here. A pass key sentence is inserted at the chosen depth unless you choose another needle.")
+PASTE_NOT_IN_LINK = ("A shared link does not carry the pasted text (too long for an address): it opens in Generate "
+                     "mode. Send the text along, or export the settings.")
+
+
 def reads_prose(loaded: Loaded) -> bool:
     """Whether the model's document is held-out prose (task ``lm``): a T5 language model, or a masked-LM encoder."""
     return loaded.language_model or not loaded.seq2seq
@@ -282,8 +289,12 @@ def _document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, 
     else:
         sb.text_area("Your text", key="doc_text", persist_state=choices.KEEP, height=150, placeholder="Paste the text to search in…")
         sb.file_uploader("…or upload a .txt file", type=["txt"], key="doc_file", on_change=_read_upload)
+        sb.caption(PASTE_NOT_IN_LINK)
         if ss.get("upload_error"):
             st.error(ss.pop("upload_error"))
+        if not (ss.get("doc_text") or "").strip():  # nothing typed yet: say what to do, not an error (issue 50)
+            st.info(PASTE_FIRST)
+            st.stop()
         sb.radio("Needle", choices.NEEDLE_MODES, key="doc_needle_mode", persist_state=choices.KEEP)
         mode = ss["doc_needle_mode"]
         needle = question = expected = None
@@ -421,14 +432,17 @@ def kept_scheme(loaded: Loaded) -> positions.Scheme:
     return got[1]
 
 
-def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider: bool = True) -> Temperature:
+def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider: bool = True,
+                         s_slider: bool = True) -> Temperature:
     """Draw method, tau slider, targets and CosScale in ``where`` (the sidebar, or Explore's live panel); resolve tau.
 
     One function for both places, so the widgets (same keys) and the
     resolution are written once. Explore draws them beside its answer cards,
     inside the fragment that reruns on a tau move; other pages in the sidebar.
     ``slider=False`` draws everything but the "tau (fixed)" slider (a
-    component that draws its own and sets ``tau_value``, :func:`set_state`).
+    component that draws its own and sets ``tau_value``, :func:`set_state`);
+    ``s_slider=False`` leaves out the CosScale slider too (Explore's scrubber
+    moves s: one control for s, issue 50), saying the s it holds instead.
 
     The slider always holds the person's own tau while the method is
     "fixed"; for another method it is disabled and shows the resolved tau
@@ -488,8 +502,12 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
                             "so it was left as it was.")
         if not lo <= float(ss["cos_scale"]) <= hi:
             choices.put("cos_scale", float(np.clip(float(ss["cos_scale"]), lo, hi)))
-        where.slider("CosScale s", lo, hi, step=choices.COS_STEP, key="cos_scale", persist_state=choices.KEEP,
-                     help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
+        if s_slider:
+            where.slider("CosScale s", lo, hi, step=choices.COS_STEP, key="cos_scale", persist_state=choices.KEEP,
+                         help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
+        else:
+            where.caption(f"CosScale s = **{float(ss['cos_scale']):g}** (trained with s = {s:g}): the slider below "
+                          "moves it.")
         cos = float(ss["cos_scale"])
     else:
         ss.pop("_url_cos", None)  # a dot-product model has no s
@@ -497,6 +515,15 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     bar = None
     base = Choice.of(targets=targets, cosine_scale=cos, scheme=scheme)  # the controls' values, checked once
     if methods.get(method).measured and cache.resolve_tau(loaded, req, method, base, compute=False) is None:
+        n = int(ss.get("doc_tokens") or loaded.train_length)
+        mk = timing.model_key(loaded)
+        passes = [(timing.algorithm1_passes(len(temperature.GRID), True), n)]
+        secs = timing.total(mk, passes)
+        what = timing.plan_note(f"Resolving {methods.label(method)}", mk, passes)
+        if where is not st.sidebar and not long_work.ask(("resolve", cache.mkey(loaded), req, method), secs, what, where):
+            st.stop()  # Explore waits for the person's go-ahead (issue 47, point 5)
+        long_work.hide_stale(where)  # the old document's views are not this one's
+        where.caption(what)
         bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
         schedule, info = cache.resolve_tau(loaded, req, method, base, tau_input,
@@ -522,6 +549,24 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         if info.get("reached") is False:  # Algorithm 1 ended where its range did, not at a match: say so
             where.caption(f":orange[{not_reached_note(info, shown)}]")
     return Temperature(base.with_(method=method, tau=schedule), tau_input, info)
+
+
+@st.cache_resource(show_spinner=False)
+def machine_line() -> str:
+    """:func:`core.mechanics.machine.one_line`, once per process (its first call may build the attention kernel)."""
+    from core.mechanics import machine
+
+    return machine.one_line()
+
+
+def about_machine() -> None:
+    """The sidebar's last entry, collapsed: which machine and which attention path runs the passes (issue 49).
+    Drawn at the end of a page's run, so a first call that builds the kernel never holds up the views."""
+    with st.sidebar.expander("About this machine"):
+        try:
+            st.caption(machine_line())
+        except Exception as err:  # noqa: BLE001 (a fact we could not read is said, never raised)
+            st.caption(f"The machine's facts could not be read: {type(err).__name__}.")
 
 
 def sidebar(temperature: bool = True) -> Context:

@@ -273,7 +273,7 @@ def results(path: Path) -> None:
     """The finished rows: the depth x length map of one method, the method x length table, the CSV."""
     ss = st.session_state
     if not path.exists() or path.stat().st_size == 0:
-        st.info("No results yet: choose the grid and press Start.")
+        st.info("No results yet: choose what to sweep and press Start.")
         st.stop()
     df = csvio.restore_frame(pd.read_csv(path, keep_default_na=False))  # cells as written, without the CSV guard
     if df.empty:
@@ -373,7 +373,7 @@ def lm_run(ctx: sb.Context, plan: PerplexityPlan) -> Path:
 def lm_results(path: Path) -> None:
     """The finished cells: perplexity over length per method (Table 3's layout), the table, the CSV."""
     if not path.exists() or path.stat().st_size == 0:
-        st.info("No results yet: choose the grid and press Start.")
+        st.info("No results yet: choose what to sweep and press Start.")
         st.stop()
     df = csvio.restore_frame(pd.read_csv(path, keep_default_na=False))
     if df.empty:
@@ -450,7 +450,7 @@ def mlm_run(ctx: sb.Context, plan: MlmPlan) -> Path:
 def mlm_results(path: Path) -> None:
     """The finished cells: perplexity over length per method, accuracy and perplexity tables, the CSV."""
     if not path.exists() or path.stat().st_size == 0:
-        st.info("No results yet: choose the grid and press Start.")
+        st.info("No results yet: choose what to sweep and press Start.")
         return
     df = csvio.restore_frame(pd.read_csv(path, keep_default_na=False))
     if df.empty:

@@ -34,22 +34,41 @@ TOUR = [
               "baseline). The bars move back toward the L_tr ticks, part of the way; compare the answer with step 2."),
     dict(title="4 · Algorithm 1", mult=8, method=methods.ALGORITHM1["pmax"],
          text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr. "
-              "On the default model at 8× its curve never reached the L_tr line: the grid ends at tau = 0.5 short "
-              "of the line, so 0.5 is the grid's end, not a match.",
+              "On the default model at 8× its curve never reached the L_tr line: its search range (the paper's, "
+              "tau 1.0 down to 0.5) ends short of the line, so 0.5 is where the search stopped, not a match.",
          more="Only the average is matched (the Calibrate page shows the search): in the meters, single layers "
               "still miss their ticks in both directions (some too sharp, some too flat), because one tau cannot "
               "fit every layer; the method box's per-layer alignment gives each layer its own tau. Algorithm 1 "
-              "says whether its curve reached the L_tr line inside the grid (reached, or the gap left at its "
+              "says whether its curve reached the L_tr line inside its range (reached, or the gap left at its "
               "pick; Calibrate warns under the pick when it was not reached). On the default model (retrieval-t5) "
               "at 8× (pass key, seed 0, 2,048 tokens) mean Pmax at tau = 0.5 is 0.3826 against 0.3883 at L_tr, "
               "gap −0.0057; per layer 0.485, 0.609, 0.332, 0.104 against 0.439, 0.684, 0.347, 0.083."),
 ]
 
 
-def _tour_go(i: int, lt: int) -> None:
+def _step_state(i: int, lt: int) -> dict:
+    """The choices a step sets (and its text describes)."""
     step = TOUR[i]
-    choices.set_state(tour_step=i, doc_mode="Generate", doc_task="passkey", doc_tokens=step["mult"] * lt,
-                 tau_method=step["method"], tgt_encoder=True)
+    return dict(doc_mode="Generate", doc_task="passkey", doc_tokens=step["mult"] * lt, tau_method=step["method"],
+                tgt_encoder=True)
+
+
+def _tour_go(i: int, lt: int) -> None:
+    choices.set_state(tour_step=i, **_step_state(i, lt))
+
+
+def still_on_step(lt: int) -> bool:
+    """Whether the session still shows what the open step set up; if not, the step closes (its text would
+    describe another set-up: issue 50, stale tour text). True when no step is open."""
+    ss = st.session_state
+    i = ss.get("tour_step")
+    if i is None:
+        return True
+    if all(ss.get(k) == v for k, v in _step_state(i, lt).items()):
+        return True
+    ss["tour_step"] = None
+    ss["_tour_left"] = TOUR[i]["title"]
+    return False
 
 
 #: What the tour says on a model it is not for (a masked-LM encoder has no pass key to find).
@@ -66,14 +85,25 @@ def tour(lt: int, seq2seq: bool = True) -> None:
         with st.expander("Guided tour: dispersion and its fix in four steps"):
             st.info(NOT_FOR)
         return
-    with st.expander("Guided tour: dispersion and its fix in four steps", expanded=st.session_state.get("tour_step") is not None):
-        st.caption("For a class: each button sets the sidebar (pass key task, length, tau method); read the sentence, then the views below.")
-        cols = st.columns(len(TOUR))
+    still_on_step(lt)
+    ss = st.session_state
+    with st.expander("Guided tour: dispersion and its fix in four steps", expanded=ss.get("tour_step") is not None
+                     or ss.get("_tour_left") is not None):
+        # Compact, so that the answer cards stay above the fold at 1400 x 1000 with a step open: the buttons in one
+        # row beside "More on this step", the step's sentence below.
+        cols = st.columns([1] * len(TOUR) + [0.9], vertical_alignment="center")
         for i, (c, step) in enumerate(zip(cols, TOUR)):
-            c.button(step["title"], key=f"tour_{i}", on_click=_tour_go, args=(i, lt), width="stretch")
-        i = st.session_state.get("tour_step")
+            c.button(step["title"], key=f"tour_{i}", on_click=_tour_go, args=(i, lt), width="stretch",
+                     type="primary" if ss.get("tour_step") == i else "secondary")
+        i = ss.get("tour_step")
         if i is not None:
-            st.info(f"**Step {TOUR[i]['title']}.** {TOUR[i]['text']}")
             if TOUR[i].get("more"):
-                with st.popover("More on this step"):
+                with cols[-1].popover("More on this step"):
                     st.markdown(TOUR[i]["more"])
+            st.info(f"**Step {TOUR[i]['title']}.** {TOUR[i]['text']}")
+        elif ss.get("_tour_left") is not None:
+            st.caption(f"Step {ss.pop('_tour_left')} closed: you changed the set-up it describes. Press a step to "
+                       "set it up again.")
+        else:
+            st.caption("For a class: each button sets the sidebar (pass key task, length, tau method); read the "
+                       "sentence, then the views below.")

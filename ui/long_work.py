@@ -1,0 +1,87 @@
+"""Long work the app is about to start on its own: say so at once, with an estimate and progress, and ask first
+when the estimate is over a stated limit (issue 50 point 2, issue 47 point 5).
+
+Why: a length change on Explore (32x, 64x L_tr) runs its first passes before any view can be drawn, and on a
+busy 2-core machine that took from 98 s to 14 minutes while the old document's views stayed on screen as if
+current. Now:
+
+* :func:`hide_stale` hides, for the rest of the run, every element Streamlit has not redrawn yet (the old
+  document's scrubber, export and bias curves): only what belongs to the new run shows.
+* :func:`ask` stops before work estimated over :data:`CONFIRM_OVER_S` (from :mod:`core.runs.timing`, passes
+  timed on this machine) until the person presses the button it draws; the answer is kept for that document.
+* :func:`layer_progress` moves a progress bar from inside the pass, once per layer
+  (:func:`core.mechanics.attention.between_layers`), with the time left from the estimate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Hashable, Iterator
+
+import streamlit as st
+
+from core.mechanics import attention
+from core.runs import timing
+
+#: The app asks before it starts work on its own (Explore's first passes of a document, the passes that resolve
+#: a measured method there) whose estimate is over this many seconds (docs/app.md).
+CONFIRM_OVER_S = 30.0
+_CONFIRMED = "_aae_confirmed"  # what the person chose to compute despite its estimate
+#: Every element Streamlit has not redrawn in this run yet is hidden: it belongs to the last run (the old document).
+HIDE_STALE = "<style>[data-stale='true'] { display: none !important; }</style>"
+
+
+def hide_stale(where=st) -> None:
+    """Hide, until this run ends, what the last run drew and this one has not redrawn yet."""
+    where.html(HIDE_STALE)
+
+
+def confirmed(key: Hashable) -> bool:
+    return key in st.session_state.get(_CONFIRMED, ())
+
+
+def _confirm(key: Hashable) -> None:
+    st.session_state.setdefault(_CONFIRMED, set()).add(key)
+
+
+def ask(key: Hashable, seconds: float | None, what: str, where=st) -> bool:
+    """True when the work may start: its estimate is unknown or within :data:`CONFIRM_OVER_S`, or the person
+    confirmed ``key`` before. Otherwise draw the estimate and a button in ``where`` and return False (the caller
+    draws nothing that needs the work). ``what``: the sentence that says what would run and how long."""
+    if seconds is None or seconds <= CONFIRM_OVER_S or confirmed(key):
+        return True
+    hide_stale(where)
+    where.warning(f"{what} The app asks before it starts work estimated over {CONFIRM_OVER_S:.0f} s on this "
+                  "machine: press the button to start, or choose a shorter length.")
+    where.button(f"Compute it ({timing.describe(seconds)})", key=f"confirm_{abs(hash(key)) % 10**8}", type="primary",
+                 on_click=_confirm, args=(key,))
+    return False
+
+
+@contextlib.contextmanager
+def layer_progress(bar, label: str, seconds: float | None, layers: int) -> Iterator[None]:
+    """Move ``bar`` (an ``st.progress``) while the enclosed passes run in this thread: at each attention call
+    (once per layer), at most every 0.25 s, the share of the estimate ``seconds`` spent and the time left (without
+    an estimate: the encoder layers reached)."""
+    t0 = time.perf_counter()
+    state = {"calls": 0, "shown": 0.0}
+
+    def tick() -> None:
+        state["calls"] += 1
+        now = time.perf_counter()
+        if now - state["shown"] < 0.25:
+            return
+        state["shown"] = now
+        elapsed = now - t0
+        if seconds:
+            frac = min(0.97, elapsed / seconds)
+            text = timing.progress_text(label, frac, elapsed, seconds) if elapsed < seconds else \
+                f"{label} taking longer than estimated ({elapsed:.0f} s so far)"
+        else:
+            frac = min(0.95, state["calls"] / max(1, layers) * 0.9)
+            text = f"{label} {elapsed:.0f} s so far"
+        bar.progress(frac, text=text)
+
+    with attention.between_layers(tick):
+        yield
