@@ -20,6 +20,7 @@ before any document is built; output files are written only after that.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -238,17 +239,35 @@ def _ray_options(p: argparse.ArgumentParser) -> None:
     r_.add_argument("--cpus-per-actor", type=int, help="--engine ray without GPUs: torch threads per actor (default 1)")
 
 
+def _max_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds, got {text[:40]!r}") from None
+    if not (np.isfinite(value) and 0 < value <= timing.MAX_BUDGET_S):
+        raise argparse.ArgumentTypeError(f"a number of seconds above 0 and at most {timing.MAX_BUDGET_S:,.0f}, "
+                                         f"got {text[:40]!r}")
+    return value
+
+
+def _budget_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--max-seconds", type=_max_seconds, default=None, metavar="N",
+                   help=f"a wall-clock budget for the command: {what} (exit 124)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m core", description="Attention Alignment Explorer, headless.")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="answer one document and report attention statistics")
     _common(r)
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    _budget_option(r, "refused before it starts when its estimate is over, stopped at the next layer past it")
     c = sub.add_parser("calibrate", help="Algorithm 1 (grid) plus every method's tau for one document")
     _common(c)
     c.add_argument("--criterion", choices=("pmax", "entropy"), default="pmax")
     c.add_argument("--fast", action="store_true", help="bisect instead of the full grid")
     c.add_argument("--json", action="store_true")
+    _budget_option(c, "refused before it starts when its estimate is over, stopped at the next layer past it")
     s = sub.add_parser("sweep", help="accuracy over lengths x depths x seeds x methods -> CSV")
     _common(s)
     s.add_argument("--lengths", type=_comma_list(_length_item, "--lengths"), default=None,
@@ -259,6 +278,7 @@ def _parser() -> argparse.ArgumentParser:
                         "the --settings/--tau/--method choice)")
     s.add_argument("--out", help="CSV written row by row")
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
+    _budget_option(s, "stopped at the next layer past it; the rows written stay (--resume runs the rest)")
     s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")
     s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
     s.add_argument("--max-new-tokens", type=_new_tokens, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
@@ -284,6 +304,7 @@ def _parser() -> argparse.ArgumentParser:
     pp.add_argument("--out", help="CSV written row by row (one row per length x method x copy)")
     pp.add_argument("--resume", action="store_true", help="skip rows already in --out")
     pp.add_argument("--json", action="store_true", help="print one JSON object with the rows")
+    _budget_option(pp, "stopped at the next layer past it; the rows written stay (--resume runs the rest)")
     ml = sub.add_parser("mlm", help="masked-token accuracy and perplexity over lengths x methods (rotary masked-LM "
                                     "models; the InfoScale paper's Table 1)")
     _model_options(ml)
@@ -308,6 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     ml.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     ml.add_argument("--out", help="CSV written row by row (one row per length x scheme x method)")
     ml.add_argument("--resume", action="store_true", help="skip the cells already in --out")
+    _budget_option(ml, "stopped at the next layer past it; the rows written stay (--resume runs the rest)")
     _ray_options(ml)
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
     _model_options(rp)
@@ -315,6 +337,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--length", type=_rpe_length, default=None, help="keys 0..length-1 (default: 4 L_tr)")
     rp.add_argument("--out", required=True)
     sub.add_parser("train", help="train a bundled model: python -m core train --help")
+    dr = sub.add_parser("doctor", help="this machine's facts: device, dtype, the attention's backend and why, ISA, "
+                                       "threads, compiler, versions")
+    dr.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -503,6 +528,21 @@ def _progress(desc: str):
     return update
 
 
+def _refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str], samples: int, what: str) -> None:
+    """Refuse (one line, exit 2) work whose estimate is over ``--max-seconds``: the pass over the document
+    (:func:`core.runs.engine.estimate_pass`: a timed pass over its first tokens, scaled by the square of the length)
+    plus the passes the ``measured`` methods run to resolve (:func:`core.runs.methods.costs`, upper bounds), each
+    scaled from the same timing."""
+    from core.runs import engine
+
+    per = engine.estimate_pass(loaded, doc, enc, settings)
+    passes = timing.sweep_passes([enc.n], 1, methods.costs(measured, loaded.n_layers, loaded.n_heads, samples),
+                                 loaded.train_length) if measured else [(1, enc.n)]
+    seconds = sum(count * per * (tokens / enc.n) ** 2 for count, tokens in passes)
+    n_passes = sum(count for count, _ in passes)
+    budget.refuse(seconds, f"{what} ({n_passes:,} pass{'es' if n_passes != 1 else ''} of up to {enc.n:,} tokens)")
+
+
 def cmd_run(args) -> int:
     from core.runs import engine
 
@@ -512,6 +552,10 @@ def cmd_run(args) -> int:
     _check_reference(loaded, [chosen.method], args.samples)
     entry = methods.get(chosen.method)
     doc = _document(loaded, chosen, args.samples if entry.measured else 1)
+    enc = engine.encode(loaded, doc)
+    if args.budget_.seconds is not None:  # refused before it starts when the estimate is over the budget
+        _refuse_over_budget(args.budget_, loaded, doc, enc, chosen.run_settings(1.0, probes=None),
+                            [chosen.method] if entry.measured else [], args.samples, "this run")
     prog = _progress("calibrating") if entry.search is not None else None
     # a stored schedule is used at the length it was chosen at; any other length re-resolves it
     tau, info = methods.resolve(loaded, doc, chosen.method, chosen.tau, samples=args.samples, progress=prog,
@@ -520,7 +564,6 @@ def cmd_run(args) -> int:
     if prog:
         prog.close()
     settings = chosen.run_settings(tau)
-    enc = engine.encode(loaded, doc)
     if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
         est = engine.estimate_pass(loaded, doc, enc, settings)
         print(f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
@@ -550,6 +593,11 @@ def cmd_calibrate(args) -> int:
     loaded = _load(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
     _check_reference(loaded, methods.MEASURED, args.samples)
     doc = _document(loaded, chosen, args.samples)
+    if args.budget_.seconds is not None:  # Algorithm 1 and every measured method, estimated before they start
+        from core.runs import engine
+
+        _refuse_over_budget(args.budget_, loaded, doc, engine.encode(loaded, doc), chosen.run_settings(1.0, probes=None),
+                            list(methods.MEASURED), args.samples, "this calibration")
     prog = _progress(f"Algorithm 1 ({args.criterion})")
     cal = calibration.calibrate(loaded, doc, args.criterion, fast=args.fast, samples=args.samples, progress=prog)
     prog.close()
@@ -612,11 +660,56 @@ def _pool(args):
                              device=args.device, tokenizer=args.tokenizer)
 
 
-def _interrupted(out: str | None) -> int:
+#: Commands whose ``--out`` keeps rows as they finish, so ``--resume`` can run the rest.
+RESUMABLE = ("sweep", "perplexity", "mlm")
+#: Exit status of a command stopped by its ``--max-seconds`` (GNU timeout's).
+EXIT_OUT_OF_TIME = 124
+#: Exit status after Ctrl-C (SIGINT): 128 + 2.
+EXIT_INTERRUPTED = 130
+
+
+def _kept(args) -> str:
+    """What a stopped command leaves: the rows in its --out, or nothing."""
+    out = getattr(args, "out", None)
+    if getattr(args, "cmd", None) in RESUMABLE:
+        return f"the rows written so far stay in {out}; --resume runs the rest" if out else "no --out, nothing kept"
+    return "nothing written"
+
+
+def _interrupted(args) -> int:
     """Ctrl-C: the jobs still out were cancelled; one line saying what stays, exit 130 (128 + SIGINT)."""
-    where = f"the rows written so far stay in {out}; --resume runs the rest" if out else "no --out, nothing kept"
-    print(f"interrupted: {where}", file=sys.stderr)
-    return 130
+    print(f"interrupted: {_kept(args)}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
+def _out_of_time(args, err: BaseException) -> int:
+    """``--max-seconds`` spent: one line saying where it stopped and what stays, exit 124."""
+    print(f"out of time: {' '.join(str(err).split())}; {_kept(args)}", file=sys.stderr, flush=True)
+    return EXIT_OUT_OF_TIME
+
+
+@contextlib.contextmanager
+def _sigint_taken():
+    """SIGINT raises KeyboardInterrupt for the command, even where it was started with SIGINT ignored.
+
+    Why: a non-interactive shell starts a background job (``python -m core sweep ... &`` in a script) with SIGINT
+    ignored, and Python keeps an ignored SIGINT ignored, so ``kill -INT`` (twice) did nothing and the sweep ran on
+    to its end (issue 47, point 4). A stop asked for by name is honoured: the rows written stay, exit 130. The
+    previous handler is put back afterwards (``main`` called in-process). Only the main thread can set it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    if before in (signal.SIG_IGN, signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if before in (signal.SIG_IGN, signal.SIG_DFL):
+            signal.signal(signal.SIGINT, before)
 
 
 def cmd_sweep(args) -> int:
@@ -635,11 +728,8 @@ def cmd_sweep(args) -> int:
         from core.experiments.batch import run_jsonl
 
         _check_reference(loaded, args.methods.split(",") if args.methods else [chosen.method])
-        try:
-            with pool or contextlib.nullcontext():
-                return run_jsonl(loaded, args, chosen, pool=pool)
-        except KeyboardInterrupt:
-            return _interrupted(args.out)
+        with pool or contextlib.nullcontext():
+            return run_jsonl(loaded, args, chosen, pool=pool)
     from tqdm import tqdm
 
     from core.data import tasks
@@ -671,9 +761,7 @@ def cmd_sweep(args) -> int:
                 cluster.time_a_pass(loaded, lambda: tasks.make(task, loaded.tokenizer, min(lengths), depth=0.5,
                                                                seed=plan.seeds[0] if plan.seeds else 0))
             df = run_sweep(loaded, plan, out=args.out, resume=args.resume, pool=pool, tracker=bar, report=report)
-    except KeyboardInterrupt:
-        return _interrupted(args.out)
-    finally:
+    finally:  # Ctrl-C and an overrun are worded by main(), after the bar is closed
         bar.close()
     if failed:
         print(f"{len(failed)} sweep job(s) failed (listed above); --resume runs their rows again", file=sys.stderr)
@@ -788,9 +876,7 @@ def cmd_mlm(args) -> int:
         with pool or contextlib.nullcontext():
             rows = mlm.run_mlm_sweep(loaded, plan, out=args.out, resume=args.resume, progress=progress, pool=pool,
                                      report=report)
-    except KeyboardInterrupt:
-        return _interrupted(args.out)
-    finally:
+    finally:  # Ctrl-C and an overrun are worded by main(), after the bars are closed
         for bar in bars:
             bar.close()
     if failed:
@@ -832,6 +918,35 @@ def cmd_rpe(args) -> int:
     return 0
 
 
+#: What a C++ compiler buys, in one sentence (``doctor``): measured with :data:`COMPILER_MEASURED`.
+COMPILER_BUYS = ("a C++ compiler (g++) lets the CPU build the fused softmax kernel once (about a second) and take "
+                 "it for every long float32 pass, the same numbers as torch's path, which runs without one (or with "
+                 "AAE_FUSED_SOFTMAX=0): a {tokens:,}-token passkey pass took {with_s:g} s with it and {without_s:g} s "
+                 "without on {where}")
+#: The figures in :data:`COMPILER_BUYS`: ``python -m core run --tokens 8192 --json``'s ``seconds``, best of two
+#: runs each way, 2026-11-28 03:47-03:55 UTC at load 4-9 (other sessions running): 12.5 / 23.1 s with the kernel,
+#: 122.8 / 186.9 s without.
+COMPILER_MEASURED = {"with_s": 12.5, "without_s": 123, "tokens": 8192,
+                     "where": "this project's 2-core AVX-512 Xeon (2026-11-28, busy)"}
+
+
+def cmd_doctor(args) -> int:
+    """The machine's facts (:func:`core.mechanics.machine.describe`), what a compiler buys, nothing loaded."""
+    from core.mechanics import machine
+
+    facts = machine.describe()
+    buys = COMPILER_BUYS.format(**COMPILER_MEASURED)
+    if args.json:
+        print(json.dumps({**facts, "summary": machine.one_line(facts), "compiler_buys": buys}, default=str))
+        return 0
+    print(machine.one_line(facts))
+    width = max(map(len, facts))
+    for key, value in facts.items():
+        print(f"  {key:<{width}}  {'-' if value is None else value}")
+    print(buys[0].upper() + buys[1:] + ".")
+    return 0
+
+
 # -- the entry point ------------------------------------------------------------------------
 
 def _fail(message: str) -> int:
@@ -856,9 +971,26 @@ def main(argv: list[str] | None = None) -> int:
 
             return train_main(argv[1:])
         args = prepare(argv)
+        if getattr(args, "max_seconds", None) is not None and getattr(args, "engine", "local") == "ray":
+            raise UserError("--max-seconds bounds a run in this process; with --engine ray its jobs run on the "
+                            "actors (stop it with Ctrl-C: the rows written stay)")
         commands = {"run": cmd_run, "calibrate": cmd_calibrate, "sweep": cmd_sweep, "perplexity": cmd_perplexity,
-                    "mlm": cmd_mlm, "rpe": cmd_rpe}
-        return commands[args.cmd](args)
+                    "mlm": cmd_mlm, "rpe": cmd_rpe, "doctor": cmd_doctor}
+        from core.mechanics import attention
+
+        args.budget_ = timing.Budget(getattr(args, "max_seconds", None))
+        with _sigint_taken():
+            try:
+                # every attention call of this thread's passes first asks the budget (an overrun stops at the next
+                # layer); without --max-seconds the check is a comparison with None
+                with attention.between_layers(args.budget_.check if args.budget_.seconds is not None else None):
+                    return commands[args.cmd](args)
+            except KeyboardInterrupt:
+                return _interrupted(args)
+            except timing.OutOfTime as err:
+                return _out_of_time(args, err)
+    except KeyboardInterrupt:  # before the command started (parsing, imports)
+        return _interrupted(None)
     except (UserError, ValueError) as err:
         return _fail(str(err))
     except OSError as err:  # disk full, permission, a vanished file

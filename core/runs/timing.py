@@ -221,3 +221,58 @@ def sweep_passes(
             add(train_length, at_train)
     # the longest length first: the sentence names it
     return sorted(((c, n) for n, c in out.items()), key=lambda t: -t[1])
+
+
+# -- a time budget: refused before it starts, stopped at the next layer when it runs over ------------------------
+
+#: The largest ``--max-seconds``: a week (a larger budget bounds nothing).
+MAX_BUDGET_S = 7 * 24 * 3600.0
+
+
+class OutOfTime(Exception):
+    """A pass went past its time budget and was stopped at the next layer (:meth:`Budget.check`)."""
+
+
+class Budget:
+    """A wall-clock budget of ``seconds`` for one command, counted from its making (``None``: no bound).
+
+    :meth:`refuse` turns an estimate over the budget into a :class:`~core.errors.UserError` before work starts;
+    :meth:`check` (what :func:`core.mechanics.attention.between_layers` calls before each attention call) raises
+    :class:`OutOfTime` once the budget is spent, so a pass that overruns stops at the next layer, its partial
+    results dropped. ``clock``: a monotonic clock (tests pass their own)."""
+
+    def __init__(self, seconds: float | None, option: str = "--max-seconds", clock=None):
+        import time
+
+        if seconds is not None and not (math.isfinite(seconds) and 0 < seconds <= MAX_BUDGET_S):
+            from core.errors import UserError
+
+            raise UserError(f"{option} must be a number of seconds above 0 and at most {MAX_BUDGET_S:,.0f} "
+                            f"(got {seconds!r})")
+        self.seconds = seconds
+        self.option = option
+        self._clock = clock or time.monotonic
+        self.t0 = self._clock()
+
+    def elapsed(self) -> float:
+        return self._clock() - self.t0
+
+    def left(self) -> float | None:
+        """Seconds still to spend (None: no bound)."""
+        return None if self.seconds is None else self.seconds - self.elapsed()
+
+    def refuse(self, estimate: float | None, what: str) -> None:
+        """A :class:`~core.errors.UserError` when ``estimate`` seconds of ``what`` do not fit what is left."""
+        left = self.left()
+        if left is None or estimate is None or estimate <= left:
+            return
+        from core.errors import UserError
+
+        raise UserError(f"{what} would take {describe(estimate)} here ({estimate:.0f} s), over {self.option} "
+                        f"{self.seconds:g} ({max(0.0, left):.0f} s left); raise {self.option} or ask for less")
+
+    def check(self) -> None:
+        """Raise :class:`OutOfTime` once the budget is spent (nothing without a bound)."""
+        if self.seconds is not None and self.elapsed() > self.seconds:
+            raise OutOfTime(f"{self.option} {self.seconds:g} reached after {self.elapsed():.1f} s; "
+                            "the pass under way was stopped at its next layer")
