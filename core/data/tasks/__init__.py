@@ -11,6 +11,10 @@ produce the fact. Five generated tasks:
 - ``multidoc``: multi-document QA in the "lost in the middle" layout.
 - ``code``: a Python file hiding ``def get_key(): return N``.
 
+and five RULER-style ones (``RULER_TASKS``, :mod:`core.data.tasks.ruler`):
+``multikey``, ``multivalue``, ``multiquery`` (several needles), ``vartrack``
+(a chain of k assignments) and ``commonwords`` (the most frequent words),
+
 and ``from_text`` for "your own text" (a pasted text, optionally with a needle).
 
 Why the generators look the way they do:
@@ -68,7 +72,7 @@ Everything callers use is re-exported here: ``from core import tasks`` and
 
 from __future__ import annotations
 
-from core.data.tasks.document import GENERATED, TASKS, Document
+from core.data.tasks.document import GENERATED, RULER_TASKS, TASKS, Document
 from core.data.tasks.filler import HAYSTACKS
 from core.data.tasks.generate import HAYSTACK_TASKS, make
 from core.data.tasks.layout import count_tokens
@@ -92,6 +96,7 @@ __all__ = [
     "Document",
     "Score",
     "TASKS",
+    "RULER_TASKS",
     "GENERATED",
     "LM",
     "CONTINUATION",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 class Document:
     """One encoder input with its gold answer and where the answer hides."""
 
-    task: str  # "passkey" | "line" | "topic" | "multidoc" | "code" | "text"
+    task: str  # "passkey" | "line" | "topic" | "multidoc" | "code" | a RULER task | "lm" | "text"
     text: str  # the FULL encoder input: context followed by the question (prompt)
     expected: str  # gold answer as the model should generate it, e.g. "48213"
     needle_span: tuple[int, int]  # [start, end) in `text` of the needle (sentence/line holding the answer)
@@ -29,8 +29,11 @@ class Document:
 
 
 TASKS: tuple[str, ...] = ("passkey", "line", "topic", "multidoc", "code")  # generated tasks; "text" is user text
-#: Every task ``make`` generates: the retrieval ``TASKS`` and language modelling ("lm", core.data.tasks.lm).
-GENERATED: tuple[str, ...] = TASKS + ("lm",)
+#: The RULER-style tasks (core.data.tasks.ruler, issue 48): several needles, a chain, word counts.
+RULER_TASKS: tuple[str, ...] = ("multikey", "multivalue", "multiquery", "vartrack", "commonwords")
+#: Every task ``make`` generates: the paper's retrieval ``TASKS``, the RULER-style ones and language modelling
+#: ("lm", core.data.tasks.lm).
+GENERATED: tuple[str, ...] = TASKS + RULER_TASKS + ("lm",)
 
 
 def _check_seed(seed: int) -> int:

@@ -23,6 +23,7 @@ from core.data.tasks.line import _line
 from core.data.tasks.lm import LM, make_lm
 from core.data.tasks.multidoc import _multidoc
 from core.data.tasks.passkey import _passkey
+from core.data.tasks import ruler
 from core.data.tasks.topic import _topic
 
 
@@ -33,7 +34,7 @@ _BUILDERS: dict[str, Callable[..., tuple[_Layout, dict]]] = {
     "multidoc": _multidoc,
     "code": _code,
 }
-HAYSTACK_TASKS = ("passkey", "topic", "multidoc")  # tasks whose filler can come from the corpus
+HAYSTACK_TASKS = ("passkey", "topic", "multidoc") + ruler.RULER_HAYSTACK  # tasks whose filler can come from the corpus
 
 
 def make(
@@ -73,9 +74,9 @@ def make(
     if task == LM:
         _check_depth(depth)
         return make_lm(tokenizer, tokens, seed=seed, haystack=haystack, **options)
-    if task not in _BUILDERS:
+    if task not in _BUILDERS and task not in ruler.RULER_TASKS:
         hint = " (use from_text for your own text)" if task == "text" else ""
-        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}{hint}")
+        raise ValueError(f"unknown task {task!r}; expected one of {TASKS + ruler.RULER_TASKS}{hint}")
     depth = _check_depth(depth)
     _check_haystack(haystack)
     if isinstance(tokens, bool):
@@ -90,10 +91,15 @@ def make(
     used_haystack = haystack if task in HAYSTACK_TASKS else "default"
     rng = random.Random(f"{task}:{seed}")
     opts = dict(options)
-    layout, info = _BUILDERS[task](tokenizer, rng, used_haystack, seed, opts)
-    if opts:
-        raise ValueError(f"unknown option(s) for task {task!r}: {sorted(opts)}")
-    draft, count = _fit_layout(layout, tokenizer, tokens, depth, task)
+    if task in ruler.RULER_TASKS:  # several needles: the RULER module sizes its own layouts
+        draft, count, info = ruler.build(task, tokenizer, tokens, depth, seed, used_haystack, opts)
+        if opts:
+            raise ValueError(f"unknown option(s) for task {task!r}: {sorted(opts)}")
+    else:
+        layout, info = _BUILDERS[task](tokenizer, rng, used_haystack, seed, opts)
+        if opts:
+            raise ValueError(f"unknown option(s) for task {task!r}: {sorted(opts)}")
+        draft, count = _fit_layout(layout, tokenizer, tokens, depth, task)
     expected = info.pop("expected")
     meta: dict[str, Any] = {
         "tokens": count,

@@ -14,7 +14,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from core.data.tasks.document import TASKS, Document
+from core.data.tasks.document import RULER_TASKS, TASKS, Document
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,25 @@ def _score_text(answer: str, expected: str) -> Score:
     return Score(_contains(words, normalize_answer(expected)), " ".join(words))
 
 
+def _score_all_ints(answer: str, expected: str) -> Score:
+    """Every number of the gold list (``"12345, 67890"``) among the answer's integers, in any order (RULER's
+    multi-value / multi-query scorer counts the share found; here a document is right only with all of them)."""
+    found = _INT.findall(answer)
+    if not found:
+        return Score(False, None)
+    want = {int(x) for x in _INT.findall(expected)}
+    return Score(bool(want) and want <= {int(x) for x in found}, ", ".join(found))
+
+
+def _score_all_words(answer: str, expected: str) -> Score:
+    """Every word of the gold list (``"otter, misty, crane"``) among the answer's normalised words, in any order."""
+    words = normalize_answer(answer)
+    if not words:
+        return Score(False, None)
+    want = set(normalize_answer(expected))
+    return Score(bool(want) and want <= set(words), " ".join(words))
+
+
 LINE_ANSWERS: tuple[str, ...] = ("number", "label")
 # Answer length limit for generation (engine, batch runs, CLI, saved models):
 # the longest target, a labelled line answer "line quiet-moon: 12345", is 13
@@ -101,7 +120,9 @@ def score(task: str, answer: str, expected: str) -> Score:
     convention; the answer may repeat the line index text first). topic,
     multidoc: the normalised gold answer must appear as a word sequence in the
     normalised answer. text: integer rule when the gold answer is a number,
-    else the containment rule.
+    else the containment rule. RULER-style tasks: multikey and vartrack the
+    first integer; multivalue and multiquery every gold number among the
+    answer's integers; commonwords every gold word among its words (any order).
     """
     if task in ("passkey", "code"):
         return _score_int(answer, expected, last=False)
@@ -109,8 +130,14 @@ def score(task: str, answer: str, expected: str) -> Score:
         return _score_int(answer, expected, last=True)
     if task in ("topic", "multidoc"):
         return _score_text(answer, expected)
+    if task in ("multikey", "vartrack"):
+        return _score_int(answer, expected, last=False)
+    if task in ("multivalue", "multiquery"):
+        return _score_all_ints(answer, expected)
+    if task == "commonwords":
+        return _score_all_words(answer, expected)
     if task == "text":
         if re.fullmatch(r"\s*\d+\s*", expected or ""):
             return _score_int(answer, expected, last=False)
         return _score_text(answer, expected)
-    raise ValueError(f"unknown task {task!r}; expected one of {TASKS + ('text',)}")
+    raise ValueError(f"unknown task {task!r}; expected one of {TASKS + RULER_TASKS + ('text',)}")
