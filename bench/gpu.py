@@ -2,6 +2,7 @@
 
     python bench/gpu.py                                   # CUDA, bfloat16, 15,000 tokens (needs a GPU)
     python bench/gpu.py --shape tiny --length 2048 --device cpu   # the same code path, on any machine
+    python bench/gpu.py --length 32768 --steps no-probes --grid   # + the scrubber's 15-frame grid (issue 49, point 6)
 
 Why: the app and the CLI promise a GPU path (CUDA + bfloat16, T5 overflows in
 float16) that no CI machine has; this is its check. One process builds a
@@ -16,7 +17,15 @@ the same ids, best of ``--repeats``:
 * ``probes-stats``: our attention with stats-only probes (batch runs, sweeps),
 * ``probes-full``:  every probe of a view, question profile included,
 * ``app-run``:      :func:`core.runs.engine.run`, what one tau move in the app costs:
-                    tokenise, encoder with every probe, greedy answer.
+                    tokenise, encoder with every probe, greedy answer;
+* ``grid`` (``--grid``): what the app computes when a document is shown, through the code it
+                    uses, without Streamlit: the scrubber's grid, 15 passes of
+                    :func:`core.runs.engine.run` (tau 1.00, 0.95, ..., 0.30 in
+                    :func:`core.views.frames.grid_order`'s order, the Explore page's probes:
+                    :data:`GRID_PROBES`, answer included), the L_tr reference pass, and
+                    :func:`core.views.frames.payload` of the 15 frames (the bytes the browser gets).
+                    Timed once (no repeats: at 32k it is minutes on a CPU); its parts are
+                    each pass's seconds, the reference's and the payload's.
 
 Peak memory is the device allocator's high-water mark during each step
 (``torch.cuda.max_memory_allocated``; on the CPU the process's peak RSS,
@@ -43,6 +52,44 @@ SHAPES = {
     "tiny": dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=1, num_heads=4),
 }
 STEPS = ("sdpa", "no-probes", "probes-stats", "probes-full", "app-run")
+
+
+def grid_probes(layer: int):
+    """What the Explore page's passes record (``ui.cache.explore_probes(layer, None)``, the page's default head
+    mean): stats, one pooled 256 x 256 map of ``layer``, the question profile, the answer's cross-attention.
+    Written out here so this script needs no Streamlit; tests/test_foreground_bench.py checks it is the app's."""
+    from core.mechanics.probes import ProbeSpec
+
+    return ProbeSpec(heatmap_layer=int(layer), heatmap_head=None, heatmap_size=256, sorted_logits=False,
+                     cosine_hist_bins=0, names=("cross.*.map", "cross.*.profile"))
+
+
+def grid(loaded, doc, enc) -> dict:
+    """The scrubber's grid of ``doc`` as the app builds it (:mod:`ui.prefetch`'s passes, ``ui/scrubber.py``'s
+    payload): 15 passes, the L_tr reference, the payload. Returns the parts' seconds and the payload's bytes."""
+    from core.mechanics.probes import ProbeSpec
+    from core.runs import calibration, engine, methods
+    from core.views import frames
+
+    probes = grid_probes(loaded.n_layers - 1)  # the page's default map: the last layer
+    passes: dict[float, object] = {}
+    seconds: dict[str, float] = {}
+    for tau in frames.grid_order(1.0):
+        t = time.perf_counter()
+        settings = engine.RunSettings(tau=tau, method=methods.FIXED, targets=("encoder",), probes=probes)
+        passes[tau] = engine.run(loaded, doc, settings, encoded=enc)
+        seconds[f"{tau:.2f}"] = round(time.perf_counter() - t, 4)
+    t = time.perf_counter()
+    ref_doc = calibration.reference_document(loaded, doc)
+    ref = engine.run(loaded, ref_doc, engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, generate=False,
+                                                         probes=ProbeSpec(heatmap=False, sorted_logits=True,
+                                                                          cosine_hist_bins=0)))
+    seconds["reference"] = round(time.perf_counter() - t, 4)
+    t = time.perf_counter()
+    data = frames.payload(passes[1.0], ref, passes, None, doc.text, frames.ViewSpec(), grid_taus=frames.SCRUB_GRID)
+    seconds["payload"] = round(time.perf_counter() - t, 4)
+    return {"frames": len(passes), "passes_s": round(sum(v for k, v in seconds.items() if k[0].isdigit()), 4),
+            "payload_bytes": len(data), "seconds": seconds, "answer_at_1": passes[1.0].answer[:40]}
 
 
 def build(shape: str, device, dtype):
@@ -81,7 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--steps", default=",".join(STEPS), help="comma list of steps ('' for none)")
+    ap.add_argument("--grid", action="store_true",
+                    help="also build the scrubber's 15-frame grid as the app does (timed once)")
     ap.add_argument("--json", type=Path, help="save every number here")
     a = ap.parse_args(argv)
 
@@ -143,7 +192,9 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         parts: dict = {}
         with torch.inference_mode():
-            if step == "app-run":
+            if step == "grid":
+                parts = grid(loaded, doc, enc)
+            elif step == "app-run":
                 res = engine.run(loaded, doc, engine.RunSettings(tau=0.7), encoded=enc)
                 parts = {k: round(float(v), 4) for k, v in res.seconds.items()}
                 parts["answer"] = res.answer[:40]
@@ -152,15 +203,20 @@ def main(argv=None) -> int:
         sync()
         return time.perf_counter() - t, memory.peak_bytes(device), parts
 
-    steps = [s for s in a.steps.split(",") if s]
+    steps = [s for s in a.steps.split(",") if s] + (["grid"] if a.grid else [])
+    unknown = set(steps) - set(STEPS) - {"grid"}
+    if unknown:
+        ap.exit(2, f"error: unknown step(s) {', '.join(sorted(unknown))}; choose from {', '.join(STEPS)} (and --grid)\n")
     with torch.inference_mode():  # warm-up: kernels, allocator, lazy imports
         for s in steps:
-            if s != "app-run":
+            if s not in ("app-run", "grid"):
                 encoder_pass(s, ids[:, :512], mask[:, :512])
+        if "grid" in steps and "no-probes" not in steps:
+            encoder_pass("no-probes", ids[:, :512], mask[:, :512])
     rows = []
     for s in steps:
         try:
-            runs = [one(s) for _ in range(a.repeats)]
+            runs = [one(s) for _ in range(1 if s == "grid" else a.repeats)]
         except torch.OutOfMemoryError as err:
             rows.append({"step": s, "error": f"out of memory: {str(err).splitlines()[0][:120]}"})
             print(f"  {s:>13}: out of memory", flush=True)
@@ -168,7 +224,8 @@ def main(argv=None) -> int:
         best = min(runs, key=lambda r: r[0])
         rows.append({"step": s, "seconds": best[0], "all": [r[0] for r in runs], "peak": max(r[1] for r in runs),
                      "parts": best[2]})
-        print(f"  {s:>13}: {best[0]:.3f}s, peak {rows[-1]['peak'] / 2**30:.2f} GiB {best[2] or ''}", flush=True)
+        shown = {k: v for k, v in best[2].items() if k != "seconds"} if s == "grid" else best[2]
+        print(f"  {s:>13}: {best[0]:.3f}s, peak {rows[-1]['peak'] / 2**30:.2f} GiB {shown or ''}", flush=True)
 
     base = next((r["seconds"] for r in rows if r["step"] == "sdpa" and "seconds" in r), None)
     print(f"\n{a.shape} ({loaded.n_layers} encoder layers x {loaded.n_heads} heads), {enc.n:,} tokens, {dtype}, "
