@@ -134,6 +134,22 @@ def test_critical_gamma_is_settable_through_the_registry(tiny, doc):
         methods.resolve(tiny, doc, name, params={"beta": 0.2})
 
 
+def test_every_closed_form_answers_the_four_argument_call():
+    """Other modules call an entry's formula as (L_tr, L, d_kv, stats) (bench/results.py's InfoScale lookup): a form
+    with a parameter must take its default there."""
+    for name in methods.FORMULAS:
+        m = methods.get(name)
+        if not m.stats:
+            assert m.formula(256, 2048, 32, None) == pytest.approx(methods.formula(name, 256, 2048, 32)), name
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import bench.results as br
+
+    assert methods.get(br.infoscale_method()).formula(256, 2048, 32, None) == temperature.infoscale(256, 2048, 32)
+
+
 # -- adaptive temperature -------------------------------------------------------------------------------------------
 
 def _poly(h: float) -> float:

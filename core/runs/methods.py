@@ -306,7 +306,8 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            "this encoder), tau = 1 / (gamma ln L). gamma defaults to 1 / ln L_tr (tau = 1 at L_tr; then it equals "
            "log-length above L_tr, and softens below it); library callers set it (params={'gamma': ...}).",
            measured=False, length_dependent=True, resolve=_closed("critical"),
-           formula=lambda lt, n, d, stats, gamma: temperature.critical(n, gamma),
+           formula=lambda lt, n, d, stats, gamma=None: temperature.critical(
+               n, temperature.critical_gamma(lt) if gamma is None else gamma),
            param=Param("gamma", "beta_n = gamma ln n; 1 / ln L_tr keeps tau = 1 at L_tr",
                        temperature.critical_gamma, temperature.GAMMA_MIN, temperature.GAMMA_MAX)),
     Method("pmax", "Algorithm 1, Pmax", "Alg. 1 Pmax",
