@@ -29,7 +29,8 @@ MKL's and oneDNN's matmuls (``MKL_ENABLE_INSTRUCTIONS``, ``ONEDNN_MAX_CPU_ISA``)
 (its clock and caches aside).
 
 Each line: seconds (encoder pass, best of the repeats after an untimed warm-up), ratio to the floor and
-to sdpa at the same L, the process's peak resident memory (``ru_maxrss``) and its growth over the
+to sdpa at the same L, the same in the process's CPU seconds (all threads; on a busy machine the wall
+time counts other processes' work, the CPU time far less of it, so its ratio is the steadier one), the process's peak resident memory (``ru_maxrss``) and its growth over the
 footprint before the timed pass. The machine line states the CPU, its load before and after.
 """
 
@@ -117,12 +118,16 @@ def _document(loaded, n: int):
     return engine.encode(loaded, doc)
 
 
-def _timed(fn, reps: int) -> list[float]:
+def _timed(fn, reps: int, cpu: list[float] | None = None) -> list[float]:
+    """Wall seconds of ``reps`` calls; the process's CPU seconds of each appended to ``cpu`` if given (all
+    threads: on a busy machine the wall time counts the others' work too, the CPU time much less of it)."""
     out = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         out.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append(time.process_time() - c0)
     return out
 
 
@@ -147,14 +152,19 @@ def floor_child(length: int, reps: int) -> dict:
     x = torch.randn(length, dm, generator=g)
     w_in, w_out = torch.randn(dff, dm, generator=g), torch.randn(dm, dff, generator=g)
 
-    def best(fn, n: int) -> float:
-        fn()
-        return min(_timed(lambda: [fn() for _ in range(n)], 3)) / n
+    cpu_parts: dict[str, float] = {}
 
-    t_qk = best(lambda: torch.matmul(q, kT, out=s), 20)
-    t_pv = best(lambda: torch.matmul(e, v), 20)
-    t_exp = best(lambda: torch.exp(e, out=e_out), 20)
-    t_lin = best(lambda: torch.nn.functional.linear(torch.nn.functional.linear(x, w_in), w_out), 5)
+    def best(name: str, fn, n: int) -> float:
+        fn()
+        cpu: list[float] = []
+        wall = min(_timed(lambda: [fn() for _ in range(n)], 3, cpu)) / n
+        cpu_parts[name] = min(cpu) / n
+        return wall
+
+    t_qk = best("qk", lambda: torch.matmul(q, kT, out=s), 20)
+    t_pv = best("pv", lambda: torch.matmul(e, v), 20)
+    t_exp = best("exp", lambda: torch.exp(e, out=e_out), 20)
+    t_lin = best("linear", lambda: torch.nn.functional.linear(torch.nn.functional.linear(x, w_in), w_out), 5)
     scores = layers * H * length * length
     per_block = H * rows * length
     rate_qk = 2 * d * per_block / t_qk
@@ -166,7 +176,12 @@ def floor_child(length: int, reps: int) -> dict:
     lin_flops = layers * length * 2 * (4 * dm * H * d + gated * dm * dff)
     parts = {"qk": 2 * d * scores / rate_qk, "pv": 2 * d * scores / rate_pv, "exp": scores / rate_exp,
              "linear": lin_flops / rate_lin}
-    return {"variant": "floor", "length": length, "seconds": sum(parts.values()), "parts": parts,
+    # the same sums in CPU seconds: each part's count over its CPU-time rate
+    scale = {"qk": scores / per_block, "pv": scores / per_block, "exp": scores / per_block,
+             "linear": lin_flops / (4 * length * dm * dff)}
+    cpu_seconds = sum(cpu_parts[k] * scale[k] for k in scale)
+    return {"variant": "floor", "length": length, "seconds": sum(parts.values()), "cpu_seconds": cpu_seconds,
+            "parts": parts,
             "rates": {"qk_gflops": rate_qk / 1e9, "pv_gflops": rate_pv / 1e9, "exp_g_per_s": rate_exp / 1e9,
                       "linear_gflops": rate_lin / 1e9},
             "threads": torch.get_num_threads(), "rss_before": rss_now(), "rss_peak": max_rss()}
@@ -205,8 +220,10 @@ def pass_child(variant: str, length: int, reps: int) -> dict:
 
     one(ids[:, :256])  # warm-up: allocator, kernel library, lazy imports
     before = rss_now()
-    times = _timed(lambda: one(ids), reps)
-    return {"variant": variant, "length": length, "seconds": min(times), "all": times, "rss_before": before,
+    cpu: list[float] = []
+    times = _timed(lambda: one(ids), reps, cpu)
+    return {"variant": variant, "length": length, "seconds": min(times), "all": times, "cpu_seconds": min(cpu),
+            "rss_before": before,
             "rss_peak": max_rss(), "threads": torch.get_num_threads()}
 
 
@@ -274,7 +291,8 @@ def main(argv=None) -> int:
             rt = r["rates"]
             print(f"  rates at L={r['length']}: q.k {rt['qk_gflops']:.0f} GFLOP/s, p.v {rt['pv_gflops']:.0f} GFLOP/s, "
                   f"exp {rt['exp_g_per_s']:.2f} G/s, linear {rt['linear_gflops']:.0f} GFLOP/s")
-    print(f"{'L':>6} {'variant':>7} {'seconds':>9} {'x floor':>8} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}")
+    print(f"{'L':>6} {'variant':>7} {'seconds':>9} {'x floor':>8} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}"
+          f" {'cpu s':>8} {'cpu x floor':>11}")
     for n in lengths:
         at = {r["variant"]: r for r in rows if r["length"] == n and "error" not in r}
         for r in (r for r in rows if r["length"] == n):
@@ -285,7 +303,11 @@ def main(argv=None) -> int:
             sd = f"{r['seconds'] / at['sdpa']['seconds']:.2f}" if "sdpa" in at else "-"
             grow = (r["rss_peak"] - r["rss_before"]) / 2**30 if r["variant"] != "floor" else 0.0
             peak = f"{r['rss_peak'] / 2**30:.2f}" if r["variant"] != "floor" else "-"
-            print(f"{n:>6} {r['variant']:>7} {r['seconds']:>9.3f} {fl:>8} {sd:>7} {peak:>9} {grow:>6.2f}")
+            cs = r.get("cpu_seconds")
+            cfl = (f"{cs / at['floor']['cpu_seconds']:.2f}" if cs is not None and "floor" in at
+                   and at["floor"].get("cpu_seconds") else "-")
+            print(f"{n:>6} {r['variant']:>7} {r['seconds']:>9.3f} {fl:>8} {sd:>7} {peak:>9} {grow:>6.2f}"
+                  f" {'-' if cs is None else f'{cs:.2f}':>8} {cfl:>11}")
     if args.json:
         args.json.write_text(json.dumps({"machine": header, "rows": rows}, indent=1))
     return 0
