@@ -1,7 +1,8 @@
 """What a person at the browser waits for: the app timed in headless Chromium, from the input to the paint.
 
     python bench/browser_latency.py [--model NAME|FOLDER] [--repeats 3] [--cold-repeats N] [--multiple 8] [--json]
-                                    [--skip cold,scrub,drag,offgrid,calibrate,theory,backend] [--screenshot DIR]
+                                    [--skip cold,scrub,drag,offgrid,calibrate,theory,backend,foreground]
+                                    [--foreground-multiple 16] [--screenshot DIR]
                                     [--scrub-gap 0.3] [--drag-steps 60] [--drag-seconds 1] [--timeout 300]
 
 Why: ``bench/app_latency.py`` times only the backend, and issue 24 saw a tau
@@ -50,6 +51,20 @@ them in the browser on each slider event, issue 41):
     -> ``calibrate_page_s``; a new document seed per repeat;
 (g) the Theory page, from the click in the navigation until its figures are
     painted -> ``theory_s`` (a new seed per repeat as well);
+(h) a person before the background (issue 49): a new tab opens a pass key
+    document of ``--foreground-multiple`` x L_tr tokens by its link (64 x:
+    16,384 tokens on the default model), whose grid the background thread
+    then computes; as soon as a grid frame arrives (a background pass just
+    ended, the next one has just begun), one ArrowLeft moves off the grid:
+    from the keydown to the exact frame painted -> ``foreground_exact_s``,
+    and whether a grid frame arrived before it (``foreground_went_first``:
+    the scrubber's ``data-ready`` with the exact frame is what it was at the
+    key press, so the person's pass did not wait for the background pass);
+    then, in this process with the server stopped, the same exact pass alone
+    (``foreground_own_s``) and its longest stretch between two attention calls
+    (``foreground_layer_s``, one layer), and ``foreground_over_own_layer`` =
+    ``foreground_exact_s / (foreground_own_s + foreground_layer_s)``: at most
+    about 1 when the person waits for a layer, not the background pass;
 and then, in this process with the server stopped, the backend share: the
 same document's grid (15 passes, ``backend_grid_s``) and, for each off-grid
 tau of (d), its exact pass plus the payload the rerun sends
@@ -117,11 +132,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # core and ui, also without an installed package
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1400, "height": 1000}
-SKIPPABLE = ("cold", "scrub", "drag", "offgrid", "calibrate", "theory", "backend")
+SKIPPABLE = ("cold", "scrub", "drag", "offgrid", "calibrate", "theory", "backend", "foreground")
 SLIDER = ".aae input[type=range]"  # Playwright's CSS engine pierces the component's open shadow root
 GRID_N = 15  # 1.00, 0.95, ..., 0.30 (core.views.frames.SCRUB_GRID)
 #: (measure, limit, unit, at most?) of issues 41 and 24.
@@ -130,7 +146,7 @@ TARGETS = (("scrub_s", 0.05, "s", True), ("scrub_p95_s", 0.15, "s", True), ("scr
            ("landing_s", 3.0, "s", True), ("calibrate_s", 3.0, "s", True))
 ORDER = ("landing_cold_s", "landing_first", "landing_s", "landing_page_s", "length_change_s", "grid_ready_s", "scrub_s",
          "nearest_frame_s", "exact_frame_s", "calibrate_s", "calibrate_page_s", "theory_s", "backend_s",
-         "backend_payload_s", "backend_grid_s")
+         "backend_payload_s", "backend_grid_s", "foreground_exact_s", "foreground_own_s", "foreground_layer_s")
 TOKENS_RE = r"(\d[\d,]*) tokens"
 
 # Runs in every page before Streamlit's code: the clock marks, a websocket tap and the scrubber's paint log.
@@ -809,6 +825,81 @@ def theory(browser: Browser, page, repeats: int, results: Results) -> None:
         browser.timed(page, nav_link(page, "theory").click, Marker("h1", r"Theory", min_charts=1), "theory_s", results)
 
 
+#: The scrubber's data-ready once it differs from ``k`` ("3/15"), else false; an error shown in the page.
+READY_JS = r"""
+([k]) => {
+  const A = window.__aae, r = A.watch();
+  const err = document.querySelector('[data-testid="stException"], [data-testid="stAlertContentError"]');
+  if (err) return {error: err.innerText.slice(0, 400)};
+  if (!r) return false;
+  const s = A.snap(r);
+  return s.ready && s.ready !== k ? s.ready : false;
+}
+"""
+
+
+def foreground(browser: Browser, url: str, tokens: int, seed: int, repeats: int, results: Results) -> dict:
+    """(h) Off-grid moves while a long document's grid computes, each as soon as a grid frame arrived."""
+    import urllib.parse
+
+    page = browser.session()
+    q = {"task": "passkey", "tokens": tokens, "depth": 50, "seed": seed, "method": "fixed", "tau": "1.0"}
+    page.goto(f"{url}/?{urllib.parse.urlencode(q)}")
+    browser.wait_paint(page, {"tau": "1.00", "kind": "grid", "tokens": tokens}, or_now=True)
+    taus, ready_pairs = [], []
+    for _ in range(repeats):
+        ready = browser._wait(page, READY_JS, [scrubber_state(page)["ready"]], "a grid frame to arrive")
+        if int(ready.split("/")[0]) >= GRID_N - 1:
+            results.notes["foreground_cut"] = f"the grid was almost complete ({ready}): fewer repeats"
+            break
+        v = round(float(scrubber_state(page)["tau"]) - 0.01, 2)
+        focus_slider(page)
+        browser.arm(page)
+        bytes0, cpu0 = browser.ws_bytes, cpu_split(browser.server_pid)
+        page.keyboard.press("ArrowLeft")
+        exact = browser.wait_paint(page, {"tau": f"{v:.2f}", "kind": "exact"})
+        a = page.evaluate("() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
+                          "frames: A.frames, finished: A.finished, marks: {}}; }")
+        results.add("foreground_exact_s", browser._timing(page, a, exact["painted"], cpu0, bytes0))
+        ready_pairs.append((ready, exact["ready"]))
+        taus.append(v)
+        browser.shot(page, "foreground_exact_s", results)
+    results.notes["foreground_ready"] = ready_pairs  # (at the key press, with the exact frame)
+    results.notes["foreground_went_first"] = [a == b for a, b in ready_pairs]
+    page.context.close()
+    return {"foreground_tokens": tokens, "foreground_seed": seed, "foreground_taus": taus}
+
+
+def foreground_backend(model: str, tokens: int, seed: int, taus: list[float], results: Results) -> None:
+    """(h)'s exact passes alone, in this process: their seconds and their longest stretch between attention calls."""
+    import logging
+
+    from streamlit.runtime.scriptrunner_utils import script_run_context
+
+    logging.getLogger(script_run_context.__name__).setLevel(logging.ERROR)
+    from core.mechanics.attention import between_layers
+    from core.runs import engine, methods
+    from core.runs.settings import DocumentRequest
+    from ui import cache
+
+    loaded = cache.model(model)
+    probes = cache.explore_probes(loaded.n_layers - 1, None)  # the page's default: last layer, head mean
+    short = DocumentRequest(task="passkey", tokens=2 * loaded.train_length, depth=0.5, seed=seed)
+    engine.run(loaded, cache.document(loaded, short), engine.RunSettings(tau=0.99, probes=probes))  # warm
+    doc = cache.document(loaded, DocumentRequest(task="passkey", tokens=tokens, depth=0.5, seed=seed))
+    for tau in taus:
+        settings = engine.RunSettings(tau=tau, method=methods.FIXED, targets=("encoder",), cosine_scale=None,
+                                      probes=probes)
+        stamps: list[float] = []
+        with between_layers(lambda: stamps.append(time.perf_counter())):
+            t0 = time.perf_counter()
+            engine.run(loaded, doc, settings)
+            t1 = time.perf_counter()
+        marks = [t0, *stamps, t1]
+        results.add("foreground_own_s", Timing(t1 - t0, None, None, None, 0, 0))
+        results.add("foreground_layer_s", Timing(max(b - a for a, b in zip(marks, marks[1:])), None, None, None, 0, 0))
+
+
 def browser_part(args: argparse.Namespace, results: Results) -> dict:
     from playwright.sync_api import sync_playwright
 
@@ -846,6 +937,9 @@ def browser_part(args: argparse.Namespace, results: Results) -> dict:
                 if "theory" not in args.skip:
                     theory(browser, page, args.repeats, results)
                 page.context.close()
+                if "foreground" not in args.skip:
+                    tokens = args.foreground_multiple * info["tokens_1x"]
+                    info.update(foreground(browser, srv.url, tokens, 3000, args.repeats, results))
         finally:
             browser.close()
     return info
@@ -954,13 +1048,16 @@ def summary(results: Results, info: dict, args: argparse.Namespace, mach: dict) 
     out["browser_over_backend"] = _ratio(out["exact_frame_s"], out["backend_s"])
     out["grid_over_backend"] = _ratio(out["grid_ready_s"], out["backend_grid_s"])
     out["warm_over_cold"] = _ratio(out["landing_s"], out["landing_cold_s"])
+    own_layer = (out["foreground_own_s"] + out["foreground_layer_s"]) if out["foreground_own_s"] is not None else None
+    out["foreground_over_own_layer"] = _ratio(out["foreground_exact_s"], own_layer)
     out["targets"] = {name: {"limit": lim, "at_most": at_most, "value": out.get(name),
                              "met": None if out.get(name) is None else bool(out[name] <= lim if at_most else out[name] >= lim)}
                       for name, lim, _, at_most in TARGETS}
     out.update(model=args.model_name, tokens=info.get("tokens"), tokens_landing=info.get("tokens_1x"),
                multiple=args.multiple, seed=info.get("seed"), repeats=args.repeats, scrub_gap_s=args.scrub_gap,
                drag_steps=args.drag_steps, drag_seconds=args.drag_seconds, fresh_taus=info.get("fresh_taus"),
-               scrub_distinct=info.get("scrub_distinct"), explore_charts=info.get("explore_charts"), machine=mach,
+               scrub_distinct=info.get("scrub_distinct"), foreground_tokens=info.get("foreground_tokens"),
+               explore_charts=info.get("explore_charts"), machine=mach,
                details=detail, notes=results.notes, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     return out
 
@@ -1021,6 +1118,12 @@ def print_table(s: dict) -> None:
         print(f"  backend, in this process: exact pass + payload {s['backend_s']:.3f} s (encoder {_f(enc)} s, payload "
               f"{_f(s['backend_payload_s'])} s, {s['notes'].get('payload_bytes') or 0:,} bytes); the document's base, "
               f"reference and grid {_f(s['backend_grid_s'], 2)} s")
+    if s["foreground_exact_s"] is not None:
+        print(f"  foreground during the grid ({s['foreground_tokens'] or 0:,} tokens): exact frame "
+              f"{s['foreground_exact_s']:.2f} s after the key; that pass alone {_f(s['foreground_own_s'], 2)} s, one "
+              f"layer {_f(s['foreground_layer_s'], 2)} s: exact / (own + layer) = {_f(s['foreground_over_own_layer'], 2)}; "
+              f"the person went before the background pass: {s['notes'].get('foreground_went_first')} "
+              f"(data-ready at the key, with the exact frame: {s['notes'].get('foreground_ready')})")
     print(f"  ratios: exact frame / backend = {_f(s['browser_over_backend'], 2)}; grid ready / backend grid = "
           f"{_f(s['grid_over_backend'], 2)}; warm / cold landing = {_f(s['warm_over_cold'], 2)}")
     print()
@@ -1049,6 +1152,8 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise BenchError("--repeats must be at most 14 (one off-grid move below each grid value but the last)")
     if args.multiple not in (2, 4, 8, 16):
         raise BenchError("--multiple must be one of the app's length buttons: 2, 4, 8, 16")
+    if args.foreground_multiple < 2:
+        raise BenchError("--foreground-multiple must be >= 2")
     if args.scrub_gap < 0 or args.drag_steps < 2 or args.drag_seconds <= 0:
         raise BenchError("--scrub-gap must be >= 0, --drag-steps >= 2 and --drag-seconds > 0")
     from core.errors import UserError
@@ -1083,6 +1188,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "sent after a 200 ms pause, reaches the server while the next steps are drawn)")
     p.add_argument("--drag-steps", type=int, default=60, help="mouse moves of one drag across the slider (default 60)")
     p.add_argument("--drag-seconds", type=float, default=1.0, help="how long one drag across the slider takes (default 1)")
+    p.add_argument("--foreground-multiple", type=int, default=16, metavar="N",
+                   help="(h): the document whose grid computes while a person moves off the grid, in multiples of "
+                        "L_tr (default 16; 64 = 16,384 tokens on the default model)")
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for any one state (default 300)")
     a = p.parse_args(argv)
     a.skip = [s.strip() for s in a.skip.split(",") if s.strip()]
@@ -1120,6 +1228,9 @@ def main(argv: list[str] | None = None) -> int:
         info = browser_part(args, results)
         if "backend" not in args.skip and info.get("fresh_taus"):
             backend_part(args.model_name, args.multiple, info["seed"], info["fresh_taus"], results)
+        if info.get("foreground_taus"):
+            foreground_backend(args.model_name, info["foreground_tokens"], info["foreground_seed"],
+                               info["foreground_taus"], results)
         mach["load_after"] = os.getloadavg()
     except BenchError as err:
         print(f"browser_latency: {err}", file=sys.stderr)

@@ -13,7 +13,8 @@ Two layers:
   read-only.
 
 Passes a person waits for go through :mod:`ui.pass_gate` (one pass at a time
-in the process). The functions here work without a Streamlit runtime too
+in the process; a background grid pass under way pauses at its next layer for
+them). The functions here work without a Streamlit runtime too
 (``bench/app_latency.py`` calls them directly). The background grid
 (:mod:`ui.prefetch`) builds on this module; this module never calls it.
 
@@ -154,6 +155,10 @@ def _run_key(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings) ->
             settings.generate)
 
 
+#: Seconds a person's pass waits at most for the background pass that is making that very pass (then it runs its own).
+BACKGROUND_WAIT_S = 600.0
+
+
 def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings, guarded: bool = True) -> engine.Result:
     key = _run_key(loaded, doc_key, settings)
     # Refuse a too-long input first, also on a cache hit (free memory changes); the message is the engine's own.
@@ -162,6 +167,8 @@ def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSetting
     n = n or len(loaded.tokenizer(doc.text).input_ids)
     engine.check_length(loaded, int(n))
     res = stores()["run"].peek(key)
+    if res is MISSING and guarded and gate().wait_for_background(key, BACKGROUND_WAIT_S):
+        res = stores()["run"].peek(key)  # the background pass under way was this very one: its rest, not a new pass
     if res is MISSING:
         def compute() -> engine.Result:
             return engine.run(loaded, doc, settings, encoded=encoded(loaded, doc_key, doc))
@@ -171,6 +178,11 @@ def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSetting
             res = stores()["run"].get(key, compute)
         _note_stats(loaded, doc_key, settings, res)
     return res if res.method == settings.choice.method else replace(res, method=settings.choice.method)
+
+
+def run_key(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> tuple:
+    """The run store's key of the request's pass under ``settings`` (what :func:`run` looks up)."""
+    return _run_key(loaded, req, settings)
 
 
 def has_run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> bool:

@@ -5,6 +5,13 @@ and may together need more memory than the free-memory check allowed for
 one; the gate is the app's memory budget. It knows nothing of what a pass
 computes, so :mod:`ui.cache`, :mod:`ui.prefetch` and the views all take it
 from here.
+
+A person goes first: foreground work waits for at most the layer under way of
+a background pass, which gives way between two layers (:meth:`PassGate.give_way`,
+called from :func:`core.mechanics.attention.between_layers` by
+:mod:`ui.prefetch`). A paused background pass keeps its state between layers
+beside the person's pass; :mod:`ui.prefetch` pauses only while that state is
+small next to free memory, and abandons the pass at the layer otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterator
 
 import streamlit as st
 
@@ -65,6 +72,7 @@ class PassGate:
         self.paused_s = 0.0
         self.last_wait_s = 0.0  # how long the last foreground work (outermost) waited for the gate
         self._depth = threading.local()
+        self._making: Hashable | None = None  # what the background pass under way makes (its run store key)
 
     @property
     def busy(self) -> bool:
@@ -121,6 +129,35 @@ class PassGate:
             self._lock.release()
             return False
         self._holder = threading.get_ident()
+        return True
+
+    @contextlib.contextmanager
+    def making(self, key: Hashable) -> Iterator[None]:
+        """The background pass in this block makes ``key`` (what :meth:`wait_for_background` waits on)."""
+        with self._cond:
+            self._making = key
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._making = None
+                self._cond.notify_all()
+
+    def wait_for_background(self, key: Hashable, timeout: float) -> bool:
+        """If the background pass under way makes ``key``, wait (at most ``timeout`` s) until it is over, without
+        asking it to give way; True if it was making it. Why: a person who scrubs onto the grid frame being computed
+        needs the rest of that pass, not a pause and a whole new pass of the same thing."""
+        if getattr(self._depth, "n", 0):
+            return False  # this thread holds the gate: the background pass is paused for it, and would never end
+        end = time.monotonic() + timeout
+        with self._cond:
+            if self._making != key:
+                return False
+            while self._making == key:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
         return True
 
     def release_background(self) -> None:

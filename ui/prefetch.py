@@ -26,7 +26,8 @@ way stops at its next layer). Passes go through
 way to a person's pass: it pauses, the person's pass runs, and it resumes
 where it stopped. So a person's own pass (a page, Calibrate, a paste, an
 off-grid frame) waits for at most the layer under way, not a whole
-background pass (issue 49: at 16,384 tokens a pass takes ~20 s here, one
+background pass (and a person who wants the very pass under way, a grid
+frame still coming, waits for its rest instead: :meth:`ui.pass_gate.PassGate.wait_for_background`) (issue 49: at 16,384 tokens a pass takes ~20 s here, one
 of the default model's four encoder layers ~4 s).
 
 Pause, not abandon, because abandoning throws away the part of the pass
@@ -237,7 +238,8 @@ class Prefetcher:
                 break
             try:
                 if self._still_wanted(job):
-                    with attention.between_layers(self._between_layers(gate, job, settings)):
+                    with gate.making(cache.run_key(job.loaded, job.request, settings)), \
+                            attention.between_layers(self._between_layers(gate, job, settings)):
                         cache.run_unguarded(job.loaded, job.request, settings)
                     self.passes += 1
             except pass_gate.GaveWay:
