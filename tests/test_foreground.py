@@ -239,3 +239,82 @@ def test_without_room_to_pause_the_background_pass_is_abandoned_and_redone(defau
     finally:
         pf.want("abandon-session", None)
         pf.stop(60)
+
+
+def test_give_way_pauses_for_a_person_and_resumes():
+    """PassGate.give_way without a model: nothing when nobody waits; a pause that lets the person in and takes the
+    gate back after them; an abandon (GaveWay) with the gate still held, or after a pause nobody wants any more, or
+    past its bound; every wait bounded."""
+    import threading
+
+    from ui.pass_gate import GaveWay, PassGate
+
+    gate = PassGate(resume_after=0.05)
+    assert gate.background(timeout=1) and gate.background_running
+    assert gate.give_way(pause=True) == 0.0  # nobody waits: on at once
+    order: list[str] = []
+    arrived = threading.Event()
+
+    def person():
+        arrived.set()
+        with gate.foreground():
+            order.append("person")
+            time.sleep(0.2)
+
+    t = threading.Thread(target=person)
+    t.start()
+    arrived.wait(5)
+    wait_until(lambda: gate.busy, 5)
+    paused = gate.give_way(pause=True, most_s=10)
+    order.append("background")
+    t.join(5)
+    assert order == ["person", "background"] and paused >= 0.2 and gate.background_running and gate.pauses == 1
+    assert gate.last_wait_s < 1  # the person waited for the give_way, not for the background's release
+
+    def blocker(release: threading.Event):
+        with gate.foreground():
+            release.wait(10)
+
+    for pause, alive, most_s in ((False, True, 10.0), (True, False, 10.0), (True, True, 0.2)):
+        release = threading.Event()
+        b = threading.Thread(target=blocker, args=(release,))
+        b.start()
+        wait_until(lambda: gate.busy, 5)
+        with pytest.raises(GaveWay):
+            gate.give_way(pause=pause, alive=lambda: alive, most_s=most_s, step=0.05)
+        assert gate.background_running == (not pause)  # abandoned without a pause: the gate is still its to give back
+        gate.release_background()
+        release.set()
+        b.join(5)
+        assert gate.background(timeout=2)
+    gate.release_background()
+
+
+def test_a_person_waits_for_the_pass_under_way_only_outside_the_gate():
+    """wait_for_background: a person who wants the very pass under way waits for it (bounded); a thread that holds
+    the gate never does (the background pass is paused for it: waiting would never end)."""
+    import threading
+
+    from ui.pass_gate import PassGate
+
+    gate = PassGate()
+    done = threading.Event()
+
+    def background():
+        assert gate.background(timeout=1)
+        with gate.making("key"):
+            done.wait(0.3)
+        gate.release_background()
+
+    t = threading.Thread(target=background)
+    t.start()
+    wait_until(lambda: gate.background_running, 5)
+    assert not gate.wait_for_background("other", 5)
+    t0 = time.monotonic()
+    assert gate.wait_for_background("key", 5) and time.monotonic() - t0 < 3
+    t.join(5)
+    assert not gate.wait_for_background("key", 5)  # nothing under way any more
+    with gate.foreground():
+        with gate.making("key"):
+            t0 = time.monotonic()
+            assert not gate.wait_for_background("key", 5) and time.monotonic() - t0 < 1

@@ -26,9 +26,10 @@ way stops at its next layer). Passes go through
 way to a person's pass: it pauses, the person's pass runs, and it resumes
 where it stopped. So a person's own pass (a page, Calibrate, a paste, an
 off-grid frame) waits for at most the layer under way, not a whole
-background pass (and a person who wants the very pass under way, a grid
-frame still coming, waits for its rest instead: :meth:`ui.pass_gate.PassGate.wait_for_background`) (issue 49: at 16,384 tokens a pass takes ~20 s here, one
-of the default model's four encoder layers ~4 s).
+background pass (issue 49: at 16,384 tokens a pass takes ~20 s here, one
+of the default model's four encoder layers ~4 s). A person who wants the
+very pass under way (a grid frame still coming) waits for its rest
+instead (:meth:`ui.pass_gate.PassGate.wait_for_background`).
 
 Pause, not abandon, because abandoning throws away the part of the pass
 already done (on average half a pass, ~10 s at 16k, per request) and a
