@@ -464,6 +464,35 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def _alive(pids: list[int]) -> list[int]:
+    return [k for k in pids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]
+
+
+def _trainer_with_producers(tmp_path, cfg: dict, steps_done: int = 0):
+    """``python -m core train`` on ``cfg`` in a subprocess; returns ``(process, producer pids, stderr path)`` once
+    its producers are up and, with ``steps_done``, once it has trained that many steps (so the producers are past
+    their start: imports under load can take 30 s, and are not what these tests bound)."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    log = tmp_path / "train.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "core", "train", "--config", str(tmp_path / "c.json"),
+                                 "--out", str(tmp_path / "m")], stdout=subprocess.DEVNULL, stderr=err)
+    producers, deadline = [], time.time() + 300
+    while time.time() < deadline and not (tmp_path / "m" / "tokenizer.json").exists() and proc.poll() is None:
+        time.sleep(0.2)
+    while time.time() < deadline and not producers and proc.poll() is None:  # the spawned producer (the resource
+        producers = [k for k in _children(proc.pid) if "spawn_main" in open(f"/proc/{k}/cmdline").read()]  # tracker
+        time.sleep(0.2)  # is another child)
+    while steps_done and time.time() < deadline and proc.poll() is None and \
+            f" {steps_done}/{cfg['steps']}" not in log.read_text(errors="replace").replace("|", " "):
+        time.sleep(0.1)
+    return proc, producers, log
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find the producer")
 @pytest.mark.parametrize("batch_size", [2, 128], ids=["small-batches", "batches-larger-than-a-pipe"])
 def test_producer_exits_when_its_trainer_is_killed(tmp_path, batch_size):
@@ -471,36 +500,73 @@ def test_producer_exits_when_its_trainer_is_killed(tmp_path, batch_size):
 
     With batches larger than a pipe's buffer (64 KiB), the queue's feeder thread is stuck
     writing when the trainer stops reading; a producer that returns would then hang at exit
-    joining that thread (seen: an orphan blocked in a pipe write for 20+ minutes)."""
+    joining that thread (seen: an orphan blocked in a pipe write for 20+ minutes).
+
+    The producer ends with its trainer by design (``PR_SET_PDEATHSIG``, :func:`core.training.data.die_with`), so
+    the bound is the kernel's, not the producer's next look at its parent: it is killed once the trainer is
+    killed. The kill comes after the trainer's first step, when the producer is past its imports (which took
+    17-32 s at load 7 on this machine, and 30 s+ at load 12-15: the flake of issue 47, point 6)."""
     import signal
-    import subprocess
-    import sys
     import time
 
     cfg = {**TINY_TRAIN, "steps": 100000, "batch_size": batch_size, "eval_every": 0}
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "core", "train", "--config", str(tmp_path / "c.json"),
-                             "--out", str(tmp_path / "m")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, producers, log = _trainer_with_producers(tmp_path, cfg, steps_done=1)
     try:
-        producers, deadline = [], time.time() + 120
-        while time.time() < deadline and not (tmp_path / "m" / "tokenizer.json").exists():
-            time.sleep(0.5)
-        while time.time() < deadline and not producers:  # the spawned producer (the resource tracker is another child)
-            producers = [k for k in _children(proc.pid) if "spawn_main" in open(f"/proc/{k}/cmdline").read()]
-            time.sleep(0.5)
-        assert producers, "no producer process appeared"
+        assert producers, "no producer process appeared: " + log.read_text(errors="replace")[-1500:]
+        assert proc.poll() is None, log.read_text(errors="replace")[-1500:]
         proc.send_signal(signal.SIGSTOP)  # the trainer stops taking batches ...
         time.sleep(3)  # ... so the queue fills and the producer waits in put()
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    deadline = time.time() + 30
-    while time.time() < deadline and any(os.path.exists(f"/proc/{k}") for k in producers):
-        time.sleep(0.5)
-    alive = [k for k in producers if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(producers):
+        time.sleep(0.1)
+    alive = _alive(producers)
     for k in alive:
         os.kill(k, 9)
     assert not alive, "the producer outlived its trainer"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to find the producer")
+def test_producer_making_a_batch_dies_with_its_trainer_at_once(tmp_path):
+    """A producer busy making a large batch when its trainer is killed used to finish that batch first (it looked
+    at its parent only between batches: 10-30 s here); now it ends with the trainer (within 5 s, the kernel's
+    SIGKILL and /proc's reaping, however busy the machine)."""
+    import signal
+    import time
+
+    cfg = {**TINY_TRAIN, "steps": 100000, "batch_size": 2048, "eval_every": 0}
+    proc, producers, log = _trainer_with_producers(tmp_path, cfg, steps_done=1)
+    try:
+        assert producers and proc.poll() is None, log.read_text(errors="replace")[-1500:]
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the producer is making the batch of step 1 or 2 now
+        proc.wait()
+    t0 = time.time()
+    while time.time() < t0 + 5 and _alive(producers):
+        time.sleep(0.05)
+    alive = _alive(producers)
+    for k in alive:
+        os.kill(k, 9)
+    assert not alive, f"the producer outlived its trainer by {time.time() - t0:.1f} s"
+
+
+def test_die_with_is_the_kernel_s_on_linux():
+    """The mechanism itself: in a child, ``die_with`` reports PR_SET_PDEATHSIG on Linux (a watchdog elsewhere), and
+    a child whose parent is already gone (the race before the call) exits at once."""
+    import subprocess
+    import sys
+
+    code = "import os, sys; from core.training.data import die_with; print(die_with(os.getppid()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.strip() == ("pdeathsig" if sys.platform.startswith("linux") else "watchdog")
+    gone = subprocess.run([sys.executable, "-c", "from core.training.data import die_with; die_with(-1); print('ran on')"],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert gone.returncode == 0 and "ran on" not in gone.stdout
 
 
 def test_a_refused_evaluation_does_not_lose_the_training(tmp_path, monkeypatch):
