@@ -515,17 +515,42 @@ def _document(loaded, chosen, samples: int = 1):
     return chosen.document.build_for(loaded, batch=samples)
 
 
-def _progress(desc: str):
+def _progress(desc: str, leave: bool = False):
     from tqdm import tqdm
 
-    bar = tqdm(total=100, desc=desc, file=sys.stderr, leave=False, bar_format="{l_bar}{bar}| {elapsed}")
+    bar = tqdm(total=100, desc=desc, file=sys.stderr, leave=leave, bar_format="{l_bar}{bar}| {elapsed}{postfix}")
 
     def update(frac: float) -> None:
         bar.n = int(round(100 * frac))
         bar.refresh()
 
     update.close = bar.close  # type: ignore[attr-defined]
+    update.bar = bar  # type: ignore[attr-defined]
     return update
+
+
+#: Seconds between two redraws of a bar's count of layers run (:func:`_layers_ticker`).
+TICK_S = 0.5
+
+
+def _layers_ticker(prog, budget):
+    """What runs before every attention call of a phase (:func:`core.mechanics.attention.between_layers`): the
+    command's ``--max-seconds`` check, and a count of the layers run so far on ``prog``'s bar, redrawn at most
+    every :data:`TICK_S` s, so a long phase shows that it moves between two steps of its bar."""
+    import time
+
+    bar = prog.bar
+    state = {"layers": 0, "shown": 0.0}
+
+    def tick() -> None:
+        budget.check()
+        state["layers"] += 1
+        now = time.monotonic()
+        if now - state["shown"] >= TICK_S:
+            state["shown"] = now
+            bar.set_postfix_str(f"{state['layers']:,} layers run", refresh=True)
+
+    return tick
 
 
 def _refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str], samples: int, what: str) -> None:
@@ -533,9 +558,11 @@ def _refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str],
     (:func:`core.runs.engine.estimate_pass`: a timed pass over its first tokens, scaled by the square of the length)
     plus the passes the ``measured`` methods run to resolve (:func:`core.runs.methods.costs`, upper bounds), each
     scaled from the same timing."""
+    from core.mechanics import attention
     from core.runs import engine
 
-    per = engine.estimate_pass(loaded, doc, enc, settings)
+    with attention.between_layers(None):  # the timed samples are not what the budget stops; what they took counts
+        per = engine.estimate_pass(loaded, doc, enc, settings)
     passes = timing.sweep_passes([enc.n], 1, methods.costs(measured, loaded.n_layers, loaded.n_heads, samples),
                                  loaded.train_length) if measured else [(1, enc.n)]
     seconds = sum(count * per * (tokens / enc.n) ** 2 for count, tokens in passes)
@@ -598,11 +625,19 @@ def cmd_calibrate(args) -> int:
 
         _refuse_over_budget(args.budget_, loaded, doc, engine.encode(loaded, doc), chosen.run_settings(1.0, probes=None),
                             list(methods.MEASURED), args.samples, "this calibration")
-    prog = _progress(f"Algorithm 1 ({args.criterion})")
-    cal = calibration.calibrate(loaded, doc, args.criterion, fast=args.fast, samples=args.samples, progress=prog)
+    from core.mechanics import attention
+
+    # two phases, each with its bar, and inside each the layers run so far (a per-head search at a long length
+    # is minutes of passes between two steps of its bar: issue 47 point 4 saw 180 s without a word)
+    prog = _progress(f"Algorithm 1 ({args.criterion})", leave=True)
+    with attention.between_layers(_layers_ticker(prog, args.budget_)):
+        cal = calibration.calibrate(loaded, doc, args.criterion, fast=args.fast, samples=args.samples, progress=prog)
     prog.close()
-    taus = {m: t if isinstance(t, str) else t.to_json()
-            for m, t in methods.all_methods(loaded, doc, samples=args.samples).items()}
+    prog = _progress("every method's tau", leave=True)
+    with attention.between_layers(_layers_ticker(prog, args.budget_)):
+        found = methods.all_methods(loaded, doc, samples=args.samples, progress=prog)
+    prog.close()
+    taus = {m: t if isinstance(t, str) else t.to_json() for m, t in found.items()}
     taus[args.criterion] = cal.tau
     out = {**cal.to_dict(), "methods": taus, "tokens": len(loaded.tokenizer(doc.text).input_ids),
            "train_length": loaded.train_length, "model": loaded.spec.name, **_precision(loaded)}
