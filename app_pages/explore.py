@@ -30,7 +30,9 @@ def main() -> None:
     # What did not change stays as it is while the panel reruns (a release, a poll for grid frames): no grey-out.
     # The scrubber marks the card that will change itself ("updating").
     st.html("<style>.st-key-temperature_panel [data-stale='true'], .st-key-explore_export [data-stale='true']"
-            " { opacity: 1 !important; transition: none !important; }</style>")
+            " { opacity: 1 !important; transition: none !important; }"
+            # less empty space above the title: with a tour step open the answer cards stay above the fold (1400 x 1000)
+            " [data-testid='stMainBlockContainer'] { padding-top: 2.5rem; }</style>")
     live(ctx)
     views.bias_section(ctx)
 

@@ -100,7 +100,7 @@ def test_explore_shows_where_the_answer_looks(tmp_path, monkeypatch):
     header, chosen = scrubber_view(at)
     assert len(chosen["cross_tokens"]) >= 1 and chosen["needle_share"] is not None
     layer = at.selectbox(key="ex_cross_layer")
-    assert layer.value == "mean" and layer.options == ["mean of layers", "layer 0", "layer 1"]
+    assert layer.value == "mean" and layer.options == ["mean", "layer 0", "layer 1"]
     mean_share = chosen["needle_share"]
     layer.set_value(1).run()
     _ok(at)

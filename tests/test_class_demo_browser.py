@@ -11,6 +11,7 @@ Skipped when /usr/bin/chromium or playwright is missing.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,5 +125,130 @@ def test_switching_between_the_bundled_models_on_every_page(server, page, shot_o
         page.locator(".st-key-len_4x button").first.click(timeout=deadline.ms())
         page.locator(SCRUBBER).first.wait_for(timeout=deadline.ms())
         _choose(page, "model_choice", label, deadline, wait=False)
+        name = label.split()[0]
+        try:  # the address bar names the model once a run has taken the switch
+            page.wait_for_function("(m) => new URLSearchParams(location.search).get('model') === m", arg=name,
+                                   timeout=deadline.ms(90_000))
+        except Exception:  # noqa: BLE001 (a click lost while the app was busy: once more, as a person would)
+            settle(page, deadline)
+            _choose(page, "model_choice", label, deadline, wait=False)
         settle(page, deadline, marker="masked tokens:" if "RoPE" in label else "Answer:", scope=SCRUBBER)
         _no_error(page, f"mid-grid, {label}")
+
+
+#: Screenshots of the moments this module checks, for a person to look at (AAE_DEMO_SHOTS: a folder).
+DEMO_SHOTS = os.environ.get("AAE_DEMO_SHOTS")
+
+#: The bars and legend of the scrubber's two meters (svg 380 x 230): the lowest top and the highest bottom of
+#: any rect, and whether a bar covers the chart's title row (y < 16: the y axis starts there).
+_METERS = """(r) => {
+    const out = [];
+    for (const s of r.querySelectorAll('svg[viewBox="0 0 380 230"]')) {
+        const rects = [...s.querySelectorAll('rect')].map(e => [Number(e.getAttribute('y')), Number(e.getAttribute('height'))]);
+        out.push({top: Math.min(...rects.map(([y]) => y)), bottom: Math.max(...rects.map(([y, h]) => y + h))});
+    }
+    return out;
+}"""
+
+
+def _shot(page, name: str) -> None:
+    if DEMO_SHOTS:
+        Path(DEMO_SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(DEMO_SHOTS) / f"{name}.png"))
+
+
+def _grid_of(page, deadline: Deadline) -> list[float]:
+    """The scrubber's grid values, from its ticks' titles ("grid tau 0.95", "grid CosScale s 16.00"), sorted."""
+    titles = page.locator(".aae .ticks span").evaluate_all("(ts) => ts.map(t => t.title)", timeout=deadline.ms())
+    return sorted(float(t.split()[-1]) for t in titles)
+
+
+def _key(page, key: str, want: str, deadline: Deadline) -> dict:
+    """Press ``key`` on the scrubber's slider; wait until the frame of ``want`` (the slider's value) is painted."""
+    page.locator(SCRUBBER).evaluate(_LOG, timeout=deadline.ms())
+    page.locator(TAU_SLIDER).focus(timeout=deadline.ms())
+    page.keyboard.press(key)
+    return wait_painted(page, {"tau": want, "kind": "grid"}, deadline)
+
+
+def test_a_class_walkthrough(server, page, shot_on_failure):
+    """The tour's step 4 with the cards above the fold, its text closing when the method changes; tau's keys one
+    grid value each way; a 16x length change that says at once that it computes (and hides the old views) while it
+    runs; on a cosine model one control for s, its keys one grid value each way and the meters inside their
+    charts at every s of the grid; paste mode without an error."""
+    deadline = Deadline(BUDGET_S)
+    _open(page, server, deadline)
+
+    # -- the tour: step 4 open, the cards in view at 1400 x 1000 --------------------------------------------
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Guided tour").click(timeout=deadline.ms())
+    page.locator(".st-key-tour_3 button").click(timeout=deadline.ms())
+    settle(page, deadline, marker="Answer:", scope=SCRUBBER)
+    assert "Step 4 · Algorithm 1" in page.locator('[data-testid="stMain"]').inner_text(timeout=deadline.ms())
+    card = page.locator('.aae .card[data-side="chosen"]').bounding_box(timeout=deadline.ms())
+    _shot(page, "tour_step4")
+    assert card["y"] + card["height"] <= 1000, f"the answer cards fall below the fold with the tour open: {card}"
+    # the method changed in the panel: the step's text goes (it described Algorithm 1)
+    _choose(page, "tau_method", "fixed tau", deadline)
+    page.locator('[data-testid="stMain"]').get_by_text("closed: you changed the set-up").first.wait_for(
+        timeout=deadline.ms(120_000))  # the panel's rerun asks for a full one, which redraws the tour
+    settle(page, deadline)
+    main = page.locator('[data-testid="stMain"]').inner_text(timeout=deadline.ms())
+    assert "Step 4 · Algorithm 1." not in main and "closed: you changed the set-up" in main, main[:800]
+
+    # -- tau's keys: one grid value each way -------------------------------------------------------------------
+    now = scrubber(page, deadline)["tau"]
+    grid = [f"{t:.2f}" for t in _grid_of(page, deadline)]
+    i = grid.index(now)
+    assert _key(page, "PageDown", grid[i - 1], deadline)["shown"] == grid[i - 1]
+    assert _key(page, "PageDown", grid[i - 2], deadline)["shown"] == grid[i - 2]
+    assert _key(page, "PageUp", grid[i - 1], deadline)["shown"] == grid[i - 1]
+    assert _key(page, "Shift+ArrowLeft", grid[i - 2], deadline)["shown"] == grid[i - 2]
+
+    # -- a long document: computing, said at once, the old views hidden -----------------------------------------
+    box = page.locator(".st-key-doc_tokens input").first
+    box.fill("4096", timeout=deadline.ms())
+    box.press("Enter", timeout=deadline.ms())
+    waiting = page.locator('[data-testid="stMain"] [data-testid="stAlert"]').filter(
+        has_text="This document is 4,096 tokens")
+    waiting.first.wait_for(timeout=deadline.ms(60_000))
+    text = waiting.first.inner_text(timeout=deadline.ms())
+    assert "on this machine" in text and "grid frames follow" in text, text
+    _shot(page, "long_document_wait")
+    assert not page.locator(SCRUBBER).first.is_visible(), "the old document's views are shown during the wait"
+    ask = page.get_by_role("button", name=re.compile(r"^Compute it"))
+    if ask.count():  # the estimate is over the limit: the app asked first; the old views are hidden meanwhile
+        ask.first.click(timeout=deadline.ms())
+        page.locator('[data-testid="stMain"] [data-testid="stAlert"]').filter(
+            has_text="Computing the new document").first.wait_for(timeout=deadline.ms(60_000))
+        assert not page.locator(SCRUBBER).first.is_visible()
+    page.locator('[data-testid="stProgress"]').first.wait_for(timeout=deadline.ms(60_000))
+    page.wait_for_function("() => { const r = [...document.querySelectorAll('*')].map(e => e.shadowRoot && "
+                           "e.shadowRoot.querySelector('.aae')).find(Boolean); return r && r.innerText.includes("
+                           "'4,096 tokens'); }", timeout=deadline.ms(), polling=500)
+
+    # -- a cosine model: one control for s, its keys, the meters at every s -------------------------------------
+    _choose(page, "model_choice", "rope-mlm-cos (RoPE masked LM)", deadline)
+    page.get_by_test_id("stRadioGroup").get_by_text("CosScale s", exact=True).click(timeout=deadline.ms())
+    settle(page, deadline, marker="masked tokens:", scope=SCRUBBER)
+    assert page.locator(".st-key-cos_scale").count() == 0, "two controls move s"
+    assert "the slider below moves it" in page.locator(".st-key-temperature_panel").inner_text(timeout=deadline.ms())
+    grid = [f"{s:.2f}" for s in _grid_of(page, deadline)]
+    now = scrubber(page, deadline)["tau"]
+    i = grid.index(now)
+    assert _key(page, "PageUp", grid[i + 1], deadline)["shown"] == grid[i + 1]
+    assert _key(page, "PageDown", grid[i], deadline)["shown"] == grid[i]
+    assert _key(page, "Shift+ArrowLeft", grid[i - 1], deadline)["shown"] == grid[i - 1]
+    for j in range(i - 2, -1, -1):  # down to the lowest s, where attention is flattest and entropy highest
+        _key(page, "PageDown", grid[j], deadline)
+        for m in page.locator(SCRUBBER).evaluate(_METERS, timeout=deadline.ms()):
+            assert m["top"] >= 16 - 1e-6 and m["bottom"] <= 230 + 1e-6, (grid[j], m)
+    _shot(page, "cosscale_lowest_s")
+
+    # -- paste mode: no error before anything is typed, and what a link carries ---------------------------------
+    _choose(page, "model_choice", "retrieval-t5", deadline)
+    page.locator(".st-key-doc_mode label").filter(has_text="Paste").first.click(timeout=deadline.ms())
+    settle(page, deadline)
+    _no_error(page, "paste mode")
+    assert "Paste mode." in page.locator('[data-testid="stMain"]').inner_text(timeout=deadline.ms())
+    assert "does not carry the pasted text" in page.locator('[data-testid="stSidebar"]').inner_text(timeout=deadline.ms())
+    _shot(page, "paste_mode")

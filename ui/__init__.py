@@ -38,7 +38,13 @@ def csv_of(df_fn):
 
 
 def chart(fig, key: str | None = None) -> None:
-    """A plotly figure with the toolbar kept (PNG download in the browser)."""
+    """A plotly figure with the toolbar kept (PNG download in the browser).
+
+    The toolbar stands upright at the figure's right edge: lying along the top it covered the titles of
+    Calibrate's panels (issue 50). Set on the figure itself (idempotent, so a cached figure may be shared).
+    """
+    if fig.layout.modebar.orientation != "v":
+        fig.layout.modebar.orientation = "v"
     st.plotly_chart(fig, width="stretch", config=PLOTLY_CONFIG, key=key)
 
 

@@ -74,7 +74,8 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
     c = st.columns([1, 1.2, 1.1, 1.5, 1.2, 1.6], vertical_alignment="bottom")
     c[0].selectbox("Map layer", list(range(L)), key="ex_layer", persist_state=choices.KEEP, help="The encoder layer of the attention map.")
     c[1].selectbox("Map head", ["mean"] + list(range(H)), key="ex_head", persist_state=choices.KEEP,
-                   format_func=lambda h: "mean of heads" if h == "mean" else f"head {h}")
+                   format_func=lambda h: "mean" if h == "mean" else f"head {h}",
+                   help="One head of the map's layer, or the mean of its heads.")
     c[2].selectbox("Pooling", ("mean", "max"), key="ex_pool", persist_state=choices.KEEP, help="How each map cell sums up its token ranges.")
     c[3].selectbox("Colour", COLOURS, key="ex_colour", persist_state=choices.KEEP,
                    help="Log colour shows a dispersed map's tail (and the needle cell past L_tr); linear the peaks.")
@@ -82,7 +83,7 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
         ss["ex_cross_layer"] = "mean"
     if ctx.loaded.seq2seq:  # a masked-LM encoder writes no answer: no cross-attention to choose a layer of
         c[4].selectbox("Decoder layer", ["mean", *range(dec)], key="ex_cross_layer", persist_state=choices.KEEP,
-                       format_func=lambda l: "mean of layers" if l == "mean" else f"layer {l}",
+                       format_func=lambda l: "mean" if l == "mean" else f"layer {l}",
                        help="Where the answer looks: one decoder layer's cross-attention, or their mean.")
     if ctx.loaded.seq2seq:  # a masked-LM model has no needle to centre a shaded text on: nothing to choose
         c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window", persist_state=choices.KEEP,

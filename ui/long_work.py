@@ -9,6 +9,7 @@ current. Now:
   document's scrubber, export and bias curves): only what belongs to the new run shows.
 * :func:`ask` stops before work estimated over :data:`CONFIRM_OVER_S` (from :mod:`core.runs.timing`, passes
   timed on this machine) until the person presses the button it draws; the answer is kept for that document.
+  A guided-tour step counts as the go-ahead (its set-ups are 8x L_tr of the bundled models: bounded work).
 * :func:`layer_progress` moves a progress bar from inside the pass, once per layer
   (:func:`core.mechanics.attention.between_layers`), with the time left from the estimate.
 """
@@ -50,6 +51,8 @@ def ask(key: Hashable, seconds: float | None, what: str, where=st) -> bool:
     confirmed ``key`` before. Otherwise draw the estimate and a button in ``where`` and return False (the caller
     draws nothing that needs the work). ``what``: the sentence that says what would run and how long."""
     if seconds is None or seconds <= CONFIRM_OVER_S or confirmed(key):
+        return True
+    if st.session_state.get("tour_step") is not None:  # a tour step is the person's go-ahead (8x L_tr: bounded work)
         return True
     hide_stale(where)
     where.warning(f"{what} The app asks before it starts work estimated over {CONFIRM_OVER_S:.0f} s on this "

@@ -452,8 +452,12 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     ss = st.session_state
     if ss.get("tau_method") not in methods.NAMES:
         choices.put("tau_method", methods.FIXED)
-    if where is st.sidebar or not slider:
+    targets_at = where
+    if where is st.sidebar:
         c1 = c2 = where
+    elif not slider:  # Explore's panel: the method and what tau applies to side by side (the cards stay in view)
+        c1, targets_at = where.columns([1.5, 1], vertical_alignment="bottom")
+        c2 = where
     else:
         c1, c2 = where.columns([1, 1.4], vertical_alignment="bottom")
     c1.selectbox("Method", methods.NAMES, key="tau_method", persist_state=choices.KEEP, format_func=methods.label,
@@ -476,7 +480,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
                          + ("" if fixed else " Disabled: it shows the tau the method resolves to "
                             "(the mean, for a schedule); your own tau comes back with 'fixed tau'."))
 
-    row = where.container(horizontal=True, gap="small", vertical_alignment="center")
+    row = targets_at.container(horizontal=True, gap="small", vertical_alignment="center")
     row.caption("tau applies to:")
     row.checkbox("encoder", key="tgt_encoder", persist_state=choices.KEEP, help="encoder self-attention (where dispersion happens; the probes measure it)")
     if loaded.seq2seq:
