@@ -270,10 +270,13 @@ def test_choose_backend_is_the_one_place_with_the_rules(monkeypatch):
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "0")
     assert sb.choose_backend(x) == sb.SDPA
     assert sb.choose_backend(dataclasses.replace(x, needs=probed)) == sb.TORCH
-    # the CUDA slot: registered, documented, never chosen (yet), and opening it says so
-    assert sb.CUDA in sb.BACKENDS and not sb.BACKENDS[sb.CUDA].available
-    with pytest.raises(RuntimeError, match="not available"):
-        sb.open_backend(sb.CUDA, x, 8)
+    # the CUDA kernel: registered, available only with a GPU and Triton, never chosen for a CPU tensor
+    assert sb.CUDA in sb.BACKENDS and sb.BACKENDS[sb.CUDA].available == torch.cuda.is_available() and \
+        sb.BACKENDS[sb.CUDA].available == sb._cuda_usable()
+    assert sb.cuda_serves(x) and sb.cuda_serves(dataclasses.replace(x, needs=probed))
+    for change in (dict(causal=True, mask=None), dict(weights=True), dict(grad=True),
+                   dict(needs=sb.Needs(stats=True, probs=True)), dict(needs=sb.Needs(raw_rows=lambda a, b: None))):
+        assert not sb.cuda_serves(dataclasses.replace(x, **change)), change
 
 
 @pytest.mark.parametrize("tau", ["head", "row", None])
@@ -285,11 +288,17 @@ def test_every_backend_gives_the_same_block(tau):
     from core.mechanics import fused_softmax
     from core.mechanics import softmax_block as sb
 
+    from core.mechanics import flash_attention
+
     x = _block_inputs(tau, needs=sb.Needs(stats=True, raw_rows=lambda r0, r1: torch.arange(0, r1 - r0, 3)))
     names = [sb.TORCH, sb.SDPA] + ([sb.CPU_KERNEL] if fused_softmax.available() else [])
+    # the CUDA kernel on Triton's interpreter (no GPU here): output and row statistics only
+    names += [sb.CUDA] if flash_attention.has_triton() and flash_attention.interpreted() else []
     blocks = {}
     for name in names:
-        rows = sb.open_backend(name, x if name != sb.SDPA else dataclasses.replace(x, needs=None), 10)
+        given = dataclasses.replace(x, needs=None) if name == sb.SDPA else dataclasses.replace(
+            x, needs=sb.Needs(stats=True)) if name == sb.CUDA else x
+        rows = sb.open_backend(name, given, 10)
         blocks[name] = []
         for r0 in range(0, 37, 10):
             blk = rows(r0, min(37, r0 + 10))
@@ -302,6 +311,11 @@ def test_every_backend_gives_the_same_block(tau):
             torch.testing.assert_close(a.out, b.out, atol=1e-4, rtol=1e-4)  # float32 noise of block shapes
             if name == sb.SDPA:
                 assert a.exp is None and a.total is None and a.dot is None and a.raw is None
+                continue
+            if name == sb.CUDA:  # its total and dot are relative to its row max, as torch's are
+                assert a.exp is None and a.raw is None
+                torch.testing.assert_close(a.total, b.total, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(a.dot, b.dot, atol=1e-4, rtol=1e-4)
                 continue
             torch.testing.assert_close(a.exp, b.exp, atol=1e-6, rtol=1e-5)  # below exp(-87): torch 1.6e-38, kernel 0
             torch.testing.assert_close(a.total, b.total, atol=1e-5, rtol=1e-5)

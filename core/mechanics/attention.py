@@ -136,6 +136,7 @@ class _Call:
     settings: AttentionSettings
     recorder: "Recorder | None"
     taus: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    served: int = 0  # attention calls this function served under these settings (see served_by_us)
 
 
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
@@ -291,6 +292,27 @@ def attention_call(settings: AttentionSettings | None = None, recorder: "Recorde
         _CURRENT.reset(token)
 
 
+def served_by_us(model: torch.nn.Module) -> bool:
+    """Whether a forward pass of ``model`` (4 tokens, its encoder for a seq2seq model) runs its attention through
+    :func:`aligned_attention`: one short pass with a call open, counting the calls this function serves.
+
+    Why: a transformers release whose model does not dispatch through ``AttentionInterface`` (or dispatches
+    elsewhere on some device) runs its own attention silently, and every tau then changes nothing: a GPU run
+    with transformers 5.17 gave sdpa and "ours" the same time and memory (issue 49). Checked once per load
+    (:func:`core.models.loading.load`), it makes such a run an error instead of a wrong answer."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    ids = torch.tensor([[4, 5, 6, 1]], device=device)
+    encoder = model.get_encoder() if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder",
+                                                                                 False) else model
+    token = _CURRENT.set(_Call(AttentionSettings(), None))
+    try:
+        with torch.no_grad():
+            encoder(input_ids=ids)
+        return _CURRENT.get().served > 0
+    finally:
+        _CURRENT.reset(token)
+
+
 def attention_kind(module: torch.nn.Module) -> str:
     """Which attention a module is: encoder, decoder self, or cross (T5's ``is_decoder``/``is_causal``;
     a ModernBERT attention has no ``is_decoder`` and ``is_causal`` False: encoder self-attention)."""
@@ -407,6 +429,8 @@ def aligned_attention(
     call = _CURRENT.get()
     if call is None:
         call = standing
+    if call is not None:
+        call.served += 1
     kind = attention_kind(module)
     layer = int(getattr(module, "layer_idx", 0) or 0)
     batch, heads, q_len, _ = query.shape

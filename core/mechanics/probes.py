@@ -75,6 +75,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 #: Probes computed from the blocks of probabilities (``logits`` is taken whole, before the softmax).
 _ROW_PROBES = frozenset(PROBES) - {"logits"}
 _STATS = ("pmax", "entropy")
+#: Probes that read every row of a block's probabilities (a profile reads a few rows, which a backend keeping
+#: only row statistics computes on demand: :attr:`Block.probs_rows <core.mechanics.softmax_block.Block>`).
+_PROB_VIEWS = frozenset({"map"})
 COSINE_BINS = 60
 #: Most rows of item 0 the sorted-logits probe sorts per layer (see :meth:`Recorder._sorted_rows`).
 SORTED_ROWS = 1024  # cosine_hist bins when asked by name with ProbeSpec.cosine_hist_bins = 0
@@ -326,7 +329,7 @@ class Recorder:
         if "sorted_logits" in want:
             def raw_rows(r0: int, r1: int) -> torch.Tensor | None:
                 return self._sorted_rows(r0, r1, kind)
-        return Needs(stats=not want.isdisjoint(_STATS), raw_rows=raw_rows)
+        return Needs(stats=not want.isdisjoint(_STATS), raw_rows=raw_rows, probs=not want.isdisjoint(_PROB_VIEWS))
 
     def end_layer(self, layer: int, kind: str = ENCODER) -> None:
         self._layer_qk = None
@@ -364,6 +367,17 @@ class Recorder:
 
             def probs_of(a: int, b: int, k: int | None) -> torch.Tensor:
                 return exp[0, :, a - r0 : b - r0, :k] / total[0, :, a - r0 : b - r0]
+        elif block.probs is None:
+            # a backend that keeps only each row's statistics (the CUDA kernel), chosen only when no view here
+            # needs every row's probabilities (Needs.probs): the few rows a profile reads it computes on demand
+            if stats:
+                t = block.total.detach().squeeze(-1)
+                self._stats(kind, layer, r0, r1, t.reciprocal(), t.log() - block.dot.detach().reshape(t.shape) / t)
+
+            def probs_of(a: int, b: int, k: int | None) -> torch.Tensor:
+                if block.probs_rows is None:
+                    raise RuntimeError("this block carries no probabilities (Needs.probs was not asked)")
+                return block.probs_rows(a, b, k)
         else:
             probs = block.probs.detach()
             if stats:

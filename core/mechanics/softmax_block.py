@@ -20,9 +20,10 @@ The backends (:data:`BACKENDS`), chosen in one place, :func:`choose_backend`:
 * ``torch``: everything else, in plain torch ops (``exp`` clamped at :data:`EXP_FLOOR` where the
   un-normalised pieces are used; ``torch.softmax`` where nobody probes the block). The only backend
   autograd and dropout run through, and the only one that returns whole weights.
-* ``cuda``: the slot for a CUDA kernel (FlexAttention / Triton, a later issue). Registered but not
-  available (:attr:`Backend.available` is False), so :func:`choose_backend` never picks it; the kernel lands
-  as its ``open`` and one rule in :func:`choose_backend`.
+* ``cuda``: the Triton kernel of :mod:`core.mechanics.flash_attention` (bias read in place, tau, padding
+  mask, online softmax with each row's total, max and ``sum(exp * (x - max))``; nothing ``L x L``). CUDA
+  inference whose layer needs no block's probabilities or raw logits (Pmax and H only, or nothing); a layer
+  with a map, profile or sorted logits takes ``torch``.
 
 A backend is ``open``-ed once per attention call (its per-call work: buffers reused by every block of the
 call, the bias view, tau laid out), and the opened backend is called per block. On the CPU that reuse is
@@ -85,10 +86,13 @@ class Needs:
     ``stats``: the row sums of ``exp * (x - max)`` (:attr:`Block.dot`, for the entropy).
     ``raw_rows(r0, r1)``: the rows of block ``[r0, r1)`` (relative to ``r0``, int64) whose raw logits
     (q.k + bias, before tau and masks) the block must carry (:attr:`Block.raw`), or None for none of them;
-    None: no raw logits at all. Any ``Needs`` also means: the block's softmax pieces, not only its output."""
+    None: no raw logits at all. ``probs``: a view reads the block's probabilities (``exp``/``total`` or
+    ``probs``: a map, a profile); without it a backend may hand over only each row's ``total`` and ``dot``
+    (the ``cuda`` kernel). Any ``Needs`` also means: more than the block's output."""
 
     stats: bool = False
     raw_rows: Callable[[int, int], torch.Tensor | None] | None = None
+    probs: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,10 @@ class Block:
     ``raw``: raw logits (q.k + bias, before tau) of the rows :attr:`Needs.raw_rows` named,
     ``[B, H, rows, K]`` float32, or None.
     ``weights``: the probabilities ``output_attentions=True`` returns ``[B, H, c, K]`` (value dtype, after
-    dropout, masked keys exactly 0) when asked, else None."""
+    dropout, masked keys exactly 0) when asked, else None.
+    ``probs_rows(a, b, k)``: item 0's probabilities ``[H, b - a, k]`` (float32) of rows ``[a, b)`` over the first
+    ``k`` keys (None: all), computed on demand, from a backend that keeps no block of probabilities (``cuda``:
+    a profile's few rows)."""
 
     r0: int
     r1: int
@@ -120,6 +127,7 @@ class Block:
     dot: torch.Tensor | None = None
     raw: torch.Tensor | None = None
     weights: torch.Tensor | None = None
+    probs_rows: Callable[[int, int, int | None], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,16 +184,21 @@ class Backend:
     open: Callable[[Inputs, int], Rows] | None
     budget: Callable[[Inputs, int | None], int]
     about: str
+    usable: Callable[[], bool] = lambda: True
 
     @property
     def available(self) -> bool:
-        return self.open is not None
+        """Whether :func:`choose_backend` may pick it on this machine (``open`` exists and ``usable()``)."""
+        return self.open is not None and self.usable()
 
 
 def choose_backend(x: Inputs) -> str:
     """The backend (:data:`BACKENDS`) for one attention call: the one place with the rules.
 
-    1. ``cuda``: never yet (the slot is not available).
+    1. ``cuda``: a CUDA pass :func:`cuda_serves` (inference, no causal mask or scheme, a bias and padding mask
+       read in place, nothing that needs a block's probabilities or raw logits) on a machine with Triton
+       (:func:`core.mechanics.flash_attention.usable`; ``AAE_FLASH_ATTENTION=0`` switches it off). A layer whose
+       map, profile or sorted logits are asked takes ``torch`` (one layer of a probed pass).
     2. ``cpu-kernel``: inference on the CPU in float32 (no autograd, dropout or whole weights), no causal
        mask, no position scheme, a bias and padding mask it can read in place (:func:`_kernel_view`), and
        the kernel built here (:func:`core.mechanics.fused_softmax.available`; ``AAE_FUSED_SOFTMAX=0`` switches it off).
@@ -193,7 +206,7 @@ def choose_backend(x: Inputs) -> str:
        no causal mask, dropout, whole weights or rectified logits.
     4. ``torch``: the rest.
     """
-    if BACKENDS[CUDA].available and x.query.device.type == "cuda":  # pragma: no cover  (the next issue's kernel)
+    if x.query.device.type == "cuda" and cuda_serves(x) and BACKENDS[CUDA].available:  # pragma: no cover (GPU)
         return CUDA
     if (x.query.device.type == "cpu" and x.query.dtype == torch.float32 and x.value.dtype == torch.float32
             and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal)
@@ -202,6 +215,14 @@ def choose_backend(x: Inputs) -> str:
     if x.needs is None and not (x.causal or x.dropout or x.weights or x.rectified):
         return SDPA
     return TORCH
+
+
+def cuda_serves(x: Inputs) -> bool:
+    """Whether the ``cuda`` kernel computes this call exactly as asked (its device aside): see :func:`choose_backend`."""
+    needs = x.needs
+    return (not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal) and x.scheme is None
+            and (needs is None or (needs.raw_rows is None and not needs.probs))
+            and _kernel_view(x) is not None)
 
 
 def rows_per_block(name: str, x: Inputs, asked: int | None) -> int:
@@ -415,6 +436,55 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
     return rows
 
 
+# -- cuda ----------------------------------------------------------------------------------------------------
+
+def _open_cuda(x: Inputs, step: int) -> Rows:
+    """The Triton kernel (:func:`core.mechanics.flash_attention.attend`): the whole call in one block (nothing
+    ``L x L`` is ever held), its output and each row's ``total``, ``dot`` and max, with the bias and padding mask
+    read in place as the CPU kernel reads them (:func:`_kernel_view`)."""
+    from core.mechanics import flash_attention
+
+    view = _kernel_view(x)
+    tau = x.tau
+    per_row = tau is not None and tau.shape[-2] != 1
+    heads = x.shape[1]
+
+    k_len = x.shape[3]
+
+    def rows(r0: int, r1: int) -> Block:
+        t, per = (None, "head") if tau is None else (tau[0, r0:r1, 0], "row") if per_row else (tau.reshape(heads), "head")
+        out, total, dot, top = flash_attention.attend(x.query[:, :, r0:r1], x.key, x.value, view.bias,
+                                                      view.strides(r0), t, per, view.keymask)
+
+        def probs_rows(a: int, b: int, k: int | None) -> torch.Tensor:
+            """Rows ``[a, b)`` of item 0, as the kernel normalised them: exp(x - top) / total."""
+            z = torch.matmul(x.query[0, :, a:b].float(), x.key[0].float().transpose(-1, -2))  # [H, n, K]
+            if view.bias is not None:
+                z = z + _bias_rows(view, r0, torch.arange(a - r0, b - r0), heads, k_len)[0]
+            if tau is not None:
+                z = z / (tau[0, a:b, 0].view(1, -1, 1) if per_row else tau.view(heads, 1, 1))
+            if view.keymask is not None:
+                z = z.masked_fill(~view.keymask[0].bool().view(1, 1, -1), torch.finfo(torch.float32).min)
+            p = torch.exp(z - top[0, :, a - r0:b - r0]) / total[0, :, a - r0:b - r0]
+            return p if k is None else p[..., :k]
+
+        return Block(r0, r1, out=out, total=total, dot=dot, top=top, probs_rows=probs_rows)
+
+    return rows
+
+
+def _whole_call(x: Inputs, asked: int | None) -> int:
+    """One block for the whole call (the kernel holds no scores): the call's size in float32 scores."""
+    b, h, q, k = x.shape
+    return max(1, b * h * q * k * 4)
+
+
+def _cuda_usable() -> bool:
+    from core.mechanics import flash_attention
+
+    return flash_attention.usable()
+
+
 # -- sdpa ----------------------------------------------------------------------------------------------------
 
 def _open_sdpa(x: Inputs, step: int) -> Rows:
@@ -504,10 +574,11 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
     return rows
 
 
-#: Every backend, by name. ``cuda`` is the slot of the CUDA kernel to come (FlexAttention / Triton): it gets
-#: an ``open`` (and a budget), :func:`choose_backend` its rule, and nothing else changes.
+#: Every backend, by name.
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend(CUDA, None, _torch_budget, "a CUDA kernel (FlexAttention / Triton): not available yet, never chosen"),
+    Backend(CUDA, _open_cuda, _whole_call,
+            "core.mechanics.flash_attention's Triton kernel: CUDA inference, output and row statistics",
+            _cuda_usable),
     Backend(CPU_KERNEL, _open_kernel, lambda x, asked: asked or KERNEL_CHUNK_BYTES,
             "core.mechanics.fused_softmax's C++ kernel: CPU float32 inference, probed or not"),
     Backend(SDPA, _open_sdpa, _sdpa_budget, "torch's scaled_dot_product_attention: output only, nothing probed"),

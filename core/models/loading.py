@@ -236,4 +236,14 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
                 "into its folder.")
     model.to(dev).eval()
     relative_bias.install(model)  # T5's bias as one vector per head (core.mechanics.relative_bias): no [H, L, L] per pass
+    if not attention.served_by_us(model):
+        import transformers as _t
+
+        raise ModelLoadError(
+            f"transformers {_t.__version__} runs the attention of '{src}' ({type(model).__name__}) without this "
+            "tool's attention function, so tau would change nothing; install the transformers range in "
+            "requirements.txt (tested: 5.17 and 5.24).",
+            app=f"This installation's transformers ({_t.__version__}) runs the model's attention without the app's "
+                "attention function, so tau would change nothing: install the transformers version in "
+                "requirements.txt.")
     return Loaded(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dtype)
