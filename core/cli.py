@@ -462,6 +462,7 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     """
     args = _parser().parse_args(argv)
     args.settings_ = _settings(args) if args.cmd in ("run", "calibrate", "sweep") else None
+    args.budget_ = timing.Budget(getattr(args, "max_seconds", None))  # counted from here: the options are read
     if getattr(args, "out", None):
         _check_out(args.out)
     if args.cmd == "rpe" and args.query is not None and args.length is not None and args.query >= args.length:
@@ -708,7 +709,7 @@ def _kept(args) -> str:
     out = getattr(args, "out", None)
     if getattr(args, "cmd", None) in RESUMABLE:
         return f"the rows written so far stay in {out}; --resume runs the rest" if out else "no --out, nothing kept"
-    return "nothing written"
+    return "nothing written" if args is not None else "stopped before it finished"
 
 
 def _interrupted(args) -> int:
@@ -1013,7 +1014,6 @@ def main(argv: list[str] | None = None) -> int:
                     "mlm": cmd_mlm, "rpe": cmd_rpe, "doctor": cmd_doctor}
         from core.mechanics import attention
 
-        args.budget_ = timing.Budget(getattr(args, "max_seconds", None))
         with _sigint_taken():
             try:
                 # every attention call of this thread's passes first asks the budget (an overrun stops at the next

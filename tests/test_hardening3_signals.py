@@ -83,9 +83,9 @@ def _check_stopped(rc, seconds, err: str) -> None:
 @pytest.mark.parametrize("ignored", [True, False], ids=["sigint-ignored-by-the-shell", "sigint-default"])
 def test_sweep_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path, ignored):
     out = tmp_path / "sweep.csv"
-    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "1x,2x", "--depths", "0.2,0.8", "--samples", "5",
+    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "1x,2x", "--depths", "0.5", "--samples", "4",
             "--methods", "none,tau=0.8", "--device", "cpu", "--out", str(out)]
-    total = 2 * 2 * 5 * 2
+    total = 2 * 4 * 2
     rc, seconds, err = _interrupt(argv, out, tmp_path / "log", ignored)
     _check_stopped(rc, seconds, err)
     kept = _rows(out)
@@ -100,9 +100,9 @@ def test_sweep_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path, 
 def test_mlm_stops_on_sigint_and_resumes_to_each_row_once(tmp_path):
     folder = build_tiny_rope(tmp_path / "rope", train_length=32, seed=4)
     out = tmp_path / "mlm.csv"
-    argv = ["mlm", "--model", str(folder), "--lengths", "1x,4x,8x", "--schemes", "none,window:window=8",
-            "--methods", "none,tau=0.7", "--sequences", "6", "--batch-size", "2", "--out", str(out)]
-    total = 3 * 2 * 2
+    argv = ["mlm", "--model", str(folder), "--lengths", "1x,4x", "--schemes", "none,window:window=8",
+            "--methods", "none,tau=0.7", "--sequences", "4", "--batch-size", "2", "--out", str(out)]
+    total = 2 * 2 * 2
     rc, seconds, err = _interrupt(argv, out, tmp_path / "log", ignored=True)
     _check_stopped(rc, seconds, err)
     kept = _rows(out)
@@ -116,9 +116,9 @@ def test_mlm_stops_on_sigint_and_resumes_to_each_row_once(tmp_path):
 
 def test_perplexity_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path):
     out = tmp_path / "ppl.csv"
-    argv = ["perplexity", "--model", str(tiny_dir), "--lengths", "1x,2x,3x", "--methods", "none,tau=0.8,tau=0.6",
-            "--sequences", "6", "--samples", "1", "--device", "cpu", "--out", str(out)]
-    total = 3 * 3
+    argv = ["perplexity", "--model", str(tiny_dir), "--lengths", "1x,2x", "--methods", "none,tau=0.8,tau=0.6",
+            "--sequences", "4", "--samples", "1", "--device", "cpu", "--out", str(out)]
+    total = 2 * 3
     rc, seconds, err = _interrupt(argv, out, tmp_path / "log", ignored=False)
     _check_stopped(rc, seconds, err)
     kept = _rows(out)
