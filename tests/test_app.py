@@ -153,11 +153,16 @@ def test_theory_measures_lengths(env):
 
 # -- errors a person can act on -----------------------------------------------------------
 
-def test_empty_text_error(env):
+def test_paste_mode_opens_without_an_error(env):
+    """Paste mode before anything is typed (or only blanks): a note saying what to paste, no red error, and the
+    sidebar says a shared link does not carry the text (issue 50, point 6)."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.radio(key="doc_mode").set_value("Paste").run()
-    at.sidebar.text_area(key="doc_text").input("   \n ").run()
-    assert "text is empty" in app_error_text(at)
+    for text in ("", "   \n "):
+        at.sidebar.text_area(key="doc_text").input(text).run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        assert any("Paste mode." in i.value for i in at.info)
+        assert any("does not carry the pasted text" in c.value for c in at.sidebar.caption)
 
 
 def test_document_too_long_shows_engine_message(env, monkeypatch):

@@ -159,7 +159,10 @@ def _shot(page, name: str) -> None:
 
 def _grid_of(page, deadline: Deadline) -> list[float]:
     """The scrubber's grid values, from its ticks' titles ("grid tau 0.95", "grid CosScale s 16.00"), sorted."""
-    titles = page.locator(".aae .ticks span").evaluate_all("(ts) => ts.map(t => t.title)", timeout=deadline.ms())
+    page.locator(".aae .ticks span").first.wait_for(state="attached", timeout=deadline.ms())
+    titles = page.locator(SCRUBBER).evaluate("(r) => [...r.querySelectorAll('.ticks span')].map(t => t.title)",
+                                             timeout=deadline.ms())
+    assert titles, "the scrubber shows no grid ticks"
     return sorted(float(t.split()[-1]) for t in titles)
 
 
@@ -196,8 +199,9 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     assert "Step 4 · Algorithm 1." not in main and "closed: you changed the set-up" in main, main[:800]
 
     # -- tau's keys: one grid value each way -------------------------------------------------------------------
-    now = scrubber(page, deadline)["tau"]
     grid = [f"{t:.2f}" for t in _grid_of(page, deadline)]
+    now = scrubber(page, deadline)["tau"]
+    assert now in grid, (now, grid)
     i = grid.index(now)
     assert _key(page, "PageDown", grid[i - 1], deadline)["shown"] == grid[i - 1]
     assert _key(page, "PageDown", grid[i - 2], deadline)["shown"] == grid[i - 2]
@@ -234,6 +238,7 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     assert "the slider below moves it" in page.locator(".st-key-temperature_panel").inner_text(timeout=deadline.ms())
     grid = [f"{s:.2f}" for s in _grid_of(page, deadline)]
     now = scrubber(page, deadline)["tau"]
+    assert now in grid, (now, grid)
     i = grid.index(now)
     assert _key(page, "PageUp", grid[i + 1], deadline)["shown"] == grid[i + 1]
     assert _key(page, "PageDown", grid[i], deadline)["shown"] == grid[i]

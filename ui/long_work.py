@@ -30,7 +30,10 @@ from core.runs import timing
 CONFIRM_OVER_S = 30.0
 _CONFIRMED = "_aae_confirmed"  # what the person chose to compute despite its estimate
 #: Every element Streamlit has not redrawn in this run yet is hidden: it belongs to the last run (the old document).
-HIDE_STALE = "<style>[data-stale='true'] { display: none !important; }</style>"
+#: Only while this very element is fresh (its marker's element container not stale): in the next run, until
+#: Streamlit replaces it, it must not hide anything (a poll's rerun would blank the views it has not reached).
+HIDE_STALE = ("<span class='aae-hide-stale'></span><style>body:has([data-testid='stElementContainer']"
+              ":not([data-stale='true']) .aae-hide-stale) [data-stale='true'] { display: none !important; }</style>")
 
 
 def hide_stale(where=st) -> None:
