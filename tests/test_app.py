@@ -247,6 +247,9 @@ def test_cosine_model_has_cosscale_and_histogram(tmp_path, monkeypatch):
     _ok(at)
     header, chosen = scrubber_view(at)
     assert header["meta"]["axis"]["name"] == "s" and 24.0 in header["grid"] and header["meta"]["value"] == 12.0
+    # one control moves s (issue 50): the scrubber's, and the panel says which s it holds instead of a second slider
+    assert [w.key for w in at.slider if w.key == "cos_scale"] == []
+    assert any("CosScale s = **12**" in c.value and "the slider below moves it" in c.value for c in at.caption)
     at.session_state["cos_scale"] = 24.0
     at.run()
     header, chosen = scrubber_view(at)
