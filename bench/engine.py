@@ -200,7 +200,7 @@ def pass_child(variant: str, length: int, reps: int) -> dict:
     ids = torch.as_tensor(enc.input_ids)[None]
     model = loaded.model
     if variant == "sdpa":
-        model.set_attn_implementation("sdpa")  # the lazy bias then hands transformers its own dense tensor
+        attention.set_implementation(model, "sdpa")  # every stack (5.17); the lazy bias then hands out a dense tensor
     encoder = model.get_encoder()
 
     def one(x: torch.Tensor) -> None:

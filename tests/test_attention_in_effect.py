@@ -20,8 +20,25 @@ from core.mechanics import attention
 def test_a_loaded_model_runs_our_attention_and_sdpa_does_not(tmp_path):
     loaded = models.load(str(build_tiny_t5(tmp_path)))  # its own model: the loader's cache keeps what it loads
     assert attention.served_by_us(loaded.model)
-    loaded.model.set_attn_implementation("sdpa")
+    attention.set_implementation(loaded.model, "sdpa")
     assert not attention.served_by_us(loaded.model)
+    attention.set_implementation(loaded.model, ATTN_NAME)
+    assert attention.served_by_us(loaded.model)
+
+
+def test_a_model_built_with_sdpa_and_switched_runs_ours_in_every_layer():
+    """The cause of issue 49's GPU run with transformers 5.17: its ``set_attn_implementation`` left T5's
+    encoder and decoder stacks on sdpa. ``set_implementation`` reaches every config, on any release."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from engine import tiny_t5
+
+    model = tiny_t5(attn="sdpa")
+    attention.set_implementation(model, ATTN_NAME)
+    assert {c._attn_implementation for c in attention.configs(model)} == {ATTN_NAME}
+    assert attention.served_by_us(model)
 
 
 def test_a_transformers_that_dispatches_elsewhere_is_refused_at_load(tmp_path, monkeypatch):

@@ -217,6 +217,21 @@ def configs(model: torch.nn.Module) -> list:
     return list(seen.values())
 
 
+def set_implementation(model: torch.nn.Module, name: str) -> None:
+    """Run ``model``'s attention through ``name`` (``"aligned"``, ``"sdpa"``, ``"eager"``...) in every config it
+    reads: transformers' ``set_attn_implementation`` and then each sub-config it did not reach.
+
+    Why: transformers 5.17's ``set_attn_implementation`` on T5 changes only the top config, and T5's encoder and
+    decoder stacks keep copies of their own: a model built with sdpa and then switched to ours ran sdpa in
+    every layer, silently (bench/gpu.py on a GPU with 5.17 gave the same time for both; issue 49). 5.24 reaches
+    the stacks; this works on both."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    for cfg in configs(model):
+        if cfg._attn_implementation != name:
+            cfg.__dict__["_attn_implementation_internal"] = name
+
+
 def point(model: torch.nn.Module, name: str) -> list[tuple[object, object]]:
     """Make every config of ``model`` name the implementation ``name``; returns ``[(config, what it named)]`` for
     putting them back (:func:`point_back`)."""

@@ -222,10 +222,7 @@ class _Snapshot:
 def _switch_on(model) -> _Snapshot:
     snap = _Snapshot.take(model)
     if not all(is_aligned(c._attn_implementation) for c, _ in snap.entries):  # ours already: left as it is
-        model.set_attn_implementation(attention.ATTN_NAME)
-        for cfg in attention.configs(model):  # sub-configs set_attn_implementation could not reach
-            if not is_aligned(cfg._attn_implementation):
-                cfg.__dict__["_attn_implementation_internal"] = attention.ATTN_NAME
+        attention.set_implementation(model, attention.ATTN_NAME)  # sub-configs included (transformers 5.17)
     relative_bias.install(model)  # T5's bias as one vector per head while ours runs; restore() takes it out
     return snap
 
