@@ -190,7 +190,7 @@ def test_tour_step_4_says_whether_algorithm1_reached_the_line(env):
     app_ok(at)
     (step,) = [i.value for i in at.info if "Step 4" in i.value]
     assert "reached the L_tr line" in step
-    assert "the grid ends at tau = 0.5 short of the line" in step
+    assert "ends short of the line" in step and "grid" not in step  # one meaning of "the grid" (issue 50)
     assert at.session_state["tau_method"] == "pmax" and at.session_state["doc_tokens"] == 8 * 256
 
 
