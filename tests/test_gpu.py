@@ -51,3 +51,31 @@ def test_batched_stats_on_cuda_bfloat16_are_finite_and_close(pair, tiny_dir):
         assert np.isfinite(y.probes.pmax).all() and y.probes.nonfinite_layers == []
         # bfloat16 keeps 8 bits of mantissa: Pmax agrees to about a percent, not to float32's digits
         np.testing.assert_allclose(y.probes.pmax, x.probes.pmax, rtol=0.05, atol=0.01)
+
+
+def test_the_cuda_kernel_serves_the_encoder_and_equals_the_cpu(pair, tiny_dir, monkeypatch):
+    """The Triton kernel (core.mechanics.flash_attention) on the GPU: a probed pass (map and sorted logits of
+    layer 0, Pmax and H and the profile everywhere) takes ``cuda`` for every encoder layer but the map's, and
+    the answer, Pmax/H, profile and map equal the CPU float32 pass; in bfloat16 within its precision."""
+    from core.mechanics import flash_attention, softmax_block
+
+    if not flash_attention.usable():
+        pytest.skip("Triton is not importable here")
+    cpu, gpu = pair
+    chosen: list[str] = []
+    choose = softmax_block.choose_backend
+    monkeypatch.setattr(softmax_block, "choose_backend", lambda x: chosen.append(choose(x)) or chosen[-1])
+    doc = tasks.make("passkey", cpu.tokenizer, 900, depth=0.4, seed=3)
+    a = engine.run(cpu, doc, engine.RunSettings(tau=0.6))
+    chosen.clear()
+    b = engine.run(gpu, doc, engine.RunSettings(tau=0.6))
+    assert chosen.count(softmax_block.CUDA) >= gpu.model.config.num_layers - 1
+    assert a.answer == b.answer
+    np.testing.assert_allclose(b.probes.pmax, a.probes.pmax, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(b.probes.entropy, a.probes.entropy, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(b.probes.profile, a.probes.profile, rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(b.probes.heatmap_mean, a.probes.heatmap_mean, rtol=1e-3, atol=1e-6)
+    bf = load(str(tiny_dir), device="cuda")
+    c = engine.run(bf, doc, engine.RunSettings(tau=0.6))
+    np.testing.assert_allclose(c.probes.pmax, a.probes.pmax, rtol=0.05, atol=0.01)
+    np.testing.assert_allclose(c.probes.entropy, a.probes.entropy, rtol=0.05, atol=0.05)
