@@ -585,10 +585,15 @@ def cmd_run(args) -> int:
         _refuse_over_budget(args.budget_, loaded, doc, enc, chosen.run_settings(1.0, probes=None),
                             [chosen.method] if entry.measured else [], args.samples, "this run")
     prog = _progress("calibrating") if entry.search is not None else None
-    # a stored schedule is used at the length it was chosen at; any other length re-resolves it
-    tau, info = methods.resolve(loaded, doc, chosen.method, chosen.tau, samples=args.samples, progress=prog,
-                                chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
-                                base=chosen.run_settings(1.0, probes=None) if _has_scheme(chosen) else None)
+    from core.mechanics import attention
+
+    # a search shows the layers it has run beside its bar (and still asks the budget); others only the budget
+    ticker = _layers_ticker(prog, args.budget_) if prog else (args.budget_.check if args.budget_.seconds else None)
+    with attention.between_layers(ticker):
+        # a stored schedule is used at the length it was chosen at; any other length re-resolves it
+        tau, info = methods.resolve(loaded, doc, chosen.method, chosen.tau, samples=args.samples, progress=prog,
+                                    chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
+                                    base=chosen.run_settings(1.0, probes=None) if _has_scheme(chosen) else None)
     if prog:
         prog.close()
     settings = chosen.run_settings(tau)
