@@ -67,10 +67,13 @@ def test_multivalue_and_multiquery_by_reading_the_text(tok):
         pairs = NIAH.findall(d.text)
         assert {k for k, _ in pairs} == {d.meta["asked"][0]} and len(pairs) == 2
         assert sorted(v for _, v in pairs) == sorted(d.expected.split(", "))
+        assert d.meta["answer_span"] is None  # a list answer has no one span; each number has its own
+        assert [d.text[a:b] for a, b in d.meta["answer_spans"]] == d.expected.split(", ")
         d = tasks.make("multiquery", tok, 1024, depth=0.7, seed=seed)
         found = dict(NIAH.findall(d.text))
         assert len(found) == 4
         assert [found[k] for k in d.meta["asked"]] == d.expected.split(", ")
+        assert [d.text[a:b] for a, b in d.meta["answer_spans"]] == d.expected.split(", ")
 
 
 @pytest.mark.parametrize("hops", [1, 2, 4])

@@ -262,6 +262,12 @@ def build(task: str, tokenizer: Any, tokens: int, depth: float, seed: int, hayst
     if missing:  # a guard: the loop above only stops once every extra sits in the document
         raise ValueError(f"task {task!r}: {len(missing)} needles fell outside a {tokens}-token document")
     info = {"expected": spec["expected"], **spec["info"], "needles": 1 + len(extras)}
+    if task in ("multivalue", "multiquery"):  # a list answer has no one span: each asked number's own
+        spans = []
+        for v in spec["info"]["values"]:
+            at = draft.text.find(f": {v}.") + 2
+            spans.append((at, at + len(str(v))))
+        info["answer_spans"] = spans
     if task == "commonwords":
         body = draft.text[len(spec["intro"]) + 1: draft.question_span[0]]
         counts = Counter(w.strip(".,") for w in body.split())
