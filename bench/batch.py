@@ -2,6 +2,7 @@
 
     python bench/batch.py            # everything (CPU; a few minutes on 2 busy cores)
     python bench/batch.py --quick    # skip the 16k-token memory runs
+    python bench/batch.py --padded   # only (e)
 
 (a) ``core.runs.apply`` with tau = 0.7 and no probes vs plain transformers
     (``attn_implementation="sdpa"``) ``generate``, same model object, same
@@ -15,7 +16,12 @@
     the default chunk budget vs one block for all rows (``chunk_bytes`` huge),
     each in a fresh subprocess (``getrusage`` max RSS), under an address-space
     cap so that a pass too big for the machine fails on its own instead of
-    calling the kernel's OOM killer.
+    calling the kernel's OOM killer;
+(e) a padded batch (4 documents of 1,000-2,600 tokens, the bundled default
+    model, stats probes, ``core.runs.engine.run_batch``) with the fused CPU
+    kernel vs torch's path (``AAE_FUSED_SOFTMAX=0``: the path every padded
+    batch took before its mask was handed over as one row of keys, issue 49),
+    wall and CPU seconds (on a busy machine the CPU time is the steadier one).
 
 Timings interleave the two sides of a ratio and keep the best of several
 repeats, which damps (but cannot remove) noise from other processes. The
@@ -197,9 +203,41 @@ def bench_memory(lengths, threads, limit_gb: float) -> list[dict]:
     return out
 
 
+def bench_padded(reps: int) -> dict:
+    """(e): a padded batch's pass with the kernel and without it, interleaved, best of ``reps`` each."""
+    from core import models
+    from core.data import tasks
+    from core.mechanics import fused_softmax
+    from core.mechanics.probes import ProbeSpec
+    from core.runs import engine
+
+    loaded = models.load("retrieval-t5", device="cpu")
+    docs = [tasks.make("passkey", loaded.tokenizer, n, seed=i) for i, n in enumerate((1000, 1600, 2100, 2600))]
+    settings = engine.RunSettings(tau=0.7, probes=ProbeSpec.stats_only(), max_new_tokens=8)
+    best: dict[str, list[float]] = {}
+    old = os.environ.get(fused_softmax.ENV_SWITCH)
+    try:
+        for rep in range(reps + 1):
+            for side in ("kernel", "torch"):
+                os.environ[fused_softmax.ENV_SWITCH] = "1" if side == "kernel" else "0"
+                t0, c0 = time.perf_counter(), time.process_time()
+                engine.run_batch(loaded, docs, settings, batch_size=4)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                if rep:  # the first round warms up both sides
+                    b = best.setdefault(side, [float("inf"), float("inf")])
+                    best[side] = [min(b[0], wall), min(b[1], cpu)]
+    finally:
+        if old is None:
+            os.environ.pop(fused_softmax.ENV_SWITCH, None)
+        else:
+            os.environ[fused_softmax.ENV_SWITCH] = old
+    return {"kernel": best["kernel"], "torch": best["torch"], "kernel_available": fused_softmax.available()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="memory at 4k only")
+    ap.add_argument("--padded", action="store_true", help="only (e): a padded batch with and without the kernel")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--mem-limit-gb", type=float, default=18.0)
@@ -218,6 +256,10 @@ def main(argv=None) -> int:
     print(f"machine: {machine()}; torch threads {torch.get_num_threads()}")
     shapes = [(1024, 4), (4096, 1)]
     t0 = time.perf_counter()
+    if args.padded:
+        _print_padded(bench_padded(args.reps))
+        print(f"\ntotal {time.perf_counter() - t0:.0f}s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return 0
 
     print("\n(a) core.runs.apply(tau=0.7), no probes  vs  plain sdpa generate (16 new tokens)   aim <= 1.15x")
     for r in bench_apply(shapes, args.reps):
@@ -243,8 +285,19 @@ def main(argv=None) -> int:
         else:
             print(f"    L={r['L']:>5} {r['label']:>9}: peak {r['rss_peak'] / 2**30:.2f} GiB "
                   f"(+{(r['rss_peak'] - r['rss_before']) / 2**30:.2f} GiB over the idle process), {r['seconds']:.1f}s")
+    _print_padded(bench_padded(args.reps))
     print(f"\ntotal {time.perf_counter() - t0:.0f}s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
+
+
+def _print_padded(r: dict) -> None:
+    print("\n(e) a padded batch (4 documents, 1,000-2,600 tokens, stats probes): fused kernel vs torch's path")
+    if not r["kernel_available"]:
+        print("    the kernel is not available here (no compiler, or switched off): nothing to compare")
+        return
+    (kw, kc), (tw, tc) = r["kernel"], r["torch"]
+    print(f"    kernel {kw:.2f}s wall, {kc:.2f}s CPU   torch {tw:.2f}s wall, {tc:.2f}s CPU   "
+          f"ratio {kw / tw:.2f}x wall, {kc / tc:.2f}x CPU")
 
 
 if __name__ == "__main__":
