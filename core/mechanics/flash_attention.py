@@ -106,7 +106,7 @@ def _build(interpret: bool):
             a = tl.exp(m_i - m_new)
             d = tl.where(keep, x - m_new[:, None], 0.0)
             e = tl.where(keep, tl.exp(d), 0.0)
-            u_i = a * (u_i + (m_i - m_new) * l_i) + tl.sum(e * d, 1)
+            u_i = a * (u_i + tl.where(l_i > 0, (m_i - m_new) * l_i, 0.0)) + tl.sum(e * d, 1)
             l_i = a * l_i + tl.sum(e, 1)
             v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dv[None, :] * svd, mask=col_ok[:, None],
                         other=0.0)
