@@ -20,6 +20,12 @@ finished accuracy run (and the cell's calibrated taus and dispersion) goes to
 ``<out>/<model>.partial.json`` as it ends, so a 16x cell (close to an hour of
 one CPU core) cut short by the end of a session resumes from its last run,
 not from nothing.
+
+``--ruler [ROWS]`` runs the RULER block instead (issue 48): the RULER-style tasks
+(``core.data.tasks.ruler``; ``-varied`` rows with held-out corpus filler) at
+``--multiples`` x ``--ruler-methods`` (closed forms), and each one's effective
+length (the longest length whose accuracy stays within 85 % of the L_tr value),
+written to ``<out>/ruler-<model>.csv`` and ``.md``.
 """
 
 from __future__ import annotations
