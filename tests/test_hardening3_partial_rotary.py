@@ -7,7 +7,8 @@ must then be built for the dimensions the model rotates (the issue's repro: ``--
 "The size of tensor a (16) must match the size of tensor b (8)"), each frequency scheme equal to transformers'
 own model built with the scheme's rope parameters for that dimension, every other scheme equal to the same
 weights without the factor. A config no transformers ModernBERT can run (a partial rope type of its own, a
-``head_dim`` narrower than the attention's head) is one line, exit 2.
+``head_dim`` narrower than the attention's head) is one line, exit 2, from the loader (it runs a short pass to
+check whose attention serves the model) and from every scheme pass.
 """
 
 from __future__ import annotations
@@ -165,6 +166,5 @@ def test_a_head_dim_narrower_than_the_head_is_one_line(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["head_dim"] = 8
     (folder / "config.json").write_text(json.dumps(cfg))
-    loaded = load(str(folder), device="cpu")
-    with pytest.raises(UserError, match="rotar"):
-        _ours(loaded, positions.Scheme.of("ntk"), _ids())
+    with pytest.raises(UserError, match="rotar"):  # refused by the loader, before its first pass
+        load(str(folder), device="cpu")

@@ -36,7 +36,7 @@ import torch
 
 from core.mechanics import attention  # noqa: F401  (registers the "aligned" attention)
 from core.mechanics import relative_bias
-from core.errors import ModelLoadError
+from core.errors import ModelLoadError, UserError
 from core.models.catalog import ROPE_FAMILY, T5_FAMILY, ModelSpec, registry, resolve
 from core.models.device import pick_device
 from core.models.hub import local_copy
@@ -236,6 +236,15 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
                 "into its folder.")
     model.to(dev).eval()
     relative_bias.install(model)  # T5's bias as one vector per head (core.mechanics.relative_bias): no [H, L, L] per pass
+    if family == attention.ROPE:  # a rotary config its own attention cannot apply: one line, before any pass
+        from core.values import positions
+
+        try:
+            positions.check_rotation(model.config, positions.rotary_frequency_counts(model))
+        except ModelLoadError:
+            raise
+        except UserError as err:
+            raise ModelLoadError(f"Model '{src}': {err}", app=f"Model '{_shown(src)}': {err}") from None
     if not attention.served_by_us(model):
         import transformers as _t
 

@@ -73,14 +73,7 @@ def check_rotation(loaded: "Loaded") -> None:
     model = loaded.model
     if model in _ROTATION_OK:
         return
-    config = model.config
-    held: dict[str | None, int] = {}
-    for module in positions.rotary_modules(model):
-        for lt in positions.layer_types(config):
-            buf = getattr(module, "inv_freq" if lt is None else f"{lt}_inv_freq", None)
-            if buf is not None:
-                held[lt] = int(buf.numel())
-    positions.check_rotation(config, held)
+    positions.check_rotation(model.config, positions.rotary_frequency_counts(model))
     _ROTATION_OK.add(model)
 
 

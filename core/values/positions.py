@@ -763,6 +763,19 @@ def rotary_modules(model: Any) -> list[Any]:
     return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "rope_type")]
 
 
+def rotary_frequency_counts(model: Any) -> dict[str | None, int]:
+    """How many frequencies each layer type's rotary module of ``model`` holds (its ``*inv_freq`` buffers): what
+    :func:`check_rotation` compares with the dimensions the attention rotates."""
+    config = model.config
+    held: dict[str | None, int] = {}
+    for module in rotary_modules(model):
+        for lt in layer_types(config):
+            buf = getattr(module, "inv_freq" if lt is None else f"{lt}_inv_freq", None)
+            if buf is not None:
+                held[lt] = int(buf.numel())
+    return held
+
+
 _SWAP_GUARD = threading.Lock()
 _SUBCLASSES: dict[tuple[type, Callable], type] = {}
 #: Models whose rotary modules are swapped already: every scheme pass asks, so the answer is one set lookup.
