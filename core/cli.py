@@ -554,11 +554,11 @@ def _layers_ticker(prog, budget):
     return tick
 
 
-def _refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str], samples: int, what: str) -> None:
+def _refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str], samples: int, what: str) -> float:
     """Refuse (one line, exit 2) work whose estimate is over ``--max-seconds``: the pass over the document
     (:func:`core.runs.engine.estimate_pass`: a timed pass over its first tokens, scaled by the square of the length)
     plus the passes the ``measured`` methods run to resolve (:func:`core.runs.methods.costs`, upper bounds), each
-    scaled from the same timing."""
+    scaled from the same timing. Returns the pass's estimate (seconds)."""
     from core.mechanics import attention
     from core.runs import engine
 
@@ -569,6 +569,7 @@ def _refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str],
     seconds = sum(count * per * (tokens / enc.n) ** 2 for count, tokens in passes)
     n_passes = sum(count for count, _ in passes)
     budget.refuse(seconds, f"{what} ({n_passes:,} pass{'es' if n_passes != 1 else ''} of up to {enc.n:,} tokens)")
+    return per
 
 
 def cmd_run(args) -> int:
@@ -581,9 +582,10 @@ def cmd_run(args) -> int:
     entry = methods.get(chosen.method)
     doc = _document(loaded, chosen, args.samples if entry.measured else 1)
     enc = engine.encode(loaded, doc)
+    est = None
     if args.budget_.seconds is not None:  # refused before it starts when the estimate is over the budget
-        _refuse_over_budget(args.budget_, loaded, doc, enc, chosen.run_settings(1.0, probes=None),
-                            [chosen.method] if entry.measured else [], args.samples, "this run")
+        est = _refuse_over_budget(args.budget_, loaded, doc, enc, chosen.run_settings(1.0, probes=None),
+                                  [chosen.method] if entry.measured else [], args.samples, "this run")
     prog = _progress("calibrating") if entry.search is not None else None
     from core.mechanics import attention
 
@@ -598,7 +600,8 @@ def cmd_run(args) -> int:
         prog.close()
     settings = chosen.run_settings(tau)
     if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
-        est = engine.estimate_pass(loaded, doc, enc, settings)
+        if est is None:
+            est = engine.estimate_pass(loaded, doc, enc, settings)
         print(f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
               "timed, scaled by the square of the length)", file=sys.stderr, flush=True)
     res = engine.run(loaded, doc, settings, encoded=enc)
