@@ -33,10 +33,10 @@ class GaveWay(Exception):
     """
 
 
-#: Seconds the background waits after the last foreground work ended before it takes the gate again: a page that
-#: runs several passes in a row (Explore's first run: its tau = 1 pass, then its L_tr reference) gets them all
-#: before the background resumes, not one layer of background work between each two.
-RESUME_AFTER_S = 0.5
+#: Seconds the background waits after the last foreground work ended before it takes the gate again (so a page
+#: that runs several passes in a row gets them all first). 0: 0.5 made tests/test_browser.py's scrubbing test fail
+#: (the scrubber read empty after the page settled; cause not established), so the option is off.
+RESUME_AFTER_S = 0.0
 
 
 class PassGate:
