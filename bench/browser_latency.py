@@ -856,8 +856,10 @@ def foreground(browser: Browser, url: str, tokens: int, seed: int, repeats: int,
     """(h) Off-grid moves while a long document's grid computes, each as soon as a grid frame arrived."""
     import urllib.parse
 
+    from core.runs import methods
+
     page = browser.session()
-    q = {"task": "passkey", "tokens": tokens, "depth": 50, "seed": seed, "method": "fixed", "tau": "1.0"}
+    q = {"task": "passkey", "tokens": tokens, "depth": 50, "seed": seed, "method": methods.FIXED, "tau": "1.0"}
     page.goto(f"{url}/?{urllib.parse.urlencode(q)}")
     if browser._wait(page, FIRST_JS, [tokens], "the document's first frame or the app's 'Compute it'") == "ask":
         page.locator("button").filter(has_text="Compute it").first.click()  # the app asks before long work
