@@ -194,7 +194,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
     # the left column is the model as trained: tau = 1, its own CosScale, plain RoPE (no position scheme)
     base_settings = engine.RunSettings(Choice(methods.AS_TRAINED, targets=ctx.targets), probes=probes)  # trained s, plain
-    slot = st.empty()  # the component's place; while a new document's first passes run, what they are and how far
+    # Above the component: while a new document's first passes run, what they are and how far (empty otherwise).
+    # One container per run at most: a second .container() of the same placeholder would remount the component.
+    slot = st.empty()
     first = [s for s in (base_settings, None if g is None else at(g)) if s is not None and not cache.has_run(loaded, req, s)]
     first = [s for i, s in enumerate(first) if all(cache.attention_key(s.choice) != cache.attention_key(o.choice)
                                                    or s.probes != o.probes for o in first[:i])]
@@ -219,7 +221,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
             label = f"pass {i + 1} of {len(first)} ({'tau = 1' if s is base_settings else 'the chosen ' + AXES[axis]}):"
             with long_work.layer_progress(bar, label, per, loaded.n_layers):
                 cache.run(loaded, req, s)
-        bar.progress(1.0, text="drawing the views…")
+        slot.empty()
     base = cache.run(loaded, req, base_settings)
     ref = cache.run_reference(loaded, req, Choice(targets=ctx.targets))
     grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
@@ -270,8 +272,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
                              chosen_settings if exact is not None else None)
     data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only,
                           cards=cards, mask=mask)
-    with slot.container():
-        _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
+    _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:
         # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with
