@@ -136,10 +136,11 @@ class _Call:
     settings: AttentionSettings
     recorder: "Recorder | None"
     taus: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-    served: int = 0  # attention calls this function served under these settings (see served_by_us)
 
 
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
+#: A counter of the calls this function serves, set only by :func:`served_by_us` (its own pass, no settings).
+_SERVED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("aligned_served", default=None)
 
 
 #: What this thread runs between two attention calls (a layer's attention and the next), or None: see
@@ -309,7 +310,8 @@ def attention_call(settings: AttentionSettings | None = None, recorder: "Recorde
 
 def served_by_us(model: torch.nn.Module) -> bool:
     """Whether a forward pass of ``model`` (4 tokens, its encoder for a seq2seq model) runs its attention through
-    :func:`aligned_attention`: one short pass with a call open, counting the calls this function serves.
+    :func:`aligned_attention`: one short pass counting the calls this function serves (no settings of its own:
+    the model's standing ones, or tau = 1, as any pass outside a call).
 
     Why: a transformers release whose model does not dispatch through ``AttentionInterface`` (or dispatches
     elsewhere on some device) runs its own attention silently, and every tau then changes nothing: a GPU run
@@ -319,13 +321,14 @@ def served_by_us(model: torch.nn.Module) -> bool:
     ids = torch.tensor([[4, 5, 6, 1]], device=device)
     encoder = model.get_encoder() if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder",
                                                                                  False) else model
-    token = _CURRENT.set(_Call(AttentionSettings(), None))
+    counter = [0]
+    token = _SERVED.set(counter)
     try:
         with torch.no_grad():
             encoder(input_ids=ids)
-        return _CURRENT.get().served > 0
+        return counter[0] > 0
     finally:
-        _CURRENT.reset(token)
+        _SERVED.reset(token)
 
 
 def attention_kind(module: torch.nn.Module) -> str:
@@ -441,11 +444,12 @@ def aligned_attention(
     pause = _BETWEEN.get()
     if pause is not None:
         pause()
+    served = _SERVED.get()
+    if served is not None:
+        served[0] += 1
     call = _CURRENT.get()
     if call is None:
         call = standing
-    if call is not None:
-        call.served += 1
     kind = attention_kind(module)
     layer = int(getattr(module, "layer_idx", 0) or 0)
     batch, heads, q_len, _ = query.shape
