@@ -16,6 +16,7 @@ from core.values.schedule import Schedule
 from ui import chart, csv_of, plural, user_errors
 from ui import cache, choices, figure_cache, pass_gate, prefetch
 from ui import sidebar as sb
+from ui import theory_views
 
 EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
 GRID = temperature.GRID
@@ -416,6 +417,35 @@ def long_notes(table: pd.DataFrame) -> list[str]:
     return out
 
 
+def _the_rest(ctx: sb.Context, taus: dict) -> tuple[dict, list[str]]:
+    """``taus`` (the closed forms and Algorithm 1's grid picks) completed with every other registry method, in the
+    registry's order (what the CLI's ``--method`` offers): tau = 1, the slider's fixed tau, every per-row schedule
+    (Llama 4, Qwen's log-n by position: no pass), and each search of its own (refined, per layer, per head) when
+    its passes are already cached; the searches not yet run, as ``(label, about how many passes)`` texts."""
+    taus = dict(taus)
+    missing = []
+    for name, m in methods.REGISTRY.items():
+        if name in taus:
+            continue
+        if m.constant is not None:
+            taus[name] = m.constant
+        elif m.takes_value:
+            taus[name] = Schedule.of(ctx.tau_input)  # the person's own slider tau
+        elif m.per == "row" and not m.measured:  # a tau per query row, from L_tr and the row's position alone
+            taus[name] = cache.resolve_tau(ctx.loaded, ctx.request, name, ctx.choice)[0]
+        elif m.measured:  # many passes: only once asked for
+            got = cache.resolve_tau(ctx.loaded, ctx.request, name, ctx.choice, compute=False)
+            if got is not None:
+                taus[name] = got[0]
+                continue
+            n = m.passes(ctx.loaded.n_layers, ctx.loaded.n_heads)[0]
+            if m.per in ("layer", "head"):
+                missing.append(f"{m.label}, about {n // ctx.loaded.n_layers} passes per layer")
+            else:
+                missing.append(f"{m.label}, at most {n} passes")
+    return {n: taus[n] for n in methods.NAMES if n in taus}, missing
+
+
 def every_method(ctx: sb.Context, cals: dict) -> dict:
     """Every method's tau for this document (closed forms, Algorithm 1, per-layer and per-head when computed) and a
     'use' box."""
@@ -423,8 +453,9 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     st.subheader("Every method's tau for this document")
     st.caption(
         "log-length: log L_tr / log L (paper baseline); log-n (Qwen) and Scalable-Softmax give the same number in an "
-        "encoder. YaRN: (0.1 ln s + 1)^-2 with s = L / L_tr. Llama 4: a tau per query row, shown as its mean over the "
-        "rows (rows before L_tr keep 1). InfoScale: keeps attention entropy invariant with d = d_kv. "
+        "encoder, and so do LongRoPE's factor and critical scaling at its default gamma from L_tr up. YaRN: "
+        "(0.1 ln s + 1)^-2 with s = L / L_tr. Llama 4 and log-n (Qwen) per query position: a tau per query row, "
+        "shown as its mean over the rows (rows before L_tr keep 1; each row's tau: the chart below). InfoScale: keeps attention entropy invariant with d = d_kv. "
         "Prop. 1 / Prop. 2: the paper's closed forms from the spread sigma of layer 0's sorted logits (Sec. 4), "
         "matching Pmax / entropy. Algorithm 1: the measured picks above. 'n/a' means the Gaussian model behind a "
         "formula does not fit these numbers."
@@ -433,21 +464,14 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
         taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice)
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
-    rows = methods.PER_ROW  # no pass
-    taus[rows] = cache.resolve_tau(ctx.loaded, ctx.request, rows, ctx.choice)[0]
-    missing = []
-    for name in (methods.PER_LAYER, methods.PER_HEAD):  # many passes: only once asked for
-        got = cache.resolve_tau(ctx.loaded, ctx.request, name, ctx.choice, compute=False)
-        if got is not None:
-            taus[name] = got[0]
-        else:
-            per_layer = methods.get(name).passes(ctx.loaded.n_layers, ctx.loaded.n_heads)[0] // ctx.loaded.n_layers
-            missing.append(f"{methods.label(name)}, about {per_layer} passes per layer")
+    taus, missing = _the_rest(ctx, taus)
     table = taus_table(taus, ctx.tokens, ctx.train_length)
     st.dataframe(table, hide_index=True, width="stretch", column_order=("label", "tau", "note"),
                  column_config=column_config(table))
     for line in long_notes(table):  # in full, whatever the width of the table's cells
         st.caption(line)
+    theory_views.per_row_chart(ctx, {n: t for n, t in taus.items()
+                                     if not isinstance(t, str) and Schedule.of(t).rows is not None})
     st.caption(prop1_note(taus.get(methods.PROP1), cache.logit_stats(ctx.loaded, ctx.request, ctx.choice)))
     if missing:
         st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "

@@ -24,6 +24,9 @@ from ui import sidebar as sb
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
 SWEEP_METHODS = tuple(n for n, m in methods.REGISTRY.items() if not m.takes_value)  # fixed taus: their own box
+#: The tasks a sweep makes documents of: the paper's and the RULER-style ones (issue 48); pasted text and a language
+#: model's sequences are not swept here (the page draws perplexity for a language model instead).
+SWEEP_TASKS: tuple[str, ...] = tasks.TASKS + tasks.RULER_TASKS
 METHODS_HELP = "\n\n".join(f"**{methods.label(m)}**: {methods.get(m).help}" for m in SWEEP_METHODS)
 
 
@@ -45,7 +48,7 @@ def length_options(ctx: sb.Context) -> tuple[list, float | None]:
     """The sweep's length choices (multiples of L_tr) and, when the sidebar's document is generated at a length that
     is not one of them, that length as a multiple too (so it can be swept); the sidebar's multiple or None."""
     lt = ctx.train_length
-    if ctx.request.task not in tasks.TASKS or not ctx.request.tokens:
+    if ctx.request.task not in SWEEP_TASKS or not ctx.request.tokens:
         return list(sb.MULTIPLES), None
     k = ctx.request.tokens / lt
     if k in sb.MULTIPLES:
@@ -75,7 +78,7 @@ def lengths_note(ctx: sb.Context, key: str, k, what: str, own: str = "documents"
     chosen = sorted(ss[key])
     runs = ", ".join(f"{round(c * lt):,}" for c in chosen) or "none yet"
     kind = f"multiples of L_tr = {lt:,}" if all(float(c).is_integer() for c in chosen) else f"L_tr = {lt:,}"
-    if ctx.request.task not in tasks.TASKS:
+    if ctx.request.task not in SWEEP_TASKS:
         side = f"your pasted text ({ctx.tokens:,} tokens) is not used"
     elif k is not None and k in chosen:
         side = f"the sidebar's length ({round(k * lt):,}) is among them, though not its document itself"
@@ -121,7 +124,7 @@ def controls(ctx: sb.Context) -> SweepPlan:
     """The grid (lengths, depths, methods, fixed taus, seeds, calibration documents) as a :class:`SweepPlan`."""
     ss = st.session_state
     lt = ctx.train_length
-    task = ctx.request.task if ctx.request.task in tasks.TASKS else "passkey"
+    task = ctx.request.task if ctx.request.task in SWEEP_TASKS else "passkey"
     if ctx.request.task == "text":
         st.info("Sweeps use generated documents; your pasted text is not swept. Using the pass key task.")
     # The default lengths reach past where tau = 1 fails on the bundled default (pass key: 57 % of 100 documents

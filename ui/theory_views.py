@@ -106,9 +106,10 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
     lt = ctx.train_length
     st.subheader("tau over length: formulas and Algorithm 1 (Fig. 3/4)")
     st.caption(
-        "Lines: log-length (log L_tr / log L), YaRN and InfoScale need only L; Prop. 1 and 2 use sigma measured at "
-        "each length above (and Pmax, sigma at L_tr). Llama 4 gives each query row its own tau (by its position), so "
-        "its line is the mean row tau of an L-token document. Diamonds: Algorithm 1's measured picks. Where the "
+        "Lines: log-length (log L_tr / log L), YaRN, InfoScale, LongRoPE and critical scaling need only L; Prop. 1 "
+        "and 2 use sigma measured at each length above (and Pmax, sigma at L_tr). Llama 4 and Qwen's log-n by query "
+        "position give each query row its own tau (by its position), so their lines are the mean row tau of an "
+        "L-token document. Diamonds: Algorithm 1's measured picks. Where the "
         "formulas follow the diamonds, the Gaussian picture explains the aligned tau."
     )
     dense = sorted(set(np.geomspace(lt, 16 * lt, 25).round().astype(int).tolist()))
@@ -122,11 +123,71 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
         points = rows if m.stats else [(n, None) for n in dense]
         if points:
             curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points])
-    # Llama 4: one tau per query row, no single-number formula; its mean over an L-token document's rows
-    rows = methods.PER_ROW
-    per_row = methods.resolve(ctx.loaded, None, rows, tokens=max(dense))[0]  # no pass: from L_tr alone
-    curves[f"{methods.get(rows).short} (mean row tau)"] = (dense, [per_row.mean(n) for n in dense])
+    # a tau per query row (Llama 4, Qwen's log-n by position), no single-number formula: the mean over an L-token
+    # document's rows
+    for name, per_row in row_schedules(ctx).items():
+        curves[f"{methods.get(name).short} (mean row tau)"] = (dense, [per_row.mean(n) for n in dense])
     return curves
+
+
+def row_schedules(ctx: sb.Context) -> dict:
+    """Every registry method whose schedule is a tau per query row and needs no pass (Llama 4, Qwen's log-n by
+    query position), resolved from L_tr alone: ``{name: Schedule}`` in the registry's order."""
+    return {name: methods.resolve(ctx.loaded, None, name, tokens=ctx.train_length)[0]
+            for name, m in methods.REGISTRY.items() if m.per == "row" and not m.measured and m.resolve is not None}
+
+
+#: Most points a per-row chart draws (a 16k-token document's rows, evenly picked; the first row past L_tr kept).
+ROW_POINTS = 400
+
+
+def row_tau_frame(schedules: dict, rows: int, train_length: int) -> pd.DataFrame:
+    """Each per-row schedule's tau at query rows 0 .. ``rows`` - 1 (at most :data:`ROW_POINTS` of them, evenly
+    spread, L_tr - 1 and L_tr among them where they exist), one column per method label: what
+    :func:`per_row_chart` draws. The taus are the schedules' own (:meth:`core.values.schedule.Schedule.row_taus`)."""
+    picked = np.linspace(0, rows - 1, min(rows, ROW_POINTS)).round().astype(int)
+    picked = np.unique(np.concatenate([picked, [p for p in (train_length - 1, train_length) if p < rows]]))
+    frame = {"query row": picked}
+    for name, s in schedules.items():
+        frame[methods.label(name)] = s.rows.taus(picked)
+    return pd.DataFrame(frame)
+
+
+def per_row_chart(ctx: sb.Context, schedules: dict | None = None) -> None:
+    """The per-row methods' tau on each query row of this document (its length: the sidebar's): where the
+    rows past L_tr are sharpened and by how much, which a table's one mean hides."""
+    schedules = row_schedules(ctx) if schedules is None else schedules
+    if not schedules:
+        return
+    frame = row_tau_frame(schedules, ctx.tokens, ctx.train_length)
+    st.markdown(f"**tau per query row** ({ctx.tokens:,} rows, L_tr = {ctx.train_length:,})")
+    st.line_chart(frame, x="query row", y=[c for c in frame.columns if c != "query row"], height=260)
+    st.caption(
+        "Methods with a tau per query row, by the row's position: rows up to L_tr keep tau = 1, later rows get "
+        "smaller taus (Llama 4 in steps of L_tr, Qwen's log-n by position smoothly). In this encoder every row sees "
+        "all keys, so the early rows of a long input stay as dispersed as at tau = 1."
+    )
+
+
+def method_list(ctx: sb.Context) -> pd.DataFrame:
+    """Every registry method (what the CLI's ``--method`` offers) and where this page shows it."""
+    def where(name: str) -> str:
+        m = methods.get(name)
+        if m.constant is not None:
+            return "tau = 1 at every length (the top of the chart)"
+        if m.takes_value:
+            return "the slider's tau, the same at every length"
+        if m.per == "row" and not m.measured:
+            return "a tau per query row: its mean over the rows (line) and each row's tau (chart below)"
+        if m.formula is not None:
+            same = f" (equal to {methods.get(m.same_as).short} in this encoder)" if m.same_as else ""
+            return ("a line where sigma was measured (Lengths above)" if m.stats else "a line over L") + same
+        if m.grid_criterion is not None:
+            return "diamonds: Algorithm 1's grid picks at the measured lengths"
+        return "measured on one document (Calibrate; the sidebar's Method box)"
+
+    return pd.DataFrame([(methods.label(n), f"`{n}`", where(n)) for n in methods.NAMES],
+                        columns=["method", "name", "on this page"])
 
 
 _EQUAL_NOTE = (
@@ -134,8 +195,9 @@ _EQUAL_NOTE = (
     "and Scalable-Softmax by s log n with s fixed so that tau = 1 at L_tr; n is the number of keys the row sees. "
     "In a bidirectional encoder (T5 here) every row sees all L keys, so n = L for every row and both are exactly "
     "log-length's tau = log L_tr / log L: their lines are drawn dashed on top of it (the legend says '= log-length'). "
-    "They differ only in a causal decoder, where row i sees i + 1 keys and the early rows get tau = 1. Llama 4's "
-    "line is a mean: its rows before L_tr keep tau = 1 and later rows get 1 / (0.1 ln(1 + floor((pos + 1) / L_tr)) "
+    "They differ only in a causal decoder, where row i sees i + 1 keys and the early rows get tau = 1. LongRoPE's "
+    "attention factor with s = L / L_tr is log-length too, and so is critical scaling at its default gamma from L_tr "
+    "up. Llama 4's line is a mean: its rows before L_tr keep tau = 1 and later rows get 1 / (0.1 ln(1 + floor((pos + 1) / L_tr)) "
     "+ 1), so the document's mean row tau stays closer to 1 than log-length's."
 )
 
@@ -198,6 +260,9 @@ def tau_curves(ctx: sb.Context, ref, reqs: dict, stats: pd.DataFrame) -> None:
     chart(plots.temperature_curves(curves, dots, ctx.train_length), "taus")
     st.caption(_EQUAL_NOTE)
     _prop1_note(curves, stats, ref.probes.sigma)
+    per_row_chart(ctx)
+    with st.expander("Every method, and where this page shows it"):
+        st.dataframe(method_list(ctx), hide_index=True, width="stretch")
     st.download_button("tau_curves.csv", csv_of(lambda: tables.tau_curves_table({**curves, **dots})), "tau_curves.csv",
                        "text/csv", key="dl_taus", on_click="ignore")
 
