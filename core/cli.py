@@ -193,6 +193,46 @@ def _methods(text: str) -> str:
 
 # -- the parser -------------------------------------------------------------------------
 
+#: The numbers methods take besides the lengths (:class:`core.runs.methods.Param`: critical scaling's gamma), each once,
+#: by name: each is an option of ``run`` and ``calibrate`` (``--gamma``).
+METHOD_PARAMS: dict[str, "methods.Param"] = {m.param.name: m.param for m in methods.REGISTRY.values() if m.param}
+
+
+def _param_type(param: "methods.Param"):
+    """A ``type=`` for ``--<param>``: a finite number within the parameter's bounds (one line otherwise)."""
+    def parse(text: str) -> float:
+        shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a number, got {shown}") from None
+        if not (np.isfinite(value) and param.low <= value <= param.high):
+            raise argparse.ArgumentTypeError(f"a number in {param.low:g} .. {param.high:g}, got {shown}")
+        return value
+
+    return parse
+
+
+def _param_options(t) -> None:
+    """``--gamma`` and any other :class:`core.runs.methods.Param`, for the methods that take it."""
+    for name, param in METHOD_PARAMS.items():
+        takers = ", ".join(n for n, m in methods.REGISTRY.items() if m.param is not None and m.param.name == name)
+        t.add_argument(f"--{name}", type=_param_type(param), default=None, metavar="X",
+                       help=f"{takers} only: {param.help} (default: its value from L_tr)")
+
+
+def _method_params(args, names) -> dict[str, float]:
+    """The ``--<param>`` values given, ``{name: value}``; one that none of the methods ``names`` takes is refused in
+    one line (it would change nothing: exit 2, not a silent run)."""
+    given = {n: getattr(args, n) for n in METHOD_PARAMS if getattr(args, n, None) is not None}
+    for name in given:
+        takers = [n for n, m in methods.REGISTRY.items() if m.param is not None and m.param.name == name]
+        if not any(n in takers for n in names):
+            raise UserError(f"--{name}: only --method {' or '.join(takers)} takes it "
+                            f"(the method here is {', '.join(map(str, names)) or 'none'})")
+    return given
+
+
 def _model_options(g) -> None:
     g.add_argument("--model", help="registry name, hub id or local folder (default: the bundled model)")
     g.add_argument("--tokenizer", help="registry name, hub id or folder whose tokenizer to use (for a model folder without one)")
@@ -261,12 +301,14 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="answer one document and report attention statistics")
     _common(r)
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    _param_options(r)
     _budget_option(r, "refused before it starts when its estimate is over, stopped at the next layer past it")
     c = sub.add_parser("calibrate", help="Algorithm 1 (grid) plus every method's tau for one document")
     _common(c)
     c.add_argument("--criterion", choices=("pmax", "entropy"), default="pmax")
     c.add_argument("--fast", action="store_true", help="bisect instead of the full grid")
     c.add_argument("--json", action="store_true")
+    _param_options(c)
     _budget_option(c, "refused before it starts when its estimate is over, stopped at the next layer past it")
     s = sub.add_parser("sweep", help="accuracy over lengths x depths x seeds x methods -> CSV")
     _common(s)
@@ -462,6 +504,9 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     """
     args = _parser().parse_args(argv)
     args.settings_ = _settings(args) if args.cmd in ("run", "calibrate", "sweep") else None
+    # --gamma and friends: for the run's method (calibrate lists every method: any that takes it)
+    args.params_ = _method_params(args, [args.settings_.method] if args.cmd == "run" else list(methods.NAMES)) \
+        if args.cmd in ("run", "calibrate") else {}
     args.budget_ = timing.Budget(getattr(args, "max_seconds", None))  # counted from here: the options are read
     if getattr(args, "out", None):
         _check_out(args.out)
@@ -593,7 +638,9 @@ def cmd_run(args) -> int:
     ticker = _layers_ticker(prog, args.budget_) if prog else (args.budget_.check if args.budget_.seconds else None)
     with attention.between_layers(ticker):
         # a stored schedule is used at the length it was chosen at; any other length re-resolves it
-        tau, info = methods.resolve(loaded, doc, chosen.method, chosen.tau, samples=args.samples, progress=prog,
+        # an explicit --gamma re-resolves the method whatever tau a settings file stored for it
+        tau, info = methods.resolve(loaded, doc, chosen.method, None if args.params_ else chosen.tau,
+                                    samples=args.samples, progress=prog, params=args.params_ or None,
                                     chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
                                     base=chosen.run_settings(1.0, probes=None) if _has_scheme(chosen) else None)
     if prog:
@@ -607,6 +654,8 @@ def cmd_run(args) -> int:
     res = engine.run(loaded, doc, settings, encoded=enc)
     out = res.summary()
     out["model"] = loaded.spec.name
+    if entry.param is not None and entry.param.name in info:  # which gamma the tau came from (given or default)
+        out[entry.param.name] = info[entry.param.name]
     out.update(_precision(loaded))
     if args.json:
         print(json.dumps(out))
@@ -644,7 +693,7 @@ def cmd_calibrate(args) -> int:
     prog.close()
     prog = _progress("every method's tau", leave=True)
     with attention.between_layers(_layers_ticker(prog, args.budget_)):
-        found = methods.all_methods(loaded, doc, samples=args.samples, progress=prog)
+        found = methods.all_methods(loaded, doc, samples=args.samples, progress=prog, params=args.params_)
     prog.close()
     taus = {m: t if isinstance(t, str) else t.to_json() for m, t in found.items()}
     taus[args.criterion] = cal.tau

@@ -151,3 +151,53 @@ def _tokens(at: AppTest) -> int:
     text = next(m.value for m in at.markdown if "tau per query row" in m.value)
     return int(text.split("(")[1].split(" rows")[0].replace(",", ""))
 
+
+
+# -- the CLI's --gamma: critical scaling's gamma, through the method's resolve into the run's schedule ----------------
+
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_gamma_sets_critical_scalings_tau(tiny_dir, capsys):
+    base = ("run", "--model", tiny_dir, "--task", "passkey", "--tokens", 600, "--json", "--method", "critical")
+    code, out, err = _cli(capsys, *base, "--gamma", 0.25)
+    assert code == 0, err
+    got = json.loads(out)
+    n = got["tokens"]
+    assert got["gamma"] == 0.25 and got["tau"] == pytest.approx(1 / (0.25 * math.log(n)), rel=1e-6)
+    code, out, err = _cli(capsys, *base)  # no --gamma: 1 / ln L_tr, i.e. log-length's tau above L_tr
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["gamma"] == pytest.approx(temperature.critical_gamma(256))
+    assert got["tau"] == pytest.approx(math.log(256) / math.log(n), rel=1e-6)
+
+
+def test_gamma_reaches_calibrates_table(tiny_dir, capsys):
+    code, out, err = _cli(capsys, "calibrate", "--model", tiny_dir, "--task", "passkey", "--tokens", 600, "--fast",
+                          "--json", "--gamma", 0.5)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["methods"]["critical"] == pytest.approx(1 / (0.5 * math.log(got["tokens"])), rel=1e-6)
+    assert got["methods"]["log-length"] == pytest.approx(math.log(256) / math.log(got["tokens"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--method", "critical", "--gamma", "-1"), "--gamma: a number in 0.001 .. 100, got '-1'"),
+    (("--method", "critical", "--gamma", "nan"), "--gamma: a number in 0.001 .. 100"),
+    (("--method", "critical", "--gamma", "1e9"), "--gamma: a number in 0.001 .. 100"),
+    (("--method", "critical", "--gamma", "abc"), "--gamma: a number, got 'abc'"),
+    (("--method", "yarn", "--gamma", "0.2"), "--gamma: only --method critical takes it (the method here is yarn)"),
+    (("--tau", "0.8", "--gamma", "0.2"), "--gamma: only --method critical takes it (the method here is fixed)"),
+])
+def test_a_bad_gamma_is_one_line_and_exit_2(tiny_dir, capsys, argv, says):
+    code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--task", "passkey", "--tokens", 300, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_gamma_is_refused_where_a_command_would_not_use_it(tiny_dir, capsys):
+    code, out, err = _cli(capsys, "sweep", "--model", tiny_dir, "--methods", "critical", "--gamma", "0.2")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--gamma" in err, err

@@ -108,6 +108,11 @@ class AttentionSettings:
     :func:`core.values.positions.rectified_logits` (the model's rotary modules then hand over unrotated q and k:
     :func:`core.runs.rope_pass.scheme_pass` sets both up). None, or the plain scheme: nothing changes.
 
+    ``adaptive``: adaptive temperature (Velickovic et al. 2024) on the targeted attentions: each query row's
+    logits, after the choice's tau, multiplied by a beta from that row's own entropy
+    (:func:`core.mechanics.softmax_block.adaptive_rows`); such a call runs the ``torch`` backend. A library-level
+    switch, not a method of the registry yet: docs/library.md says what the registry entry still needs.
+
     ``AttentionSettings(tau=0.7)`` (a part of the choice by name, checked once by :meth:`Choice.of`) stays the
     short form for a caller without a Choice; ``tau``, ``targets`` and ``cosine_scale`` read the choice's parts.
     """
@@ -115,15 +120,19 @@ class AttentionSettings:
     choice: Choice
     chunk_bytes: int | None
     positions: "rope_positions.Bound | None"
+    adaptive: bool
 
     def __init__(self, choice: Choice | None = None, chunk_bytes: int | None = None,
-                 positions: "rope_positions.Bound | None" = None, **parts: Any) -> None:
+                 positions: "rope_positions.Bound | None" = None, adaptive: bool = False, **parts: Any) -> None:
         choice = given(choice, parts, "AttentionSettings")
         if chunk_bytes is not None and not (isinstance(chunk_bytes, int) and chunk_bytes > 0):
             raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
         if positions is not None and not isinstance(positions, rope_positions.Bound):
             raise ValueError("positions must be a core.values.positions.Bound (Scheme.bind(...)) or None")
-        for name, value in (("choice", choice), ("chunk_bytes", chunk_bytes), ("positions", positions)):
+        if not isinstance(adaptive, bool):
+            raise ValueError("adaptive must be True or False")
+        for name, value in (("choice", choice), ("chunk_bytes", chunk_bytes), ("positions", positions),
+                            ("adaptive", adaptive)):
             object.__setattr__(self, name, value)
 
     tau = property(lambda self: self.choice.tau)
@@ -489,7 +498,8 @@ def aligned_attention(
         query, key, value, attention_mask, position_bias, tau,
         causal=attention_mask is None and getattr(module, "is_causal", False) and q_len > 1,
         scheme=scheme, needs=needs, weights=want_weights, dropout=float(dropout) if module.training else 0.0,
-        grad=torch.is_grad_enabled())
+        grad=torch.is_grad_enabled(),
+        adaptive=call is not None and call.settings.adaptive and kind in call.settings.targets)
     backend = softmax_block.choose_backend(x)
     step = softmax_block.rows_per_block(backend, x, call.settings.chunk_bytes if call is not None else None)
     rows = _open(backend, x, step)

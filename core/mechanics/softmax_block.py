@@ -40,6 +40,7 @@ import torch
 
 from core.mechanics import fused_softmax
 from core.mechanics.relative_bias import RelativeBias
+from core.runs import temperature
 
 #: Bytes of float32 scores one block of query rows may hold (all heads and
 #: batch items), per device type. On the CPU a block above glibc's mmap
@@ -143,7 +144,8 @@ class Inputs:
     (:class:`core.mechanics.attention._SchemeOps`: ``mask(r0, r1)`` rows ANDed into the mask; ``logits`` the rectified
     logits, or None) or None. ``needs``: what a recorder asks of the blocks (None: nothing is probed).
     ``weights``: ``output_attentions=True``. ``dropout``: the probability while training, else 0.
-    ``grad``: autograd records (no ``out=`` buffers then)."""
+    ``grad``: autograd records (no ``out=`` buffers then). ``adaptive``: adaptive temperature (:func:`adaptive_rows`):
+    each row's logits, after tau and the masks, multiplied by a beta from that row's own entropy (``torch`` only)."""
 
     query: torch.Tensor
     key: torch.Tensor
@@ -157,6 +159,7 @@ class Inputs:
     weights: bool = False
     dropout: float = 0.0
     grad: bool = False
+    adaptive: bool = False
 
     @property
     def rectified(self) -> bool:
@@ -204,15 +207,20 @@ def choose_backend(x: Inputs) -> str:
        the kernel built here (:func:`core.mechanics.fused_softmax.available`; ``AAE_FUSED_SOFTMAX=0`` switches it off).
     3. ``sdpa``: nothing probed and nothing that needs the probabilities or a mask torch cannot be handed:
        no causal mask, dropout, whole weights or rectified logits.
-    4. ``torch``: the rest.
+    4. ``torch``: the rest, and every call with adaptive temperature (:func:`adaptive_rows`): it needs each row's
+       entropy before the row's softmax, a second softmax over the same logits that only this backend runs (the
+       C++ and Triton kernels compute one softmax per row in their passes; sdpa takes the logits' scale per call,
+       not per row from the row itself).
     """
+    if x.adaptive:
+        return TORCH
     if x.query.device.type == "cuda" and cuda_serves(x) and BACKENDS[CUDA].available:  # pragma: no cover (GPU)
         return CUDA
     if (x.query.device.type == "cpu" and x.query.dtype == torch.float32 and x.value.dtype == torch.float32
-            and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal)
+            and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
             and x.scheme is None and _kernel_view(x) is not None and fused_softmax.available()):
         return CPU_KERNEL
-    if x.needs is None and not (x.causal or x.dropout or x.weights or x.rectified):
+    if x.needs is None and not (x.causal or x.dropout or x.weights or x.rectified or x.adaptive):
         return SDPA
     return TORCH
 
@@ -220,7 +228,8 @@ def choose_backend(x: Inputs) -> str:
 def cuda_serves(x: Inputs) -> bool:
     """Whether the ``cuda`` kernel computes this call exactly as asked (its device aside): see :func:`choose_backend`."""
     needs = x.needs
-    return (not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal) and x.scheme is None
+    return (not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
+            and x.scheme is None
             and (needs is None or (needs.raw_rows is None and not needs.probs))
             and _kernel_view(x) is not None)
 
@@ -302,7 +311,26 @@ def _block_scores(x: Inputs, keyT: torch.Tensor, r0: int, r1: int,
         scores.masked_fill_(cols > rows, torch.finfo(scores.dtype).min)
     if allowed is not None:
         scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    if x.adaptive:
+        scores = adaptive_rows(scores)
     return raw, scores
+
+
+def adaptive_rows(scores: torch.Tensor) -> torch.Tensor:
+    """Adaptive temperature (Velickovic et al. 2024, "softmax is not enough", arXiv 2410.01104) on a block of logit
+    rows ``[..., K]`` (masked keys at the dtype's lowest value): each row's entropy H of its softmax (nats, with the
+    paper's 1e-9 inside the log), its beta = max(poly(H), 1) where H > 0.5 and 1 elsewhere
+    (:func:`core.runs.temperature.adaptive_beta`: the paper's fit), and the row multiplied by its beta, i.e. divided
+    by its own tau = 1 / beta. Masked keys stay at the lowest value (their product, -inf, is clamped back), so
+    they keep weight 0. A new tensor (autograd sees the whole computation, as in the paper's code)."""
+    p = torch.softmax(scores, dim=-1)
+    h = -(p * torch.log(p + 1e-9)).sum(-1, keepdim=True)
+    del p
+    poly = torch.zeros_like(h)
+    for c in temperature.ADAPTIVE_POLY:  # Horner, highest power first (numpy's polyval)
+        poly = poly * h + c
+    beta = torch.where(h > temperature.ADAPTIVE_MIN_ENTROPY, poly.clamp(min=1.0), torch.ones_like(h))
+    return (scores * beta).clamp(min=torch.finfo(scores.dtype).min)
 
 
 def _open_torch(x: Inputs, step: int) -> Rows:

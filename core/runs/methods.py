@@ -488,13 +488,16 @@ def resolve(
 
 
 def all_methods(loaded: "Loaded", document: "tasks.Document", samples: int = 1,
-                progress: Progress | None = None) -> dict[str, Schedule | str]:
-    """Every method's tau for this document (errors become a short string), for tables."""
+                progress: Progress | None = None, params: dict | None = None) -> dict[str, Schedule | str]:
+    """Every method's tau for this document (errors become a short string), for tables. ``params``: values of
+    :class:`Param` by name (``{"gamma": 0.2}``), each given to the methods that take it."""
     out: dict[str, Schedule | str] = {}
     names = [n for n, m in REGISTRY.items() if m.resolve is not None]
     for i, name in enumerate(names):
+        m = REGISTRY[name]
+        own = {m.param.name: params[m.param.name]} if m.param is not None and m.param.name in (params or {}) else None
         try:
-            out[name] = resolve(loaded, document, name, samples=samples)[0]
+            out[name] = resolve(loaded, document, name, samples=samples, params=own)[0]
         except UserError as err:
             out[name] = f"n/a ({err})"
         if progress:
