@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -96,6 +97,20 @@ def correct_flags(loaded, docs, encs, tau, batch: int) -> list[bool]:
 def percent(flags: list[bool]) -> float:
     """Accuracy (%) of a cell's flags: one expression for a run done here and for slices joined from Ray actors."""
     return 100.0 * float(np.mean(flags))
+
+
+def binomial_se(p: float, n: int) -> float:
+    """The binomial standard error of a proportion ``p`` (0..1) measured on ``n`` independent trials,
+    sqrt(p (1 - p) / n); 0 at p = 0 or 1 (read such a cell with the rule of three: below 3 / n at 95 %)."""
+    return math.sqrt(max(p * (1 - p), 0.0) / n) if n > 0 else float("nan")
+
+
+def count_cell(acc_percent: float, n: int, extra: str = "") -> str:
+    """A table cell of an accuracy (%) over ``n`` documents: the accuracy, its binomial SE in points, the count of
+    correct answers over ``n`` and ``extra`` (the tau), e.g. ``57 ± 5.0 (57/100, tau 1.00)``."""
+    k = int(round(acc_percent * n / 100))
+    se = 100 * binomial_se(acc_percent / 100, n)
+    return f"{acc_percent:.0f} ± {se:.1f} ({k}/{n}{', ' + extra if extra else ''})"
 
 
 def accuracy(loaded, docs, encs, tau, batch: int) -> float:
@@ -633,10 +648,13 @@ def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
     lines = [f"### {loaded.spec.name} (L_tr = {lt} tokens)", "",
              f"Accuracy (%) over {samples} documents per cell (seeds 0..{samples - 1}, needle depth drawn per seed); "
              "measured methods calibrated on 4 other documents per length (seeds >= 100000, never the test "
-             "documents). In brackets the tau used (for Llama 4 the mean over the rows; for per-layer and per-head "
+             "documents). Each cell: accuracy ± its binomial standard error in points (sqrt(p (1 - p) / n); 0 "
+             "at 0 or n of n, where the rule of three bounds the rate below 3 / n), then the count (correct / "
+             "documents) and the tau used (for Llama 4 the mean over the rows; for per-layer and per-head "
              "the mean of the schedule); `*`: the search never reached the L_tr reference (the pick is where its "
              "range ended). The best fixed tau is an oracle: the best of "
-             f"{', '.join(f'{t:g}' for t in FIXED)} on the test documents themselves.", ""]
+             f"{', '.join(f'{t:g}' for t in FIXED)} on the test documents themselves (so its SE understates "
+             "its error: it is picked on the documents it is scored on).", ""]
     for task, d in df.groupby("task", sort=False):
         mult = sorted(d["multiple"].unique())
         distinct = d["distinct_docs"] if "distinct_docs" in d else pd.Series(dtype=float)
@@ -656,13 +674,13 @@ def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
                     continue
                 r = hit.iloc[0]
                 star = "*" if str(r.get("reached", "")) == "False" else ""
-                cells.append(f"{r['accuracy']:.0f} (tau {r['tau']:.2f}{star})")
+                cells.append(count_cell(float(r["accuracy"]), int(r["samples"]), f"tau {r['tau']:.2f}{star}"))
             lines.append(f"| {methods.label(method)} | " + " | ".join(cells) + " |")
         cells = []
         for m in mult:
             f = fixed[fixed["multiple"] == m]
             best = f.loc[f["accuracy"].idxmax()]
-            cells.append(f"{best['accuracy']:.0f} (tau {best['tau']:.2f})")
+            cells.append(count_cell(float(best["accuracy"]), int(best["samples"]), f"tau {best['tau']:.2f}"))
         lines.append("| best fixed tau (oracle) | " + " | ".join(cells) + " |")
         lines.append("")
     sd = int(df["stats_docs"].max()) if "stats_docs" in df and df["stats_docs"].notna().any() else samples
@@ -834,6 +852,9 @@ MLM_VARIANTS = ("none", "C.S.", "I.S.", "C.S. + I.S.")
 #: Masked positions per cell at least (the issue's 500), and the first sequence seed (seeds seed .. seed + k - 1;
 #: each seed also draws its sequence's masked positions, core.experiments.mlm.mask_tokens).
 MLM_MIN_MASKED = 500
+#: Sequences per cell at least (issue 48): at 64x one sequence of 4,096 tokens gives 614 masked positions, and a
+#: cell of one text is that text's number (every scheme of the column shares it); 8 make a cell a sample of texts.
+MLM_MIN_SEQUENCES = 8
 MLM_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -853,11 +874,12 @@ def mlm_schemes() -> tuple[str, ...]:
     return tuple(n for n in positions.AVAILABLE if positions.get(n).same_as is None)
 
 
-def mlm_sequences(loaded, n: int, min_masked: int = MLM_MIN_MASKED, seed: int = 0) -> int:
+def mlm_sequences(loaded, n: int, min_masked: int = MLM_MIN_MASKED, seed: int = 0, min_sequences: int = 1) -> int:
     """Sequences a cell at ``n`` tokens needs for ``min_masked`` masked positions (15 % of each sequence's
-    non-special tokens: read off the first sequence, every sequence at ``n`` has the same count)."""
+    non-special tokens: read off the first sequence, every sequence at ``n`` has the same count), and at least
+    ``min_sequences``."""
     per = len(mlm.sequence(loaded, n, seed)[1].positions)
-    return max(1, -(-min_masked // per))
+    return max(1, min_sequences, -(-min_masked // per))
 
 
 def mlm_csv(out: Path, name: str) -> Path:
@@ -867,7 +889,8 @@ def mlm_csv(out: Path, name: str) -> Path:
 
 def run_mlm_table(dot: str, cos: str, multiples=MLM_MULTIPLES, out: Path = Path("assets/results"),
                   schemes: tuple[str, ...] | None = None, min_masked: int = MLM_MIN_MASKED, seed: int = 0,
-                  batch: int = 8, pool=None, device: str | None = None, dtype: str | None = None) -> pd.DataFrame:
+                  batch: int = 8, pool=None, device: str | None = None, dtype: str | None = None,
+                  min_sequences: int = MLM_MIN_SEQUENCES) -> pd.DataFrame:
     """The masked-token table: ``schemes`` x :data:`MLM_VARIANTS` x L_tr x ``multiples`` on the dot-product model
     ``dot`` and the cosine one ``cos`` (core.experiments.mlm.run_mlm_sweep, one CSV per model, resumable: a killed run goes
     on from its last whole row). Writes ``<out>/mlm-table.md`` (:func:`mlm_markdown`); returns the rows with
@@ -886,7 +909,8 @@ def run_mlm_table(dot: str, cos: str, multiples=MLM_MULTIPLES, out: Path = Path(
         for k in multiples:
             n = int(round(k * loaded.train_length))
             plan = mlm.MlmPlan(lengths=[n], methods=[methods.AS_TRAINED, infoscale], schemes=schemes,
-                               sequences=mlm_sequences(loaded, n, min_masked, seed), seed=seed, batch_size=batch)
+                               sequences=mlm_sequences(loaded, n, min_masked, seed, min_sequences), seed=seed,
+                               batch_size=batch)
             bar = tqdm(total=len(schemes) * 2 * plan.sequences, desc=f"{loaded.spec.name} {k:g}x", file=sys.stderr)
 
             def progress(done: int, total: int) -> None:
@@ -932,7 +956,9 @@ def mlm_markdown(df: pd.DataFrame, dot, cos, min_masked: int = MLM_MIN_MASKED, s
         f"Held-out prose (core.data.tasks lm, corpus-eval pool), 15 % of each sequence's tokens masked; per length "
         f"{', '.join(f'{n:,}: {int(seqs[n])} sequences, >= {int(masked[n])} masked' for n in mult)} "
         f"(at least {min_masked} per cell); sequence seeds {seed}.. (each seed also draws its masked positions); "
-        "perplexity exp(sum -log p / masked) over the cell, accuracy = top-1 correct / masked. "
+        "perplexity exp(sum -log p / masked) over the cell, accuracy = top-1 correct / masked, ± its binomial "
+        "standard error sqrt(p (1 - p) / masked) (the masked positions counted as independent trials; a cell of "
+        "one sequence is one text's number, so the SE there says nothing of the spread between texts). "
         "C.S.: the cosine model at its trained s, the same at every length (the paper's CosScale); I.S.: InfoScale "
         "(epsilon = 0) from the method registry; none: the dot-product model as trained.", "",
         "| scheme | setting | " + " | ".join(f"{n / lt:g}x ({n:,})" for n in mult) + " |",
@@ -943,8 +969,11 @@ def mlm_markdown(df: pd.DataFrame, dot, cos, min_masked: int = MLM_MIN_MASKED, s
             cells = []
             for n in mult:
                 hit = d[(d["variant"] == variant) & (d["tokens"].astype(int) == n)]
-                cells.append("–" if hit.empty else
-                             f"{float(hit['perplexity'].iloc[0]):.2f} / {float(hit['accuracy'].iloc[0]):.2f}")
+                if hit.empty:
+                    cells.append("–")
+                    continue
+                acc, count = float(hit["accuracy"].iloc[0]), int(hit["masked"].iloc[0])
+                cells.append(f"{float(hit['perplexity'].iloc[0]):.2f} / {acc:.2f} ± {binomial_se(acc, count):.3f}")
             lines.append(f"| {positions.get(scheme).label} | {variant} | " + " | ".join(cells) + " |")
     lines += ["", "**The paper's numbers** (Li et al. 2025, Table 1; the plain rows from its Table 10; GAU-alpha, "
               "L_tr = 64, CosScale 128, 16 for W.A.), by the same multiples of L_tr:", "",
@@ -993,21 +1022,37 @@ def effective_length(accuracy: dict[int, float], train_length: int, share: float
     return best
 
 
+#: What makes two RULER rows the same measurement (a rerun keeps the row it has: :func:`run_ruler` resumes).
+RULER_KEY = ("task", "tokens", "method", "samples")
+
+
+def _ruler_key(row: dict) -> tuple:
+    return (str(row["task"]), int(row["tokens"]), str(row["method"]), int(row["samples"]))
+
+
 def ruler_rows(loaded, names: list[str], multiples: list[float], samples: int, batch: int,
-               method_names: list[str], progress=None) -> list[dict]:
+               method_names: list[str], progress=None, have: set | frozenset = frozenset(),
+               on_cell=None) -> list[dict]:
     """Accuracy of each RULER row x length x method (closed forms: no pass to resolve), test documents seeds
-    0..samples-1 with needle depth drawn per seed as :func:`docs_for` draws it; equal schedules run once."""
+    0..samples-1 with needle depth drawn per seed as :func:`docs_for` draws it; equal schedules run once.
+    ``have``: row keys (:data:`RULER_KEY`) already measured, skipped (a cell whose methods are all there builds
+    no documents); ``on_cell(rows)`` gets each finished (row, length) cell's new rows (what a resumable run
+    writes as it goes)."""
     lt = loaded.train_length
     rows = []
     for name in names:
         task, haystack = ruler_spec(name)
         for k in multiples:
             n = int(round(k * lt))
+            todo = [m for m in method_names if (name, n, m, samples) not in have]
+            if not todo:
+                continue
             docs = [tasks.make(task, loaded.tokenizer, n, depth=random.Random(s * 7919 + n).random(), seed=s,
                                haystack=haystack) for s in range(samples)]
             encs = [engine.encode(loaded, d) for d in docs]
             done: dict[tuple, float] = {}
-            for m in method_names:
+            cell = []
+            for m in todo:
                 tau = methods.resolve(loaded, None, m, tokens=n)[0] if not methods.get(m).takes_value else \
                     methods.parse(m)[1]
                 key = tau_key(tau)
@@ -1016,16 +1061,21 @@ def ruler_rows(loaded, names: list[str], multiples: list[float], samples: int, b
                     done[key] = accuracy(loaded, docs, encs, tau, batch)
                     if progress:
                         progress(name, k, m, done[key], time.perf_counter() - t0)
-                rows.append({"model": loaded.spec.name, "task": name, "haystack": haystack, "multiple": k,
+                cell.append({"model": loaded.spec.name, "task": name, "haystack": haystack, "multiple": k,
                              "tokens": n, "method": m, "tau": Schedule.of(tau).mean(n), "accuracy": done[key],
                              "samples": samples})
+            rows += cell
+            if on_cell:
+                on_cell(cell)
     return rows
 
 
-def ruler_markdown(df: pd.DataFrame, train_length: int, share: float = RULER_SHARE) -> str:
-    """The RULER block: accuracy per row x method over length, and each one's effective length."""
+def ruler_markdown(df: pd.DataFrame, train_length: int, share: float = RULER_SHARE, counts: bool = False) -> str:
+    """The RULER block: accuracy per row x method over length, and each one's effective length. ``counts``: each
+    cell with its binomial SE and count (:func:`count_cell`), as :func:`run_ruler` writes it."""
     out = [f"Accuracy (%) per RULER-style task, {int(df['samples'].iloc[0])} documents per cell (seeds 0..), "
-           f"tau in brackets (a row schedule: its mean). Effective length: the longest length up to which "
+           + ("± its binomial standard error in points and the count (correct / documents), " if counts else "")
+           + f"tau in brackets (a row schedule: its mean). Effective length: the longest length up to which "
            f"accuracy stays >= {share:.0%} of the L_tr (1x) value; n/a where the L_tr accuracy is 0.", ""]
     lengths = sorted(df["tokens"].unique())
     for name in dict.fromkeys(df["task"]):
@@ -1036,7 +1086,9 @@ def ruler_markdown(df: pd.DataFrame, train_length: int, share: float = RULER_SHA
             r = sub[sub["method"] == m].set_index("tokens")
             acc = {int(n): float(r.loc[n, "accuracy"]) for n in r.index}
             eff = effective_length(acc, train_length, share)
-            cells = [f"{acc[n]:.0f} (tau {float(r.loc[n, 'tau']):.2f})" if n in acc else "" for n in lengths]
+            cells = [("" if n not in acc else
+                      count_cell(acc[n], int(r.loc[n, "samples"]), f"tau {float(r.loc[n, 'tau']):.2f}") if counts else
+                      f"{acc[n]:.0f} (tau {float(r.loc[n, 'tau']):.2f})") for n in lengths]
             eff_text = "n/a" if eff is None else f"{eff} ({eff / train_length:g}x)"
             out.append(f"| {methods.label(m)} | " + " | ".join(cells) + f" | {eff_text} |")
         out.append("")
@@ -1045,18 +1097,28 @@ def ruler_markdown(df: pd.DataFrame, train_length: int, share: float = RULER_SHA
 
 def run_ruler(name: str, names: list[str], multiples: list[float], samples: int, batch: int, out: Path,
               method_names: list[str], device=None, dtype=None) -> Path:
-    """The RULER block of one model: ``<out>/ruler-<model>.csv`` and ``.md``; returns the .md path."""
+    """The RULER block of one model: ``<out>/ruler-<model>.csv`` and ``.md``; returns the .md path.
+
+    The CSV is rewritten (whole, atomically) after every (row, length) cell, and a rerun keeps every row it
+    holds (same task, length, method and documents): a killed run resumes at its next cell, and runs of other
+    rows or lengths into the same ``--out`` add to one block (the .md shows every row of the CSV)."""
     loaded = load(name, device=device, dtype=dtype)
     out.mkdir(parents=True, exist_ok=True)
+    stem = f"ruler-{Path(name).name if Path(name).is_dir() else name}"
+    csv, md = out / f"{stem}.csv", out / f"{stem}.md"
+    rows = csvio.restore_frame(pd.read_csv(csv, keep_default_na=False)).to_dict("records") if csv.exists() else []
+    have = {_ruler_key(r) for r in rows}
 
     def say(task, k, m, acc, secs):
         print(f"  {task} {k:g}x {m}: {acc:.0f} % ({secs:.1f} s)", file=sys.stderr, flush=True)
 
-    df = pd.DataFrame(ruler_rows(loaded, names, multiples, samples, batch, method_names, progress=say))
-    stem = f"ruler-{Path(name).name if Path(name).is_dir() else name}"
-    csvio.write_csv(df, out / f"{stem}.csv")
-    md = out / f"{stem}.md"
-    md.write_text(ruler_markdown(df, loaded.train_length))
+    def write(cell: list[dict]) -> None:
+        rows.extend(cell)
+        csvio.write_csv(pd.DataFrame(rows), csv)
+
+    ruler_rows(loaded, names, multiples, samples, batch, method_names, progress=say, have=have, on_cell=write)
+    if rows:
+        md.write_text(ruler_markdown(pd.DataFrame(rows), loaded.train_length, counts=True))
     return md
 
 
@@ -1092,6 +1154,8 @@ def main() -> None:
     mt.add_argument("--mlm-multiples", nargs="*", type=float, default=list(MLM_MULTIPLES))
     mt.add_argument("--mlm-schemes", default=",".join(mlm_schemes()), help="comma list of core.values.positions schemes")
     mt.add_argument("--min-masked", type=int, default=MLM_MIN_MASKED, help="masked positions per cell, at least")
+    mt.add_argument("--min-sequences", type=int, default=MLM_MIN_SEQUENCES,
+                    help="sequences per cell, at least (so a long cell is a sample of texts, not one)")
     mt.add_argument("--mlm-seed", type=int, default=0, help="first sequence seed (it also draws the masked positions)")
     ru = p.add_argument_group("the RULER block (issue 48): RULER-style tasks and each method's effective length")
     ru.add_argument("--ruler", nargs="*", default=None, metavar="ROW",
@@ -1118,7 +1182,7 @@ def main() -> None:
             pool = cluster.RayEngine(address=a.address, actors=a.actors, cpus_per_actor=a.cpus_per_actor).start()
         try:
             run_mlm_table(a.mlm_dot, a.mlm_cos, a.mlm_multiples, out, tuple(a.mlm_schemes.split(",")), a.min_masked,
-                          a.mlm_seed, a.batch, pool, a.device, a.dtype)
+                          a.mlm_seed, a.batch, pool, a.device, a.dtype, a.min_sequences)
         finally:
             if pool is not None:
                 pool.close()
