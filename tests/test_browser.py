@@ -329,6 +329,21 @@ def scrubber(page, deadline: Deadline) -> dict:
     return page.locator(SCRUBBER).evaluate("(r) => Object.assign({}, r.dataset)", timeout=deadline.ms())
 
 
+def _stuck_state(page) -> str:
+    """What the page shows when a wait ran out (bounded on its own: the test's deadline has passed already)."""
+    try:
+        got = page.evaluate("""() => { """ + _FIND + """
+            const r = find('.aae'), S = window.__scrub;
+            return {dataset: r ? Object.assign({}, r.dataset) : null, connected: !!(S && S.root && S.root.isConnected),
+                    log: S ? S.log.slice(-6) : null, url: location.href,
+                    status: !!document.querySelector('[data-testid="stStatusWidget"]'),
+                    stale: document.querySelectorAll('[data-stale="true"]').length,
+                    text: r ? r.innerText.slice(0, 400) : null}; }""")
+    except Exception as err:  # noqa: BLE001 - a diagnostic must not hide the failure it describes
+        return f"(the page could not be read: {err})"
+    return f"it shows {got}"
+
+
 def wait_painted(page, want: dict, deadline: Deadline) -> dict:
     """Wait until the scrubber painted a frame whose data attributes equal ``want`` (logged since the last action)."""
     from playwright.sync_api import TimeoutError as PwTimeout
@@ -339,7 +354,7 @@ def wait_painted(page, want: dict, deadline: Deadline) -> dict:
         except PwTimeout:
             _check_server(page)
             if deadline.left() <= 0:
-                raise AssertionError(f"the scrubber never painted {want}: it shows {scrubber(page, deadline)}") from None
+                raise AssertionError(f"the scrubber never painted {want}: {_stuck_state(page)}") from None
             continue
         got = handle.json_value()
         if "exception" in got:
@@ -495,6 +510,36 @@ def test_scrubbing_the_grid_paints_the_servers_frames(server, page, deadline, en
     shots = os.environ.get("AAE_SCREENSHOTS")
     if shots:
         _screenshots(page, server, Path(shots) if Path(shots).is_absolute() else ROOT / shots, deadline)
+
+
+def test_a_grid_frame_lost_on_the_wire_is_sent_again(server, page, deadline):
+    """Streamlit drops the messages a run queued when a newer run starts, so a grid frame the server handed over may
+    never reach the browser (and the server cannot know). Here the first delta that carries frames is dropped on the
+    websocket: the browser finds the gap in the next delta's list of held frames, asks for everything, and the grid
+    still completes and paints every frame (before, the grid stopped short for good: 'k/15', the server idle)."""
+    import re
+
+    dropped: list[int] = []
+
+    def route(ws) -> None:
+        upstream = ws.connect_to_server()
+        ws.on_message(upstream.send)
+
+        def down(message) -> None:
+            if not dropped and isinstance(message, bytes) and b'"delta":true' in message and b'"frames":{"' in message:
+                dropped.append(len(message))
+                return
+            ws.send(message)
+
+        upstream.on_message(down)
+
+    page.route_web_socket(re.compile(r".*/_stcore/stream"), route)
+    open_settled(page, link(server, tau=1.0, seed=11), deadline, marker="Answer:", scope=SCRUBBER)
+    wait_grid(page, deadline)
+    assert dropped, "no delta with frames went by: the test did not drop anything"
+    for tau in GRID[1:]:
+        got = press(page, "PageDown", {"tau": tau, "kind": "grid"}, deadline)
+        assert got["shown"] == tau, got
 
 
 def test_an_off_grid_tau_shows_the_nearest_frame_then_the_exact_one(server, page, deadline, engine_at):

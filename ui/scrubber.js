@@ -685,6 +685,20 @@ function paintCross(st, i, f) {
   c.t.textContent = (i ? `chosen ${axisOf(d).label} = ${fmt(val(d, f), 2)}` : "tau = 1") + share;
 }
 
+// Ask the server for the whole payload ("full"), again every few seconds until one arrives: the request itself is
+// a rerun that a newer run can swallow, and a browser left with a gap would wait forever for frames the server
+// believes it sent. Cleared by the next payload that leaves no gap.
+function heal(st, lacking, every) {
+  if (!lacking) {
+    clearInterval(st.healTimer);
+    st.healTimer = 0;
+    return () => {};
+  }
+  st.setTriggerValue("poll", "full");
+  if (!st.healTimer) st.healTimer = setInterval(() => st.setTriggerValue("poll", "full"), Math.max(2000, every || 0));
+  return () => { clearInterval(st.healTimer); st.healTimer = 0; };
+}
+
 function commit(st, delay = 200) {
   clearTimeout(st.commitTimer);
   st.commitTimer = setTimeout(() => {
@@ -718,12 +732,16 @@ export default function (component) {
   if (doc.delta) {
     // Only what is new since the last payload (a poll while the grid fills, a release): merge it in. A delta for
     // a document this element does not hold (it was mounted anew) asks the server for everything.
-    if (!same) { setTriggerValue("poll", "full"); return; }
+    if (!same) return heal(st, true, meta.poll_ms);
     Object.assign(st.doc.frames, doc.frames);
     if (doc.exact) st.doc.exact = doc.exact;
     st.doc.meta = meta;
+    // A payload can be lost on its way (Streamlit drops the queued messages of a run when a new run starts), and
+    // the server cannot know: every delta lists the frames the browser must hold by now, and a gap asks for all.
+    const lacking = (doc.held || []).some((k) => !(k in st.doc.frames));
     doc = st.doc;
-  }
+    heal(st, lacking, meta.poll_ms);
+  } else heal(st, false);
   st.doc = doc;
   if (!same) {
     st.profileAxis = null; st._lut = null; st._baseLutKey = null; st.lastGrid = undefined; st._low = undefined;
@@ -755,5 +773,7 @@ export default function (component) {
     clearInterval(st.pollTimer);
     st.pollTimer = 0;
   }
-  return () => { clearInterval(st.pollTimer); st.pollTimer = 0; clearTimeout(st.commitTimer); };
+  return () => {
+    clearInterval(st.pollTimer); st.pollTimer = 0; clearTimeout(st.commitTimer); clearInterval(st.healTimer); st.healTimer = 0;
+  };
 }

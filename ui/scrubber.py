@@ -87,14 +87,21 @@ def _polled() -> None:
 
 def _delta(doc_id: str, grid: dict, exact) -> list[float] | None:
     """The grid frames to send: only those new since this session's last payload of the same document, in a
-    fragment rerun (a poll, a release); None (everything) otherwise. Records what is sent."""
-    ss = st.session_state
-    sent = ss.get(_SENT)
-    keys = {f"{t:.2f}" for t in grid}
-    ss[_SENT] = {"doc": doc_id, "keys": keys}
+    fragment rerun (a poll, a release); None (everything) otherwise.
+
+    What was sent is recorded only once the payload is handed to Streamlit (:func:`_handed`): a run interrupted
+    before (a newer rerun stops it at its next element) sent nothing. Even a handed payload can be dropped (a new
+    run clears the messages still queued), so the browser checks each delta's ``held`` list and asks for
+    everything when it lacks a frame (``ui/scrubber.js``)."""
+    sent = st.session_state.get(_SENT)
     if not (in_fragment_rerun() and sent and sent["doc"] == doc_id):
         return None
     return [t for t in grid if f"{t:.2f}" not in sent["keys"]]
+
+
+def _handed(doc_id: str, grid: dict) -> None:
+    """Record the payload just given to Streamlit (what :func:`_delta` sends the next one relative to)."""
+    st.session_state[_SENT] = {"doc": doc_id, "keys": {f"{t:.2f}" for t in grid}}
 
 
 def grid_tau(schedule) -> float | None:
@@ -273,6 +280,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only,
                           cards=cards, mask=mask)
     _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
+    _handed(meta["doc_id"], grid)
     chosen = grid.get(g) if g is not None else exact
     if pending is not None:
         # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with

@@ -235,6 +235,8 @@ def payload(
     payload: just these grid frames, the exact frame and ``meta`` (no tau = 1
     column, reference, text or axes), marked ``"delta": true``. While a grid
     fills, each poll then sends the frames that are new, not all of them again.
+    A delta also lists as ``"held"`` every grid frame computed so far: the
+    server cannot know that an earlier payload arrived, so the browser checks.
 
     ``cards``: for a masked-LM model (the rotary family), the masked-token card of each frame
     (:func:`core.views.rope_view.card`) by ``"base"``, ``"ref"`` (the L_tr reference), ``"exact"`` and the grid value
@@ -283,6 +285,9 @@ def payload(
         keep = {round(float(t), 2) for t in only}
         return packer.finish({
             "delta": True, "grid": taus,
+            # Every grid frame the browser must hold once this delta is merged: a payload can be lost on its way
+            # (Streamlit drops queued messages when a new run starts), and a browser that lacks one asks for all.
+            "held": [f"{t:.2f}" for t in taus if t in grid],
             "frames": {f"{t:.2f}": frame(grid[t], packer, scale, spec, window, cards.get(f"{t:.2f}"))
                        for t in taus if t in grid and t in keep},
             "exact": frame(exact, packer, scale, spec, window, cards.get("exact")) if exact is not None else None,
