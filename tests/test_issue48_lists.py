@@ -201,3 +201,25 @@ def test_a_bad_gamma_is_one_line_and_exit_2(tiny_dir, capsys, argv, says):
 def test_gamma_is_refused_where_a_command_would_not_use_it(tiny_dir, capsys):
     code, out, err = _cli(capsys, "sweep", "--model", tiny_dir, "--methods", "critical", "--gamma", "0.2")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--gamma" in err, err
+
+
+# -- every schedule in every list: the CLI's --method, the app's Method box and the Sweep's methods -----------------
+
+def test_every_registry_method_is_in_the_clis_method_list(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "2000")  # no line breaks inside a name (argparse wraps at hyphens)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["run", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    listed = text.split("--method METHOD {")[1].split("}")[0].split(",")
+    assert listed == [n for n, m in methods.REGISTRY.items() if not m.takes_value]
+    assert "--gamma X" in text
+
+
+def test_every_registry_method_is_in_the_apps_method_boxes(env):
+    at = _page("sweep.py").run()
+    app_ok(at)
+    box = at.sidebar.selectbox(key="tau_method")
+    assert list(box.options) == [methods.label(n) for n in methods.NAMES]
+    swept = at.multiselect(key="sw_methods")
+    assert list(swept.options) == [methods.label(n) for n, m in methods.REGISTRY.items() if not m.takes_value]
