@@ -447,8 +447,9 @@ def _the_rest(ctx: sb.Context, taus: dict) -> tuple[dict, list[str]]:
 
 
 def every_method(ctx: sb.Context, cals: dict) -> dict:
-    """Every method's tau for this document (closed forms, Algorithm 1, per-layer and per-head when computed) and a
-    'use' box."""
+    """Every registry method's tau for this document, in the registry's order (closed forms, Algorithm 1, the
+    per-row schedules with each row's tau drawn, tau = 1 and the slider's; the searches of their own when computed,
+    else named) and a 'use' box."""
     ss = st.session_state
     st.subheader("Every method's tau for this document")
     st.caption(
