@@ -119,10 +119,16 @@ def model_ref(tmp_path_factory) -> str:
 
 
 @contextlib.contextmanager
-def serving(model: str) -> Iterator[str]:
-    """The base URL of a `streamlit run app.py` whose default model is ``model`` (AAE_MODEL), stopped on exit."""
+def serving(model: str | None) -> Iterator[str]:
+    """The base URL of a `streamlit run app.py` whose default model is ``model`` (AAE_MODEL; None: the bundled
+    default, AAE_MODEL unset), stopped on exit."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (Debian) to run the browser test")
+    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
     port = _free_port()
-    env = {**os.environ, "AAE_MODEL": model, "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "AAE_MODEL"} | {"PYTHONUNBUFFERED": "1"}
+    if model is not None:
+        env["AAE_MODEL"] = model
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address", "127.0.0.1",
          "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
@@ -423,11 +429,29 @@ def _click_if_there(page, key: str, deadline: Deadline) -> None:
         settle(page, deadline)
 
 
-def _go(page, title: str, deadline: Deadline) -> None:
-    """Open a page through the sidebar navigation and wait until it settled."""
+def _go(page, title: str, deadline: Deadline, shown: str | None = None) -> None:
+    """Open a page through the sidebar navigation and wait until it settled (and ``shown``, a selector, is there)."""
     page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click(timeout=deadline.ms())
     page.wait_for_selector(f'h1:has-text("{title}")', timeout=deadline.ms())
+    if shown:
+        page.wait_for_selector(shown, timeout=deadline.ms())
     settle(page, deadline)
+
+
+def choose(page, key: str, label: str, deadline: Deadline, wait: bool = True) -> None:
+    """Pick ``label`` in the selectbox of ``key`` as a person does (click, then the option); then, with ``wait``,
+    wait until the app settled."""
+    from playwright.sync_api import TimeoutError as PwTimeout
+
+    box = page.locator(f".st-key-{key} input[role=combobox]").first
+    box.click(timeout=deadline.ms())
+    try:  # a click may only focus the box (seen in the sidebar): then the arrow key opens its list
+        page.locator('[role="option"]').first.wait_for(timeout=deadline.ms(3000))
+    except PwTimeout:
+        box.press("ArrowDown", timeout=deadline.ms())
+    page.locator('[role="option"]').filter(has_text=label).first.click(timeout=deadline.ms())
+    if wait:
+        settle(page, deadline)
 
 
 def _shoot(page, path: Path, deadline: Deadline) -> None:

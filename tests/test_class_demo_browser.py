@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_browser import (ARGS, CHROMIUM, SCRUBBER, TAU_SLIDER, Deadline, _LOG, _free_port, _wait_health,  # noqa: F401
-                          page, scrubber, settle, wait_painted)
+from test_browser import (SCRUBBER, TAU_SLIDER, Deadline, _LOG, _go, choose, page, scrubber,  # noqa: F401 (fixture)
+                          serving, settle, wait_painted)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The four bundled models, by the Model box's labels (ui.choices.model_labels), in the order a class meets them.
@@ -40,26 +38,8 @@ FAIL_SHOTS = os.environ.get("AAE_FAIL_SHOTS")
 @pytest.fixture(scope="module")
 def server():
     """The base URL of a `streamlit run app.py` on the bundled models (AAE_MODEL unset)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (Debian) to run the browser test")
-    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "AAE_MODEL"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
+    with serving(None) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture
@@ -75,27 +55,6 @@ def shot_on_failure(page, request):
     if FAIL_SHOTS and (rep is None or rep.failed):
         Path(FAIL_SHOTS).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(FAIL_SHOTS) / f"{request.node.name}.png"), full_page=True)
-
-
-def _choose(page, key: str, label: str, deadline: Deadline, wait: bool = True) -> None:
-    """Pick ``label`` in the selectbox of ``key`` as a person does (click, then the option)."""
-    from playwright.sync_api import TimeoutError as PwTimeout
-
-    box = page.locator(f".st-key-{key} input[role=combobox]").first
-    box.click(timeout=deadline.ms())
-    try:  # a click may only focus the box: then the arrow key opens its list
-        page.locator('[role="option"]').first.wait_for(timeout=deadline.ms(3000))
-    except PwTimeout:
-        box.press("ArrowDown", timeout=deadline.ms())
-    page.locator('[role="option"]').filter(has_text=label).first.click(timeout=deadline.ms())
-    if wait:
-        settle(page, deadline)
-
-
-def _go(page, title: str, deadline: Deadline) -> None:
-    page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click(timeout=deadline.ms())
-    page.wait_for_selector(f'h1:has-text("{title}")', timeout=deadline.ms())
-    settle(page, deadline)
 
 
 def _open(page, url: str, deadline: Deadline) -> None:
@@ -120,7 +79,7 @@ def test_switching_between_the_bundled_models_on_every_page(server, page, shot_o
             _go(page, title, deadline)
         for label in MODELS:
             print(title, label, f"{deadline.left():.0f} s left", flush=True)
-            _choose(page, "model_choice", label, deadline)
+            choose(page, "model_choice", label, deadline)
             _no_error(page, f"{title}, {label}")
             if title == "Explore":
                 marker = "masked tokens:" if "RoPE" in label else "Answer:"
@@ -131,14 +90,14 @@ def test_switching_between_the_bundled_models_on_every_page(server, page, shot_o
     for label in ("rope-mlm (RoPE masked LM)", "retrieval-t5", "rope-mlm-cos (RoPE masked LM)", "retrieval-t5-cos"):
         page.locator(".st-key-len_4x button").first.click(timeout=deadline.ms())
         page.locator(SCRUBBER).first.wait_for(timeout=deadline.ms())
-        _choose(page, "model_choice", label, deadline, wait=False)
+        choose(page, "model_choice", label, deadline, wait=False)
         name = label.split()[0]
         try:  # the address bar names the model once a run has taken the switch
             page.wait_for_function("(m) => new URLSearchParams(location.search).get('model') === m", arg=name,
                                    timeout=deadline.ms(90_000))
         except Exception:  # noqa: BLE001 (a click lost while the app was busy: once more, as a person would)
             settle(page, deadline)
-            _choose(page, "model_choice", label, deadline, wait=False)
+            choose(page, "model_choice", label, deadline, wait=False)
         settle(page, deadline, marker="masked tokens:" if "RoPE" in label else "Answer:", scope=SCRUBBER)
         _no_error(page, f"mid-grid, {label}")
 
@@ -213,7 +172,7 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     _shot(page, "tour_step4")
     assert card["y"] + card["height"] <= 1000, f"the answer cards fall below the fold with the tour open: {card}"
     # the method changed in the panel: the step's text goes (it described Algorithm 1)
-    _choose(page, "tau_method", "fixed tau", deadline)
+    choose(page, "tau_method", "fixed tau", deadline)
     page.locator('[data-testid="stMain"]').get_by_text("closed: you changed the set-up").first.wait_for(
         timeout=deadline.ms(120_000))  # the panel's rerun asks for a full one, which redraws the tour
     settle(page, deadline)
@@ -253,7 +212,7 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
                            "'4,096 tokens'); }", timeout=deadline.ms(), polling=500)
 
     # -- a cosine model: one control for s, its keys, the meters at every s -------------------------------------
-    _choose(page, "model_choice", "rope-mlm-cos (RoPE masked LM)", deadline)
+    choose(page, "model_choice", "rope-mlm-cos (RoPE masked LM)", deadline)
     page.get_by_test_id("stRadioGroup").get_by_text("CosScale s", exact=True).click(timeout=deadline.ms())
     settle(page, deadline, marker="masked tokens:", scope=SCRUBBER)
     assert page.locator(".st-key-cos_scale").count() == 0, "two controls move s"
@@ -272,7 +231,7 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     _shot(page, "cosscale_lowest_s")
 
     # -- paste mode: no error before anything is typed, and what a link carries ---------------------------------
-    _choose(page, "model_choice", "retrieval-t5", deadline)
+    choose(page, "model_choice", "retrieval-t5", deadline)
     page.locator(".st-key-doc_mode label").filter(has_text="Paste").first.click(timeout=deadline.ms())
     settle(page, deadline)
     _no_error(page, "paste mode")

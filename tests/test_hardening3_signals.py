@@ -80,12 +80,9 @@ def _check_stopped(rc, seconds, err: str) -> None:
     assert sum(ln.startswith("interrupted: ") for ln in lines) == 1
 
 
-@pytest.mark.parametrize("ignored", [True, False], ids=["sigint-ignored-by-the-shell", "sigint-default"])
-def test_sweep_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path, ignored):
-    out = tmp_path / "sweep.csv"
-    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "1x,2x", "--depths", "0.5", "--samples", "4",
-            "--methods", "none,tau=0.8", "--device", "cpu", "--out", str(out)]
-    total = 2 * 4 * 2
+def _interrupt_then_resume(argv: list[str], out: Path, tmp_path: Path, ignored: bool, total: int, key) -> None:
+    """SIGINT ``argv`` once it wrote a row (it stops in one line, exit 130, rows whole), then ``--resume``: the kept
+    rows stay as they were and every row (``key`` of a row: what tells rows apart) is there exactly once."""
     rc, seconds, err = _interrupt(argv, out, tmp_path / "log", ignored)
     _check_stopped(rc, seconds, err)
     kept = _rows(out)
@@ -93,8 +90,17 @@ def test_sweep_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path, 
     assert main(argv + ["--resume"]) == 0
     rows = _rows(out)
     assert rows[: len(kept)] == kept
-    keys = [(r["tokens"], r["depth"], r["seed"], r["method"]) for r in rows]
+    keys = [key(r) for r in rows]
     assert len(rows) == total and len(set(keys)) == total
+
+
+@pytest.mark.parametrize("ignored", [True, False], ids=["sigint-ignored-by-the-shell", "sigint-default"])
+def test_sweep_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path, ignored):
+    out = tmp_path / "sweep.csv"
+    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "1x,2x", "--depths", "0.5", "--samples", "4",
+            "--methods", "none,tau=0.8", "--device", "cpu", "--out", str(out)]
+    _interrupt_then_resume(argv, out, tmp_path, ignored, total=2 * 4 * 2,
+                           key=lambda r: (r["tokens"], r["depth"], r["seed"], r["method"]))
 
 
 def test_mlm_stops_on_sigint_and_resumes_to_each_row_once(tmp_path):
@@ -102,29 +108,12 @@ def test_mlm_stops_on_sigint_and_resumes_to_each_row_once(tmp_path):
     out = tmp_path / "mlm.csv"
     argv = ["mlm", "--model", str(folder), "--lengths", "1x,4x", "--schemes", "none,window:window=8",
             "--methods", "none,tau=0.7", "--sequences", "4", "--batch-size", "2", "--out", str(out)]
-    total = 2 * 2 * 2
-    rc, seconds, err = _interrupt(argv, out, tmp_path / "log", ignored=True)
-    _check_stopped(rc, seconds, err)
-    kept = _rows(out)
-    assert 1 <= len(kept) < total
-    assert main(argv + ["--resume"]) == 0
-    rows = _rows(out)
-    assert rows[: len(kept)] == kept
-    keys = [(r["tokens"], r["scheme"], r["scheme_params"], r["method"]) for r in rows]
-    assert len(rows) == total and len(set(keys)) == total
+    _interrupt_then_resume(argv, out, tmp_path, True, total=2 * 2 * 2,
+                           key=lambda r: (r["tokens"], r["scheme"], r["scheme_params"], r["method"]))
 
 
 def test_perplexity_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path):
     out = tmp_path / "ppl.csv"
     argv = ["perplexity", "--model", str(tiny_dir), "--lengths", "1x,2x", "--methods", "none,tau=0.8,tau=0.6",
             "--sequences", "4", "--samples", "1", "--device", "cpu", "--out", str(out)]
-    total = 2 * 3
-    rc, seconds, err = _interrupt(argv, out, tmp_path / "log", ignored=False)
-    _check_stopped(rc, seconds, err)
-    kept = _rows(out)
-    assert 1 <= len(kept) < total
-    assert main(argv + ["--resume"]) == 0
-    rows = _rows(out)
-    assert rows[: len(kept)] == kept
-    keys = [(r["tokens"], r["method"]) for r in rows]
-    assert len(rows) == total and len(set(keys)) == total
+    _interrupt_then_resume(argv, out, tmp_path, False, total=2 * 3, key=lambda r: (r["tokens"], r["method"]))

@@ -20,15 +20,12 @@ the browser are this module's own).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import build_tiny_t5
-from test_browser import ARGS, CHROMIUM, _free_port, _wait_health, deadline, page, settle  # noqa: F401 (fixtures)
+from test_browser import CHROMIUM, _go, choose, deadline, page, serving, settle  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,25 +42,8 @@ def server(tmp_path_factory):
     """The base URL of a `streamlit run app.py` serving a tiny random T5 (L_tr 256)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (Debian) to run the browser test")
-    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    model = str(build_tiny_t5(tmp_path_factory.mktemp("state-t5"), train_length=256))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**os.environ, "AAE_MODEL": model, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc)
+    with serving(str(build_tiny_t5(tmp_path_factory.mktemp("state-t5"), train_length=256))) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _number(page, key: str, deadline) -> str:
@@ -105,15 +85,7 @@ def _type_length(page, n: int, deadline) -> None:
 
 
 def _choose(page, key: str, label: str, deadline, url_part: str | None = None) -> None:
-    from playwright.sync_api import TimeoutError as PwTimeout
-
-    box = page.locator(f".st-key-{key} input[role=combobox]").first
-    box.click(timeout=deadline.ms())
-    try:  # a click may only focus the box (seen in the sidebar): then the arrow key opens its list
-        page.locator('[role="option"]').first.wait_for(timeout=deadline.ms(3000))
-    except PwTimeout:
-        box.press("ArrowDown", timeout=deadline.ms())
-    page.locator('[role="option"]').filter(has_text=label).first.click(timeout=deadline.ms())
+    choose(page, key, label, deadline, wait=False)
     if url_part:
         _url_has(page, url_part, deadline)
     settle(page, deadline)
@@ -138,13 +110,6 @@ def _tau_in_explore(page, deadline) -> None:
     settle(page, deadline)
 
 
-def _go(page, title: str, deadline) -> None:
-    page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click(timeout=deadline.ms())
-    page.wait_for_selector(f'h1:has-text("{title}")', timeout=deadline.ms())
-    page.wait_for_selector(".st-key-tau_method", timeout=deadline.ms())
-    settle(page, deadline)
-
-
 def test_length_and_tau_survive_a_page_change_after_a_fragment_tau_move(server, page, deadline):
     from core.runs import methods
 
@@ -153,23 +118,23 @@ def test_length_and_tau_survive_a_page_change_after_a_fragment_tau_move(server, 
     _type_length(page, LENGTH, deadline)  # a sidebar (full-run) choice ...
     _tau_in_explore(page, deadline)  # ... then the last action inside the fragment
 
-    _go(page, "Calibrate", deadline)
+    _go(page, "Calibrate", deadline, shown=".st-key-tau_method")
     assert _number(page, "doc_tokens", deadline) == str(LENGTH), "the length was reset by the page change"
     assert fixed in _select_text(page, "tau_method", deadline)
     assert _slider(page, "tau_value", deadline) == TAU
-    _go(page, "Explore", deadline)
+    _go(page, "Explore", deadline, shown=".st-key-tau_method")
     assert _number(page, "doc_tokens", deadline) == str(LENGTH), "Explore stayed reset"
     _url_has(page, f"tau={TAU:.2f}", deadline)
 
     # a method change as the last action inside the fragment
     _choose(page, "tau_method", closed, deadline, url_part=f"method={CLOSED_FORM}")
-    _go(page, "Calibrate", deadline)
+    _go(page, "Calibrate", deadline, shown=".st-key-tau_method")
     assert _number(page, "doc_tokens", deadline) == str(LENGTH), "the length was reset by the page change"
     assert closed in _select_text(page, "tau_method", deadline), "the method was reset by the page change"
     assert _slider(page, "tau_value", deadline) < 1.0, "the disabled slider shows the method's tau, not 1.00"
     _choose(page, "tau_method", fixed, deadline, url_part="method=fixed")  # back to 'fixed': the person's own tau
     assert _slider(page, "tau_value", deadline) == TAU
-    _go(page, "Explore", deadline)
+    _go(page, "Explore", deadline, shown=".st-key-tau_method")
     assert _number(page, "doc_tokens", deadline) == str(LENGTH)
     assert fixed in _select_text(page, "tau_method", deadline)
     _url_has(page, f"tau={TAU:.2f}", deadline)
@@ -195,7 +160,7 @@ def test_pasted_text_and_needle_survive_a_page_change_after_a_fragment_method_ch
     _choose(page, "tau_method", closed, deadline, url_part=f"method={CLOSED_FORM}")  # the last action: in the fragment
 
     for title in ("Calibrate", "Explore"):
-        _go(page, title, deadline)
+        _go(page, title, deadline, shown=".st-key-tau_method")
         assert _radio(page, "doc_mode", deadline) == "Paste", f"{title}: the source was reset"
         assert page.locator(".st-key-doc_text textarea").first.input_value(timeout=deadline.ms()) == TEXT, title
         assert "no needle" in _radio(page, "doc_needle_mode", deadline), title
