@@ -1077,9 +1077,9 @@ def ruler_markdown(df: pd.DataFrame, train_length: int, share: float = RULER_SHA
            + ("± its binomial standard error in points and the count (correct / documents), " if counts else "")
            + f"tau in brackets (a row schedule: its mean). Effective length: the longest length up to which "
            f"accuracy stays >= {share:.0%} of the L_tr (1x) value; n/a where the L_tr accuracy is 0.", ""]
-    lengths = sorted(df["tokens"].unique())
     for name in dict.fromkeys(df["task"]):
         sub = df[df["task"] == name]
+        lengths = sorted(sub["tokens"].unique())  # each row's own lengths (runs of other lengths share a block)
         out += [f"**{name}**", "", "| method | " + " | ".join(f"{n / train_length:g}x ({n})" for n in lengths)
                 + " | effective length |", "|---" * (len(lengths) + 2) + "|"]
         for m in dict.fromkeys(sub["method"]):
