@@ -1,6 +1,7 @@
 """Adaptive temperature inside the attention (issue 48, point 4): each query row's logits multiplied by a beta
 from that row's own tau = 1 entropy (Velickovic et al. 2024), on the ``torch`` backend, which every other backend
-leaves it to. Checked against a hand computation on a tiny tensor, against the paper's function
+leaves it to; asked for by the run's schedule, :data:`core.values.schedule.ADAPTIVE` (the registry's method:
+tests/test_adaptive_method.py). Checked against a hand computation on a tiny tensor, against the paper's function
 (:func:`core.runs.temperature.adaptive_softmax`, itself checked by hand in tests/test_schedules_new.py), and against
 a real small model's pass through an independent reference attention registered with transformers."""
 
@@ -18,6 +19,7 @@ from core.mechanics import attention, softmax_block
 from core.mechanics.attention import AttentionSettings, aligned_attention, attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
 from core.runs import temperature
+from core.values.schedule import ADAPTIVE
 
 
 def _poly(h: float) -> float:
@@ -43,7 +45,7 @@ def test_one_row_by_hand():
     beta = max(_poly(h), 1.0)  # 1.293
     assert h > 0.5 and beta > 1
     want = [math.exp(beta * x) / sum(math.exp(beta * y) for y in z) for x in z]
-    out, weights = _attend(q, k, v, adaptive=True)
+    out, weights = _attend(q, k, v, tau=ADAPTIVE)
     np.testing.assert_allclose(out.view(-1).numpy(), want, rtol=1e-5)
     np.testing.assert_allclose(weights.view(-1).numpy(), want, rtol=1e-5)
     plain, _ = _attend(q, k, v)
@@ -61,7 +63,7 @@ def test_each_row_gets_its_own_beta_and_masks_hold():
     logits = (q @ k.transpose(-1, -2) + bias).double().numpy()
     logits = np.where(mask.numpy(), logits, -np.inf)
     want = temperature.adaptive_softmax(logits)  # the paper's function, row by row, float64
-    out, weights = _attend(q, k, v, bias=bias, mask=mask, adaptive=True)
+    out, weights = _attend(q, k, v, bias=bias, mask=mask, tau=ADAPTIVE)
     np.testing.assert_allclose(weights.numpy(), want, atol=2e-6)
     np.testing.assert_allclose(out.transpose(1, 2).numpy(), want.astype(np.float32) @ v.numpy(), atol=1e-5)
     assert (weights[1, :, :, 5:] == 0).all()
@@ -76,7 +78,7 @@ def test_low_entropy_rows_are_left_alone():
     q = torch.tensor([[[[30.0]]]])
     k = torch.tensor([[[[0.0], [1.0], [0.0]]]])
     v = torch.eye(3).view(1, 1, 3, 3)
-    out, _ = _attend(q, k, v, adaptive=True)
+    out, _ = _attend(q, k, v, tau=ADAPTIVE)
     plain, _ = _attend(q, k, v)
     assert torch.equal(out, plain)
 
@@ -84,8 +86,22 @@ def test_low_entropy_rows_are_left_alone():
 def test_it_touches_only_the_targeted_attentions():
     q, k, v = torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5, 3)
     plain, _ = _attend(q, k, v)
-    off, _ = _attend(q, k, v, adaptive=True, targets=("decoder",))
+    off, _ = _attend(q, k, v, tau=ADAPTIVE, targets=("decoder",))
     assert torch.equal(off, plain)
+    # a decoder or cross attention under it (targets beyond the paper's encoder) takes its beta too
+    dec, _ = _attend_as(_Decoderish(), q, k, v, tau=ADAPTIVE, targets=("encoder", "decoder", "cross"))
+    not_dec, _ = _attend_as(_Decoderish(), q, k, v, tau=ADAPTIVE)
+    assert not torch.equal(dec, not_dec) and torch.equal(not_dec, _attend_as(_Decoderish(), q, k, v)[0])
+
+
+class _Decoderish(torch.nn.Module):
+    """A cross-attention as the attention function tells kinds apart (``is_decoder``, not causal)."""
+    is_decoder, is_causal = True, False
+
+
+def _attend_as(module, q, k, v, **settings):
+    with torch.no_grad(), attention_call(AttentionSettings(**settings)):
+        return aligned_attention(module, q, k, v, None, scaling=1.0, output_attentions=True)
 
 
 def test_every_other_backend_declines_it():
@@ -95,8 +111,6 @@ def test_every_other_backend_declines_it():
     y = softmax_block.Inputs(q, k, v, adaptive=True)
     assert softmax_block.choose_backend(y) == softmax_block.TORCH
     assert not softmax_block.cuda_serves(y)
-    with pytest.raises(ValueError, match="adaptive"):
-        AttentionSettings(adaptive="yes")
 
 
 # -- a real small model -------------------------------------------------------------------------------------------
@@ -132,13 +146,13 @@ def test_a_real_model_pass_matches_an_independent_reference(tiny):
         finally:
             attention.point_back(before)
         plain = encoder(input_ids=ids).last_hidden_state
-        with attention_call(AttentionSettings(adaptive=True)):
+        with attention_call(AttentionSettings(tau=ADAPTIVE)):
             got = encoder(input_ids=ids).last_hidden_state
         rec = Recorder(ProbeSpec(heatmap=False, sorted_logits=False, cosine_hist_bins=0))
         with attention_call(AttentionSettings(), rec):
             encoder(input_ids=ids)
         rec_a = Recorder(ProbeSpec(heatmap=False, sorted_logits=False, cosine_hist_bins=0))
-        with attention_call(AttentionSettings(adaptive=True), rec_a):
+        with attention_call(AttentionSettings(tau=ADAPTIVE), rec_a):
             encoder(input_ids=ids)
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=2e-4)
     assert (got - plain).abs().max() > 1e-2  # adaptive temperature changed the pass

@@ -8,8 +8,8 @@ file of the program (core/, ui/, app_pages/, app.py, bench/, research/; tests an
 * a string literal equal to a method name, for names that mean nothing else (``log-length``, ``per-head``,
   ``fixed``, ...);
 * for names that are also ordinary words of the program (``none``, ``pmax`` and ``entropy`` are criteria and
-  statistics, ``llama4`` is a row scheme's name), the literal where a *method* is meant: compared with, assigned
-  to, defaulted into or passed as something called ``method``.
+  statistics, ``llama4`` is a row scheme's name, ``adaptive`` the adaptive schedule's JSON scheme), the literal
+  where a *method* is meant: compared with, assigned to, defaulted into or passed as something called ``method``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from pathlib import Path
 import pytest
 
 from core.runs import methods
-from core.values.schedule import RowTau
+from core.values.schedule import ADAPTIVE_SCHEME, RowTau
 from core.runs.temperature import CRITERIA
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = [p for d in ("core", "ui", "app_pages", "bench", "research") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
 OWNER = ROOT / "core" / "runs" / "methods.py"
 #: names that are also other words of the program: flagged only where a method is meant
-SHARED = {n for n in methods.NAMES if n in CRITERIA or n in ("none", RowTau.__dataclass_fields__["scheme"].default)}
+SHARED = {n for n in methods.NAMES
+          if n in CRITERIA or n in ("none", RowTau.__dataclass_fields__["scheme"].default, ADAPTIVE_SCHEME)}
 
 
 def _about_methods(node: ast.AST) -> bool:

@@ -282,7 +282,7 @@ def _tau_key(tau) -> tuple:
 
 def _tau_cell(tau) -> str:
     s = Schedule.of(tau)
-    if s.rows is not None:
+    if s.ndim < 0:  # a tau per query row (a position's, or adaptive temperature's): its JSON dict
         return json.dumps(s.to_json())
     a = np.asarray(s.to_json(), dtype=float)
     if a.ndim == 0 or np.all(a == a.flat[0]):
@@ -497,11 +497,15 @@ def summary(path: Path) -> str:
     for label, rs in by.items():
         scored = [r["correct"] == "True" for r in rs if r["correct"] != ""]
         acc = f"accuracy {100 * np.mean(scored):.1f}% of {len(scored)} scored" if scored else "no expected answers"
-        lines.append(f"  {label}: {len(rs)} documents, {acc}, mean tau {np.mean([_mean_tau(r['tau']) for r in rs]):.4g}")
+        taus = [_mean_tau(r["tau"], r["tokens"]) for r in rs]
+        lines.append(f"  {label}: {len(rs)} documents, {acc}, mean tau {np.mean(taus):.4g}")
     return "\n".join(lines)
 
 
-def _mean_tau(cell: str) -> float:
+def _mean_tau(cell: str, tokens: str) -> float:
+    """A row's tau cell as one number; a per-row schedule's (a JSON dict) is its mean over the row's tokens."""
+    if cell.startswith("{"):
+        return Schedule.of(json.loads(cell)).mean(int(tokens))
     return float(np.mean(json.loads(cell))) if cell.startswith("[") else float(cell)
 
 

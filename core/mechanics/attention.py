@@ -108,10 +108,10 @@ class AttentionSettings:
     :func:`core.values.positions.rectified_logits` (the model's rotary modules then hand over unrotated q and k:
     :func:`core.runs.rope_pass.scheme_pass` sets both up). None, or the plain scheme: nothing changes.
 
-    ``adaptive``: adaptive temperature (Velickovic et al. 2024) on the targeted attentions: each query row's
-    logits, after the choice's tau, multiplied by a beta from that row's own entropy
-    (:func:`core.mechanics.softmax_block.adaptive_rows`); such a call runs the ``torch`` backend. A library-level
-    switch, not a method of the registry yet: docs/library.md says what the registry entry still needs.
+    Adaptive temperature (Velickovic et al. 2024) is a tau schedule like any other:
+    ``AttentionSettings(tau=ADAPTIVE)`` (:data:`core.values.schedule.ADAPTIVE`, the registry's ``adaptive``
+    method) multiplies each targeted query row's logits by a beta from that row's own entropy
+    (:func:`core.mechanics.softmax_block.adaptive_rows`); such a call runs the ``torch`` backend.
 
     ``AttentionSettings(tau=0.7)`` (a part of the choice by name, checked once by :meth:`Choice.of`) stays the
     short form for a caller without a Choice; ``tau``, ``targets`` and ``cosine_scale`` read the choice's parts.
@@ -120,19 +120,15 @@ class AttentionSettings:
     choice: Choice
     chunk_bytes: int | None
     positions: "rope_positions.Bound | None"
-    adaptive: bool
 
     def __init__(self, choice: Choice | None = None, chunk_bytes: int | None = None,
-                 positions: "rope_positions.Bound | None" = None, adaptive: bool = False, **parts: Any) -> None:
+                 positions: "rope_positions.Bound | None" = None, **parts: Any) -> None:
         choice = given(choice, parts, "AttentionSettings")
         if chunk_bytes is not None and not (isinstance(chunk_bytes, int) and chunk_bytes > 0):
             raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
         if positions is not None and not isinstance(positions, rope_positions.Bound):
             raise ValueError("positions must be a core.values.positions.Bound (Scheme.bind(...)) or None")
-        if not isinstance(adaptive, bool):
-            raise ValueError("adaptive must be True or False")
-        for name, value in (("choice", choice), ("chunk_bytes", chunk_bytes), ("positions", positions),
-                            ("adaptive", adaptive)):
+        for name, value in (("choice", choice), ("chunk_bytes", chunk_bytes), ("positions", positions)):
             object.__setattr__(self, name, value)
 
     tau = property(lambda self: self.choice.tau)
@@ -352,10 +348,13 @@ def _layer_tau(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, 
                k_len: int = 1) -> torch.Tensor | None:
     """The tau of one layer, ``[heads, 1, 1]`` (or ``[1, q_len, 1]``: one per query row for a
     row schedule), or None when it is 1 everywhere. Read from the call's :class:`Schedule` (which
-    keeps what it computed) and converted to a tensor once per call and layer."""
+    keeps what it computed) and converted to a tensor once per call and layer. Adaptive temperature's
+    base tau is 1 (None here); each row's own beta comes from :func:`_adaptive`."""
     if kind not in call.settings.targets:
         return None
     tau = call.settings.tau
+    if tau.adaptive:
+        return None
     if tau.rows is not None:
         # Row positions: a decoder's cached step sits at the end of its keys; other rows start at 0.
         start = k_len - q_len if kind == DECODER else 0
@@ -371,6 +370,13 @@ def _layer_tau(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, 
         call.taus[key] = None if row is None else torch.tensor(row, dtype=torch.float64)
     t = call.taus[key]
     return None if t is None else t.to(device=device, dtype=dtype).view(n_heads, 1, 1)
+
+
+def _adaptive(call: _Call | None, kind: str) -> bool:
+    """Whether this attention multiplies each row's logits by its own beta: the call's schedule is adaptive
+    temperature (:data:`core.values.schedule.ADAPTIVE`) and ``kind`` is one of its targets. Read where the layer's
+    tau is (:func:`_layer_tau`), from the same schedule: nothing else carries it."""
+    return call is not None and call.settings.tau.adaptive and kind in call.settings.targets
 
 
 
@@ -499,7 +505,7 @@ def aligned_attention(
         causal=attention_mask is None and getattr(module, "is_causal", False) and q_len > 1,
         scheme=scheme, needs=needs, weights=want_weights, dropout=float(dropout) if module.training else 0.0,
         grad=torch.is_grad_enabled(),
-        adaptive=call is not None and call.settings.adaptive and kind in call.settings.targets)
+        adaptive=_adaptive(call, kind))
     backend = softmax_block.choose_backend(x)
     step = softmax_block.rows_per_block(backend, x, call.settings.chunk_bytes if call is not None else None)
     rows = _open(backend, x, step)

@@ -321,8 +321,9 @@ def adaptive_rows(scores: torch.Tensor) -> torch.Tensor:
     rows ``[..., K]`` (masked keys at the dtype's lowest value): each row's entropy H of its softmax (nats, with the
     paper's 1e-9 inside the log), its beta = max(poly(H), 1) where H > 0.5 and 1 elsewhere
     (:func:`core.runs.temperature.adaptive_beta`: the paper's fit), and the row multiplied by its beta, i.e. divided
-    by its own tau = 1 / beta. Masked keys stay at the lowest value (their product, -inf, is clamped back), so
-    they keep weight 0. A new tensor (autograd sees the whole computation, as in the paper's code)."""
+    by its own tau = 1 / beta: what the ``adaptive`` schedule (:data:`core.values.schedule.ADAPTIVE`) asks of the
+    targeted attentions (:func:`core.mechanics.attention._adaptive`). Masked keys stay at the lowest value (their
+    product, -inf, is clamped back), so they keep weight 0. A new tensor (autograd sees the whole computation, as in the paper's code)."""
     p = torch.softmax(scores, dim=-1)
     h = -(p * torch.log(p + 1e-9)).sum(-1, keepdim=True)
     del p

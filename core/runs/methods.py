@@ -30,7 +30,7 @@ import numpy as np
 
 from core.runs import temperature, timing
 from core.errors import UserError
-from core.values.schedule import ONE, QWEN_LOGN, RowTau, Schedule
+from core.values.schedule import ADAPTIVE, ONE, QWEN_LOGN, RowTau, Schedule
 
 if TYPE_CHECKING:  # the registry itself stays light: the CLI checks names before torch is imported
     from core.runs import engine
@@ -122,7 +122,8 @@ class Method:
     matches: str | None = None
     #: the user gives the schedule (a fixed tau): nothing to resolve
     takes_value: bool = False
-    #: the same schedule for every document (tau = 1): nothing to resolve
+    #: the same schedule for every document (tau = 1; adaptive temperature, whose rows' taus the attention computes
+    #: from each row's logits): nothing to resolve
     constant: Schedule | None = None
     #: a number it takes besides the lengths (its default from L_tr is used where the caller gives none)
     param: Param | None = None
@@ -310,6 +311,13 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
                n, temperature.critical_gamma(lt) if gamma is None else gamma),
            param=Param("gamma", "beta_n = gamma ln n; 1 / ln L_tr keeps tau = 1 at L_tr",
                        temperature.critical_gamma, temperature.GAMMA_MIN, temperature.GAMMA_MAX)),
+    Method("adaptive", "adaptive temperature (per row, from its entropy)", "adaptive",
+           "Velickovic et al. (2024), 'softmax is not enough' (arXiv 2410.01104): each query row's logits x beta = "
+           "max(poly(H), 1), H the row's tau = 1 entropy in nats, poly the paper's degree-4 fit (-0.037 H^4 + 0.481 "
+           "H^3 - 2.3 H^2 + 4.917 H - 1.791), beta = 1 where H <= 0.5: a tau of 1 / beta per row, computed inside "
+           "the pass from the row itself (the same schedule for every document and length; no pass to resolve). "
+           "It never softens; a dispersed row past L_tr is sharpened. Runs on the plain torch attention backend.",
+           measured=False, length_dependent=False, resolve=None, constant=ADAPTIVE),
     Method("pmax", "Algorithm 1, Pmax", "Alg. 1 Pmax",
            "Algorithm 1: the grid tau whose mean Pmax at this length matches the mean at L_tr with tau = 1.",
            measured=True, length_dependent=True, resolve=None, search=_algorithm1("pmax"), cost=_bisection,

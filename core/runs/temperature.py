@@ -11,10 +11,10 @@ sharpens. The methods, from the cheapest to the most measured:
   (= log-length with s = L / L_tr); ``critical``: critical attention
   scaling, tau = 1 / (gamma ln L), gamma settable; ``log-n-rows``: Qwen's
   log-n by query position (a row schedule, :class:`core.values.schedule.RowTau`).
-  Adaptive temperature (:func:`adaptive_beta`) is here as maths; the
-  attention runs it per row from each row's own logits
-  (:func:`core.mechanics.softmax_block.adaptive_rows`), a switch of the
-  attention call, not yet a registry method (docs/library.md says why).
+* ``adaptive``: adaptive temperature, here as maths (:func:`adaptive_beta`);
+  its schedule is :data:`core.values.schedule.ADAPTIVE`, and the attention
+  runs it per row from each row's own logits
+  (:func:`core.mechanics.softmax_block.adaptive_rows`).
 * ``infoscale``: InfoScale (Li et al., "Information Entropy Invariance",
   ICML 2025) multiplies logits by lambda = sqrt(1 - n^(-2/d)) / sqrt(1 -
   n_tr^(-2/d)); as a temperature tau = 1 / lambda. We take d = d_kv, the
@@ -136,8 +136,9 @@ ADAPTIVE_MIN_ENTROPY = 0.5
 def adaptive_beta(entropy) -> np.ndarray:
     """Adaptive temperature's inverse temperature per row from the row's tau = 1 entropy H (nats):
     ``beta = max(poly(H), 1)`` where H > 0.5, else 1 (it never softens); the row's logits are then multiplied by
-    beta, i.e. its tau is 1 / beta. Not a registry method: it needs each row's logits inside the attention, where
-    :func:`core.mechanics.softmax_block.adaptive_rows` applies it (docs/library.md says what the entry still needs)."""
+    beta, i.e. its tau is 1 / beta. It needs each row's logits, so the attention applies it
+    (:func:`core.mechanics.softmax_block.adaptive_rows`) wherever the run's schedule is
+    :data:`core.values.schedule.ADAPTIVE` (the registry's ``adaptive`` method)."""
     h = np.asarray(entropy, dtype=np.float64)
     return np.where(h > ADAPTIVE_MIN_ENTROPY, np.maximum(np.polyval(ADAPTIVE_POLY, h), 1.0), 1.0)
 

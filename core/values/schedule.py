@@ -11,13 +11,25 @@ without being looked at again. Its ``[layers, heads]`` matrix is computed once
 per model shape and kept (:meth:`Schedule.matrix`); the attention reads one
 layer's row (:meth:`Schedule.heads`) or the rows' taus (:meth:`Schedule.row_taus`).
 
-Four shapes, the ones the papers and their extensions need:
+Four shapes, the ones the papers and their extensions need, and one kind whose taus exist only inside a pass:
 
 * one number: every layer and head (the paper's tau);
 * one number per layer (per-layer Algorithm 1);
 * one number per layer and head (per-head Algorithm 1);
 * one number per query row, a function of the row's position
-  (:class:`RowTau`: Llama 4's temperature tuning, Qwen's log-n by query position).
+  (:class:`RowTau`: Llama 4's temperature tuning, Qwen's log-n by query position);
+* :data:`ADAPTIVE`: adaptive temperature (Velickovic et al. 2024), a tau per query row that is a function of the
+  row's own logits (1 / beta(H), H the row's tau = 1 entropy), so the attention computes it
+  (:func:`core.mechanics.softmax_block.adaptive_rows`). Its JSON form is ``{"scheme": "adaptive"}``.
+
+Why adaptive temperature is a schedule and not a flag beside one: what reaches the attention is the run's
+:class:`~core.values.choice.Choice`, whose tau is this one value; caches of passes are keyed by it (not by the
+method's name: a fixed 0.5 and a method that resolved to 0.5 are one pass), and a reference pass is the same
+choice with ``tau`` replaced by :data:`ONE`. As a schedule, an adaptive pass has its own key everywhere a pass is
+keyed, and a reference pass drops it by construction. Before a pass it holds the base tau 1 (what
+:meth:`Schedule.matrix`, :meth:`Schedule.heads`, :meth:`Schedule.mean` and a result's tau report; each row's beta
+multiplies that row's logits inside the pass); it is not one number (:attr:`Schedule.scalar` is None: no view
+may take it for tau = 1) and not the model as trained (:attr:`Schedule.is_one` is False).
 
 Why a value object rather than ``float | list``: five containers used to
 repeat ``{tau, ...}`` and five places validated it, each a little
@@ -52,6 +64,8 @@ MAX_ATTN_SCALE = 10.0
 #: The row schemes :class:`RowTau` knows: Llama 4's attention temperature tuning and Qwen's log-n by query position.
 LLAMA4, QWEN_LOGN = "llama4", "qwen-logn"
 ROW_SCHEMES: tuple[str, ...] = (LLAMA4, QWEN_LOGN)
+#: The scheme name of :data:`ADAPTIVE` in JSON (``{"scheme": "adaptive"}``).
+ADAPTIVE_SCHEME = "adaptive"
 
 
 @dataclass(frozen=True)
@@ -182,11 +196,12 @@ def _number(x: Any) -> float:
 class Schedule:
     """An immutable tau schedule (see the module docstring); build it with :meth:`of`."""
 
-    __slots__ = ("_values", "_rows", "_matrices")
+    __slots__ = ("_values", "_rows", "_adaptive", "_matrices")
 
-    def __init__(self, values: np.ndarray | None, rows: RowTau | None) -> None:
+    def __init__(self, values: np.ndarray | None, rows: RowTau | None, adaptive: bool = False) -> None:
         self._values = values
         self._rows = rows
+        self._adaptive = adaptive
         self._matrices: dict[tuple, np.ndarray] = {}
 
     # -- entering ----------------------------------------------------------------------------
@@ -198,12 +213,18 @@ class Schedule:
         Accepts a :class:`Schedule` (returned as it is: validated once), a
         number, a list per layer, a list of lists per layer and head (lists,
         tuples, numpy arrays, torch tensors), a :class:`RowTau` or its JSON
-        dict (``{"scheme": "llama4", "floor_scale": ..., "attn_scale": ...}``).
+        dict (``{"scheme": "llama4", "floor_scale": ..., "attn_scale": ...}``),
+        or adaptive temperature's ``{"scheme": "adaptive"}`` (:data:`ADAPTIVE`).
         """
         if isinstance(value, Schedule):
             return value
         if isinstance(value, RowTau):
             return cls(None, value)
+        if isinstance(value, dict) and value.get("scheme") == ADAPTIVE_SCHEME:
+            if set(value) != {"scheme"}:
+                raise ValueError(f"the {ADAPTIVE_SCHEME} schedule has no parameters "
+                                 f"(got also {sorted(map(str, set(value) - {'scheme'}))})"[:200])
+            return ADAPTIVE
         if isinstance(value, dict):
             try:
                 return cls(None, RowTau.from_dict(value))
@@ -224,19 +245,24 @@ class Schedule:
         return self._rows
 
     @property
+    def adaptive(self) -> bool:
+        """True for :data:`ADAPTIVE`: the attention multiplies each targeted row's logits by its own beta."""
+        return self._adaptive
+
+    @property
     def ndim(self) -> int:
-        """0 (one number), 1 (per layer), 2 (per layer and head); -1 for a per-row schedule."""
-        return -1 if self._values is None else self._values.ndim
+        """0 (one number), 1 (per layer), 2 (per layer and head); -1 for a per-row schedule (position or adaptive)."""
+        return -1 if self._values is None or self._adaptive else self._values.ndim
 
     @property
     def scalar(self) -> float | None:
-        """The one number of a scalar schedule, else None."""
+        """The one number of a scalar schedule, else None (adaptive temperature too: each row has its own)."""
         return float(self._values) if self.ndim == 0 else None
 
     @property
     def is_one(self) -> bool:
-        """True when it divides nothing (tau = 1 everywhere): the model as trained."""
-        return self._values is not None and bool((self._values == 1.0).all())
+        """True when it divides nothing (tau = 1 everywhere): the model as trained (not adaptive temperature)."""
+        return self._values is not None and not self._adaptive and bool((self._values == 1.0).all())
 
     def matrix(self, n_layers: int, n_heads: int, rows: int | None = None) -> np.ndarray:
         """The float64 ``[layers, heads]`` matrix for a model of this shape (read-only, computed once per shape).
@@ -246,7 +272,7 @@ class Schedule:
         schedule is the same for every layer and head: its matrix holds its
         mean over ``rows`` query rows (what a result reports).
         """
-        key = (int(n_layers), int(n_heads), None if self._rows is None else int(rows or 0))
+        key = (int(n_layers), int(n_heads), None if self._rows is None else int(rows or 0))  # adaptive: its base, 1
         m = self._matrices.get(key)
         if m is None:
             m = self._build(*key)
@@ -275,7 +301,10 @@ class Schedule:
 
         What the attention asks for each layer; no matrix is built (the
         attention does not know the model's layer count, the engine checked it).
+        Adaptive temperature: None (its base tau is 1; the attention reads :attr:`adaptive` for each row's beta).
         """
+        if self._adaptive:
+            return None
         v = self._values
         if v is None:
             raise ValueError("a row schedule has one tau per query row, not per head (use row_taus)")
@@ -309,7 +338,9 @@ class Schedule:
 
     def describe(self, rows: int | None = None) -> str:
         """The schedule in one table cell: a number (4 decimals), a per-layer list, a per-head matrix's range and
-        mean, or a row schedule's mean over ``rows`` query rows (Llama 4)."""
+        mean, a row schedule's mean over ``rows`` query rows (Llama 4), or adaptive temperature's rule."""
+        if self._adaptive:
+            return "per query row, adaptive: tau = 1 / beta(H), H the row's own tau = 1 entropy"
         if self._rows is not None:
             r = self._rows
             mean = "" if rows is None else f": mean {r.mean(rows):.4f} over {rows:,} rows"
@@ -324,27 +355,35 @@ class Schedule:
         return f"per head ({a.shape[0]} x {a.shape[1]}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}"
 
     def to_json(self) -> float | list | dict:
-        """A number, nested lists, or a row schedule's dict: what settings files and ``--json`` hold."""
+        """A number, nested lists, or a row schedule's dict (adaptive: ``{"scheme": "adaptive"}``): what settings
+        files and ``--json`` hold."""
+        if self._adaptive:
+            return {"scheme": ADAPTIVE_SCHEME}
         if self._rows is not None:
             return self._rows.to_dict()
         return float(self._values) if self._values.ndim == 0 else self._values.tolist()
 
     def key(self) -> tuple:
         """A hashable key (equal schedules, equal keys; numbers to 6 decimals): what caches of passes and
-        accuracy runs are keyed by. A row schedule is keyed by its parameters."""
+        accuracy runs are keyed by. A row schedule is keyed by its parameters, adaptive temperature by its name
+        (so an adaptive pass never shares a key with tau = 1, whose key is ``(1.0,)``)."""
+        if self._adaptive:
+            return (ADAPTIVE_SCHEME,)
         if self._rows is not None:
             r = self._rows
             return ("rows", r.scheme, int(r.floor_scale), round(float(r.attn_scale), 6))
         return tuple(float(x) for x in np.atleast_1d(self._values).ravel().round(6))
 
     def __float__(self) -> float:
-        """The one number of a scalar schedule (TypeError for any other: a list is not one number)."""
+        """The one number of a scalar schedule (TypeError for any other: a list is not one number, nor is adaptive
+        temperature's tau)."""
         if self.ndim != 0:
             raise TypeError(f"a {self.describe()} schedule is not one number; use mean()")
         return float(self._values)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        """The values as numpy sees them (0, 1 or 2 dimensions); a row schedule has none without a length."""
+        """The values as numpy sees them (0, 1 or 2 dimensions); a row schedule has none without a length; adaptive
+        temperature gives its base, 1 (each row's beta exists only inside a pass)."""
         if self._values is None:
             raise TypeError("a row schedule has no values without the input's length; use matrix(..., rows=n)")
         return np.array(self._values, dtype=dtype)
@@ -352,6 +391,8 @@ class Schedule:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Schedule):
             return NotImplemented
+        if self._adaptive or other._adaptive:
+            return self._adaptive == other._adaptive
         if (self._rows is None) != (other._rows is None):
             return False
         if self._rows is not None:
@@ -370,4 +411,12 @@ class Schedule:
 
 ONE = Schedule.of(1.0)
 """The model as trained."""
+
+_BASE = np.array(1.0)
+_BASE.setflags(write=False)
+ADAPTIVE = Schedule(_BASE, None, adaptive=True)
+"""Adaptive temperature (Velickovic et al. 2024, "softmax is not enough"): tau = 1, then each targeted query row's
+logits multiplied by beta = max(poly(H), 1) where its entropy H > 0.5 nats, in the attention itself
+(:func:`core.mechanics.softmax_block.adaptive_rows`; the maths: :func:`core.runs.temperature.adaptive_beta`). The
+one adaptive schedule: ``Schedule.of({"scheme": "adaptive"})`` returns it."""
 
