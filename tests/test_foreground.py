@@ -202,6 +202,35 @@ def test_a_person_waits_for_a_layer_not_the_background_pass(default, layer, back
         pf.want("fg-session", None)
 
 
+def test_a_person_who_asks_for_the_grid_pass_under_way_waits_for_its_rest(default, layer, background_stamps):
+    """A person who scrubs onto the grid frame being computed gets that very pass when it lands: the background pass
+    is neither paused nor abandoned, and it is not computed twice (``ui.cache`` waits on
+    ``PassGate.wait_for_background``; before, the person paused it, ran the same pass, and the paused one was
+    dropped)."""
+    from ui import cache, pass_gate, prefetch, stores
+
+    prefetch.clear_all()
+    gate = pass_gate.gate()
+    pf = prefetch.prefetcher()
+    pauses, gave_way = gate.pauses, pf.gave_way
+    req = DocumentRequest(task="passkey", tokens=TOKENS, depth=0.5, seed=14)
+    job = prefetch.grid_job(default, req, grid_settings(default))
+    pf.want("rest-session", job)
+    try:
+        inside_a_background_pass(job, 1, background_stamps)  # the grid's second pass (tau 0.95) is under way
+        under_way = job.passes()[1]
+        assert not cache.has_run(default, req, under_way)
+        t0 = time.perf_counter()
+        res = cache.run(default, req, under_way)
+        total = time.perf_counter() - t0
+        print(f"the grid pass under way, asked for: served in {total:.2f} s (its own pass {res.seconds['total']:.2f} s)")
+        assert gate.pauses == pauses and pf.gave_way == gave_way, (gate.pauses - pauses, pf.gave_way - gave_way)
+        assert res is stores.stores()["run"].peek(cache.run_key(default, req, under_way))
+        assert total <= res.seconds["total"] + SLACK_S, (total, res.seconds)  # its rest, not a pass of its own
+    finally:
+        pf.want("rest-session", None)
+
+
 def test_without_room_to_pause_the_background_pass_is_abandoned_and_redone(default, layer, background_stamps):
     """With no memory to spare for a paused pass (``pause_share`` 0), the background pass stops at the layer, the
     person waits for no more than that layer, and the pass is computed again afterwards."""

@@ -155,6 +155,10 @@ def _run_key(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings) ->
             settings.generate)
 
 
+#: Seconds a person's pass waits at most for the background pass that is making that very pass (then it runs its own).
+BACKGROUND_WAIT_S = 600.0
+
+
 def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings, guarded: bool = True) -> engine.Result:
     key = _run_key(loaded, doc_key, settings)
     # Refuse a too-long input first, also on a cache hit (free memory changes); the message is the engine's own.
@@ -163,6 +167,8 @@ def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSetting
     n = n or len(loaded.tokenizer(doc.text).input_ids)
     engine.check_length(loaded, int(n))
     res = stores()["run"].peek(key)
+    if res is MISSING and guarded and gate().wait_for_background(key, BACKGROUND_WAIT_S):
+        res = stores()["run"].peek(key)  # the background pass under way was this very one: its rest, not a new pass
     if res is MISSING:
         def compute() -> engine.Result:
             return engine.run(loaded, doc, settings, encoded=encoded(loaded, doc_key, doc))

@@ -27,11 +27,10 @@ way to a person's pass: it pauses, the person's pass runs, and it resumes
 where it stopped. So a person's own pass (a page, Calibrate, a paste, an
 off-grid frame) waits for at most the layer under way, not a whole
 background pass (issue 49: at 16,384 tokens a pass takes ~20 s here, one
-of the default model's four encoder layers ~4 s). (A person who wants the
-very pass under way, a grid frame still coming, could wait for its rest
-instead, :meth:`ui.pass_gate.PassGate.wait_for_background`; not wired into
-:mod:`ui.cache`: with it tests/test_browser.py's scrubbing test failed, cause
-not established. Today that person pauses it and runs the pass again.)
+of the default model's four encoder layers ~4 s). A person who wants the
+very pass under way (a grid frame still coming) waits for its rest instead
+(:meth:`ui.pass_gate.PassGate.wait_for_background`, from :mod:`ui.cache`):
+pausing it would only run the same pass twice.
 
 Pause, not abandon, because abandoning throws away the part of the pass
 already done (on average half a pass, ~10 s at 16k, per request) and a
