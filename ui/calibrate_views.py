@@ -26,9 +26,11 @@ FALLBACK = methods.ADVISED[0]
 
 
 def use_tau(method: str, value) -> None:
-    """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; a schedule -> that method)."""
+    """on_click: put a calibrated tau into the sidebar (a number -> fixed + slider; a schedule -> that method).
+    A per-row schedule (Llama 4, Qwen's log-n by position, adaptive temperature) is no number, not even adaptive
+    temperature's base 1: the sidebar gets its method."""
     value = Schedule.of(value)
-    if value.rows is not None:
+    if value.rows is not None or value.adaptive:
         choices.set_state(tau_method=method)
         st.session_state["cal_used"] = f"{methods.label(method)}: {value.describe()}"
         return
@@ -359,13 +361,22 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
 PX_PER_CHAR, PAD_PX, NOTE_MAX_PX = 7.0, 28, 480
 
 
+#: Adaptive temperature's cell and note: a tau per query row that each pass computes from the row itself, so no
+#: number stands for it here (:data:`core.values.schedule.ADAPTIVE`).
+ADAPTIVE_CELL = "adaptive (per row, from its entropy)"
+ADAPTIVE_NOTE = "tau = 1 / beta(H) per row, H its own entropy at tau = 1"
+
+
 def tau_cell(tau, rows: int, train_length: int | None = None) -> tuple[str, str]:
     """A method's tau as a short cell ('0.7312', 'per head (2 x 4): 0.50 to 1.00, mean 0.712', '0.8861 (mean
-    over 2,045 rows)', 'n/a') and a note with what the short form leaves out (the reason of an 'n/a')."""
+    over 2,045 rows)', 'adaptive (per row, from its entropy)', 'n/a') and a note with what the short form leaves
+    out (the reason of an 'n/a')."""
     if isinstance(tau, str):  # "n/a (why)"
         why = tau[len("n/a ("):-1] if tau.startswith("n/a (") and tau.endswith(")") else tau
         return "n/a", why
     tau = Schedule.of(tau)
+    if tau.adaptive:  # no number before a pass (its base 1 is not its tau): the rule
+        return ADAPTIVE_CELL, ADAPTIVE_NOTE
     if tau.rows is not None:
         floor = "L_tr" if train_length == tau.rows.floor_scale else f"{tau.rows.floor_scale:,}"
         return f"{tau.mean(rows):.4f} (mean over {rows:,} rows)", f"a tau per row: 1 before row {floor}, then smaller"

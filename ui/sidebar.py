@@ -52,6 +52,9 @@ OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 MULTIPLES = (1, 2, 4, 8, 16)
 _OWN_TAU = "_aae_own_tau"  # the person's own tau (the slider shows the resolved one while the method is not fixed)
 _SHOWN = "_aae_tau_shown"  # the resolved tau last written into the disabled slider (not the person's own tau)
+#: Adaptive temperature's tau in words, after "tau = " (the sidebar, the scrubber's note): a tau per query row set
+#: inside each pass from the row itself, so no number (its base 1, what a slider shows, is not its tau).
+ADAPTIVE_TEXT = "adaptive: 1 / beta(H) per query row, H its own entropy at tau = 1"
 
 
 # -- state --------------------------------------------------------------------------
@@ -149,7 +152,11 @@ class Context:
         return self.schedule.mean(self.tokens)
 
     def tau_text(self, schedule: Any = None) -> str:
+        """The schedule after "tau = ": '0.812', 'per row (mean 0.912)', 'per layer 0.90, 0.80 (mean 0.850)', or
+        adaptive temperature's :data:`ADAPTIVE_TEXT` (its base 1 is not its tau)."""
         s = Schedule.of(self.schedule if schedule is None else schedule)
+        if s.adaptive:
+            return ADAPTIVE_TEXT
         if s.rows is not None:
             return f"per row (mean {s.mean(self.tokens):.3f})"
         a = np.asarray(s)
@@ -478,7 +485,8 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
                     disabled=not fixed,
                     help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
                          + ("" if fixed else " Disabled: it shows the tau the method resolves to "
-                            "(the mean, for a schedule); your own tau comes back with 'fixed tau'."))
+                            "(the mean, for a schedule; adaptive temperature's base, 1: each row's own tau is set "
+                            "inside the pass); your own tau comes back with 'fixed tau'."))
 
     row = targets_at.container(horizontal=True, gap="small", vertical_alignment="center")
     row.caption("tau applies to:")
@@ -542,7 +550,10 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     else:
         at = choices.slider_tau(schedule, int(info.get("length") or ss.get("doc_tokens") or loaded.train_length))
         draw_slider(at, shown=at)
-    if schedule.rows is not None:  # Llama 4: one tau per query row
+    if schedule.adaptive:  # no number: each row's tau comes from that row's entropy, inside the pass
+        where.caption(f"{methods.label(method)} resolves to **tau = {ADAPTIVE_TEXT}**, set inside each pass (the "
+                      "slider shows its base, 1, not its tau)")
+    elif schedule.rows is not None:  # Llama 4: one tau per query row
         shown = f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
     elif not fixed:

@@ -173,6 +173,9 @@ def method_list(ctx: sb.Context) -> pd.DataFrame:
     """Every registry method (what the CLI's ``--method`` offers) and where this page shows it."""
     def where(name: str) -> str:
         m = methods.get(name)
+        if m.constant is not None and m.constant.adaptive:  # no tau before a pass: each row's comes from the row
+            return ("not drawn: a tau per query row from that row's own entropy, computed inside each pass "
+                    "(Explore, Calibrate)")
         if m.constant is not None:
             return "tau = 1 at every length (the top of the chart)"
         if m.takes_value:

@@ -105,6 +105,7 @@ class Result:
     nll: float | None = None  # language modelling (task "lm"): summed -log p of the continuation's tokens
     scored_tokens: int | None = None  # how many continuation tokens ``nll`` sums over
     answer_tokens: list[str] | None = None  # the generated tokens one by one (eos included): decoder/cross map rows
+    schedule: Any = None  # the run's Schedule as given (a per-row one: ``tau`` holds only its mean, adaptive its base 1)
 
     @property
     def perplexity(self) -> float | None:
@@ -133,9 +134,12 @@ class Result:
         ]
 
     def summary(self) -> dict:
-        """The CLI's ``run --json`` object (a stable contract)."""
+        """The CLI's ``run --json`` object (a stable contract). ``tau`` is one number or a list per layer (a per-row
+        schedule's mean over the rows; adaptive temperature's base, 1); a per-row schedule also gives ``schedule``
+        (its JSON, as a settings file holds it) and ``schedule_text`` (what it is, in words)."""
         tau = self.tau
         same = bool(np.all(tau == tau.flat[0]))
+        rows = self.schedule is not None and self.schedule.ndim < 0  # a tau per query row: its rule beside the number
         return {
             "task": self.task,
             "answer": self.answer,
@@ -144,6 +148,8 @@ class Result:
             "parsed": self.parsed,
             "method": self.method,
             "tau": float(tau.flat[0]) if same else tau.mean(axis=1).round(4).tolist(),
+            **({"schedule": self.schedule.to_json(), "schedule_text": self.schedule.describe(self.tokens)}
+               if rows else {}),
             "tokens": self.tokens,
             "train_length": self.train_length,
             "ratio": round(self.tokens / self.train_length, 3),
@@ -465,6 +471,7 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 nll=None if nll is None or nll[i] is None else nll[i][0],
                 scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
                 answer_tokens=pieces[i],
+                schedule=settings.tau,
             )
         )
     return results
