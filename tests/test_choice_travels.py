@@ -30,13 +30,17 @@ from core.runs.settings import Settings
 
 @pytest.fixture
 def arrived(monkeypatch):
-    """The choices the attention function was called with, in order (encoder calls only)."""
+    """The choices the attention function was called with, in order (encoder calls only), not counting the app's
+    background grid thread: an app test module before this one may have left it computing another document."""
+    import threading
+
     seen: list[Choice] = []
     real = ALL_ATTENTION_FUNCTIONS[ATTN_NAME]
 
     def spy(module, *args, **kwargs):
         call = attention.current_call()
-        if call is not None and attention.attention_kind(module) == "encoder":
+        if call is not None and attention.attention_kind(module) == "encoder" \
+                and threading.current_thread().name != "aae-prefetch":
             seen.append(call.settings.choice)
         return real(module, *args, **kwargs)
 

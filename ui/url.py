@@ -11,6 +11,9 @@ How: :func:`apply` runs first in every full run. When the URL differs from
 what this session last wrote (a link just opened, or back/forward), each
 known parameter is checked and copied into the widgets' session state;
 values that cannot be used are listed in one message and left as they were.
+Unless a choice changed in the same run: then the URL is the browser's
+address bar from before it took the last write (the person acted while a run
+was under way), and the person's choice wins.
 :func:`sync` writes the current view at the end of a run (also from a
 fragment's rerun). Pasted text is not put in the URL (too long); such a view
 carries only the model and the temperature. A cosine model's view also
@@ -42,6 +45,7 @@ from core.errors import UserError
 from ui import choices
 
 _WRITTEN = "_url_written"  # the view this session last wrote or applied (a changed URL is a link or back/forward)
+_SEEN = "_url_choices"  # the choices as they stood when the view was last written (see :func:`apply`)
 
 
 def _finite(v: str, what: str) -> float:
@@ -155,6 +159,12 @@ def apply() -> list[str]:
     url = _current()
     if not url or url == ss.get(_WRITTEN):
         return []
+    if _acted(ss):
+        # A choice changed in this very run (a widget, a button's callback) and the URL is not the one last written:
+        # the browser sent its address bar before it had taken that write (a run was under way when the person
+        # acted). It is an echo of an older view, not a link or back/forward: applying it would undo the person's
+        # choice (seen: a model switch made during a length change's run came back as the old model).
+        return []
 
     problems = []
     for name, raw in url.items():
@@ -204,9 +214,18 @@ def view(ctx) -> dict[str, str]:
     return out
 
 
+def _acted(ss) -> bool:
+    """Whether a choice differs from what it was when this session last wrote the URL (a person or a callback
+    changed it since: back/forward and links change the URL alone)."""
+    seen = ss.get(_SEEN)
+    return seen is not None and any(ss.get(k) != v for k, v in seen.items())
+
+
 def sync(ctx) -> None:
-    """Write the view into the address bar (a new history entry when it changed)."""
+    """Write the view into the address bar (a new history entry when it changed), and note the choices it shows."""
     v = view(ctx)
     if _current() != v:
         st.query_params.from_dict(v)
-    st.session_state[_WRITTEN] = v
+    ss = st.session_state
+    ss[_WRITTEN] = v
+    ss[_SEEN] = {k: ss.get(k) for k in choices.DEFAULTS}

@@ -1,0 +1,56 @@
+"""The address bar one write behind: a choice made while a run is under way is kept.
+
+The app writes the view into the URL at the end of each run (``ui.url.sync``) and, at the start of a run, takes a
+URL it did not write as a link or as back/forward (``ui.url.apply``). A browser sends its address bar with every
+rerun; when the person acts while a run is under way, that address bar may not have taken the run's write yet.
+Seen in a real browser (tests/test_class_demo_browser.py, a busy machine): a model switch made during a length
+change's run came back as the old model, twice. Here AppTest sends the same sequence: a run writes the URL, then
+the next action arrives with the address bar of the run before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from conftest import app_ok  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+TIMEOUT = 180
+
+
+def _url(at: AppTest) -> dict[str, str]:
+    return {k: (v[0] if isinstance(v, list) else v) for k, v in dict(at.query_params).items()}
+
+
+def test_a_choice_made_while_the_address_bar_lags_is_kept(env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    before = _url(at)
+    at.sidebar.number_input(key="doc_tokens").set_value(384).run()  # this run writes tokens=384
+    assert _url(at)["tokens"] == "384"
+    # the next action reaches the server with the address bar of the run before (it had not taken the write)
+    at.query_params.clear()
+    at.query_params.update(before)
+    at.selectbox(key="tau_method").set_value("log-length").run()
+    app_ok(at)
+    assert at.selectbox(key="tau_method").value == "log-length"  # the person's choice, not the echo's "fixed"
+    assert at.sidebar.number_input(key="doc_tokens").value == 384  # and the length stays what it was
+    assert _url(at)["method"] == "log-length" and _url(at)["tokens"] == "384"
+
+
+def test_back_and_forward_still_reopen_an_earlier_view(env):
+    """With no choice changed in the run, a URL this session did not just write is applied (the back button)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    before = _url(at)
+    at.sidebar.number_input(key="doc_tokens").set_value(384).run()
+    at.query_params.clear()
+    at.query_params.update(before)  # back: the earlier view's query string, nothing else
+    at.run()
+    app_ok(at)
+    assert at.sidebar.number_input(key="doc_tokens").value == int(before["tokens"])
+    assert _url(at)["tokens"] == before["tokens"]
