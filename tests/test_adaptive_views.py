@@ -17,6 +17,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_ok, scrubber_view  # noqa: E402
+from test_issue48_lists import calibrate_at_600  # noqa: E402
 from core import cli  # noqa: E402
 from core.runs import methods  # noqa: E402
 from core.values.schedule import ADAPTIVE, ONE, RowTau, Schedule  # noqa: E402
@@ -73,13 +74,7 @@ def test_theory_does_not_list_adaptive_as_tau_1(env):
 # -- Calibrate: the table, the 'use' box and its button --------------------------------------------------------------
 
 def test_calibrate_shows_adaptive_and_uses_it_as_the_method(env):
-    at = _page("calibrate.py")
-    at.session_state["doc_tokens"] = 600
-    at.run()
-    if any(b.key == "cal_run" for b in at.button):
-        at.button(key="cal_run").click().run()
-    app_ok(at)
-    (table,) = [d.value for d in at.dataframe if "label" in d.value.columns and "note" in d.value.columns]
+    at, table = calibrate_at_600()
     cell = table.loc[table["method"] == NAME, "tau"].item()
     assert "adaptive" in cell and not cell.startswith("1.0"), cell
     pick = at.selectbox(key="cal_pick")

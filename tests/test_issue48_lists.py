@@ -114,7 +114,9 @@ def test_theory_lists_every_method_and_draws_the_per_row_ones(env):
     assert any("tau per query row" in m.value and "600 rows" in m.value for m in at.markdown)
 
 
-def test_calibrate_lists_every_method_with_the_per_row_ones(env, tiny):
+def calibrate_at_600() -> tuple[AppTest, "pd.DataFrame"]:
+    """Calibrate on a 600-token document, its search run: the page and its every-method table (also used by
+    tests/test_adaptive_views.py)."""
     at = _page("calibrate.py")
     at.session_state["doc_tokens"] = 600
     at.run()
@@ -123,7 +125,11 @@ def test_calibrate_lists_every_method_with_the_per_row_ones(env, tiny):
     app_ok(at)
     tables = [d.value for d in at.dataframe if "label" in d.value.columns and "note" in d.value.columns]
     assert tables, "Calibrate's every-method table"
-    table = tables[0]
+    return at, tables[0]
+
+
+def test_calibrate_lists_every_method_with_the_per_row_ones(env, tiny):
+    at, table = calibrate_at_600()
     shown = list(table["method"])
     missing = " ".join(c.value for c in at.caption if c.value.startswith("Not in the table yet"))
     for name in methods.NAMES:  # in the table, or named as not computed yet (a search of its own, on request)
