@@ -12,7 +12,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
