@@ -311,7 +311,11 @@ def _accuracy_job(loaded, payload) -> list[bool]:
 
 
 def _key_text(key: tuple) -> str:
-    return str(np.round(key, 3).tolist()) if key and key[0] != "rows" else f"{key[1]} rows (floor_scale {key[2]})"
+    if key and key[0] == "rows":
+        return f"{key[1]} rows (floor_scale {key[2]})"
+    if key and isinstance(key[0], str):  # a schedule of its own kind (adaptive temperature: ("adaptive",))
+        return " ".join(str(k) for k in key)
+    return str(np.round(key, 3).tolist())
 
 
 class Cell:

@@ -406,7 +406,15 @@ class Schedule:
         return f"Schedule({self.to_json()!r})"
 
     def __reduce__(self):  # copies and Ray's transport rebuild it through of(): never an unchecked value
-        return (Schedule.of, (self.to_json(),))
+        return (_rebuilt, (self.to_json(),))
+
+
+def _rebuilt(value) -> Schedule:
+    """A pickled schedule, rebuilt through :meth:`Schedule.of`. A module-level function, so cloudpickle (Ray) pickles
+    it by reference: the bound classmethod was pickled by value, with its globals, and ``of``'s global
+    :data:`ADAPTIVE` (itself pickled through ``of``) made a cycle that unpickled ``of`` before its globals were set
+    ("name 'Schedule' is not defined" in every Ray actor)."""
+    return Schedule.of(value)
 
 
 ONE = Schedule.of(1.0)
