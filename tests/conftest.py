@@ -117,6 +117,15 @@ def app_error_text(at) -> str:
     return " ".join(e.value for e in at.error)
 
 
+def sweep_one_cell(at, multiple: int, method: str = "none") -> None:
+    """On the Sweep page under AppTest: one length (``multiple`` x L_tr), depth 50 %, one method, one seed; start it."""
+    at.multiselect(key="sw_lengths").set_value([multiple])
+    at.multiselect(key="sw_depths").set_value([50])
+    at.multiselect(key="sw_methods").set_value([method])
+    at.number_input(key="sw_seeds").set_value(1)
+    at.button(key="sw_start").click().run()
+
+
 def app_ok(at) -> None:
     """An AppTest run showed neither an exception nor an st.error (the message list is the failure text)."""
     assert not at.exception, [e.value for e in at.exception]

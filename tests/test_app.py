@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_error_text, app_ok, build_tiny_t5, concurrent_sessions, scrubber_view  # noqa: E402
+from conftest import app_error_text, app_ok, build_tiny_t5, concurrent_sessions, scrubber_view, sweep_one_cell  # noqa: E402
 from test_state_pages import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,11 +130,7 @@ def test_calibrate_use_this_tau_and_export(env):
 def test_sweep_runs_one_cell(env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     nav_click(at, "app_pages/sweep.py")
-    at.multiselect(key="sw_lengths").set_value([1])
-    at.multiselect(key="sw_depths").set_value([50])
-    at.multiselect(key="sw_methods").set_value(["none"])
-    at.number_input(key="sw_seeds").set_value(1)
-    at.button(key="sw_start").click().run()
+    sweep_one_cell(at, 1)
     _ok(at)
     table = at.dataframe[0].value
     assert list(table.index) == ["none (tau = 1)"] and list(table.columns) == [256]

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok  # noqa: E402
+from conftest import app_ok, sweep_one_cell  # noqa: E402
 from core import cli  # noqa: E402
 from core.data import tasks  # noqa: E402
 from core.runs import methods, temperature  # noqa: E402
@@ -48,11 +48,7 @@ def test_a_ruler_task_is_swept_and_scored(env):
     at.sidebar.number_input(key="doc_tokens").set_value(512).run()
     app_ok(at)
     assert "task `vartrack`" in " ".join(c.value for c in at.caption), "the plan names the sidebar's RULER task"
-    at.multiselect(key="sw_lengths").set_value([2])
-    at.multiselect(key="sw_depths").set_value([50])
-    at.multiselect(key="sw_methods").set_value(["none"])
-    at.number_input(key="sw_seeds").set_value(1)
-    at.button(key="sw_start").click().run()
+    sweep_one_cell(at, 2)
     app_ok(at)
     table = at.dataframe[0].value
     assert list(table.index) == [methods.label("none")] and list(table.columns) == [512]
