@@ -4,6 +4,7 @@ per-token needle the trainer builds from it, the loss on it, and a training run 
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -116,16 +117,42 @@ def test_copy_loss_is_lowest_with_attention_on_each_tokens_copy(tok):
         pytest.approx(needle_attention_loss([lg], mask, span, torch.ones(1), answer).item(), rel=1e-5)
 
 
-def test_training_with_copy_supervision_and_a_time_limit(tmp_path):
-    """A tiny model trains on lm sequences with copy supervision (the loss is recorded, finite) and stops at its
-    time limit with a card that says so."""
+def _train_briefly(out):
+    """A tiny model on lm sequences with copy supervision, stopped by its time limit after its first step."""
     cfg = TrainConfig(name="t", tasks={"lm": 1.0}, first_tasks=None, train_length=128, min_length=112, curriculum_steps=0,
                       d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1, eval_every=0,
                       batch_size=4, steps=50, threads=1, needle_attention={"lm": 1.0},
                       task_options={"lm": {"repeat": 1.0, "copy_room": 180}}, max_minutes=1e-4)
-    card = train(cfg, tmp_path / "m", reuse_tokenizer=str(ASSETS / "retrieval-t5"), quiet=True, evaluate_at_end=False,
+    return train(cfg, out, reuse_tokenizer=str(ASSETS / "retrieval-t5"), quiet=True, evaluate_at_end=False,
                  device="cpu")
+
+
+def test_training_with_copy_supervision_and_a_time_limit(tmp_path):
+    """A tiny model trains on lm sequences with copy supervision (the loss is recorded, finite) and stops at its
+    time limit with a card that says so."""
+    card = _train_briefly(tmp_path / "m")
     curve = card["needle_attention_curve"]
     assert curve and all(np.isfinite(curve)) and curve[0] > 0
     assert 1 <= card["steps_done"] < 50 and "max_minutes" in card["metrics"]["stopped"]
     assert (tmp_path / "m" / "model.safetensors").exists()
+
+
+def test_training_after_a_streamlit_run_leaves_the_host_script_alone(tmp_path, monkeypatch):
+    """Streamlit installs each script run's module as ``__main__`` and leaves it there; a spawned data producer
+    re-runs ``__main__`` first, so before the fix every producer re-ran the last app script (in CI: a Sweep page
+    whose temporary CSV was gone) and died before step 0. Here the host is a real Streamlit run of a script that
+    fails when re-run that way."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # put back after the test
+    script = tmp_path / "page.py"
+    script.write_text('import streamlit as st\n'
+                      'if __name__ == "__mp_main__":\n'
+                      '    raise SystemExit("a spawned producer re-ran the app script")\n'
+                      'st.write("a page")\n')
+    at = AppTest.from_file(str(script)).run()
+    assert not at.exception
+    assert getattr(sys.modules["__main__"], "__file__", None) == str(script)  # the host as Streamlit leaves it
+    card = _train_briefly(tmp_path / "m")
+    assert card["steps_done"] >= 1
+    assert sys.modules["__main__"].__file__ == str(script)  # and as it was: training put it back

@@ -11,6 +11,8 @@ import platform
 import random
 import sys
 import time
+import types
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from queue import Empty
@@ -90,6 +92,27 @@ def _try_evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int) -> dict:
         return {"accuracy": {}, "eval_error": str(err)}
 
 
+@contextmanager
+def _main_left_alone():
+    """Start spawned processes without them re-running the host's ``__main__``.
+
+    Why: a spawned child first re-runs ``sys.modules["__main__"]`` (by its file or module name) so that objects
+    pickled from it resolve. The data producers need nothing from it (their target and arguments live in ``core``),
+    and a host may have put anything there: Streamlit installs each script run's module as ``__main__`` and never
+    puts the old one back, so after any app run a producer re-ran a whole app page (in the test suite, a Sweep page
+    whose temporary CSV was gone: every producer died before step 0). The children are prepared while ``start``
+    runs, so the swap lasts only that long."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__, no __spec__: the child skips it
+    try:
+        yield
+    finally:
+        if main is None:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = main
+
+
 def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False,
           evaluate_at_end: bool = True, device: str | None = None,
           lineage: tuple[list[dict], list[dict]] = ([], [])) -> dict:
@@ -161,8 +184,9 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     workers = max(1, cfg.workers)
     queue, stop = ctx.Queue(maxsize=8 * workers), ctx.Event()
     producers = [ctx.Process(target=_batches, args=(cfg, str(out), queue, w, stop, os.getpid()), daemon=True) for w in range(workers)]
-    for pr in producers:
-        pr.start()
+    with _main_left_alone():
+        for pr in producers:
+            pr.start()
     pending: dict[int, tuple] = {}  # batches that arrived ahead of their step
     finished = 0
     t0 = time.time()
@@ -184,7 +208,8 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                     item = queue.get(timeout=30)
                 except Empty:
                     if not any(pr.is_alive() for pr in producers):
-                        raise RuntimeError(f"training data producers died before step {step}") from None
+                        codes = ", ".join(str(pr.exitcode) for pr in producers)
+                        raise RuntimeError(f"training data producers died before step {step} (exit codes {codes})") from None
                     continue
                 if item is not None and item[0] == "error":
                     raise ValueError(f"training data producer failed: {item[1]}")
