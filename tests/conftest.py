@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from pathlib import Path
@@ -124,6 +126,20 @@ def sweep_one_cell(at, multiple: int, method: str = "none") -> None:
     at.multiselect(key="sw_methods").set_value([method])
     at.number_input(key="sw_seeds").set_value(1)
     at.button(key="sw_start").click().run()
+
+
+@contextlib.contextmanager
+def browser_requests(**fields):
+    """AppTest's runner sends its reruns with ``fields`` of Streamlit's ``RerunData`` while inside, as a browser
+    does: ``fragment_id_queue=[id]`` (a fragment's rerun), ``is_history_navigation=True`` (back/forward)."""
+    from streamlit.testing.v1 import local_script_runner as lsr
+
+    plain = lsr.RerunData
+    lsr.RerunData = functools.partial(plain, **fields)
+    try:
+        yield
+    finally:
+        lsr.RerunData = plain
 
 
 def app_ok(at) -> None:

@@ -28,8 +28,6 @@ The app's model is the tiny random T5 of tests/test_app.py (ByT5 bytes, L_tr = 2
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from pathlib import Path
 
 import pytest
@@ -38,7 +36,7 @@ pytest.importorskip("streamlit")
 from streamlit.proto.WidgetStates_pb2 import WidgetStates  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_model_of, app_ok, build_tiny_t5  # noqa: E402
+from conftest import app_model_of, app_ok, browser_requests, build_tiny_t5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -70,22 +68,9 @@ def _live_fragment(at: AppTest) -> str:
     return next(iter(frags))
 
 
-@contextlib.contextmanager
-def _requests(**extra):
-    """AppTest's runner sends RerunData with ``extra`` (e.g. a fragment id queue) while inside."""
-    from streamlit.testing.v1 import local_script_runner as lsr
-
-    plain = lsr.RerunData
-    lsr.RerunData = functools.partial(plain, **extra)
-    try:
-        yield
-    finally:
-        lsr.RerunData = plain
-
-
 def fragment_run(at: AppTest) -> AppTest:
     """Rerun only Explore's fragment with the widget values set on ``at`` (a change inside the fragment)."""
-    with _requests(fragment_id_queue=[_live_fragment(at)]):
+    with browser_requests(fragment_id_queue=[_live_fragment(at)]):
         at.run()
     return at
 

@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import ast
-import contextlib
-import functools
 import re
 from pathlib import Path
 
@@ -23,6 +21,8 @@ import pytest
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from conftest import browser_requests  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PRIVATE = ROOT / "ui" / "streamlit_private.py"
@@ -83,39 +83,30 @@ st.session_state.setdefault("log", [])
 
 @st.fragment
 def part():
-    st.session_state["log"].append(("fragment", sp.in_fragment_rerun(), sp.session_id()))
+    st.session_state["log"].append(("fragment", sp.in_fragment_rerun(), sp.session_id(), sp.history_navigation()))
     st.button("again", key="again")
 
-st.session_state["log"].append(("full", sp.in_fragment_rerun(), sp.session_id()))
+st.session_state["log"].append(("full", sp.in_fragment_rerun(), sp.session_id(), sp.history_navigation()))
 part()
 '''
-
-
-@contextlib.contextmanager
-def _fragment_requests(at: AppTest):
-    """AppTest's runner sends a rerun of the app's one fragment while inside (a fragment rerun, as the browser asks)."""
-    from streamlit.testing.v1 import local_script_runner as lsr
-
-    (fid,) = at._fragment_storage._fragments
-    plain = lsr.RerunData
-    lsr.RerunData = functools.partial(plain, fragment_id_queue=[fid])
-    try:
-        yield
-    finally:
-        lsr.RerunData = plain
 
 
 def test_each_private_function_answers_as_the_app_needs(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
     at = AppTest.from_string(APP, default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
-    with _fragment_requests(at):
+    (fid,) = at._fragment_storage._fragments
+    with browser_requests(fragment_id_queue=[fid]):  # a fragment's rerun, as the browser asks for one
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    with browser_requests(is_history_navigation=True):  # the back button, as the browser sends it
         at.run()
     assert not at.exception, [e.value for e in at.exception]
     log = at.session_state["log"]
-    kinds = [(kind, frag) for kind, frag, _ in log]
-    assert kinds == [("full", False), ("fragment", False), ("fragment", True)], log
-    ids = {sid for _, _, sid in log}
+    kinds = [(kind, frag, back) for kind, frag, _, back in log]
+    assert kinds == [("full", False, False), ("fragment", False, False), ("fragment", True, False),
+                     ("full", False, True), ("fragment", False, True)], log
+    ids = {sid for _, _, sid, _ in log}
     assert len(ids) == 1 and isinstance(next(iter(ids)), str) and next(iter(ids)), "one session, one non-empty id"
 
 
@@ -124,6 +115,7 @@ def test_outside_a_run_they_answer_safely():
 
     assert sp.in_fragment_rerun() is False
     assert sp.session_id() == ""
+    assert sp.history_navigation() is False
     assert sp.session_alive("anything") is True
 
 

@@ -1,11 +1,13 @@
 """The address bar one write behind: a choice made while a run is under way is kept.
 
 The app writes the view into the URL at the end of each run (``ui.url.sync``) and, at the start of a run, takes a
-URL it did not write as a link or as back/forward (``ui.url.apply``). A browser sends its address bar with every
-rerun; when the person acts while a run is under way, that address bar may not have taken the run's write yet.
-Seen in a real browser (tests/test_class_demo_browser.py, a busy machine): a model switch made during a length
-change's run came back as the old model, twice. Here AppTest sends the same sequence: a run writes the URL, then
-the next action arrives with the address bar of the run before.
+URL it did not write only in a session's first run (a link) or on back/forward (``ui.url.apply``). A browser sends
+its address bar with every rerun; when the person acts, or the scrubber polls, while a run is under way, that
+address bar may not have taken the run's write yet. Seen in a real browser (tests/test_class_demo_browser.py, a
+busy machine): a model switch made during a length change's run came back as the old model, twice; and the method
+went back to the tour's Algorithm 1 after "fixed tau" was chosen, in a full rerun with no choice of its own
+(Streamlit folds a fragment's poll into a pending full rerun, with the poll's query string). Here AppTest sends
+the same sequences: a run writes the URL, then the next rerun arrives with the address bar of the run before.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from conftest import app_ok  # noqa: E402
+from conftest import app_ok, browser_requests  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 TIMEOUT = 180
@@ -43,14 +45,32 @@ def test_a_choice_made_while_the_address_bar_lags_is_kept(env):
     assert _url(at)["method"] == "log-length" and _url(at)["tokens"] == "384"
 
 
+def test_a_rerun_with_no_choice_of_its_own_does_not_undo_the_last_one(env):
+    """A full rerun that changes nothing (a poll folded into it) with the address bar of the run before: the
+    view stays as the last run left it."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    before = _url(at)
+    at.selectbox(key="tau_method").set_value("log-length").run()
+    assert _url(at)["method"] == "log-length"
+    at.query_params.clear()
+    at.query_params.update(before)
+    at.run()
+    app_ok(at)
+    assert at.selectbox(key="tau_method").value == "log-length"
+    assert _url(at)["method"] == "log-length"
+
+
 def test_back_and_forward_still_reopen_an_earlier_view(env):
-    """With no choice changed in the run, a URL this session did not just write is applied (the back button)."""
+    """The same address bar sent by the back button (the browser marks the rerun as history navigation) is
+    applied."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     before = _url(at)
     at.sidebar.number_input(key="doc_tokens").set_value(384).run()
     at.query_params.clear()
     at.query_params.update(before)  # back: the earlier view's query string, nothing else
-    at.run()
+    with browser_requests(is_history_navigation=True):
+        at.run()
     app_ok(at)
     assert at.sidebar.number_input(key="doc_tokens").value == int(before["tokens"])
     assert _url(at)["tokens"] == before["tokens"]

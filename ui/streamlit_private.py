@@ -11,6 +11,13 @@ app_pages/, ui/, core/) outside this module (only ``streamlit`` itself and
   not hold yet in a fragment rerun (a poll, a release), everything in a full
   run (the component may have been mounted anew). Public Streamlit says
   nothing about the kind of run (``st.context`` has no such field).
+* :func:`history_navigation`: whether the browser's back or forward button
+  started this run. :func:`ui.url.apply` takes a URL it did not write only
+  then (or in a session's first run): any other rerun may carry an address
+  bar from before the last write (Streamlit folds a fragment's poll into a
+  pending full rerun with the poll's query string), and applying that echo
+  undid the person's last choice. The browser sends the flag with the rerun
+  (``ClientState.is_history_navigation``); ``st.context`` does not show it.
 * :func:`session_id` and :func:`session_alive`: the background tau grid
   (:mod:`ui.prefetch`) is shared by every session of the process and drops
   the wishes of a browser tab that has closed. ``st.context`` has no session
@@ -33,6 +40,12 @@ def in_fragment_rerun() -> bool:
     """Whether this run reruns only a fragment (False in a full run and outside Streamlit)."""
     ctx = _run_ctx()
     return bool(ctx is not None and ctx.fragment_ids_this_run)
+
+
+def history_navigation() -> bool:
+    """Whether the browser's back/forward button started this run (False outside a Streamlit run)."""
+    ctx = _run_ctx()
+    return bool(ctx is not None and getattr(ctx, "is_history_navigation", False))
 
 
 def session_id() -> str:

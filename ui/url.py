@@ -7,13 +7,18 @@ same view; the browser's back button steps through earlier views (Streamlit
 pushes a history entry whenever the query string changes, and re-runs the
 page with the old query string on back/forward).
 
-How: :func:`apply` runs first in every full run. When the URL differs from
-what this session last wrote (a link just opened, or back/forward), each
-known parameter is checked and copied into the widgets' session state;
-values that cannot be used are listed in one message and left as they were.
-Unless a choice changed in the same run: then the URL is the browser's
-address bar from before it took the last write (the person acted while a run
-was under way), and the person's choice wins.
+How: :func:`apply` runs first in every full run. It takes a URL that differs
+from what this session last wrote only in the session's first run (a link
+just opened) or when the browser's back/forward button started the run
+(:func:`ui.streamlit_private.history_navigation`); each known parameter is
+checked and copied into the widgets' session state, and values that cannot
+be used are listed in one message and left as they were. Any other differing
+URL is the browser's address bar from before it took the last write, an
+echo: the person acted, or the scrubber polled, while a run was under way,
+and Streamlit folds a poll into a pending full rerun with the poll's query
+string. Applying it undid the person's last choice (seen in a class demo:
+the method went back to the tour's Algorithm 1 after "fixed tau" was
+chosen; earlier, a model switch came back as the old model).
 :func:`sync` writes the current view at the end of a run (also from a
 fragment's rerun). Pasted text is not put in the URL (too long); such a view
 carries only the model and the temperature. A cosine model's view also
@@ -43,9 +48,9 @@ from core.values import positions
 from core.data import tasks
 from core.errors import UserError
 from ui import choices
+from ui.streamlit_private import history_navigation
 
 _WRITTEN = "_url_written"  # the view this session last wrote or applied (a changed URL is a link or back/forward)
-_SEEN = "_url_choices"  # the choices as they stood when the view was last written (see :func:`apply`)
 
 
 def _finite(v: str, what: str) -> float:
@@ -159,12 +164,8 @@ def apply() -> list[str]:
     url = _current()
     if not url or url == ss.get(_WRITTEN):
         return []
-    if _acted(ss):
-        # A choice changed in this very run (a widget, a button's callback) and the URL is not the one last written:
-        # the browser sent its address bar before it had taken that write (a run was under way when the person
-        # acted). It is an echo of an older view, not a link or back/forward: applying it would undo the person's
-        # choice (seen: a model switch made during a length change's run came back as the old model).
-        return []
+    if ss.get(_WRITTEN) is not None and not history_navigation():
+        return []  # an echo of an older view (see the module docstring), not a link or back/forward
 
     problems = []
     for name, raw in url.items():
@@ -214,18 +215,9 @@ def view(ctx) -> dict[str, str]:
     return out
 
 
-def _acted(ss) -> bool:
-    """Whether a choice differs from what it was when this session last wrote the URL (a person or a callback
-    changed it since: back/forward and links change the URL alone)."""
-    seen = ss.get(_SEEN)
-    return seen is not None and any(ss.get(k) != v for k, v in seen.items())
-
-
 def sync(ctx) -> None:
-    """Write the view into the address bar (a new history entry when it changed), and note the choices it shows."""
+    """Write the view into the address bar (a new history entry when it changed)."""
     v = view(ctx)
     if _current() != v:
         st.query_params.from_dict(v)
-    ss = st.session_state
-    ss[_WRITTEN] = v
-    ss[_SEEN] = {k: ss.get(k) for k in choices.DEFAULTS}
+    st.session_state[_WRITTEN] = v
