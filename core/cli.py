@@ -194,7 +194,7 @@ def _methods(text: str) -> str:
 # -- the parser -------------------------------------------------------------------------
 
 #: The numbers methods take besides the lengths (:class:`core.runs.methods.Param`: critical scaling's gamma), each once,
-#: by name: each is an option of ``run`` and ``calibrate`` (``--gamma``).
+#: by name: each is an option of ``run``, ``calibrate``, ``sweep`` and ``perplexity`` (``--gamma``).
 METHOD_PARAMS: dict[str, "methods.Param"] = {m.param.name: m.param for m in methods.REGISTRY.values() if m.param}
 
 
@@ -221,16 +221,33 @@ def _param_options(t) -> None:
                        help=f"{takers} only: {param.help} (default: its value from L_tr)")
 
 
-def _method_params(args, names) -> dict[str, float]:
-    """The ``--<param>`` values given, ``{name: value}``; one that none of the methods ``names`` takes is refused in
-    one line (it would change nothing: exit 2, not a silent run)."""
+def _method_params(args, names, option: str = "--method") -> dict[str, float]:
+    """The ``--<param>`` values given, ``{name: value}``; one that none of the methods ``names`` (names or ``tau=``
+    texts) takes is refused in one line (it would change nothing: exit 2, not a silent run). ``option``: where the
+    methods came from, for the message (``--methods`` for a list)."""
     given = {n: getattr(args, n) for n in METHOD_PARAMS if getattr(args, n, None) is not None}
     for name in given:
-        takers = [n for n, m in methods.REGISTRY.items() if m.param is not None and m.param.name == name]
-        if not any(n in takers for n in names):
-            raise UserError(f"--{name}: only --method {' or '.join(takers)} takes it "
-                            f"(the method here is {', '.join(map(str, names)) or 'none'})")
+        takers = methods.takers(name)
+        if not any(methods.entry(n).name in takers for n in names):
+            here = "the method here is" if len(names) == 1 else "the methods here are"
+            raise UserError(f"--{name}: only {option} {' or '.join(takers)} takes it "
+                            f"({here} {', '.join(map(str, names)) or 'none'})")
     return given
+
+
+def _listed_methods(args) -> tuple[list[str], str]:
+    """The methods a command runs (names or ``tau=`` texts, before any model loads) and the option they came from:
+    what ``--gamma`` is checked against. ``calibrate`` lists every method; ``sweep --data`` without ``--methods``
+    runs the ``--settings``/``--tau``/``--method`` choice."""
+    if args.cmd == "run":
+        return [args.settings_.method], "--method"
+    if args.cmd == "calibrate":
+        return list(methods.NAMES), "--method"
+    if args.methods:
+        return args.methods.split(","), "--methods"
+    if args.cmd == "sweep" and args.data:
+        return [args.settings_.method], "--method"
+    return list(methods.SWEEP_DEFAULT if args.cmd == "sweep" else methods.PERPLEXITY_DEFAULT), "--methods"
 
 
 def _model_options(g) -> None:
@@ -324,6 +341,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")
     s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
     s.add_argument("--max-new-tokens", type=_new_tokens, default=MAX_ANSWER_TOKENS, help="--data: answer length limit in tokens")
+    _param_options(s)
     _ray_options(s)
     pp = sub.add_parser("perplexity", help="language-modelling perplexity over lengths x methods (the paper's Table 3)")
     _model_options(pp)
@@ -346,6 +364,7 @@ def _parser() -> argparse.ArgumentParser:
     pp.add_argument("--out", help="CSV written row by row (one row per length x method x copy)")
     pp.add_argument("--resume", action="store_true", help="skip rows already in --out")
     pp.add_argument("--json", action="store_true", help="print one JSON object with the rows")
+    _param_options(pp)
     _budget_option(pp, "stopped at the next layer past it; the rows written stay (--resume runs the rest)")
     ml = sub.add_parser("mlm", help="masked-token accuracy and perplexity over lengths x methods (rotary masked-LM "
                                     "models; the InfoScale paper's Table 1)")
@@ -496,6 +515,10 @@ def _check_out(path: str, option: str = "--out") -> None:
         raise UserError(f"{option} {path}: the folder {p.parent} does not exist")
 
 
+#: The commands with ``--gamma`` (and any other method :class:`~core.runs.methods.Param`).
+_TAKE_PARAMS = ("run", "calibrate", "sweep", "perplexity")
+
+
 def prepare(argv: list[str]) -> argparse.Namespace:
     """Parse and validate everything that needs no model; ``args.settings_`` holds the merged Settings.
 
@@ -504,9 +527,8 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     """
     args = _parser().parse_args(argv)
     args.settings_ = _settings(args) if args.cmd in ("run", "calibrate", "sweep") else None
-    # --gamma and friends: for the run's method (calibrate lists every method: any that takes it)
-    args.params_ = _method_params(args, [args.settings_.method] if args.cmd == "run" else list(methods.NAMES)) \
-        if args.cmd in ("run", "calibrate") else {}
+    # --gamma and friends: for the methods the command runs (calibrate lists every method: any that takes it)
+    args.params_ = _method_params(args, *_listed_methods(args)) if args.cmd in _TAKE_PARAMS else {}
     args.budget_ = timing.Budget(getattr(args, "max_seconds", None))  # counted from here: the options are read
     if getattr(args, "out", None):
         _check_out(args.out)
@@ -837,7 +859,7 @@ def cmd_sweep(args) -> int:
         plan = SweepPlan(
             model=loaded.spec.name, task=task, lengths=lengths, depths=list(args.depths),
             seeds=[(chosen.document.seed or 0) + i for i in range(args.samples)], methods=names,
-            haystack=chosen.document.haystack,
+            haystack=chosen.document.haystack, params=args.params_,
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
@@ -895,7 +917,7 @@ def cmd_perplexity(args) -> int:
     plan = PerplexityPlan(
         model=loaded.spec.name, lengths=lengths, methods=names, sequences=args.sequences, seed=args.seed,
         calib_seed=args.calib_seed, calib_samples=args.samples, continuation=args.continuation,
-        batch_size=args.batch_size, targets=args.targets or ("encoder",),
+        batch_size=args.batch_size, targets=args.targets or ("encoder",), params=args.params_,
         **({"copies": args.copy} if args.copy else {}),
     )
     bars: list = []

@@ -252,15 +252,18 @@ def explore_probes(layer: int, head: int | None) -> ProbeSpec:
 # -- temperature --------------------------------------------------------------------
 
 def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice = TRAINED, tau: Any = None,
-                samples: int = 1, progress: Progress = None, compute: bool = True) -> tuple[Any, dict] | None:
+                samples: int = 1, progress: Progress = None, compute: bool = True,
+                params: dict | None = None) -> tuple[Any, dict] | None:
     """(schedule, info) for a method on this document, via :func:`core.runs.methods.resolve`; a measured method's
-    passes run under ``base``'s targets, CosScale and position scheme. ``tau``: a fixed method's value."""
+    passes run under ``base``'s targets, CosScale and position scheme. ``tau``: a fixed method's value; ``params``:
+    the method's own number (the sidebar's gamma box), part of the key (the part it takes)."""
     entry = methods.get(method)
     if entry.takes_value:
         if tau is None:
             raise UserError(f"Method '{method}' needs a tau", app=f"Method '{entry.label}' needs a tau: move the tau slider.")
         return Schedule.of(tau), {}
-    key = (mkey(loaded), req, method, attention_key(base.with_(tau=ONE)), samples)
+    own = methods.own_params(method, params)
+    key = (mkey(loaded), req, method, attention_key(base.with_(tau=ONE)), samples, tuple(sorted((own or {}).items())))
     if not compute:
         v = stores()["tau"].peek(key)
         return None if v is MISSING else v
@@ -277,7 +280,7 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice 
         def work():
             with gate().foreground():
                 return methods.resolve(loaded, doc, method, None, samples=samples, base=engine.RunSettings(base),
-                                       progress=progress)
+                                       progress=progress, params=own)
     return stores()["tau"].get(key, work)
 
 
@@ -355,10 +358,11 @@ def theory_settings(loaded: Loaded, base: Choice = TRAINED) -> engine.RunSetting
     return engine.RunSettings(base.with_(method=methods.AS_TRAINED, tau=ONE), probes=spec, generate=False)
 
 
-def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED) -> dict:
-    """:func:`core.runs.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes)."""
+def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED, params: dict | None = None) -> dict:
+    """:func:`core.runs.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes);
+    ``params``: the sidebar's gamma and kin, for the methods that take them."""
     return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
-                                logit_stats(loaded, req, base))
+                                logit_stats(loaded, req, base), params)
 
 
 def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> dict | None:

@@ -474,7 +474,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     )
     est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
-        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice)
+        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice, ctx.params)
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
     taus, missing = _the_rest(ctx, taus)
     table = taus_table(taus, ctx.tokens, ctx.train_length)
@@ -512,6 +512,9 @@ def export(ctx: sb.Context, taus: dict) -> None:
     crit = methods.get(pick).matches or "pmax"
     if ss["cal_export"] == EXPORT_MODES[0]:
         settings = ctx.settings(method=methods.FIXED, tau=taus[pick], criterion=crit)
+        if settings.method != methods.FIXED:  # adaptive temperature: no fixed tau holds it, so the file names it
+            st.info(f"{methods.label(pick)} has no fixed tau (each row's is set inside the pass from the row "
+                    f"itself): the file says method '{settings.method}', which is what runs.")
     else:
         settings = ctx.settings(method=pick, tau=taus[pick], criterion=crit)
     text = settings.to_json()

@@ -63,6 +63,10 @@ DEFAULTS: dict[str, Any] = {
 #: A position scheme's parameters as number inputs, one key each (the scheme's defaults for this L_tr fill them).
 SCHEME_PARAM_KEYS: dict[str, str] = {p: f"pos_{p}" for s in positions.REGISTRY.values() for p in s.params}
 DEFAULTS.update({k: None for k in SCHEME_PARAM_KEYS.values()})
+#: A method's own number (critical scaling's gamma, :class:`core.runs.methods.Param`) as a number input, one key each;
+#: None (the box left empty) is the registry's default from the model's L_tr, so no model's default is stored.
+METHOD_PARAM_KEYS: dict[str, str] = {m.param.name: f"tau_{m.param.name}" for m in methods.REGISTRY.values() if m.param}
+DEFAULTS.update({k: None for k in METHOD_PARAM_KEYS.values()})
 #: A choice's widget keeps its value for the whole session: ``st.selectbox(..., key=k, persist_state=KEEP)``.
 #: Across page changes (also right after a fragment rerun) and while the widget is not drawn (Streamlit 1.67).
 KEEP = "session"

@@ -109,11 +109,13 @@ def _read_upload() -> None:
 class Temperature:
     """The temperature the controls chose, resolved for the document: the :class:`~core.values.choice.Choice` (method,
     the schedule it resolved to, targets, CosScale, position scheme), the person's own slider tau, and what the
-    resolution said (``info``)."""
+    resolution said (``info``), and the method's own number when the person set one (``params``: ``{"gamma": 0.2}``,
+    empty for the default from L_tr; it went into the resolve and so into ``choice.tau``, as the CLI's --gamma does)."""
 
     choice: Choice
     tau_input: float
     info: dict
+    params: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -122,7 +124,8 @@ class Context:
 
     ``choice`` is the one value a pass carries to the attention (:class:`core.values.choice.Choice`); ``method``,
     ``schedule``, ``targets``, ``cosine_scale`` and ``scheme`` read its parts. ``tau_input`` is the person's own
-    slider tau (kept while another method shows its resolved one), ``tau_info`` what the resolution said."""
+    slider tau (kept while another method shows its resolved one), ``tau_info`` what the resolution said,
+    ``params`` the method's own number the person set (critical scaling's gamma; empty: its default from L_tr)."""
 
     loaded: Loaded
     model_ref: str
@@ -132,6 +135,7 @@ class Context:
     choice: Choice
     tau_input: float
     tau_info: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
 
     method = property(lambda self: self.choice.method)
     schedule = property(lambda self: self.choice.tau)
@@ -165,7 +169,7 @@ class Context:
         return "per layer " + ", ".join(f"{v:.2f}" for v in a.reshape(len(a), -1).mean(1)) + f" (mean {a.mean():.3f})"
 
     def with_temperature(self, t: Temperature) -> "Context":
-        return replace(self, choice=t.choice, tau_input=t.tau_input, tau_info=t.info)
+        return replace(self, choice=t.choice, tau_input=t.tau_input, tau_info=t.info, params=t.params)
 
     def run_settings(self, tau: Any = None, method: str | None = None, **kw) -> engine.RunSettings:
         """What a pass needs: the context's :class:`~core.values.choice.Choice` as it is (or with ``tau`` / ``method``
@@ -175,10 +179,13 @@ class Context:
 
     def settings(self, method: str | None = None, tau: Any = None, criterion: str = "pmax") -> Settings:
         """The exportable JSON settings (the CLI's ``--settings``); the resolved schedule as a fixed one by default
-        (the model as trained stays itself)."""
+        (the model as trained and adaptive temperature stay themselves). A file says what runs: a schedule no fixed
+        tau can hold (adaptive temperature's) is exported as its method whatever ``method`` asks
+        (:func:`core.runs.methods.exported`)."""
         if method is None:
             method = self.method if methods.get(self.method).constant is not None else methods.FIXED
         sched = self.schedule if tau is None else tau
+        method = methods.exported(method, sched)
         return Settings(
             model=self.model_ref, train_length=self.train_length, method=method,
             tau=None if methods.get(method).constant is not None else Schedule.of(sched), criterion=criterion,
@@ -472,6 +479,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
                       + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
     scheme = scheme_controls(c1, loaded)
     method = ss["tau_method"]
+    params = method_param_controls(c1, loaded, method)
     fixed = methods.get(method).takes_value  # the slider is the person's own tau
     slot = c2.empty() if slider else None  # the slider is drawn once the method's tau is known
 
@@ -538,7 +546,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         where.caption(what)
         bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
-        schedule, info = cache.resolve_tau(loaded, req, method, base, tau_input,
+        schedule, info = cache.resolve_tau(loaded, req, method, base, tau_input, params=params,
                                            progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
     except UserError as err:
         draw_slider(tau_input)
@@ -560,10 +568,36 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         a = np.asarray(schedule)
         what = "layers" if a.ndim == 1 else "layers x heads"
         shown = f"{float(a):.3f}" if a.ndim == 0 else f"{a.mean():.3f} (mean of {a.size} {what})"
-        where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
+        where.caption(f"{methods.label(method)} resolves to **tau = {shown}**{param_note(method, info, params)}")
         if info.get("reached") is False:  # Algorithm 1 ended where its range did, not at a match: say so
             where.caption(f":orange[{not_reached_note(info, shown)}]")
-    return Temperature(base.with_(method=method, tau=schedule), tau_input, info)
+    return Temperature(base.with_(method=method, tau=schedule), tau_input, info, params)
+
+
+def method_param_controls(where, loaded: Loaded, method: str) -> dict[str, float]:
+    """The number box of the method's own :class:`core.runs.methods.Param` (critical scaling's gamma), drawn only
+    where that method is picked; its bounds, help and default come from the registry entry. Empty is the default
+    for this model's L_tr (said in the box), so a new model never inherits another's default. Returns what the
+    person set, ``{name: value}`` (empty: the default), which the resolve takes (:func:`ui.cache.resolve_tau`)."""
+    param = methods.get(method).param
+    if param is None:
+        return {}
+    key = choices.METHOD_PARAM_KEYS[param.name]
+    default = param.default(loaded.train_length)
+    where.number_input(param.name, min_value=param.low, max_value=param.high, value=None, step=0.01, format="%.4f",
+                       key=key, persist_state=choices.KEEP, placeholder=f"{default:.4g} (default)",
+                       help=f"{param.help}. Empty: the default for L_tr = {loaded.train_length:,}, {default:.4g}. "
+                            f"{param.low:g} .. {param.high:g}.")
+    value = st.session_state.get(key)
+    return {} if value is None else {param.name: float(value)}
+
+
+def param_note(method: str, info: dict, params: dict) -> str:
+    """After a method's resolved tau: which value of its own number it used (the person's, or the default)."""
+    param = methods.get(method).param
+    if param is None or param.name not in info:
+        return ""
+    return f" ({param.name} = {info[param.name]:.4g}{'' if param.name in params else ', the default from L_tr'})"
 
 
 @st.cache_resource(show_spinner=False)

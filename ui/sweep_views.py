@@ -32,10 +32,13 @@ METHODS_HELP = "\n\n".join(f"**{methods.label(m)}**: {methods.get(m).help}" for 
 
 def method_text(m: str) -> str:
     """A sweep row's method as the app names it everywhere: the registry's label; a fixed tau ('tau=0.8', the CSV's
-    value) as 'fixed tau = 0.8'."""
+    value) as 'fixed tau = 0.8'; a method with its own number ('critical:gamma=0.2') as its label with the number."""
     m = str(m)
     if m in methods.REGISTRY:
         return methods.label(m)
+    name, sep, rest = m.partition(methods.PARAM_SEP)
+    if sep and name in methods.REGISTRY:
+        return f"{methods.label(name)} ({rest.replace(methods.PARAM_SEP, ', ')})"
     return "fixed tau = " + m[len("tau="):] if m.startswith("tau=") else m
 
 
@@ -151,10 +154,18 @@ def controls(ctx: sb.Context) -> SweepPlan:
         model=ctx.model_ref, task=task, lengths=[round(k * lt) for k in sorted(ss["sw_lengths"])],
         depths=[d / 100 for d in sorted(ss["sw_depths"])], seeds=list(range(int(ss["sw_seeds"]))), methods=chosen,
         calib_samples=int(ss["sw_samples"]), haystack=ctx.request.haystack if task == ctx.request.task else "default",
+        params=plan_params(ctx, chosen),
     )
     st.caption(f"{plural(plan.total, 'run')} of task `{task}` on {ctx.loaded.spec.name}. {documents_note(plan)} Rows "
                "are written as they finish, so a stopped sweep keeps its rows and 'Resume' runs only the rest.")
     return plan
+
+
+def plan_params(ctx: sb.Context, chosen: list[str]) -> dict[str, float]:
+    """The sidebar's gamma (set where its Method box holds critical scaling) for a plan's methods that take it, so
+    the sweep runs the critical scaling the sidebar shows; nothing when none of them takes it (a plan refuses a
+    number it would not use)."""
+    return {k: v for k, v in ctx.params.items() if any(methods.own_params(m, {k: v}) for m in chosen)}
 
 
 def documents_note(plan: SweepPlan) -> str:
@@ -335,7 +346,7 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
         chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
     plan = PerplexityPlan(model=ctx.model_ref, lengths=[round(k * lt) for k in sorted(ss["lm_lengths"])], methods=chosen,
                           sequences=int(ss["lm_sequences"]), calib_samples=int(ss["sw_samples"]),
-                          targets=tuple(ctx.targets))
+                          targets=tuple(ctx.targets), params=plan_params(ctx, chosen))
     st.caption(f"{plural(len(plan.lengths) * len(plan.methods), 'cell')} of {plural(plan.sequences, 'sequence')} on "
                f"{ctx.loaded.spec.name}: each a prefix of held-out prose, scored on the next "
                f"{plural(plan.continuation, 'token')}. Rows are written as they finish, so a stopped run keeps its "

@@ -239,6 +239,13 @@ class Choice:
     method: str
     tau: Schedule | None = None  # stored / fixed schedule
     chosen_at: int | None = None  # tokens the stored schedule was resolved at
+    #: the method's own number (``(("gamma", 0.2),)``: the CLI's --gamma), as pairs so the choice stays hashable
+    params: tuple[tuple[str, float], ...] = ()
+
+    def resolve(self, loaded: Loaded, it: "Item", samples: int) -> tuple[Schedule, dict]:
+        """This choice's schedule for one document (:func:`core.runs.methods.resolve`, with its own number)."""
+        return methods.resolve(loaded, it.doc, self.method, self.tau, samples, chosen_at=self.chosen_at, tokens=it.n,
+                               params=dict(self.params) or None)
 
 
 def _label(method: str, tau: Schedule | None) -> str:
@@ -250,8 +257,17 @@ def _label(method: str, tau: Schedule | None) -> str:
 
 
 def choices(args, settings) -> list[Choice]:
-    """The settings to run: ``--methods`` when given, else the merged ``--settings``/``--tau``/``--method``."""
+    """The settings to run: ``--methods`` when given, else the merged ``--settings``/``--tau``/``--method``. A
+    ``--gamma`` (``args.params_``) goes to the methods that take it, named in their label (``critical:gamma=0.2``)
+    and re-resolving the method even where the settings file stored a tau (as ``run --gamma`` does)."""
     spec = getattr(args, "methods", None)
+    given = getattr(args, "params_", None) or {}
+
+    def choice(name: str, value: Schedule | None, label: str, chosen_at: int | None = None) -> Choice:
+        own = methods.own_params(name, given)
+        if own:
+            return Choice(methods.cell_text(label, given), name, None, None, tuple(own.items()))
+        return Choice(label, name, value, chosen_at)
     if spec:
         out = []
         for m in (p.strip() for p in spec.split(",")):
@@ -261,13 +277,13 @@ def choices(args, settings) -> list[Choice]:
                 name, value = methods.parse(m)
             except ValueError as err:
                 raise UserError(str(err)) from None
-            out.append(Choice(methods.spell(name, value), name, value))
+            out.append(choice(name, value, methods.spell(name, value)))
         if not out:
             raise UserError("--methods is empty")
         return out
     if methods.get(settings.method).takes_value and settings.tau is None:
         raise UserError(f"Method '{settings.method}' needs a tau (--tau)")
-    return [Choice(_label(settings.method, settings.tau), settings.method, settings.tau, settings.chosen_at)]
+    return [choice(settings.method, settings.tau, _label(settings.method, settings.tau), settings.chosen_at)]
 
 
 def _needs_passes(item: Item, c: Choice) -> bool:
@@ -421,7 +437,7 @@ def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Choice], done: 
                 single.append(it)
                 continue
             try:
-                tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
+                tau, _ = c.resolve(loaded, it, samples)
             except UserError as err:
                 fail([(it.line, it.id)], c.label, str(err))
                 continue
@@ -458,7 +474,7 @@ def _run_job(loaded: Loaded, payload: tuple) -> list[tuple]:
         (it,) = batch
         t0 = time.perf_counter()
         try:
-            tau, _ = methods.resolve(loaded, it.doc, c.method, c.tau, samples, chosen_at=c.chosen_at, tokens=it.n)
+            tau, _ = c.resolve(loaded, it, samples)
         except UserError as err:
             return [("fail", (it.line, it.id), str(err))]
         extra_s = time.perf_counter() - t0

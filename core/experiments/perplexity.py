@@ -30,7 +30,10 @@ kind of past, paired seed by seed, so the two rows differ only in the copy);
 copy. A row's ``first_seed`` and ``last_seed`` bound the seeds it scored.
 
 Rows are written as they finish to a CSV through :class:`core.experiments.csvio.ResultCSV`
-(lock, ``resume``, spreadsheet-safe cells), one row per length x method.
+(lock, ``resume``, spreadsheet-safe cells), one row per length x method. A
+method's own number (critical scaling's gamma, ``params``) goes to the methods
+that take it and is named in their rows' ``method`` (``critical:gamma=0.2``), as
+in a retrieval sweep, so a resumed table at another gamma runs its own rows.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -46,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from core.experiments import csvio
-from core.runs import engine
+from core.runs import engine, methods
 from core.data import tasks
 from core.kinds import ENCODER
 from core.errors import UserError
@@ -88,6 +91,8 @@ class PerplexityPlan:
     haystack: str = "corpus-eval"
     task: str = tasks.LM  # what core.experiments.sweep.resolve_for builds calibration documents of
     copies: tuple[str, ...] = (COPY_MIXED,)  # COPY_KINDS: which sequences each length x method scores
+    #: the value of a method's :class:`core.runs.methods.Param` by name (``{"gamma": 0.2}``), for the methods that take it
+    params: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -100,7 +105,8 @@ class PerplexityPlan:
         if bad or not self.copies:
             raise UserError(f"Bad perplexity option: copies wants some of {', '.join(COPY_KINDS)}, got {list(self.copies)!r}")
         plan = held_out_plan(self, "Bad perplexity option", method_label, continuation=NewTokens)
-        plan = replace(plan, copies=tuple(dict.fromkeys(self.copies)))
+        plan = replace(plan, copies=tuple(dict.fromkeys(self.copies)),
+                       params=methods.check_params(self.params, plan.methods, "Bad perplexity option"))
         last = plan.seed + COPY_SEARCH * plan.sequences
         if set(plan.copies) - {COPY_MIXED} and plan.seed < plan.calib_seed + plan.calib_samples and plan.calib_seed < last:
             raise UserError(f"Bad perplexity option: calibration seeds {plan.calib_seed}.. overlap the seeds searched for "
@@ -183,7 +189,7 @@ def run_perplexity(
         if progress:
             progress(0, plan.total, None)
         for n, copy in ((n, c) for n in plan.lengths for c in plan.copies):
-            todo = [m for m in plan.methods if (plan.model, str(n), m, copy) not in done_keys]
+            todo = [m for m in plan.methods if (plan.model, str(n), methods.cell_text(m, plan.params), copy) not in done_keys]
             done += (len(plan.methods) - len(todo)) * plan.sequences
             if not todo:
                 continue
@@ -205,7 +211,7 @@ def run_perplexity(
                     cell = score(loaded, docs, run_settings, plan.batch_size, encs, step)
                 row = {
                     "model": plan.model, "task": tasks.LM, "tokens": n, "actual_tokens": cell["actual_tokens"],
-                    "train_length": loaded.train_length, "method": m, "copy": copy, "tau": round(tau.mean(n), 6),
+                    "train_length": loaded.train_length, "method": methods.cell_text(m, plan.params), "copy": copy, "tau": round(tau.mean(n), 6),
                     "perplexity": round(cell["perplexity"], 4), "nll": round(cell["nll"], 4),
                     "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": docs[0].seed,
                     "last_seed": docs[-1].seed,

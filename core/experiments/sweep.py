@@ -12,13 +12,20 @@ length on *calibration* documents whose seeds are disjoint from the test
 seeds (``calib_seed`` onwards), so no method is tuned on the documents it is
 scored on. A search's rows say whether that calibration ``reached`` the L_tr
 reference and the ``gap`` it left (empty for other methods).
+
+A method's own number (critical scaling's gamma, ``params``) is given once for
+the plan and goes to every cell of the methods that take it; their rows name
+it in the ``method`` column (``critical:gamma=0.2``,
+:func:`core.runs.methods.cell_text`), so sweeps at two gammas never read as
+one and a resumed sweep at another gamma runs its own cells instead of taking
+the other's as done.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator
 
@@ -58,6 +65,8 @@ class SweepPlan:
     calib_samples: int = 4
     calib_seed: int = 100_000
     haystack: str = "default"
+    #: the value of a method's :class:`core.runs.methods.Param` by name (``{"gamma": 0.2}``), for the methods that take it
+    params: dict[str, float] = field(default_factory=dict)
 
     def cells(self) -> Iterable[tuple[int, float, int, str]]:
         for n in self.lengths:
@@ -77,16 +86,17 @@ class SweepPlan:
         rows of an existing CSV.
         """
         try:
-            methods = [method_label(m) for m in self.methods]
+            names = [method_label(m) for m in self.methods]
         except ValueError as err:
             raise UserError(f"Bad sweep option: {err}") from None
         where = "Bad sweep option"  # the bounds every entry point uses (core.values.validation)
         return replace(
             self, lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"),
             depths=validate(list[Depth], self.depths, f"{where}: depths"),
-            seeds=validate(list[Seed], self.seeds, f"{where}: seeds"), methods=methods,
+            seeds=validate(list[Seed], self.seeds, f"{where}: seeds"), methods=names,
             calib_samples=validate(Samples, self.calib_samples, f"{where}: calib_samples"),
             calib_seed=validate(Seed, self.calib_seed, f"{where}: calib_seed"),
+            params=methods.check_params(self.params, names, where),
         )
 
 
@@ -225,7 +235,8 @@ def run_sweep(
 
 
 def _key(plan: SweepPlan, n: int, depth: float, seed: int, m: str) -> tuple:
-    return tuple(_norm(k, v) for k, v in zip(KEY, (plan.model, plan.task, n, depth, seed, m)))
+    row = (plan.model, plan.task, n, depth, seed, methods.cell_text(m, plan.params))  # as its row names it
+    return tuple(_norm(k, v) for k, v in zip(KEY, row))
 
 
 def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]]) -> str:
@@ -233,7 +244,7 @@ def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]])
     depths = sorted({d for _, d, _ in cells})
     seeds = sorted({s for _, _, s in cells})
     span = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
-    return (f"{plan.task} at {n:,} tokens, method {m}, depth{'s' if len(depths) > 1 else ''} "
+    return (f"{plan.task} at {n:,} tokens, method {methods.cell_text(m, plan.params)}, depth{'s' if len(depths) > 1 else ''} "
             f"{','.join(f'{d:g}' for d in depths)}, {span} ({len(cells)} row{'s' if len(cells) != 1 else ''})")
 
 
@@ -288,7 +299,7 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
         out.append((index, {
             "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
-            "depth": depth, "seed": seed, "method": m,
+            "depth": depth, "seed": seed, "method": methods.cell_text(m, plan.params),
             "tau": tau.mean(res.tokens), "answer": res.answer, "expected": res.expected,
             "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
             "seconds": round(res.seconds["total"], 4), **outcome,
@@ -316,14 +327,16 @@ def resolve_for(loaded: Loaded, plan, n: int, method: str, doc: tasks.Document |
     """``(schedule, {"reached", "gap"})`` of a method at length n; a measured one resolved once per length on
     calibration documents (seeds disjoint from the test seeds) and cached as that pair. ``reached`` / ``gap``
     are those of its search (:meth:`core.runs.temperature.Calibration.to_dict`), empty strings for a method that
-    is not a search (none, a fixed tau, closed forms, Prop. 1/2)."""
+    is not a search (none, a fixed tau, closed forms, Prop. 1/2). ``plan.params``: a method's own number (gamma),
+    given to the methods that take it."""
     name, value = methods.parse(method)
     if not methods.get(name).measured:
-        tau, info = methods.resolve(loaded, doc, name, value)
+        tau, info = methods.resolve(loaded, doc, name, value, params=methods.own_params(name, plan.params))
         return tau, _outcome(info)
     if (n, method) not in cache:
         calib_doc = tasks.make(plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack)
-        tau, info = methods.resolve(loaded, calib_doc, method, samples=plan.calib_samples)
+        tau, info = methods.resolve(loaded, calib_doc, method, samples=plan.calib_samples,
+                                    params=methods.own_params(name, plan.params))
         cache[(n, method)] = (tau, _outcome(info))
     return cache[(n, method)]
 

@@ -82,6 +82,10 @@ class Param:
         given = (params or {}).get(self.name)
         if given is None:
             return float(self.default(train_length))
+        return self.check(given)
+
+    def check(self, given: object) -> float:
+        """``given`` as a float within the bounds, or a :class:`UserError` in one line (NaN and bools too)."""
         if isinstance(given, bool) or not isinstance(given, (int, float)) or not self.low <= float(given) <= self.high:
             raise UserError(f"{self.name} must be a number in {self.low:g} .. {self.high:g}, got {given!r}")
         return float(given)
@@ -159,12 +163,14 @@ def formula(name: str, train_length: int, length: int, d_kv: int, stats: dict | 
         raise UserError(f"{name}: {err}") from None
 
 
-def closed_forms(train_length: int, length: int, d_kv: int, stats: dict | None) -> dict[str, float | str]:
-    """Every closed-form method's tau at this length; where a form has no answer, ``"n/a (why)"`` (for tables)."""
+def closed_forms(train_length: int, length: int, d_kv: int, stats: dict | None,
+                 params: dict | None = None) -> dict[str, float | str]:
+    """Every closed-form method's tau at this length; where a form has no answer, ``"n/a (why)"`` (for tables).
+    ``params``: :class:`Param` values by name, each given to the methods that take it (:func:`own_params`)."""
     out: dict[str, float | str] = {}
     for name in FORMULAS:
         try:
-            out[name] = formula(name, train_length, length, d_kv, stats)
+            out[name] = formula(name, train_length, length, d_kv, stats, own_params(name, params))
         except UserError as err:
             out[name] = f"n/a ({err})"
     return out
@@ -502,12 +508,73 @@ def all_methods(loaded: "Loaded", document: "tasks.Document", samples: int = 1,
     out: dict[str, Schedule | str] = {}
     names = [n for n, m in REGISTRY.items() if m.resolve is not None]
     for i, name in enumerate(names):
-        m = REGISTRY[name]
-        own = {m.param.name: params[m.param.name]} if m.param is not None and m.param.name in (params or {}) else None
         try:
-            out[name] = resolve(loaded, document, name, samples=samples, params=own)[0]
+            out[name] = resolve(loaded, document, name, samples=samples, params=own_params(name, params))[0]
         except UserError as err:
             out[name] = f"n/a ({err})"
         if progress:
             progress((i + 1) / len(names))
     return out
+
+
+# -- a method's own numbers (critical scaling's gamma) in lists of methods ---------------------------------------
+
+#: Between a method's name and its parameter in a results row's method text (``critical:gamma=0.2``), as between a
+#: position scheme's name and its parameters (:data:`core.values.positions.SPEC_SEP`).
+PARAM_SEP = ":"
+
+
+def takers(param: str) -> list[str]:
+    """The methods whose :class:`Param` is called ``param`` (``gamma``: ``critical``)."""
+    return [n for n, m in REGISTRY.items() if m.param is not None and m.param.name == param]
+
+
+def own_params(text: str, params: dict | None) -> dict | None:
+    """The part of ``params`` (``{name: value}``, given once for a whole list of methods) that the method ``text``
+    (a name or a ``tau=`` text) takes; None when it takes none of them. Why: a sweep, a perplexity table or
+    Calibrate's table gives one gamma to the methods that take it and nothing to the others, which refuse any."""
+    m = entry(text)
+    if m.param is None or m.param.name not in (params or {}):
+        return None
+    return {m.param.name: params[m.param.name]}  # type: ignore[index]
+
+
+def check_params(params: dict | None, names: list[str], where: str) -> dict[str, float]:
+    """``params`` for a list of methods, checked once at a plan's edge: each a known :class:`Param` within its bounds,
+    taken by at least one of ``names`` (else it would change nothing); a :class:`UserError` ``"{where}: ..."``
+    otherwise. Returns them as floats."""
+    out: dict[str, float] = {}
+    for key, value in (params or {}).items():
+        owners = takers(key)
+        if not owners:
+            raise UserError(f"{where}: no method takes a parameter {str(key)[:40]!r}")
+        if not any(entry(n).name in owners for n in names):
+            raise UserError(f"{where}: {key}: only {' or '.join(owners)} takes it (the methods here are "
+                            f"{', '.join(map(str, names)) or 'none'})")
+        try:
+            out[key] = get(owners[0]).param.check(value)  # type: ignore[union-attr]
+        except UserError as err:
+            raise UserError(f"{where}: {err}") from None
+    return out
+
+
+def cell_text(text: str, params: dict | None) -> str:
+    """A method list's item as a results row names it: the item, with the value of its :class:`Param` when one was
+    given (``critical:gamma=0.2``; without one the default from L_tr, which the model fixes: ``critical``). Why: two
+    sweeps or perplexity tables at different gammas must not read as one, nor a resumed one take the other's rows
+    as done (the row key holds this text). 12 significant digits: two gammas that differ are two texts."""
+    own = own_params(text, params)
+    if not own:
+        return text
+    return text + "".join(f"{PARAM_SEP}{k}={float(v):.12g}" for k, v in own.items())
+
+
+def exported(name: str, schedule: "Schedule | None") -> str:
+    """The method a settings file should name for ``schedule`` exported as ``name``: ``name``, except that a
+    schedule that is a method's own constant of a kind no fixed tau has (adaptive temperature: each row's tau set
+    inside the pass from the row itself) is exported as that method. Why: Calibrate's "Export as fixed tau" of
+    adaptive temperature wrote ``method: fixed`` beside the adaptive schedule, a file that says fixed and runs
+    adaptive."""
+    if schedule is None or not get(name).takes_value or not Schedule.of(schedule).adaptive:
+        return name
+    return next(n for n, m in REGISTRY.items() if m.constant is not None and m.constant == Schedule.of(schedule))
