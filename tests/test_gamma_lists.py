@@ -195,3 +195,35 @@ def test_export_as_fixed_tau_of_adaptive_says_adaptive(env):
     assert got["method"] == adaptive, got  # it runs as adaptive: the file says so, not "fixed"
     assert Settings.from_dict(got).run_settings().choice.tau.adaptive
     assert any("has no fixed tau" in i.value for i in at.info), [i.value for i in at.info]
+
+
+def test_a_link_carries_a_gamma_the_person_set(env):
+    """The address bar holds a gamma set in the box (and none at the default), a link with one opens with it in the
+    box and its tau resolved from it, and a gamma outside the registry's bounds is the link's one message."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import app_ok
+    from test_url_lag import APP, _url
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.selectbox(key="tau_method").set_value(CRITICAL).run()
+    app_ok(at)
+    assert _url(at)["method"] == CRITICAL and "gamma" not in _url(at)  # the default travels as no number
+    at.number_input(key="tau_gamma").set_value(0.25).run()
+    app_ok(at)
+    link = _url(at)
+    assert link["gamma"] == "0.25", link
+    opened = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    opened.query_params.update(link)
+    opened.run()
+    app_ok(opened)
+    assert opened.number_input(key="tau_gamma").value == pytest.approx(0.25)
+    n = int(opened.session_state["doc_tokens"])
+    assert f"resolves to **tau = {1 / (0.25 * math.log(n)):.3f}** (gamma = 0.25)" in _shown(opened), _shown(opened)
+    param = methods.get(CRITICAL).param
+    bad = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    bad.query_params.update({**link, "gamma": str(param.high * 10)})
+    bad.run()
+    assert not bad.exception
+    (err,) = bad.sidebar.error
+    assert "gamma=" in err.value and f"outside {param.low:g}-{param.high:g}" in err.value, err.value

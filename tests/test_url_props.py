@@ -60,12 +60,15 @@ def _in_range(name: str, value) -> bool:
             return False
         scheme = positions.Scheme.of(value)
         return scheme.entry.available and scheme.spell() == value and all(math.isfinite(v) for _, v in scheme.params)
+    if name in choices.METHOD_PARAM_KEYS:  # a method's own number (gamma): a finite float in its Param's bounds
+        param = methods.get(methods.takers(name)[0]).param
+        return isinstance(value, float) and math.isfinite(value) and param.low <= value <= param.high
     raise AssertionError(f"a parameter this test does not know: {name}")
 
 
 def test_every_parameter_is_covered():
     assert set(url.PARAMS) == {"model", "task", "tokens", "depth", "seed", "filler", "method", "tau", "s",
-                                "scheme"}
+                                "scheme", "gamma"}
 
 
 @pytest.mark.parametrize("name", sorted(url.PARAMS))

@@ -1,7 +1,7 @@
 """The view in the URL: a link reopens exactly this model, document and temperature.
 
 ``?model=retrieval-t5&task=passkey&tokens=2048&depth=50&seed=0&method=fixed&tau=0.7``
-on the page's own path (``/``, ``/calibrate``, ``/theory``, ``/sweep``): the
+(``&method=critical&gamma=0.25`` for a method's own number the person set) on the page's own path (``/``, ``/calibrate``, ``/theory``, ``/sweep``): the
 path is the page. A teacher copies the address bar and the class opens the
 same view; the browser's back button steps through earlier views (Streamlit
 pushes a history entry whenever the query string changes, and re-runs the
@@ -139,6 +139,20 @@ def _scheme(v: str) -> str:
         raise ValueError(" ".join(str(err).split())) from None
 
 
+def _method_param(name: str) -> Callable[[str], float]:
+    """A method's own number (critical scaling's ``gamma``), in the bounds of its registry :class:`Param`."""
+    param = methods.get(methods.takers(name)[0]).param
+
+    def parse(v: str) -> float:
+        x = _finite(v, "not a number")
+        try:
+            return param.check(x)
+        except UserError:
+            raise ValueError(f"outside {param.low:g}-{param.high:g}") from None
+
+    return parse
+
+
 #: URL parameter -> (session-state key, parser that returns the value or raises ValueError with a reason).
 PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model": ("_url_model", _model),
@@ -151,6 +165,8 @@ PARAMS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "tau": ("tau_value", _tau),
     "s": ("_url_cos", _cos),  # a cosine model's CosScale; the sidebar checks it against the model's range
     "scheme": ("_url_scheme", _scheme),  # a rotary model's position scheme; the sidebar binds it at the model's L_tr
+    # each method's own number (gamma), when the person set one: its box starts from it
+    **{name: (key, _method_param(name)) for name, key in choices.METHOD_PARAM_KEYS.items()},
 }
 
 
@@ -208,6 +224,8 @@ def view(ctx) -> dict[str, str]:
     out["method"] = ctx.method
     if methods.get(ctx.method).takes_value:
         out["tau"] = f"{ctx.tau_input:.2f}"
+    for name, value in getattr(ctx, "params", {}).items():  # only a number the person set, for the chosen method
+        out[name] = f"{float(value):.12g}"
     if getattr(ctx.loaded, "cosine", False) and ctx.cosine_scale is not None:  # only a cosine model has an s
         out["s"] = f"{float(ctx.cosine_scale):g}"
     if not getattr(ctx.loaded, "seq2seq", True):  # only a rotary model has a position scheme
