@@ -542,9 +542,14 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         what = timing.plan_note(f"Resolving {methods.label(method)}", mk, passes)
         if where is not st.sidebar and not long_work.ask(("resolve", cache.mkey(loaded), req, method), secs, what, where):
             st.stop()  # Explore waits for the person's go-ahead (issue 47, point 5)
-        long_work.hide_stale(where)  # the old document's views are not this one's
-        where.caption(what)
-        bar = where.progress(0.0, text=f"resolving {methods.label(method)}…")
+        # The estimate, its bar and the hiding of the old document's views go once the resolve is done, in this
+        # run: left standing until the next run they pushed the answer cards down by their height (and a gap) and
+        # then let them jump back up (seen in a class demo, tour step 4 at 1400 x 1000).
+        note = where.empty()
+        with note.container():
+            long_work.hide_stale()  # the old document's views are not this one's
+            st.caption(what)
+            bar = st.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
         schedule, info = cache.resolve_tau(loaded, req, method, base, tau_input, params=params,
                                            progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
@@ -552,7 +557,7 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         draw_slider(tau_input)
         fail(err)
     if bar is not None:
-        bar.empty()
+        note.empty()
     if fixed:
         draw_slider(tau_input)
     else:
