@@ -45,6 +45,10 @@ def live(ctx: sb.Context) -> None:
     (:mod:`ui.scrubber`) repaints from the grid frames it holds; its release
     reruns this fragment once (URL, export, the exact frame off the grid).
     """
+    if sb.chosen_model_ref() != ctx.model_ref:
+        # The Model box changed, but only this fragment reruns: its views would be the old model's under a box that
+        # names the new one (seen once in a class walkthrough, the page left on the old model). The whole page runs.
+        st.rerun(scope="app")
     with st.container(border=True, key="temperature_panel"):
         # One control for CosScale s: the scrubber's slider while it moves s, else the panel's own slider.
         s_on_scrubber = ctx.loaded.cosine and st.session_state.get(AXIS_KEY) == "s"

@@ -118,6 +118,24 @@ def test_the_browsers_sequence_loses_nothing(env):
     assert dict(at.query_params).get("tau") in ("0.70", ["0.70"])
 
 
+def test_a_model_change_reaching_only_the_fragment_reruns_the_page(env):
+    """A rerun of Explore's fragment alone that carries another model in the Model box (the browser's request for
+    the box's change folded into a fragment's): the whole page runs with it, not the old model's views under a box
+    that names the new one."""
+    from ui import choices
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    app_ok(at)
+    old = at.session_state["_model_ref"]
+    other = next(m for m in choices.model_options() if m != old and m == "retrieval-t5")
+    at.sidebar.selectbox(key="model_choice").set_value(other)  # in the box, not run yet
+    fragment_run(at)
+    app_ok(at)
+    assert at.session_state["_model_ref"] == other
+    assert any(other in c.value and "L_tr" in c.value for c in [*at.sidebar.markdown, *at.sidebar.caption]), \
+        "the sidebar describes the model the box names"
+
+
 def test_a_tau_change_in_the_fragment_is_the_last_action(env):
     """Model box, pasted text, length, targets, then tau moved in Explore's panel (a fragment rerun) as the very last
     action before a navigation click: every choice is on Calibrate, and back on Explore."""

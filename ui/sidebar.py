@@ -222,7 +222,7 @@ def _model_section() -> Loaded:
                  help="Bundled models first (T5 retrieval and language models, and rotary masked-LM encoders: 'RoPE'), "
                       "then T5 models from the Hugging Face hub (need internet or a local copy).")
     sb.text_input(OTHER_HINT, key="model_other", persist_state=choices.KEEP, placeholder="google/flan-t5-base or ./my-t5-folder")
-    ref = (st.session_state.get("model_other") or "").strip() or st.session_state["model_choice"]
+    ref = chosen_model_ref()
     st.session_state["_model_ref"] = ref
     try:
         loaded = cache.model(ref)
@@ -435,6 +435,11 @@ def scheme_controls(where, loaded: Loaded) -> positions.Scheme:
         ss[_SCHEME_RERUN] = chosen
         st.rerun()
     return scheme
+
+
+def chosen_model_ref() -> str:
+    """The model the Model boxes name now: the typed hub id or folder, else the list's choice."""
+    return (st.session_state.get("model_other") or "").strip() or st.session_state["model_choice"]
 
 
 def kept_scheme(loaded: Loaded) -> positions.Scheme:
