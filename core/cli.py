@@ -216,7 +216,7 @@ def _param_type(param: "methods.Param"):
 def _param_options(t) -> None:
     """``--gamma`` and any other :class:`core.runs.methods.Param`, for the methods that take it."""
     for name, param in METHOD_PARAMS.items():
-        takers = ", ".join(n for n, m in methods.REGISTRY.items() if m.param is not None and m.param.name == name)
+        takers = ", ".join(methods.takers(name))
         t.add_argument(f"--{name}", type=_param_type(param), default=None, metavar="X",
                        help=f"{takers} only: {param.help} (default: its value from L_tr)")
 
@@ -227,11 +227,9 @@ def _method_params(args, names, option: str = "--method") -> dict[str, float]:
     methods came from, for the message (``--methods`` for a list)."""
     given = {n: getattr(args, n) for n in METHOD_PARAMS if getattr(args, n, None) is not None}
     for name in given:
-        takers = methods.takers(name)
-        if not any(methods.entry(n).name in takers for n in names):
-            here = "the method here is" if len(names) == 1 else "the methods here are"
-            raise UserError(f"--{name}: only {option} {' or '.join(takers)} takes it "
-                            f"({here} {', '.join(map(str, names)) or 'none'})")
+        why = methods.untaken(name, names, option)
+        if why:
+            raise UserError(f"--{name}: {why}")
     return given
 
 

@@ -539,6 +539,19 @@ def own_params(text: str, params: dict | None) -> dict | None:
     return {m.param.name: params[m.param.name]}  # type: ignore[index]
 
 
+def untaken(param: str, names: list[str], option: str = "") -> str | None:
+    """Why ``param``, given for the methods ``names`` (names or ``tau=`` texts), would change nothing: none of them
+    takes it (``"only critical takes it (the methods here are none, yarn)"``; ``option`` names where such a method
+    is chosen, ``--methods``); None when one takes it. The one check behind the CLI's ``--gamma`` and
+    :func:`check_params`."""
+    owners = takers(param)
+    if any(entry(n).name in owners for n in names):
+        return None
+    here = "the method here is" if len(names) == 1 else "the methods here are"
+    return (f"only {option + ' ' if option else ''}{' or '.join(owners)} takes it "
+            f"({here} {', '.join(map(str, names)) or 'none'})")
+
+
 def check_params(params: dict | None, names: list[str], where: str) -> dict[str, float]:
     """``params`` for a list of methods, checked once at a plan's edge: each a known :class:`Param` within its bounds,
     taken by at least one of ``names`` (else it would change nothing); a :class:`UserError` ``"{where}: ..."``
@@ -548,9 +561,9 @@ def check_params(params: dict | None, names: list[str], where: str) -> dict[str,
         owners = takers(key)
         if not owners:
             raise UserError(f"{where}: no method takes a parameter {str(key)[:40]!r}")
-        if not any(entry(n).name in owners for n in names):
-            raise UserError(f"{where}: {key}: only {' or '.join(owners)} takes it (the methods here are "
-                            f"{', '.join(map(str, names)) or 'none'})")
+        why = untaken(key, names)
+        if why:
+            raise UserError(f"{where}: {key}: {why}")
         try:
             out[key] = get(owners[0]).param.check(value)  # type: ignore[union-attr]
         except UserError as err:
