@@ -194,7 +194,7 @@ def _methods(text: str) -> str:
 # -- the parser -------------------------------------------------------------------------
 
 #: The numbers methods take besides the lengths (:class:`core.runs.methods.Param`: critical scaling's gamma), each once,
-#: by name: each is an option of ``run``, ``calibrate``, ``sweep`` and ``perplexity`` (``--gamma``).
+#: by name: each is an option of ``run``, ``calibrate``, ``sweep``, ``perplexity`` and ``mlm`` (``--gamma``).
 METHOD_PARAMS: dict[str, "methods.Param"] = {m.param.name: m.param for m in methods.REGISTRY.values() if m.param}
 
 
@@ -233,6 +233,17 @@ def _method_params(args, names, option: str = "--method") -> dict[str, float]:
     return given
 
 
+def _file_params(args) -> dict[str, float]:
+    """The settings file's method parameters (``method_params``: the gamma its ``critical`` was chosen with) that a
+    method this command runs takes; the others would change nothing here and are left out, not refused (the file
+    is valid; ``sweep --methods none,yarn --settings f.json`` reads its document, not its gamma)."""
+    chosen = getattr(args, "settings_", None)
+    if chosen is None or not chosen.method_params:
+        return {}
+    names, _ = _listed_methods(args)
+    return {k: v for k, v in chosen.method_params.items() if methods.untaken(k, names) is None}
+
+
 def _listed_methods(args) -> tuple[list[str], str]:
     """The methods a command runs (names or ``tau=`` texts, before any model loads) and the option they came from:
     what ``--gamma`` is checked against. ``calibrate`` lists every method; ``sweep --data`` without ``--methods``
@@ -245,7 +256,7 @@ def _listed_methods(args) -> tuple[list[str], str]:
         return args.methods.split(","), "--methods"
     if args.cmd == "sweep" and args.data:
         return [args.settings_.method], "--method"
-    return list(methods.SWEEP_DEFAULT if args.cmd == "sweep" else methods.PERPLEXITY_DEFAULT), "--methods"
+    return list(methods.SWEEP_DEFAULT if args.cmd in ("sweep", "mlm") else methods.PERPLEXITY_DEFAULT), "--methods"
 
 
 def _model_options(g) -> None:
@@ -388,6 +399,7 @@ def _parser() -> argparse.ArgumentParser:
     ml.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     ml.add_argument("--out", help="CSV written row by row (one row per length x scheme x method)")
     ml.add_argument("--resume", action="store_true", help="skip the cells already in --out")
+    _param_options(ml)
     _budget_option(ml, "stopped at the next layer past it; the rows written stay (--resume runs the rest)")
     _ray_options(ml)
     rp = sub.add_parser("rpe", help="relative-position-bias curves b(m, n) per head (Figure 1)")
@@ -489,6 +501,8 @@ def _settings(args):
         method=method, tau=tau, criterion=base.criterion, targets=args.targets or base.targets,
         cosine_scale=args.cosine_scale if args.cosine_scale is not None else base.cosine_scale,
         chosen_at=base.chosen_at, document=doc, scheme=base.scheme, scheme_params=dict(base.scheme_params),
+        # the file's gamma belongs to the file's method: kept while that method runs, dropped with --tau/--method
+        method_params=dict(base.method_params) if method == base.method else {},
     )
 
 
@@ -514,7 +528,7 @@ def _check_out(path: str, option: str = "--out") -> None:
 
 
 #: The commands with ``--gamma`` (and any other method :class:`~core.runs.methods.Param`).
-_TAKE_PARAMS = ("run", "calibrate", "sweep", "perplexity")
+_TAKE_PARAMS = ("run", "calibrate", "sweep", "perplexity", "mlm")
 
 
 def prepare(argv: list[str]) -> argparse.Namespace:
@@ -525,8 +539,10 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     """
     args = _parser().parse_args(argv)
     args.settings_ = _settings(args) if args.cmd in ("run", "calibrate", "sweep") else None
-    # --gamma and friends: for the methods the command runs (calibrate lists every method: any that takes it)
-    args.params_ = _method_params(args, *_listed_methods(args)) if args.cmd in _TAKE_PARAMS else {}
+    # --gamma and friends: for the methods the command runs (calibrate lists every method: any that takes it);
+    # a settings file's own (its method's gamma) where a method here takes it, an option over it
+    args.given_params_ = _method_params(args, *_listed_methods(args)) if args.cmd in _TAKE_PARAMS else {}
+    args.params_ = {**_file_params(args), **args.given_params_}
     args.budget_ = timing.Budget(getattr(args, "max_seconds", None))  # counted from here: the options are read
     if getattr(args, "out", None):
         _check_out(args.out)
@@ -658,8 +674,9 @@ def cmd_run(args) -> int:
     ticker = _layers_ticker(prog, args.budget_) if prog else (args.budget_.check if args.budget_.seconds else None)
     with attention.between_layers(ticker):
         # a stored schedule is used at the length it was chosen at; any other length re-resolves it
-        # an explicit --gamma re-resolves the method whatever tau a settings file stored for it
-        tau, info = methods.resolve(loaded, doc, chosen.method, None if args.params_ else chosen.tau,
+        # an explicit --gamma re-resolves the method whatever tau a settings file stored for it (the file's own
+        # gamma re-resolves it at another length than chosen_at, as any stored schedule is)
+        tau, info = methods.resolve(loaded, doc, chosen.method, None if args.given_params_ else chosen.tau,
                                     samples=args.samples, progress=prog, params=args.params_ or None,
                                     chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
                                     base=chosen.run_settings(1.0, probes=None) if _has_scheme(chosen) else None)
@@ -966,7 +983,7 @@ def cmd_mlm(args) -> int:
     schemes = _with_params(args.schemes or [mlm.PLAIN_SCHEME], args.scheme_params)
     plan = mlm.MlmPlan(lengths=lengths, methods=names, sequences=args.sequences, seed=args.seed,
                        calib_seed=args.calib_seed, calib_samples=args.samples, batch_size=args.batch_size,
-                       cosine_scale=args.cosine_scale, schemes=tuple(schemes)).validated()
+                       cosine_scale=args.cosine_scale, schemes=tuple(schemes), params=args.params_).validated()
     mlm.check_model(loaded, plan)
     _check_fits(loaded, max(lengths), "--lengths asks for sequences of", batch=min(args.batch_size, args.sequences))
     _check_reference(loaded, names, args.samples)

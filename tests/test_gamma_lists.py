@@ -87,6 +87,91 @@ def test_perplexity_gamma_reaches_critical(tiny_dir, capsys):
     assert rows[1]["perplexity"] != rows[0]["perplexity"]  # the gamma reached the attention
 
 
+# -- mlm (the rotary masked-token table) ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rope_dir(tmp_path_factory):
+    from conftest import build_tiny_rope
+
+    return build_tiny_rope(tmp_path_factory.mktemp("gamma-rope"), layers=1, hidden=32, train_length=32, seed=3)
+
+
+def test_mlm_gamma_reaches_critical_names_it_and_resumes_per_gamma(rope_dir, capsys, tmp_path):
+    out = tmp_path / "m.csv"
+    base = ("mlm", "--model", rope_dir, "--lengths", "1x,2x", "--sequences", 2, "--methods", f"none,{CRITICAL}",
+            "--out", out)
+    code, _, err = _cli(capsys, *base, "--gamma", 0.25)
+    assert code == 0, err
+    rows = _rows(out)
+    assert list(rows["method"]) == ["none", f"{CRITICAL}:gamma=0.25"] * 2
+    for _, r in rows[rows["method"] != "none"].iterrows():  # 1 / (gamma ln n) at each length, L_tr included
+        assert r["tau"] == pytest.approx(1 / (0.25 * math.log(r["tokens"])), rel=1e-5)
+    # another gamma resumed into the same CSV runs its own cells; none is not run again
+    code, _, err = _cli(capsys, *base, "--gamma", 0.5, "--resume")
+    assert code == 0, err
+    rows = _rows(out)
+    assert list(rows["method"]).count("none") == 2 and list(rows["method"])[-2:] == [f"{CRITICAL}:gamma=0.5"] * 2
+    assert rows.iloc[-1]["tau"] == pytest.approx(1 / (0.5 * math.log(64)), rel=1e-5)
+
+
+# -- settings files ------------------------------------------------------------------------------------------------
+
+def _settings_file(tmp_path: Path, **fields) -> Path:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"method": CRITICAL, "method_params": {"gamma": 0.25}, **fields}), encoding="utf-8")
+    return path
+
+
+def test_a_settings_files_gamma_resolves_its_method_at_any_length(tiny_dir, capsys, tmp_path):
+    """A file exported with critical at gamma 0.25 runs at gamma 0.25 (not the default from L_tr) wherever the
+    method is resolved again; a stored tau is used at the length it was chosen at; --gamma wins over the file's,
+    and another method (--method, --tau) does not inherit it."""
+    f = _settings_file(tmp_path)
+    code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--settings", f, "--tokens", 300, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["gamma"] == 0.25 and got["tau"] == pytest.approx(1 / (0.25 * math.log(got["tokens"])), rel=1e-5)
+    # a stored tau at its own length is used as is (the file says where it was chosen)
+    stored = _settings_file(tmp_path, tau=0.61, chosen_at=got["tokens"], document={"tokens": 300})
+    code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--settings", stored, "--json")
+    assert code == 0, err
+    assert json.loads(out)["tau"] == pytest.approx(0.61)
+    # --gamma over the file's, and re-resolved even where a tau was stored
+    code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--settings", stored, "--gamma", 0.5, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["gamma"] == 0.5 and got["tau"] == pytest.approx(1 / (0.5 * math.log(got["tokens"])), rel=1e-5)
+    # another method does not take the file's gamma (and is not refused for it: the file is valid)
+    code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--settings", f, "--tau", 0.8, "--tokens", 300, "--json")
+    assert code == 0, err
+    assert json.loads(out)["tau"] == pytest.approx(0.8)
+    # a sweep of the file's document lists critical at the file's gamma
+    out_csv = tmp_path / "rows.csv"
+    code, _, err = _cli(capsys, "sweep", "--model", tiny_dir, "--settings", f, "--lengths", 300,
+                        "--methods", f"none,{CRITICAL}", "--out", out_csv)
+    assert code == 0, err
+    assert list(_rows(out_csv)["method"]) == ["none", f"{CRITICAL}:gamma=0.25"]
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"method": "fixed", "tau": 0.8}, "method_params: gamma: only critical takes it (the method here is fixed)"),
+    ({"method_params": {"gamma": -1}}, "method_params: gamma must be a number in 0.001 .. 100, got -1"),
+    ({"method_params": {"gamma": True}}, "method_params: gamma must be a number in 0.001 .. 100, got True"),
+    ({"method_params": {"beta": 1}}, "method_params: no method takes a parameter 'beta'"),
+])
+def test_a_bad_method_param_in_a_settings_file_is_one_line(tiny_dir, capsys, tmp_path, fields, says):
+    f = _settings_file(tmp_path, **fields)
+    code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--settings", f)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_settings_files_keep_their_method_params_through_json():
+    s = Settings(method=CRITICAL, method_params={"gamma": 0.25})
+    assert Settings.from_dict(json.loads(s.to_json())) == s
+    assert Settings.from_dict({"method": CRITICAL}).method_params == {}  # a file from before: the default
+
+
 # -- bad values: one line, exit 2 -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, says", [
@@ -99,6 +184,9 @@ def test_perplexity_gamma_reaches_critical(tiny_dir, capsys):
     (("sweep", "--methods", "tau=0.8", "--gamma", "0.2"), "(the method here is tau=0.8)"),
     (("perplexity", "--methods", CRITICAL, "--gamma", "nan"), "--gamma: a number in 0.001 .. 100"),
     (("perplexity", "--gamma", "0.2"), f"--gamma: only --methods {CRITICAL} takes it"),
+    (("mlm", "--gamma", "0.2"), f"--gamma: only --methods {CRITICAL} takes it (the methods here are "
+                                f"{', '.join(methods.SWEEP_DEFAULT)})"),
+    (("mlm", "--methods", CRITICAL, "--gamma", "0"), "--gamma: a number in 0.001 .. 100"),
 ])
 def test_a_bad_gamma_in_a_list_is_one_line_and_exit_2(tiny_dir, capsys, argv, says):
     code, out, err = _cli(capsys, argv[0], "--model", tiny_dir, "--lengths", 300, *argv[1:])
@@ -180,6 +268,12 @@ def test_the_apps_gamma_box_reaches_the_resolved_tau(env):
     at.run()
     got = Settings.from_dict(_exported(at))
     assert got.method == methods.FIXED and got.tau.scalar == pytest.approx(want, rel=1e-6)
+    assert got.method_params == {}  # a fixed tau holds the gamma's result, not the gamma
+    # exported as the method, the file keeps the gamma it was resolved with (re-resolved at other lengths with it)
+    at.radio(key="cal_export").set_value(at.radio(key="cal_export").options[1]).run()
+    app_ok(at)
+    got = Settings.from_dict(_exported(at))
+    assert got.method == CRITICAL and got.method_params == {"gamma": 0.25}, got
 
 
 def test_export_as_fixed_tau_of_adaptive_says_adaptive(env):

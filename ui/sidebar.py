@@ -191,6 +191,7 @@ class Context:
             tau=None if methods.get(method).constant is not None else Schedule.of(sched), criterion=criterion,
             targets=self.targets, cosine_scale=self.cosine_scale, chosen_at=self.tokens, document=self.request,
             scheme=self.scheme.name, scheme_params=self.scheme.param_dict,
+            method_params=methods.own_params(method, self.params) or {},  # the gamma the person set, for its method
         )
 
 

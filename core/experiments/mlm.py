@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -178,6 +178,9 @@ class MlmPlan:
     haystack: str = "corpus-eval"
     task: str = tasks.LM
     schemes: tuple[Scheme | str, ...] = (PLAIN_SCHEME,)
+    #: a method's own number by name (critical scaling's gamma), given to the methods that take it; its cells' rows
+    #: name it (``critical:gamma=0.2``, :func:`core.runs.methods.cell_text`), as sweeps and perplexity tables do
+    params: dict[str, float] = field(default_factory=dict)
 
     def validated(self) -> "MlmPlan":
         """This plan with methods in their one spelling and every bound checked, or a :class:`UserError`."""
@@ -193,7 +196,7 @@ class MlmPlan:
         schemes = tuple(Scheme.of(t) for t in plan.schemes)
         if len(set(schemes)) != len(schemes):
             raise UserError(f"{where}: schemes: {', '.join(map(str, schemes))} lists one scheme twice")
-        return replace(plan, schemes=schemes)
+        return replace(plan, schemes=schemes, params=methods.check_params(plan.params, plan.methods, where))
 
 
 def check_model(loaded: Loaded, plan: MlmPlan) -> None:
@@ -217,13 +220,14 @@ def resolve(loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Docum
     L_tr each bind it at their own length), and cached; ``outcome`` holds a search's ``reached`` and ``gap``
     (empty strings for anything else)."""
     name, value = methods.parse(method)
+    own = methods.own_params(name, plan.params)
     if not methods.get(name).measured:
-        tau, info = methods.resolve(loaded, doc, name, value)
+        tau, info = methods.resolve(loaded, doc, name, value, params=own)
         return tau, _outcome(info)
     if (n, scheme, method) not in cache:
         calib = tasks.make(plan.task, loaded.tokenizer, n, seed=plan.calib_seed + n, haystack=plan.haystack)
         base = engine.RunSettings(Choice.of(cosine_scale=plan.cosine_scale, scheme=scheme))
-        tau, info = methods.resolve(loaded, calib, name, samples=plan.calib_samples, base=base)
+        tau, info = methods.resolve(loaded, calib, name, samples=plan.calib_samples, base=base, params=own)
         cache[(n, scheme, method)] = (tau, _outcome(info))
     return cache[(n, scheme, method)]
 
@@ -279,7 +283,7 @@ def cell(loaded: Loaded, plan: MlmPlan, n: int, scheme: Scheme, method: str, cac
         "model": loaded.spec.name, "tokens": n, "actual_tokens": int(round(np.mean([m.n for m in masked]))),
         "train_length": loaded.train_length, "scheme": scheme.name,
         "scheme_params": scheme.params_text(), "attention_factor": round(factor, 6),
-        "method": method, "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
+        "method": methods.cell_text(method, plan.params), "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
         "accuracy": correct / count, "perplexity": math.exp(nll / count), "nll": nll, "masked": count,
         "sequences": len(masked), "first_seed": plan.seed, "seconds": round(time.perf_counter() - t0, 3),
         **outcome,
@@ -301,7 +305,8 @@ def cells(plan: MlmPlan) -> list[tuple[int, str, str]]:
 def cell_key(model: str, n: int, scheme: Scheme, method: str, plan: MlmPlan, cosine: float | None) -> tuple:
     """A cell's resume key (:data:`KEY`), as :func:`row_key` reads it from a written row."""
     return row_key({"model": model, "tokens": n, "scheme": scheme.name, "scheme_params": scheme.params_text(),
-                    "method": method, "cosine_scale": cosine, "sequences": plan.sequences, "first_seed": plan.seed})
+                    "method": methods.cell_text(method, plan.params), "cosine_scale": cosine, "sequences": plan.sequences,
+                    "first_seed": plan.seed})
 
 
 def row_key(row: dict) -> tuple:

@@ -207,10 +207,19 @@ class Settings:
     # bound per pass to that pass's length. Files from before schemes carry neither: the plain scheme.
     scheme: str = positions.PLAIN
     scheme_params: dict[str, Any] = field(default_factory=dict)  # checked by core.values.positions.Scheme.of
+    # the method's own numbers by name (core.runs.methods.Param: critical scaling's gamma), checked by
+    # methods.check_params: what the method is resolved with again at another length than chosen_at (or when the
+    # file stores no tau). Files from before carry none: the default from L_tr.
+    method_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if methods.REGISTRY[self.method].takes_value and self.tau is None:
             raise ValueError(f"Method '{self.method}' needs a tau")
+        try:  # a number the method does not take would change nothing: refused, as the CLI refuses --gamma
+            object.__setattr__(self, "method_params", methods.check_params(self.method_params, [self.method],
+                                                                           "method_params"))
+        except UserError as err:
+            raise ValueError(str(err)) from None
         try:
             positions.Scheme.of(self.scheme)  # the name alone first: its errors name the field "scheme"
         except UserError as err:
