@@ -540,6 +540,11 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
     tau_input = own_tau()  # the person's own tau, whatever the slider shows
     bar = None
     base = Choice.of(targets=targets, cosine_scale=cos, scheme=scheme)  # the controls' values, checked once
+    # The resolve's estimate has its slot in every run, empty when nothing is resolved: a slot drawn only in the
+    # run that resolves moved every element after it by one in the next run, and until that run ended the old
+    # element at the next slot stood beside the new one (the "not reached" note twice, the answer cards 61 px
+    # down, seen at tour step 4 at 1400 x 1000). An empty slot takes no room.
+    note = where.empty()
     if methods.get(method).measured and cache.resolve_tau(loaded, req, method, base, compute=False) is None:
         n = int(ss.get("doc_tokens") or loaded.train_length)
         mk = timing.model_key(loaded)
@@ -551,7 +556,6 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         # The estimate, its bar and the hiding of the old document's views go once the resolve is done, in this
         # run: left standing until the next run they pushed the answer cards down by their height (and a gap) and
         # then let them jump back up (seen in a class demo, tour step 4 at 1400 x 1000).
-        note = where.empty()
         with note.container():
             long_work.hide_stale()  # the old document's views are not this one's
             st.caption(what)
