@@ -149,12 +149,13 @@ def _key(page, key: str, want: str, deadline: Deadline) -> dict:
     return wait_painted(page, {"tau": want, "kind": "grid"}, deadline)
 
 
-#: The walkthrough runs only when asked for (AAE_CLASS_WALKTHROUGH=1): after the lost grid frames and the lagging
-#: address bar were fixed it passed 6 of 7 runs here (2026-11-28, load 2-12), and the one failure is not explained:
-#: at load ~12, with a second demo server running, the method was back at the tour's Algorithm 1 after "fixed tau"
-#: had been chosen and the tour had closed (the slider disabled, PageDown did nothing). A CI run must not hang on it.
-@pytest.mark.skipif(os.environ.get("AAE_CLASS_WALKTHROUGH") != "1",
-                    reason="an intermittent failure under load, cause open (see above); AAE_CLASS_WALKTHROUGH=1 runs it")
+#: The walkthrough runs with the suite again (2026-11-28). Its failures and their causes: the lost grid frames and
+#: the lagging address bar (fixed at earlier stops); the answer cards measured below the fold, twice from the
+#: resolve's estimate left standing until the next run and once (this day) from the slot only the resolving run drew,
+#: which left the old "not reached" note beside the new one in the next run (both fixed in ui/sidebar.py). One
+#: run of 45 on 2026-11-27/28 left the page on the old model after the Model box named the new one, cause not
+#: established; Explore's fragment now reruns the page where the box and its views disagree. Then 51 runs here at
+#: load 3-5: 50 passed; the one failure was the slot above (the 22 runs after its fix all passed).
 def test_a_class_walkthrough(server, page, shot_on_failure):
     """The tour's step 4 with the cards above the fold, its text closing when the method changes; tau's keys one
     grid value each way; a 16x length change that says at once that it computes (and hides the old views) while it
