@@ -201,7 +201,7 @@ def test_a_bad_gamma_is_one_line_and_exit_2(tiny_dir, capsys, argv, says):
 
 @pytest.mark.parametrize("argv", [
     ("sweep", "--methods", "none,yarn", "--gamma", "0.2"),  # sweep takes it, for critical (tests/test_gamma_lists.py)
-    ("mlm", "--methods", "critical", "--gamma", "0.2"),  # mlm has no --gamma
+    ("mlm", "--methods", "none,yarn", "--gamma", "0.2"),  # mlm takes it, for critical (tests/test_gamma_lists.py)
 ])
 def test_gamma_is_refused_where_a_command_would_not_use_it(tiny_dir, capsys, argv):
     code, out, err = _cli(capsys, argv[0], "--model", tiny_dir, *argv[1:])
