@@ -233,14 +233,12 @@ def _method_params(args, names, option: str = "--method") -> dict[str, float]:
     return given
 
 
-def _file_params(args) -> dict[str, float]:
-    """The settings file's method parameters (``method_params``: the gamma its ``critical`` was chosen with) that a
-    method this command runs takes; the others would change nothing here and are left out, not refused (the file
-    is valid; ``sweep --methods none,yarn --settings f.json`` reads its document, not its gamma)."""
-    chosen = getattr(args, "settings_", None)
-    if chosen is None or not chosen.method_params:
+def _file_params(chosen, names) -> dict[str, float]:
+    """The settings file's method parameters (``method_params``: the gamma its ``critical`` was chosen with) that one
+    of the methods ``names`` this command runs takes; the others would change nothing here and are left out, not
+    refused (the file is valid; ``sweep --methods none,yarn --settings f.json`` reads its document, not its gamma)."""
+    if chosen is None:
         return {}
-    names, _ = _listed_methods(args)
     return {k: v for k, v in chosen.method_params.items() if methods.untaken(k, names) is None}
 
 
@@ -541,8 +539,11 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     args.settings_ = _settings(args) if args.cmd in ("run", "calibrate", "sweep") else None
     # --gamma and friends: for the methods the command runs (calibrate lists every method: any that takes it);
     # a settings file's own (its method's gamma) where a method here takes it, an option over it
-    args.given_params_ = _method_params(args, *_listed_methods(args)) if args.cmd in _TAKE_PARAMS else {}
-    args.params_ = {**_file_params(args), **args.given_params_}
+    args.given_params_, args.params_ = {}, {}
+    if args.cmd in _TAKE_PARAMS:
+        names, option = _listed_methods(args)
+        args.given_params_ = _method_params(args, names, option)
+        args.params_ = {**_file_params(args.settings_, names), **args.given_params_}
     args.budget_ = timing.Budget(getattr(args, "max_seconds", None))  # counted from here: the options are read
     if getattr(args, "out", None):
         _check_out(args.out)
