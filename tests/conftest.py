@@ -290,3 +290,61 @@ def _kernel_path(request, monkeypatch):
     if request.param == "no-kernel":
         monkeypatch.setenv(fused_softmax.ENV_SWITCH, "0")
     return request.param
+
+
+# -- adaptive temperature's reference (Velickovic et al. 2024), numpy, float64 --------------------------------------
+
+def adaptive_beta(entropy):
+    """Adaptive temperature's inverse temperature per row from the row's tau = 1 entropy H (nats):
+    ``beta = max(poly(H), 1)`` where H > 0.5, else 1 (it never softens), the paper's fit
+    (:data:`core.values.schedule.ADAPTIVE_POLY`). The attention computes it in torch
+    (:func:`core.mechanics.softmax_block.adaptive_rows`); this is the tests' reference."""
+    import numpy as np
+
+    from core.values.schedule import ADAPTIVE_MIN_ENTROPY, ADAPTIVE_POLY
+
+    h = np.asarray(entropy, dtype=np.float64)
+    return np.where(h > ADAPTIVE_MIN_ENTROPY, np.maximum(np.polyval(ADAPTIVE_POLY, h), 1.0), 1.0)
+
+
+def adaptive_softmax(logits):
+    """The paper's ``adaptive_temperature_softmax`` over the last axis (numpy, float64): softmax, the row's
+    entropy (with its 1e-9 inside the log), beta from :func:`adaptive_beta`, softmax of logits x beta."""
+    import numpy as np
+
+    z = np.asarray(logits, dtype=np.float64)
+
+    def softmax(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    p = softmax(z)
+    h = np.sum(-p * np.log(p + 1e-9), axis=-1, keepdims=True)
+    return softmax(z * adaptive_beta(h))
+
+
+# ---- the two tiers --------------------------------------------------------------------------------------------------
+#
+# `python -m pytest -q` runs the fast tier: every test not marked ``slow``. `python -m pytest -q --all` (what .ci/run
+# runs) adds the slow tier: real browsers, training, Ray clusters and other long passes. Naming files or node ids on
+# the command line runs what was named, slow or not: the person chose it.
+
+SLOW_HELP = "browser, training, cluster and long tests: run with --all (.ci/run does)"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", default=False, help=f"run the whole suite, slow tier too ({SLOW_HELP})")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"slow: {SLOW_HELP}")
+
+
+def pytest_collection_modifyitems(config, items):
+    named = config.args_source == pytest.Config.ArgsSource.ARGS
+    if config.getoption("--all") or named:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]

@@ -2,7 +2,7 @@
 from that row's own tau = 1 entropy (Velickovic et al. 2024), on the ``torch`` backend, which every other backend
 leaves it to; asked for by the run's schedule, :data:`core.values.schedule.ADAPTIVE` (the registry's method:
 tests/test_adaptive_method.py). Checked against a hand computation on a tiny tensor, against the paper's function
-(:func:`core.runs.temperature.adaptive_softmax`, itself checked by hand in tests/test_schedules_new.py), and against
+(``adaptive_softmax`` of tests/conftest.py, itself checked by hand in tests/test_schedules_new.py), and against
 a real small model's pass through an independent reference attention registered with transformers."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from core.mechanics import attention, softmax_block
 from core.mechanics.attention import AttentionSettings, aligned_attention, attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
-from core.runs import temperature
 from core.values.schedule import ADAPTIVE
+from conftest import adaptive_beta, adaptive_softmax
 
 
 def _poly(h: float) -> float:
@@ -62,7 +62,7 @@ def test_each_row_gets_its_own_beta_and_masks_hold():
     mask[1, :, :, 5:] = False  # item 1: its last two keys are padding
     logits = (q @ k.transpose(-1, -2) + bias).double().numpy()
     logits = np.where(mask.numpy(), logits, -np.inf)
-    want = temperature.adaptive_softmax(logits)  # the paper's function, row by row, float64
+    want = adaptive_softmax(logits)  # the paper's function, row by row, float64
     out, weights = _attend(q, k, v, bias=bias, mask=mask, tau=ADAPTIVE)
     np.testing.assert_allclose(weights.numpy(), want, atol=2e-6)
     np.testing.assert_allclose(out.transpose(1, 2).numpy(), want.astype(np.float32) @ v.numpy(), atol=1e-5)
@@ -70,7 +70,7 @@ def test_each_row_gets_its_own_beta_and_masks_hold():
     # the rows differ in entropy, so in beta: one tau for all of them would not give these weights
     p = torch.softmax(torch.from_numpy(logits), -1)
     ent = -(p * torch.log(p + 1e-9)).sum(-1)
-    betas = temperature.adaptive_beta(ent.numpy())
+    betas = adaptive_beta(ent.numpy())
     assert len(np.unique(betas.round(6))) > 5
 
 

@@ -187,3 +187,93 @@ def test_no_cycle_among_core_modules():
 
 def test_core_imports_no_private_name_of_another_module():
     assert _private_imports("core") == []
+
+
+# -- floors: core's packages stacked, each importing only its own floor or lower ------------------------------------
+
+#: The intended floors, lowest first: a module may import its own floor's packages or a lower floor's, never a
+#: higher one's (an arrow back up). One list, so moving a package or adding an import upwards fails here.
+#: ``core`` is the package's own ``__init__``; ``core.engine`` and ``core.apply`` are the library's front doors
+#: (re-exports of core.runs); ``core.cli`` (a module or a package of commands, ``core.__main__`` with it) is the
+#: top of core; ui is the app above all of core.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("core", "core.errors", "core.kinds"),
+    ("core.values", "core.data"),
+    ("core.mechanics",),
+    ("core.models",),
+    ("core.runs",),
+    ("core.experiments", "core.views", "core.training", "core.engine", "core.apply"),
+    ("core.cli",),
+    ("ui",),
+)
+MAX_FLOORS = 8
+
+
+def _unit(module: str) -> str:
+    """The package of ``FLOORS`` a module belongs to: ``core.runs.engine`` -> ``core.runs``; ``core.__main__`` and
+    ``core.cli.*`` -> ``core.cli``; every ui module -> ``ui``."""
+    parts = module.split(".")
+    if parts[0] == "ui":
+        return "ui"
+    if len(parts) == 1:
+        return "core"
+    if parts[1] in ("__main__", "cli"):
+        return "core.cli"
+    return ".".join(parts[:2])
+
+
+FLOOR_OF = {unit: i for i, units in enumerate(FLOORS) for unit in units}
+
+
+def _unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for m, targets in GRAPH.items():
+        graph.setdefault(_unit(m), set()).update(_unit(t) for t in targets if _unit(t) != _unit(m))
+    return graph
+
+
+def _computed_floors() -> dict[str, int]:
+    """Each package's floor from the graph alone: 1 + the highest floor it imports (1 for one importing nothing of
+    ours). Defined only on an acyclic package graph (test_packages_form_no_cycle)."""
+    graph = _unit_graph()
+    floor: dict[str, int] = {}
+
+    def of(u: str, path: tuple[str, ...] = ()) -> int:
+        if u in path:
+            raise AssertionError(f"a cycle among packages: {' -> '.join(path + (u,))}")
+        if u not in floor:
+            floor[u] = 1 + max((of(t, path + (u,)) for t in graph[u]), default=0)
+        return floor[u]
+
+    for u in graph:
+        of(u)
+    return floor
+
+
+def test_every_package_has_a_floor():
+    assert sorted({_unit(m) for m in MODULES} - set(FLOOR_OF)) == []
+
+
+def test_packages_form_no_cycle():
+    """Packages, not only modules: two packages importing each other (through any modules) share one floor's
+    worth of change; :func:`_computed_floors` follows every path and names the cycle it meets."""
+    assert _computed_floors()
+
+
+def test_at_most_eight_floors():
+    floors = _computed_floors()
+    assert max(floors.values()) <= MAX_FLOORS, sorted(floors.items(), key=lambda kv: kv[1])
+    assert len(FLOORS) <= MAX_FLOORS
+
+
+def test_no_import_goes_up_a_floor():
+    """A module imports only packages on its own floor or below (``FLOORS``): e.g. mechanics never reads runs."""
+    up = [f"{m} -> {t}" for m, targets in sorted(GRAPH.items()) for t in targets
+          if FLOOR_OF.get(_unit(t), -1) > FLOOR_OF.get(_unit(m), len(FLOORS))]
+    assert up == []
+
+
+def test_an_arrow_back_up_is_seen():
+    """The check itself: an import of runs from mechanics (the arrow this test was written against) is caught."""
+    assert FLOOR_OF[_unit("core.runs.temperature")] > FLOOR_OF[_unit("core.mechanics.softmax_block")]
+    assert _unit("core.cli.run") == _unit("core.cli") == _unit("core.__main__") == "core.cli"

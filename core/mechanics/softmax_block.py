@@ -40,7 +40,7 @@ import torch
 
 from core.mechanics import fused_softmax
 from core.mechanics.relative_bias import RelativeBias
-from core.runs import temperature
+from core.values.schedule import ADAPTIVE_MIN_ENTROPY, ADAPTIVE_POLY
 
 #: Bytes of float32 scores one block of query rows may hold (all heads and
 #: batch items), per device type. On the CPU a block above glibc's mmap
@@ -320,7 +320,7 @@ def adaptive_rows(scores: torch.Tensor) -> torch.Tensor:
     """Adaptive temperature (Velickovic et al. 2024, "softmax is not enough", arXiv 2410.01104) on a block of logit
     rows ``[..., K]`` (masked keys at the dtype's lowest value): each row's entropy H of its softmax (nats, with the
     paper's 1e-9 inside the log), its beta = max(poly(H), 1) where H > 0.5 and 1 elsewhere
-    (:func:`core.runs.temperature.adaptive_beta`: the paper's fit), and the row multiplied by its beta, i.e. divided
+    (:data:`core.values.schedule.ADAPTIVE_POLY`: the paper's fit), and the row multiplied by its beta, i.e. divided
     by its own tau = 1 / beta: what the ``adaptive`` schedule (:data:`core.values.schedule.ADAPTIVE`) asks of the
     targeted attentions (:func:`core.mechanics.attention._adaptive`). Masked keys stay at the lowest value (their
     product, -inf, is clamped back), so they keep weight 0. A new tensor (autograd sees the whole computation, as in the paper's code)."""
@@ -328,9 +328,9 @@ def adaptive_rows(scores: torch.Tensor) -> torch.Tensor:
     h = -(p * torch.log(p + 1e-9)).sum(-1, keepdim=True)
     del p
     poly = torch.zeros_like(h)
-    for c in temperature.ADAPTIVE_POLY:  # Horner, highest power first (numpy's polyval)
+    for c in ADAPTIVE_POLY:  # Horner, highest power first (numpy's polyval)
         poly = poly * h + c
-    beta = torch.where(h > temperature.ADAPTIVE_MIN_ENTROPY, poly.clamp(min=1.0), torch.ones_like(h))
+    beta = torch.where(h > ADAPTIVE_MIN_ENTROPY, poly.clamp(min=1.0), torch.ones_like(h))
     return (scores * beta).clamp(min=torch.finfo(scores.dtype).min)
 
 

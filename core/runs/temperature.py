@@ -126,37 +126,6 @@ def critical(length: int, gamma: float) -> float:
     return tau
 
 
-#: Adaptive temperature's polynomial in a row's entropy H (Velickovic et al. 2024, "softmax is not enough (for
-#: sharp out-of-distribution)", arXiv 2410.01104, its Figure 5 fit), highest power first: beta = poly(H).
-ADAPTIVE_POLY: tuple[float, ...] = (-0.037, 0.481, -2.3, 4.917, -1.791)
-#: Rows whose entropy (nats) is at or below this keep beta = 1 (the paper: "don't overcorrect low-entropy heads").
-ADAPTIVE_MIN_ENTROPY = 0.5
-
-
-def adaptive_beta(entropy) -> np.ndarray:
-    """Adaptive temperature's inverse temperature per row from the row's tau = 1 entropy H (nats):
-    ``beta = max(poly(H), 1)`` where H > 0.5, else 1 (it never softens); the row's logits are then multiplied by
-    beta, i.e. its tau is 1 / beta. It needs each row's logits, so the attention applies it
-    (:func:`core.mechanics.softmax_block.adaptive_rows`) wherever the run's schedule is
-    :data:`core.values.schedule.ADAPTIVE` (the registry's ``adaptive`` method)."""
-    h = np.asarray(entropy, dtype=np.float64)
-    return np.where(h > ADAPTIVE_MIN_ENTROPY, np.maximum(np.polyval(ADAPTIVE_POLY, h), 1.0), 1.0)
-
-
-def adaptive_softmax(logits) -> np.ndarray:
-    """The paper's ``adaptive_temperature_softmax`` over the last axis (numpy, float64): softmax, the row's
-    entropy (with its 1e-9 inside the log), beta from :func:`adaptive_beta`, softmax of logits x beta."""
-    z = np.asarray(logits, dtype=np.float64)
-
-    def softmax(x: np.ndarray) -> np.ndarray:
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-
-    p = softmax(z)
-    h = np.sum(-p * np.log(p + 1e-9), axis=-1, keepdims=True)
-    return softmax(z * adaptive_beta(h))
-
-
 def prop1(train_length: int, length: int, pmax_tr: float, sigma_tr: float, sigma_ex: float) -> float:
     """Prop. 1: larger root of A tau^2 - B tau + C = 0, matching Pmax.
 

@@ -32,7 +32,7 @@ enough for a 2-core CPU:
 - every step's batch is a pure function of ``(seed, step)`` and the weights
   start from ``torch.manual_seed(seed)``: the same config gives the same
   first loss and, on the CPU, the same weights;
-- the held-out score is :mod:`core.experiments.mlm`'s own (its ``sequence`` and ``score``:
+- the held-out score is :mod:`core.runs.mlm_pass`'s (``sequence`` and ``score``, what :mod:`core.experiments.mlm` runs:
   the corpus' eval pool, masked positions drawn by seed, tau = 1), so the card
   says what ``python -m core mlm`` measures at L_tr.
 
@@ -200,8 +200,8 @@ def evaluate(model, tok, lengths: list[int], sequences: int, train_length: int, 
 
     Sequences of seeds ``seed..`` from the corpus' eval pool, masked positions drawn by seed: what
     ``python -m core mlm`` scores, so the card and the table measure the same thing."""
-    from core.experiments import mlm
     from core.models import Loaded, ModelSpec
+    from core.runs import mlm_pass as mlm
 
     was = model.training
     model.eval()
@@ -230,7 +230,7 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     the two families differ in model and objective only. Returns the card."""
     from tqdm import tqdm
 
-    from core.experiments import mlm  # noqa: F401  now, not at the first evaluation: one snapshot of the code for the whole run
+    from core.runs import mlm_pass  # noqa: F401  now, not at the first evaluation: one snapshot of the code for the whole run
 
     opts = options(cfg)
     if cfg.init_from:

@@ -66,6 +66,12 @@ LLAMA4, QWEN_LOGN = "llama4", "qwen-logn"
 ROW_SCHEMES: tuple[str, ...] = (LLAMA4, QWEN_LOGN)
 #: The scheme name of :data:`ADAPTIVE` in JSON (``{"scheme": "adaptive"}``).
 ADAPTIVE_SCHEME = "adaptive"
+#: Adaptive temperature's polynomial in a row's entropy H (Velickovic et al. 2024, "softmax is not enough (for
+#: sharp out-of-distribution)", arXiv 2410.01104, its Figure 5 fit), highest power first: beta = poly(H),
+#: where H is the row's entropy at tau = 1; the attention applies it (:func:`core.mechanics.softmax_block.adaptive_rows`).
+ADAPTIVE_POLY: tuple[float, ...] = (-0.037, 0.481, -2.3, 4.917, -1.791)
+#: Rows whose entropy (nats) is at or below this keep beta = 1 (the paper: "don't overcorrect low-entropy heads").
+ADAPTIVE_MIN_ENTROPY = 0.5
 
 
 @dataclass(frozen=True)
@@ -425,6 +431,6 @@ _BASE.setflags(write=False)
 ADAPTIVE = Schedule(_BASE, None, adaptive=True)
 """Adaptive temperature (Velickovic et al. 2024, "softmax is not enough"): tau = 1, then each targeted query row's
 logits multiplied by beta = max(poly(H), 1) where its entropy H > 0.5 nats, in the attention itself
-(:func:`core.mechanics.softmax_block.adaptive_rows`; the maths: :func:`core.runs.temperature.adaptive_beta`). The
+(:func:`core.mechanics.softmax_block.adaptive_rows`; the fit: :data:`ADAPTIVE_POLY`). The
 one adaptive schedule: ``Schedule.of({"scheme": "adaptive"})`` returns it."""
 

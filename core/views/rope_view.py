@@ -17,7 +17,7 @@ Two views, each in place of a T5 one:
 - **The masked tokens' predictions** (instead of T5's retrieval answer): per
   masked position the true token, the model's top prediction, the
   probability of the true token and its -log p; accuracy and perplexity over
-  all of them are exactly :func:`core.experiments.mlm.score`'s (the same pass: the same
+  all of them are exactly :func:`core.runs.mlm_pass.score`'s (the same pass: the same
   padded ids, the same head, the same float32 softmax).
 """
 
@@ -33,7 +33,7 @@ from core.values import positions
 from core.runs import rope_pass
 from core.mechanics.attention import AttentionSettings
 from core.kinds import ENCODER
-from core.experiments.mlm import MaskedSequence, head_logits
+from core.runs.mlm_pass import MaskedSequence, head_logits
 
 
 # -- the mean logit by relative distance ---------------------------------------------------
@@ -162,7 +162,7 @@ class MaskedPredictions:
 @torch.inference_mode()
 def masked_predictions(loaded, seq: MaskedSequence, attn: AttentionSettings | None = None,
                        scheme: positions.Scheme = positions.PLAIN_SCHEME) -> MaskedPredictions:
-    """The pass :func:`core.experiments.mlm.score` makes of one sequence (under the position scheme ``scheme``), kept per
+    """The pass :func:`core.runs.mlm_pass.score` makes of one sequence (under the position scheme ``scheme``), kept per
     masked position."""
     ids = torch.as_tensor(seq.ids, dtype=torch.long)[None].to(loaded.device)
     with rope_pass.scheme_pass(loaded, attn, None, scheme, ids.shape[1]):
