@@ -98,7 +98,7 @@ def build(shape: str, device, dtype):
     from transformers import T5Config, T5ForConditionalGeneration
 
     from core.mechanics import attention
-    from core.mechanics import relative_bias
+    from core.mechanics import patches
 
     cfg = T5Config(vocab_size=32128, relative_attention_num_buckets=32, relative_attention_max_distance=128,
                    dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **SHAPES[shape])
@@ -107,7 +107,7 @@ def build(shape: str, device, dtype):
         model = T5ForConditionalGeneration(cfg)
     model = model.to(dtype).eval()
     attention.set_implementation(model, attention.ATTN_NAME)  # every stack: 5.17's own call left them on sdpa
-    relative_bias.install(model)  # as core.models.load does: the bias as one vector per head (sdpa still gets it dense)
+    patches.patch(model)  # as core.models.load does: the bias as one vector per head (sdpa still gets it dense)
     if not attention.served_by_us(model):  # a run whose attention is not ours must not be timed as ours (issue 49)
         raise SystemExit("bench/gpu.py: the model's attention does not run through ours with this transformers")
     return model

@@ -22,6 +22,7 @@ from transformers import AttentionInterface, ModernBertConfig, ModernBertForMask
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
 
+from core.mechanics import patches
 from core.values import positions as P
 from core.errors import UserError
 
@@ -389,8 +390,8 @@ def test_the_per_call_rotation_equals_a_model_built_from_the_scheme_config_and_c
     bound = P.bind(name, lt, n)
     other = _model(P.configured(cfg, bound))
     other.load_state_dict(model.state_dict())
-    P.rotate_per_call(model, lambda: _ROTATING["bound"])
-    P.rotate_per_call(model, lambda: _ROTATING["bound"])  # idempotent: swapped once
+    patches.rotate_per_call(model, lambda: _ROTATING["bound"])
+    patches.rotate_per_call(model, lambda: _ROTATING["bound"])  # idempotent: swapped once
     assert type(model.model.rotary_emb).__mro__[1] is ModernBertRotaryEmbedding
     torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)  # no scheme current: the parent's forward
     _ROTATING["bound"] = bound
@@ -437,7 +438,7 @@ AttentionInterface.register("positions-test", _scheme_attention)
 def _run(model: ModernBertForMaskedLM, bound: P.Bound, ids: torch.Tensor) -> torch.Tensor:
     _CURRENT["bound"] = _ROTATING["bound"] = bound
     model.set_attn_implementation("positions-test")
-    P.rotate_per_call(model, lambda: _ROTATING["bound"])
+    patches.rotate_per_call(model, lambda: _ROTATING["bound"])
     try:
         return model(ids).logits
     finally:

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from transformers import T5Config, T5ForConditionalGeneration, UMT5Config, UMT5ForConditionalGeneration
 
 from core.runs import apply as apply_mod
-from core.mechanics import relative_bias
+from core.mechanics import patches, relative_bias
 from core.mechanics.attention import AttentionSettings, attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
 from core.mechanics.relative_bias import RelativeBias, bias_vector
@@ -83,8 +83,9 @@ def test_umt5_buckets_come_from_the_module():
 
 def test_install_hands_out_the_vector_only_to_our_attention():
     model = _t5()
-    assert relative_bias.install(model) == 2 and relative_bias.installed(model)
-    assert relative_bias.install(model) == 0  # idempotent
+    done = patches.patch(model)
+    assert len(done.classes) == 2 and done.kinds == {"lazy-bias"} and relative_bias.installed(model)
+    assert not patches.patch(model).changed  # idempotent
     enc = relative_bias.bias_owners(model)[0]
     assert isinstance(enc.compute_bias(5, 5), RelativeBias)
     model.config._attn_implementation_internal = "eager"
@@ -92,7 +93,8 @@ def test_install_hands_out_the_vector_only_to_our_attention():
         cfg._attn_implementation_internal = "eager"
     assert isinstance(enc.compute_bias(5, 5), torch.Tensor)  # eager gets transformers' dense tensor
     keys = set(model.state_dict())
-    assert relative_bias.uninstall(model) == 2 and not relative_bias.installed(model)
+    done.undo()
+    assert not relative_bias.installed(model)
     assert type(enc).__name__ == "T5Attention" and set(model.state_dict()) == keys
 
 
@@ -100,7 +102,7 @@ def test_forward_generation_and_gradients_equal_eager():
     """Encoder, decoder (causal buckets), generation with a cache, and the gradient of the bias table."""
     eager, ours = _t5("eager", seed=3), _t5("aligned", seed=3)
     ours.load_state_dict(eager.state_dict())
-    relative_bias.install(ours)
+    patches.patch(ours)
     ids = torch.randint(2, 120, (2, 90))
     ids[1, 70:] = 0
     mask = (ids != 0).long()
@@ -126,7 +128,7 @@ def test_a_probe_wanting_whole_logits_gets_them():
     t5 = _t5(seed=4)
     module = relative_bias.bias_owners(t5)[0]
     dense = module.compute_bias(40, 40)
-    relative_bias.install(t5)
+    patches.patch(t5)
     assert isinstance(module.compute_bias(40, 40), RelativeBias)
     ids = torch.randint(2, 120, (1, 40))
     rec = Recorder(ProbeSpec.of("encoder.0.logits"))
@@ -164,15 +166,14 @@ def test_a_long_pass_never_holds_the_dense_bias(tmp_path):
     code = textwrap.dedent("""
         import resource, torch
         from transformers import T5Config, T5ForConditionalGeneration
-        from core.mechanics import relative_bias
-        from core.mechanics import attention
+        from core.mechanics import attention, patches
         from core.mechanics.probes import ProbeSpec, Recorder
         torch.manual_seed(0)
         cfg = T5Config(vocab_size=100, d_model=32, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1,
                        num_heads=8, decoder_start_token_id=0)
         cfg._attn_implementation = "aligned"
         m = T5ForConditionalGeneration(cfg).eval()
-        relative_bias.install(m)
+        patches.patch(m)
         L = 8192
         ids = torch.randint(2, 100, (1, L))
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

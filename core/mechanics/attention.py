@@ -58,13 +58,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
-from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import sdpa_mask
 
 from core.values import positions as rope_positions
-from core.mechanics import softmax_block
+from core.mechanics import patches, softmax_block
+from core.mechanics.patches import configs, point, point_back, set_implementation  # noqa: F401  read here too
 from core.errors import UserError
 from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER
 from core.values.choice import Choice, given
@@ -173,6 +173,15 @@ def current_call() -> _Call | None:
     modules of a scheme pass read (:func:`core.runs.rope_pass.scheme_pass`), from the same context as the attention."""
     return _CURRENT.get()
 
+
+def current_positions() -> "rope_positions.Bound | None":
+    """The position scheme bound by the :func:`attention_call` under way in this thread (None: none, or no call):
+    what a rotary model's modules read when they compute cos and sin (:func:`core.mechanics.patches.patch`'s
+    ``rotary``)."""
+    call = _CURRENT.get()
+    return None if call is None else call.settings.positions
+
+
 _SERIAL = itertools.count(1)
 
 
@@ -186,8 +195,8 @@ def standing(settings: AttentionSettings, recorder: "Recorder | None" = None) ->
     transformers dispatches every call (the config's ``attn_implementation``), and the model's modules stay as
     loaded; ``save_pretrained`` writes no private config field, so nothing of ours is saved either."""
     name = f"{ATTN_NAME}@{next(_SERIAL)}"
-    AttentionInterface.register(name, functools.partial(aligned_attention, standing=_Call(settings, recorder)))
-    AttentionMaskInterface.register(name, compact_mask)
+    patches.register_name(name, functools.partial(aligned_attention, standing=_Call(settings, recorder)),
+                          compact_mask)
     return name
 
 
@@ -198,58 +207,11 @@ def standing_call_of(name: object) -> _Call | None:
 
 
 def forget(name: str) -> None:
-    """Let go of a name :func:`standing` registered (idempotent): it is bound again to the bare function, so it
-    holds no settings or recorder any more (transformers has no public way to unregister a name, and a name no
-    config points at costs nothing). The plain ``aligned`` is left as it is."""
+    """Let go of a name :func:`standing` registered (idempotent): it leaves transformers' registries
+    (:func:`core.mechanics.patches.release_name`), so it holds no settings or recorder any more. Point the configs
+    elsewhere first (:func:`point_back`). The plain ``aligned`` is left as it is."""
     if name != ATTN_NAME and standing_call_of(name) is not None:
-        AttentionInterface.register(name, aligned_attention)
-
-
-def configs(model: torch.nn.Module) -> list:
-    """Every config the model's attention reads ``_attn_implementation`` from (the top one, each sub-model's, e.g.
-    T5's encoder and decoder stacks), each once."""
-    seen: dict[int, object] = {}
-
-    def add(cfg) -> None:
-        if cfg is None or id(cfg) in seen:
-            return
-        seen[id(cfg)] = cfg
-        for key in getattr(cfg, "sub_configs", {}) or {}:
-            add(getattr(cfg, key, None))
-
-    add(model.config)
-    for mod in model.modules():
-        add(getattr(mod, "config", None))
-    return list(seen.values())
-
-
-def set_implementation(model: torch.nn.Module, name: str) -> None:
-    """Run ``model``'s attention through ``name`` (``"aligned"``, ``"sdpa"``, ``"eager"``...) in every config it
-    reads: transformers' ``set_attn_implementation`` and then each sub-config it did not reach.
-
-    Why: transformers 5.17's ``set_attn_implementation`` on T5 changes only the top config, and T5's encoder and
-    decoder stacks keep copies of their own: a model built with sdpa and then switched to ours ran sdpa in
-    every layer, silently (bench/gpu.py on a GPU with 5.17 gave the same time for both; issue 49). 5.24 reaches
-    the stacks; this works on both."""
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    for cfg in configs(model):
-        if cfg._attn_implementation != name:
-            cfg.__dict__["_attn_implementation_internal"] = name
-
-
-def point(model: torch.nn.Module, name: str) -> list[tuple[object, object]]:
-    """Make every config of ``model`` name the implementation ``name``; returns ``[(config, what it named)]`` for
-    putting them back (:func:`point_back`)."""
-    before = [(c, c.__dict__.get("_attn_implementation_internal")) for c in configs(model)]
-    for cfg, _ in before:
-        cfg.__dict__["_attn_implementation_internal"] = name
-    return before
-
-
-def point_back(before: list[tuple[object, object]]) -> None:
-    for cfg, value in before:
-        cfg.__dict__["_attn_implementation_internal"] = value
+        patches.release_name(name)
 
 
 def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
@@ -616,10 +578,9 @@ def compact_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
 
 def register() -> None:
     """Make ``attn_implementation="aligned"`` available to transformers (idempotent)."""
-    AttentionInterface.register(ATTN_NAME, aligned_attention)
     # Boolean masks (True = attend), None when there is no padding: 4x smaller
     # than additive float masks, and nothing at all in the common case; a padding mask as one row per item.
-    AttentionMaskInterface.register(ATTN_NAME, compact_mask)
+    patches.register_name(ATTN_NAME, aligned_attention, compact_mask)
 
 
 register()

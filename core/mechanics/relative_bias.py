@@ -8,10 +8,11 @@ any attention runs, though the bias depends only on the distance ``j - i``: one 
 window ``vector[:, q_len - 1 - i : q_len - 1 - i + k_len]`` of it (rows read the vector
 backwards, keys forwards).
 
-How it is put in: :func:`install` swaps the class of every attention module that owns a
-bias table (T5, mT5 and UMT5's ``has_relative_attention_bias``) for a subclass whose
+How it is put in: :func:`core.mechanics.patches.patch` (the one module that patches models) swaps the class of
+every attention module that owns a bias table (:func:`bias_owners`: T5, mT5 and UMT5's
+``has_relative_attention_bias``) for a subclass with :class:`LazyBias` in front, whose
 ``compute_bias`` returns a :class:`RelativeBias` instead of the dense tensor, as PEFT swaps
-modules in at load time; :func:`uninstall` puts the original class back. No transformers
+modules in at load time; its undo puts the original class back. No transformers
 source is edited or copied: the subclass computes the buckets with the module's own
 ``_relative_position_bucket`` and looks them up in its own embedding, on the ``q_len +
 k_len - 1`` distances only, so every value equals transformers' own. The subclass hands
@@ -32,11 +33,6 @@ from typing import Any
 import torch
 
 from core.kinds import is_aligned
-
-#: Attribute on a swapped module naming the class it had before :func:`install`.
-_ORIGINAL_ATTR = "_relative_bias_original_class"
-
-_SUBCLASSES: dict[type, type] = {}
 
 
 class RelativeBias:
@@ -158,41 +154,11 @@ class LazyBias:
                             int(query_length), int(key_length))
 
 
-def _lazy_class(cls: type) -> type:
-    """The lazy subclass of ``cls``, made once per class (so ``isinstance`` and ``state_dict`` are unchanged)."""
-    if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(f"Lazy{cls.__name__}", (LazyBias, cls), {"__module__": __name__})
-    return _SUBCLASSES[cls]
-
-
 def bias_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules of ``model`` that own a relative bias table and compute the bias from it."""
     return [m for m in model.modules()
             if getattr(m, "has_relative_attention_bias", False) and hasattr(m, "compute_bias")
             and hasattr(m, "_relative_position_bucket") and hasattr(m, "relative_attention_bias")]
-
-
-def install(model: torch.nn.Module) -> int:
-    """Swap the lazy subclass in on every bias owner of ``model`` (idempotent); returns how many were swapped now."""
-    n = 0
-    for m in bias_owners(model):
-        if isinstance(m, LazyBias):
-            continue
-        m.__dict__[_ORIGINAL_ATTR] = type(m)
-        m.__class__ = _lazy_class(type(m))
-        n += 1
-    return n
-
-
-def uninstall(model: torch.nn.Module) -> int:
-    """Put every swapped module's own class back; returns how many were restored."""
-    n = 0
-    for m in model.modules():
-        original = m.__dict__.pop(_ORIGINAL_ATTR, None)
-        if original is not None:
-            m.__class__ = original
-            n += 1
-    return n
 
 
 def installed(model: torch.nn.Module) -> bool:

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from core.mechanics import attention  # noqa: F401  (registers the "aligned" attention)
-from core.mechanics import relative_bias
+from core.mechanics import attention  # (importing it registers the "aligned" attention)
+from core.mechanics import patches
 from core.errors import ModelLoadError, UserError
 from core.models.catalog import ROPE_FAMILY, T5_FAMILY, ModelSpec, registry, resolve
 from core.models.device import pick_device
@@ -235,7 +235,6 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             app=f"The tokenizer of model '{_shown(src)}' has no mask token: copy the model's own tokenizer files "
                 "into its folder.")
     model.to(dev).eval()
-    relative_bias.install(model)  # T5's bias as one vector per head (core.mechanics.relative_bias): no [H, L, L] per pass
     if family == attention.ROPE:  # a rotary config its own attention cannot apply: one line, before any pass
         from core.values import positions
 
@@ -245,6 +244,9 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             raise
         except UserError as err:
             raise ModelLoadError(f"Model '{src}': {err}", app=f"Model '{_shown(src)}': {err}") from None
+    # Every patch of the model, in one place (core.mechanics.patches): T5's bias as one vector per head (no
+    # [H, L, L] per pass); a rotary model's rotary modules reading the pass's position scheme from the call.
+    patches.patch(model, rotary=attention.current_positions if family == attention.ROPE else None)
     if not attention.served_by_us(model):
         import transformers as _t
 

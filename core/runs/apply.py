@@ -73,10 +73,10 @@ from pathlib import Path
 
 import torch
 
-from core.mechanics import attention, relative_bias
+from core.mechanics import attention, patches
 from core.mechanics.attention import AttentionSettings, attention_call, family_of
 from core.errors import UserError
-from core.kinds import ENCODER, KINDS, is_aligned
+from core.kinds import ENCODER, KINDS
 from core.values.choice import Choice
 from core.runs.settings import Settings
 from core.values.validation import Bytes, Positive, validate
@@ -91,8 +91,6 @@ SUPPORTED_CLASSES = tuple(
               "ForTokenClassification", "ForQuestionAnswering")
 ) + tuple(f"ModernBert{c}" for c in ("ForMaskedLM", "Model", "ForSequenceClassification", "ForTokenClassification",
                                        "ForQuestionAnswering"))
-#: Attribute on the *model* holding its :class:`_Hold` (what to restore, and who still needs our attention).
-_HOLD_ATTR = "_aligned_hold"
 #: Guards every model's :class:`_Hold` (its creation, its counts, the switch and the restore): blocks opened and
 #: closed in several threads at once on one model must not both snapshot the model or both restore it. Held
 #: only while configs are read or written, never across a forward pass.
@@ -196,38 +194,6 @@ def attention_settings(
 # -- switching the attention implementation --------------------------------------
 
 @dataclass
-class _Snapshot:
-    entries: list  # [(config, _attn_implementation_internal)]
-    lazy_bias: bool = False  # the model handed out a lazy relative bias before (core.mechanics.relative_bias)
-
-    @classmethod
-    def take(cls, model) -> "_Snapshot":
-        return cls([(c, c.__dict__.get("_attn_implementation_internal")) for c in attention.configs(model)],
-                   relative_bias.installed(model))
-
-    def restore(self, model) -> None:
-        if not self.lazy_bias:
-            relative_bias.uninstall(model)
-        top = next(v for c, v in self.entries if c is model.config)
-        if isinstance(top, str) and top != model.config._attn_implementation:
-            try:  # the public way first; then make every config exactly what it was
-                model.set_attn_implementation(top)
-            except Exception:  # noqa: BLE001 - e.g. a kernel no longer loadable; the loop below still restores
-                pass
-        for cfg, value in self.entries:
-            if cfg.__dict__.get("_attn_implementation_internal") != value:
-                cfg.__dict__["_attn_implementation_internal"] = value
-
-
-def _switch_on(model) -> _Snapshot:
-    snap = _Snapshot.take(model)
-    if not all(is_aligned(c._attn_implementation) for c, _ in snap.entries):  # ours already: left as it is
-        attention.set_implementation(model, attention.ATTN_NAME)  # sub-configs included (transformers 5.17)
-    relative_bias.install(model)  # T5's bias as one vector per head while ours runs; restore() takes it out
-    return snap
-
-
-@dataclass
 class _Hold:
     """Who needs the model switched to our attention, and what it was before anyone did.
 
@@ -239,7 +205,7 @@ class _Hold:
     ``uninstall`` then left the model on ours.)
     """
 
-    before: _Snapshot
+    before: patches.Patched  # what switching the model on changed (core.mechanics.patches.patch); undone at the end
     blocks: int = 0
     installed: bool = False
     standing: str | None = None  # the implementation name install() registered (core.mechanics.attention.standing)
@@ -248,18 +214,18 @@ class _Hold:
 
 def _hold(model) -> _Hold:
     """The model's :class:`_Hold`, made (and the model switched to ours) by the first taker. Call under :data:`_LOCK`."""
-    hold = model.__dict__.get(_HOLD_ATTR)
+    hold = patches.hold_of(model)
     if hold is None:
-        hold = _Hold(_switch_on(model))
-        model.__dict__[_HOLD_ATTR] = hold
+        # our attention in every config (left as it is where it is ours already) and T5's bias as one vector per head
+        hold = _Hold(patches.patch(model, implementation=attention.ATTN_NAME))
+        patches.set_hold(model, hold)
     return hold
 
 
 def _let_go(model, hold: _Hold) -> None:
     """Restore the model when nobody needs ours any more. Call under :data:`_LOCK`."""
-    if hold.blocks <= 0 and not hold.installed and model.__dict__.get(_HOLD_ATTR) is hold:
-        del model.__dict__[_HOLD_ATTR]
-        hold.before.restore(model)
+    if hold.blocks <= 0 and not hold.installed and patches.drop_hold(model, hold):
+        hold.before.undo()
 
 
 # -- the public API --------------------------------------------------------------
@@ -432,7 +398,7 @@ def install(
 
 def installed(model) -> AttentionSettings | None:
     """The settings :func:`install` put on ``model``, or None."""
-    hold = getattr(model, "__dict__", {}).get(_HOLD_ATTR)
+    hold = patches.hold_of(model)
     if hold is None or not hold.installed:
         return None
     call = attention.standing_call_of(hold.standing)
@@ -442,7 +408,7 @@ def installed(model) -> AttentionSettings | None:
 def uninstall(model) -> None:
     """Undo :func:`install`: the previous attention implementation, and nothing of ours left. No-op if not installed."""
     with _LOCK:
-        hold = model.__dict__.get(_HOLD_ATTR)
+        hold = patches.hold_of(model)
         if hold is None or not hold.installed:
             return
         attention.point_back(hold.unpointed or [])

@@ -7,7 +7,7 @@ and rectified logits). Both read the same :class:`~core.values.positions.Bound` 
 the attention call's context (:class:`core.mechanics.attention.AttentionSettings`'s
 ``positions``), which :func:`scheme_pass` sets for the enclosed pass: the
 rotary modules through a subclass swapped in once
-(:func:`core.values.positions.rotate_per_call`), the attention function directly.
+(:func:`core.mechanics.patches.rotate_per_call`), the attention function directly.
 It is what every pass of a rotary model goes through:
 :func:`core.runs.engine.run_encoded` (so Explore, sweeps and the passes of measured
 methods, Algorithm 1 included, run under the scheme) and :func:`core.experiments.mlm.score`.
@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 from core.values import positions
-from core.mechanics import attention
+from core.mechanics import attention, patches
 from core.mechanics.attention import ROPE, AttentionSettings, attention_call
 from core.errors import UserError
 
@@ -91,15 +91,9 @@ def scheme_pass(loaded: "Loaded", attn: AttentionSettings | None, recorder: "Rec
         with attention_call(attn, recorder):
             yield None
         return
-    positions.rotate_per_call(loaded.model, _current_bound)
+    patches.rotate_per_call(loaded.model, attention.current_positions)  # done at load; a bare Loaded here
     with attention_call(replace(attn, positions=b), recorder):
         yield b
-
-
-def _current_bound() -> positions.Bound | None:
-    """The position scheme of the attention call under way in this thread (what the rotary modules read)."""
-    call = attention.current_call()
-    return None if call is None else call.settings.positions
 
 
 def attention_factor(loaded: "Loaded", b: positions.Bound | None) -> float:

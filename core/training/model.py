@@ -16,8 +16,7 @@ def build_model(cfg: TrainConfig, vocab_size: int):
     """A fresh T5 with the config's sizes (our attention; cosine mode if asked)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from core.mechanics import attention
-    from core.mechanics import relative_bias  # noqa: F401  registers "aligned"
+    from core.mechanics import attention, patches  # importing attention registers "aligned"
 
     tcfg = T5Config(
         vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
@@ -33,7 +32,7 @@ def build_model(cfg: TrainConfig, vocab_size: int):
     torch.manual_seed(cfg.seed)
     model = T5ForConditionalGeneration(tcfg)
     model.config._attn_implementation = attention.ATTN_NAME
-    relative_bias.install(model)  # the bias as one vector per head, as at inference (core.mechanics.relative_bias)
+    patches.patch(model)  # the bias as one vector per head, as at inference (core.mechanics.relative_bias)
     return model
 
 

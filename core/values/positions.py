@@ -22,7 +22,7 @@ unavailable with the reason, so no list drops them silently.
 How a bound scheme reaches a model (docs/positions.md, "How it is applied"; every pass of a rotary model goes
 through :func:`core.runs.rope_pass.scheme_pass`, which binds the scheme to the pass's length and puts the
 :class:`Bound` in the attention call's context): the model's rotary modules, swapped once for a subclass
-(:func:`rotate_per_call`), read it when they compute cos and sin (the scheme's frequencies, or none at all
+(:func:`core.mechanics.patches.rotate_per_call`), read it when they compute cos and sin (the scheme's frequencies, or none at all
 for a scheme that rectifies distances, so the attention function receives unrotated q and k); the
 attention function ANDs :meth:`Bound.mask_rows` into the padding mask and, for rectified schemes, takes its
 logits from :func:`rectified_logits`. Nothing of the shared model changes per pass.
@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -774,60 +772,3 @@ def rotary_frequency_counts(model: Any) -> dict[str | None, int]:
             if buf is not None:
                 held[lt] = int(buf.numel())
     return held
-
-
-_SWAP_GUARD = threading.Lock()
-_SUBCLASSES: dict[tuple[type, Callable], type] = {}
-#: Models whose rotary modules are swapped already: every scheme pass asks, so the answer is one set lookup.
-_SWAPPED: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-
-def _scheme_rotary_class(base: type, current: Callable[[], "Bound | None"]) -> type:
-    """A subclass of a transformers rotary module class whose ``forward`` rotates as the pass's scheme says.
-
-    ``current()`` gives the :class:`Bound` of the pass under way in this thread (None: no scheme), read when the
-    model computes its cos and sin. With one, cos and sin come from :meth:`Bound.model_rotation` (the scheme's
-    frequencies and attention factor; zeros, so no rotation at all, for a scheme that rectifies distances: the
-    attention rotates); otherwise, and for a scheme that keeps the model's frequencies, the parent's own forward.
-    The formula is the rotary embedding's: angle = position x inverse frequency, cos and sin of the angles
-    repeated over the two halves, times the attention factor."""
-    def forward(self, x, position_ids, *args, **kwargs):
-        bound = current()
-        layer_type = kwargs.get("layer_type", args[0] if args else None)
-        rotation = None if bound is None else bound.model_rotation(self.config, layer_type)
-        if rotation is None:
-            return base.forward(self, x, position_ids, *args, **kwargs)
-        import torch
-
-        inv, factor = rotation
-        freqs = position_ids[..., None].float() * inv.to(device=x.device, dtype=torch.float)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        return (angles.cos() * factor).to(dtype=x.dtype), (angles.sin() * factor).to(dtype=x.dtype)
-
-    return type(f"Scheme{base.__name__}", (base,), {"forward": forward, "__doc__": _scheme_rotary_class.__doc__,
-                                                      "_scheme_base": base})
-
-
-def rotate_per_call(model: Any, current: Callable[[], "Bound | None"]) -> None:
-    """Let ``model``'s rotary modules take their rotation from the pass under way (``current``): each module's class
-    is swapped, once, for a subclass (:func:`_scheme_rotary_class`) that behaves exactly as its parent whenever
-    ``current()`` is None, as PEFT swaps modules at load. Idempotent; nothing else about the model changes.
-
-    Why not overwrite the module's frequency buffers for a pass (what this replaced): the model is shared (the app
-    serves many sessions from one), so a pass had to hold a per-model lock from the overwrite to the restore, and
-    a pass in another thread waited or, without the lock, read another scheme's frequencies. Now a pass's scheme
-    travels with the call, in the attention call's context (:func:`core.runs.rope_pass.scheme_pass`), and two threads
-    with two schemes run side by side on one model. transformers' dynamic frequency update (which keeps the longest
-    length it has seen) is bypassed during a scheme's pass: the scheme's frequencies are computed for the pass."""
-    if model in _SWAPPED:
-        return
-    with _SWAP_GUARD:
-        for module in rotary_modules(model):
-            cls = type(module)
-            if getattr(cls, "_scheme_base", None) is not None:
-                continue
-            sub = _SUBCLASSES.get((cls, current))
-            if sub is None:
-                sub = _SUBCLASSES[(cls, current)] = _scheme_rotary_class(cls, current)
-            module.__class__ = sub
-        _SWAPPED.add(model)
