@@ -33,7 +33,7 @@ it is valid until the next block of the same call is asked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -311,22 +311,38 @@ def _block_scores(x: Inputs, keyT: torch.Tensor, r0: int, r1: int,
         scores.masked_fill_(cols > rows, torch.finfo(scores.dtype).min)
     if allowed is not None:
         scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
-    if x.adaptive:
-        scores = adaptive_rows(scores)
     return raw, scores
+
+
+def _exp_rows(scores: torch.Tensor, out: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``torch`` backend's softmax, un-normalised: ``(top, shifted, e, total)`` of a block of logit rows, with
+    ``shifted = x - top`` clamped at :data:`EXP_FLOOR`, ``e = exp(shifted)`` and ``total`` its row sums (the
+    probabilities are ``e / total``). ``out``: a buffer to write ``e`` into, ``scores`` then shifted in place
+    (inference); None: fresh tensors, ``scores`` left as it is (autograd, or logits still needed)."""
+    top = scores.amax(-1, keepdim=True)
+    if out is None:
+        shifted = (scores - top).clamp(min=EXP_FLOOR)
+        e = torch.exp(shifted)
+    else:
+        shifted = scores.sub_(top).clamp_(min=EXP_FLOOR)
+        e = torch.exp(shifted, out=out)
+    return top, shifted, e, e.sum(-1, keepdim=True)
 
 
 def adaptive_rows(scores: torch.Tensor) -> torch.Tensor:
     """Adaptive temperature (Velickovic et al. 2024, "softmax is not enough", arXiv 2410.01104) on a block of logit
-    rows ``[..., K]`` (masked keys at the dtype's lowest value): each row's entropy H of its softmax (nats, with the
-    paper's 1e-9 inside the log), its beta = max(poly(H), 1) where H > 0.5 and 1 elsewhere
+    rows ``[..., K]`` (masked keys at the dtype's lowest value), the ``torch`` backend's option ``Inputs.adaptive``
+    (its first softmax pass over the block): each row's entropy H of its softmax at tau = 1 (:func:`_exp_rows`, nats,
+    with the paper's 1e-9 inside the log), its beta = max(poly(H), 1) where H > 0.5 and 1 elsewhere
     (:data:`core.values.schedule.ADAPTIVE_POLY`: the paper's fit), and the row multiplied by its beta, i.e. divided
     by its own tau = 1 / beta: what the ``adaptive`` schedule (:data:`core.values.schedule.ADAPTIVE`) asks of the
     targeted attentions (:func:`core.mechanics.attention._adaptive`). Masked keys stay at the lowest value (their
     product, -inf, is clamped back), so they keep weight 0. A new tensor (autograd sees the whole computation, as in the paper's code)."""
-    p = torch.softmax(scores, dim=-1)
+    _, _, e, total = _exp_rows(scores)
+    p = e / total
     h = -(p * torch.log(p + 1e-9)).sum(-1, keepdim=True)
-    del p
+    del p, e
     poly = torch.zeros_like(h)
     for c in ADAPTIVE_POLY:  # Horner, highest power first (numpy's polyval)
         poly = poly * h + c
@@ -350,23 +366,21 @@ def _open_torch(x: Inputs, step: int) -> Rows:
     def rows(r0: int, r1: int) -> Block:
         want = None if x.needs is None or x.needs.raw_rows is None else x.needs.raw_rows(r0, r1)
         raw, scores = _block_scores(x, keyT, r0, r1, want)
+        if x.adaptive:  # this backend's option: a first softmax pass over the block gives each row its beta
+            scores = adaptive_rows(scores)
         if not unnormalised:
             probs = torch.softmax(scores, dim=-1)
             p = torch.nn.functional.dropout(probs, p=x.dropout, training=True) if x.dropout else probs
             p = p.to(vdt)  # a fresh tensor per block: kept as it is for the weights, as eager returns it
             return Block(r0, r1, out=torch.matmul(p, x.value), probs=probs, raw=raw,
                          weights=p if x.weights else None)
-        top = scores.amax(-1, keepdim=True)
+        into = None
         if reuse:
-            shifted = scores.sub_(top).clamp_(min=EXP_FLOOR)
-            n = shifted.numel()
+            n = scores.numel()
             if not buf or buf[0].numel() < n:
-                buf[:] = [torch.empty(n, dtype=shifted.dtype, device=shifted.device)]
-            e = torch.exp(shifted, out=buf[0][:n].view(shifted.shape))
-        else:
-            shifted = (scores - top).clamp(min=EXP_FLOOR)
-            e = torch.exp(shifted)
-        total = e.sum(-1, keepdim=True)
+                buf[:] = [torch.empty(n, dtype=scores.dtype, device=scores.device)]
+            into = buf[0][:n].view(scores.shape)
+        top, shifted, e, total = _exp_rows(scores, into)
         dot = None
         if x.needs is not None and x.needs.stats:
             with torch.no_grad():
@@ -485,28 +499,32 @@ def _open_cuda(x: Inputs, step: int) -> Rows:
     per_row = tau is not None and tau.shape[-2] != 1
     heads = x.shape[1]
 
-    k_len = x.shape[3]
-
     def rows(r0: int, r1: int) -> Block:
         t, per = (None, "head") if tau is None else (tau[0, r0:r1, 0], "row") if per_row else (tau.reshape(heads), "head")
         out, total, dot, top = flash_attention.attend(x.query[:, :, r0:r1], x.key, x.value, view.bias,
                                                       view.strides(r0), t, per, view.keymask)
 
         def probs_rows(a: int, b: int, k: int | None) -> torch.Tensor:
-            """Rows ``[a, b)`` of item 0, as the kernel normalised them: exp(x - top) / total."""
-            z = torch.matmul(x.query[0, :, a:b].float(), x.key[0].float().transpose(-1, -2))  # [H, n, K]
-            if view.bias is not None:
-                z = z + _bias_rows(view, r0, torch.arange(a - r0, b - r0), heads, k_len)[0]
-            if tau is not None:
-                z = z / (tau[0, a:b, 0].view(1, -1, 1) if per_row else tau.view(heads, 1, 1))
-            if view.keymask is not None:
-                z = z.masked_fill(~view.keymask[0].bool().view(1, 1, -1), torch.finfo(torch.float32).min)
+            """Rows ``[a, b)`` of item 0, as the kernel normalised them: exp(x - top) / total, the logits x
+            made as the ``torch`` backend makes a block's (:func:`_block_scores`), the kernel's own row max and
+            total dividing them (no softmax of its own here)."""
+            first = _first_item(x)  # a profile's rows are item 0's
+            z = _block_scores(first, first.key.transpose(-1, -2), a, b, None)[1][0]  # [H, n, K]
             p = torch.exp(z - top[0, :, a - r0:b - r0]) / total[0, :, a - r0:b - r0]
             return p if k is None else p[..., :k]
 
         return Block(r0, r1, out=out, total=total, dot=dot, top=top, probs_rows=probs_rows)
 
     return rows
+
+
+def _first_item(x: Inputs) -> Inputs:
+    """The call cut to its first batch item (a bias or mask shared by the batch is kept as it is)."""
+    def first(t: Any) -> Any:
+        return t if t is None or t.shape[0] == 1 else t[:1]
+
+    return replace(x, query=x.query[:1].float(), key=x.key[:1].float(), value=x.value[:1], mask=first(x.mask),
+                   bias=first(x.bias), needs=None)
 
 
 def _whole_call(x: Inputs, asked: int | None) -> int:
