@@ -15,6 +15,7 @@ import json
 import pytest
 
 from core import cli
+from core.cli import doctor
 from core.errors import UserError
 from core.mechanics import machine
 from core.runs import timing
@@ -36,7 +37,7 @@ def test_doctor_prints_the_machine_s_facts_and_what_a_compiler_buys(capsys):
                 "transformers"):
         assert any(ln.split()[:1] == [key] for ln in lines[1:]), key
     assert lines[-1].startswith("A C++ compiler") and "fused softmax kernel" in lines[-1]
-    assert f"{cli.COMPILER_MEASURED['with_s']:g} s with it and {cli.COMPILER_MEASURED['without_s']:g} s" in lines[-1]
+    assert f"{doctor.COMPILER_MEASURED['with_s']:g} s with it and {doctor.COMPILER_MEASURED['without_s']:g} s" in lines[-1]
 
 
 def test_doctor_json_is_one_object_with_every_fact(capsys):

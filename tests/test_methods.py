@@ -186,7 +186,7 @@ def test_a_new_entry_is_all_it_takes(tiny, doc, monkeypatch):
 def test_the_cli_and_the_app_list_the_registry():
     from core import cli
 
-    action = next(a for g in cli._parser()._subparsers._group_actions
+    action = next(a for g in cli.build_parser()._subparsers._group_actions
                   for a in g.choices["run"]._actions if a.dest == "method")
     listed = action.help.split("}")[0].removeprefix("{").split(",")
     assert tuple(listed) == tuple(n for n in methods.NAMES if not methods.REGISTRY[n].takes_value)  # a fixed tau: tau=X

@@ -10,22 +10,54 @@ The names below are re-exported so that ``from core.models import load`` keeps w
 reading: a test that changes one (``HUB_WAIT_S``, ``MAX_MODELS``) patches the module that owns it.
 """
 
-from core.errors import ModelLoadError
-from core.models.catalog import (ASSETS, ROPE_FAMILY, T5_FAMILY, Card, ModelSpec, bundled_specs, default_model,
-                                 read_card, registry, resolve)
-from core.models.device import DTYPES, check_device, check_dtype, pick_device
-from core.models.hub import HUB_WAIT_S, fetch, hub_reachable, local_copy, locate
-from core.models.hub_cache import cached_snapshot, hub_cache_dir, hub_offline
-from core.models.loaded import Loaded
-from core.models.loading import MAX_MODELS, load
-from core.models.names import APP_MODEL_BOX, is_hub_id
-from core.models.safety import (NOT_SAFETENSORS, TOKENIZER_FILES, WEIGHT_FILES, check_config_matches,
-                                check_weight_files)
+from __future__ import annotations
 
-__all__ = [
-    "APP_MODEL_BOX", "ASSETS", "DTYPES", "HUB_WAIT_S", "MAX_MODELS", "NOT_SAFETENSORS", "ROPE_FAMILY", "T5_FAMILY",
-    "TOKENIZER_FILES", "WEIGHT_FILES", "Card", "Loaded", "ModelLoadError", "ModelSpec", "bundled_specs",
-    "cached_snapshot", "check_config_matches", "check_device", "check_dtype", "check_weight_files", "default_model",
-    "fetch", "hub_cache_dir", "hub_offline", "hub_reachable", "is_hub_id", "load", "local_copy", "locate",
-    "pick_device", "read_card", "registry", "resolve",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+from core.errors import ModelLoadError
+
+#: Each name re-exported here, by the module that owns it. They are imported on first use (PEP 562's module
+#: ``__getattr__``), not with this package: ``core.models.device``'s name checks are what the CLI's ``--device`` and
+#: ``--dtype`` read while it parses, and importing the catalog or the loader here would import torch and
+#: transformers first (seconds; ``python -m core --help`` imports neither, tests/test_cli_startup.py).
+_OWNERS = {
+    **dict.fromkeys(("ASSETS", "ROPE_FAMILY", "T5_FAMILY", "Card", "ModelSpec", "bundled_specs", "default_model",
+                     "read_card", "registry", "resolve"), "catalog"),
+    **dict.fromkeys(("DTYPE_NAMES", "check_device", "check_dtype", "dtype_name", "pick_device"), "device"),
+    **dict.fromkeys(("HUB_WAIT_S", "fetch", "hub_reachable", "local_copy", "locate"), "hub"),
+    **dict.fromkeys(("cached_snapshot", "hub_cache_dir", "hub_offline"), "hub_cache"),
+    "Loaded": "loaded",
+    **dict.fromkeys(("MAX_MODELS", "load"), "loading"),
+    **dict.fromkeys(("APP_MODEL_BOX", "is_hub_id"), "names"),
+    **dict.fromkeys(("NOT_SAFETENSORS", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_matches",
+                     "check_weight_files"), "safety"),
+}
+
+if TYPE_CHECKING:  # what type checkers and readers see; at run time the same names come from __getattr__
+    from core.models.catalog import (ASSETS, ROPE_FAMILY, T5_FAMILY, Card, ModelSpec, bundled_specs, default_model,
+                                     read_card, registry, resolve)
+    from core.models.device import DTYPE_NAMES, check_device, check_dtype, dtype_name, pick_device
+    from core.models.hub import HUB_WAIT_S, fetch, hub_reachable, local_copy, locate
+    from core.models.hub_cache import cached_snapshot, hub_cache_dir, hub_offline
+    from core.models.loaded import Loaded
+    from core.models.loading import MAX_MODELS, load
+    from core.models.names import APP_MODEL_BOX, is_hub_id
+    from core.models.safety import (NOT_SAFETENSORS, TOKENIZER_FILES, WEIGHT_FILES, check_config_matches,
+                                    check_weight_files)
+
+
+def __getattr__(name: str):
+    owner = _OWNERS.get(name)
+    if owner is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{owner}"), name)
+    globals()[name] = value  # once: later reads are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_OWNERS})
+
+
+__all__ = ["ModelLoadError", *sorted(_OWNERS)]

@@ -33,23 +33,52 @@ The public names of all of them are importable from here (``from core.training i
 
 from __future__ import annotations
 
-from core.training.cli import main
-from core.training.config import TrainConfig, load_stages
-from core.training.data import EVAL_SEED, eval_documents, sample_document
-from core.training.loop import evaluate, search_cosine_scale, train, train_stages
-from core.training.model import build_model, get_tokenizer, grow_state, identity_blocks
-from core.training.stages import check_stages, lineage_entries, source_recipe, stage_dir, stage_summary, taught_tasks
-from core.training.supervision import (
-    LOOKUP_SHARE,
-    CrossAttentionTap,
-    needle_attention_loss,
-    needle_log_shares,
-    needle_token_mask,
-)
+import importlib
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "EVAL_SEED", "LOOKUP_SHARE", "CrossAttentionTap", "TrainConfig", "build_model", "check_stages", "eval_documents",
-    "evaluate", "get_tokenizer", "grow_state", "identity_blocks", "lineage_entries", "load_stages", "main",
-    "needle_attention_loss", "needle_log_shares", "needle_token_mask", "sample_document", "search_cosine_scale",
-    "source_recipe", "stage_dir", "stage_summary", "taught_tasks", "train", "train_stages",
-]
+#: Each public name, by the module that owns it, imported on first use (PEP 562's module ``__getattr__``): the
+#: trainer's modules import torch and transformers (seconds), and ``python -m core train --help`` or a bad train
+#: option should not wait for them (:mod:`core.training.cli` imports the loop only once its options are read).
+_OWNERS = {
+    "main": "cli",
+    **dict.fromkeys(("TrainConfig", "load_stages"), "config"),
+    **dict.fromkeys(("EVAL_SEED", "eval_documents", "sample_document"), "data"),
+    **dict.fromkeys(("evaluate", "search_cosine_scale", "train", "train_stages"), "loop"),
+    **dict.fromkeys(("build_model", "get_tokenizer", "grow_state", "identity_blocks"), "model"),
+    **dict.fromkeys(("check_stages", "lineage_entries", "source_recipe", "stage_dir", "stage_summary",
+                     "taught_tasks"), "stages"),
+    **dict.fromkeys(("LOOKUP_SHARE", "CrossAttentionTap", "needle_attention_loss", "needle_log_shares",
+                     "needle_token_mask"), "supervision"),
+}
+
+if TYPE_CHECKING:  # what type checkers and readers see; at run time the same names come from __getattr__
+    from core.training.cli import main
+    from core.training.config import TrainConfig, load_stages
+    from core.training.data import EVAL_SEED, eval_documents, sample_document
+    from core.training.loop import evaluate, search_cosine_scale, train, train_stages
+    from core.training.model import build_model, get_tokenizer, grow_state, identity_blocks
+    from core.training.stages import (check_stages, lineage_entries, source_recipe, stage_dir, stage_summary,
+                                      taught_tasks)
+    from core.training.supervision import (
+        LOOKUP_SHARE,
+        CrossAttentionTap,
+        needle_attention_loss,
+        needle_log_shares,
+        needle_token_mask,
+    )
+
+
+def __getattr__(name: str):
+    owner = _OWNERS.get(name)
+    if owner is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{owner}"), name)
+    globals()[name] = value  # once: later reads are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_OWNERS})
+
+
+__all__ = sorted(_OWNERS)

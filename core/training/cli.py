@@ -15,7 +15,6 @@ from dataclasses import fields
 from pathlib import Path
 
 from core.training.config import TrainConfig, load_stages
-from core.training.loop import search_cosine_scale, train_stages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pilot-steps", type=int, default=400)
     p.add_argument("--device", help="cpu | cuda (default: CUDA when present); training is float32 on both")
     args = p.parse_args(argv)
+    from core.training.loop import search_cosine_scale, train_stages  # torch: once the options are read
+
     cfgs = load_stages(args.config) if args.config else [TrainConfig()]
     for cfg in cfgs:  # command-line values apply to every stage
         for f in fields(TrainConfig):

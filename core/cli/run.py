@@ -1,0 +1,72 @@
+"""``python -m core run``: answer one document and report its attention statistics (Pmax, entropy per layer).
+
+The method's tau is resolved for this document (a measured method runs its own passes first, with a bar), then one
+probed pass; a long one first says about how long it takes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from core.cli.model import check_reference, document, load_model, precision
+from core.cli.progress import layers_ticker, progress, refuse_over_budget
+from core.cli.settings_merge import has_scheme
+from core.models import memory
+from core.runs import methods, timing
+
+
+def command(args) -> int:
+    from core.runs import engine
+
+    chosen = args.settings_
+    loaded = load_model(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
+    chosen.check_model(loaded)  # a position scheme this model cannot run: one line, before any document
+    check_reference(loaded, [chosen.method], args.samples)
+    entry = methods.get(chosen.method)
+    doc = document(loaded, chosen, args.samples if entry.measured else 1)
+    enc = engine.encode(loaded, doc)
+    est = None
+    if args.budget_.seconds is not None:  # refused before it starts when the estimate is over the budget
+        est = refuse_over_budget(args.budget_, loaded, doc, enc, chosen.run_settings(1.0, probes=None),
+                                 [chosen.method] if entry.measured else [], args.samples, "this run")
+    prog = progress("calibrating") if entry.search is not None else None
+    from core.mechanics import attention
+
+    # a search shows the layers it has run beside its bar (and still asks the budget); others only the budget
+    ticker = layers_ticker(prog, args.budget_) if prog else (args.budget_.check if args.budget_.seconds else None)
+    with attention.between_layers(ticker):
+        # a stored schedule is used at the length it was chosen at; any other length re-resolves it
+        # an explicit --gamma re-resolves the method whatever tau a settings file stored for it (the file's own
+        # gamma re-resolves it at another length than chosen_at, as any stored schedule is)
+        tau, info = methods.resolve(loaded, doc, chosen.method, None if args.given_params_ else chosen.tau,
+                                    samples=args.samples, progress=prog, params=args.params_ or None,
+                                    chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
+                                    base=chosen.run_settings(1.0, probes=None) if has_scheme(chosen) else None)
+    if prog:
+        prog.close()
+    settings = chosen.run_settings(tau)
+    if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
+        if est is None:
+            est = engine.estimate_pass(loaded, doc, enc, settings)
+        print(f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
+              "timed, scaled by the square of the length)", file=sys.stderr, flush=True)
+    res = engine.run(loaded, doc, settings, encoded=enc)
+    out = res.summary()
+    out["model"] = loaded.spec.name
+    if entry.param is not None and entry.param.name in info:  # which gamma the tau came from (given or default)
+        out[entry.param.name] = info[entry.param.name]
+    out.update(precision(loaded))
+    if args.json:
+        print(json.dumps(out))
+    else:
+        mark = {True: "correct", False: "wrong", None: "-"}[res.correct]
+        print(f"model {loaded.spec.name}  tokens {res.tokens} ({res.tokens / res.train_length:.1f}x L_tr={res.train_length})  "
+              f"method {chosen.method}  tau {np.round(res.tau.mean(1), 3).tolist()}")
+        print(f"answer: {res.answer!r}  expected: {res.expected!r}  [{mark}]  {res.seconds['total']:.3f}s  "
+              f"peak {memory.peak_bytes(loaded.device) / 2**30:.2f} GiB")
+        for layer in res.layers():
+            print(f"  layer {layer['layer']}: Pmax {layer['pmax']:.4f}  H {layer['entropy']:.4f}")
+    return 0
