@@ -47,7 +47,13 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time the same na
                                     check_weight_files)
 
 
+#: The submodules, reachable as attributes once this package is imported (as when it imported them all).
+_SUBMODULES = ('catalog', 'device', 'hub', 'hub_cache', 'loaded', 'loading', 'memory', 'names', 'safety', 'tokenizer')
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # sets the attribute itself
     owner = _OWNERS.get(name)
     if owner is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
