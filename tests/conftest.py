@@ -348,3 +348,25 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+# -- the app's caches ---------------------------------------------------------------------------------------------
+
+def clear_app_caches() -> None:
+    """Forget every background wish of the app's prefetcher, then every cached document, run and calibration
+    (models stay loaded). Wishes first: a wish left behind would refill the emptied stores."""
+    from ui import prefetch, stores
+
+    prefetch.prefetcher().forget()
+    stores.clear()
+
+
+def memory_bounds() -> dict:
+    """The app's stores' bounds (entries, bytes) and what each holds now, and the totals:
+    ``{"stores": {name: {"max_entries", "max_bytes", "entries", "bytes", "evictions", "oversize"}},
+    "total_max_bytes", "total_bytes"}``."""
+    from ui import stores
+
+    per = {k: v.usage() for k, v in stores.stores().items()}
+    return {"stores": per, "total_max_bytes": sum(u["max_bytes"] or 0 for u in per.values()),
+            "total_bytes": sum(u["bytes"] for u in per.values())}

@@ -239,7 +239,7 @@ def test_a_window_scheme_changes_the_cards_as_mlm_scores_it_and_is_kept(rope_env
     assert "window" in header["meta"]["chosen_title"] and "needle" not in header["meta"]["map_note"]
     # the mask drawn on the map: the scheme's mask pooled on the map's own cells
     _, arrays = unpack_payload(at.get("bidi_component")[0].proto.bytes)
-    want = rope_view.mask_cells(positions.bind("window", L_TR, 2 * L_TR, window=8), np.asarray(header["edges"]))
+    want = rope_view.mask_cells(positions.get("window").bind(L_TR, 2 * L_TR, window=8), np.asarray(header["edges"]))
     np.testing.assert_array_equal(arrays["mask"], np.rint(want * 255).astype(np.uint8))
     assert _query(at, "scheme") == "window:window=8"
     # tau moves under the scheme

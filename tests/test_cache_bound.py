@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from conftest import clear_app_caches, memory_bounds
 
 from core.runs import engine
 from core.views import plots
@@ -25,11 +26,11 @@ from core.runs.settings import DocumentRequest
 
 @pytest.fixture
 def stores_mod():
-    from ui import prefetch, stores
+    from ui import stores
 
-    prefetch.clear_all()
+    clear_app_caches()
     yield stores
-    prefetch.clear_all()
+    clear_app_caches()
 
 
 def _array(nbytes: int) -> np.ndarray:
@@ -126,7 +127,7 @@ def test_sizeof_of_a_figure_is_near_what_it_allocates(stores_mod):
 # -- the stores together ---------------------------------------------------------------------------
 
 def test_every_store_has_both_bounds_and_the_total_is_their_sum(stores_mod):
-    b = stores_mod.memory_bounds()
+    b = memory_bounds()
     assert set(b["stores"]) == set(stores_mod.SIZES) == set(stores_mod.BYTES)
     for name, u in b["stores"].items():
         assert u["max_entries"] == stores_mod.SIZES[name] and u["max_bytes"] == stores_mod.BYTES[name] > 0
@@ -153,7 +154,7 @@ def test_many_documents_stay_under_every_bound(stores_mod, monkeypatch):
     figures, under byte budgets small enough that both stores must evict: every store stays under its
     bound after every step, its count is what its values hold, and resident memory grows by less than the
     budgets' total plus a margin (allocator and torch buffers)."""
-    from ui import cache, figure_cache, prefetch
+    from ui import cache, figure_cache
 
     S = stores_mod
     MB = S.MB
@@ -192,11 +193,11 @@ def test_many_documents_stay_under_every_bound(stores_mod, monkeypatch):
             assert store.evictions > 0, f"{name}: 40 documents fit under {S.BYTES[name]} bytes?"
             # the count is what the stored values hold now, measured afresh
             assert store.nbytes == sum(S.sizeof(v) for v in list(store._d.values()))
-        bounds = S.memory_bounds()
+        bounds = memory_bounds()
         assert bounds["total_bytes"] <= bounds["total_max_bytes"]
         margin = 150 * MB
         assert grown < bounds["total_max_bytes"] + margin, (grown / MB, bounds["total_max_bytes"] / MB)
         assert peak["run"] > S.BYTES["run"] / 2  # the store was really used up to its bound
     finally:
-        prefetch.clear_all()
+        clear_app_caches()
         S.stores.clear()

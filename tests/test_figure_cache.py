@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import clear_app_caches
 
 from core.views import plots
 
 
 @pytest.fixture
 def cache_mod():
-    from ui import figure_cache, prefetch
+    from ui import figure_cache
 
-    prefetch.clear_all()
+    clear_app_caches()
     yield figure_cache
-    prefetch.clear_all()
+    clear_app_caches()
 
 
 def test_same_content_same_object_other_content_new_figure(cache_mod):

@@ -21,6 +21,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from conftest import clear_app_caches
 
 from core.mechanics.attention import between_layers
 from core.runs import engine, methods
@@ -140,7 +141,7 @@ def test_a_person_waits_for_a_layer_not_the_background_pass(default, layer, back
     from ui import cache, pass_gate, prefetch
 
     layer_s, alone = layer
-    prefetch.clear_all()
+    clear_app_caches()
     gate = pass_gate.gate()
     pauses = gate.pauses
     pf = prefetch.prefetcher()
@@ -209,7 +210,7 @@ def test_a_person_who_asks_for_the_grid_pass_under_way_waits_for_its_rest(defaul
     dropped)."""
     from ui import cache, pass_gate, prefetch, stores
 
-    prefetch.clear_all()
+    clear_app_caches()
     gate = pass_gate.gate()
     pf = prefetch.prefetcher()
     pauses, gave_way = gate.pauses, pf.gave_way
@@ -237,7 +238,7 @@ def test_without_room_to_pause_the_background_pass_is_abandoned_and_redone(defau
     from ui import cache, pass_gate, prefetch
 
     layer_s, _ = layer
-    prefetch.clear_all()
+    clear_app_caches()
     gate = pass_gate.gate()
     pauses = gate.pauses
     pf = prefetch.Prefetcher(pause_share=0.0)

@@ -101,7 +101,7 @@ def test_transformers_modernbert_rotates_the_whole_head_whatever_the_factor(dirs
 @pytest.mark.parametrize("name", FREQUENCY)
 def test_frequency_schemes_equal_transformers_with_the_scheme_s_rope_parameters(dirs, partial, name, probed):
     ids = _ids()
-    bound = positions.bind(name, L_TR, N)
+    bound = positions.get(name).bind(L_TR, N)
     cfg = positions.configured(partial.model.config, bound)
     for lt in positions.layer_types(cfg):
         inv, _ = bound.frequencies(partial.model.config, lt)
@@ -119,8 +119,8 @@ def test_pi_and_ntk_frequencies_by_hand_for_the_rotated_dimension(partial):
     theta = partial.model.config.rope_parameters["full_attention"]["rope_theta"]
     s = N / L_TR
     plain = 1.0 / theta ** (torch.arange(0, HEAD, 2).double() / HEAD)
-    pi, _ = positions.bind("pi", L_TR, N).frequencies(partial.model.config, "full_attention")
-    ntk, _ = positions.bind("ntk", L_TR, N).frequencies(partial.model.config, "full_attention")
+    pi, _ = positions.get("pi").bind(L_TR, N).frequencies(partial.model.config, "full_attention")
+    ntk, _ = positions.get("ntk").bind(L_TR, N).frequencies(partial.model.config, "full_attention")
     torch.testing.assert_close(pi.double(), plain / s, rtol=1e-6, atol=0)
     big = theta * s ** (HEAD / (HEAD - 2))
     torch.testing.assert_close(ntk.double(), 1.0 / big ** (torch.arange(0, HEAD, 2).double() / HEAD), rtol=1e-6, atol=0)

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import clear_app_caches
 
 from core.data import tasks
 from core.models import default_model
@@ -163,10 +164,10 @@ def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     the per-layer values are the ones quoted."""
     from core.runs import engine
     from core.runs.settings import DocumentRequest
-    from ui import cache, prefetch
+    from ui import cache
     from ui.tour import TOUR
 
-    prefetch.clear_all()
+    clear_app_caches()
     req = DocumentRequest(task="passkey", tokens=8 * loaded.train_length, depth=0.5, seed=0)
     tau, info = cache.resolve_tau(loaded, req, "pmax")
     assert float(tau) == 0.5 and info["reached"] is False
@@ -178,4 +179,4 @@ def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     quoted = ", ".join(f"{v:.3f}" for v in run.probes.layer_pmax) + " against " + ", ".join(
         f"{v:.3f}" for v in ref.probes.layer_pmax)
     assert quoted in more
-    prefetch.clear_all()
+    clear_app_caches()

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import clear_app_caches
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -429,9 +430,7 @@ def test_the_cli_keeps_its_wording_for_the_same_folder(capsys):
 
 
 def test_a_document_too_long_for_memory_names_the_length_box(env, monkeypatch):
-    from ui import prefetch
-
-    prefetch.clear_all()  # a document or calibration an earlier test stored is shown from the store, with no new check
+    clear_app_caches()  # a document or calibration an earlier test stored is shown from the store, with no new check
     monkeypatch.setattr(engine, "max_tokens", lambda loaded, batch=1, chunk_bytes=0: 100)
     at = AppTest.from_file(CALIBRATE, default_timeout=TIMEOUT).run()
     msg = app_error_text(at)

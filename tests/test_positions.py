@@ -57,7 +57,7 @@ def tf(kind: str, cfg: ModernBertConfig, seq_len: int | None = None, **params) -
 
 
 def freqs(name: str, d: int, theta: float, lt: int, n: int, **values) -> tuple[np.ndarray, float]:
-    inv, a = P.bind(name, lt, n, **values).frequencies(config(d, theta), FULL)
+    inv, a = P.get(name).bind(lt, n, **values).frequencies(config(d, theta), FULL)
     return inv.double().numpy(), a
 
 
@@ -87,21 +87,21 @@ def test_every_scheme_is_tested_and_complete():
     with pytest.raises(UserError, match="Unknown position scheme 'nope'"):
         P.get("nope")
     with pytest.raises(UserError, match="takes window; not factor"):
-        P.bind("window", 64, 128, factor=2.0)
+        P.get("window").bind(64, 128, factor=2.0)
     for bad in ({"window": -1}, {"window": 1.5}):
         with pytest.raises(UserError, match="whole number"):
-            P.bind("window", 64, 128, **bad)
+            P.get("window").bind(64, 128, **bad)
     with pytest.raises(UserError, match="factor must be"):
-        P.bind("pi", 64, 128, factor=0.5)
+        P.get("pi").bind(64, 128, factor=0.5)
 
 
 def test_unavailable_schemes_say_why():
-    assert set(P.unavailable()) == {"alibi", "pose"}
+    assert set({n: s.reason for n, s in P.REGISTRY.items() if not s.available}) == {"alibi", "pose"}
     assert set(P.AVAILABLE) == set(P.NAMES) - {"alibi", "pose"}
-    for name, why in P.unavailable().items():
+    for name, why in {n: s.reason for n, s in P.REGISTRY.items() if not s.available}.items():
         assert "train" in why, name  # each needs its own training, and says so
         with pytest.raises(UserError, match=f"'{name}' is not available: .*train"):
-            P.bind(name, 64, 128)
+            P.get(name).bind(64, 128)
 
 
 def test_the_rope_types_are_keys_of_transformers_table():
@@ -172,7 +172,7 @@ def test_transformers_dynamic_rotary_keeps_the_longest_length_seen():
     """Why a pass computes its scheme's frequencies (rotate_per_call) instead of leaving transformers' dynamic update on:
     after a long input, a shorter one (still past L_tr) keeps the long input's frequencies."""
     lt, d, theta = 16, 8, 500.0
-    cfg = P.configured(config(d, theta, max_pos=lt), P.bind("dynamic-ntk", lt, 128))
+    cfg = P.configured(config(d, theta, max_pos=lt), P.get("dynamic-ntk").bind(lt, 128))
     rot = ModernBertRotaryEmbedding(cfg)
     x = torch.zeros(1, 1, d)
     rot(x, torch.arange(128)[None], FULL)
@@ -222,14 +222,14 @@ def test_window_mask_drawn_out():
                      [0, 1, 1, 1, 0],
                      [0, 0, 1, 1, 1],
                      [0, 0, 0, 1, 1]], bool)
-    b = P.bind("window", 64, 5, window=1)
+    b = P.get("window").bind(64, 5, window=1)
     np.testing.assert_array_equal(b.mask(5, 5).numpy(), want)
     assert b.capped_positions(0, 5, 5) is None and not b.rectified
-    assert P.bind("window", 64, 5).window == 63  # every distance training saw, none other
+    assert P.get("window").bind(64, 5).window == 63  # every distance training saw, none other
 
 
 def test_streaming_llm_drawn_out():
-    b = P.bind("streaming-llm", 64, 7, window=1, sinks=2)
+    b = P.get("streaming-llm").bind(64, 7, window=1, sinks=2)
     want = np.array([[1, 1, 0, 0, 0, 0, 0],
                       [1, 1, 1, 0, 0, 0, 0],
                       [1, 1, 1, 1, 0, 0, 0],
@@ -245,7 +245,7 @@ def test_streaming_llm_drawn_out():
     assert dist[2, 0] == 2  # beyond the band, but the band [1, 3] still overlaps the sinks: cache = text here
     np.testing.assert_array_equal(dist[want & (np.arange(7)[None] >= 2)],
                                   (np.arange(7)[:, None] - np.arange(7)[None])[want & (np.arange(7)[None] >= 2)])
-    d = P.bind("streaming-llm", 64, 4096)
+    d = P.get("streaming-llm").bind(64, 4096)
     assert (d.sinks, d.window) == (4, 59)  # the largest cache distance, w + k, is L_tr - 1
     assert int(d.capped_positions(4000, 4001, 4096).abs().max()) > 63  # masked keys keep their true distance...
     allowed = d.mask_rows(4000, 4001, 4096)
@@ -253,7 +253,7 @@ def test_streaming_llm_drawn_out():
 
 
 def test_lm_infinite_drawn_out():
-    b = P.bind("lm-infinite", 64, 6, window=1, sinks=1, cap=2)
+    b = P.get("lm-infinite").bind(64, 6, window=1, sinks=1, cap=2)
     want = np.array([[1, 1, 0, 0, 0, 0],
                      [1, 1, 1, 0, 0, 0],
                      [1, 1, 1, 1, 0, 0],
@@ -267,18 +267,18 @@ def test_lm_infinite_drawn_out():
                                                                           [2, 2, 1, 0, -1, -2],
                                                                           [2, 2, 2, 1, 0, -1],
                                                                           [2, 2, 2, 2, 1, 0]])
-    d = P.bind("lm-infinite", 64, 4096)
+    d = P.get("lm-infinite").bind(64, 4096)
     assert (d.sinks, d.window, d.cap) == (5, 63, 63)
 
 
 def test_rerope_distances_drawn_out():
-    b = P.bind("rerope", 64, 5, window=2)
+    b = P.get("rerope").bind(64, 5, window=2)
     np.testing.assert_array_equal(b.capped_positions(0, 5, 5).numpy(), [[0, -1, -2, -2, -2],
                                                                           [1, 0, -1, -2, -2],
                                                                           [2, 1, 0, -1, -2],
                                                                           [2, 2, 1, 0, -1],
                                                                           [2, 2, 2, 1, 0]])
-    assert b.mask(5, 5) is None and b.rectified and P.bind("rerope", 64, 5).window == 32
+    assert b.mask(5, 5) is None and b.rectified and P.get("rerope").bind(64, 5).window == 32
 
 
 @settings(max_examples=60, deadline=None)
@@ -291,7 +291,7 @@ def test_block_rows_are_the_rows_of_the_whole(name, n, window, sinks, cap, data)
     r1 = data.draw(st.integers(r0, n))
     s = P.get(name)
     values = {k: v for k, v in {"window": window, "sinks": sinks, "cap": cap}.items() if k in s.params}
-    b = P.bind(name, 64, n, **values)
+    b = P.get(name).bind(64, n, **values)
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     if b.scheme.mask is not None:
         whole = b.mask(n, n).numpy()
@@ -336,7 +336,7 @@ def test_rectified_logits_by_hand():
     torch.testing.assert_close(P.rectified_logits(q0, k0, inv, true, 0), plain_logits)
     for name, values in (("rerope", {"window": 2}), ("lm-infinite", {"window": 2, "sinks": 2, "cap": 3}),
                          ("streaming-llm", {"window": 2, "sinks": 2})):
-        b = P.bind(name, 64, n, **values)
+        b = P.get(name).bind(64, n, **values)
         dist = b.capped_positions(0, n, n)
         hand = torch.empty(1, 2, n, n)
         for i in range(n):
@@ -387,7 +387,7 @@ def test_the_per_call_rotation_equals_a_model_built_from_the_scheme_config_and_c
     ids = _ids(n)
     before = model(ids).logits
     buffers = [b.clone() for b in model.model.rotary_emb.buffers()]
-    bound = P.bind(name, lt, n)
+    bound = P.get(name).bind(lt, n)
     other = _model(P.configured(cfg, bound))
     other.load_state_dict(model.state_dict())
     patches.rotate_per_call(model, lambda: _ROTATING["bound"])
@@ -453,16 +453,16 @@ def test_the_hook_gives_plain_rope_when_nothing_is_capped_and_the_mask_of_an_exp
     ref = model(ids).logits
     # ReRoPE with a window past every distance, and LM-Infinite with everything visible: plain RoPE, computed
     # from unrotated q and k (the rotary module turns nothing meanwhile)
-    for bound in (P.bind("rerope", lt, n, window=n), P.bind("lm-infinite", lt, n, window=n, cap=n)):
+    for bound in (P.get("rerope").bind(lt, n, window=n), P.get("lm-infinite").bind(lt, n, window=n, cap=n)):
         torch.testing.assert_close(_run(model, bound, ids), ref, rtol=1e-4, atol=1e-4)
-    assert (_run(model, P.bind("rerope", lt, n, window=3), ids) - ref).abs().max() > 1e-3
+    assert (_run(model, P.get("rerope").bind(lt, n, window=3), ids) - ref).abs().max() > 1e-3
     # windowed attention equals the eager model given the same band as an explicit additive mask
-    bound = P.bind("window", lt, n, window=4)
+    bound = P.get("window").bind(lt, n, window=4)
     additive = torch.zeros(1, 1, n, n).masked_fill(~bound.mask(n, n), torch.finfo(torch.float32).min)
     model.set_attn_implementation("eager")
     want = model(ids, attention_mask={FULL: additive, "sliding_attention": additive}).logits
     model.set_attn_implementation("sdpa")
     torch.testing.assert_close(_run(model, bound, ids), want, rtol=1e-4, atol=1e-4)
     # and LM-Infinite with its cap at the window's edge is that band plus sinks, its sinks seen at the cap
-    got = _run(model, P.bind("lm-infinite", lt, n, window=4, sinks=2, cap=4), ids)
+    got = _run(model, P.get("lm-infinite").bind(lt, n, window=4, sinks=2, cap=4), ids)
     assert torch.isfinite(got).all() and (got - want).abs().max() > 1e-4

@@ -96,7 +96,7 @@ def _additive(allowed: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("name", FREQUENCY)
 def test_frequency_schemes_equal_transformers_model_with_the_scheme_config(rope, rope_dir, name, probed):
     ids = _ids(N)
-    bound = positions.bind(name, L_TR, N)
+    bound = positions.get(name).bind(L_TR, N)
     ref = _reference(rope_dir, positions.configured(rope.model.config, bound))
     with torch.no_grad():
         want = ref(input_ids=ids).logits
@@ -110,7 +110,7 @@ def test_frequency_schemes_equal_transformers_model_with_the_scheme_config(rope,
 @pytest.mark.parametrize("name", MASK_ONLY)
 def test_mask_schemes_equal_eager_attention_given_the_same_mask(rope, rope_dir, name, probed):
     ids = _ids(N)
-    bound = positions.bind(name, L_TR, N, window=5)
+    bound = positions.get(name).bind(L_TR, N, window=5)
     additive = _additive(bound.mask(N, N))[None, None]
     with torch.no_grad():
         want = _reference(rope_dir)(input_ids=ids, attention_mask={FULL: additive, "sliding_attention": additive}).logits
@@ -127,7 +127,7 @@ def test_a_mask_scheme_on_a_padded_batch(rope, rope_dir, probed):
     real = 12
     pad = torch.ones(2, N, dtype=torch.long)
     pad[1, real:] = 0
-    bound = positions.bind("window", L_TR, N, window=3)
+    bound = positions.get("window").bind(L_TR, N, window=3)
     allowed = bound.mask(N, N)[None, None] & pad.bool()[:, None, None, :]
     additive = _additive(allowed)
     with torch.no_grad():
@@ -190,7 +190,7 @@ def _layer_io(loaded, layer: int, run) -> tuple[torch.Tensor, torch.Tensor]:
                                           ("lm-infinite", {"window": 6, "sinks": 2, "cap": 4})])
 def test_rectified_schemes_equal_attention_written_out_from_unrotated_q_and_k(rope, name, params, probed, tau):
     ids = _ids(N)
-    bound = positions.bind(name, L_TR, N, **params)
+    bound = positions.get(name).bind(L_TR, N, **params)
     for layer in (0, 1):
         hidden, out = _layer_io(rope, layer, lambda: _ours(rope, name, ids, tau=tau, probed=probed, **params))
         inv, a = positions.model_frequencies(rope.model.config, FULL)  # the model's own: rectified schemes keep them
@@ -207,14 +207,14 @@ def test_a_scheme_with_a_tau_is_the_scheme_s_reference_with_logits_over_tau(rope
     ids = _ids(N, seed=4)
     tau = 0.7
     # window + tau: eager with the band and W_q / tau
-    additive = _additive(positions.bind("window", L_TR, N, window=5).mask(N, N))[None, None]
+    additive = _additive(positions.get("window").bind(L_TR, N, window=5).mask(N, N))[None, None]
     with torch.no_grad():
         want = _reference(rope_dir, tau=tau)(input_ids=ids, attention_mask={FULL: additive,
                                                                            "sliding_attention": additive}).logits
     torch.testing.assert_close(_ours(rope, "window", ids, tau=tau, probed=probed, window=5), want,
                                rtol=1e-5, atol=1e-5)
     # PI + tau: transformers' model with PI's config and W_q / tau
-    ref = _reference(rope_dir, positions.configured(rope.model.config, positions.bind("pi", L_TR, N)), tau=tau)
+    ref = _reference(rope_dir, positions.configured(rope.model.config, positions.get("pi").bind(L_TR, N)), tau=tau)
     with torch.no_grad():
         want = ref(input_ids=ids).logits
     torch.testing.assert_close(_ours(rope, "pi", ids, tau=tau, probed=probed), want, rtol=1e-5, atol=1e-5)
@@ -237,10 +237,10 @@ def test_yarn_rope_with_the_yarn_method_counts_the_factor_twice_unless_bound_wit
     torch.testing.assert_close(halves, whole, rtol=1e-5, atol=1e-5)
     twice = _ours(rope, "yarn-rope", ids, tau=tau)
     assert (twice - whole).abs().max() > 2e-4
-    b = positions.bind("yarn-rope", L_TR, N)
+    b = positions.get("yarn-rope").bind(L_TR, N)
     assert math.isclose(rope_pass.attention_factor(rope, b), 0.1 * math.log(N / L_TR) + 1, rel_tol=1e-6)
-    assert rope_pass.attention_factor(rope, positions.bind("yarn-rope", L_TR, N, attention_factor=1.0)) == 1.0
-    assert rope_pass.attention_factor(rope, positions.bind("pi", L_TR, N)) == 1.0
+    assert rope_pass.attention_factor(rope, positions.get("yarn-rope").bind(L_TR, N, attention_factor=1.0)) == 1.0
+    assert rope_pass.attention_factor(rope, positions.get("pi").bind(L_TR, N)) == 1.0
 
 
 def test_a_cosine_model_cancels_yarn_s_attention_factor(tmp_path):
@@ -248,7 +248,7 @@ def test_a_cosine_model_cancels_yarn_s_attention_factor(tmp_path):
     ids = _ids(N, seed=6)
     torch.testing.assert_close(_ours(cos, "yarn-rope", ids), _ours(cos, "yarn-rope", ids, attention_factor=1.0),
                                rtol=1e-5, atol=1e-5)
-    assert rope_pass.attention_factor(cos, positions.bind("yarn-rope", L_TR, N)) == 1.0
+    assert rope_pass.attention_factor(cos, positions.get("yarn-rope").bind(L_TR, N)) == 1.0
 
 
 def _state(model) -> list:

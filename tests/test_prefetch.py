@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from conftest import clear_app_caches
 
 from core.runs import engine, methods, temperature
 from core.runs.settings import DocumentRequest
@@ -20,9 +21,9 @@ from conftest import wait_until
 
 @pytest.fixture
 def cache_mod():
-    from ui import cache, prefetch
+    from ui import cache
 
-    prefetch.clear_all()
+    clear_app_caches()
     return cache
 
 

@@ -111,4 +111,4 @@ def test_mask_cells_by_hand_and_in_blocks(monkeypatch):
 def positions_bind(name, train_length, length, **params):
     from core.values import positions
 
-    return positions.bind(name, train_length, length, **params)
+    return positions.get(name).bind(train_length, length, **params)

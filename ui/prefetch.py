@@ -46,9 +46,8 @@ layer and redone later, and "one pass at a time" holds exactly. A pause
 lasts at most :data:`PAUSE_MOST_S`.
 
 This module builds on :mod:`ui.cache` (its keys, its run store) and the
-cache never calls back: the process's one :func:`prefetcher`, the job of a
-document (:func:`grid_job`) and :func:`clear_all` (the stores and the
-wishes) live here, beside the thread.
+cache never calls back: the process's one :func:`prefetcher` and the job
+of a document (:func:`grid_job`) live here, beside the thread.
 
 Nothing here touches Streamlit elements: the thread only computes.
 """
@@ -73,7 +72,7 @@ from core.views import frames
 from core.errors import UserError
 from core.models import Loaded
 from core.runs.settings import DocumentRequest
-from ui import cache, pass_gate, stores
+from ui import cache, pass_gate
 from ui.streamlit_private import session_alive
 
 #: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
@@ -295,12 +294,3 @@ def grid_job(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings,
     return Job(loaded, req, replace(settings, tau=1.0, method=methods.FIXED),
                extras=(cache.theory_settings(loaded, settings.choice),),
                around=float(around))
-
-
-def clear_all() -> None:
-    """Forget every background wish, then every cached document, run and calibration (models stay loaded).
-
-    Wishes first: a wish left behind would refill the emptied stores.
-    """
-    prefetcher().forget()
-    stores.clear()

@@ -10,8 +10,8 @@ are shared between sessions: treat them as read-only.
 Every store is bounded in entries (:data:`SIZES`) and bytes (:data:`BYTES`,
 each value measured once by :func:`sizeof` when it is stored), least
 recently used out first; together they hold at most :data:`TOTAL_BYTES`
-(476 MB) whatever the sessions do. :func:`memory_bounds` reports the bounds
-and the usage. What goes in them, under which keys, is :mod:`ui.cache`'s
+(476 MB) whatever the sessions do. Each store's ``usage()`` reports its bounds
+and what it holds. What goes in them, under which keys, is :mod:`ui.cache`'s
 business (and :mod:`ui.figure_cache`'s for figures); this module knows
 nothing of models or documents, so everything else may import it.
 """
@@ -211,17 +211,6 @@ BYTES = {"doc": 16 * MB, "enc": 16 * MB, "run": 320 * MB, "tau": 4 * MB, "cal": 
 TOTAL_BYTES = sum(BYTES.values())
 
 
-def memory_bounds() -> dict[str, Any]:
-    """Per-store and total bounds (entries, bytes) and what each store holds now.
-
-    ``{"stores": {name: {"max_entries", "max_bytes", "entries", "bytes", "evictions", "oversize"}},
-    "total_max_bytes", "total_bytes"}``: docs and tests read the bounds from here.
-    """
-    per = {k: v.usage() for k, v in stores().items()}
-    return {"stores": per, "total_max_bytes": sum(u["max_bytes"] or 0 for u in per.values()),
-            "total_bytes": sum(u["bytes"] for u in per.values())}
-
-
 @st.cache_resource(show_spinner=False)
 def stores() -> dict[str, LRU]:
     """One LRU per kind of value, shared by all sessions of this process (bounds: :data:`SIZES`, :data:`BYTES`)."""
@@ -229,6 +218,6 @@ def stores() -> dict[str, LRU]:
 
 
 def clear() -> None:
-    """Empty every store (models stay loaded; :func:`ui.prefetch.clear_all` also drops the background wishes)."""
+    """Empty every store (models stay loaded; the prefetcher's ``forget`` drops the background wishes)."""
     for s in stores().values():
         s.clear()

@@ -582,11 +582,6 @@ def get(name: str) -> PositionScheme:
         raise UserError(f"Unknown position scheme '{name}'; choose from {', '.join(AVAILABLE)}") from None
 
 
-def bind(name: str, train_length: int, length: int, **values: Any) -> Bound:
-    """``get(name).bind(...)``: the scheme ready for one pass (unavailable ones raise, saying why)."""
-    return get(name).bind(train_length, length, **values)
-
-
 #: Between a scheme's name and its parameters in one text (``lm-infinite:window=32:sinks=2``), and between those.
 SPEC_SEP = ":"
 #: Parameters that count positions: whole numbers, at most :data:`MAX_POSITIONS` (no input is longer).
@@ -746,11 +741,6 @@ class Scheme:
 NOMINAL_TRAIN_LENGTH = 64
 #: The model as trained.
 PLAIN_SCHEME = Scheme()
-
-
-def unavailable() -> dict[str, str]:
-    """Each scheme that cannot run here, and why (for lists, the CLI's help and the docs)."""
-    return {n: s.reason for n, s in REGISTRY.items() if not s.available}
 
 
 # ---- the scheme's rotation, per call ---------------------------------------------------------------------------
