@@ -65,6 +65,7 @@ def test_help_imports_no_torch():
     (("run", "--dtype", "float16"), "error: argument --dtype: float16 is refused"),
     (("sweep", "--lengths", "infx"), "error: argument --lengths: Input should be a finite number"),
     (("mlm", "--schemes", "bogus"), "error: argument --schemes: Unknown position scheme 'bogus'"),
+    (("perplexity", "--copy", "with,bogus", "--sequences", "0"), "error: argument --copy: unknown kind(s) 'bogus'"),
     (("run", "--task", "code", "--haystack", "corpus-eval"), "error: --haystack: not used by --task code"),
 ])
 def test_a_bad_option_is_one_line_exit_2_without_torch(argv, says):

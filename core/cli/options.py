@@ -3,8 +3,8 @@
 Why a module of their own: argparse calls these while it parses, before any command runs, and a bad value must be
 answered at once (exit 2, one line) on a machine where importing torch takes seconds. So nothing here imports torch
 or transformers, not even lazily: the bounds are :mod:`core.values.validation`'s, the device and dtype names
-:mod:`core.models.device`'s text checks, methods :mod:`core.runs.methods` (numpy only). ``--copy``, whose kinds live
-with the perplexity code (torch), is checked after parsing (:func:`copy_kinds`, from :mod:`core.cli.preflight`).
+:mod:`core.models.device`'s text checks, methods :mod:`core.runs.methods` (numpy only), ``--copy``'s kinds
+:mod:`core.data.tasks.lm`'s.
 
 The functions keep their leading underscore on purpose: argparse names a ``type=`` function in the message it
 prints for a ValueError that escapes one, and these names are the ones the CLI has always printed.
@@ -162,12 +162,9 @@ def _max_seconds(text: str) -> float:
     return value
 
 
-def copy_kinds(text: str) -> tuple[str, ...]:
-    """``--copy``: kinds of perplexity sequences (core.experiments.perplexity.COPY_KINDS; ``split`` = with and without).
-
-    Not a ``type=``: the kinds are the perplexity module's, which imports torch, so :func:`core.cli.preflight.prepare`
-    calls this after parsing, for ``perplexity`` only, and words a bad kind as argparse would have."""
-    from core.experiments.perplexity import COPY_KINDS, COPY_WITH, COPY_WITHOUT
+def _copy_kinds(text: str) -> tuple[str, ...]:
+    """``--copy``: kinds of perplexity sequences (core.data.tasks.lm.COPY_KINDS; ``split`` = with and without)."""
+    from core.data.tasks.lm import COPY_KINDS, COPY_WITH, COPY_WITHOUT
 
     parts = [p.strip() for p in text.split(",")]
     bad = [p for p in parts if p not in (*COPY_KINDS, "split")]

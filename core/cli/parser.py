@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from core.cli.options import (
-    _batch_size, _comma_list, _depth, _device, _dtype, _length_item, _max_seconds, _method_item, _methods,
+    _batch_size, _comma_list, _copy_kinds, _depth, _device, _dtype, _length_item, _max_seconds, _method_item, _methods,
     _new_tokens, _param_type, _position, _positive, _rpe_length, _samples, _scheme_item, _scheme_param_item, _seed,
     _sequences, _targets, _tau, _tokens, _train_length,
 )
@@ -134,8 +134,7 @@ def _held_out_options(p, sequences: int, seed_more: str, samples: int) -> None:
 # -- the commands -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole tree. ``parser.commands`` maps each command to its sub-parser (whose ``error`` words a value checked
-    after parsing as argparse words one checked while parsing)."""
+    """The whole tree of ``python -m core``."""
     p = _Parser(prog="python -m core", description="Attention Alignment Explorer, headless.")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="answer one document and report attention statistics")
@@ -172,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--continuation", type=_new_tokens, default=CONTINUATION, help="tokens scored per sequence")
     pp.add_argument("--batch-size", type=_batch_size, default=8, help="sequences per forward pass")
     pp.add_argument("--targets", type=_targets, default=None, help="comma list of encoder,decoder,cross (default: encoder)")
-    pp.add_argument("--copy", default=None,  # checked by core.cli.options.copy_kinds after parsing (its kinds need torch)
+    pp.add_argument("--copy", type=_copy_kinds, default=None,
                     help="which sequences: comma list of mixed (default: held out as drawn), with (an earlier copy of the "
                          "continuation), without (the same seeds, no copy); split = with,without")
     pp.add_argument("--out", help="CSV written row by row (one row per length x method x copy)")
@@ -205,10 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--query", type=_position, default=None, help="query position m (default: L_tr // 2)")
     rp.add_argument("--length", type=_rpe_length, default=None, help="keys 0..length-1 (default: 4 L_tr)")
     rp.add_argument("--out", required=True)
-    tr = sub.add_parser("train", help="train a bundled model: python -m core train --help")
+    sub.add_parser("train", help="train a bundled model: python -m core train --help")
     dr = sub.add_parser("doctor", help="this machine's facts: device, dtype, the attention's backend and why, ISA, "
                                        "threads, compiler, versions")
     dr.add_argument("--json", action="store_true", help="print one JSON object")
-    p.commands = {"run": r, "calibrate": c, "sweep": s, "perplexity": pp, "mlm": ml, "rpe": rp, "train": tr,  # type: ignore[attr-defined]
-                  "doctor": dr}
     return p

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from core.cli.options import copy_kinds
 from core.cli.parser import METHOD_PARAMS, TAKE_PARAMS, build_parser
 from core.cli.settings_merge import merge_settings
 from core.errors import UserError
@@ -68,13 +67,7 @@ def prepare(argv: list[str]) -> argparse.Namespace:
     Raises :class:`UserError` on bad input (argparse's errors included; only
     ``--help`` exits); loads nothing, so it is cheap to call on any argument list.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "copy", None) is not None:  # perplexity --copy: its kinds import torch, so after parsing
-        try:
-            args.copy = copy_kinds(args.copy)
-        except argparse.ArgumentTypeError as err:
-            parser.commands[args.cmd].error(f"argument --copy: {err}")
+    args = build_parser().parse_args(argv)
     args.settings_ = merge_settings(args) if args.cmd in ("run", "calibrate", "sweep") else None
     # --gamma and friends: for the methods the command runs (calibrate lists every method: any that takes it);
     # a settings file's own (its method's gamma) where a method here takes it, an option over it

@@ -55,7 +55,7 @@ from core.kinds import ENCODER
 from core.errors import UserError
 from core.runs.methods import method_label
 from core.models import Loaded
-from core.data.tasks.lm import COPY_ROOM
+from core.data.tasks.lm import COPY_KINDS, COPY_MIXED, COPY_ROOM, COPY_WITH, COPY_WITHOUT  # the kinds: the CLI's too
 from core.mechanics.probes import ProbeSpec
 from core.experiments.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
 from core.values.validation import NewTokens, held_out_plan
@@ -65,9 +65,6 @@ COLUMNS = [
     "scored_tokens", "sequences", "first_seed", "last_seed", "seconds", "reached", "gap",
 ]
 KEY = ("model", "tokens", "method", "copy")
-#: Which held-out sequences a cell scores (the ``copy`` column; the module docstring says how each is drawn).
-COPY_MIXED, COPY_WITH, COPY_WITHOUT = "mixed", "with", "without"
-COPY_KINDS = (COPY_MIXED, COPY_WITH, COPY_WITHOUT)
 #: The ``copy`` field of ``perplexity --json`` rows: null (mixed), true, false.
 COPY_JSON = {COPY_MIXED: None, COPY_WITH: True, COPY_WITHOUT: False}
 #: Seeds searched per sequence asked for with a copy (about 3 in 4 held-out seeds have one from ~110 tokens on).

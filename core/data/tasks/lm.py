@@ -71,6 +71,10 @@ ANCHOR_WORDS = (40, 60)
 #: Tokens the earlier copy and the last paragraph's head may take together (see make_lm).
 COPY_ROOM = 100
 LM_HAYSTACKS = ("corpus-eval", "corpus-train", "lm-train")
+#: Which held-out sequences a perplexity cell scores (its ``copy`` column; :mod:`core.experiments.perplexity` says how
+#: each is drawn). Here, not there, so that ``python -m core perplexity --copy`` is checked without importing torch.
+COPY_MIXED, COPY_WITH, COPY_WITHOUT = "mixed", "with", "without"
+COPY_KINDS = (COPY_MIXED, COPY_WITH, COPY_WITHOUT)
 
 
 def continuation_ids(document: Document) -> list[int]:
