@@ -183,6 +183,7 @@ PATCH_PATTERNS = {
     "class swap": re.compile(r"__class__\s*=(?!=)"),
     "registry write": re.compile(r"\b\w*(?:Interface|ATTENTION_FUNCTIONS)\s*\.\s*register\s*\(|_global_mapping"),
     "private config field": re.compile(r"_attn_implementation_internal"),
+    "a model's implementation": re.compile(r"\.config\._attn_implementation\s*=(?!=)|\bset_attn_implementation\s*\("),
     "__dict__ write": re.compile(r"__dict__\s*\[[^\]]*\]\s*=(?!=)|__dict__\s*\.\s*(?:setdefault|update|pop|clear)\s*\("
                                  r"|\bdel\s+[\w.]*__dict__\s*\["),
 }
@@ -213,6 +214,8 @@ def test_no_patch_is_made_outside_the_patches_module():
     "    cfg.__dict__['_attn_implementation_internal'] = name",
     "    model.__dict__[_HOLD] = hold",
     "    m.__dict__.pop(_ORIGINAL, None)",
+    "    model.config._attn_implementation = ATTN_NAME",
+    "    model.set_attn_implementation(name)",
 ])
 def test_the_scan_sees_each_kind_of_patch(line):
     assert any(p.search(line) for p in PATCH_PATTERNS.values())

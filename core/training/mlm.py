@@ -107,7 +107,7 @@ def build_model(cfg: TrainConfig, tok):
     scaling reads (core.values.positions)."""
     from transformers import ModernBertConfig, ModernBertForMaskedLM
 
-    from core.mechanics import attention
+    from core.mechanics import attention, patches
 
     opts = options(cfg)
     if cfg.d_model % cfg.num_heads:
@@ -128,7 +128,7 @@ def build_model(cfg: TrainConfig, tok):
     mcfg._attn_implementation = attention.ATTN_NAME
     torch.manual_seed(cfg.seed)
     model = ModernBertForMaskedLM(mcfg)
-    model.config._attn_implementation = attention.ATTN_NAME
+    patches.patch(model, implementation=attention.ATTN_NAME)  # every config on ours, should the constructor differ
     if any(t != "full_attention" for t in model.config.layer_types):
         raise AssertionError("every layer must be global attention")
     return model

@@ -31,8 +31,9 @@ def build_model(cfg: TrainConfig, vocab_size: int):
     tcfg._attn_implementation = attention.ATTN_NAME
     torch.manual_seed(cfg.seed)
     model = T5ForConditionalGeneration(tcfg)
-    model.config._attn_implementation = attention.ATTN_NAME
-    patches.patch(model)  # the bias as one vector per head, as at inference (core.mechanics.relative_bias)
+    # our attention in every config (should the constructor have left another), and the bias as one vector per
+    # head, as at inference (core.mechanics.relative_bias): the load's patches (core.mechanics.patches)
+    patches.patch(model, implementation=attention.ATTN_NAME)
     return model
 
 
