@@ -16,12 +16,11 @@ from core.values.validation import Tokens, validate
 def load_model(model: str | None, train_length: int | None, device: str | None = None, tokenizer: str | None = None,
                dtype: str | None = None):
     """The model a command names (default: the bundled one), with the download and loading bars off."""
-    from core.errors import ModelLoadError
-    from core.models import default_model, load
-
+    from huggingface_hub.utils import disable_progress_bars
     from transformers.utils import logging as hf_logging
 
-    from huggingface_hub.utils import disable_progress_bars
+    from core.errors import ModelLoadError
+    from core.models import default_model, load
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would break the one-line error contract on stderr
     disable_progress_bars()  # and so would the hub's download bars

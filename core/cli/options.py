@@ -20,8 +20,19 @@ from core.errors import UserError
 from core.runs import methods, timing
 from core.values.schedule import Schedule
 from core.values.validation import (
-    MAX_LENGTH, BatchSize, Depth, NewTokens, Position, Positive, RpeLength, Samples, Seed, Sequences, Tokens,
-    TrainLength, arg_type,
+    MAX_LENGTH,
+    BatchSize,
+    Depth,
+    NewTokens,
+    Position,
+    Positive,
+    RpeLength,
+    Samples,
+    Seed,
+    Sequences,
+    Tokens,
+    TrainLength,
+    arg_type,
 )
 
 if TYPE_CHECKING:  # the scheme's module is imported where a scheme is parsed

@@ -12,9 +12,30 @@ from __future__ import annotations
 import argparse
 
 from core.cli.options import (
-    _batch_size, _comma_list, _copy_kinds, _depth, _device, _dtype, _length_item, _max_seconds, _method_item, _methods,
-    _new_tokens, _param_type, _position, _positive, _rpe_length, _samples, _scheme_item, _scheme_param_item, _seed,
-    _sequences, _targets, _tau, _tokens, _train_length,
+    _batch_size,
+    _comma_list,
+    _copy_kinds,
+    _depth,
+    _device,
+    _dtype,
+    _length_item,
+    _max_seconds,
+    _method_item,
+    _methods,
+    _new_tokens,
+    _param_type,
+    _position,
+    _positive,
+    _rpe_length,
+    _samples,
+    _scheme_item,
+    _scheme_param_item,
+    _seed,
+    _sequences,
+    _targets,
+    _tau,
+    _tokens,
+    _train_length,
 )
 from core.data.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
 from core.errors import UserError

@@ -35,16 +35,31 @@ _OWNERS = {
 }
 
 if TYPE_CHECKING:  # what type checkers and readers see; at run time the same names come from __getattr__
-    from core.models.catalog import (ASSETS, ROPE_FAMILY, T5_FAMILY, Card, ModelSpec, bundled_specs, default_model,
-                                     read_card, registry, resolve)
+    from core.models.catalog import (
+        ASSETS,
+        ROPE_FAMILY,
+        T5_FAMILY,
+        Card,
+        ModelSpec,
+        bundled_specs,
+        default_model,
+        read_card,
+        registry,
+        resolve,
+    )
     from core.models.device import DTYPE_NAMES, check_device, check_dtype, dtype_name, pick_device
     from core.models.hub import HUB_WAIT_S, fetch, hub_reachable, local_copy, locate
     from core.models.hub_cache import cached_snapshot, hub_cache_dir, hub_offline
     from core.models.loaded import Loaded
     from core.models.loading import MAX_MODELS, load
     from core.models.names import APP_MODEL_BOX, is_hub_id
-    from core.models.safety import (NOT_SAFETENSORS, TOKENIZER_FILES, WEIGHT_FILES, check_config_matches,
-                                    check_weight_files)
+    from core.models.safety import (
+        NOT_SAFETENSORS,
+        TOKENIZER_FILES,
+        WEIGHT_FILES,
+        check_config_matches,
+        check_weight_files,
+    )
 
 
 #: The submodules, reachable as attributes once this package is imported (as when it imported them all).
@@ -66,4 +81,10 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_OWNERS})
 
 
-__all__ = ["ModelLoadError", *sorted(_OWNERS)]
+__all__ = [  # written out (not built from _OWNERS) so that readers and linters see the names
+    "APP_MODEL_BOX", "ASSETS", "DTYPE_NAMES", "HUB_WAIT_S", "MAX_MODELS", "NOT_SAFETENSORS", "ROPE_FAMILY", "T5_FAMILY",
+    "TOKENIZER_FILES", "WEIGHT_FILES", "Card", "Loaded", "ModelLoadError", "ModelSpec", "bundled_specs",
+    "cached_snapshot", "check_config_matches", "check_device", "check_dtype", "check_weight_files", "default_model",
+    "dtype_name", "fetch", "hub_cache_dir", "hub_offline", "hub_reachable", "is_hub_id", "load", "local_copy",
+    "locate", "pick_device", "read_card", "registry", "resolve",
+]
