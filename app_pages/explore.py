@@ -9,6 +9,9 @@ from ui import PAPER, message, page_setup, user_errors
 from ui import url
 from ui import explore_views as views
 from ui import sidebar as sb
+from ui.page_state import PageState
+from ui import model_box
+from ui import tau_controls
 from ui.scrubber import AXIS_KEY, scrubber
 from ui.tour import still_on_step, tour
 
@@ -38,21 +41,21 @@ def main() -> None:
 
 
 @st.fragment
-def live(ctx: sb.Context) -> None:
+def live(ctx: PageState) -> None:
     """The temperature panel and every view that depends on tau: a method or view change reruns only this.
 
     A slider move does not rerun anything: the scrubber component
     (:mod:`ui.scrubber`) repaints from the grid frames it holds; its release
     reruns this fragment once (URL, export, the exact frame off the grid).
     """
-    if sb.chosen_model_ref() != ctx.model_ref:
+    if model_box.chosen_model_ref() != ctx.model_ref:
         # The Model box changed, but only this fragment reruns: its views would be the old model's under a box that
         # names the new one (seen once in a class walkthrough, the page left on the old model). The whole page runs.
         st.rerun(scope="app")
     with st.container(border=True, key="temperature_panel"):
         # One control for CosScale s: the scrubber's slider while it moves s, else the panel's own slider.
         s_on_scrubber = ctx.loaded.cosine and st.session_state.get(AXIS_KEY) == "s"
-        ctx = ctx.with_temperature(sb.temperature_controls(st.container(), ctx.loaded, ctx.request, slider=False,
+        ctx = ctx.with_choice(*tau_controls.temperature_controls(st.container(), ctx.loaded, ctx.request, slider=False,
                                                            s_slider=not s_on_scrubber))
         if not still_on_step(ctx.train_length):  # a method changed here left the tour's step: its text goes too
             st.rerun(scope="app")

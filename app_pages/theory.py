@@ -21,7 +21,7 @@ def main() -> None:
     ctx = sb.sidebar()
     with user_errors(), st.spinner("Layer-0 logits at this length and at L_tr…" + pass_gate.queue_note()):
         # the same pass Prop. 1/2 read, which the background job computes after the tau grid
-        here = cache.run(ctx.loaded, ctx.request, cache.theory_settings(ctx.loaded, ctx.choice))
+        here = cache.run(ctx.loaded, ctx.request, *cache.theory_pass(ctx.loaded, ctx.choice))
         ref = cache.run_reference(ctx.loaded, ctx.request, ctx.choice)
 
     tv.qq(here, ref)

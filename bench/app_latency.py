@@ -28,9 +28,10 @@ from pathlib import Path
 
 from core.runs import methods
 from core.views import plots
-from core.runs.engine import RunSettings
 from core.models import default_model
 from core.runs.settings import DocumentRequest
+from core.values.choice import Choice
+from core.mechanics.run_pass import Pass
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +64,7 @@ def backend(model: str, multiple: int, taus: list[float]) -> dict:
     t = time.perf_counter()
     doc = cache.document(loaded, req)
     n = cache.token_count(loaded, req)
-    base = cache.run(loaded, req, RunSettings(tau=1.0, method=methods.AS_TRAINED, probes=probes))
+    base = cache.run(loaded, req, Choice.of(tau=1.0, method=methods.AS_TRAINED), Pass(probes=probes))
     ref = cache.run_reference(loaded, req)
     q0 = base.question_tokens[0]
     curves = cache.bias_curves(loaded, q0, base.tokens)
@@ -71,8 +72,8 @@ def backend(model: str, multiple: int, taus: list[float]) -> dict:
 
     def visit(tau: float) -> float:
         t0 = time.perf_counter()
-        chosen = cache.run(loaded, req, RunSettings(tau=tau, method=methods.FIXED, probes=probes))
-        b = cache.run(loaded, req, RunSettings(tau=1.0, method=methods.AS_TRAINED, probes=probes))
+        chosen = cache.run(loaded, req, Choice.of(tau=tau, method=methods.FIXED), Pass(probes=probes))
+        b = cache.run(loaded, req, Choice.of(tau=1.0, method=methods.AS_TRAINED), Pass(probes=probes))
         r = cache.run_reference(loaded, req)
         c = cache.bias_curves(loaded, q0, chosen.tokens)
         figures(loaded, doc, chosen, b, r, c)
@@ -81,7 +82,7 @@ def backend(model: str, multiple: int, taus: list[float]) -> dict:
     first = [visit(t) for t in taus]
     again = [visit(t) for t in taus]
     return {"loaded": loaded, "tokens": n, "warm": warm, "first": first, "again": again,
-            "encoder": [cache.run(loaded, req, RunSettings(tau=t, method=methods.FIXED, probes=probes)).seconds["encode"] for t in taus]}
+            "encoder": [cache.run(loaded, req, Choice.of(tau=t, method=methods.FIXED), Pass(probes=probes)).seconds["encode"] for t in taus]}
 
 
 def apptest(model: str, multiple: int, taus: list[float]) -> dict:

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 
 from engine import machine, max_rss, rss_now, tiny_t5  # bench/engine.py: a sibling script (bench/ is sys.path[0])
+from core.values.choice import Choice
+from core.mechanics.run_pass import Pass
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,12 +90,12 @@ def bench_probes(lengths_batches, reps: int) -> list[dict]:
     import torch
     from transformers.modeling_outputs import BaseModelOutput
 
-    from core.mechanics.attention import AttentionSettings, attention_call
+    from core.mechanics.attention import attention_call
     from core.mechanics.probes import ProbeSpec, Recorder
 
     model = tiny_t5(attn="aligned")
     enc = model.get_encoder()
-    st = AttentionSettings(tau=0.7)
+    st = Choice.of(tau=0.7)
     out = []
     for n, b in lengths_batches:
         ids = torch.randint(3, 300, (b, n), generator=torch.Generator().manual_seed(n))
@@ -102,7 +104,7 @@ def bench_probes(lengths_batches, reps: int) -> list[dict]:
             t0 = time.perf_counter()
             with torch.inference_mode():
                 rec = Recorder(ProbeSpec.stats_only(), mask.bool()) if probes else None
-                with attention_call(st, rec):
+                with attention_call(st, None, rec):
                     h = enc(input_ids=ids).last_hidden_state
                 if rec is not None:
                     rec.finish()
@@ -160,7 +162,7 @@ def mem_child(length: int, chunk_bytes: int, threads: int | None) -> dict:
 
     if threads:
         torch.set_num_threads(threads)
-    from core.mechanics.attention import AttentionSettings, attention_call
+    from core.mechanics.attention import attention_call
     from core.mechanics.probes import ProbeSpec, Recorder
 
     model = tiny_t5(attn="aligned")
@@ -170,7 +172,7 @@ def mem_child(length: int, chunk_bytes: int, threads: int | None) -> dict:
         ids = torch.randint(3, 300, (1, n), generator=torch.Generator().manual_seed(n))
         rec = Recorder(ProbeSpec.stats_only(), torch.ones_like(ids, dtype=torch.bool))
         t0 = time.perf_counter()
-        with torch.inference_mode(), attention_call(AttentionSettings(tau=0.7, chunk_bytes=cb), rec):
+        with torch.inference_mode(), attention_call(Choice.of(tau=0.7), Pass(chunk_bytes=cb), rec):
             enc(input_ids=ids)
         rec.finish()
         return time.perf_counter() - t0
@@ -213,7 +215,7 @@ def bench_padded(reps: int) -> dict:
 
     loaded = models.load("retrieval-t5", device="cpu")
     docs = [tasks.make("passkey", loaded.tokenizer, n, seed=i) for i, n in enumerate((1000, 1600, 2100, 2600))]
-    settings = engine.RunSettings(tau=0.7, probes=ProbeSpec.stats_only(), max_new_tokens=8)
+    choice, how = Choice.of(tau=0.7), engine.Pass(probes=ProbeSpec.stats_only(), max_new_tokens=8)
     best: dict[str, list[float]] = {}
     old = os.environ.get(fused_softmax.ENV_SWITCH)
     try:
@@ -221,7 +223,7 @@ def bench_padded(reps: int) -> dict:
             for side in ("kernel", "torch"):
                 os.environ[fused_softmax.ENV_SWITCH] = "1" if side == "kernel" else "0"
                 t0, c0 = time.perf_counter(), time.process_time()
-                engine.run_batch(loaded, docs, settings, batch_size=4)
+                engine.run_batch(loaded, docs, choice, how, batch_size=4)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 if rep:  # the first round warms up both sides
                     b = best.setdefault(side, [float("inf"), float("inf")])

@@ -130,6 +130,7 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
+from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # core and ui, also without an installed package
@@ -904,15 +905,15 @@ def foreground_backend(model: str, tokens: int, seed: int, taus: list[float], re
     loaded = cache.model(model)
     probes = cache.explore_probes(loaded.n_layers - 1, None)  # the page's default: last layer, head mean
     short = DocumentRequest(task="passkey", tokens=2 * loaded.train_length, depth=0.5, seed=seed)
-    engine.run(loaded, cache.document(loaded, short), engine.RunSettings(tau=0.99, probes=probes))  # warm
+    engine.run(loaded, cache.document(loaded, short), Choice.of(tau=0.99), engine.Pass(probes=probes))  # warm
     doc = cache.document(loaded, DocumentRequest(task="passkey", tokens=tokens, depth=0.5, seed=seed))
     for tau in taus:
-        settings = engine.RunSettings(tau=tau, method=methods.FIXED, targets=("encoder",), cosine_scale=None,
-                                      probes=probes)
+        settings = (Choice.of(tau=tau, method=methods.FIXED, targets=("encoder",), cosine_scale=None),
+                    engine.Pass(probes=probes))
         stamps: list[float] = []
         with between_layers(lambda: stamps.append(time.perf_counter())):
             t0 = time.perf_counter()
-            engine.run(loaded, doc, settings)
+            engine.run(loaded, doc, *settings)
             t1 = time.perf_counter()
         marks = [t0, *stamps, t1]
         results.add("foreground_own_s", Timing(t1 - t0, None, None, None, 0, 0))
@@ -983,18 +984,18 @@ def backend_part(model: str, multiple: int, seed: int, taus: list[float], result
     req = DocumentRequest(task="passkey", tokens=multiple * loaded.train_length, depth=0.5, seed=seed)
     probes = cache.explore_probes(loaded.n_layers - 1, None)  # the page's default: last layer, head mean
 
-    def at(tau: float, method: str = methods.FIXED) -> engine.RunSettings:
-        return engine.RunSettings(tau=tau, method=method, targets=("encoder",), cosine_scale=None, probes=probes)
+    def at(tau: float, method: str = methods.FIXED) -> tuple[Choice, engine.Pass]:
+        return Choice.of(tau=tau, method=method, targets=("encoder",), cosine_scale=None), engine.Pass(probes=probes)
 
     t = time.perf_counter()  # what the server computes for a new document: base, reference, grid
     doc = cache.document(loaded, req)
-    base = cache.run(loaded, req, at(1.0, methods.AS_TRAINED))
+    base = cache.run(loaded, req, *at(1.0, methods.AS_TRAINED))
     ref = cache.run_reference(loaded, req)
-    grid = {g: cache.run(loaded, req, at(g)) for g in frames.grid_order(1.0)}  # tau = 1 is the base pass (cached)
+    grid = {g: cache.run(loaded, req, *at(g)) for g in frames.grid_order(1.0)}  # tau = 1 is the base pass (cached)
     results.add("backend_grid_s", Timing(time.perf_counter() - t, None, None, None, 0, 0))
     for tau in taus:
         t = time.perf_counter()
-        exact = cache.run(loaded, req, at(tau))
+        exact = cache.run(loaded, req, *at(tau))
         mid = time.perf_counter()
         data = frames.payload(base, ref, grid, exact, doc.text, frames.ViewSpec(), meta={"tau": tau})
         end = time.perf_counter()

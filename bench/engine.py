@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -213,7 +214,7 @@ def pass_child(variant: str, length: int, reps: int) -> dict:
                 n = x.shape[1]
                 rows = enc.question_tokens if n == ids.shape[1] else (max(0, n - 16), n)
                 rec = Recorder(ProbeSpec(profile_rows=rows), torch.ones_like(x, dtype=torch.bool))
-            with attention.attention_call(attention.AttentionSettings(tau=0.7), rec):
+            with attention.attention_call(Choice.of(tau=0.7), None, rec):
                 encoder(input_ids=x)
             if rec is not None:
                 rec.finish()

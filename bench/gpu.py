@@ -41,6 +41,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -76,13 +77,12 @@ def grid(loaded, doc, enc) -> dict:
     seconds: dict[str, float] = {}
     for tau in frames.grid_order(1.0):
         t = time.perf_counter()
-        settings = engine.RunSettings(tau=tau, method=methods.FIXED, targets=("encoder",), probes=probes)
-        passes[tau] = engine.run(loaded, doc, settings, encoded=enc)
+        passes[tau] = engine.run(loaded, doc, Choice.of(tau=tau, method=methods.FIXED, targets=("encoder",)),
+                                 engine.Pass(probes=probes), encoded=enc)
         seconds[f"{tau:.2f}"] = round(time.perf_counter() - t, 4)
     t = time.perf_counter()
     ref_doc = calibration.reference_document(loaded, doc)
-    ref = engine.run(loaded, ref_doc, engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, generate=False,
-                                                         probes=ProbeSpec(heatmap=False, sorted_logits=True,
+    ref = engine.run(loaded, ref_doc, Choice.of(tau=1.0, method=methods.AS_TRAINED), engine.Pass(generate=False, probes=ProbeSpec(heatmap=False, sorted_logits=True,
                                                                           cosine_hist_bins=0)))
     seconds["reference"] = round(time.perf_counter() - t, 4)
     t = time.perf_counter()
@@ -176,12 +176,11 @@ def main(argv=None) -> int:
             finally:
                 attention.set_implementation(model, attention.ATTN_NAME)  # every stack: 5.17's own call left them on sdpa
             return
-        ctx = attention.AttentionSettings(tau=0.7)
         rec = None
         if step != "no-probes":
             spec = ProbeSpec(profile_rows=enc.question_tokens) if step == "probes-full" else ProbeSpec.stats_only()
             rec = Recorder(spec, m)
-        with attention.attention_call(ctx, rec):
+        with attention.attention_call(Choice.of(tau=0.7), None, rec):
             encoder(input_ids=x)
         if rec is not None:
             rec.finish()
@@ -197,7 +196,7 @@ def main(argv=None) -> int:
             if step == "grid":
                 parts = grid(loaded, doc, enc)
             elif step == "app-run":
-                res = engine.run(loaded, doc, engine.RunSettings(tau=0.7), encoded=enc)
+                res = engine.run(loaded, doc, Choice.of(tau=0.7), encoded=enc)
                 parts = {k: round(float(v), 4) for k, v in res.seconds.items()}
                 parts["answer"] = res.answer[:40]
             else:

@@ -49,6 +49,7 @@ from core.data import tasks
 from core.models import ModelLoadError, bundled_specs, load
 from core.mechanics.probes import ProbeSpec
 from core.values.schedule import Schedule
+from core.values.choice import Choice
 
 FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 #: The table's methods, asked of the registry (core.runs.methods), in its order: every method that needs no pass
@@ -80,17 +81,17 @@ def docs_for(loaded, task: str, n: int, samples: int, seed0: int = 0) -> list[ta
     return out
 
 
-def _run(loaded, docs, encs, settings: engine.RunSettings, batch: int) -> list[engine.Result]:
+def _run(loaded, docs, encs, choice: Choice, how: engine.Pass, batch: int) -> list[engine.Result]:
     res = []
     for i in range(0, len(docs), batch):
-        res += engine.run_encoded(loaded, docs[i : i + batch], encs[i : i + batch], settings)
+        res += engine.run_encoded(loaded, docs[i : i + batch], encs[i : i + batch], choice, how)
     return res
 
 
 def correct_flags(loaded, docs, encs, tau, batch: int) -> list[bool]:
     """Whether each document is answered right at ``tau``. No probes: the attention takes its output-only backend
     (about 5x faster)."""
-    res = _run(loaded, docs, encs, engine.RunSettings(tau=tau, probes=ProbeSpec.off()), batch)
+    res = _run(loaded, docs, encs, Choice.of(tau=tau), engine.Pass(probes=ProbeSpec.off()), batch)
     return [bool(r.correct) for r in res]
 
 
@@ -120,7 +121,7 @@ def accuracy(loaded, docs, encs, tau, batch: int) -> float:
 
 def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """Mean Pmax and H per layer at tau = 1 (over all heads and query rows, then documents)."""
-    res = _run(loaded, docs, encs, engine.RunSettings(tau=1.0, probes=ProbeSpec.stats_only(), generate=False), batch)
+    res = _run(loaded, docs, encs, Choice.of(tau=1.0), engine.Pass(probes=ProbeSpec.stats_only(), generate=False), batch)
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 

@@ -26,6 +26,7 @@ from core.data import tasks
 from core.models import default_model, load
 from core.mechanics.probes import ProbeSpec
 from core.training import TrainConfig, eval_documents
+from core.values.choice import TRAINED
 
 LINE = re.compile(r"^line (\S+): REGISTER_CONTENT is (\d+)$", re.M)
 KINDS = ("noun", "adjective", "a noun piece", "nothing")
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return {t for t in loaded.tokenizer.tokenize(word) if t != "-"}
 
     docs = eval_documents(loaded.tokenizer, TrainConfig(tasks={"line": 1.0}), "line", args.samples, tokens)
-    res = engine.run_batch(loaded, docs, engine.RunSettings(probes=ProbeSpec.off()), batch_size=args.batch)
+    res = engine.run_batch(loaded, docs, TRAINED, engine.Pass(probes=ProbeSpec.off()), batch_size=args.batch)
     by_place: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
     misses: collections.Counter[str] = collections.Counter()
     pairs: collections.Counter[str] = collections.Counter()

@@ -23,6 +23,7 @@ from core.runs import engine
 from core.data import tasks
 from core.models import default_model, load
 from core.mechanics.probes import ProbeSpec
+from core.values.choice import TRAINED
 
 VALUE = re.compile(r"REGISTER_CONTENT is (\d+)")
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for n in args.lengths:
         docs = [tasks.make("line", loaded.tokenizer, n, depth=(s * 0.618) % 1.0, seed=5000 + s, labels=args.labels) for s in range(args.samples)]
-        res = engine.run_batch(loaded, docs, engine.RunSettings(probes=ProbeSpec.off()), batch_size=args.batch)
+        res = engine.run_batch(loaded, docs, TRAINED, engine.Pass(probes=ProbeSpec.off()), batch_size=args.batch)
         values = [record_values(d.text) for d in docs]
         kinds = collections.Counter(classify(v, r.expected, r.answer) for v, r in zip(values, res))
         lines = sum(map(len, values)) / len(docs)

@@ -64,22 +64,24 @@ def test_a_reference_choice_drops_it():
     choice = Choice.of(NAME, ADAPTIVE)
     ref = choice.with_(method=methods.AS_TRAINED, tau=ONE)
     assert not ref.tau.adaptive and ref.tau == ONE and ref.with_(method=None) == TRAINED
-    assert attention.AttentionSettings(choice).tau.adaptive and attention.AttentionSettings(tau=ADAPTIVE).tau.adaptive
+    with attention.attention_call(choice):
+        assert attention.current_call().choice.tau.adaptive
+    assert Choice.of(tau=ADAPTIVE).tau.adaptive
 
 
 def test_the_attention_settings_flag_is_gone():
-    """One way to ask for it: the schedule (the old ``AttentionSettings(adaptive=True)`` is refused)."""
+    """One way to ask for it: the schedule (an ``adaptive=True`` part is refused)."""
     with pytest.raises(TypeError, match="adaptive"):
-        attention.AttentionSettings(adaptive=True)
+        TRAINED.with_(adaptive=True)
 
 
 def test_a_settings_file_carries_it(tmp_path):
     s = Settings(method=NAME)
     back = Settings.from_dict(json.loads(s.to_json()))
-    assert back.method == NAME and back.choice.tau is ADAPTIVE and back.run_settings().tau is ADAPTIVE
+    assert back.method == NAME and back.to_choice().tau is ADAPTIVE
     # a schedule handed over as it is (a settings file's tau, core.runs.apply): the schedule decides, not the name
     fixed = Settings.from_dict({"method": methods.FIXED, "tau": {"scheme": "adaptive"}})
-    assert fixed.run_settings().tau is ADAPTIVE
+    assert fixed.to_choice().tau is ADAPTIVE
 
 
 # -- the CLI against an independent reference ---------------------------------------------------------------------
@@ -133,16 +135,17 @@ def test_the_apps_run_store_keeps_adaptive_apart_from_tau_1(tiny):
 
     req = DocumentRequest(task="passkey", tokens=TOKENS, depth=0.5, seed=7)
     probes = cache.explore_probes(tiny.n_layers - 1, None)
-    one = engine.RunSettings(Choice.of(methods.AS_TRAINED, ONE), probes=probes)
-    ada = engine.RunSettings(Choice.of(NAME, methods.resolve(tiny, None, NAME)[0]), probes=probes)
-    assert cache.run_key(tiny, req, one) != cache.run_key(tiny, req, ada)
-    assert cache.attention_key(one.choice) != cache.attention_key(ada.choice)
-    first = cache.run(tiny, req, one)  # tau = 1 first: a store keyed by the name-less schedule would serve it again
-    second = cache.run(tiny, req, ada)
+    how = engine.Pass(probes=probes)
+    one = Choice.of(methods.AS_TRAINED, ONE)
+    ada = Choice.of(NAME, methods.resolve(tiny, None, NAME)[0])
+    assert cache.run_key(tiny, req, one, how) != cache.run_key(tiny, req, ada, how)
+    assert cache.attention_key(one) != cache.attention_key(ada)
+    first = cache.run(tiny, req, one, how)  # tau = 1 first: a store keyed by the name-less schedule would serve it again
+    second = cache.run(tiny, req, ada, how)
     assert second.method == NAME
     assert second.pmax > first.pmax * 1.05 and second.entropy < first.entropy * 0.95
     # the same numbers as a pass of the engine itself with the adaptive schedule (not the stored tau = 1 pass)
-    direct = engine.run(tiny, cache.document(tiny, req), ada)
+    direct = engine.run(tiny, cache.document(tiny, req), ada, how)
     assert second.pmax == pytest.approx(direct.pmax, rel=1e-6) and second.entropy == pytest.approx(direct.entropy, rel=1e-6)
 
 
@@ -157,8 +160,8 @@ def test_a_reference_pass_of_an_adaptive_choice_runs_at_tau_1(tiny):
     ref = cache.run_reference(tiny, req, base)
     doc = cache.reference_document(tiny, req)
     probes = cache.explore_probes(tiny.n_layers - 1, None)
-    plain = engine.run(tiny, doc, engine.RunSettings(TRAINED, probes=probes, generate=False))
-    adaptive = engine.run(tiny, doc, engine.RunSettings(base, probes=probes, generate=False))
+    plain = engine.run(tiny, doc, TRAINED, engine.Pass(probes=probes, generate=False))
+    adaptive = engine.run(tiny, doc, base, engine.Pass(probes=probes, generate=False))
     assert ref.pmax == pytest.approx(plain.pmax, rel=1e-6) and ref.entropy == pytest.approx(plain.entropy, rel=1e-6)
     assert abs(adaptive.pmax - plain.pmax) > 1e-3  # the check can fail: adaptive would have changed it
 

@@ -16,10 +16,11 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from core.mechanics import attention, softmax_block
-from core.mechanics.attention import AttentionSettings, aligned_attention, attention_call
+from core.mechanics.attention import aligned_attention, attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
 from core.values.schedule import ADAPTIVE
 from conftest import adaptive_beta, adaptive_softmax
+from core.values.choice import TRAINED, Choice
 
 
 def _poly(h: float) -> float:
@@ -28,7 +29,7 @@ def _poly(h: float) -> float:
 
 def _attend(q, k, v, bias=None, mask=None, **settings):
     """Our attention function on bare tensors (an encoder self-attention: a module with no flags)."""
-    with torch.no_grad(), attention_call(AttentionSettings(**settings)):
+    with torch.no_grad(), attention_call(Choice.of(**settings)):
         out, weights = aligned_attention(torch.nn.Module(), q, k, v, mask, scaling=1.0, position_bias=bias,
                                          output_attentions=True)
     return out, weights
@@ -100,7 +101,7 @@ class _Decoderish(torch.nn.Module):
 
 
 def _attend_as(module, q, k, v, **settings):
-    with torch.no_grad(), attention_call(AttentionSettings(**settings)):
+    with torch.no_grad(), attention_call(Choice.of(**settings)):
         return aligned_attention(module, q, k, v, None, scaling=1.0, output_attentions=True)
 
 
@@ -146,13 +147,13 @@ def test_a_real_model_pass_matches_an_independent_reference(tiny):
         finally:
             attention.point_back(before)
         plain = encoder(input_ids=ids).last_hidden_state
-        with attention_call(AttentionSettings(tau=ADAPTIVE)):
+        with attention_call(Choice.of(tau=ADAPTIVE)):
             got = encoder(input_ids=ids).last_hidden_state
         rec = Recorder(ProbeSpec(heatmap=False, sorted_logits=False, cosine_hist_bins=0))
-        with attention_call(AttentionSettings(), rec):
+        with attention_call(TRAINED, None, rec):
             encoder(input_ids=ids)
         rec_a = Recorder(ProbeSpec(heatmap=False, sorted_logits=False, cosine_hist_bins=0))
-        with attention_call(AttentionSettings(tau=ADAPTIVE), rec_a):
+        with attention_call(Choice.of(tau=ADAPTIVE), None, rec_a):
             encoder(input_ids=ids)
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=2e-4)
     assert (got - plain).abs().max() > 1e-2  # adaptive temperature changed the pass

@@ -45,12 +45,13 @@ def _says_tau_1(text: str) -> bool:
 # -- the texts, without a page ---------------------------------------------------------------------------------------
 
 def test_the_cell_and_the_context_say_adaptive():
-    from ui import calibrate_views, sidebar
+    from ui import calibrate_views
+    from ui.page_state import PageState
 
     cell, note = calibrate_views.tau_cell(ADAPTIVE, 600, 256)
     assert "adaptive" in cell and not cell.startswith("1.0") and "entropy" in cell + note
     assert calibrate_views.tau_cell(ONE, 600, 256) == ("1.0000", "")  # tau = 1 itself still reads as 1
-    ctx = sidebar.Context.__new__(sidebar.Context)  # tau_text reads only the schedule handed to it
+    ctx = PageState.__new__(PageState)  # tau_text reads only the schedule handed to it
     text = ctx.tau_text(ADAPTIVE)
     assert "adaptive" in text and not text.startswith("1.0"), text
     assert ctx.tau_text(ONE) == "1.000"

@@ -22,8 +22,8 @@ from test_state_pages import nav_click  # noqa: E402 (a page change as the brows
 from core.runs import methods
 from core.experiments import mlm
 from core.values import positions  # noqa: E402
-from core.mechanics.attention import AttentionSettings  # noqa: E402
 from core.models import load  # noqa: E402
+from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -47,7 +47,7 @@ def _scored(folder, tokens: int, seed: int, tau: float, cosine_scale: float | No
     """core.experiments.mlm's own score of the held-out sequence of ``seed`` at ``tokens`` tokens under ``tau`` (and s)."""
     loaded = load(str(folder), device="cpu")
     _, seq = mlm.sequence(loaded, tokens, seed)
-    return mlm.score(loaded, [seq], AttentionSettings(tau=tau, cosine_scale=cosine_scale))
+    return mlm.score(loaded, [seq], Choice.of(tau=tau, cosine_scale=cosine_scale))
 
 
 def _array(v) -> list[float]:
@@ -200,7 +200,7 @@ def _scored_scheme(folder, tokens: int, seed: int, tau: float, scheme: str, para
     """core.experiments.mlm's own score of the held-out sequence under ``tau`` and the position scheme ``scheme``."""
     loaded = load(str(folder), device="cpu")
     _, seq = mlm.sequence(loaded, tokens, seed)
-    return mlm.score(loaded, [seq], AttentionSettings(tau=tau), positions.Scheme.of(scheme, params))
+    return mlm.score(loaded, [seq], Choice.of(tau=tau, scheme=positions.Scheme.of(scheme, params)))
 
 
 def _query(at, name: str):

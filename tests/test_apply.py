@@ -27,6 +27,7 @@ from core.errors import UserError
 from core.runs.settings import DocumentRequest, Settings
 from core.data.tasks import MAX_ANSWER_TOKENS
 from core.values.schedule import RowTau, Schedule
+from core.values.choice import Choice
 
 CONTEXT = (
     "The harbour town kept its records in a stone tower. Every spring the keepers counted the boats, "
@@ -180,7 +181,7 @@ def test_schedules_per_layer_and_head(user_model, tok):
 def test_a_row_schedule_on_a_users_model(user_model, tok):
     """Llama 4's tau per query row reaches a model the user holds, as a RowTau or as its JSON dict, and it is
     what core.mechanics.attention computes under attention_call with the same schedule."""
-    from core.mechanics.attention import AttentionSettings, attention_call
+    from core.mechanics.attention import attention_call
 
     rows = RowTau(floor_scale=8, attn_scale=2.0)  # a strong scale: rows past 8 sharpen a lot
     ids = tok(TEXT, return_tensors="pt").input_ids
@@ -192,7 +193,7 @@ def test_a_row_schedule_on_a_users_model(user_model, tok):
             got = enc(input_ids=ids).last_hidden_state
         with ap.apply(user_model, tau=rows.to_dict()):
             again = enc(input_ids=ids).last_hidden_state
-        with ap.apply(user_model, tau=1.0), attention_call(AttentionSettings(tau=rows)):  # aligned, rows per call
+        with ap.apply(user_model, tau=1.0), attention_call(Choice.of(tau=rows)):  # aligned, rows per call
             want = enc(input_ids=ids).last_hidden_state
     assert torch.equal(got, want) and torch.equal(again, want)
     assert not torch.allclose(got, plain, atol=1e-4)

@@ -9,9 +9,11 @@ import pytest
 import torch
 from transformers import T5ForConditionalGeneration
 
-from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.attention import attention_call
 from core.values.schedule import RowTau, Schedule
 from core.mechanics.probes import ProbeSpec, Recorder
+from core.values.choice import TRAINED, Choice
+from core.mechanics.run_pass import Pass
 
 
 def _batch(seed=0, n=60, pad_from=45):
@@ -31,7 +33,7 @@ def test_equals_transformers_at_tau_one(tiny, tiny_dir, impl):
     with torch.no_grad():
         want = ref(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
         got = tiny.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-        with attention_call(AttentionSettings(tau=1.0, targets=("encoder", "decoder", "cross"))):
+        with attention_call(Choice.of(tau=1.0, targets=("encoder", "decoder", "cross"))):
             got2 = tiny.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
     assert tiny.model.config._attn_implementation == "aligned"
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
@@ -49,7 +51,7 @@ def test_generate_equals_transformers(tiny, tiny_dir):
 
 def _stats(model, ids, mask, tau=1.0, chunk_bytes=256 * 2**20, spec=None, targets=("encoder",)):
     rec = Recorder(spec or ProbeSpec(), mask.bool())
-    with torch.no_grad(), attention_call(AttentionSettings(tau=tau, chunk_bytes=chunk_bytes, targets=targets), rec):
+    with torch.no_grad(), attention_call(Choice.of(tau=tau, targets=targets), Pass(chunk_bytes=chunk_bytes), rec):
         h = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
     return h, rec.finish()
 
@@ -94,14 +96,13 @@ def test_fused_path_equals_the_probed_path(tiny, tau, chunk_bytes):
     what the probed softmax does, padded rows included, whatever the block size."""
     ids, mask = _batch(7, n=90, pad_from=70)
     want, _ = _stats(tiny.model, ids, mask, tau)
-    settings = AttentionSettings(tau=tau, chunk_bytes=chunk_bytes)
-    with torch.no_grad(), attention_call(settings):
+    with torch.no_grad(), attention_call(Choice.of(tau=tau), Pass(chunk_bytes=chunk_bytes)):
         enc = tiny.model.get_encoder()
         got = enc(input_ids=ids, attention_mask=mask).last_hidden_state
         again = enc(input_ids=ids, attention_mask=mask).last_hidden_state  # a second pass in the same call
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()  # q / tau per head rounds ~2e-5
     assert torch.equal(got, again)
-    with torch.no_grad(), attention_call(AttentionSettings(tau=0.5, chunk_bytes=chunk_bytes)):
+    with torch.no_grad(), attention_call(Choice.of(tau=0.5), Pass(chunk_bytes=chunk_bytes)):
         other = tiny.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
     assert not torch.allclose(other, got, atol=1e-3)  # tau does reach the fused path
 
@@ -150,14 +151,14 @@ def test_cosine_mode(tiny_cos_dir):
     assert cos.cosine and cos.cosine_scale == 24.0
     ids, mask = _batch(7)
     rec = Recorder(ProbeSpec(), mask.bool())
-    with torch.no_grad(), attention_call(AttentionSettings(), rec):
+    with torch.no_grad(), attention_call(TRAINED, None, rec):
         cos.model.get_encoder()(input_ids=ids, attention_mask=mask)
     r = rec.finish()
     assert r.cosine_hist is not None and r.cosine_hist.sum() > 0
     # larger s -> sharper attention (CosScale approaches a window)
     _, lo = _stats(cos.model, ids, mask, 1.0)
     rec = Recorder(ProbeSpec(), mask.bool())
-    with torch.no_grad(), attention_call(AttentionSettings(cosine_scale=96.0), rec):
+    with torch.no_grad(), attention_call(Choice.of(cosine_scale=96.0), None, rec):
         cos.model.get_encoder()(input_ids=ids, attention_mask=mask)
     hi = rec.finish()
     assert hi.pmax.mean() > lo.pmax.mean()
@@ -166,7 +167,7 @@ def test_cosine_mode(tiny_cos_dir):
 def test_block_budget_is_checked():
     for bad in (0, -5, 1.5):
         with pytest.raises(ValueError, match="chunk_bytes"):
-            AttentionSettings(chunk_bytes=bad)
+            Pass(chunk_bytes=bad)
 
 
 # -- a tau per query row (Llama 4's attention temperature tuning) ---------------------------------------------
@@ -197,7 +198,7 @@ def test_row_tau_divides_each_row_by_its_own_tau(chunk_bytes, probed):
     logits = logits.masked_fill(~mask, torch.finfo(torch.float32).min)
     want = (torch.softmax(logits, -1) @ v).transpose(1, 2)
     rec = Recorder(ProbeSpec(), mask[:, 0, 0]) if probed else None
-    with torch.no_grad(), attention_call(AttentionSettings(tau=RowTau(floor_scale=4), chunk_bytes=chunk_bytes), rec):
+    with torch.no_grad(), attention_call(Choice.of(tau=RowTau(floor_scale=4)), Pass(chunk_bytes=chunk_bytes), rec):
         got, _ = aligned_attention(_EncoderModule(), q, k, v, mask, scaling=1.0, position_bias=bias)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     assert row[2] == 1.0 and row[3] < 1.0  # rows before floor_scale - 1 keep tau = 1; the schedule does act
@@ -208,7 +209,7 @@ def test_row_tau_in_a_model_and_its_keys(tiny):
     with torch.no_grad():
         plain, _ = _stats(tiny.model, ids, mask, 1.0)
         rows, rec = _stats(tiny.model, ids, mask, RowTau(floor_scale=16))
-        with attention_call(AttentionSettings(tau=RowTau(floor_scale=16))):  # fused path: the same numbers
+        with attention_call(Choice.of(tau=RowTau(floor_scale=16))):  # fused path: the same numbers
             fused = tiny.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
         huge, _ = _stats(tiny.model, ids, mask, RowTau(floor_scale=10_000))  # every row before floor_scale: tau = 1
     assert torch.allclose(rows, fused, atol=1e-4)
@@ -342,7 +343,7 @@ def test_training_with_probes_and_weights(dropout):
     runs = {}
     for grad in (True, False):
         rec = Recorder(ProbeSpec.stats_only(), x.mask[:, 0, 0])
-        with torch.set_grad_enabled(grad), attention_call(AttentionSettings(tau=0.7), rec):
+        with torch.set_grad_enabled(grad), attention_call(Choice.of(tau=0.7), None, rec):
             out, w = aligned_attention(module, q, k, v, mask, scaling=1.0, dropout=dropout,
                                        position_bias=x.bias.full(), output_attentions=True)
         runs[grad] = out, w, rec.finish()

@@ -197,7 +197,7 @@ def test_measured_method_is_resolved_per_document(tiny, tmp_path):
     docs = [{"id": f"m{i}", "text": "Numbers 12 34 56 and words. " * (4 + 4 * i)} for i in range(2)]
     items = batch.read_jsonl(_write(tmp_path / "docs.jsonl", docs), tiny.tokenizer, report=pytest.fail)
     out = tmp_path / "rows.csv"
-    counts = batch.run_items(tiny, items, [batch.Choice("pmax", "pmax")], out=out)
+    counts = batch.run_items(tiny, items, [batch.Setting("pmax", "pmax")], out=out)
     assert counts == {"written": 2, "skipped": 0, "failed": 0}
     rows = _rows(out)
     assert all(float(r["tau"]) in temperature.GRID for r in rows)

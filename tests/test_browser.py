@@ -47,6 +47,7 @@ from typing import Iterator
 import pytest
 
 from conftest import build_tiny_t5
+from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -160,7 +161,7 @@ def engine_at(model_ref):
     """tau -> the pass the server paints for :data:`DOC` at that fixed tau, computed in this process.
 
     The same settings as a grid frame of the scrubber (``ui/scrubber.py``:
-    ``ctx.run_settings(tau=t, method="fixed", probes=cache.explore_probes(layer, head))``) and the document
+    ``ctx.pair(tau=t, method="fixed", probes=cache.explore_probes(layer, head))``) and the document
     the sidebar builds from the link.
     """
     from core.runs import engine
@@ -178,7 +179,7 @@ def engine_at(model_ref):
         if key not in memo:
             t = round(tau, 2)
             chosen = Settings(method="fixed", tau=t, targets=("encoder",), cosine_scale=None)
-            memo[key] = engine.run(loaded, doc, chosen.run_settings(probes=cache.explore_probes(layer, head)))
+            memo[key] = engine.run(loaded, doc, chosen.to_choice(), engine.Pass(probes=cache.explore_probes(layer, head)))
         return memo[key]
 
     return at
@@ -651,7 +652,6 @@ def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, pag
     import math
 
     from core.experiments import mlm
-    from core.mechanics.attention import AttentionSettings
     from core.models import load
 
     url, folder = rope_server
@@ -665,7 +665,7 @@ def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, pag
     loaded = load(folder, device="cpu")
     _, seq = mlm.sequence(loaded, 128, seed=2)
     for tau in ("1.00", "0.80"):
-        s = mlm.score(loaded, [seq], AttentionSettings(tau=float(tau)))
+        s = mlm.score(loaded, [seq], Choice.of(tau=float(tau)))
         assert float(painted[tau]["accuracy"]) == pytest.approx(s.correct / s.masked), (tau, painted[tau])
         assert float(painted[tau]["mlmPerplexity"]) == pytest.approx(math.exp(s.nll / s.masked), rel=1e-4), tau
     assert float(painted["0.80"]["pmax"]) > float(painted["1.00"]["pmax"])  # a smaller tau sharpens attention
@@ -679,7 +679,6 @@ def test_a_cosine_rope_models_slider_moves_cosscale(rope_server, page, deadline)
     import math
 
     from core.experiments import mlm
-    from core.mechanics.attention import AttentionSettings
     from core.models import load
 
     url, folder = rope_server
@@ -699,7 +698,7 @@ def test_a_cosine_rope_models_slider_moves_cosscale(rope_server, page, deadline)
     s = float(lower["shown"])
     _, seq = mlm.sequence(loaded, 128, seed=3)
     for painted, scale in ((here, 16.0), (lower, s)):
-        got = mlm.score(loaded, [seq], AttentionSettings(tau=1.0, cosine_scale=scale))
+        got = mlm.score(loaded, [seq], Choice.of(tau=1.0, cosine_scale=scale))
         assert float(painted["accuracy"]) == pytest.approx(got.correct / got.masked), (scale, painted)
         assert float(painted["mlmPerplexity"]) == pytest.approx(math.exp(got.nll / got.masked), rel=1e-4), scale
     assert float(lower["pmax"]) < float(here["pmax"])  # a smaller s flattens the softmax of s * cos(q, k)

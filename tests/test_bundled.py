@@ -443,7 +443,7 @@ def test_line_answer_label_names_the_line_then_the_number():
     assert labelled == f"line {doc.meta['line_index']}: {doc.expected}"
     assert labelled in doc.text.replace(": REGISTER_CONTENT is ", ": ")
     assert tasks.score("line", labelled, doc.expected).correct
-    assert len(tok(labelled).input_ids) <= engine.RunSettings().max_new_tokens
+    assert len(tok(labelled).input_ids) <= engine.Pass().max_new_tokens
     assert tasks.target(doc) == doc.expected
     key = tasks.make("passkey", tok, 256, seed=3)
     assert tasks.target(key, "label") == key.expected

@@ -22,6 +22,7 @@ from core.runs import engine
 from core.views import plots
 from core.models import default_model
 from core.runs.settings import DocumentRequest
+from core.values.choice import Choice
 
 
 @pytest.fixture
@@ -164,10 +165,10 @@ def test_many_documents_stay_under_every_bound(stores_mod, monkeypatch):
     try:
         loaded = cache.model(default_model())
         probes = cache.explore_probes(loaded.n_layers - 1, None)
-        settings = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
+        settings = (Choice.of(tau=1.0, method="fixed"), engine.Pass(probes=probes))
         lengths = (256, 384, 512, 640)
         for n in lengths:  # warm: torch's buffers for each length, plotly's validators
-            res = cache.run(loaded, DocumentRequest(task="passkey", tokens=n, depth=0.5, seed=10_000 + n), settings)
+            res = cache.run(loaded, DocumentRequest(task="passkey", tokens=n, depth=0.5, seed=10_000 + n), *settings)
             figure_cache.figure(plots.heatmap, res.probes.heatmap_mean, res.probes.heatmap_edges, res.needle_tokens,
                          res.question_tokens, title="warm", zrange=(0.0, 1.0))
         gc.collect()
@@ -176,7 +177,7 @@ def test_many_documents_stay_under_every_bound(stores_mod, monkeypatch):
         peak = {k: 0 for k in stores}
         for i in range(40):
             req = DocumentRequest(task="passkey", tokens=lengths[i % len(lengths)], depth=(i % 11) / 10, seed=i)
-            res = cache.run(loaded, req, settings)
+            res = cache.run(loaded, req, *settings)
             assert res.tokens == req.tokens
             figure_cache.figure(plots.heatmap, res.probes.heatmap_mean, res.probes.heatmap_edges, res.needle_tokens,
                          res.question_tokens, title=f"run {i}", zrange=(0.0, 1.0))

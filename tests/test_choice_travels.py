@@ -4,7 +4,7 @@ A choice (method, tau schedule, targets, CosScale, position scheme) is made
 into a :class:`core.values.choice.Choice` once, where it enters: the CLI's options,
 a settings file, a link's ``?tau=``, the app's slider, ``core.runs.apply``. Each
 test here follows one choice from its edge and checks that what the attention
-function reads in its call (``attention.current_call().settings.choice``) is
+function reads in its call (``attention.current_call().choice``) is
 *the same object* the edge made, not a copy rebuilt on the way.
 
 The spy replaces the function transformers' ``AttentionInterface`` holds under
@@ -41,7 +41,7 @@ def arrived(monkeypatch):
         call = attention.current_call()
         if call is not None and attention.attention_kind(module) == "encoder" \
                 and threading.current_thread().name != "aae-prefetch":
-            seen.append(call.settings.choice)
+            seen.append(call.choice)
         return real(module, *args, **kwargs)
 
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, ATTN_NAME, spy)
@@ -50,15 +50,16 @@ def arrived(monkeypatch):
 
 @pytest.fixture
 def made(monkeypatch):
-    """The Choice each Settings built at an edge (the CLI's options, a file), in order."""
+    """The Choice each Settings converted to at an edge (the CLI's options, a file), in order."""
     out: list[Choice] = []
-    real = Settings.run_settings
+    real = Settings.to_choice
 
     def spy(self, *args, **kwargs):
-        out.append(self.choice)
-        return real(self, *args, **kwargs)
+        made = real(self, *args, **kwargs)
+        out.append(made)
+        return made
 
-    monkeypatch.setattr(Settings, "run_settings", spy)
+    monkeypatch.setattr(Settings, "to_choice", spy)
     return out
 
 
@@ -71,7 +72,7 @@ def test_from_the_cli_options(tiny_dir, arrived, made, capsys):
     from core.cli import main
 
     assert main(["run", "--model", str(tiny_dir), "--tokens", "300", "--tau", "0.7", "--json"]) == 0
-    (choice,) = made
+    *_, choice = made  # the run's own (before it: the settings at tau = 1, for the CLI's checks)
     assert float(choice.tau) == 0.7 and choice.method == "fixed"
     _same_object(arrived, choice)
 
@@ -82,7 +83,7 @@ def test_from_a_settings_file(tiny_dir, tmp_path, arrived, made, capsys):
     f = tmp_path / "choice.json"
     f.write_text(json.dumps({"method": "fixed", "tau": [0.8, 0.6], "targets": ["encoder"]}))
     assert main(["run", "--model", str(tiny_dir), "--tokens", "300", "--settings", str(f), "--json"]) == 0
-    (choice,) = made
+    *_, choice = made  # the run's own (before it: the settings at tau = 1, for the CLI's checks)
     assert choice.tau == Schedule.of([0.8, 0.6])
     _same_object(arrived, choice)
 
@@ -92,29 +93,29 @@ def test_from_core_apply(tiny, arrived):
 
     ids = tiny.tokenizer("the pass key is 4711. " * 10, return_tensors="pt").input_ids
     chosen = Settings(method="fixed", tau=0.6)
-    with apply(tiny.model, settings=chosen) as attn:
+    with apply(tiny.model, settings=chosen) as choice:
         tiny.model.get_encoder()(input_ids=ids)
-    assert attn.choice is chosen.choice  # the file's value, handed on
-    _same_object(arrived, chosen.choice)
+    assert choice is chosen.to_choice()  # the file's value, handed on
+    _same_object(arrived, choice)
     arrived.clear()
-    with apply(tiny.model, tau=0.9) as attn:
+    with apply(tiny.model, tau=0.9) as choice:
         tiny.model.get_encoder()(input_ids=ids)
-    _same_object(arrived, attn.choice)
+    _same_object(arrived, choice)
 
 
 @pytest.fixture
 def contexts(monkeypatch):
-    """The Choice each page run's context carried (what the sidebar made from the slider / link)."""
-    from ui import sidebar
+    """The Choice each page run's state carried (what the temperature controls made from the slider / link)."""
+    from ui.page_state import PageState
 
     out: list[Choice] = []
-    real = sidebar.Context.with_temperature
+    real = PageState.with_choice
 
-    def spy(self, t):
-        out.append(t.choice)
-        return real(self, t)
+    def spy(self, choice, *rest):
+        out.append(choice)
+        return real(self, choice, *rest)
 
-    monkeypatch.setattr(sidebar.Context, "with_temperature", spy)
+    monkeypatch.setattr(PageState, "with_choice", spy)
     return out
 
 

@@ -53,7 +53,7 @@ def test_batch_csv_neutralises_ids_and_expected_and_resume_recognises_them(tiny,
     data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
     items = batch.read_jsonl(data, tiny.tokenizer, report=pytest.fail)
     out = tmp_path / "rows.csv"
-    setting = [batch.Choice("none", "none")]
+    setting = [batch.Setting("none", "none")]
     assert batch.run_items(tiny, items, setting, out=out)["written"] == len(docs)
     cells = _cells(out.read_bytes())
     _assert_safe(cells)

@@ -13,6 +13,7 @@ from core.models import memory
 from core.data import tasks
 from core.errors import InputTooLong, NumericalError, UserError
 from core.mechanics.probes import ProbeSpec
+from core.values.choice import TRAINED, Choice
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +39,15 @@ def test_run_maps_needle_and_question(tiny, doc):
 
 
 def test_tau_in_result_and_sharper(tiny, doc):
-    r1 = engine.run(tiny, doc, engine.RunSettings(tau=1.0))
-    r6 = engine.run(tiny, doc, engine.RunSettings(tau=0.6))
+    r1 = engine.run(tiny, doc, Choice.of(tau=1.0))
+    r6 = engine.run(tiny, doc, Choice.of(tau=0.6))
     assert np.all(r6.tau == 0.6) and r6.pmax > r1.pmax and r6.entropy < r1.entropy
 
 
 def test_batch_equals_single(tiny):
     docs = [tasks.make("passkey", tiny.tokenizer, n, seed=s) for n, s in [(290, 1), (340, 2), (300, 3)]]
-    singles = [engine.run(tiny, d, engine.RunSettings(tau=0.8)) for d in docs]
-    batch = engine.run_batch(tiny, docs, engine.RunSettings(tau=0.8, probes=ProbeSpec.stats_only()), batch_size=3)
+    singles = [engine.run(tiny, d, Choice.of(tau=0.8)) for d in docs]
+    batch = engine.run_batch(tiny, docs, Choice.of(tau=0.8), engine.Pass(probes=ProbeSpec.stats_only()), batch_size=3)
     for s, b in zip(singles, batch):
         assert s.answer == b.answer
         np.testing.assert_allclose(s.probes.pmax, b.probes.pmax, atol=1e-5)
@@ -111,8 +112,8 @@ def test_probes_off_takes_the_fused_path_with_the_same_answers(tiny, tiny_dir, d
     """Accuracy-only sweeps run without a recorder; tau and padding must still apply."""
     docs = [tasks.make("passkey", tiny.tokenizer, n, seed=s) for n, s in [(290, 1), (340, 2)]]
     for tau in (1.0, 0.6):
-        probed = engine.run_batch(tiny, docs, engine.RunSettings(tau=tau, probes=ProbeSpec.stats_only()), batch_size=2)
-        off = engine.run_batch(tiny, docs, engine.RunSettings(tau=tau, probes=ProbeSpec.off()), batch_size=2)
+        probed = engine.run_batch(tiny, docs, Choice.of(tau=tau), engine.Pass(probes=ProbeSpec.stats_only()), batch_size=2)
+        off = engine.run_batch(tiny, docs, Choice.of(tau=tau), engine.Pass(probes=ProbeSpec.off()), batch_size=2)
         assert [r.answer for r in off] == [r.answer for r in probed]
         assert all(r.probes is None for r in off)
 
@@ -122,7 +123,7 @@ def test_probes_off_takes_the_fused_path_with_the_same_answers(tiny, tiny_dir, d
     with torch.no_grad():
         broken.model.encoder.block[0].layer[0].SelfAttention.k.weight.fill_(float("nan"))
     with pytest.raises(NumericalError, match="NaN"):
-        engine.run(broken, doc, engine.RunSettings(probes=ProbeSpec.off()))
+        engine.run(broken, doc, TRAINED, engine.Pass(probes=ProbeSpec.off()))
 
 
 def test_more_decoder_than_encoder_layers_still_generates(tmp_path, doc):
@@ -135,7 +136,7 @@ def test_more_decoder_than_encoder_layers_still_generates(tmp_path, doc):
     deep = load(str(build_tiny_t5(tmp_path / "deep", layers=1, decoder_layers=3)), device="cpu")
     with warnings.catch_warnings():  # and under the cache's current name: no deprecation on every run
         warnings.simplefilter("error", FutureWarning)
-        r = engine.run(deep, doc, engine.RunSettings(max_new_tokens=4))
+        r = engine.run(deep, doc, TRAINED, engine.Pass(max_new_tokens=4))
     assert r.correct is not None  # scored: generate ran through all three decoder layers
 
 
@@ -146,7 +147,7 @@ def test_runs_build_no_autograd_graph(tiny, doc):
     hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(torch.is_grad_enabled()))
              for m in (tiny.model.get_encoder(), tiny.model.get_decoder())]
     try:
-        engine.run(tiny, doc, engine.RunSettings(max_new_tokens=2, probes=ProbeSpec.off()))
+        engine.run(tiny, doc, TRAINED, engine.Pass(max_new_tokens=2, probes=ProbeSpec.off()))
     finally:
         for h in hooks:
             h.remove()
@@ -164,7 +165,7 @@ def test_where_the_answer_looks(tmp_path, doc):
 
     two = load(str(build_tiny_t5(tmp_path / "two", decoder_layers=2)), device="cpu")
     spec = ProbeSpec(heatmap_size=64, names=("cross.*.map", "cross.*.profile"))
-    res = engine.run(two, doc, engine.RunSettings(probes=spec, max_new_tokens=4))
+    res = engine.run(two, doc, TRAINED, engine.Pass(probes=spec, max_new_tokens=4))
     z, tokens = tables.answer_attention(res)
     assert tokens == res.answer_tokens and z.shape == (len(tokens), 64)
     maps = res.probes["cross.*.map"]
@@ -177,4 +178,4 @@ def test_where_the_answer_looks(tmp_path, doc):
     assert table.shape == z.shape and table.columns[0] == "key_0"
     fig = plots.answer_attention(z, res.probes.heatmap_edges, res.needle_tokens, ["</s>", " 4", "x", "<pad>"][: len(tokens)])
     assert fig.layout.yaxis.ticktext[0] == "0: &lt;/s&gt;" and fig.layout.yaxis.title.text == "answer token"
-    assert tables.answer_attention(engine.run(two, doc, engine.RunSettings(max_new_tokens=2))) is None  # not asked
+    assert tables.answer_attention(engine.run(two, doc, TRAINED, engine.Pass(max_new_tokens=2))) is None  # not asked

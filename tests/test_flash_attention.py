@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from core.mechanics import flash_attention, softmax_block
+from core.values.choice import Choice
 
 pytestmark = pytest.mark.skipif(not flash_attention.has_triton(), reason="Triton is not installed")
 
@@ -82,7 +83,7 @@ def test_a_row_whose_every_key_is_masked_averages_its_values_as_eager_does():
 
 
 def _encoder_pass(tiny, ids, mask, spec, force_cuda, monkeypatch):
-    from core.mechanics.attention import AttentionSettings, attention_call
+    from core.mechanics.attention import attention_call
     from core.mechanics.probes import Recorder
 
     chosen: list[str] = []
@@ -95,7 +96,7 @@ def _encoder_pass(tiny, ids, mask, spec, force_cuda, monkeypatch):
 
     monkeypatch.setattr(softmax_block, "choose_backend", pick)
     rec = Recorder(spec, mask.bool())
-    with torch.no_grad(), attention_call(AttentionSettings(tau=[0.6, 0.9, 1.0, 1.3]), rec):
+    with torch.no_grad(), attention_call(Choice.of(tau=[0.6, 0.9, 1.0, 1.3]), None, rec):
         hidden = tiny.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
     monkeypatch.setattr(softmax_block, "choose_backend", choose)
     return hidden, rec.finish(), chosen

@@ -18,7 +18,6 @@ request is made in the first layer of a background pass), and every bound fails.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import pytest
 from conftest import clear_app_caches
@@ -28,6 +27,7 @@ from core.runs import engine, methods
 from core.runs.settings import DocumentRequest
 
 from conftest import wait_until
+from core.values.choice import Choice
 
 #: The long document: 16 x the default model's L_tr (a pass takes a few seconds on this 2-core machine).
 TOKENS = 4096
@@ -42,11 +42,12 @@ def default():
     return load("retrieval-t5", device="cpu")
 
 
-def grid_settings(loaded) -> engine.RunSettings:
-    """What the scrubber's grid passes record (``ui/scrubber.py``: explore probes, a fixed tau)."""
+def grid_settings(loaded, tau: float = 1.0) -> tuple[Choice, engine.Pass]:
+    """What the scrubber's grid passes record (``ui/scrubber.py``: explore probes, a fixed tau), as a pass's two
+    values."""
     from ui import cache
 
-    return engine.RunSettings(tau=1.0, method=methods.FIXED, probes=cache.explore_probes(1, None))
+    return Choice.of(tau=tau, method=methods.FIXED), engine.Pass(probes=cache.explore_probes(1, None))
 
 
 def stretches(stamps: list[tuple[float, float]], start: float, end: float) -> list[float]:
@@ -66,7 +67,7 @@ def layer(default):
     stamps: list[tuple[float, float]] = []
     with between_layers(lambda: stamps.append((time.perf_counter(), time.perf_counter()))):
         t0 = time.perf_counter()
-        res = engine.run(default, doc, replace(grid_settings(default), tau=0.95))
+        res = engine.run(default, doc, *grid_settings(default, 0.95))
         t1 = time.perf_counter()
     assert len(stamps) >= default.n_layers  # the hook runs before every attention call
     return max(stretches(stamps, t0, t1)), res
@@ -124,8 +125,8 @@ def background_pass_s(loaded, job, done: int, paused_before: float) -> float:
     from ui import cache, pass_gate
 
     settings = job.passes()[done]
-    wait_until(lambda: cache.has_run(loaded, job.request, settings), 300)
-    res = cache.run(loaded, job.request, settings)
+    wait_until(lambda: cache.has_run(loaded, job.request, *settings), 300)
+    res = cache.run(loaded, job.request, *settings)
     return res.seconds["total"] - (pass_gate.gate().paused_s - paused_before)
 
 
@@ -147,15 +148,15 @@ def test_a_person_waits_for_a_layer_not_the_background_pass(default, layer, back
     pf = prefetch.prefetcher()
     gave_way = pf.gave_way
     req = DocumentRequest(task="passkey", tokens=TOKENS, depth=0.5, seed=11)
-    job = prefetch.grid_job(default, req, grid_settings(default))
-    assert [float(s.tau) for s in job.passes()[:2]] == [1.0, 0.95]
+    job = prefetch.grid_job(default, req, *grid_settings(default))
+    assert [float(c.tau) for c, _ in job.passes()[:2]] == [1.0, 0.95]
     pf.want("fg-session", job)
     try:
         # an off-grid frame of the same document, asked as the grid's second pass (tau 0.95) begins
         paused_s = gate.paused_s
         inside_a_background_pass(job, 1, background_stamps)
         t0 = time.perf_counter()
-        res = cache.run(default, req, replace(grid_settings(default), tau=0.66))
+        res = cache.run(default, req, *grid_settings(default, 0.66))
         total = time.perf_counter() - t0
         waited, own = gate.last_wait_s, res.seconds["total"]
         bound = bound_s(layer_s, background_stamps)
@@ -168,7 +169,7 @@ def test_a_person_waits_for_a_layer_not_the_background_pass(default, layer, back
         assert total <= own + bound + SLACK_S, (total, own, bound)
         assert gate.pauses > pauses and pf.gave_way == gave_way  # paused, not abandoned: nothing redone
         # the paused pass is the same pass as one never paused
-        paused = cache.run(default, req, replace(grid_settings(default), tau=0.95))
+        paused = cache.run(default, req, *grid_settings(default, 0.95))
         assert paused.answer == alone.answer
         assert paused.pmax == pytest.approx(alone.pmax, rel=1e-6)
         assert paused.entropy == pytest.approx(alone.entropy, rel=1e-6)
@@ -215,18 +216,18 @@ def test_a_person_who_asks_for_the_grid_pass_under_way_waits_for_its_rest(defaul
     pf = prefetch.prefetcher()
     pauses, gave_way = gate.pauses, pf.gave_way
     req = DocumentRequest(task="passkey", tokens=TOKENS, depth=0.5, seed=14)
-    job = prefetch.grid_job(default, req, grid_settings(default))
+    job = prefetch.grid_job(default, req, *grid_settings(default))
     pf.want("rest-session", job)
     try:
         inside_a_background_pass(job, 1, background_stamps)  # the grid's second pass (tau 0.95) is under way
         under_way = job.passes()[1]
-        assert not cache.has_run(default, req, under_way)
+        assert not cache.has_run(default, req, *under_way)
         t0 = time.perf_counter()
-        res = cache.run(default, req, under_way)
+        res = cache.run(default, req, *under_way)
         total = time.perf_counter() - t0
         print(f"the grid pass under way, asked for: served in {total:.2f} s (its own pass {res.seconds['total']:.2f} s)")
         assert gate.pauses == pauses and pf.gave_way == gave_way, (gate.pauses - pauses, pf.gave_way - gave_way)
-        assert res is stores.stores()["run"].peek(cache.run_key(default, req, under_way))
+        assert res is stores.stores()["run"].peek(cache.run_key(default, req, *under_way))
         assert total <= res.seconds["total"] + SLACK_S, (total, res.seconds)  # its rest, not a pass of its own
     finally:
         pf.want("rest-session", None)
@@ -243,17 +244,17 @@ def test_without_room_to_pause_the_background_pass_is_abandoned_and_redone(defau
     pauses = gate.pauses
     pf = prefetch.Prefetcher(pause_share=0.0)
     req = DocumentRequest(task="passkey", tokens=TOKENS, depth=0.5, seed=13)
-    job = prefetch.grid_job(default, req, grid_settings(default))
+    job = prefetch.grid_job(default, req, *grid_settings(default))
     pf.want("abandon-session", job)
     try:
         inside_a_background_pass(job, 0, background_stamps)
-        res = cache.run(default, req, replace(grid_settings(default), tau=0.66))
+        res = cache.run(default, req, *grid_settings(default, 0.66))
         waited = gate.last_wait_s
         print(f"abandoned: waited {waited:.2f} s, own pass {res.seconds['total']:.2f} s, held {pf.held} bytes")
         assert waited <= bound_s(layer_s, background_stamps), waited
         assert pf.gave_way == 1 and gate.pauses == pauses
         wait_until(lambda: prefetch.progress(job)[0] >= 1, 300)  # the abandoned tau = 1 pass, redone
-        assert cache.has_run(default, req, job.passes()[0])
+        assert cache.has_run(default, req, *job.passes()[0])
     finally:
         pf.want("abandon-session", None)
         pf.stop(60)

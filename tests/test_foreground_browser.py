@@ -70,13 +70,13 @@ def own_pass():
     loaded = load(MODEL, device="cpu")
     req = DocumentRequest(task=DOC["task"], tokens=DOC["tokens"], depth=DOC["depth"] / 100, seed=DOC["seed"])
     doc = req.build_for(loaded)
-    settings = Settings(method="fixed", tau=0.99, targets=("encoder",), cosine_scale=None).run_settings(
-        probes=cache.explore_probes(1, None))
-    engine.run(loaded, doc, settings)  # warm: the kernel, the allocator
+    settings = (Settings(method="fixed", tau=0.99, targets=("encoder",), cosine_scale=None).to_choice(),
+                engine.Pass(probes=cache.explore_probes(1, None)))
+    engine.run(loaded, doc, *settings)  # warm: the kernel, the allocator
     stamps: list[float] = []
     with between_layers(lambda: stamps.append(time.perf_counter())):
         t0 = time.perf_counter()
-        engine.run(loaded, doc, settings)
+        engine.run(loaded, doc, *settings)
         t1 = time.perf_counter()
     marks = [t0] + stamps + [t1]
     return t1 - t0, max(b - a for a, b in zip(marks, marks[1:]))

@@ -12,6 +12,7 @@ from core.runs import engine
 from core.views import frames, tables
 from core.mechanics.probes import ProbeSpec
 from core.runs.settings import DocumentRequest
+from core.values.choice import Choice
 
 
 def test_grid_covers_the_slider_and_orders_nearest_first():
@@ -69,10 +70,10 @@ def runs(tiny):
     doc = req.build_for(loaded)
     probes = ProbeSpec(heatmap_layer=loaded.n_layers - 1, heatmap_head=None, heatmap_size=64, sorted_logits=False,
                        cosine_hist_bins=0, names=("cross.*.map", "cross.*.profile"))
-    out = {t: engine.run(loaded, doc, engine.RunSettings(tau=t, method="fixed", probes=probes)) for t in (1.0, 0.7, 0.5)}
+    out = {t: engine.run(loaded, doc, Choice.of(tau=t, method="fixed"), engine.Pass(probes=probes)) for t in (1.0, 0.7, 0.5)}
     ref_doc = DocumentRequest(task="passkey", tokens=loaded.train_length, depth=0.5, seed=0).build_for(loaded)
-    ref = engine.run(loaded, ref_doc, engine.RunSettings(tau=1.0, method="none", generate=False))
-    exact = engine.run(loaded, doc, engine.RunSettings(tau=0.73, method="fixed", probes=probes))
+    ref = engine.run(loaded, ref_doc, Choice.of(tau=1.0, method="none"), engine.Pass(generate=False))
+    exact = engine.run(loaded, doc, Choice.of(tau=0.73, method="fixed"), engine.Pass(probes=probes))
     return doc, out, ref, exact
 
 
@@ -116,7 +117,7 @@ def test_payload_without_a_question_or_cross_attention(tiny):
     req = DocumentRequest(task="text", text="plain words " * 80, depth=0.5, seed=0, needle=None)
     doc = req.build_for(loaded)
     spec = ProbeSpec(heatmap_layer=0, heatmap_size=32, sorted_logits=False, cosine_hist_bins=0)
-    res = engine.run(loaded, doc, engine.RunSettings(tau=1.0, method="none", probes=spec))
+    res = engine.run(loaded, doc, Choice.of(tau=1.0, method="none"), engine.Pass(probes=spec))
     header, arrays = unpack_payload(frames.payload(res, res, {1.0: res}, None, doc.text))
     assert header["exact"] is None and "base.map" in arrays and "base.cross" not in arrays
 

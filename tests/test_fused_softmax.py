@@ -15,9 +15,10 @@ from hypothesis import given, settings, strategies as st
 from core.runs import engine
 from core.mechanics import fused_softmax
 from core.data import tasks
-from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.attention import attention_call
 from core.mechanics.probes import SORTED_ROWS, ProbeSpec, Recorder, pool_edges
 from core.mechanics.relative_bias import RelativeBias
+from core.values.choice import Choice
 
 pytestmark = pytest.mark.skipif(not fused_softmax.available(), reason="no C++ compiler here: the kernel is off")
 
@@ -115,7 +116,7 @@ def test_sorted_sum_equals_torch_sort(rows, n, seed):
 def _probe_run(loaded, doc, tau, monkeypatch, kernel: bool):
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "1" if kernel else "0")
     spec = ProbeSpec(profile_rows=(5, 12), names=("cross.*.map",))
-    return engine.run(loaded, doc, engine.RunSettings(tau=tau, probes=spec))
+    return engine.run(loaded, doc, Choice.of(tau=tau), engine.Pass(probes=spec))
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.6, [0.5, 1.3]])
@@ -140,7 +141,7 @@ def test_padded_batch_with_and_without_the_kernel(tiny, monkeypatch):
     from core.mechanics import softmax_block
 
     docs = [tasks.make("passkey", tiny.tokenizer, n, seed=s) for s, n in enumerate((300, 520))]
-    settings_ = engine.RunSettings(tau=0.7, probes=ProbeSpec.stats_only())
+    choice, how = Choice.of(tau=0.7), engine.Pass(probes=ProbeSpec.stats_only())
     chosen: list[tuple[str, bool]] = []
     choose = softmax_block.choose_backend
 
@@ -151,11 +152,11 @@ def test_padded_batch_with_and_without_the_kernel(tiny, monkeypatch):
 
     monkeypatch.setattr(softmax_block, "choose_backend", spy)
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "0")
-    a = engine.run_batch(tiny, docs, settings_, batch_size=2)
+    a = engine.run_batch(tiny, docs, choice, how, batch_size=2)
     assert {name for name, _ in chosen} <= {softmax_block.TORCH, softmax_block.SDPA}
     chosen.clear()
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "1")
-    b = engine.run_batch(tiny, docs, settings_, batch_size=2)
+    b = engine.run_batch(tiny, docs, choice, how, batch_size=2)
     encoder = [name for name, padded_self in chosen if padded_self]
     assert len(encoder) >= tiny.model.config.num_layers
     assert set(encoder) == {softmax_block.CPU_KERNEL}
@@ -175,7 +176,7 @@ def test_sorted_logits_past_the_cap_sort_an_even_sample(tiny):
     hooks = [att.q.register_forward_hook(lambda m, i, o: got.setdefault("q", o)),
              att.k.register_forward_hook(lambda m, i, o: got.setdefault("k", o))]
     rec = Recorder(ProbeSpec(heatmap=False, cosine_hist_bins=0), torch.ones(1, n, dtype=torch.bool))
-    with torch.no_grad(), attention_call(AttentionSettings(tau=0.8), rec):
+    with torch.no_grad(), attention_call(Choice.of(tau=0.8), None, rec):
         tiny.model.encoder(input_ids=ids)
     for h in hooks:
         h.remove()
@@ -195,13 +196,13 @@ def test_sorted_logits_past_the_cap_sort_an_even_sample(tiny):
 def test_no_compiler_means_torchs_path_and_the_same_numbers(tiny, monkeypatch):
     """A machine without g++ (or a failed build): available() is False, one reason is kept, passes still run."""
     doc = tasks.make("passkey", tiny.tokenizer, 500, seed=4)
-    want = engine.run(tiny, doc, engine.RunSettings(tau=0.7))
+    want = engine.run(tiny, doc, Choice.of(tau=0.7))
     monkeypatch.setattr(fused_softmax, "_LIB", None)
     monkeypatch.setattr(fused_softmax, "_TRIED", False)
     monkeypatch.setattr(fused_softmax.shutil, "which", lambda name: None)
     assert not fused_softmax.available()
     assert "compiler" in fused_softmax.why_not()
-    got = engine.run(tiny, doc, engine.RunSettings(tau=0.7))
+    got = engine.run(tiny, doc, Choice.of(tau=0.7))
     assert got.answer == want.answer
     np.testing.assert_allclose(got.probes.pmax, want.probes.pmax, rtol=1e-5)
 
@@ -226,7 +227,7 @@ def test_kernel_pass_equals_transformers_eager_attention(tiny, tiny_dir, monkeyp
     rec = Recorder(ProbeSpec.stats_only(), mask.bool())
     with torch.no_grad():
         want = ref.get_encoder()(input_ids=ids, output_attentions=True)
-        with attention_call(AttentionSettings(tau=1.0), rec):
+        with attention_call(Choice.of(tau=1.0), None, rec):
             got = tiny.model.get_encoder()(input_ids=ids).last_hidden_state
     assert chosen == [softmax_block.CPU_KERNEL] * tiny.model.config.num_layers
     torch.testing.assert_close(got, want.last_hidden_state, atol=1e-5, rtol=1e-5)

@@ -287,7 +287,7 @@ def test_export_as_fixed_tau_of_adaptive_says_adaptive(env):
     app_ok(at)
     got = _exported(at)
     assert got["method"] == adaptive, got  # it runs as adaptive: the file says so, not "fixed"
-    assert Settings.from_dict(got).run_settings().choice.tau.adaptive
+    assert Settings.from_dict(got).to_choice().tau.adaptive
     assert any("has no fixed tau" in i.value for i in at.info), [i.value for i in at.info]
 
 

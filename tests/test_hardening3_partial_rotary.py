@@ -23,10 +23,11 @@ from transformers import ModernBertConfig, ModernBertForMaskedLM
 from conftest import build_tiny_rope
 from core import cli
 from core.errors import UserError
-from core.mechanics.attention import AttentionSettings
 from core.models import load
 from core.runs import methods, rope_pass
 from core.values import positions
+from core.values.choice import Choice
+from core.mechanics.run_pass import Pass
 
 L_TR = 16
 N = 40
@@ -69,8 +70,8 @@ def _ours(loaded, scheme: positions.Scheme, ids: torch.Tensor, probed: bool = Fa
     from core.mechanics.probes import ProbeSpec, Recorder
 
     rec = Recorder(ProbeSpec.stats_only(), torch.ones(ids.shape, dtype=torch.bool)) if probed else None
-    attn = AttentionSettings(tau=1.0, chunk_bytes=4 * 4 * N * 4 * 7)
-    with torch.no_grad(), rope_pass.scheme_pass(loaded, attn, rec, scheme, ids.shape[1]):
+    how = Pass(chunk_bytes=4 * 4 * N * 4 * 7)
+    with torch.no_grad(), rope_pass.scheme_pass(loaded, Choice.of(tau=1.0, scheme=scheme), how, rec, ids.shape[1]):
         out = loaded.model(input_ids=ids).logits
     if probed:
         rec.finish()

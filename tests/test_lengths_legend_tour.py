@@ -11,6 +11,7 @@ from conftest import clear_app_caches
 
 from core.data import tasks
 from core.models import default_model
+from core.values.choice import Choice
 
 needs_model = pytest.mark.skipif(default_model() is None, reason="no bundled model in assets/models")
 
@@ -132,7 +133,7 @@ def test_tour_step_2_describes_what_the_default_model_shows(loaded):
     seen = {}
     for mult in (1, 8):
         doc = tasks.make("passkey", loaded.tokenizer, mult * loaded.train_length, depth=0.5, seed=0)
-        res = engine.run(loaded, doc, engine.RunSettings(tau=1.0, probes=probes))
+        res = engine.run(loaded, doc, Choice.of(tau=1.0), engine.Pass(probes=probes))
         (a, b), (qa, _qb) = res.needle_tokens, res.question_tokens
         filler = np.zeros(res.tokens, bool)
         filler[intro : qa - 1] = True
@@ -172,7 +173,7 @@ def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     tau, info = cache.resolve_tau(loaded, req, "pmax")
     assert float(tau) == 0.5 and info["reached"] is False
     more = TOUR[3]["more"]
-    run = cache.run(loaded, req, engine.RunSettings(tau=tau, probes=cache.explore_probes(loaded.n_layers - 1, None)))
+    run = cache.run(loaded, req, Choice.of(tau=tau), engine.Pass(probes=cache.explore_probes(loaded.n_layers - 1, None)))
     ref = cache.run_reference(loaded, req)
     assert f"{run.pmax:.4f} against {info['reference']:.4f} at L_tr" in more
     assert f"gap −{abs(info['gap']):.4f}" in more and info["gap"] < 0

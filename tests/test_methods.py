@@ -175,7 +175,8 @@ def test_a_new_entry_is_all_it_takes(tiny, doc, monkeypatch):
     new = methods.Method("half-log", "half log-length", "½ log", "Half way between 1 and log-length.",
                          measured=False, length_dependent=True, resolve=None,
                          formula=lambda lt, n, d, st: (1 + temperature.log_length(lt, n)) / 2)
-    new = methods.Method(**{**new.__dict__, "resolve": lambda q: (methods.formula("half-log", q.train_length, q.tokens, 0), {})})
+    new = methods.Method(**{**new.__dict__, "resolve": lambda loaded, document, tokens, **_: (
+        methods.formula("half-log", loaded.train_length, tokens, 0), {})})
     monkeypatch.setitem(methods.REGISTRY, "half-log", new)
     n = len(tiny.tokenizer(doc.text).input_ids)
     tau, info = methods.resolve(tiny, doc, "half-log")

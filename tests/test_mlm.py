@@ -16,9 +16,9 @@ from core import cli
 from core.experiments import mlm
 from core.runs import methods
 from core.data import tasks
-from core.mechanics.attention import AttentionSettings
 from core.errors import UserError
 from core.models import load
+from core.values.choice import Choice
 
 L_TR = 64
 
@@ -69,7 +69,7 @@ def test_metric_equals_hand_computation(rope, rope_dir, tau):
         for layer in ref.model.layers:
             layer.attn.Wqkv.weight[: ref.config.hidden_size].div_(tau)
     seqs = [mlm.sequence(rope, n, seed)[1] for n, seed in ((96, 11), (80, 12))]  # two lengths: a padded batch
-    got = mlm.score(rope, seqs, AttentionSettings(tau=tau))
+    got = mlm.score(rope, seqs, Choice.of(tau=tau))
     correct, nll, masked = 0, 0.0, 0
     for s in seqs:
         with torch.no_grad():

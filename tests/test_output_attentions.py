@@ -23,9 +23,10 @@ from transformers import T5ForConditionalGeneration
 
 from core.mechanics import attention
 from core.runs.apply import apply
-from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.attention import attention_call
 from core.errors import UserError
 from core.mechanics.probes import ProbeSpec, Recorder
+from core.values.choice import TRAINED
 
 TEXT = "The keeper counted 4182 boats in the harbour that spring."
 DECODER_IDS = torch.tensor([[0, 52, 48, 53, 54, 55]])  # teacher-forced answer tokens, start token first
@@ -122,7 +123,7 @@ def test_padding_masked_keys_get_zero(tiny, eager, probed):
         want = eager(**enc, decoder_input_ids=dec, output_attentions=True)
         if probed:
             rec = Recorder(ProbeSpec.of("encoder.*.pmax", "cross.*.pmax"), enc.attention_mask.bool())
-            with attention_call(AttentionSettings(), rec):
+            with attention_call(TRAINED, None, rec):
                 ours = tiny.model(**enc, decoder_input_ids=dec, output_attentions=True)
             assert rec.finish()["encoder.0.pmax"].size  # the recorder was fed too
         else:

@@ -34,6 +34,7 @@ from core.runs import temperature  # noqa: E402
 from core.errors import InputTooLong, ModelLoadError, UserError  # noqa: E402
 from core.runs.settings import DocumentRequest  # noqa: E402
 from core.values.schedule import RowTau
+from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -94,8 +95,7 @@ def _stats_only_runs(loaded, req, taus) -> list[float]:
     from core.mechanics.probes import ProbeSpec
     from ui import cache
 
-    return [t for t in taus if cache.has_run(loaded, req, engine.RunSettings(
-        tau=t, probes=ProbeSpec.stats_only(), generate=False))]
+    return [t for t in taus if cache.has_run(loaded, req, Choice.of(tau=t), engine.Pass(probes=ProbeSpec.stats_only(), generate=False))]
 
 
 def _array(v) -> np.ndarray:
@@ -116,7 +116,7 @@ def test_calibrate_draws_the_background_grid_without_a_button(env):
     loaded, req = _loaded(env), _req(512, seed=11)
     # what Explore leaves behind: its L_tr reference, and the prefetcher's grid of this document
     cache.run_reference(loaded, req)
-    job = grid_job(loaded, req, engine.RunSettings(tau=1.0, method="fixed"))
+    job = grid_job(loaded, req, Choice.of(tau=1.0, method="fixed"))
     prefetcher().want("issue41-test", job)
     try:
         wait_until(lambda: progress(job)[0] == progress(job)[1])
@@ -148,11 +148,10 @@ def test_calibrate_completes_when_the_rest_of_the_grid_arrives(env):
 
     loaded, req = _loaded(env), _req(512, seed=12)
     cache.run_reference(loaded, req)
-    settings = engine.RunSettings(tau=1.0, method="fixed")
     first = GRID[:5]  # 1.0 ... 0.8: not enough for a bisection (it needs both ends)
     for t in first:
-        cache.run(loaded, req, engine.RunSettings(tau=t, method="fixed"))
-    job = grid_job(loaded, req, settings)
+        cache.run(loaded, req, Choice.of(tau=t, method="fixed"))
+    job = grid_job(loaded, req, Choice.of(tau=1.0, method="fixed"))
     # Explore's background grid of this document is wanted, but waits: a person's pass (this test) holds the gate
     with gate().foreground():
         prefetcher().want("issue41-grid", job)
@@ -184,7 +183,7 @@ def test_calibrate_does_not_wait_for_a_grid_nobody_computes(env):
 
     loaded, req = _loaded(env), _req(512, seed=15)
     cache.run_reference(loaded, req)
-    cache.run(loaded, req, engine.RunSettings(tau=1.0, method="fixed"))
+    cache.run(loaded, req, Choice.of(tau=1.0, method="fixed"))
     at = _calibrate(512, 15)
     app_ok(at)
     assert "cal_run" in _keys(at)

@@ -13,6 +13,7 @@ import torch
 from core.runs import engine
 from core.data import tasks
 from core.experiments.perplexity import PerplexityPlan, run_perplexity, score
+from core.values.choice import TRAINED, Choice
 
 
 def test_same_seed_same_continuation_at_every_length(tiny):
@@ -38,7 +39,7 @@ def test_seeds_and_pools_differ(tiny):
 
 def test_run_perplexity_equals_hand_computation(tiny):
     doc = tasks.make("lm", tiny.tokenizer, 90, seed=5, continuation=12)
-    res = engine.run(tiny, doc, engine.RunSettings(generate=False))
+    res = engine.run(tiny, doc, TRAINED, engine.Pass(generate=False))
     ids = torch.tensor([tiny.tokenizer(doc.text).input_ids])
     labels = torch.tensor([list(doc.meta["continuation_ids"])])
     with torch.no_grad():  # transformers' own T5 (sdpa attention), teacher-forced
@@ -54,11 +55,11 @@ def test_run_perplexity_equals_hand_computation(tiny):
 
 def test_temperature_changes_perplexity_and_batches_agree(tiny):
     docs = [tasks.make("lm", tiny.tokenizer, 70 + 9 * i, seed=i, continuation=8) for i in range(3)]
-    one = score(tiny, docs, engine.RunSettings(), batch_size=1)
-    three = score(tiny, docs, engine.RunSettings(), batch_size=3)  # padded batch: same sums
+    one = score(tiny, docs, TRAINED, batch_size=1)
+    three = score(tiny, docs, TRAINED, batch_size=3)  # padded batch: same sums
     assert three["nll"] == pytest.approx(one["nll"], rel=1e-4) and three["scored_tokens"] == 24
     assert one["perplexity"] == pytest.approx(math.exp(one["nll"] / 24))
-    sharp = score(tiny, docs, engine.RunSettings(tau=0.5), batch_size=3)
+    sharp = score(tiny, docs, Choice.of(tau=0.5), batch_size=3)
     assert abs(sharp["nll"] - one["nll"]) > 1e-3
 
 

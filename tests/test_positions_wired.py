@@ -27,10 +27,11 @@ from core.runs import engine, methods, rope_pass
 from core.experiments import mlm
 from core.values import positions
 from core.data import tasks
-from core.mechanics.attention import AttentionSettings
 from core.errors import UserError
 from core.models import load
 from core.mechanics.probes import ProbeSpec, Recorder
+from core.values.choice import Choice
+from core.mechanics.run_pass import Pass
 
 L_TR = 16
 N = 40  # 2.5 x L_TR: every scheme changes something
@@ -66,8 +67,8 @@ def _ours(loaded, scheme: str, ids: torch.Tensor, tau: float = 1.0, probed: bool
     """The masked-LM logits of our pass under ``scheme`` (through core.runs.rope_pass, in several blocks of rows);
     ``probed``: a recorder asks for Pmax and entropy, so the blocked softmax runs instead of torch's kernel."""
     rec = Recorder(ProbeSpec.stats_only(), torch.ones(ids.shape, dtype=torch.bool)) if probed else None
-    attn = AttentionSettings(tau=tau, chunk_bytes=SMALL_BLOCKS)
-    with torch.no_grad(), rope_pass.scheme_pass(loaded, attn, rec, positions.Scheme.of(scheme, params), ids.shape[1]):
+    choice = Choice.of(tau=tau, scheme=positions.Scheme.of(scheme, params))
+    with torch.no_grad(), rope_pass.scheme_pass(loaded, choice, Pass(chunk_bytes=SMALL_BLOCKS), rec, ids.shape[1]):
         out = loaded.model(input_ids=ids, attention_mask=attention_mask).logits
     if probed:
         record = rec.finish()
@@ -276,7 +277,7 @@ def test_a_scheme_pass_changes_nothing_of_the_shared_model(rope, name):
     scheme_logits = _ours(rope, name, ids)
     assert _same(_state(rope.model), before)
     with pytest.raises(RuntimeError, match="boom"):
-        with rope_pass.scheme_pass(rope, None, None, positions.Scheme.of(name), 24):
+        with rope_pass.scheme_pass(rope, Choice.of(scheme=positions.Scheme.of(name)), None, None, 24):
             assert _same(_state(rope.model), before)
             if positions.get(name).changes != (positions.MASK,):  # and yet this scheme's logits differ
                 assert not torch.equal(scheme_logits, logits)
@@ -334,9 +335,9 @@ def test_measured_methods_calibrate_under_the_scheme(rope, monkeypatch):
     seen = []
     real = engine.run_encoded
 
-    def spy(loaded, docs, encs, settings):
-        seen.append((settings.choice.scheme.name, settings.choice.scheme.param_dict, encs[0].n))
-        return real(loaded, docs, encs, settings)
+    def spy(loaded, docs, encs, choice, how):
+        seen.append((choice.scheme.name, choice.scheme.param_dict, encs[0].n))
+        return real(loaded, docs, encs, choice, how)
 
     monkeypatch.setattr(engine, "run_encoded", spy)
     pmax = methods.ALGORITHM1["pmax"]
@@ -350,8 +351,8 @@ def test_measured_methods_calibrate_under_the_scheme(rope, monkeypatch):
 def test_t5_takes_only_the_plain_scheme(tiny):
     doc = tasks.make(tasks.LM, tiny.tokenizer, 64, seed=0)
     with pytest.raises(UserError, match="rotary"):
-        engine.run(tiny, doc, engine.RunSettings(scheme="pi", generate=False))
-    engine.run(tiny, doc, engine.RunSettings(scheme=positions.PLAIN, generate=False))
+        engine.run(tiny, doc, Choice.of(scheme="pi"), engine.Pass(generate=False))
+    engine.run(tiny, doc, Choice.of(scheme=positions.PLAIN), engine.Pass(generate=False))
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:

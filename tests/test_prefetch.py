@@ -17,6 +17,7 @@ from core.runs import engine, methods, temperature
 from core.runs.settings import DocumentRequest
 
 from conftest import wait_until
+from core.values.choice import Choice
 
 
 @pytest.fixture
@@ -35,14 +36,13 @@ def test_grid_fills_the_stores_calibrate_reads(tiny, cache_mod):
     cache = cache_mod
     req = DocumentRequest(task="passkey", tokens=512, depth=0.5, seed=4)
     probes = cache.explore_probes(1, None)
-    settings = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
-    job = prefetch.grid_job(tiny, req, settings)
+    job = prefetch.grid_job(tiny, req, Choice.of(tau=1.0, method="fixed"), engine.Pass(probes=probes))
     assert progress(job) == (0, len(GRID) + 1)  # the grid and Theory's tau = 1 pass
     prefetch.prefetcher().want("test-session", job)
     wait_until(lambda: progress(job)[0] == len(GRID) + 1)
     # the slider's own key: a grid tau is a hit, an off-grid one is not
-    assert cache.has_run(tiny, req, engine.RunSettings(tau=0.65, method="fixed", probes=probes))
-    assert not cache.has_run(tiny, req, engine.RunSettings(tau=0.66, method="fixed", probes=probes))
+    assert cache.has_run(tiny, req, Choice.of(tau=0.65, method="fixed"), engine.Pass(probes=probes))
+    assert not cache.has_run(tiny, req, Choice.of(tau=0.66, method="fixed"), engine.Pass(probes=probes))
     cache.run_reference(tiny, req)  # the page has its L_tr reference already
     runs = stores()["run"]
     misses = runs.misses
@@ -65,16 +65,16 @@ def test_the_grid_is_computed_nearest_the_slider_first(tiny, cache_mod):
     from ui.pass_gate import gate
     from ui.prefetch import GRID, Job, prefetcher
 
-    s = engine.RunSettings(tau=1.0, method="fixed", probes=cache_mod.explore_probes(1, None))
+    s = (Choice.of(tau=1.0, method="fixed"), engine.Pass(probes=cache_mod.explore_probes(1, None)))
     req = DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2)
-    taus = [float(p.tau) for p in Job(tiny, req, s, around=0.52).passes()[: len(GRID)]]
+    taus = [float(c.tau) for c, _ in Job(tiny, req, *s, around=0.52).passes()[: len(GRID)]]
     assert taus[:4] == [1.0, 0.5, 0.55, 0.45] and sorted(taus) == sorted(GRID)  # tau = 1 (the left column) first
     assert GRID[-1] == pytest.approx(0.3) and set(temperature.GRID) <= set(GRID)
     # the same document with the slider elsewhere: the wish is reordered, not restarted
     pf = prefetcher()
     with gate().foreground():
-        pf.want("s-order", Job(tiny, req, s, around=1.0))
-        pf.want("s-order", Job(tiny, req, s, around=0.3))
+        pf.want("s-order", Job(tiny, req, *s, around=1.0))
+        pf.want("s-order", Job(tiny, req, *s, around=0.3))
         job = pf.wanted()["s-order"]
         assert job.around == 0.3
         pf.want("s-order", None)
@@ -86,9 +86,9 @@ def test_a_new_document_cancels_the_old_grid(tiny, cache_mod):
 
     cache = cache_mod
     probes = cache.explore_probes(1, None)
-    s = engine.RunSettings(tau=1.0, method="fixed", probes=probes)
-    old = Job(tiny, DocumentRequest(task="passkey", tokens=1024, depth=0.5, seed=1), s)
-    new = Job(tiny, DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2), s)
+    s = (Choice.of(tau=1.0, method="fixed"), engine.Pass(probes=probes))
+    old = Job(tiny, DocumentRequest(task="passkey", tokens=1024, depth=0.5, seed=1), *s)
+    new = Job(tiny, DocumentRequest(task="passkey", tokens=300, depth=0.5, seed=2), *s)
     pf = prefetcher()
     gate = pass_gate()
     with gate.foreground():  # hold the worker back until both wishes are in

@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.attention import attention_call
 from core.mechanics.probes import ProbeSpec, Recorder, pool_edges
 from core.mechanics.softmax_block import EXP_FLOOR, Block
+from core.values.choice import TRAINED, Choice
 
 
 def _record(model, ids, mask, spec, tau=1.0):
     rec = Recorder(spec, mask.bool())
-    with torch.no_grad(), attention_call(AttentionSettings(tau=tau), rec):
+    with torch.no_grad(), attention_call(Choice.of(tau=tau), None, rec):
         model.get_encoder()(input_ids=ids, attention_mask=mask)
     return rec.finish()
 
@@ -235,7 +236,7 @@ def _eager_and_ours(tmp_path, names, heatmap_size=4096):
     with torch.no_grad():
         want = eager(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
         rec = Recorder(ProbeSpec.of(*names, heatmap_size=heatmap_size), mask.bool())
-        with attention_call(AttentionSettings(), rec):
+        with attention_call(TRAINED, None, rec):
             ours.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
     return ours, eager, rec.finish(), want, mask
 
@@ -281,7 +282,7 @@ def test_generation_appends_one_answer_row_per_step(tmp_path):
     ours, eager = _eager_and_ours(tmp_path, ["cross.*.map"])[:2]
     doc = tasks.make("passkey", ours.tokenizer, 300, depth=0.5, seed=1)
     spec = ProbeSpec(heatmap_size=4096, names=("cross.*.map", "decoder.*.map", "cross.*.pmax"))
-    res = engine.run(ours, doc, engine.RunSettings(probes=spec, max_new_tokens=5))
+    res = engine.run(ours, doc, TRAINED, engine.Pass(probes=spec, max_new_tokens=5))
     ids = torch.from_numpy(engine.encode(ours, doc).input_ids)[None]
     with torch.no_grad():
         out = eager.generate(input_ids=ids, max_new_tokens=5, do_sample=False, num_beams=1, output_attentions=True,

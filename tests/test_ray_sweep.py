@@ -160,8 +160,8 @@ def test_a_jsonl_sweep_on_ray_gives_the_rows_of_a_local_one(tiny, pool, tmp_path
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in _docs(6)), encoding="utf-8")
     items = batch.read_jsonl(data, tiny.tokenizer, report=pytest.fail)
-    settings = [batch.Choice("none", "none"), batch.Choice("tau=0.7", "fixed", 0.7),
-                batch.Choice("log-length", "log-length"), batch.Choice("pmax", "pmax")]
+    settings = [batch.Setting("none", "none"), batch.Setting("tau=0.7", "fixed", 0.7),
+                batch.Setting("log-length", "log-length"), batch.Setting("pmax", "pmax")]
     a, b = tmp_path / "local.csv", tmp_path / "ray.csv"
     ca = batch.run_items(tiny, items, settings, out=a, batch_size=4)
     cb = batch.run_items(tiny, items, settings, out=b, batch_size=4, pool=pool)

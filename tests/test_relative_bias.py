@@ -18,9 +18,10 @@ from transformers import T5Config, T5ForConditionalGeneration, UMT5Config, UMT5F
 
 from core.runs import apply as apply_mod
 from core.mechanics import patches, relative_bias
-from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.attention import attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
 from core.mechanics.relative_bias import RelativeBias, bias_vector
+from core.values.choice import TRAINED
 
 
 def _t5(attn: str = "aligned", seed: int = 0, layers: int = 2, heads: int = 4) -> T5ForConditionalGeneration:
@@ -136,7 +137,7 @@ def test_a_probe_wanting_whole_logits_gets_them():
     att = t5.encoder.block[0].layer[0].SelfAttention
     hook = att.q.register_forward_hook(lambda m, i, o: captured.setdefault("q", o))
     hook_k = att.k.register_forward_hook(lambda m, i, o: captured.setdefault("k", o))
-    with torch.no_grad(), attention_call(AttentionSettings(), rec):
+    with torch.no_grad(), attention_call(TRAINED, None, rec):
         t5.encoder(input_ids=ids)
     hook.remove()
     hook_k.remove()
@@ -168,6 +169,7 @@ def test_a_long_pass_never_holds_the_dense_bias(tmp_path):
         from transformers import T5Config, T5ForConditionalGeneration
         from core.mechanics import attention, patches
         from core.mechanics.probes import ProbeSpec, Recorder
+        from core.values.choice import Choice
         torch.manual_seed(0)
         cfg = T5Config(vocab_size=100, d_model=32, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1,
                        num_heads=8, decoder_start_token_id=0)
@@ -177,7 +179,7 @@ def test_a_long_pass_never_holds_the_dense_bias(tmp_path):
         L = 8192
         ids = torch.randint(2, 100, (1, L))
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        with torch.no_grad(), attention.attention_call(attention.AttentionSettings(tau=0.7),
+        with torch.no_grad(), attention.attention_call(Choice.of(tau=0.7), None,
                                                        Recorder(ProbeSpec(), torch.ones(1, L, dtype=torch.bool))):
             m.encoder(input_ids=ids)
         print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)

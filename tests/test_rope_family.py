@@ -15,10 +15,12 @@ from conftest import build_tiny_rope
 from core.runs import engine, methods
 from core.data import tasks
 from core.runs import apply as ap
-from core.mechanics.attention import AttentionSettings, attention_call, attention_modules
+from core.mechanics.attention import attention_call, attention_modules
 from core.errors import ModelLoadError, UserError
 from core.models import load
 from core.mechanics.probes import ProbeSpec, Recorder
+from core.values.choice import TRAINED, Choice
+from core.mechanics.run_pass import Pass
 
 L_TR = 64
 
@@ -74,9 +76,9 @@ def test_equals_transformers_with_padding(rope, rope_dir, impl):
         want = ref(input_ids=ids, attention_mask=mask).logits
         fused = rope.model(input_ids=ids, attention_mask=mask).logits  # no call: tau = 1, fused path
         rec = Recorder(ProbeSpec.stats_only(), mask.bool())
-        with attention_call(AttentionSettings(tau=1.0), rec):  # probed, blocked path
+        with attention_call(Choice.of(tau=1.0), None, rec):  # probed, blocked path
             probed = rope.model(input_ids=ids, attention_mask=mask).logits
-        with attention_call(AttentionSettings(tau=1.0, chunk_bytes=20_000)):  # 7 query rows a block
+        with attention_call(Choice.of(tau=1.0), Pass(chunk_bytes=20_000)):  # 7 query rows a block
             blocked = rope.model(input_ids=ids, attention_mask=mask).logits
         alone = rope.model(input_ids=ids[1:, :50]).logits  # the padded item on its own: no mask, one fused call
     real = mask.bool()
@@ -107,7 +109,7 @@ def test_tau_equals_scaled_queries(rope, rope_dir, tau):
     with torch.no_grad():
         want = ref(input_ids=ids, attention_mask=mask).logits
         plain = rope.model(input_ids=ids, attention_mask=mask).logits
-        with attention_call(AttentionSettings(tau=tau)):
+        with attention_call(Choice.of(tau=tau)):
             got = rope.model(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
     assert torch.allclose(got[real], want[real], atol=1e-5), (got - want)[real].abs().max()
@@ -126,7 +128,7 @@ def test_probes_equal_eager_weights(rope, rope_dir):
     doc = tasks.make(tasks.LM, rope.tokenizer, L_TR, seed=5)
     spec = ProbeSpec(stats=True, heatmap=True, heatmap_layer=1, profile_rows=(10, 20), sorted_logits=False,
                      cosine_hist_bins=0)
-    res = engine.run(rope, doc, engine.RunSettings(probes=spec, generate=False))
+    res = engine.run(rope, doc, TRAINED, engine.Pass(probes=spec, generate=False))
     ids = torch.tensor([rope.tokenizer(doc.text).input_ids])
     weights = _eager_weights(rope_dir, ids, torch.ones_like(ids))  # per layer [1, heads, L, L]
     w = torch.stack([a[0] for a in weights]).double()  # [layers, heads, L, L]
@@ -142,8 +144,8 @@ def test_probes_equal_eager_weights(rope, rope_dir):
 def test_tau_below_one_sharpens(rope):
     doc = tasks.make(tasks.LM, rope.tokenizer, 2 * L_TR, seed=1)
     stats = ProbeSpec.stats_only()
-    one = engine.run(rope, doc, engine.RunSettings(tau=1.0, probes=stats, generate=False))
-    sharp = engine.run(rope, doc, engine.RunSettings(tau=0.6, probes=stats, generate=False))
+    one = engine.run(rope, doc, Choice.of(tau=1.0), engine.Pass(probes=stats, generate=False))
+    sharp = engine.run(rope, doc, Choice.of(tau=0.6), engine.Pass(probes=stats, generate=False))
     assert (sharp.probes.layer_pmax > one.probes.layer_pmax).all()
     assert (sharp.probes.layer_entropy < one.probes.layer_entropy).all()
 
@@ -173,7 +175,7 @@ def test_cosine_layer_equals_hand_computation(cos_dir, s, tau):
     seen = []
     hook = loaded.model.model.layers[0].attn.register_forward_hook(lambda mod, args, out: seen.append(out[0]))
     try:
-        with torch.no_grad(), attention_call(AttentionSettings(tau=tau, cosine_scale=s)):
+        with torch.no_grad(), attention_call(Choice.of(tau=tau, cosine_scale=s)):
             loaded.model(input_ids=ids)
             want = _hand_cosine_layer0(loaded.model, ids, s or 16.0, tau)
     finally:
@@ -247,7 +249,7 @@ def test_measured_method_resolves_on_the_rope_model(rope):
     assert info["source"] == "resolved" and "reached" in info
     # the schedule it found does move Pmax toward the L_tr reference
     stats = ProbeSpec.stats_only()
-    ref = engine.run(rope, tasks.make(tasks.LM, rope.tokenizer, L_TR, seed=7), engine.RunSettings(probes=stats, generate=False))
-    at1 = engine.run(rope, doc, engine.RunSettings(probes=stats, generate=False))
-    at_tau = engine.run(rope, doc, engine.RunSettings(tau=tau, probes=stats, generate=False))
+    ref = engine.run(rope, tasks.make(tasks.LM, rope.tokenizer, L_TR, seed=7), TRAINED, engine.Pass(probes=stats, generate=False))
+    at1 = engine.run(rope, doc, TRAINED, engine.Pass(probes=stats, generate=False))
+    at_tau = engine.run(rope, doc, Choice.of(tau=tau), engine.Pass(probes=stats, generate=False))
     assert abs(at_tau.pmax - ref.pmax) < abs(at1.pmax - ref.pmax)

@@ -10,9 +10,10 @@ import torch
 from conftest import build_tiny_rope
 from core.experiments import mlm
 from core.views import rope_view
-from core.mechanics.attention import AttentionSettings, attention_call
+from core.mechanics.attention import attention_call
 from core.models import load
 from core.mechanics.probes import ProbeSpec, Recorder
+from core.values.choice import TRAINED, Choice
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_curves_equal_the_diagonals_of_the_logits_probe(rope, layer):
     ids = rope.tokenizer("The river runs past the old mill and into the quiet town below the hill.").input_ids
     curves = rope_view.distance_curves(rope, np.asarray(ids), layer)
     rec = Recorder(ProbeSpec.of(f"encoder.{layer}.logits"), torch.ones(1, len(ids), dtype=torch.bool))
-    with torch.inference_mode(), attention_call(AttentionSettings(), rec):
+    with torch.inference_mode(), attention_call(TRAINED, None, rec):
         rope.encoder(input_ids=torch.tensor([ids]))
     z = rec.finish()[f"encoder.{layer}.logits"][0].double().numpy()  # [heads, L, L]
     n = len(ids)
@@ -63,9 +64,9 @@ def test_curves_equal_the_diagonals_of_the_logits_probe(rope, layer):
 @pytest.mark.parametrize("tau", [1.0, 0.6])
 def test_masked_predictions_equal_mlm_score(rope, tau):
     _, seq = mlm.sequence(rope, 128, seed=3)
-    attn = AttentionSettings(tau=tau)
-    pred = rope_view.masked_predictions(rope, seq, attn)
-    scored = mlm.score(rope, [seq], attn)
+    choice = Choice.of(tau=tau)
+    pred = rope_view.masked_predictions(rope, seq, choice)
+    scored = mlm.score(rope, [seq], choice)
     assert pred.masked == scored.masked and pred.correct == scored.correct
     assert float(pred.nll.sum()) == pytest.approx(scored.nll, rel=1e-6)
     assert pred.positions.tolist() == seq.positions.tolist() and pred.labels.tolist() == seq.labels.tolist()

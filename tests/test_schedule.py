@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -17,9 +18,10 @@ import torch
 from hypothesis import given, settings, strategies as st_
 
 from core.runs import engine
+from core.mechanics import attention
 from core.data import tasks
-from core.mechanics.attention import AttentionSettings
 from core.values.schedule import MAX_ATTN_SCALE, ONE, TAU_MAX, TAU_MIN, RowTau, Schedule
+from core.values.choice import Choice
 
 finite_tau = st_.floats(min_value=TAU_MIN, max_value=TAU_MAX, allow_nan=False)
 anything = st_.recursive(
@@ -87,25 +89,29 @@ def test_a_pass_builds_its_tau_matrix_once(tiny, monkeypatch):
     real = Schedule._build
 
     def counting(self, *args):
-        built.append(args)
+        if self is tau:  # this schedule's builds (another thread, e.g. the app's background grid, builds its own)
+            built.append(args)
         return real(self, *args)
 
     monkeypatch.setattr(Schedule, "_build", counting)
     seen = []
-    real_settings_init = AttentionSettings.__init__
+    real_call_init = attention._Call.__init__
+
+    here = threading.current_thread()
 
     def watch(self, *args, **kwargs):
-        real_settings_init(self, *args, **kwargs)
-        seen.append(self.tau)
+        real_call_init(self, *args, **kwargs)
+        if threading.current_thread() is here:  # this test's passes (not the app's background grid's)
+            seen.append(self.choice.tau)
 
-    monkeypatch.setattr(AttentionSettings, "__init__", watch)
+    monkeypatch.setattr(attention._Call, "__init__", watch)
     tau = Schedule.of([[0.8, 0.7, 0.9, 0.6], [0.75, 0.85, 0.65, 0.95]])  # per layer and head (tiny: 2 x 4)
     doc = tasks.make("passkey", tiny.tokenizer, 300, seed=3)
-    res = engine.run(tiny, doc, engine.RunSettings(tau=tau, max_new_tokens=4))
+    res = engine.run(tiny, doc, Choice.of(tau=tau), engine.Pass(max_new_tokens=4))
     assert len(built) == 1, built
     assert seen and all(s is tau for s in seen)  # the same object, never rebuilt on the way
     assert res.tau.tolist() == tau.to_json()
-    engine.run(tiny, doc, engine.RunSettings(tau=tau, max_new_tokens=4))
+    engine.run(tiny, doc, Choice.of(tau=tau), engine.Pass(max_new_tokens=4))
     assert len(built) == 1  # kept: a second pass with the same schedule builds nothing
 
 
@@ -115,17 +121,17 @@ def test_the_apps_context_hands_its_schedule_on_unchanged(tiny):
     from core.values.choice import Choice
     from core.runs.settings import DocumentRequest
     from ui import cache
-    from ui.sidebar import Context
+    from ui.page_state import PageState
 
     req = DocumentRequest(task="passkey", tokens=300, seed=4)
     schedule, _ = cache.resolve_tau(tiny, req, "fixed", tau=0.65)
     assert isinstance(schedule, Schedule) and float(schedule) == 0.65
     choice = Choice("fixed", schedule)
-    ctx = Context(loaded=tiny, model_ref="tiny", request=req, document=cache.document(tiny, req), tokens=300,
+    ctx = PageState(loaded=tiny, model_ref="tiny", request=req, document=cache.document(tiny, req), tokens=300,
                   choice=choice, tau_input=0.65)
-    rs = ctx.run_settings()
-    assert rs.choice is choice and rs.tau is schedule and rs.attention().tau is schedule
-    assert ctx.run_settings(tau=0.5).tau == Schedule.of(0.5)
+    got, _ = ctx.pair()
+    assert got is choice and got.tau is schedule
+    assert ctx.pair(tau=0.5)[0].tau == Schedule.of(0.5)
 
 
 @pytest.mark.parametrize("tau", [{"scheme": "llama4", "floor_scale": 256, "attn_scale": 1e300},

@@ -1,5 +1,5 @@
 """Settings files carry the position scheme (core.runs.settings: ``scheme``, ``scheme_params``): exported and read back,
-refused in one line naming the field, old files without them read as the plain scheme, passed to RunSettings, and a
+refused in one line naming the field, old files without them read as the plain scheme, passed on in the Choice, and a
 non-plain scheme on a T5 model refused where the settings meet the model, before any work."""
 
 from __future__ import annotations
@@ -29,17 +29,18 @@ def test_the_scheme_round_trips_through_the_exported_json(scheme, params):
     assert d["scheme"] == scheme and d["scheme_params"] == params
     back = Settings.from_dict(d)
     assert back == s and back.scheme == scheme and dict(back.scheme_params) == params
-    assert back.choice.scheme == s.choice.scheme == positions.Scheme.of(scheme, params)
+    assert back.to_choice().scheme == s.to_choice().scheme == positions.Scheme.of(scheme, params)
     # positions stay whole numbers (a window of 32.0 would be refused by the scheme itself); factors are floats
     assert all(type(back.scheme_params[k]) is (int if k in positions.INT_PARAMS else float) for k in params)
 
 
-def test_run_settings_carries_the_scheme():
+def test_to_choice_carries_the_scheme():
     chosen = Settings(scheme="lm-infinite", scheme_params={"window": 8, "sinks": 2})
-    rs = chosen.run_settings(1.0)
-    assert rs.choice.scheme is chosen.choice.scheme  # the one value, carried, not rebuilt
-    assert rs.choice.scheme == positions.Scheme("lm-infinite", (("window", 8), ("sinks", 2)))
-    assert Settings().run_settings().choice.scheme == positions.PLAIN_SCHEME
+    c = chosen.to_choice(1.0)
+    assert c is chosen.to_choice()  # the one value, made once and handed on, not rebuilt
+    assert c.scheme is chosen.to_choice(0.5).scheme  # another tau: a new Choice, the same Scheme object
+    assert c.scheme == positions.Scheme("lm-infinite", (("window", 8), ("sinks", 2)))
+    assert Settings().to_choice().scheme == positions.PLAIN_SCHEME
 
 
 def test_an_old_file_without_a_scheme_reads_as_the_plain_scheme(tmp_path):
@@ -79,9 +80,11 @@ def test_bad_schemes_and_parameters_are_one_line_naming_the_field(fields, needle
 
 
 def test_a_t5_model_with_a_scheme_is_refused_before_any_work(tiny, tiny_dir, tmp_path, capsys):
-    Settings(scheme=positions.PLAIN).check_model(tiny)  # the plain scheme is every model's
+    from core.runs import rope_pass
+
+    rope_pass.check(tiny, Settings(scheme=positions.PLAIN).to_choice().scheme)  # the plain scheme is every model's
     with pytest.raises(UserError, match="needs a rotary"):
-        Settings(scheme="window").check_model(tiny)
+        rope_pass.check(tiny, Settings(scheme="window").to_choice().scheme)
     f = tmp_path / "s.json"
     f.write_text(Settings(scheme="window", scheme_params={"window": 16}).to_json())
     assert main(["run", "--model", str(tiny_dir), "--settings", str(f), "--tokens", "300"]) == 2
@@ -100,5 +103,7 @@ def test_commands_that_run_no_scheme_refuse_one_rather_than_drop_it(tiny_dir, tm
 
 def test_a_rotary_model_takes_the_scheme(tmp_path):
     rope = load(str(build_tiny_rope(tmp_path / "rope", layers=1, hidden=32, train_length=16)), device="cpu")
-    Settings(scheme="window", scheme_params={"window": 4}).check_model(rope)
-    Settings(scheme="yarn-rope", scheme_params={"factor": 8}).check_model(rope)
+    from core.runs import rope_pass
+
+    rope_pass.check(rope, Settings(scheme="window", scheme_params={"window": 4}).to_choice().scheme)
+    rope_pass.check(rope, Settings(scheme="yarn-rope", scheme_params={"factor": 8}).to_choice().scheme)

@@ -232,26 +232,27 @@ def test_disabled_slider_shows_the_resolved_tau_and_fixed_brings_back_the_own(en
 
 def test_temperature_controls_without_the_slider(env, monkeypatch):
     """``slider=False`` draws method, targets (and CosScale) but no "tau (fixed)" slider, and still resolves."""
-    from ui import sidebar as sb
+    from ui import tau_controls
 
     seen = {}
-    plain = sb.temperature_controls
+    plain = tau_controls.temperature_controls
 
     def spy(where, loaded, req, **kw):
         t = plain(where, loaded, req, slider=False)
         seen["t"] = t
         return t
 
-    monkeypatch.setattr(sb, "temperature_controls", spy)
+    monkeypatch.setattr(tau_controls, "temperature_controls", spy)
     at = AppTest.from_file(str(ROOT / CALIBRATE), default_timeout=TIMEOUT).run()
     app_ok(at)
     assert not [s for s in at.slider if s.key == "tau_value"]
     assert at.sidebar.selectbox(key="tau_method").value == "fixed"
-    assert seen["t"].choice.method == "fixed" and float(seen["t"].choice.tau) == pytest.approx(1.0)
+    choice, _, _ = seen["t"]
+    assert choice.method == "fixed" and float(choice.tau) == pytest.approx(1.0)
 
 
 def test_not_reached_note_says_it_plainly():
-    from ui.sidebar import not_reached_note
+    from ui.tau_controls import not_reached_note
 
     text = not_reached_note({"gap": -0.0079, "grid": [1.0, 0.9, 0.8, 0.7, 0.6, 0.5], "tau": 0.5, "reached": False},
                             "0.500")

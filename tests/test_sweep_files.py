@@ -110,7 +110,7 @@ def _items(tiny, tmp_path: Path, n: int = 6, extra: list[dict] = ()) -> list[bat
 def test_second_batch_run_on_the_same_out_is_refused_and_rows_stay_intact(tiny, tmp_path):
     out = tmp_path / "rows.csv"
     items = _items(tiny, tmp_path)
-    setting = [batch.Choice("tau=0.7", "fixed", 0.7)]
+    setting = [batch.Setting("tau=0.7", "fixed", 0.7)]
     refused: list[str] = []
 
     def progress(k: int) -> None:
@@ -151,7 +151,7 @@ def test_sweep_resume_redoes_a_torn_last_row_once(tiny, tmp_path, keep_newline_r
 def test_batch_resume_redoes_a_torn_last_row_once(tiny, tmp_path, keep_newline_r):
     out = tmp_path / "rows.csv"
     items = _items(tiny, tmp_path)
-    setting = [batch.Choice("none", "none")]
+    setting = [batch.Setting("none", "none")]
     batch.run_items(tiny, items, setting, out=out)
     full = _rows(out)
     whole = _cut_last_row(out, keep_newline_r)
@@ -233,7 +233,7 @@ def test_out_that_cannot_be_a_file_is_refused_in_one_line(tiny, tmp_path):
         with pytest.raises(UserError, match=why):
             run_sweep(tiny, _plan(), out=out)
         with pytest.raises(UserError, match=why):
-            batch.run_items(tiny, items, [batch.Choice("none", "none")], out=out)
+            batch.run_items(tiny, items, [batch.Setting("none", "none")], out=out)
     assert [p.name for p in folder.iterdir()] == ["keep.txt"] and not missing.parent.exists()
 
 

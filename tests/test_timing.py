@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from core.runs import methods, timing
+from core.values.choice import TRAINED
 
 KEY = ("test-model", "cpu", "torch.float32")
 
@@ -129,7 +130,7 @@ def test_engine_records_each_pass(tiny):
     key = timing.model_key(tiny)
     timing.clear(key)
     doc = tasks.make("passkey", tiny.tokenizer, 400, depth=0.5, seed=0)
-    res = engine.run(tiny, doc, engine.RunSettings(generate=False))
+    res = engine.run(tiny, doc, TRAINED, engine.Pass(generate=False))
     m = timing.measured(key)
     assert list(m) == [res.tokens]
     assert m[res.tokens] == pytest.approx(res.seconds["encode"])

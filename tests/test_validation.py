@@ -245,7 +245,7 @@ def _main(capsys, argv) -> str:
     ('{"document": {"depth": Infinity}}', "document.depth:"),
     ('{"document": {"text": 42}}', "document.text:"),
     ('{"document": {"tokens": 0}}', "document.tokens:"),
-    ('{"targets": "enc"}', "targets.0:"),
+    ('{"targets": "enc"}', "targets: targets must be some of encoder, decoder, cross (got enc)"),  # Choice's rule
     ('{"model": 5}', "model:"),
     ('{"surprise": 1}', "surprise: unknown key"),
     ("{not json", "not valid JSON"),

@@ -39,6 +39,7 @@ from core.data import tasks
 from core.errors import UserError
 from core.models import Loaded, load
 from core.mechanics.probes import ProbeSpec
+from core.mechanics.run_pass import DEFAULT_PASS, Pass
 from core.runs.settings import DocumentRequest
 from core.values.choice import TRAINED, Choice
 from core.values.schedule import ONE, Schedule
@@ -106,18 +107,18 @@ def masked(loaded: Loaded, doc_key: Hashable, doc) -> mlm.MaskedSequence:
     return stores()["enc"].get((mkey(loaded), "masked", doc_key), work)
 
 
-def mlm_card(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings, reference: bool = False) -> dict:
+def mlm_card(loaded: Loaded, req: DocumentRequest, choice: Choice, reference: bool = False) -> dict:
     """The masked tokens' card of the request's document (its L_tr reference with ``reference``) under
-    ``settings``' tau, targets and CosScale: :func:`core.views.rope_view.card` of :func:`core.views.rope_view.masked_predictions`
-    (one pass without probes, torch's fused kernel)."""
+    ``choice``'s tau, targets, CosScale and scheme: :func:`core.views.rope_view.card` of
+    :func:`core.views.rope_view.masked_predictions` (one pass without probes, torch's fused kernel)."""
     doc_key = ("ref", req) if reference else req
-    key = (mkey(loaded), "mlm-card", doc_key, attention_key(settings.choice))
+    key = (mkey(loaded), "mlm-card", doc_key, attention_key(choice))
 
     def work() -> dict:
         doc = reference_document(loaded, req) if reference else document(loaded, req)
         seq = masked(loaded, doc_key, doc)
         with gate().foreground():
-            pred = rope_view.masked_predictions(loaded, seq, settings.attention(), settings.choice.scheme)
+            pred = rope_view.masked_predictions(loaded, seq, choice)
             return rope_view.card(pred, loaded.tokenizer)
 
     return stores()["run"].get(key, work)
@@ -150,17 +151,17 @@ def scheme_mask(loaded: Loaded, scheme: positions.Scheme, tokens: int, edges) ->
 
 # -- runs ---------------------------------------------------------------------------
 
-def _run_key(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings) -> tuple:
-    return (mkey(loaded), doc_key, attention_key(settings.choice), settings.probes, settings.max_new_tokens,
-            settings.generate)
+def _run_key(loaded: Loaded, doc_key: Hashable, choice: Choice, how: Pass) -> tuple:
+    return (mkey(loaded), doc_key, attention_key(choice), how.probes, how.max_new_tokens, how.generate)
 
 
 #: Seconds a person's pass waits at most for the background pass that is making that very pass (then it runs its own).
 BACKGROUND_WAIT_S = 600.0
 
 
-def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSettings, guarded: bool = True) -> engine.Result:
-    key = _run_key(loaded, doc_key, settings)
+def _run_doc(loaded: Loaded, doc_key: Hashable, doc, choice: Choice, how: Pass = DEFAULT_PASS,
+             guarded: bool = True) -> engine.Result:
+    key = _run_key(loaded, doc_key, choice, how)
     # Refuse a too-long input first, also on a cache hit (free memory changes); the message is the engine's own.
     # Checking before tokenising matters: slow tokenizers need seconds for a long text.
     n = doc.meta.get("tokens") if doc.task in tasks.TASKS else None  # a pasted text's window keeps the full text's meta
@@ -171,28 +172,28 @@ def _run_doc(loaded: Loaded, doc_key: Hashable, doc, settings: engine.RunSetting
         res = stores()["run"].peek(key)  # the background pass under way was this very one: its rest, not a new pass
     if res is MISSING:
         def compute() -> engine.Result:
-            return engine.run(loaded, doc, settings, encoded=encoded(loaded, doc_key, doc))
+            return engine.run(loaded, doc, choice, how, encoded=encoded(loaded, doc_key, doc))
 
         # get() re-checks the store under the gate: the prefetcher may have just made this very pass
         with gate().foreground() if guarded else contextlib.nullcontext():
             res = stores()["run"].get(key, compute)
-        _note_stats(loaded, doc_key, settings, res)
-    return res if res.method == settings.choice.method else replace(res, method=settings.choice.method)
+        _note_stats(loaded, doc_key, choice, how, res)
+    return res if res.method == choice.method else replace(res, method=choice.method)
 
 
-def run_key(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> tuple:
-    """The run store's key of the request's pass under ``settings`` (what :func:`run` looks up)."""
-    return _run_key(loaded, req, settings)
+def run_key(loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAULT_PASS) -> tuple:
+    """The run store's key of the request's pass under ``choice`` and ``how`` (what :func:`run` looks up)."""
+    return _run_key(loaded, req, choice, how)
 
 
-def has_run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> bool:
+def has_run(loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAULT_PASS) -> bool:
     """Whether :func:`run` would answer from the store (no pass)."""
-    return stores()["run"].peek(_run_key(loaded, req, settings)) is not MISSING
+    return stores()["run"].peek(_run_key(loaded, req, choice, how)) is not MISSING
 
 
-def run_unguarded(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> engine.Result:
+def run_unguarded(loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAULT_PASS) -> engine.Result:
     """:func:`run` for a caller that already holds the pass gate (the prefetcher)."""
-    return _run_doc(loaded, req, document(loaded, req), settings, guarded=False)
+    return _run_doc(loaded, req, document(loaded, req), choice, how, guarded=False)
 
 
 def grid_key(loaded: Loaded, doc_key: Hashable, choice: Choice) -> tuple:
@@ -201,11 +202,11 @@ def grid_key(loaded: Loaded, doc_key: Hashable, choice: Choice) -> tuple:
     return (mkey(loaded), doc_key, attention_key(choice))
 
 
-def _note_stats(loaded: Loaded, doc_key: Hashable, settings: engine.RunSettings, res: engine.Result) -> None:
+def _note_stats(loaded: Loaded, doc_key: Hashable, choice: Choice, how: Pass, res: engine.Result) -> None:
     """Keep a run's per-layer Pmax/H by (document, tau): any later Algorithm 1 on this document reads it."""
-    if res.probes is not None and settings.probes.stats and res.probes.pmax.size:
+    if res.probes is not None and how.probes.stats and res.probes.pmax.size:
         stats = temperature.LayerStats(pmax=res.probes.layer_pmax, entropy=res.probes.layer_entropy)
-        stores()["grid"].get(grid_key(loaded, doc_key, settings.choice), lambda: stats)
+        stores()["grid"].get(grid_key(loaded, doc_key, choice), lambda: stats)
 
 
 def known_stats(loaded: Loaded, doc_key: Hashable, tau: Any, base: Choice = TRAINED):
@@ -215,9 +216,10 @@ def known_stats(loaded: Loaded, doc_key: Hashable, tau: Any, base: Choice = TRAI
     return None if v is MISSING else v
 
 
-def run(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings) -> engine.Result:
-    """One run of the request's document (cached by every setting that changes the result; not the method label)."""
-    return _run_doc(loaded, req, document(loaded, req), settings)
+def run(loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAULT_PASS) -> engine.Result:
+    """One run of the request's document under ``choice`` and ``how`` (cached by every part that changes the
+    result; not the method label)."""
+    return _run_doc(loaded, req, document(loaded, req), choice, how)
 
 
 def run_reference(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED,
@@ -225,8 +227,8 @@ def run_reference(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED,
     """The L_tr counterpart at tau = 1 under ``base``'s targets, CosScale and position scheme (plain RoPE, as
     trained, unless it says otherwise), no generation: the reference the meters compare with."""
     probes = probes or ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-    settings = engine.RunSettings(base.with_(method=methods.AS_TRAINED, tau=ONE), probes=probes, generate=False)
-    return _run_doc(loaded, ("ref", req), reference_document(loaded, req), settings)
+    return _run_doc(loaded, ("ref", req), reference_document(loaded, req), base.with_(method=methods.AS_TRAINED, tau=ONE),
+                    Pass(probes=probes, generate=False))
 
 
 #: Pooled heatmap cells per side on the Explore page (<= 512): enough to see the needle, cheap to pool and to ship.
@@ -279,7 +281,7 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice 
     else:
         def work():
             with gate().foreground():
-                return methods.resolve(loaded, doc, method, None, samples=samples, base=engine.RunSettings(base),
+                return methods.resolve(loaded, doc, method, None, samples=samples, base=base,
                                        progress=progress, params=own)
     return stores()["tau"].get(key, work)
 
@@ -298,7 +300,6 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED,
     def work():
         doc = document(loaded, req)
         engine.check_length(loaded, token_count(loaded, req))
-        settings = engine.RunSettings(base)
         if samples <= 1:
             # One document: the passes are the ones the slider and the prefetcher
             # make of this very document (and its L_tr reference), so read and
@@ -306,7 +307,7 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED,
             reference = shared_measure(loaded, req, ("ref", req), reference_document(loaded, req), base)(1.0)
             meas = shared_measure(loaded, req, req, doc, base)
         else:
-            meas, reference = calibration.measures(loaded, doc, samples, settings)
+            meas, reference = calibration.measures(loaded, doc, samples, base)
         return calibration.both_criteria(meas, reference, fast=fast, progress=progress)
 
     def guarded():
@@ -325,13 +326,13 @@ def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc,
     stores its statistics, so the slider, the prefetcher and Calibrate never
     compute the same document at the same tau twice in this process.
     """
-    settings = engine.RunSettings(base, probes=ProbeSpec.stats_only(), generate=False)
+    how = Pass(probes=ProbeSpec.stats_only(), generate=False)
 
     def fn(tau) -> temperature.LayerStats:
         hit = known_stats(loaded, doc_key, tau, base)
         if hit is not None:
             return hit
-        _run_doc(loaded, doc_key, doc, replace(settings, tau=tau))
+        _run_doc(loaded, doc_key, doc, base.with_(tau=tau), how)
         return known_stats(loaded, doc_key, tau, base)
 
     return fn
@@ -344,18 +345,19 @@ def logit_stats(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED) ->
 
     def work():
         # The same two passes the Theory page draws (and the prefetcher computes ahead): one per document and length.
-        ex = run(loaded, req, theory_settings(loaded, base))
+        ex = run(loaded, req, *theory_pass(loaded, base))
         tr = run_reference(loaded, req, base)
         return calibration.logit_stats_of(ex, tr, loaded.train_length)
 
     return stores()["stats"].get(key, work)
 
 
-def theory_settings(loaded: Loaded, base: Choice = TRAINED) -> engine.RunSettings:
+def theory_pass(loaded: Loaded, base: Choice = TRAINED) -> tuple[Choice, Pass]:
     """The tau = 1 pass with layer 0's sorted logits (and cos(q, k) for cosine models), no generation, under
-    ``base``'s targets, CosScale and position scheme: what the Theory page and Prop. 1/2 read, one key for both."""
+    ``base``'s targets, CosScale and position scheme, as its two values: what the Theory page and Prop. 1/2 read,
+    one key for both."""
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=60 if loaded.cosine else 0)
-    return engine.RunSettings(base.with_(method=methods.AS_TRAINED, tau=ONE), probes=spec, generate=False)
+    return base.with_(method=methods.AS_TRAINED, tau=ONE), Pass(probes=spec, generate=False)
 
 
 def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED, params: dict | None = None) -> dict:
@@ -374,8 +376,7 @@ def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> 
 
     def work():
         spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-        return calibration.length_stats_of(run(loaded, req, engine.RunSettings(tau=1.0, method=methods.AS_TRAINED, probes=spec,
-                                                                               generate=False)))
+        return calibration.length_stats_of(run(loaded, req, Choice.of(tau=1.0, method=methods.AS_TRAINED), engine.Pass(probes=spec, generate=False)))
 
     return stores()["stats"].get(key, work)
 

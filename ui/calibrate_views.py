@@ -8,15 +8,18 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.runs import calibration, engine, methods, temperature, timing
+from core.runs import calibration, methods, temperature, timing
 from core.views import plots, tables
 from core.errors import UserError
 from core.mechanics.probes import ProbeSpec
 from core.values.schedule import Schedule
 from ui import chart, csv_of, plural, user_errors
 from ui import cache, choices, figure_cache, pass_gate, prefetch
-from ui import sidebar as sb
+from ui import export as ui_export
+from ui.page_state import PageState
 from ui import theory_views
+from core.values.choice import Choice
+from core.mechanics.run_pass import Pass
 
 EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
 GRID = temperature.GRID
@@ -66,11 +69,11 @@ class _NotKnown(Exception):
     """A pass :func:`known` would need is not in the shared stores."""
 
 
-def _stats(ctx: sb.Context, doc_key, tau) -> temperature.LayerStats | None:
+def _stats(ctx: PageState, doc_key, tau) -> temperature.LayerStats | None:
     return cache.known_stats(ctx.loaded, doc_key, tau, ctx.choice)
 
 
-def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
+def known(ctx: PageState, fast: bool, samples: int) -> dict | None:
     """Algorithm 1 for both criteria without a forward pass, or None when a pass is missing.
 
     First the calibration store (this very calibration ran before); then, for
@@ -99,7 +102,7 @@ def known(ctx: sb.Context, fast: bool, samples: int) -> dict | None:
         return None
 
 
-def missing(ctx: sb.Context) -> tuple[list[float], bool]:
+def missing(ctx: PageState) -> tuple[list[float], bool]:
     """The grid taus of this document with no statistics yet, and whether its L_tr reference is missing."""
     return [t for t in GRID if _stats(ctx, ctx.request, t) is None], _stats(ctx, ("ref", ctx.request), 1.0) is None
 
@@ -109,7 +112,7 @@ def _points(cals: dict) -> int:
     return len({i for cal in cals.values() for i, v in enumerate(cal.curve) if v is not None})
 
 
-def run(ctx: sb.Context, button_col) -> dict | None:
+def run(ctx: PageState, button_col) -> dict | None:
     """Algorithm 1 for both criteria: at once when its passes are already made (:func:`known`), else a plan note and
     the button that runs what is missing (None until then; the sidebar's bisection meanwhile, when it is there)."""
     ss = st.session_state
@@ -165,7 +168,7 @@ def run(ctx: sb.Context, button_col) -> dict | None:
     return shown
 
 
-def grid_on_its_way(ctx: sb.Context) -> bool:
+def grid_on_its_way(ctx: PageState) -> bool:
     """Whether the background prefetcher (:mod:`ui.prefetch`) has a wish for this document, from any session."""
     mk = cache.mkey(ctx.loaded)
     return any(job.request == ctx.request and cache.mkey(job.loaded) == mk
@@ -178,7 +181,7 @@ WAIT_EVERY, WAIT_PATIENCE = 2.0, 30.0
 
 
 @st.fragment(run_every=WAIT_EVERY)
-def wait_for_grid(ctx: sb.Context, fast: bool, key) -> None:
+def wait_for_grid(ctx: PageState, fast: bool, key) -> None:
     """While Explore's background grid fills in this document's passes, look again every few seconds and draw
     the curves (a whole-page rerun) as soon as they are all there; stop looking when no new pass arrives."""
     ss = st.session_state
@@ -261,7 +264,7 @@ def unreached_text(cal: temperature.Calibration) -> str:
             "document needs no sharpening, and no tau in the range matches.")
 
 
-def advice(ctx: sb.Context, cals: dict) -> None:
+def advice(ctx: PageState, cals: dict) -> None:
     """When Algorithm 1 stopped at its range's end without reaching the reference: say that a closed form is the
     better bet there, with a button that puts log-length in the sidebar."""
     ended = [c for c, cal in cals.items() if stopped_at_end(cal)]
@@ -286,7 +289,7 @@ def advice(ctx: sb.Context, cals: dict) -> None:
         "YaRN 99 % of the documents against its 75 %."
     )
     if FALLBACK in forms:
-        if ctx.method == FALLBACK:
+        if ctx.choice.method == FALLBACK:
             box.caption(f"Done: the sidebar's Method box says '{methods.label(FALLBACK)}' now.")
         else:
             box.button(f"Use {methods.get(FALLBACK).short} (tau = {forms[FALLBACK]:.3f})", key="use_fallback",
@@ -295,23 +298,23 @@ def advice(ctx: sb.Context, cals: dict) -> None:
                             "document's length, no pass needed.")
 
 
-def _stats_settings(ctx: sb.Context, tau) -> engine.RunSettings:
+def _stats_settings(ctx: PageState, tau) -> tuple[Choice, Pass]:
     """The stats-only pass Algorithm 1 makes of this document at tau (the same cache key: a hit after one document)."""
-    return engine.RunSettings(ctx.choice, tau=tau, method=None, probes=ProbeSpec.stats_only(), generate=False)
+    return ctx.choice.with_(tau=tau, method=None), Pass(probes=ProbeSpec.stats_only(), generate=False)
 
 
-def _head_settings(ctx: sb.Context, tau) -> engine.RunSettings:
+def _head_settings(ctx: PageState, tau) -> tuple[Choice, Pass]:
     """A pass with each head's Pmax at tau, the one already made when there is one: Algorithm 1's own
     stats-only pass, or at tau = 1 the pass Theory and Prop. 1/2 read (the prefetcher makes it ahead)."""
     own = _stats_settings(ctx, tau)
-    if cache.has_run(ctx.loaded, ctx.request, own):
+    if cache.has_run(ctx.loaded, ctx.request, *own):
         return own
     if Schedule.of(tau).is_one:
-        return cache.theory_settings(ctx.loaded, ctx.choice)
+        return cache.theory_pass(ctx.loaded, ctx.choice)
     return own
 
 
-def per_head(ctx: sb.Context, cals: dict) -> None:
+def per_head(ctx: PageState, cals: dict) -> None:
     """Each head's Pmax here over its own at L_tr, at tau = 1 and at Algorithm 1's Pmax pick; per-head Algorithm 1
     (its tau matrix and the heads it could not align) when it has been computed."""
     st.subheader("Per head: Pmax here over its value at L_tr")
@@ -328,12 +331,12 @@ def per_head(ctx: sb.Context, cals: dict) -> None:
                 f"Algorithm 1 (Pmax) pick, tau = {pick:.2f}": _head_settings(ctx, pick)}
     if ph is not None:
         settings["per-head Algorithm 1"] = _head_settings(ctx, ph[0])
-    new = sum(not cache.has_run(ctx.loaded, ctx.request, s) for s in settings.values())
+    new = sum(not cache.has_run(ctx.loaded, ctx.request, *s) for s in settings.values())
     with user_errors(), st.spinner(f"Per-head statistics ({plural(new, 'new pass', 'new passes')} at this length)…"
                                      + pass_gate.queue_note()):
         # the L_tr reference Explore, Theory and Prop. 1/2 read: one pass for all of them
         ref = cache.run_reference(ctx.loaded, ctx.request, ctx.choice)
-        panels = {name: cache.run(ctx.loaded, ctx.request, s).probes.pmax[0] for name, s in settings.items()}
+        panels = {name: cache.run(ctx.loaded, ctx.request, *s).probes.pmax[0] for name, s in settings.items()}
     chart(figure_cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
     if ph is None:
         st.caption("Per-head Algorithm 1 (one tau per layer and head, each matched to that head's Pmax at L_tr) is "
@@ -428,7 +431,7 @@ def long_notes(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def _the_rest(ctx: sb.Context, taus: dict) -> tuple[dict, list[str]]:
+def _the_rest(ctx: PageState, taus: dict) -> tuple[dict, list[str]]:
     """``taus`` (the closed forms and Algorithm 1's grid picks) completed with every other registry method, in the
     registry's order (what the CLI's ``--method`` offers): tau = 1, the slider's fixed tau, every per-row schedule
     (Llama 4, Qwen's log-n by position: no pass), and each search of its own (refined, per layer, per head) when
@@ -457,7 +460,7 @@ def _the_rest(ctx: sb.Context, taus: dict) -> tuple[dict, list[str]]:
     return {n: taus[n] for n in methods.NAMES if n in taus}, missing
 
 
-def every_method(ctx: sb.Context, cals: dict) -> dict:
+def every_method(ctx: PageState, cals: dict) -> dict:
     """Every registry method's tau for this document, in the registry's order (closed forms, Algorithm 1, the
     per-row schedules with each row's tau drawn, tau = 1 and the slider's; the searches of their own when computed,
     else named) and a 'use' box."""
@@ -474,7 +477,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     )
     est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
     with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
-        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice, ctx.params)
+        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice, ctx.choice.params)
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
     taus, missing = _the_rest(ctx, taus)
     table = taus_table(taus, ctx.tokens, ctx.train_length)
@@ -501,7 +504,7 @@ def every_method(ctx: sb.Context, cals: dict) -> dict:
     return taus
 
 
-def export(ctx: sb.Context, taus: dict) -> None:
+def export(ctx: PageState, taus: dict) -> None:
     """The choice as a settings file for the CLI: a fixed tau, or the method re-resolved at the run's length."""
     ss = st.session_state
     st.subheader("Export the choice")
@@ -511,14 +514,14 @@ def export(ctx: sb.Context, taus: dict) -> None:
     pick = ss["cal_pick"]
     crit = methods.get(pick).matches or "pmax"
     if ss["cal_export"] == EXPORT_MODES[0]:
-        settings = ctx.settings(method=methods.FIXED, tau=taus[pick], criterion=crit)
+        settings = ui_export.settings(ctx, method=methods.FIXED, tau=taus[pick], criterion=crit)
         if settings.method != methods.FIXED:  # adaptive temperature: no fixed tau holds it, so the file names it
             st.info(f"{methods.label(pick)} has no fixed tau (each row's is set inside the pass from the row "
                     f"itself): the file says method '{settings.method}', which is what runs.")
     else:
-        settings = ctx.settings(method=pick, tau=taus[pick], criterion=crit)
+        settings = ui_export.settings(ctx, method=pick, tau=taus[pick], criterion=crit)
     text = settings.to_json()
     st.download_button("choice.json", text, "choice.json", "application/json", key="dl_choice", on_click="ignore")
-    st.code(sb.cli_command("choice.json"), language="bash")
+    st.code(ui_export.cli_command("choice.json"), language="bash")
     with st.expander("choice.json"):
         st.code(text, language="json")

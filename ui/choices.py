@@ -121,6 +121,6 @@ def slider_tau(schedule: Any, rows: int) -> float:
     """The one display of a tau on a slider: a schedule's mean (per layer, head or row: over ``rows`` query rows)
     on the slider's step, inside its range. What the sidebar's slider, the scrubber and "use this tau" show.
     Adaptive temperature has no tau before a pass: its base, 1 (the text beside the slider says what it is,
-    :data:`ui.sidebar.ADAPTIVE_TEXT`)."""
+    :data:`ui.page_state.ADAPTIVE_TEXT`)."""
     mean = Schedule.of(schedule).mean(rows)
     return float(np.clip(round(round(mean / SLIDER_STEP) * SLIDER_STEP, 2), SLIDER_MIN, SLIDER_MAX))

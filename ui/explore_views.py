@@ -20,10 +20,11 @@ from core.errors import UserError
 from core.mechanics.probes import ProbeSpec
 from ui import chart, csv_of, message
 from ui import cache, choices, figure_cache
-from ui import sidebar as sb
+from ui import export as ui_export
+from ui.page_state import PageState
 
 
-def check_length(ctx: sb.Context) -> None:
+def check_length(ctx: PageState) -> None:
     """Refuse (InputTooLong, the engine's message) a document too long for this machine's free memory.
 
     Why before the views: every view of Explore needs a pass or the
@@ -61,7 +62,7 @@ def page_state(L: int, H: int) -> None:
 COLOURS = ("auto (log past L_tr)", "log", "linear")
 
 
-def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
+def view_controls(ctx: PageState) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
     """What the views show (layer and head of the map, pooling, colour, decoder layer, text window).
 
     Layer and head choose what the passes record (a new grid); the rest only
@@ -103,7 +104,7 @@ def view_controls(ctx: sb.Context) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
     return probes, spec, log
 
 
-def export(ctx: sb.Context, base, chosen, ref) -> None:
+def export(ctx: PageState, base, chosen, ref) -> None:
     """CSV of the chosen tau's views and the settings JSON the CLI accepts (the released tau, not a frame in passing)."""
     st.subheader("Export")
     if ctx.loaded.seq2seq:
@@ -134,11 +135,11 @@ def export(ctx: sb.Context, base, chosen, ref) -> None:
     # Inline code, not st.code: st.code makes the browser fetch and parse a 1.6 MB syntax highlighter,
     # which on the landing page cost seconds in a fresh tab (bench/browser_latency.py).
     if not ctx.loaded.seq2seq:  # a masked-LM model: the mlm command (the settings JSON has no position scheme)
-        st.markdown(f"Then run: `{sb.mlm_command(ctx)}`")
+        st.markdown(f"Then run: `{ui_export.mlm_command(ctx)}`")
         return
-    e[4].download_button("settings.json", ctx.settings().to_json(), "settings.json", "application/json",
+    e[4].download_button("settings.json", ui_export.settings(ctx).to_json(), "settings.json", "application/json",
                          key="dl_settings", on_click="ignore")
-    st.markdown(f"Then run: `{sb.cli_command('settings.json')}`")
+    st.markdown(f"Then run: `{ui_export.cli_command('settings.json')}`")
 
 
 #: Points of a distance curve sent to the browser (the 2L - 1 distances of a long document are thinned evenly).
@@ -168,7 +169,7 @@ def distance_figure(distances: np.ndarray, mean: np.ndarray, heads: list[int], t
     return fig
 
 
-def distance_section(ctx: sb.Context) -> None:
+def distance_section(ctx: PageState) -> None:
     """A rotary model's counterpart of T5's bias curves: the mean logit against relative distance per head at this
     length (:func:`core.views.rope_view.distance_curves`); like the bias, it does not depend on tau."""
     ss = st.session_state
@@ -181,13 +182,13 @@ def distance_section(ctx: sb.Context) -> None:
         "meets distances it never saw in training: where a head's curve drifts or oscillates there, its attention "
         "there is untrained. The rotary counterpart of the paper's Fig. 1 (T5's bias)."
     )
-    if not ctx.scheme.is_plain:
-        entry = ctx.scheme.entry
+    if not ctx.choice.scheme.is_plain:
+        entry = ctx.choice.scheme.entry
         st.caption(f"Under the position scheme **{entry.label}**: "
-                   + ("its frequencies rotate q and k, so the curves are its own." if rope_view.shows_scheme(ctx.scheme)
+                   + ("its frequencies rotate q and k, so the curves are its own." if rope_view.shows_scheme(ctx.choice.scheme)
                       and positions.FREQUENCIES in entry.changes else
                       "it masks keys but leaves q·k as it is: the curves are plain RoPE's over every pair (the mask is "
-                      "drawn on the map above)." if rope_view.shows_scheme(ctx.scheme) else
+                      "drawn on the map above)." if rope_view.shows_scheme(ctx.choice.scheme) else
                       "it computes logits at capped distances from unrotated q and k, which these curves cannot show: "
                       "they are plain RoPE's."))
     ss.setdefault("ex_show_bias", False)
@@ -202,7 +203,7 @@ def distance_section(ctx: sb.Context) -> None:
     r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads", persist_state=choices.KEEP)
     r2.selectbox("Layer", list(range(L)), key="ex_dist_layer", persist_state=choices.KEEP)
     try:
-        curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]), scheme=ctx.scheme)
+        curves = cache.distance_curves(ctx.loaded, ctx.request, int(ss["ex_dist_layer"]), scheme=ctx.choice.scheme)
     except UserError as err:
         st.error(message(err))
         return
@@ -216,7 +217,7 @@ def distance_section(ctx: sb.Context) -> None:
     st.download_button("distance.csv", csv_of(table), "distance.csv", "text/csv", key="dl_distance", on_click="ignore")
 
 
-def bias_section(ctx: sb.Context) -> None:
+def bias_section(ctx: PageState) -> None:
     """The relative-position bias curves: they depend on the model and the document's length, not on tau.
     A rotary model has none: its counterpart is :func:`distance_section`."""
     if not ctx.loaded.seq2seq:

@@ -59,7 +59,7 @@ import ctypes
 import ctypes.util
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Hashable
 
 import streamlit as st
@@ -67,13 +67,15 @@ import torch
 
 from core.mechanics import attention
 from core.models import memory
-from core.runs import engine, methods
+from core.runs import methods
 from core.views import frames
 from core.errors import UserError
 from core.models import Loaded
 from core.runs.settings import DocumentRequest
 from ui import cache, pass_gate
 from ui.streamlit_private import session_alive
+from core.values.choice import Choice
+from core.mechanics.run_pass import DEFAULT_PASS, Pass
 
 #: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
 GRID = frames.SCRUB_GRID
@@ -118,12 +120,14 @@ def live_bytes(device: torch.device) -> int | None:
 
 @dataclass(frozen=True)
 class Job:
-    """One document's grid: the model, the request and the run settings every grid pass uses (tau aside)."""
+    """One document's grid: the model, the request, and the choice and pass every grid pass uses (tau aside).
+    A pass of the job is a ``(choice, how)`` pair, the two values :func:`ui.cache.run` takes."""
 
     loaded: Loaded
     request: DocumentRequest
-    settings: engine.RunSettings
-    extras: tuple[engine.RunSettings, ...] = ()  # after the grid: other passes a page will want (Theory's tau = 1)
+    choice: Choice
+    how: Pass
+    extras: tuple[tuple[Choice, Pass], ...] = ()  # after the grid: other passes a page will want (Theory's tau = 1)
     around: float = 1.0  # the value on screen: the grid is computed nearest to it first (not part of the key)
     #: What the grid varies: "tau" (the scrubber's grid) or "s", CosScale over ``values`` at the settings' tau.
     axis: str = "tau"
@@ -131,22 +135,23 @@ class Job:
 
     @property
     def key(self) -> Hashable:
-        s = self.settings
-        fixed = s.tau.key() if self.axis == "s" else s.cosine_scale  # what the grid holds constant
-        return (cache.mkey(self.loaded), self.request, s.choice.targets, fixed, s.probes, s.generate, self.extras,
-                self.axis, self.values, s.choice.scheme)  # a position scheme change starts a new grid
+        c, how = self.choice, self.how
+        fixed = c.tau.key() if self.axis == "s" else c.cosine_scale  # what the grid holds constant
+        return (cache.mkey(self.loaded), self.request, c.targets, fixed, how.probes, how.generate, self.extras,
+                self.axis, self.values, c.scheme)  # a position scheme change starts a new grid
 
-    def passes(self) -> list[engine.RunSettings]:
+    def passes(self) -> list[tuple[Choice, Pass]]:
         """Every pass of the job, in the order they are computed: the grid nearest the tau on screen first
         (tau = 1, the left column, before all), then the extras."""
         if self.axis == "s":
             order = sorted(self.values, key=lambda v: (abs(v - self.around), v))
-            return [replace(self.settings, cosine_scale=v) for v in order] + list(self.extras)
-        return [replace(self.settings, tau=t, method=methods.FIXED) for t in frames.grid_order(self.around, GRID)] + list(self.extras)
+            return [(self.choice.with_(cosine_scale=v), self.how) for v in order] + list(self.extras)
+        return [(self.choice.with_(tau=t, method=methods.FIXED), self.how)
+                for t in frames.grid_order(self.around, GRID)] + list(self.extras)
 
-    def pending(self) -> list[engine.RunSettings]:
+    def pending(self) -> list[tuple[Choice, Pass]]:
         """The job's passes not in the run store yet."""
-        return [s for s in self.passes() if not cache.has_run(self.loaded, self.request, s)]
+        return [s for s in self.passes() if not cache.has_run(self.loaded, self.request, *s)]
 
 
 class Prefetcher:
@@ -205,7 +210,7 @@ class Prefetcher:
                 self._thread.start()
         self._wake.set()
 
-    def _next(self) -> tuple[Job, engine.RunSettings] | None:
+    def _next(self) -> tuple[Job, tuple[Choice, Pass]] | None:
         """The newest wanted document that still has a pending pass, and that pass."""
         with self._lock:
             for session in [s for s in self._wanted if not session_alive(s)]:
@@ -239,9 +244,9 @@ class Prefetcher:
                 break
             try:
                 if self._still_wanted(job):
-                    with gate.making(cache.run_key(job.loaded, job.request, settings)), \
+                    with gate.making(cache.run_key(job.loaded, job.request, *settings)), \
                             attention.between_layers(self._between_layers(gate, job, settings)):
-                        cache.run_unguarded(job.loaded, job.request, settings)
+                        cache.run_unguarded(job.loaded, job.request, *settings)
                     self.passes += 1
             except pass_gate.GaveWay:
                 self.gave_way += 1  # stopped at a layer: pending again (if still wanted), redone later
@@ -250,8 +255,8 @@ class Prefetcher:
             finally:
                 gate.release_background()
 
-    def _between_layers(self, gate: pass_gate.PassGate, job: Job, settings: engine.RunSettings):
-        """What the pass of ``settings`` runs before each attention call: stop when nobody wants it any more,
+    def _between_layers(self, gate: pass_gate.PassGate, job: Job, settings: tuple[Choice, Pass]):
+        """What the pass of ``settings`` (its choice and pass) runs before each attention call: stop when nobody wants it any more,
         give way to a person (pause, or abandon when its state would not fit beside theirs), and after a pause
         stop if the person's own pass was this very one."""
         device = job.loaded.device
@@ -270,7 +275,7 @@ class Prefetcher:
             self.held = held
             pause = held is not None and held <= self.pause_share * memory.free_bytes(device)
             gate.give_way(pause, alive, self.pause_most_s)
-            if cache.has_run(job.loaded, job.request, settings):
+            if cache.has_run(job.loaded, job.request, *settings):
                 raise pass_gate.GaveWay("the person's pass was this very one")
 
         return between
@@ -288,9 +293,9 @@ def prefetcher() -> Prefetcher:
     return Prefetcher()
 
 
-def grid_job(loaded: Loaded, req: DocumentRequest, settings: engine.RunSettings, around: float = 1.0) -> Job:
-    """The background job of a document shown with these run settings: its tau grid (nearest ``around`` first),
-    then Theory's tau = 1 pass."""
-    return Job(loaded, req, replace(settings, tau=1.0, method=methods.FIXED),
-               extras=(cache.theory_settings(loaded, settings.choice),),
+def grid_job(loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAULT_PASS, around: float = 1.0) -> Job:
+    """The background job of a document shown under ``choice`` and ``how``: its tau grid (nearest ``around``
+    first), then Theory's tau = 1 pass."""
+    return Job(loaded, req, choice.with_(tau=1.0, method=methods.FIXED), how,
+               extras=(cache.theory_pass(loaded, choice),),
                around=float(around))

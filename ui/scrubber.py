@@ -19,13 +19,12 @@ rerun every ``POLL_MS`` until the grid is complete.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import streamlit as st
 
-from core.runs import engine, methods, temperature
+from core.runs import methods, temperature
 from core.views import frames
 from core.values.choice import Choice
 from core.errors import UserError
@@ -33,6 +32,7 @@ from core.values.schedule import Schedule
 from core.runs import timing
 from ui import cache, choices, long_work, message, prefetch
 from ui.streamlit_private import in_fragment_rerun, session_id
+from core.mechanics.run_pass import Pass
 
 KEY = "scrubber"
 POLL_MS = 900
@@ -116,8 +116,8 @@ def grid_tau(schedule) -> float | None:
 def shown_tau(ctx) -> float:
     """The tau the slider shows: the person's own for a fixed tau, else the method's resolved (mean) tau, as
     every slider shows one (:func:`ui.choices.slider_tau`)."""
-    own = methods.get(ctx.method).takes_value
-    return choices.slider_tau(ctx.tau_input if own else ctx.schedule, ctx.tokens)
+    own = methods.get(ctx.choice.method).takes_value
+    return choices.slider_tau(ctx.tau_input if own else ctx.choice.tau, ctx.tokens)
 
 
 def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
@@ -128,7 +128,7 @@ def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
     moved on (two quick key presses would otherwise jump back one step).
     """
     ss = st.session_state
-    sig = (axis, ctx.method, round(tau, 2))
+    sig = (axis, ctx.choice.method, round(tau, 2))
     if ss.get(_SIG) != sig:
         if not ss.get(_FROM_SLIDER):
             ss[_VERSION] = ss.get(_VERSION, 0) + 1
@@ -139,8 +139,8 @@ def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
 
 def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool, axis: str) -> str:
     """What changes the payload's structure (the browser rebuilds its views when it changes)."""
-    fixed = Schedule.of(ctx.schedule).key() if axis == "s" else ctx.cosine_scale
-    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.targets, fixed, probes, spec, log, axis, ctx.scheme))
+    fixed = Schedule.of(ctx.choice.tau).key() if axis == "s" else ctx.choice.cosine_scale
+    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.choice.targets, fixed, probes, spec, log, axis, ctx.choice.scheme))
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
@@ -149,11 +149,11 @@ def map_note(ctx) -> str:
     the chosen position scheme's mask drawn over the chosen map."""
     note = ("Rows are queries, columns keys, every token of the masked text (its masked positions read the mask "
             "token). The left map is the model as trained (plain RoPE, tau = 1); the right one the chosen setting.")
-    entry = ctx.scheme.entry
+    entry = ctx.choice.scheme.entry
     if entry.mask is not None:
         note += (f" Grey veil on the right map: the pairs {entry.short} masks out (a cell's veil is the share of its "
                  "query-key pairs that no query sees), so the band and any sink columns stand out.")
-    elif not ctx.scheme.is_plain:
+    elif not ctx.choice.scheme.is_plain:
         note += f" {entry.short} masks no keys: every pair is seen."
     return note
 
@@ -162,11 +162,11 @@ def masked_cards(ctx, base_settings, grid_settings: dict, exact_settings) -> dic
     """The masked-token cards of a masked-LM model's frames (:func:`ui.cache.mlm_card`, one fused pass each, kept):
     the model as trained, the L_tr reference, every grid value shown and the exact setting."""
     loaded, req = ctx.loaded, ctx.request
-    out = {"base": cache.mlm_card(loaded, req, base_settings),
-           "ref": cache.mlm_card(loaded, req, replace(base_settings, targets=ctx.targets), reference=True)}
-    out.update({k: cache.mlm_card(loaded, req, s) for k, s in grid_settings.items()})
+    out = {"base": cache.mlm_card(loaded, req, base_settings[0]),
+           "ref": cache.mlm_card(loaded, req, base_settings[0].with_(targets=ctx.choice.targets), reference=True)}
+    out.update({k: cache.mlm_card(loaded, req, s[0]) for k, s in grid_settings.items()})
     if exact_settings is not None:
-        out["exact"] = cache.mlm_card(loaded, req, exact_settings)
+        out["exact"] = cache.mlm_card(loaded, req, exact_settings[0])
     return out
 
 
@@ -179,34 +179,34 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     """
     loaded, req = ctx.loaded, ctx.request
     ss = st.session_state
-    chosen_settings = ctx.run_settings(probes=probes)
+    chosen_settings = ctx.pair(probes=probes)  # (choice, how): a pass's two values
     tau = shown_tau(ctx)
     axis = ss.get(AXIS_KEY, "tau") if loaded.cosine else "tau"
-    cos = ctx.cosine_scale
+    cos = ctx.choice.cosine_scale
     if axis == "s":  # CosScale over its grid, at the chosen tau
         values = s_grid(loaded)
-        at = lambda v: replace(chosen_settings, cosine_scale=v)  # noqa: E731
+        at = lambda v: (chosen_settings[0].with_(cosine_scale=v), chosen_settings[1])  # noqa: E731
         g = round(float(cos) * 2) / 2 if cos is not None and round(float(cos) * 2) / 2 in values else None
         here = float(cos if cos is not None else loaded.cosine_scale)
         lo, hi = ss["_scrub_s_range"] = choices.cos_range(loaded)
         axis_meta = {"name": "s", "label": AXES["s"], "min": lo, "max": hi, "step": 0.5}
-        job = prefetch.Job(loaded, req, chosen_settings, around=here, axis="s", values=values)
+        job = prefetch.Job(loaded, req, *chosen_settings, around=here, axis="s", values=values)
     else:
         values = frames.SCRUB_GRID
-        grid_settings = ctx.run_settings(tau=1.0, method=methods.FIXED, probes=probes)
-        at = lambda t: replace(grid_settings, tau=t)  # noqa: E731
-        g = grid_tau(ctx.schedule)
+        grid_settings = ctx.pair(tau=1.0, method=methods.FIXED, probes=probes)
+        at = lambda t: (grid_settings[0].with_(tau=t), grid_settings[1])  # noqa: E731
+        g = grid_tau(ctx.choice.tau)
         here = tau
         axis_meta = {"name": "tau", "label": AXES["tau"], "min": temperature.TAU_FLOOR, "max": 1.0, "step": 0.01}
-        job = prefetch.grid_job(loaded, req, grid_settings, around=tau)
+        job = prefetch.grid_job(loaded, req, *grid_settings, around=tau)
     # the left column is the model as trained: tau = 1, its own CosScale, plain RoPE (no position scheme)
-    base_settings = engine.RunSettings(Choice(methods.AS_TRAINED, targets=ctx.targets), probes=probes)  # trained s, plain
+    base_settings = (Choice(methods.AS_TRAINED, targets=ctx.choice.targets), Pass(probes=probes))  # trained s, plain
     # Above the component: while a new document's first passes run, what they are and how far (empty otherwise).
     # One container per run at most: a second .container() of the same placeholder would remount the component.
     slot = st.empty()
-    first = [s for s in (base_settings, None if g is None else at(g)) if s is not None and not cache.has_run(loaded, req, s)]
-    first = [s for i, s in enumerate(first) if all(cache.attention_key(s.choice) != cache.attention_key(o.choice)
-                                                   or s.probes != o.probes for o in first[:i])]
+    first = [s for s in (base_settings, None if g is None else at(g)) if s is not None and not cache.has_run(loaded, req, *s)]
+    first = [s for i, s in enumerate(first) if all(cache.attention_key(s[0]) != cache.attention_key(o[0])
+                                                   or s[1].probes != o[1].probes for o in first[:i])]
     if first:
         per = timing.estimate(timing.model_key(loaded), ctx.tokens)
         total = None if per is None else per * len(first)
@@ -227,29 +227,29 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         for i, s in enumerate(first):
             label = f"pass {i + 1} of {len(first)} ({'tau = 1' if s is base_settings else 'the chosen ' + AXES[axis]}):"
             with long_work.layer_progress(bar, label, per, loaded.n_layers):
-                cache.run(loaded, req, s)
+                cache.run(loaded, req, *s)
         slot.empty()
-    base = cache.run(loaded, req, base_settings)
-    ref = cache.run_reference(loaded, req, Choice(targets=ctx.targets))
-    grid = {v: cache.run(loaded, req, at(v)) for v in values if cache.has_run(loaded, req, at(v))}
+    base = cache.run(loaded, req, *base_settings)
+    ref = cache.run_reference(loaded, req, Choice(targets=ctx.choice.targets))
+    grid = {v: cache.run(loaded, req, *at(v)) for v in values if cache.has_run(loaded, req, *at(v))}
     if g is not None and g not in grid:  # the person is waiting on this very frame: compute it now
-        grid[g] = cache.run(loaded, req, at(g))
+        grid[g] = cache.run(loaded, req, *at(g))
     exact = pending = None
     if g is None:
-        if cache.has_run(loaded, req, chosen_settings) or in_fragment_rerun():
+        if cache.has_run(loaded, req, *chosen_settings) or in_fragment_rerun():
             # A release between grid marks: the browser already shows the nearest grid frame, marked as such,
             # and keeps it while this pass runs; then one payload carries the exact frame.
-            exact = cache.run(loaded, req, chosen_settings)
+            exact = cache.run(loaded, req, *chosen_settings)
         else:
             pending = round(here if axis == "s" else ctx.tau_mean, 4)
     missing = len(values) - len(grid)
     base_label = "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
-    title = f"Chosen: {methods.label(ctx.method)}"
-    scheme = ctx.scheme.entry
+    title = f"Chosen: {methods.label(ctx.choice.method)}"
+    scheme = ctx.choice.scheme.entry
     if not loaded.seq2seq:  # a rotary model: the left column is plain RoPE as trained, the right under the scheme
         base_label = "as trained: plain RoPE, tau = 1" + (f", s = {float(loaded.cosine_scale):g}" if loaded.cosine else "")
-        if not ctx.scheme.is_plain:
-            title += f" + {scheme.short}" + (f" ({ctx.scheme.params_text()})" if ctx.scheme.params else "")
+        if not ctx.choice.scheme.is_plain:
+            title += f" + {scheme.short}" + (f" ({ctx.choice.scheme.params_text()})" if ctx.choice.scheme.params else "")
     if loaded.cosine:
         title += f", tau = {ctx.tau_text()}" if axis == "s" else f", s = {float(cos if cos is not None else loaded.cosine_scale):g}"
     meta = {
@@ -258,20 +258,20 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "value": here,
         "axis": axis_meta,
         "tau_version": _tau_version(ctx, here if axis == "s" else tau, axis),
-        "disabled": axis == "tau" and not methods.get(ctx.method).takes_value,
+        "disabled": axis == "tau" and not methods.get(ctx.choice.method).takes_value,
         "chosen_title": title,
         "base_label": base_label,
         "log": bool(log),
         "pending_exact": pending,
         "poll_ms": POLL_MS if (missing or pending is not None) else 0,
-        "note": "" if methods.get(ctx.method).takes_value else f"{methods.label(ctx.method)} resolves to tau = {ctx.tau_text()}",
+        "note": "" if methods.get(ctx.choice.method).takes_value else f"{methods.label(ctx.choice.method)} resolves to tau = {ctx.tau_text()}",
     }
     mask = None
     if not loaded.seq2seq:
         meta["map_note"] = map_note(ctx)
         edges = base.probes.heatmap_edges
         if edges is not None:
-            mask = cache.scheme_mask(loaded, ctx.scheme, int(base.tokens), edges)
+            mask = cache.scheme_mask(loaded, ctx.choice.scheme, int(base.tokens), edges)
     only = _delta(meta["doc_id"], grid, exact)
     cards = None
     if not loaded.seq2seq:  # a masked-LM model: each frame's masked-token card in place of an answer
@@ -286,7 +286,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with
         # the nearest grid frame marked "exact frame coming"; the component's poll fetches the exact frame.
         try:
-            cache.run(loaded, req, chosen_settings)
+            cache.run(loaded, req, *chosen_settings)
         except UserError as err:
             st.error(message(err))
     return {"base": base, "chosen": chosen, "ref": ref}

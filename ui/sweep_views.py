@@ -20,7 +20,8 @@ from core.experiments.mlm import MASK_RATE, MIN_TOKENS, MlmPlan, run_mlm
 from core.experiments.sweep import COLUMNS, SweepPlan, accuracy_table, run_sweep
 from ui import chart, message, plural, user_errors
 from ui import choices, pass_gate
-from ui import sidebar as sb
+from ui.page_state import PageState
+from ui import document_controls
 
 DEPTHS = (0, 10, 25, 50, 75, 90, 100)
 SWEEP_METHODS = tuple(n for n, m in methods.REGISTRY.items() if not m.takes_value)  # fixed taus: their own box
@@ -47,16 +48,16 @@ def _labelled(table: pd.DataFrame) -> pd.DataFrame:
     return table.rename(index=method_text).rename_axis("method")
 
 
-def length_options(ctx: sb.Context) -> tuple[list, float | None]:
+def length_options(ctx: PageState) -> tuple[list, float | None]:
     """The sweep's length choices (multiples of L_tr) and, when the sidebar's document is generated at a length that
     is not one of them, that length as a multiple too (so it can be swept); the sidebar's multiple or None."""
     lt = ctx.train_length
     if ctx.request.task not in SWEEP_TASKS or not ctx.request.tokens:
-        return list(sb.MULTIPLES), None
+        return list(document_controls.MULTIPLES), None
     k = ctx.request.tokens / lt
-    if k in sb.MULTIPLES:
-        return list(sb.MULTIPLES), int(k)
-    return sorted([*sb.MULTIPLES, k]), k
+    if k in document_controls.MULTIPLES:
+        return list(document_controls.MULTIPLES), int(k)
+    return sorted([*document_controls.MULTIPLES, k]), k
 
 
 def _length_text(k, lt: int) -> str:
@@ -74,7 +75,7 @@ def _drop_stale_lengths(key: str, options: list) -> None:
         choices.set_state(**{key: kept})
 
 
-def lengths_note(ctx: sb.Context, key: str, k, what: str, own: str = "documents") -> None:
+def lengths_note(ctx: PageState, key: str, k, what: str, own: str = "documents") -> None:
     """Say which lengths the run uses and why, and offer the sidebar's length when it is not among them."""
     ss = st.session_state
     lt = ctx.train_length
@@ -123,7 +124,7 @@ def _fixed_taus(text: str) -> list[str]:
     return out
 
 
-def controls(ctx: sb.Context) -> SweepPlan:
+def controls(ctx: PageState) -> SweepPlan:
     """The grid (lengths, depths, methods, fixed taus, seeds, calibration documents) as a :class:`SweepPlan`."""
     ss = st.session_state
     lt = ctx.train_length
@@ -161,11 +162,11 @@ def controls(ctx: sb.Context) -> SweepPlan:
     return plan
 
 
-def plan_params(ctx: sb.Context, chosen: list[str]) -> dict[str, float]:
+def plan_params(ctx: PageState, chosen: list[str]) -> dict[str, float]:
     """The sidebar's gamma (set where its Method box holds critical scaling) for a plan's methods that take it, so
     the sweep runs the critical scaling the sidebar shows; nothing when none of them takes it (a plan refuses a
     number it would not use)."""
-    return {k: v for k, v in ctx.params.items() if any(methods.own_params(m, {k: v}) for m in chosen)}
+    return {k: v for k, v in ctx.choice.params.items() if any(methods.own_params(m, {k: v}) for m in chosen)}
 
 
 def documents_note(plan: SweepPlan) -> str:
@@ -180,7 +181,7 @@ def documents_note(plan: SweepPlan) -> str:
     return note + "."
 
 
-def cost(ctx: sb.Context, plan: SweepPlan) -> tuple:
+def cost(ctx: PageState, plan: SweepPlan) -> tuple:
     """The sweep's passes timed from this machine's measured pass times, said before it starts: (key, passes s, generation s)."""
     chosen = plan.methods
     lt = ctx.train_length
@@ -253,7 +254,7 @@ def _ended(prefix: str, complete: bool, err: Exception | None = None) -> None:
     st.rerun()  # the buttons drawn before the run show its outcome
 
 
-def run(ctx: sb.Context, plan: SweepPlan, mk, planned, gen_s) -> Path:
+def run(ctx: PageState, plan: SweepPlan, mk, planned, gen_s) -> Path:
     """Start / Resume / Stop, and the sweep itself with progress and time left; the rows' CSV path."""
     path = _csv_path()
     start, resume = _buttons(path, plan, plan.total, "sw", "Start sweep", "document")
@@ -323,7 +324,7 @@ def results(path: Path) -> None:
 
 # -- language modelling: perplexity over length x method (the paper's Table 3) ---------------
 
-def lm_controls(ctx: sb.Context) -> PerplexityPlan:
+def lm_controls(ctx: PageState) -> PerplexityPlan:
     """The perplexity grid (lengths, methods, fixed taus, sequences, calibration sequences) as a :class:`PerplexityPlan`."""
     ss = st.session_state
     lt = ctx.train_length
@@ -346,7 +347,7 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
         chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
     plan = PerplexityPlan(model=ctx.model_ref, lengths=[round(k * lt) for k in sorted(ss["lm_lengths"])], methods=chosen,
                           sequences=int(ss["lm_sequences"]), calib_samples=int(ss["sw_samples"]),
-                          targets=tuple(ctx.targets), params=plan_params(ctx, chosen))
+                          targets=tuple(ctx.choice.targets), params=plan_params(ctx, chosen))
     st.caption(f"{plural(len(plan.lengths) * len(plan.methods), 'cell')} of {plural(plan.sequences, 'sequence')} on "
                f"{ctx.loaded.spec.name}: each a prefix of held-out prose, scored on the next "
                f"{plural(plan.continuation, 'token')}. Rows are written as they finish, so a stopped run keeps its "
@@ -360,7 +361,7 @@ def lm_controls(ctx: sb.Context) -> PerplexityPlan:
     return plan
 
 
-def lm_run(ctx: sb.Context, plan: PerplexityPlan) -> Path:
+def lm_run(ctx: PageState, plan: PerplexityPlan) -> Path:
     """Start / Resume / Stop, and the perplexity runs with progress (sequences done / total); the CSV path."""
     path = _csv_path().with_name("perplexity.csv")
     start, resume = _buttons(path, plan, plan.total, "lm", "Start", "cell")
@@ -407,14 +408,14 @@ def lm_results(path: Path) -> None:
 
 # -- a masked-LM model (the rotary family): accuracy and perplexity of the masked tokens ------------------------
 
-def mlm_controls(ctx: sb.Context) -> MlmPlan:
+def mlm_controls(ctx: PageState) -> MlmPlan:
     """The masked-token grid (lengths, position schemes, methods, fixed taus, sequences) as a :class:`core.experiments.mlm.MlmPlan`."""
     ss = st.session_state
     lt = ctx.train_length
     for k, v in (("lm_lengths", [1, 2, 4, 8]), ("lm_methods", [*methods.SWEEP_DEFAULT, methods.ALGORITHM1["pmax"]]),
-                 ("lm_fixed", ""), ("lm_sequences", 20), ("lm_schemes", [ctx.scheme.spell()])):
+                 ("lm_fixed", ""), ("lm_sequences", 20), ("lm_schemes", [ctx.choice.scheme.spell()])):
         ss.setdefault(k, v)
-    own = ctx.scheme.spell()  # the sidebar's scheme with its parameters, then every scheme at its defaults
+    own = ctx.choice.scheme.spell()  # the sidebar's scheme with its parameters, then every scheme at its defaults
     scheme_options = [own, *(n for n in positions.AVAILABLE if n != own and positions.get(n).same_as is None)]
     ss["lm_schemes"] = [s for s in ss["lm_schemes"] if s in scheme_options]
     options, side = length_options(ctx)
@@ -435,7 +436,7 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
     with user_errors():
         chosen = list(ss["lm_methods"]) + _fixed_taus(ss["lm_fixed"])
         plan = MlmPlan(lengths=[max(MIN_TOKENS, round(k * lt)) for k in sorted(ss["lm_lengths"])], methods=chosen,
-                       sequences=int(ss["lm_sequences"]), cosine_scale=ctx.cosine_scale,
+                       sequences=int(ss["lm_sequences"]), cosine_scale=ctx.choice.cosine_scale,
                        schemes=list(ss["lm_schemes"]) or [positions.PLAIN]).validated()
     st.caption(f"{plural(len(plan.lengths) * len(plan.methods) * len(plan.schemes), 'cell')} of {plural(plan.sequences, 'sequence')} on "
                f"{ctx.loaded.spec.name}: each held-out sequence with {round(100 * MASK_RATE)} % of its tokens masked "
@@ -444,7 +445,7 @@ def mlm_controls(ctx: sb.Context) -> MlmPlan:
     return plan
 
 
-def mlm_run(ctx: sb.Context, plan: MlmPlan) -> Path:
+def mlm_run(ctx: PageState, plan: MlmPlan) -> Path:
     """Start, and the masked-token runs with progress (sequences done / total); the CSV path."""
     path = _csv_path().with_name("mlm.csv")
     if st.button("Start", type="primary", key="mlm_start", disabled=not plan.lengths or not plan.methods):

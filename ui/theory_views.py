@@ -17,7 +17,8 @@ from core.errors import UserError
 from core.runs.settings import DocumentRequest
 from ui import chart, csv_of, user_errors
 from ui import cache, choices
-from ui import sidebar as sb
+from ui.page_state import PageState
+from ui import document_controls
 
 
 def _or_none(name: str, lt: int, n: int, d: int, st: dict | None) -> float | None:
@@ -43,7 +44,7 @@ def qq(here, ref) -> None:
                        "text/csv", key="dl_qq", on_click="ignore")
 
 
-def across_lengths(ctx: sb.Context) -> tuple[dict, pd.DataFrame]:
+def across_lengths(ctx: PageState) -> tuple[dict, pd.DataFrame]:
     """l_max and sigma at several lengths (one tau = 1 pass each, on request): (requests by multiple, stats)."""
     ss = st.session_state
     lt = ctx.train_length
@@ -54,7 +55,7 @@ def across_lengths(ctx: sb.Context) -> tuple[dict, pd.DataFrame]:
         "sharpened by a tau that depends on L."
     )
     ss.setdefault("th_multiples", [1, 2, 4, 8])
-    st.multiselect("Lengths (× L_tr)", list(sb.MULTIPLES), key="th_multiples", persist_state=choices.KEEP, format_func=lambda k: f"{k}× = {k * lt:,}")
+    st.multiselect("Lengths (× L_tr)", list(document_controls.MULTIPLES), key="th_multiples", persist_state=choices.KEEP, format_func=lambda k: f"{k}× = {k * lt:,}")
     if ctx.request.task in tasks.GENERATED:
         base_req = ctx.request
     else:
@@ -101,7 +102,7 @@ def across_lengths(ctx: sb.Context) -> tuple[dict, pd.DataFrame]:
     return reqs, stats
 
 
-def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tuple]:
+def _formula_curves(ctx: PageState, ref, stats: pd.DataFrame) -> dict[str, tuple]:
     """Every closed form of the registry over length: over L alone, or where sigma was measured."""
     lt = ctx.train_length
     st.subheader("tau over length: formulas and Algorithm 1 (Fig. 3/4)")
@@ -130,7 +131,7 @@ def _formula_curves(ctx: sb.Context, ref, stats: pd.DataFrame) -> dict[str, tupl
     return curves
 
 
-def row_schedules(ctx: sb.Context) -> dict:
+def row_schedules(ctx: PageState) -> dict:
     """Every registry method whose schedule is a tau per query row and needs no pass (Llama 4, Qwen's log-n by
     query position), resolved from L_tr alone: ``{name: Schedule}`` in the registry's order."""
     return {name: methods.resolve(ctx.loaded, None, name, tokens=ctx.train_length)[0]
@@ -153,7 +154,7 @@ def row_tau_frame(schedules: dict, rows: int, train_length: int) -> pd.DataFrame
     return pd.DataFrame(frame)
 
 
-def per_row_chart(ctx: sb.Context, schedules: dict | None = None) -> None:
+def per_row_chart(ctx: PageState, schedules: dict | None = None) -> None:
     """The per-row methods' tau on each query row of this document (its length: the sidebar's): where the
     rows past L_tr are sharpened and by how much, which a table's one mean hides."""
     schedules = row_schedules(ctx) if schedules is None else schedules
@@ -169,7 +170,7 @@ def per_row_chart(ctx: sb.Context, schedules: dict | None = None) -> None:
     )
 
 
-def method_list(ctx: sb.Context) -> pd.DataFrame:
+def method_list(ctx: PageState) -> pd.DataFrame:
     """Every registry method (what the CLI's ``--method`` offers) and where this page shows it."""
     def where(name: str) -> str:
         m = methods.get(name)
@@ -205,7 +206,7 @@ _EQUAL_NOTE = (
 )
 
 
-def _algorithm1_dots(ctx: sb.Context, reqs: dict) -> dict[str, tuple]:
+def _algorithm1_dots(ctx: PageState, reqs: dict) -> dict[str, tuple]:
     """Algorithm 1's picks at the measured lengths, from the cache or (on request) by bisection."""
     lt = ctx.train_length
     mk = timing.model_key(ctx.loaded)
@@ -256,7 +257,7 @@ def _prop1_note(curves: dict, stats: pd.DataFrame, sig_tr) -> None:
         )
 
 
-def tau_curves(ctx: sb.Context, ref, reqs: dict, stats: pd.DataFrame) -> None:
+def tau_curves(ctx: PageState, ref, reqs: dict, stats: pd.DataFrame) -> None:
     """tau over length: the registry's closed forms and Algorithm 1's dots (paper Fig. 3/4), with its CSV."""
     curves = _formula_curves(ctx, ref, stats)
     dots = _algorithm1_dots(ctx, reqs)
@@ -270,7 +271,7 @@ def tau_curves(ctx: sb.Context, ref, reqs: dict, stats: pd.DataFrame) -> None:
                        "text/csv", key="dl_taus", on_click="ignore")
 
 
-def cosine(ctx: sb.Context, here) -> None:
+def cosine(ctx: PageState, here) -> None:
     """The cos(q, k) histogram of layer 0, for cosine-attention models only."""
     if ctx.loaded.cosine:
         st.subheader("cos(q, k) in layer 0 (cosine attention)")

@@ -23,7 +23,7 @@ chosen; earlier, a model switch came back as the old model).
 fragment's rerun). Pasted text is not put in the URL (too long); such a view
 carries only the model and the temperature. A cosine model's view also
 carries its CosScale ``s`` (checked against the model's slider range once the
-model is loaded, :func:`ui.sidebar.temperature_controls`).
+model is loaded, :func:`ui.tau_controls.temperature_controls`).
 
 Values go into the widget keys before the widgets are drawn; the widgets keep
 them across page changes (``persist_state``, :mod:`ui.choices`). The keys and
@@ -96,7 +96,7 @@ def _tau(v: str) -> float:
 
 
 #: The largest ``s`` a link may carry before the model is known (any model's CosScale range ends far below;
-#: :func:`ui.sidebar.temperature_controls` checks the model's own).
+#: :func:`ui.tau_controls.temperature_controls` checks the model's own).
 COS_MAX = 1e6
 
 
@@ -202,7 +202,7 @@ def apply() -> list[str]:
             ss["_url_scheme"] = positions.Scheme.of(value)  # the sidebar fills the inputs from it
             continue
         if name == "tokens":
-            ss["_ltr"] = None  # keep the URL's length whatever model loads (see ui.sidebar._document_section)
+            ss["_ltr"] = None  # keep the URL's length whatever model loads (see ui.document_controls.document_section)
             if isinstance(value, str):  # "8x": the sidebar resolves it with the model's L_tr
                 ss["_url_multiple"] = int(value[:-1])
                 continue
@@ -214,22 +214,22 @@ def apply() -> list[str]:
 
 
 def view(ctx) -> dict[str, str]:
-    """The URL parameters of a sidebar :class:`ui.sidebar.Context`."""
+    """The URL parameters of a page's :class:`ui.page_state.PageState`."""
     out = {"model": ctx.model_ref}
     if ctx.request.task in tasks.GENERATED:
         r = ctx.request
         out.update(task=r.task, tokens=str(r.tokens), depth=str(int(round(r.depth * 100))), seed=str(r.seed))
         if r.haystack != "default":
             out["filler"] = r.haystack
-    out["method"] = ctx.method
-    if methods.get(ctx.method).takes_value:
+    out["method"] = ctx.choice.method
+    if methods.get(ctx.choice.method).takes_value:
         out["tau"] = f"{ctx.tau_input:.2f}"
-    for name, value in getattr(ctx, "params", {}).items():  # only a number the person set, for the chosen method
+    for name, value in ctx.choice.params.items():  # only a number the person set, for the chosen method
         out[name] = f"{float(value):.12g}"
-    if getattr(ctx.loaded, "cosine", False) and ctx.cosine_scale is not None:  # only a cosine model has an s
-        out["s"] = f"{float(ctx.cosine_scale):g}"
+    if getattr(ctx.loaded, "cosine", False) and ctx.choice.cosine_scale is not None:  # only a cosine model has an s
+        out["s"] = f"{float(ctx.choice.cosine_scale):g}"
     if not getattr(ctx.loaded, "seq2seq", True):  # only a rotary model has a position scheme
-        out["scheme"] = ctx.scheme.spell()
+        out["scheme"] = ctx.choice.scheme.spell()
     return out
 
 

@@ -28,7 +28,7 @@ def command(args) -> int:
     if args.budget_.seconds is not None:  # Algorithm 1 and every measured method, estimated before they start
         from core.runs import engine
 
-        refuse_over_budget(args.budget_, loaded, doc, engine.encode(loaded, doc), chosen.run_settings(1.0, probes=None),
+        refuse_over_budget(args.budget_, loaded, doc, engine.encode(loaded, doc), chosen.to_choice(1.0),
                            list(methods.MEASURED), args.samples, "this calibration")
     from core.mechanics import attention
 

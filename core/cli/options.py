@@ -73,13 +73,13 @@ def _dtype(text: str) -> str:
 
 
 def _targets(text: str) -> tuple[str, ...]:
-    from core.kinds import KINDS
+    """``--targets``: a comma list checked by the one rule of targets (:func:`core.values.choice.targets_of`)."""
+    from core.values.choice import targets_of
 
-    parts = tuple(t.strip() for t in text.split(","))
-    bad = [t for t in parts if t not in KINDS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown target(s) {', '.join(map(repr, bad))[:80]}; choose from {', '.join(KINDS)}")
-    return parts
+    try:
+        return targets_of(tuple(t.strip() for t in text.split(",")))
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _comma_list(item, what: str):

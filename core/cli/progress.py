@@ -51,7 +51,7 @@ def layers_ticker(prog, budget):
     return tick
 
 
-def refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str], samples: int, what: str) -> float:
+def refuse_over_budget(budget, loaded, doc, enc, choice, measured: list[str], samples: int, what: str) -> float:
     """Refuse (one line, exit 2) work whose estimate is over ``--max-seconds``: the pass over the document
     (:func:`core.runs.engine.estimate_pass`: a timed pass over its first tokens, scaled by the square of the length)
     plus the passes the ``measured`` methods run to resolve (:func:`core.runs.methods.costs`, upper bounds), each
@@ -60,7 +60,7 @@ def refuse_over_budget(budget, loaded, doc, enc, settings, measured: list[str], 
     from core.runs import engine
 
     with attention.between_layers(None):  # the timed samples are not what the budget stops; what they took counts
-        per = engine.estimate_pass(loaded, doc, enc, settings)
+        per = engine.estimate_pass(loaded, doc, enc, choice)
     passes = timing.sweep_passes([enc.n], 1, methods.costs(measured, loaded.n_layers, loaded.n_heads, samples),
                                  loaded.train_length) if measured else [(1, enc.n)]
     seconds = sum(count * per * (tokens / enc.n) ** 2 for count, tokens in passes)

@@ -15,7 +15,7 @@ from core.cli.model import check_reference, document, load_model, precision
 from core.cli.progress import layers_ticker, progress, refuse_over_budget
 from core.cli.settings_merge import has_scheme
 from core.models import memory
-from core.runs import methods, timing
+from core.runs import methods, rope_pass, timing
 
 
 def command(args) -> int:
@@ -23,14 +23,15 @@ def command(args) -> int:
 
     chosen = args.settings_
     loaded = load_model(chosen.model, chosen.train_length, args.device, args.tokenizer, args.dtype)
-    chosen.check_model(loaded)  # a position scheme this model cannot run: one line, before any document
+    at_one = chosen.to_choice(1.0)  # the settings at tau = 1: for the checks, the estimate and a method's own passes
+    rope_pass.check(loaded, at_one.scheme)  # a scheme this model cannot run: one line, before any document
     check_reference(loaded, [chosen.method], args.samples)
     entry = methods.get(chosen.method)
     doc = document(loaded, chosen, args.samples if entry.measured else 1)
     enc = engine.encode(loaded, doc)
     est = None
     if args.budget_.seconds is not None:  # refused before it starts when the estimate is over the budget
-        est = refuse_over_budget(args.budget_, loaded, doc, enc, chosen.run_settings(1.0, probes=None),
+        est = refuse_over_budget(args.budget_, loaded, doc, enc, at_one,
                                  [chosen.method] if entry.measured else [], args.samples, "this run")
     prog = progress("calibrating") if entry.search is not None else None
     from core.mechanics import attention
@@ -44,16 +45,16 @@ def command(args) -> int:
         tau, info = methods.resolve(loaded, doc, chosen.method, None if args.given_params_ else chosen.tau,
                                     samples=args.samples, progress=prog, params=args.params_ or None,
                                     chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
-                                    base=chosen.run_settings(1.0, probes=None) if has_scheme(chosen) else None)
+                                    base=at_one if has_scheme(chosen) else None)
     if prog:
         prog.close()
-    settings = chosen.run_settings(tau)
+    choice = chosen.to_choice(tau)  # the run's one Choice, as the attention will read it
     if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
         if est is None:
-            est = engine.estimate_pass(loaded, doc, enc, settings)
+            est = engine.estimate_pass(loaded, doc, enc, choice)
         print(f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
               "timed, scaled by the square of the length)", file=sys.stderr, flush=True)
-    res = engine.run(loaded, doc, settings, encoded=enc)
+    res = engine.run(loaded, doc, choice, encoded=enc)
     out = res.summary()
     out["model"] = loaded.spec.name
     if entry.param is not None and entry.param.name in info:  # which gamma the tau came from (given or default)

@@ -108,12 +108,15 @@ def merge_settings(args):
 
 
 def has_scheme(chosen) -> bool:
-    """Whether settings ask for a position scheme other than the plain one as trained."""
-    return not chosen.choice.scheme.is_plain
+    """Whether settings ask for a position scheme other than the plain one as trained (the file's field, checked
+    when the settings were made; the plain scheme takes no parameters)."""
+    from core.values import positions
+
+    return chosen.scheme.strip() != positions.PLAIN
 
 
 def no_scheme(chosen, command: str) -> None:
     """A settings file's position scheme, refused by a command that would not apply it (rather than dropped)."""
     if has_scheme(chosen):
-        raise UserError(f"--settings: scheme '{chosen.choice.scheme}': {command} "
+        raise UserError(f"--settings: scheme '{chosen.to_choice(1.0).scheme}': {command} "
                         "runs the plain scheme only; use `run` with these settings, or `mlm --schemes`")

@@ -49,7 +49,7 @@ import csv
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
@@ -63,6 +63,8 @@ from core.values.validation import BatchSize, validate
 from core.models import Loaded
 from core.mechanics.probes import ProbeSpec
 from core.values.schedule import Schedule
+from core.values.choice import Choice
+from core.mechanics.run_pass import Pass
 
 if TYPE_CHECKING:  # Ray and the pool are imported only when a run uses them
     from core.experiments import cluster
@@ -232,8 +234,10 @@ def read_jsonl(path: str | Path, tokenizer, report: Callable[[str], None]) -> li
 # -- settings --------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Choice:
-    """One setting of a batch run: a label for the CSV and how to get tau."""
+class Setting:
+    """One setting of a batch run: a label for the CSV and how to get tau (named apart from
+    :class:`core.values.choice.Choice`, the run's value it resolves into: a setting becomes a Choice per document,
+    or per padded batch sharing one tau)."""
 
     label: str
     method: str
@@ -256,18 +260,18 @@ def _label(method: str, tau: Schedule | None) -> str:
     return methods.spell(method, tau)
 
 
-def choices(args, settings) -> list[Choice]:
+def choices(args, settings) -> list[Setting]:
     """The settings to run: ``--methods`` when given, else the merged ``--settings``/``--tau``/``--method``. A
     ``--gamma`` (``args.params_``) goes to the methods that take it, named in their label (``critical:gamma=0.2``)
     and re-resolving the method even where the settings file stored a tau (as ``run --gamma`` does)."""
     spec = getattr(args, "methods", None)
     given = getattr(args, "params_", None) or {}
 
-    def choice(name: str, value: Schedule | None, label: str, chosen_at: int | None = None) -> Choice:
+    def choice(name: str, value: Schedule | None, label: str, chosen_at: int | None = None) -> Setting:
         own = methods.own_params(name, given)
         if own:
-            return Choice(methods.cell_text(label, given), name, None, None, tuple(own.items()))
-        return Choice(label, name, value, chosen_at)
+            return Setting(methods.cell_text(label, given), name, None, None, tuple(own.items()))
+        return Setting(label, name, value, chosen_at)
     if spec:
         out = []
         for m in (p.strip() for p in spec.split(",")):
@@ -286,7 +290,7 @@ def choices(args, settings) -> list[Choice]:
     return [choice(settings.method, settings.tau, _label(settings.method, settings.tau), settings.chosen_at)]
 
 
-def _needs_passes(item: Item, c: Choice) -> bool:
+def _needs_passes(item: Item, c: Setting) -> bool:
     stored = c.tau is not None and c.chosen_at == item.n  # chosen at this very length: used as it is
     return methods.get(c.method).measured and not stored
 
@@ -330,7 +334,7 @@ def _batches(items: list[Item], batch_size: int) -> list[list[Item]]:
 def run_items(
     loaded: Loaded,
     items: list[Item],
-    settings_list: list[Choice],
+    settings_list: list[Setting],
     out: str | Path | None = None,
     resume: bool = False,
     batch_size: int = 8,
@@ -369,8 +373,8 @@ def run_items(
     with csvio.ResultCSV(path, COLUMNS, "batch-run", resume=resume, stream=None if path else sys.stdout) as sink:
         done = {_row_key(r) for r in sink.rows}
         counts = {"written": 0, "skipped": 0, "failed": 0}
-        base = engine.RunSettings(probes=ProbeSpec.stats_only(), max_new_tokens=max_new_tokens,
-                                  targets=tuple(targets), cosine_scale=cosine_scale)
+        base = (Choice.of(targets=tuple(targets), cosine_scale=cosine_scale),  # a run's two values, tau aside
+                Pass(probes=ProbeSpec.stats_only(), max_new_tokens=max_new_tokens))
         tick = progress or (lambda k: None)
 
         def fail(its: list[tuple[int, str | None]], label: str, err: str) -> None:
@@ -409,8 +413,8 @@ def run_items(
         return counts
 
 
-def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Choice], done: set, batch_size: int, samples: int,
-          base: engine.RunSettings, model, counts: dict, tick: Callable[[int], None],
+def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Setting], done: set, batch_size: int, samples: int,
+          base: tuple[Choice, Pass], model, counts: dict, tick: Callable[[int], None],
           fail: Callable[[list[tuple[int, str | None]], str, str], None]) -> list["cluster.Job"]:
     """The (item, setting) pairs not in ``done`` as jobs, in the order a local run takes them.
 
@@ -455,7 +459,7 @@ def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Choice], done: 
     return jobs
 
 
-def _job_label(c: Choice, batch: list[Item]) -> str:
+def _job_label(c: Setting, batch: list[Item]) -> str:
     lines = [it.line for it in batch]
     where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:4]))}{', ...' if len(lines) > 4 else ''}"
     return f"{where}, setting {c.label}"
@@ -481,10 +485,11 @@ def _run_job(loaded: Loaded, payload: tuple) -> list[tuple]:
     return _run_batch(loaded, base, c, tau, batch, extra_s)
 
 
-def _run_batch(loaded: Loaded, base: engine.RunSettings, c: Choice, tau, batch: list[Item], extra_s: float) -> list[tuple]:
+def _run_batch(loaded: Loaded, base: tuple[Choice, Pass], c: Setting, tau, batch: list[Item], extra_s: float) -> list[tuple]:
     encs = [engine.Encoded(it.ids, np.zeros((it.n, 2), dtype=np.int64), None, None) for it in batch]
     try:
-        results = engine.run_encoded(loaded, [it.doc for it in batch], encs, replace(base, tau=tau, method=c.method))
+        results = engine.run_encoded(loaded, [it.doc for it in batch], encs, base[0].with_(tau=tau, method=c.method),
+                                     base[1])
     except UserError as err:  # too long for memory as a batch, NaN, ...: retry one by one
         if len(batch) == 1:
             return [("fail", (batch[0].line, batch[0].id), str(err))]

@@ -55,6 +55,7 @@ from typing import Any, Callable, ContextManager, Hashable, Iterable, Iterator, 
 
 from core.models import memory
 from core.errors import UserError
+from core.values.choice import TRAINED
 
 #: Encoder passes (count, tokens): what a job runs, for its cost and its time estimate.
 Passes = tuple[tuple[int, int], ...]
@@ -181,7 +182,7 @@ def time_a_pass(loaded: Any, make_doc: Callable[[], Any]) -> None:
     if timing.measured(timing.model_key(loaded)):
         return
     with contextlib.suppress(ValueError, RuntimeError):
-        engine.run(loaded, make_doc(), engine.RunSettings(probes=ProbeSpec.stats_only()))
+        engine.run(loaded, make_doc(), TRAINED, engine.Pass(probes=ProbeSpec.stats_only()))
 
 
 # -- progress ---------------------------------------------------------------------------

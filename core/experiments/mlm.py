@@ -14,8 +14,8 @@ measures the same on a loaded ``"rope"`` model (:mod:`core.models`):
   (``[CLS]``/``</s>``, padding and the mask token itself are never masked):
   ``round(rate x candidates)`` of them, at least one, each replaced by the
   mask token (no 80/10/10 at evaluation: every masked token is one to predict);
-- one forward pass per batch of sequences under an
-  :class:`~core.mechanics.attention.AttentionSettings` (tau, CosScale s), no probes, so
+- one forward pass per batch of sequences under one
+  :class:`~core.values.choice.Choice` (tau, CosScale s, position scheme), no probes, so
   the attention takes its fastest backend (output only: core.mechanics.softmax_block);
 - a cell's accuracy is correct / masked and its perplexity
   ``exp(sum of -log p(true token) / masked)`` over every masked position of
@@ -51,7 +51,7 @@ from core.runs.mlm_pass import (  # noqa: F401  the one pass's names, also read 
     MASK_RATE, MIN_TOKENS, MaskedSequence, Scored, head_logits, mask_tokens, score, sequence)
 from core.values import positions
 from core.data import tasks
-from core.mechanics.attention import ROPE as ROPE_FAMILY, AttentionSettings
+from core.mechanics.attention import ROPE as ROPE_FAMILY
 from core.errors import UserError
 from core.models import Loaded
 from core.values.choice import Choice
@@ -136,7 +136,7 @@ def resolve(loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Docum
         return tau, _outcome(info)
     if (n, scheme, method) not in cache:
         calib = tasks.make(plan.task, loaded.tokenizer, n, seed=plan.calib_seed + n, haystack=plan.haystack)
-        base = engine.RunSettings(Choice.of(cosine_scale=plan.cosine_scale, scheme=scheme))
+        base = Choice.of(cosine_scale=plan.cosine_scale, scheme=scheme)
         tau, info = methods.resolve(loaded, calib, name, samples=plan.calib_samples, base=base, params=own)
         cache[(n, scheme, method)] = (tau, _outcome(info))
     return cache[(n, scheme, method)]
@@ -178,14 +178,14 @@ def cell(loaded: Loaded, plan: MlmPlan, n: int, scheme: Scheme, method: str, cac
     first, masked = cache[("sequences", n)]
     factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, max(m.n for m in masked)))
     tau, outcome = resolve(loaded, plan, n, method, first, cache, scheme)
-    attn = AttentionSettings(Choice(tau=tau, cosine_scale=None if plan.cosine_scale is None else float(plan.cosine_scale),
-                                    scheme=scheme))
+    choice = Choice(tau=tau, cosine_scale=None if plan.cosine_scale is None else float(plan.cosine_scale),
+                    scheme=scheme)
     t0 = time.perf_counter()
     count, correct, nll = 0, 0, 0.0
     for b in range(0, len(masked), plan.batch_size):
         if cancelled():  # the driver was stopped: free this actor for its next run
             raise Cancelled
-        s = score(loaded, masked[b:b + plan.batch_size], attn, scheme)
+        s = score(loaded, masked[b:b + plan.batch_size], choice)
         count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
         if step:
             step(len(masked[b:b + plan.batch_size]))

@@ -59,6 +59,8 @@ from core.data.tasks.lm import COPY_KINDS, COPY_MIXED, COPY_ROOM, COPY_WITH, COP
 from core.mechanics.probes import ProbeSpec
 from core.experiments.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
 from core.values.validation import NewTokens, held_out_plan
+from core.values.choice import Choice
+from core.mechanics.run_pass import Pass
 
 COLUMNS = [
     "model", "task", "tokens", "actual_tokens", "train_length", "method", "copy", "tau", "perplexity", "nll",
@@ -135,19 +137,20 @@ def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan, copy: str = COP
     return found if copy == COPY_WITH else [make(d.seed, repeat=0.0) for d in found]
 
 
-def score(loaded: Loaded, docs: list[tasks.Document], settings: engine.RunSettings, batch_size: int = 8,
+def score(loaded: Loaded, docs: list[tasks.Document], choice: Choice, batch_size: int = 8,
           encoded: list[engine.Encoded] | None = None, step: Callable[[int], None] | None = None) -> dict:
-    """Perplexity of ``docs`` under ``settings``: ``{"perplexity", "nll", "scored_tokens", "actual_tokens", "seconds"}``.
+    """Perplexity of ``docs`` under ``choice`` (no probes, no generation: the teacher-forced continuation only):
+    ``{"perplexity", "nll", "scored_tokens", "actual_tokens", "seconds"}``.
 
     ``nll`` is the summed -log p over every scored token; perplexity is
     ``exp(nll / scored_tokens)``. ``step(k)`` is called after each batch of
     ``k`` sequences (progress)."""
-    settings = replace(settings, generate=False, probes=ProbeSpec.off())
+    how = Pass(generate=False, probes=ProbeSpec.off())
     encs = encoded or [engine.encode(loaded, d) for d in docs]
     t0 = time.perf_counter()
     nll, count = 0.0, 0
     for b in range(0, len(docs), batch_size):
-        for r in engine.run_encoded(loaded, docs[b:b + batch_size], encs[b:b + batch_size], settings):
+        for r in engine.run_encoded(loaded, docs[b:b + batch_size], encs[b:b + batch_size], choice, how):
             nll += r.nll
             count += r.scored_tokens
         if step:
@@ -204,8 +207,8 @@ def run_perplexity(
 
                 with guard():
                     tau, outcome = resolve_for(loaded, plan, n, m, docs[0], taus)
-                    run_settings = engine.RunSettings(tau=tau, method=m, targets=plan.targets)
-                    cell = score(loaded, docs, run_settings, plan.batch_size, encs, step)
+                    cell = score(loaded, docs, Choice.of(tau=tau, method=m, targets=plan.targets), plan.batch_size, encs,
+                                 step)
                 row = {
                     "model": plan.model, "task": tasks.LM, "tokens": n, "actual_tokens": cell["actual_tokens"],
                     "train_length": loaded.train_length, "method": methods.cell_text(m, plan.params), "copy": copy, "tau": round(tau.mean(n), 6),

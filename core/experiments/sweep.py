@@ -40,6 +40,7 @@ from core.errors import UserError
 from core.models import Loaded
 from core.mechanics.probes import ProbeSpec
 from core.values.schedule import Schedule
+from core.values.choice import Choice
 
 if TYPE_CHECKING:  # Ray and the pool are imported only when a sweep runs on them
     from core.experiments import cluster
@@ -296,7 +297,7 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
             raise Cancelled
         doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
         tau, outcome = resolve_for(loaded, plan, n, m, doc, cache)
-        res = engine.run(loaded, doc, engine.RunSettings(tau=tau, method=m, probes=ProbeSpec.stats_only()))
+        res = engine.run(loaded, doc, Choice.of(tau=tau, method=m), engine.Pass(probes=ProbeSpec.stats_only()))
         out.append((index, {
             "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
             "depth": depth, "seed": seed, "method": methods.cell_text(m, plan.params),

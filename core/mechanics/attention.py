@@ -9,8 +9,9 @@ finds out which one it is serving from the module it is given
 (``is_decoder`` / ``is_causal`` / ``layer_idx``), so the model never needs to
 know who listens.
 
-Per-call settings (the temperature schedule, the CosScale value, which
-attentions to touch, the probe recorder) travel in a :class:`contextvars.ContextVar`
+Per call, the run's two values (its :class:`~core.values.choice.Choice`: the temperature schedule, the
+CosScale value, which attentions to touch, the position scheme; its :class:`~core.mechanics.run_pass.Pass`:
+the block budget) and the probe recorder travel in a :class:`contextvars.ContextVar`
 set by :func:`attention_call`. Context variables are per thread (and per
 asyncio task), so two Streamlit sessions sharing one cached model never see
 each other's tau. With no call active the function is exactly T5's own
@@ -67,7 +68,8 @@ from core.mechanics import patches, softmax_block
 from core.mechanics.patches import configs, point, point_back, set_implementation  # noqa: F401  read here too
 from core.errors import UserError
 from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER
-from core.values.choice import Choice, given
+from core.mechanics.run_pass import DEFAULT_PASS, Pass
+from core.values.choice import TRAINED, Choice
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.mechanics.probes import Recorder
@@ -92,55 +94,41 @@ MAX_WEIGHT_BYTES = 2**30
 
 
 
-@dataclass(frozen=True, init=False)
-class AttentionSettings:
-    """What one forward pass should do to the attention logits: the run's :class:`~core.values.choice.Choice` as it
-    arrives here, and how this pass runs it.
-
-    ``choice``: the tau :class:`~core.values.schedule.Schedule` dividing q.k + bias, the ``targets`` it (and the
-    CosScale s) touches (the paper scales encoder self-attention only), the CosScale s of a cosine-attention
-    model (None: the trained s) and the position scheme (the same object the edge made: the engine hands it on).
-    ``chunk_bytes``: budget for one block of query rows (memory vs speed; None: the device's default,
-    :func:`default_chunk_bytes`).
-    ``positions``: the choice's position scheme bound to this input's length (:class:`core.values.positions.Bound`),
-    applied to encoder self-attention whatever the targets say: its mask rows are ANDed into the padding mask
-    block by block, and a scheme that rectifies distances takes its logits from
-    :func:`core.values.positions.rectified_logits` (the model's rotary modules then hand over unrotated q and k:
-    :func:`core.runs.rope_pass.scheme_pass` sets both up). None, or the plain scheme: nothing changes.
-
-    Adaptive temperature (Velickovic et al. 2024) is a tau schedule like any other:
-    ``AttentionSettings(tau=ADAPTIVE)`` (:data:`core.values.schedule.ADAPTIVE`, the registry's ``adaptive``
-    method) multiplies each targeted query row's logits by a beta from that row's own entropy
-    (:func:`core.mechanics.softmax_block.adaptive_rows`); such a call runs the ``torch`` backend.
-
-    ``AttentionSettings(tau=0.7)`` (a part of the choice by name, checked once by :meth:`Choice.of`) stays the
-    short form for a caller without a Choice; ``tau``, ``targets`` and ``cosine_scale`` read the choice's parts.
-    """
-
-    choice: Choice
-    chunk_bytes: int | None
-    positions: "rope_positions.Bound | None"
-
-    def __init__(self, choice: Choice | None = None, chunk_bytes: int | None = None,
-                 positions: "rope_positions.Bound | None" = None, **parts: Any) -> None:
-        choice = given(choice, parts, "AttentionSettings")
-        if chunk_bytes is not None and not (isinstance(chunk_bytes, int) and chunk_bytes > 0):
-            raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
-        if positions is not None and not isinstance(positions, rope_positions.Bound):
-            raise ValueError("positions must be a core.values.positions.Bound (Scheme.bind(...)) or None")
-        for name, value in (("choice", choice), ("chunk_bytes", chunk_bytes), ("positions", positions)):
-            object.__setattr__(self, name, value)
-
-    tau = property(lambda self: self.choice.tau)
-    targets = property(lambda self: self.choice.targets)
-    cosine_scale = property(lambda self: self.choice.cosine_scale)
-
-
 @dataclass
 class _Call:
-    settings: AttentionSettings
+    """One :func:`attention_call` under way: the run's :class:`~core.values.choice.Choice` (what: the tau
+    :class:`~core.values.schedule.Schedule` dividing q.k + bias, the ``targets`` it and the CosScale s touch, the
+    position scheme), its :class:`~core.mechanics.run_pass.Pass` (how: the block budget) and the recorder, the same
+    objects the edge made. ``lengths``: ``(train length, tokens)`` of a rotary model's pass (set by
+    :func:`core.runs.rope_pass.scheme_pass`), at which the call binds the choice's scheme itself, once
+    (:attr:`positions`); None: no scheme is bound (a T5 model, or a pass outside a scheme pass).
+
+    Why the attention binds the scheme and is not handed a ``Bound``: the scheme then has one form from the edge
+    to here (a :class:`~core.values.positions.Scheme`, the choice's own), and the bound one exists only inside
+    the call, for its length. Its mask rows are ANDed into the padding mask block by block (encoder
+    self-attention, whatever the targets say), and a scheme that rectifies distances takes its logits from
+    :func:`core.values.positions.rectified_logits` (the model's rotary modules then hand over unrotated q and k).
+
+    The tau is a :class:`Schedule` up to here and a tensor inside: one per layer (or per row span), converted once
+    per call (``taus``). Adaptive temperature (Velickovic et al. 2024) is a schedule like any other
+    (:data:`core.values.schedule.ADAPTIVE`): each targeted query row's logits times a beta from that row's own
+    entropy (:func:`core.mechanics.softmax_block.adaptive_rows`); such a call runs the ``torch`` backend."""
+
+    choice: Choice
+    how: Pass
     recorder: "Recorder | None"
+    lengths: tuple[int, int] | None = None
     taus: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    _bound: list = field(default_factory=list)
+
+    @property
+    def positions(self) -> "rope_positions.Bound | None":
+        """The choice's scheme bound at this call's :attr:`lengths` (None without them), bound once per call."""
+        if self.lengths is None:
+            return None
+        if not self._bound:
+            self._bound.append(self.choice.scheme.bind(*self.lengths))
+        return self._bound[0]
 
 
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("aligned_attention_call", default=None)
@@ -179,14 +167,14 @@ def current_positions() -> "rope_positions.Bound | None":
     what a rotary model's modules read when they compute cos and sin (:func:`core.mechanics.patches.patch`'s
     ``rotary``)."""
     call = _CURRENT.get()
-    return None if call is None else call.settings.positions
+    return None if call is None else call.positions
 
 
 _SERIAL = itertools.count(1)
 
 
-def standing(settings: AttentionSettings, recorder: "Recorder | None" = None) -> str:
-    """Register :func:`aligned_attention` bound to standing ``settings`` (and ``recorder``) under a new name of its
+def standing(choice: Choice, how: Pass = DEFAULT_PASS, recorder: "Recorder | None" = None) -> str:
+    """Register :func:`aligned_attention` bound to a standing ``choice`` and ``how`` (and ``recorder``) under a new name of its
     own, ``aligned@N``, and return the name: a model whose configs name it (:func:`point`) runs with them in every
     thread whenever no :func:`attention_call` is active (an explicit call still wins). What
     :func:`core.runs.apply.install` and :func:`listen` use; :func:`forget` takes the name back.
@@ -195,7 +183,7 @@ def standing(settings: AttentionSettings, recorder: "Recorder | None" = None) ->
     transformers dispatches every call (the config's ``attn_implementation``), and the model's modules stay as
     loaded; ``save_pretrained`` writes no private config field, so nothing of ours is saved either."""
     name = f"{ATTN_NAME}@{next(_SERIAL)}"
-    patches.register_name(name, functools.partial(aligned_attention, standing=_Call(settings, recorder)),
+    patches.register_name(name, functools.partial(aligned_attention, standing=_Call(choice, how, recorder)),
                           compact_mask)
     return name
 
@@ -222,7 +210,7 @@ def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
     listens. What training's cross-attention tap uses (``cross.*.logits``,
     :class:`core.training.CrossAttentionTap`). Take listeners off in the reverse order of putting them on."""
     prev = standing_call_of(getattr(model.config, "_attn_implementation", None))
-    name = standing(prev.settings if prev is not None else AttentionSettings(), recorder)
+    name = standing(prev.choice, prev.how, recorder) if prev is not None else standing(TRAINED, DEFAULT_PASS, recorder)
     before = point(model, name)
 
     def stop() -> None:
@@ -262,13 +250,24 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 @contextlib.contextmanager
-def attention_call(settings: AttentionSettings | None = None, recorder: "Recorder | None" = None) -> Iterator[None]:
-    """Run the enclosed forward passes with ``settings`` and feed ``recorder``.
+def attention_call(choice: Choice | None = None, how: Pass | None = None, recorder: "Recorder | None" = None, *,
+                   lengths: tuple[int, int] | None = None) -> Iterator[None]:
+    """Run the enclosed forward passes with ``choice`` (None: the model as trained) and ``how`` (None: the
+    default :class:`~core.mechanics.run_pass.Pass`) and feed ``recorder``; ``lengths``: ``(train length, tokens)``
+    at which the call binds the choice's position scheme (:class:`_Call`; :func:`core.runs.rope_pass.scheme_pass`
+    gives them).
 
-    The settings live in a context variable: visible to this thread (or task)
+    The call lives in a context variable: visible to this thread (or task)
     only, restored on exit even if the pass raises.
     """
-    token = _CURRENT.set(_Call(settings or AttentionSettings(), recorder))
+    choice = TRAINED if choice is None else choice
+    how = DEFAULT_PASS if how is None else how
+    if not isinstance(choice, Choice):
+        raise TypeError("attention_call's choice must be a core.values.choice.Choice (Choice.of at the edge)")
+    if not isinstance(how, Pass):
+        raise TypeError("attention_call's how must be a core.mechanics.run_pass.Pass (the recorder is the third "
+                        "argument)")
+    token = _CURRENT.set(_Call(choice, how, recorder, lengths))
     try:
         yield
     finally:
@@ -312,9 +311,9 @@ def _layer_tau(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, 
     row schedule), or None when it is 1 everywhere. Read from the call's :class:`Schedule` (which
     keeps what it computed) and converted to a tensor once per call and layer. Adaptive temperature's
     base tau is 1 (None here); each row's own beta comes from :func:`_adaptive`."""
-    if kind not in call.settings.targets:
+    if kind not in call.choice.targets:
         return None
-    tau = call.settings.tau
+    tau = call.choice.tau
     if tau.adaptive:
         return None
     if tau.rows is not None:
@@ -338,7 +337,7 @@ def _adaptive(call: _Call | None, kind: str) -> bool:
     """Whether this attention multiplies each row's logits by its own beta: the call's schedule is adaptive
     temperature (:data:`core.values.schedule.ADAPTIVE`) and ``kind`` is one of its targets. Read where the layer's
     tau is (:func:`_layer_tau`), from the same schedule: nothing else carries it."""
-    return call is not None and call.settings.tau.adaptive and kind in call.settings.targets
+    return call is not None and call.choice.tau.adaptive and kind in call.choice.targets
 
 
 
@@ -394,7 +393,7 @@ def aligned_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax((q.k * scaling + bias + mask) / tau) @ v, in blocks of query rows.
 
-    ``standing``: the model's standing settings, bound by :func:`standing` (used when no
+    ``standing``: the model's standing call (choice and pass), bound by :func:`standing` (used when no
     :func:`attention_call` is active).
 
     Shapes follow transformers' attention interface: ``query`` is
@@ -445,8 +444,8 @@ def aligned_attention(
         # CosScale: logits = s * cos(q, k). The trained s lives in the config;
         # a per-call value overrides it on the targeted attentions.
         s = float(getattr(config, "cosine_scale", 1.0))
-        if call is not None and call.settings.cosine_scale is not None and kind in call.settings.targets:
-            s = float(call.settings.cosine_scale)
+        if call is not None and call.choice.cosine_scale is not None and kind in call.choice.targets:
+            s = float(call.choice.cosine_scale)
     query, key = logit_operands(query, key, scaling, s)
     scheme = _scheme_of(call, kind, module, query, key)
     seen_q, seen_k = (query, key) if scheme is None or scheme.logits is None else scheme.rotated(query, key)
@@ -469,7 +468,7 @@ def aligned_attention(
         grad=torch.is_grad_enabled(),
         adaptive=_adaptive(call, kind))
     backend = softmax_block.choose_backend(x)
-    step = softmax_block.rows_per_block(backend, x, call.settings.chunk_bytes if call is not None else None)
+    step = softmax_block.rows_per_block(backend, x, call.how.chunk_bytes if call is not None else None)
     rows = _open(backend, x, step)
     out, weights = [], []
     for r0 in range(0, q_len, step):
@@ -506,7 +505,7 @@ def _kernel_blocks(x: softmax_block.Inputs, step: int) -> softmax_block.Rows:
 
 @dataclass(frozen=True)
 class _SchemeOps:
-    """A bound position scheme as one attention call applies it (see :class:`AttentionSettings`): ``mask(r0, r1)``
+    """A bound position scheme as one attention call applies it (see :class:`_Call`): ``mask(r0, r1)``
     gives the allowed keys of rows ``[r0, r1)`` (bool ``[rows, k_len]``) or None; ``logits(r0, r1, allowed)`` the
     rows' float32 logits from unrotated q and k (rectified schemes) or None: the plain matmul; ``rotated(q, k)``
     q and k at their own positions (what probes that take whole q and k see)."""
@@ -532,7 +531,7 @@ def _scheme_of(call: _Call | None, kind: str, module: torch.nn.Module, query: to
     ``query`` and ``key`` are the logit operands (:func:`logit_operands`: scaled, or normalised for CosScale; both
     commute with a rotation). A rectified scheme rotates k once per call here, every block's q in
     :func:`core.values.positions.rectified_logits`."""
-    bound = None if call is None or kind != ENCODER else call.settings.positions
+    bound = None if call is None or kind != ENCODER else call.positions
     if bound is None or not ({rope_positions.MASK, rope_positions.DISTANCES} & set(bound.scheme.changes)):
         return None
     k_len, device = key.shape[-2], query.device

@@ -74,9 +74,10 @@ from pathlib import Path
 import torch
 
 from core.mechanics import attention, patches
-from core.mechanics.attention import AttentionSettings, attention_call, family_of
+from core.mechanics.attention import attention_call, family_of
+from core.mechanics.run_pass import DEFAULT_PASS, Pass
 from core.errors import UserError
-from core.kinds import ENCODER, KINDS
+from core.kinds import ENCODER
 from core.values.choice import Choice
 from core.runs.settings import Settings
 from core.values.validation import Bytes, Positive, validate
@@ -130,7 +131,7 @@ def _n_layers_heads(model) -> tuple[int, int, int]:
     return enc, dec, int(c.num_heads)
 
 
-def attention_settings(
+def choice_for(
     model,
     tau: float | None = None,
     *,
@@ -139,14 +140,17 @@ def attention_settings(
     targets=None,
     cosine_scale: float | None = None,
     chunk_bytes: int | None = None,
-) -> AttentionSettings:
-    """Merge the ways of giving a schedule into one :class:`AttentionSettings`, checked against ``model``.
+) -> tuple[Choice, Pass]:
+    """Merge the ways of giving a schedule into the run's two values, checked against ``model``: the
+    :class:`~core.values.choice.Choice` (what) and the :class:`~core.mechanics.run_pass.Pass` (how: here only the
+    block budget ``chunk_bytes``).
 
     ``tau`` (one number) and ``schedule`` (per layer, or per layer and head)
     are alternatives. ``settings`` is a :class:`core.runs.settings.Settings` or the
     path of its JSON; explicit ``tau``/``schedule``/``targets``/``cosine_scale``
     override what it holds. Its stored schedule is used as is (see the module
-    docstring: no re-resolution at another length here).
+    docstring: no re-resolution at another length here). The targets are checked by
+    :meth:`Choice.of` / :meth:`Choice.with_` (the one check of them), as is the tau.
     """
     if tau is not None and schedule is not None:
         raise UserError("Give either tau (one number) or schedule (per layer / per layer and head), not both")
@@ -154,18 +158,14 @@ def attention_settings(
     # the bounds every entry point uses (core.values.validation), not a second set written here
     cosine_scale = None if cosine_scale is None else validate(Positive, cosine_scale, "cosine_scale")
     chunk_bytes = None if chunk_bytes is None else validate(Bytes, chunk_bytes, "chunk_bytes")
-    if targets is not None:
-        bad = [t for t in ((targets,) if isinstance(targets, str) else targets) if t not in KINDS]
-        if bad:
-            raise UserError(f"Unknown attention target(s) {bad}; choose from {', '.join(KINDS)}")
     overrides = {k: v for k, v in dict(targets=targets, cosine_scale=cosine_scale).items() if v is not None}
     if settings is not None:  # the one Settings -> run conversion; its Choice is handed on (explicit arguments win)
         chosen = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
-        choice = chosen.run_settings(value).choice
+        choice = chosen.to_choice(value)
         if not choice.scheme.is_plain:
             raise UserError(f"The settings hold position scheme '{choice.scheme}': core.runs.apply puts a tau on a model, "
                             "not a position scheme; run them with `python -m core run --settings FILE` (or `mlm`)")
-        choice = choice.with_(**overrides) if overrides else choice
+        choice = choice.with_(**overrides) if overrides else choice  # the targets' one check
     else:
         if value is None:
             raise UserError("No tau given: pass tau=0.7, schedule=[...] or settings=FILE")
@@ -188,7 +188,7 @@ def attention_settings(
             f"A per-layer schedule has {enc} values (encoder layers) but the decoder has {dec} layers: "
             "use one number for decoder/cross targets"
         )
-    return AttentionSettings(choice, chunk_bytes)
+    return choice, (DEFAULT_PASS if chunk_bytes is None else Pass(chunk_bytes=chunk_bytes))
 
 
 # -- switching the attention implementation --------------------------------------
@@ -254,9 +254,9 @@ class _Block:
     it was before the block.
     """
 
-    def __init__(self, model, settings: AttentionSettings, recorder) -> None:
+    def __init__(self, model, choice: Choice, how: Pass, recorder) -> None:
         self._model = model
-        self.settings = settings
+        self.choice, self.how = choice, how
         self._recorder = recorder
         self._state = "new"  # new -> open -> closed
         self._thread: int | None = None
@@ -264,14 +264,14 @@ class _Block:
         self._call = None
         self._hold: _Hold | None = None
 
-    def __enter__(self) -> AttentionSettings:
+    def __enter__(self) -> Choice:
         if self._state != "new":
             raise UserError("An apply block can be entered once: call apply(model, ...) again for another block.")
         with _LOCK:
             hold = _hold(self._model)
             hold.blocks += 1
         try:
-            self._call = attention_call(self.settings, self._recorder)
+            self._call = attention_call(self.choice, self.how, self._recorder)
             self._call.__enter__()
         except BaseException:
             with _LOCK:
@@ -280,7 +280,7 @@ class _Block:
             raise
         self._hold, self._thread, self._state = hold, threading.get_ident(), "open"
         self._open_token = _OPEN.set(_OPEN.get() + (self,))
-        return self.settings
+        return self.choice
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._state != "open":
@@ -337,7 +337,7 @@ def apply(
     ``cosine_scale``: CosScale s for cosine-attention models.
     ``recorder``: an optional :class:`core.mechanics.probes.Recorder` fed by encoder passes.
 
-    The ``with`` statement yields the :class:`AttentionSettings` in force.
+    The ``with`` statement yields the :class:`~core.values.choice.Choice` in force.
     The schedule is carried by a context variable: code in *this thread*
     (generate, a pipeline, forward calls) sees it; other threads do not. The
     model's attention implementation is switched for the block's duration,
@@ -354,9 +354,9 @@ def apply(
     where it was opened; see :class:`_Block`).
     """
     check_supported(model)
-    attn = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
-                            cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
-    return _Block(model, attn, recorder)
+    choice, how = choice_for(model, tau, schedule=schedule, settings=settings, targets=targets,
+                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
+    return _Block(model, choice, how, recorder)
 
 
 def install(
@@ -368,7 +368,7 @@ def install(
     targets=None,
     cosine_scale: float | None = None,
     chunk_bytes: int | None = None,
-) -> AttentionSettings:
+) -> Choice:
     """Make ``model`` always run with this schedule (every thread), until :func:`uninstall`.
 
     Same arguments as :func:`apply`. Installing again replaces the schedule
@@ -381,9 +381,9 @@ def install(
     private config field).
     """
     check_supported(model)
-    attn = attention_settings(model, tau, schedule=schedule, settings=settings, targets=targets,
-                            cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
-    name = attention.standing(attn)
+    choice, how = choice_for(model, tau, schedule=schedule, settings=settings, targets=targets,
+                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
+    name = attention.standing(choice, how)
     with _LOCK:
         hold = _hold(model)
         old = hold.standing
@@ -393,16 +393,16 @@ def install(
         else:
             attention.forget(old)
         hold.standing, hold.installed = name, True
-    return attn
+    return choice
 
 
-def installed(model) -> AttentionSettings | None:
-    """The settings :func:`install` put on ``model``, or None."""
+def installed(model) -> Choice | None:
+    """The :class:`~core.values.choice.Choice` :func:`install` put on ``model``, or None."""
     hold = patches.hold_of(model)
     if hold is None or not hold.installed:
         return None
     call = attention.standing_call_of(hold.standing)
-    return None if call is None else call.settings
+    return None if call is None else call.choice
 
 
 def uninstall(model) -> None:

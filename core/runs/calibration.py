@@ -20,6 +20,8 @@ from core.data import tasks
 from core.errors import UserError
 from core.models import Loaded
 from core.mechanics.probes import ProbeSpec
+from core.mechanics.run_pass import Pass
+from core.values.choice import TRAINED, Choice
 from core.values.schedule import Schedule
 from core.runs.temperature import Calibration, LayerStats
 
@@ -70,19 +72,20 @@ def _text_window(loaded: Loaded, doc: tasks.Document, length: int) -> tasks.Docu
     return replace(doc, text=text, needle_span=needle, question_span=(qa, qa + len(question)), meta=meta)
 
 
-def measure(loaded: Loaded, documents: list[tasks.Document], base: engine.RunSettings | None = None) -> Callable[[object], LayerStats]:
-    """tau schedule -> mean per-layer Pmax/H over ``documents`` (stats-only probes, no generation), memoised;
-    each document's own per-layer values ride along (``doc_pmax`` / ``doc_entropy``, in ``documents``' order:
-    Algorithm 1's bootstrap band resamples them)."""
-    base = base or engine.RunSettings()
-    base = replace(base, probes=ProbeSpec.stats_only(), generate=False)
+def measure(loaded: Loaded, documents: list[tasks.Document], base: Choice | None = None) -> Callable[[object], LayerStats]:
+    """tau schedule -> mean per-layer Pmax/H over ``documents`` under ``base`` with that tau (its scheme,
+    targets, CosScale; None: as trained), stats-only probes, no generation, memoised; each document's own
+    per-layer values ride along (``doc_pmax`` / ``doc_entropy``, in ``documents``' order: Algorithm 1's
+    bootstrap band resamples them)."""
+    base = TRAINED if base is None else base
+    how = Pass(probes=ProbeSpec.stats_only(), generate=False)
     encoded = [engine.encode(loaded, d) for d in documents]
     cache: dict[tuple, LayerStats] = {}
 
     def fn(tau) -> LayerStats:
         key = Schedule.of(tau).key()
         if key not in cache:
-            res = engine.run_encoded(loaded, documents, encoded, replace(base, tau=tau))
+            res = engine.run_encoded(loaded, documents, encoded, base.with_(tau=tau), how)
             doc_pmax = np.stack([np.asarray(r.probes.layer_pmax, dtype=float) for r in res])  # [documents, layers]
             doc_entropy = np.stack([np.asarray(r.probes.layer_entropy, dtype=float) for r in res])
             cache[key] = LayerStats(
@@ -115,7 +118,7 @@ def calibrate(
     criterion: str = "pmax",
     fast: bool = False,
     samples: int = 1,
-    base: engine.RunSettings | None = None,
+    base: Choice | None = None,
     progress: Progress | None = None,
     refined: bool = False,
 ) -> Calibration:
@@ -126,7 +129,7 @@ def calibrate(
 
 
 def measures(loaded: Loaded, document: tasks.Document, samples: int = 1,
-             base: engine.RunSettings | None = None) -> tuple[Callable[[object], LayerStats], LayerStats]:
+             base: Choice | None = None) -> tuple[Callable[[object], LayerStats], LayerStats]:
     """Algorithm 1's inputs: ``measure`` over the document and its siblings, and their L_tr reference at tau = 1."""
     docs = siblings(document, loaded, samples)
     refs = [reference_document(loaded, d) for d in docs]
@@ -144,12 +147,14 @@ def both_criteria(meas: Callable[[object], LayerStats], reference: LayerStats, f
     return out
 
 
-def logit_stats(loaded: Loaded, document: tasks.Document, base: engine.RunSettings | None = None) -> dict:
-    """sigma (std of layer 0's average sorted logit vector) at L_ex and L_tr, and Pmax at L_tr, tau = 1."""
+def logit_stats(loaded: Loaded, document: tasks.Document, base: Choice | None = None) -> dict:
+    """sigma (std of layer 0's average sorted logit vector) at L_ex and L_tr, and Pmax at L_tr, tau = 1 (under
+    ``base``'s scheme, targets and CosScale; None: as trained)."""
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-    settings = replace(base or engine.RunSettings(), tau=1.0, probes=spec, generate=False)
-    ex = engine.run(loaded, document, settings)
-    tr = engine.run(loaded, reference_document(loaded, document), settings)
+    choice = (TRAINED if base is None else base).with_(tau=1.0)
+    how = Pass(probes=spec, generate=False)
+    ex = engine.run(loaded, document, choice, how)
+    tr = engine.run(loaded, reference_document(loaded, document), choice, how)
     return logit_stats_of(ex, tr, loaded.train_length)
 
 

@@ -1,4 +1,8 @@
-"""``run(loaded, document, settings) -> Result``: the one entry the app, the CLI and sweeps share.
+"""``run(loaded, document, choice, how) -> Result``: the one entry the app, the CLI and sweeps share.
+
+A run takes two values: its :class:`~core.values.choice.Choice` (what it asks of the attention) and its
+:class:`~core.mechanics.run_pass.Pass` (how it runs: probes, block budget, generation, device). Both travel
+unchanged to the attention call (:func:`core.mechanics.attention.attention_call`).
 
 One encoder pass, with the tau schedule applied and the probes riding along,
 then greedy generation *from that encoder output* (the encoder is never run
@@ -26,47 +30,12 @@ from transformers.modeling_outputs import BaseModelOutput
 from core.models import Loaded, memory
 from core.runs import rope_pass, timing
 from core.data import tasks
-from core.mechanics.attention import KERNEL_CHUNK_BYTES, AttentionSettings, attention_call, default_chunk_bytes
+from core.mechanics.attention import KERNEL_CHUNK_BYTES, attention_call, default_chunk_bytes
+from core.mechanics.run_pass import DEFAULT_PASS, Pass  # noqa: F401  engine.Pass: the run's second value, named here too
 from core.kinds import CROSS, DECODER, ENCODER
 from core.errors import InputTooLong, NumericalError, UserError
 from core.mechanics.probes import ProbeRecord, ProbeSpec, Recorder
-from core.values.choice import Choice, given
-
-
-@dataclass(frozen=True, init=False)
-class RunSettings:
-    """How to run one document: what it asks of the attention (``choice``: method, tau schedule, targets, CosScale,
-    position scheme, one :class:`~core.values.choice.Choice`) and how to run it (probes, generation, block size).
-
-    ``RunSettings(choice, probes=...)`` is the form; a caller without a Choice may give its parts by name
-    (``RunSettings(tau=0.7)``), which :meth:`Choice.of` checks once (a bad one: a :class:`UserError`), and
-    ``dataclasses.replace(settings, tau=1.0)`` changes a part the same way. ``settings.tau`` and friends read the
-    choice's parts."""
-
-    choice: Choice
-    probes: ProbeSpec
-    max_new_tokens: int
-    generate: bool
-    chunk_bytes: int | None  # None: the device's default (attention.default_chunk_bytes)
-
-    def __init__(self, choice: Choice | None = None, probes: ProbeSpec | None = None,
-                 max_new_tokens: int = tasks.MAX_ANSWER_TOKENS, generate: bool = True, chunk_bytes: int | None = None,
-                 **parts: Any) -> None:
-        choice = given(choice, parts, "RunSettings")
-        for name, value in (("choice", choice), ("probes", probes if probes is not None else ProbeSpec()),
-                            ("max_new_tokens", max_new_tokens), ("generate", generate), ("chunk_bytes", chunk_bytes)):
-            object.__setattr__(self, name, value)
-
-    # read-through: the choice's parts (the choice is the one owner)
-    tau = property(lambda self: self.choice.tau)
-    method = property(lambda self: self.choice.method)
-    targets = property(lambda self: self.choice.targets)
-    cosine_scale = property(lambda self: self.choice.cosine_scale)
-    scheme = property(lambda self: self.choice.scheme)
-
-    def attention(self) -> AttentionSettings:
-        """What the attention function gets: this run's choice itself (the same object) and the block budget."""
-        return AttentionSettings(self.choice, self.chunk_bytes)
+from core.values.choice import TRAINED, Choice
 
 
 @dataclass
@@ -305,16 +274,17 @@ def check_length(loaded: Loaded, n: int, batch: int = 1) -> None:
 
 # -- running ---------------------------------------------------------------------
 
-def run(loaded: Loaded, document: tasks.Document, settings: RunSettings | None = None, encoded: Encoded | None = None) -> Result:
-    """Run one document with all probes (question profile included) and return a :class:`Result`."""
-    settings = settings or RunSettings()
+def run(loaded: Loaded, document: tasks.Document, choice: Choice = TRAINED, how: Pass = DEFAULT_PASS,
+        encoded: Encoded | None = None) -> Result:
+    """Run one document under ``choice`` (what) and ``how`` (by default all probes, question profile included,
+    and a generated answer) and return a :class:`Result`."""
     t0 = time.perf_counter()
     enc = encoded or encode(loaded, document)
-    probes = settings.probes
+    probes = how.probes
     if probes.profile_rows is None and enc.question_tokens is not None:
-        probes = replace(probes, profile_rows=enc.question_tokens)
+        how = replace(how, probes=replace(probes, profile_rows=enc.question_tokens))
     t_tok = time.perf_counter() - t0
-    (res,) = run_encoded(loaded, [document], [enc], replace(settings, probes=probes))
+    (res,) = run_encoded(loaded, [document], [enc], choice, how)
     res.seconds["tokenize"] = t_tok
     res.seconds["total"] += t_tok
     res.offsets = enc.offsets
@@ -328,8 +298,8 @@ ESTIMATE_FROM = 8192
 SAMPLE_TOKENS = 2048
 
 
-def estimate_pass(loaded: Loaded, document: tasks.Document, encoded: Encoded,
-                  settings: RunSettings | None = None) -> float:
+def estimate_pass(loaded: Loaded, document: tasks.Document, encoded: Encoded, choice: Choice = TRAINED,
+                  how: Pass = DEFAULT_PASS) -> float:
     """Seconds the pass over ``encoded`` should take here: a pass over its first :data:`SAMPLE_TOKENS`
     tokens (same settings, no answer), timed the second time it runs (the first pays for what a process
     does once: the kernel library, the allocator), scaled by the square of the length (attention's cost).
@@ -338,28 +308,30 @@ def estimate_pass(loaded: Loaded, document: tasks.Document, encoded: Encoded,
     on the default model (2026-11-26, quiet) 27 s for a 16,384-token pass of 16-18 s, 107 s for a
     32,768-token one of 91 s (a fit of ``a L + b L^2`` through two samples said 8 s and 44 s: the short
     samples cannot see the long pass's cache misses)."""
-    settings = replace(settings or RunSettings(), generate=False)
+    how = replace(how, generate=False)
     m = min(SAMPLE_TOKENS, encoded.n)
     head = replace(encoded, input_ids=encoded.input_ids[:m], offsets=encoded.offsets[:m], needle_tokens=None,
                    question_tokens=None)
-    seconds = [run(loaded, document, settings, encoded=head).seconds["encode"] for _ in range(2)]
+    seconds = [run(loaded, document, choice, how, encoded=head).seconds["encode"] for _ in range(2)]
     return seconds[-1] * (encoded.n / m) ** 2
 
 
 def run_batch(
-    loaded: Loaded, documents: list[tasks.Document], settings: RunSettings | None = None, batch_size: int = 8
+    loaded: Loaded, documents: list[tasks.Document], choice: Choice = TRAINED, how: Pass | None = None,
+    batch_size: int = 8
 ) -> list[Result]:
-    """Run many documents, batched by similar length, stats-only probes unless asked otherwise.
+    """Run many documents under ``choice``, batched by similar length, stats-only probes unless ``how`` asks
+    otherwise.
 
     Results come back in the order of ``documents``.
     """
-    settings = settings or RunSettings(probes=ProbeSpec.stats_only())
+    how = how if how is not None else Pass(probes=ProbeSpec.stats_only())
     encs = [encode(loaded, d) for d in documents]
     order = sorted(range(len(documents)), key=lambda i: encs[i].n)
     out: list[Result | None] = [None] * len(documents)
     for s in range(0, len(order), batch_size):
         idx = order[s : s + batch_size]
-        for i, r in zip(idx, run_encoded(loaded, [documents[i] for i in idx], [encs[i] for i in idx], settings)):
+        for i, r in zip(idx, run_encoded(loaded, [documents[i] for i in idx], [encs[i] for i in idx], choice, how)):
             out[i] = r
     return out  # type: ignore[return-value]
 
@@ -394,24 +366,31 @@ def padded(loaded: Loaded, sequences: list[np.ndarray]) -> tuple[torch.Tensor, t
 
 
 @torch.inference_mode()
-def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], settings: RunSettings) -> list[Result]:
+def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice = TRAINED,
+                how: Pass = DEFAULT_PASS) -> list[Result]:
     """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
+    if not isinstance(choice, Choice) or not isinstance(how, Pass):
+        raise TypeError("run_encoded takes a core.values.choice.Choice and a core.mechanics.run_pass.Pass")
+    want = None if how.device is None else torch.device(how.device)
+    if want is not None and (want.type != loaded.device.type
+                             or want.index not in (None, loaded.device.index if loaded.device.index is not None else 0)):
+        raise UserError(f"This pass asks for device {how.device}, but the model is on {loaded.device}: load it "
+                        f"there (a pass never moves a shared model).")
     ids, mask = padded(loaded, [e.input_ids for e in encs])
     n = ids.shape[1]
     try:  # refuse a schedule that does not fit the model before any pass
-        tau_values = settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
+        tau_values = choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
     except ValueError as err:
         raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
                         f"heads): {err}") from None
-    attn = settings.attention()
     # No probe asked for: no recorder, so the attention's blocks only make the output (the fastest backend: softmax_block).
-    recorder = Recorder(settings.probes, mask.bool()) if settings.probes.wanted else None
+    recorder = Recorder(how.probes, mask.bool()) if how.probes.wanted else None
     # A batch without padding needs no mask at all (and gets the fast path).
     enc_mask = None if bool(mask.all()) else mask
 
     t0 = time.perf_counter()
     # a rotary model's pass runs under its position scheme (bound at this batch's length), holding the model's lock
-    with rope_pass.scheme_pass(loaded, attn, recorder, settings.scheme, n):
+    with rope_pass.scheme_pass(loaded, choice, how, recorder, n):
         hidden = loaded.encoder(input_ids=ids, attention_mask=enc_mask).last_hidden_state
     bad_layers = recorder.nonfinite(ENCODER) if recorder is not None else []
     if bad_layers or not bool(torch.isfinite(hidden).all()):
@@ -426,13 +405,13 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     answers, pieces = [""] * len(encs), [None] * len(encs)
     t1 = time.perf_counter()
     # Decoder and cross-attention probes ride along with generation, one answer row per step.
-    listening = recorder if recorder is not None and settings.probes.asks(DECODER, CROSS) else None
-    if settings.generate and loaded.seq2seq:  # a masked-LM encoder has no decoder: its pass is stats only
-        with attention_call(attn, listening):
+    listening = recorder if recorder is not None and how.probes.asks(DECODER, CROSS) else None
+    if how.generate and loaded.seq2seq:  # a masked-LM encoder has no decoder: its pass is stats only
+        with attention_call(choice, how, listening):
             out = loaded.model.generate(
                 encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
                 attention_mask=mask,
-                max_new_tokens=settings.max_new_tokens,
+                max_new_tokens=how.max_new_tokens,
                 do_sample=False,
                 num_beams=1,
                 **{_CACHE_KWARG: decoder_cache()},
@@ -440,16 +419,16 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
         answers = [a.strip() for a in loaded.tokenizer.batch_decode(out, skip_special_tokens=True)]
         pieces = [_pieces(loaded.tokenizer, row) for row in out[:, 1:].tolist()]
     record = recorder.finish() if recorder is not None else None
-    nll = _continuation_nll(loaded, docs, hidden, mask, attn) if loaded.seq2seq else None
+    nll = _continuation_nll(loaded, docs, hidden, mask, choice, how) if loaded.seq2seq else None
     t_gen = time.perf_counter() - t1
     for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.runs.timing)
         timing.record(timing.model_key(loaded), e.n, t_enc / len(encs))
-        if settings.generate and loaded.seq2seq:
+        if how.generate and loaded.seq2seq:
             timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
 
     results = []
     for i, (doc, enc) in enumerate(zip(docs, encs)):
-        scored = settings.generate and loaded.seq2seq and doc.expected and doc.task != tasks.LM
+        scored = how.generate and loaded.seq2seq and doc.expected and doc.task != tasks.LM
         sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
         rec = record if (record is None or len(encs) == 1) else record.item(i)
         results.append(
@@ -459,26 +438,26 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 expected=doc.expected,
                 correct=None if sc is None else sc.correct,
                 parsed=None if sc is None else sc.parsed,
-                method=settings.method,
-                tau=settings.tau.matrix(loaded.n_layers, loaded.n_heads, rows=enc.n),  # a row schedule: its mean here
+                method=choice.method,
+                tau=choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=enc.n),  # a row schedule: its mean here
                 tokens=enc.n,
                 train_length=loaded.train_length,
                 needle_tokens=enc.needle_tokens,
                 question_tokens=enc.question_tokens,
                 probes=rec,
                 seconds={"encode": t_enc / len(encs), "generate": t_gen / len(encs), "total": (t_enc + t_gen) / len(encs)},
-                cosine_scale=settings.cosine_scale if loaded.cosine else None,
+                cosine_scale=choice.cosine_scale if loaded.cosine else None,
                 nll=None if nll is None or nll[i] is None else nll[i][0],
                 scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
                 answer_tokens=pieces[i],
-                schedule=settings.tau,
+                schedule=choice.tau,
             )
         )
     return results
 
 
 def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.Tensor, mask: torch.Tensor,
-                      attn: AttentionSettings) -> list[tuple[float, int] | None] | None:
+                      choice: Choice, how: Pass) -> list[tuple[float, int] | None] | None:
     """Per document, (summed -log p, tokens) of a language-modelling document's continuation, teacher-forced
     on the encoder states already computed (the decoder runs under the same settings); None for the others.
 
@@ -492,7 +471,7 @@ def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.
     for j, c in enumerate(conts):
         labels[j, : len(c)] = torch.tensor(c)
     labels = labels.to(loaded.device)
-    with attention_call(attn, None):
+    with attention_call(choice, how, None):
         logits = loaded.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden[lm]), attention_mask=mask[lm],
                               labels=labels).logits
     lost = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from core.runs import temperature, timing
-from core.errors import UserError
+from core.errors import UserError, shown
 from core.values.schedule import ADAPTIVE, ONE, QWEN_LOGN, RowTau, Schedule
 
 if TYPE_CHECKING:  # the registry itself stays light: the CLI checks names before torch is imported
-    from core.runs import engine
     from core.data import tasks
+    from core.values.choice import Choice
     from core.models import Loaded
 
 Progress = Callable[[float], None]
@@ -43,22 +43,13 @@ Progress = Callable[[float], None]
 Cost = Callable[[int, int, int, int], tuple[int, int]]
 
 
-@dataclass(frozen=True)
-class Query:
-    """What a method may use to resolve: the model, the document and its length, and how hard to try."""
-
-    loaded: "Loaded"
-    document: "tasks.Document"
-    tokens: int
-    samples: int = 1
-    base: "engine.RunSettings | None" = None
-    progress: Progress | None = None
-    #: the value of the method's :class:`Param` (by its name), when the caller set one
-    params: dict | None = None
-
-    @property
-    def train_length(self) -> int:
-        return self.loaded.train_length
+#: A method's resolve: ``(loaded, document, tokens, *, samples, base, progress, params) -> (schedule, info)``, given
+#: by keyword what it may use: the model, the document and its length in tokens, how many calibration documents
+#: (``samples``), the :class:`~core.values.choice.Choice` its passes run under (``base``: scheme, targets, CosScale;
+#: None: as trained), a progress callback, and the value of its :class:`Param` by name (``params``). Each takes
+#: the ones it needs and ignores the rest (``**_``). Why not one record of them (the old ``Query``): it was a third
+#: container of a run's choice beside the settings and the run settings, copied field by field.
+Resolve = Callable[..., "tuple[Schedule, dict]"]
 
 
 #: (L_tr, L, d_kv, tau = 1 logit statistics) -> tau; a method with a :class:`Param` also gets it by keyword
@@ -85,9 +76,11 @@ class Param:
         return self.check(given)
 
     def check(self, given: object) -> float:
-        """``given`` as a float within the bounds, or a :class:`UserError` in one line (NaN and bools too)."""
-        if isinstance(given, bool) or not isinstance(given, (int, float)) or not self.low <= float(given) <= self.high:
-            raise UserError(f"{self.name} must be a number in {self.low:g} .. {self.high:g}, got {given!r}")
+        """``given`` as a float within the bounds, or a :class:`UserError` in one line (NaN and bools too). An int is
+        compared as it is (exact in Python), never turned into a float first: ``10**400`` is out of bounds, not an
+        OverflowError."""
+        if isinstance(given, bool) or not isinstance(given, (int, float)) or not self.low <= given <= self.high:
+            raise UserError(f"{self.name} must be a number in {self.low:g} .. {self.high:g}, got {shown(given)}")
         return float(given)
 
 
@@ -106,7 +99,7 @@ class Method:
     help: str
     measured: bool
     length_dependent: bool
-    resolve: Callable[[Query], tuple[Schedule, dict]] | None  # None: a constant, or the user gives tau
+    resolve: Resolve | None  # None: a constant, or the user gives tau
     formula: Formula | None = None
     stats: bool = False
     #: passes its resolve runs (None: none at all)
@@ -176,35 +169,36 @@ def closed_forms(train_length: int, length: int, d_kv: int, stats: dict | None,
     return out
 
 
-def _closed(name: str, uses_d: bool = False) -> Callable[[Query], tuple[Schedule, dict]]:
+def _closed(name: str, uses_d: bool = False) -> Resolve:
     """A closed form's resolve; ``uses_d``: its info says which d (d_kv) the form used."""
-    def resolve(q: Query) -> tuple[Schedule, dict]:
+    def resolve(loaded: "Loaded", document: "tasks.Document", tokens: int, *, base: "Choice | None" = None,
+                params: dict | None = None, **_) -> tuple[Schedule, dict]:
         m = REGISTRY[name]
         stats = None
         if m.stats:
             from core.runs import calibration
 
-            stats = calibration.logit_stats(q.loaded, q.document, q.base)
-        tau = formula(name, q.train_length, q.tokens, q.loaded.d_kv, stats, q.params)
+            stats = calibration.logit_stats(loaded, document, base)
+        tau = formula(name, loaded.train_length, tokens, loaded.d_kv, stats, params)
         if m.param is not None:
-            return Schedule.of(tau), {m.param.name: m.param.value(q.train_length, q.params)}
-        return Schedule.of(tau), (stats if stats is not None else {"d": q.loaded.d_kv} if uses_d else {})
+            return Schedule.of(tau), {m.param.name: m.param.value(loaded.train_length, params)}
+        return Schedule.of(tau), (stats if stats is not None else {"d": loaded.d_kv} if uses_d else {})
 
     return resolve
 
 
-def _llama4(q: Query) -> tuple[Schedule, dict]:
-    rows = RowTau(floor_scale=q.train_length, attn_scale=LLAMA4_ATTN_SCALE)
-    return Schedule.of(rows), {"rows": rows.to_dict(), "mean_tau": rows.mean(q.tokens)}
+def _llama4(loaded: "Loaded", document: "tasks.Document", tokens: int, **_) -> tuple[Schedule, dict]:
+    rows = RowTau(floor_scale=loaded.train_length, attn_scale=LLAMA4_ATTN_SCALE)
+    return Schedule.of(rows), {"rows": rows.to_dict(), "mean_tau": rows.mean(tokens)}
 
 
 #: Llama 4's ``attn_scale`` (its config's default, 0.1); its ``floor_scale`` here is the model's L_tr.
 LLAMA4_ATTN_SCALE = 0.1
 
 
-def _qwen_rows(q: Query) -> tuple[Schedule, dict]:
-    rows = RowTau(floor_scale=q.train_length, scheme=QWEN_LOGN)
-    return Schedule.of(rows), {"rows": rows.to_dict(), "mean_tau": rows.mean(q.tokens)}
+def _qwen_rows(loaded: "Loaded", document: "tasks.Document", tokens: int, **_) -> tuple[Schedule, dict]:
+    rows = RowTau(floor_scale=loaded.train_length, scheme=QWEN_LOGN)
+    return Schedule.of(rows), {"rows": rows.to_dict(), "mean_tau": rows.mean(tokens)}
 
 
 def _algorithm1(criterion: str, refined: bool = False) -> Callable:
@@ -223,13 +217,14 @@ def _per_head(meas, reference, n_layers, n_heads, progress=None):
     return temperature.per_head(meas, reference, n_layers, n_heads, "pmax", progress=progress)
 
 
-def _searched(search: Callable) -> Callable[[Query], tuple[Schedule, dict]]:
+def _searched(search: Callable) -> Resolve:
     """A search's resolve: the document's passes and its L_tr reference (:func:`core.runs.calibration.measures`)."""
-    def resolve(q: Query) -> tuple[Schedule, dict]:
+    def resolve(loaded: "Loaded", document: "tasks.Document", tokens: int, *, samples: int = 1,
+                base: "Choice | None" = None, progress: Progress | None = None, **_) -> tuple[Schedule, dict]:
         from core.runs import calibration
 
-        meas, reference = calibration.measures(q.loaded, q.document, q.samples, q.base)
-        cal = search(meas, reference, q.loaded.n_layers, q.loaded.n_heads, q.progress)
+        meas, reference = calibration.measures(loaded, document, samples, base)
+        cal = search(meas, reference, loaded.n_layers, loaded.n_heads, progress)
         return Schedule.of(cal.schedule if cal.schedule is not None else cal.tau), cal.to_dict()
 
     return resolve
@@ -467,7 +462,7 @@ def resolve(
     method: str,
     tau: Schedule | None = None,
     samples: int = 1,
-    base: "engine.RunSettings | None" = None,
+    base: "Choice | None" = None,
     progress: Progress | None = None,
     chosen_at: int | None = None,
     tokens: int | None = None,
@@ -496,7 +491,7 @@ def resolve(
     n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
     if tau is not None and chosen_at == n:
         return Schedule.of(tau), {"source": "stored", "chosen_at": chosen_at, "length": n}
-    schedule, extra = m.resolve(Query(loaded, document, n, samples, base, progress, params))
+    schedule, extra = m.resolve(loaded, document, n, samples=samples, base=base, progress=progress, params=params)
     return Schedule.of(schedule), {"source": "resolved", "chosen_at": chosen_at, "length": n, "train_length": loaded.train_length,
                       **extra}
 

@@ -15,10 +15,9 @@ import torch
 
 from core.data import tasks
 from core.errors import NumericalError, UserError
-from core.mechanics.attention import AttentionSettings
+from core.values.choice import Choice
 from core.models import Loaded
 from core.runs import engine, rope_pass
-from core.values.positions import PLAIN_SCHEME, Scheme
 
 #: Share of a sequence's (non-special) tokens that are masked, as the paper (and BERT) mask them.
 MASK_RATE = 0.15
@@ -90,10 +89,9 @@ class Scored:
 
 
 @torch.inference_mode()
-def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings | None = None,
-          scheme: Scheme = PLAIN_SCHEME) -> Scored:
-    """One forward pass over ``batch`` (right-padded, padding masked) under ``attn`` and the position scheme
-    ``scheme`` (bound at the padded length); the masked positions scored."""
+def score(loaded: Loaded, batch: list[MaskedSequence], choice: Choice | None = None) -> Scored:
+    """One forward pass over ``batch`` (right-padded, padding masked) under ``choice`` (tau, CosScale s and the
+    position scheme, bound at the padded length; None: the model as trained); the masked positions scored."""
     if loaded.seq2seq:
         raise UserError(f"Model '{loaded.spec.name}' is a {loaded.family} model: masked-token evaluation needs a "
                         "masked-LM encoder (a rotary model such as ModernBERT)")
@@ -101,7 +99,7 @@ def score(loaded: Loaded, batch: list[MaskedSequence], attn: AttentionSettings |
     rows = torch.cat([torch.full((len(s.positions),), i, dtype=torch.long) for i, s in enumerate(batch)])
     cols = torch.from_numpy(np.concatenate([s.positions for s in batch]))
     labels = torch.from_numpy(np.concatenate([s.labels for s in batch])).to(loaded.device)
-    with rope_pass.scheme_pass(loaded, attn, None, scheme, ids.shape[1]):
+    with rope_pass.scheme_pass(loaded, choice, None, None, ids.shape[1]):
         hidden = loaded.encoder(input_ids=ids, attention_mask=None if bool(mask.all()) else mask).last_hidden_state
     logits = head_logits(loaded.model, hidden[rows.to(hidden.device), cols.to(hidden.device)]).float()
     if not bool(torch.isfinite(logits).all()):

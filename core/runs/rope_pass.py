@@ -4,8 +4,8 @@ A position scheme (:mod:`core.values.positions`) is applied in two halves that m
 agree: the model's rotary modules (the scheme's frequencies, or none at all
 for a scheme that rectifies distances) and the attention function (mask rows
 and rectified logits). Both read the same :class:`~core.values.positions.Bound` from
-the attention call's context (:class:`core.mechanics.attention.AttentionSettings`'s
-``positions``), which :func:`scheme_pass` sets for the enclosed pass: the
+the attention call's context (``core.mechanics.attention._Call.positions``: the call
+binds its choice's scheme at the lengths :func:`scheme_pass` gives it, once), for the enclosed pass: the
 rotary modules through a subclass swapped in once
 (:func:`core.mechanics.patches.rotate_per_call`), the attention function directly.
 It is what every pass of a rotary model goes through:
@@ -14,9 +14,10 @@ methods, Algorithm 1 included, run under the scheme) and :func:`core.experiments
 
 The scheme is bound per pass to the pass's own length (the padded batch's):
 a calibration's L_tr reference passes get the scheme at L_tr, its passes at
-L the scheme at L. That is why callers carry a :class:`~core.values.positions.Scheme` (the run's
-``Choice.scheme``) rather than a :class:`~core.values.positions.Bound`, which is fixed
-to one length.
+L the scheme at L. That is why callers carry only their :class:`~core.values.choice.Choice`, whose
+``scheme`` (a :class:`~core.values.positions.Scheme`) the attention call binds, rather than a
+:class:`~core.values.positions.Bound`, which is fixed to one length; and why the scheme is taken from the
+choice alone (a second scheme beside the choice could disagree with it).
 
 Nothing of the shared model changes per pass: the context is per thread (and
 per asyncio task), so two threads running two schemes on one model each get
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 from core.values import positions
 from core.mechanics import attention, patches
-from core.mechanics.attention import ROPE, AttentionSettings, attention_call
+from core.mechanics.attention import ROPE, attention_call
+from core.mechanics.run_pass import Pass
+from core.values.choice import TRAINED, Choice
 from core.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,22 +80,23 @@ def check_rotation(loaded: "Loaded") -> None:
 
 
 @contextlib.contextmanager
-def scheme_pass(loaded: "Loaded", attn: AttentionSettings | None, recorder: "Recorder | None" = None,
-                scheme: positions.Scheme = positions.PLAIN_SCHEME,
-                tokens: int | None = None) -> Iterator[positions.Bound | None]:
-    """Run the enclosed forward pass(es) of ``loaded`` at ``tokens`` tokens with ``attn`` and ``recorder`` under
-    the position scheme ``scheme``; yields the :class:`~core.values.positions.Bound` (None for a T5 model, which takes
-    only the plain scheme). The model is exactly as before on exit, also after an error. See the module
-    docstring for the lock."""
-    attn = attn or AttentionSettings()
-    b = bound(loaded, scheme, tokens if tokens is not None else loaded.train_length)
+def scheme_pass(loaded: "Loaded", choice: Choice | None = None, how: Pass | None = None,
+                recorder: "Recorder | None" = None, tokens: int | None = None) -> Iterator[positions.Bound | None]:
+    """Run the enclosed forward pass(es) of ``loaded`` at ``tokens`` tokens (None: its training length) with
+    ``choice`` (None: as trained), ``how`` and ``recorder``, under the choice's position scheme; yields the
+    :class:`~core.values.positions.Bound` the attention call bound (None for a T5 model, which takes only the
+    plain scheme). The model is exactly as before on exit, also after an error. See the module docstring for
+    the lock."""
+    choice = TRAINED if choice is None else choice
+    n = tokens if tokens is not None else loaded.train_length
+    b = bound(loaded, choice.scheme, n)  # the checks (a rotary model, its rotation), before any pass
     if b is None:
-        with attention_call(attn, recorder):
+        with attention_call(choice, how, recorder):
             yield None
         return
     patches.rotate_per_call(loaded.model, attention.current_positions)  # done at load; a bare Loaded here
-    with attention_call(replace(attn, positions=b), recorder):
-        yield b
+    with attention_call(choice, how, recorder, lengths=(loaded.train_length, n)):
+        yield attention.current_call().positions
 
 
 def attention_factor(loaded: "Loaded", b: positions.Bound | None) -> float:

@@ -5,7 +5,9 @@
 request, how tau is chosen (method, criterion) and the schedule it resolved
 to at the length it was chosen at. A length-dependent method can be resolved
 again at another length (:func:`core.runs.methods.resolve`); a fixed schedule is
-used as is.
+used as is. :class:`Settings` is the file's schema only: :meth:`Settings.to_choice` is its one
+conversion to the :class:`~core.values.choice.Choice` a run carries (how the run goes, probes and
+generation, is the caller's :class:`~core.mechanics.run_pass.Pass`).
 
 Both classes are frozen pydantic dataclasses: constructing one, from the
 exported JSON (:meth:`Settings.from_dict`), from CLI options or in the app,
@@ -28,8 +30,8 @@ from pydantic.dataclasses import dataclass
 
 from core.values import positions
 from core.data import tasks
-from core.kinds import ENCODER, KINDS
-from core.values.choice import Choice
+from core.kinds import ENCODER
+from core.values.choice import Choice, targets_of
 from core.errors import InputTooLong, UserError
 from core.runs import methods
 from core.values.schedule import ONE
@@ -39,7 +41,6 @@ from core.values.validation import (
 )
 
 if TYPE_CHECKING:
-    from core.runs import engine
     from core.models import Loaded
 
 SCHEMA = "attention-alignment-explorer/settings@1"
@@ -49,9 +50,8 @@ Task = Literal[tasks.GENERATED + ("text",)]  # type: ignore[valid-type]
 Haystack = Literal[tasks.HAYSTACKS]  # type: ignore[valid-type]
 Method = Literal[methods.NAMES]  # type: ignore[valid-type]
 Criterion = Literal[CRITERIA]  # type: ignore[valid-type]
-Target = Literal[KINDS]  # type: ignore[valid-type]
-# a lone string is one target, never its letters
-Targets = Annotated[tuple[Target, ...], BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)]
+# checked by the one rule of targets (core.values.choice.targets_of: a lone string is one target, never its letters)
+Targets = Annotated[tuple[str, ...], BeforeValidator(targets_of)]
 
 
 #: The tasks whose filler can be a corpus pool (``haystack``): the record tasks with prose, and lm (its prefix).
@@ -237,44 +237,30 @@ class Settings:
         # the one value a pass carries (see core.values.choice), made here once: Settings is frozen, so it cannot go stale
         object.__setattr__(self, "_choice", Choice(self.method, self.tau or constant or ONE, tuple(self.targets),
                                                    None if self.cosine_scale is None else float(self.cosine_scale),
-                                                   scheme))
+                                                   scheme, tuple(sorted((k, float(v)) for k, v in
+                                                                        self.method_params.items()))))
 
-    @property
-    def choice(self) -> Choice:
-        """What these settings ask of the attention, as one :class:`~core.values.choice.Choice` (the stored tau; a method
-        that is resolved per document gets its schedule from :func:`core.runs.methods.resolve`)."""
-        return self._choice
-
-    def check_model(self, loaded: "Loaded") -> None:
-        """Refuse, in one line and before any work, a scheme this model cannot run (any scheme but the plain one
-        on a T5 model, which has its own relative positions); :func:`core.runs.rope_pass.check` is the rule."""
-        from core.runs import rope_pass  # torch: only once a model is loaded
-
-        rope_pass.check(loaded, self.choice.scheme)
-
-    def run_settings(self, schedule: Any = None, **overrides: Any) -> "engine.RunSettings":
-        """What a pass needs from these settings: the one conversion the CLI, the app and ``core.runs.apply`` use.
+    def to_choice(self, schedule: Any = None) -> Choice:
+        """What these settings ask of the attention, as the one :class:`~core.values.choice.Choice` a run carries:
+        the one conversion from the file's schema that the CLI, the app and ``core.runs.apply`` use.
 
         ``schedule``: the tau the method resolved to for the document at hand
         (:func:`core.runs.methods.resolve`); by default the stored one (1 for
-        ``none``). ``overrides``: other :class:`core.runs.engine.RunSettings`
-        fields (probes, generation, chunk size), or targets / cosine_scale.
-        """
-        from core.runs import engine  # torch: only when a pass is near
-
+        ``none``). The choice was made once, when these settings were (they are frozen, so it cannot go stale),
+        and is handed on as that same object whenever the tau is the stored one."""
         constant = methods.REGISTRY[self.method].constant
         tau = schedule if schedule is not None else constant if constant is not None else self.tau
         if tau is None:
             raise UserError(
                 f"The settings hold method '{self.method}' but no resolved tau: resolve it in the app (or with "
                 "`python -m core calibrate`) before exporting, or give tau/schedule.")
-        return engine.RunSettings(self.choice, tau=tau, **{k: v for k, v in overrides.items() if v is not None})
+        return self._choice.with_(tau=tau)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["targets"] = list(self.targets)
         d["tau"] = None if self.tau is None else self.tau.to_json()
-        d["scheme"], d["scheme_params"] = self.choice.scheme.name, self.choice.scheme.param_dict  # the typed values
+        d["scheme"], d["scheme_params"] = self._choice.scheme.name, self._choice.scheme.param_dict  # the typed values
         return {"schema": SCHEMA, **d}
 
     def to_json(self) -> str:

@@ -31,7 +31,7 @@ import torch
 
 from core.values import positions
 from core.runs import rope_pass
-from core.mechanics.attention import AttentionSettings
+from core.values.choice import Choice
 from core.kinds import ENCODER
 from core.runs.mlm_pass import MaskedSequence, head_logits
 
@@ -92,16 +92,16 @@ class _QKTap:
 
 
 @torch.inference_mode()
-def layer_qk(loaded, ids: np.ndarray, layer: int, attn: AttentionSettings | None = None,
-             scheme: positions.Scheme = positions.PLAIN_SCHEME) -> tuple[np.ndarray, np.ndarray]:
-    """One layer's q and k (``[heads, L, d]``, float32, the logits' own operands) in a pass over ``ids`` under the
-    position scheme ``scheme`` (:func:`core.runs.rope_pass.scheme_pass`, which also holds the model's lock). A scheme
+def layer_qk(loaded, ids: np.ndarray, layer: int, choice: Choice | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's q and k (``[heads, L, d]``, float32, the logits' own operands) in a pass over ``ids`` under
+    ``choice`` and its position scheme (:func:`core.runs.rope_pass.scheme_pass`, which takes the scheme from the
+    choice alone; None: the model as trained). A scheme
     that rectifies distances hands the attention unrotated q and k: its curve is then not the scheme's logits."""
     if not 0 <= int(layer) < loaded.n_layers:
         raise ValueError(f"layer {layer} is outside 0..{loaded.n_layers - 1}")
     tap = _QKTap(layer)
     x = torch.as_tensor(np.asarray(ids, dtype=np.int64))[None].to(loaded.device)
-    with rope_pass.scheme_pass(loaded, attn, tap, scheme, x.shape[1]):  # type: ignore[arg-type]  (a listener)
+    with rope_pass.scheme_pass(loaded, choice, None, tap, x.shape[1]):  # type: ignore[arg-type]  (a listener)
         loaded.encoder(input_ids=x)
     if tap.q is None:
         raise ValueError(f"layer {layer}'s attention was not seen in the pass")
@@ -117,7 +117,7 @@ def distance_curves(loaded, ids: np.ndarray, layer: int, cosine_scale: float | N
     plain RoPE's (:func:`shows_scheme` says which)."""
     if not shows_scheme(scheme):
         scheme = positions.PLAIN_SCHEME
-    q, k = layer_qk(loaded, ids, layer, AttentionSettings(cosine_scale=cosine_scale, scheme=scheme), scheme)
+    q, k = layer_qk(loaded, ids, layer, Choice.of(cosine_scale=cosine_scale, scheme=scheme))
     d, mean = mean_logit_by_distance(q, k)
     return DistanceCurves(distances=d, mean=mean.astype(np.float32), layer=int(layer), tokens=int(q.shape[1]))
 
@@ -160,12 +160,11 @@ class MaskedPredictions:
 
 
 @torch.inference_mode()
-def masked_predictions(loaded, seq: MaskedSequence, attn: AttentionSettings | None = None,
-                       scheme: positions.Scheme = positions.PLAIN_SCHEME) -> MaskedPredictions:
-    """The pass :func:`core.runs.mlm_pass.score` makes of one sequence (under the position scheme ``scheme``), kept per
+def masked_predictions(loaded, seq: MaskedSequence, choice: Choice | None = None) -> MaskedPredictions:
+    """The pass :func:`core.runs.mlm_pass.score` makes of one sequence (under ``choice`` and its position scheme), kept per
     masked position."""
     ids = torch.as_tensor(seq.ids, dtype=torch.long)[None].to(loaded.device)
-    with rope_pass.scheme_pass(loaded, attn, None, scheme, ids.shape[1]):
+    with rope_pass.scheme_pass(loaded, choice, None, None, ids.shape[1]):
         hidden = loaded.encoder(input_ids=ids).last_hidden_state
     cols = torch.as_tensor(seq.positions, dtype=torch.long, device=hidden.device)
     logits = head_logits(loaded.model, hidden[0, cols]).float()
