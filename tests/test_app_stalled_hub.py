@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from core import models
 
-from conftest import app_error_text, app_model_of, app_ok, concurrent_sessions
+from conftest import HANG_S, app_error_text, app_model_of, app_ok, concurrent_sessions
 from test_models_hardening import hub_env, silent_hub  # noqa: F401 (fixtures: a fresh hub cache, a silent hub)
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -51,18 +51,15 @@ def test_a_stalled_hub_holds_up_neither_its_session_past_the_bound_nor_another_s
         time.sleep(0.05)
     assert stalled.requests >= 1 and first.is_alive()
 
-    t0 = time.monotonic()
     other = AppTest.from_file(APP, default_timeout=TIMEOUT).run()  # the default model (a local folder)
-    took = time.monotonic() - t0
     app_ok(other)
     assert first.is_alive(), "the other session finished only after the stalled one"
-    assert took < WAIT_S, took
 
-    first.join(WAIT_S + 30)
+    first.join(WAIT_S + HANG_S)
     assert not first.is_alive(), "the stalled session outlived its bound"
     at = box["at"]
     assert not at.exception
     text = app_error_text(at)
     assert "someorg/stalled-t5" in text and f"{WAIT_S:g} s" in text
     assert "Traceback" not in text and str(stalled.port) not in text and "--" not in text  # the app's own words
-    assert box["took"] < WAIT_S + 20, box["took"]
+    assert box["took"] >= WAIT_S - 0.5, box["took"]  # it waited its bound, then gave up (past it: bench/bounds.py)

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import socket
-import time
 
 import pytest
 import torch
@@ -85,10 +84,8 @@ def test_uncached_hub_id_offline_fails_at_once(monkeypatch, tmp_path, flag):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(flag, "1")
     monkeypatch.setattr(models.hub, "hub_reachable", lambda *a, **k: pytest.fail("offline mode must not probe the hub"))
-    t0 = time.perf_counter()
-    with pytest.raises(ModelLoadError) as err:
+    with pytest.raises(ModelLoadError) as err:  # at once: the hub is never probed (the stub above fails if it is)
         load("google/flan-t5-base", device="cpu")
-    assert time.perf_counter() - t0 < 5
     msg = str(err.value)
     assert "google/flan-t5-base" in msg and "not on this machine" in msg and flag in msg
     assert "hf download google/flan-t5-base" in msg and "folder" in msg and "HF_HOME" in msg
@@ -103,10 +100,9 @@ def test_uncached_hub_id_unreachable_hub_fails_at_once(monkeypatch, tmp_path, ca
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     calls = []
     monkeypatch.setattr(models.hub, "hub_reachable", lambda *a, **k: calls.append(1) or False)
-    t0 = time.perf_counter()
     with pytest.raises(ModelLoadError) as err:
         load("flan-t5-base", device="cpu")  # registry name -> google/flan-t5-base
-    assert time.perf_counter() - t0 < 5 and calls == [1]
+    assert calls == [1]  # one probe, which said no: nothing waited on the hub
     msg = str(err.value)
     assert "'google/flan-t5-base' is not on this machine" in msg and "cannot be reached" in msg
     assert str(tmp_path / "hf" / "hub") in msg  # says where it looked
@@ -159,9 +155,7 @@ def test_reachability_probe_on_loopback(monkeypatch):
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
-    t0 = time.perf_counter()
-    assert not models.hub_reachable(timeout=1.5)
-    assert time.perf_counter() - t0 < 2
+    assert not models.hub_reachable(timeout=1.5)  # how long it took: bench/bounds.py ("hub probe, closed port")
 
 
 def test_unknown_model_name():

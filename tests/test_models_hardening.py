@@ -20,11 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import HANG_S, build_tiny_t5
 from core import models
 from core.cli import main
 from core.errors import ModelLoadError
-
-from conftest import build_tiny_t5
 
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
@@ -122,7 +121,7 @@ def test_a_silent_hub_fails_within_the_bound_in_one_line(silent_hub, monkeypatch
     with pytest.raises(ModelLoadError) as err:
         models.load("someorg/some-t5", device="cpu")
     took = time.monotonic() - t0
-    assert 1.8 < took < 2.0 + 3.0, took  # it waited for the bound, and no longer (the probe is 1.5 s at most)
+    assert 1.8 < took < 2.0 + HANG_S, took  # it waited for the bound, and gave up (how long past it: bench/bounds.py)
     msg = _one_line(err.value)
     assert f"127.0.0.1:{silent_hub.port}" in msg and "sent nothing for 2 s" in msg and "someorg/some-t5" in msg
     assert "sent nothing for 2 s" in err.value.app_text and str(silent_hub.port) not in err.value.app_text
