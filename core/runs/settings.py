@@ -220,13 +220,13 @@ class Settings:
                                                                            "method_params"))
         except UserError as err:
             raise ValueError(str(err)) from None
-        try:
-            positions.Scheme.of(self.scheme)  # the name alone first: its errors name the field "scheme"
-        except UserError as err:
-            raise ValueError(f"scheme: {err}") from None
-        try:
+        try:  # parsed once (the one parser, Scheme.of); a refusal names the field at fault
             scheme = positions.Scheme.of(self.scheme, self.scheme_params)
         except UserError as err:
+            try:
+                positions.Scheme.of(self.scheme)  # the name alone: is it the name or its parameters?
+            except UserError as name_err:
+                raise ValueError(f"scheme: {name_err}") from None
             raise ValueError(f"scheme_params: {err}") from None
         if self.train_length is not None:  # the scheme's defaults at this L_tr must be usable too
             try:
