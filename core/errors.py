@@ -18,6 +18,25 @@ Without ``app=`` both readers get the same text.
 from __future__ import annotations
 
 
+def digits(n: int) -> int:
+    """How many decimal digits ``n`` has (its sign aside), counted without writing it out: Python refuses to write
+    a whole number of over 4,300 digits (``sys.get_int_max_str_digits``)."""
+    n = abs(n)
+    d = int(n.bit_length() * 0.30102999566398120)  # log10(2): the count is d or d + 1
+    return max(1, d + 1 if n >= 10**d else d)
+
+
+def shown(value: object, width: int = 40) -> str:
+    """``value`` as a message quotes it: its ``repr`` cut to ``width`` characters, and a whole number too long for
+    that as its count of digits (``a 5,000-digit number``). Why: an error must stay one short line whatever was
+    typed, and ``repr`` of a huge int raises instead of writing it."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * width \
+            and digits(value) >= width:
+        return f"a {'negative ' if value < 0 else ''}{digits(value):,}-digit number"
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 class UserError(ValueError):
     """Bad input or an impossible request; the message says what to do.
 
