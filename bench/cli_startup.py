@@ -1,6 +1,6 @@
 """How long ``python -m core --help`` and a bad option take, from a fresh process each time.
 
-Why: the CLI answers both before torch and transformers are imported (tests/test_cli_startup.py checks the import
+Why: the CLI answers both before torch and transformers are imported (tests/cli/test_cli_startup.py checks the import
 list; time is this machine's business, so it is measured here, not asserted). Prints the median of ``--runs`` runs
 of each case, the machine's CPU and its load (``/proc/loadavg``) before and after, and, with ``--torch``, the time
 ``import torch, transformers`` alone takes here for comparison (what each answer used to wait for).

@@ -58,7 +58,7 @@ STEPS = ("sdpa", "no-probes", "probes-stats", "probes-full", "app-run")
 def grid_probes(layer: int):
     """What the Explore page's passes record (``ui.cache.explore_probes(layer, None)``, the page's default head
     mean): stats, one pooled 256 x 256 map of ``layer``, the question profile, the answer's cross-attention.
-    Written out here so this script needs no Streamlit; tests/test_foreground_bench.py checks it is the app's."""
+    Written out here so this script needs no Streamlit; tests/bench/test_gpu_grid_step.py checks it is the app's."""
     from core.mechanics.probes import ProbeSpec
 
     return ProbeSpec(heatmap_layer=int(layer), heatmap_head=None, heatmap_size=256, sorted_logits=False,

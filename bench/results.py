@@ -54,7 +54,7 @@ from core.values.choice import Choice
 FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 #: The table's methods, asked of the registry (core.runs.methods), in its order: every method that needs no pass
 #: and every search. Not rows: a fixed tau (the grid above is), a method equal to another one in this encoder
-#: at every length (log-n and Scalable-Softmax = log-length: tests/test_methods.py), and the closed forms from
+#: at every length (log-n and Scalable-Softmax = log-length: tests/runs/test_methods.py), and the closed forms from
 #: one document's logit statistics (Prop. 1/2: Calibrate lists them), and a method with a parameter of the user's
 #: (critical scaling's gamma: at its default, 1 / ln L_tr, it is log-length at every length a table shows).
 CLOSED = tuple(n for n, m in methods.REGISTRY.items()

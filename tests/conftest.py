@@ -17,6 +17,9 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration
 
+#: Fixtures shared by several folders of tests: the real browser's (server, page, deadline...) and a hub that is not there.
+pytest_plugins = ["support.browser", "support.hub"]
+
 
 def build_tiny_t5(folder, *, layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, cosine: float | None = None,
                   train_length: int = 256, vocab: int = 384, decoder_layers: int = 1):
@@ -151,7 +154,7 @@ def app_ok(at) -> None:
 @pytest.fixture
 def one_thread():
     """One intra-op thread while a test runs: tiny-model passes on a busy 2-core machine are much faster so
-    (two threads wait on each other more than they compute; see tests/test_batch.py)."""
+    (two threads wait on each other more than they compute; see tests/experiments/test_batch.py)."""
     import torch
 
     n = torch.get_num_threads()

@@ -34,7 +34,7 @@ class GaveWay(Exception):
 
 
 #: Seconds the background waits after the last foreground work ended before it takes the gate again (so a page
-#: that runs several passes in a row gets them all first). Off (0): with 0.5, tests/test_browser.py's scrubbing
+#: that runs several passes in a row gets them all first). Off (0): with 0.5, tests/browser/test_scrubber_browser.py's scrubbing
 #: test failed now and then; the cause was found later (grid frames lost on their way to the browser, fixed in
 #: ui/scrubber.py), and the option was not measured again.
 RESUME_AFTER_S = 0.0

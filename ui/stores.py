@@ -115,7 +115,7 @@ def _is_tensor(o: Any) -> bool:
 
 #: What a plotly object costs beside the dicts it holds (its instance and attribute slots). With it,
 #: :func:`sizeof` of Explore's figures comes within 25 % of what tracemalloc counts for them (heatmap +5 %,
-#: question profile +18 %, meters -22 %; tests/test_cache_bound.py keeps the heatmap within a factor of 2).
+#: question profile +18 %, meters -22 %; tests/ui/test_store_bounds.py keeps the heatmap within a factor of 2).
 _PLOTLY_OBJECT_BYTES = 512
 
 

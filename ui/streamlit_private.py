@@ -1,6 +1,6 @@
 """The app's only uses of Streamlit's private API, each with why no public one does the job.
 
-Checked on Streamlit 1.67.0; ``tests/test_streamlit_private.py`` calls each
+Checked on Streamlit 1.67.0; ``tests/ui/test_streamlit_private.py`` calls each
 function inside a real AppTest run (and a fragment rerun) and fails when its
 answer changes, and lists every ``streamlit.*`` import of the program (app.py,
 app_pages/, ui/, core/) outside this module (only ``streamlit`` itself and

@@ -10,7 +10,7 @@ from ui import choices
 
 
 # The numbers in "more" are the default model's (retrieval-t5), pass key, seed 0, depth 50 %, CPU float32,
-# measured with core.runs.engine.run and Explore's probes (tests/test_lengths_legend_tour.py checks them).
+# measured with core.runs.engine.run and Explore's probes (tests/app/test_lengths_legend_tour.py checks them).
 TOUR = [
     dict(title="1 · At L_tr", mult=1, method=methods.AS_TRAINED,
          text="A pass key hidden in filler, exactly L_tr tokens long, tau = 1. This is what the model was trained on: "

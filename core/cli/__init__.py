@@ -33,7 +33,7 @@ The package, one concern a module:
   :mod:`core.training.cli`).
 
 Why a package: ``--help`` and a bad option are answered before torch or transformers is imported (they take
-seconds; ``python -X importtime -m core --help`` lists neither, tests/test_cli_startup.py), because only the
+seconds; ``python -X importtime -m core --help`` lists neither, tests/cli/test_cli_startup.py), because only the
 command that runs imports what it runs.
 """
 

@@ -3,7 +3,7 @@ line on stderr (the contract in :mod:`core.cli`).
 
 Why the commands are imported here, by name, only once their options are read: a command's module imports what
 it runs (torch, transformers, pandas), which takes seconds on a busy machine; ``--help`` and a bad option must not
-wait for it (``python -X importtime -m core --help`` imports no torch; tests/test_cli_startup.py).
+wait for it (``python -X importtime -m core --help`` imports no torch; tests/cli/test_cli_startup.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 
 from core.cli.preflight import prepare
-from core.cli.signals import interrupted, out_of_time, sigint_taken
+from core.cli.signals import interrupted, out_of_time, quiet_after_first, sigint_taken
 from core.errors import UserError
 from core.runs.timing import OutOfTime
 
@@ -45,6 +45,11 @@ def _command(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status. ``argv`` None: the process's own arguments (``python -m core``), and then
+    after a first Ctrl-C the process ignores SIGINT until it ends (:func:`~core.cli.signals.quiet_after_first`); a
+    caller in-process passes its ``argv`` and keeps its own SIGINT handler."""
+    if argv is None:
+        quiet_after_first()
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv[:1] == ["train"]:  # its options belong to core.training's own parser

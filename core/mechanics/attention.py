@@ -41,6 +41,13 @@ same function: ModernBERT applies its rotary embedding to q and k before the cal
 hint for flash kernels (the window itself arrives in the boolean mask built by our mask function),
 so nothing here depends on the family but :func:`attention_modules` and :func:`layer_count`.
 
+The third family, decoder-only causal LMs (``model_type`` ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
+``gemma2``, ``phi3``, ``gpt_oss``: :data:`FAMILIES` ``decoder``), calls it too: rotary embedding applied
+before the call, the model's own ``scaling``, key/value heads fewer than query heads (read in place), causal
+or sliding-window masks from transformers' masking utilities (through :func:`compact_mask`), KV-cache steps
+(a few query rows at the end of the keys), Gemma 2's logit soft-capping and gpt-oss's sink logits; its
+self-attention is the ``decoder`` kind (:func:`attention_kind`), which is what a schedule must target there.
+
 Why blocks: T5 adds a learned bias to q.k, so fused kernels that never
 materialise probabilities cannot give us Pmax/entropy. We therefore compute
 the softmax ourselves, over blocks of query rows, so at most
@@ -223,8 +230,15 @@ def listen(model: torch.nn.Module, recorder: "Recorder") -> Callable[[], None]:
 #: The model families whose attention modules call :func:`aligned_attention`, by transformers ``model_type``:
 #: T5's learned relative bias, and bidirectional rotary encoders with a masked-LM head (ModernBERT: its
 #: attention goes through ``AttentionInterface``, one fused q/k/v projection, as many key as query heads).
-FAMILIES: dict[str, tuple[str, ...]] = {"t5": ("t5", "mt5", "umt5"), "rope": ("modernbert",)}
-T5, ROPE = "t5", "rope"
+#: Decoder-only causal LMs (``decoder``) whose attention modules call the interface with the common signature
+#: (``scaling``, ``dropout``, ``sliding_window``; Gemma 2's ``softcap``, gpt-oss's ``s_aux`` sinks), with grouped
+#: K/V heads, the causal and windowed masks from transformers' masking_utils through :func:`compact_mask`.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "t5": ("t5", "mt5", "umt5"),
+    "rope": ("modernbert",),
+    "decoder": ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_oss"),
+}
+T5, ROPE, CAUSAL_LM = "t5", "rope", "decoder"
 
 
 def family_of(model_type: object) -> str | None:
@@ -245,8 +259,18 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     from transformers.models.t5.modeling_t5 import T5Attention
     from transformers.models.umt5.modeling_umt5 import UMT5Attention
 
-    kinds = (T5Attention, MT5Attention, UMT5Attention, ModernBertAttention)
+    kinds = (T5Attention, MT5Attention, UMT5Attention, ModernBertAttention, *_decoder_attention_classes())
     return [m for m in model.modules() if isinstance(m, kinds)]
+
+
+def _decoder_attention_classes() -> tuple[type, ...]:
+    """The attention classes of the ``decoder`` family (:data:`FAMILIES`), imported when asked."""
+    import importlib
+
+    names = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma2",
+             "phi3": "Phi3", "gpt_oss": "GptOss"}
+    return tuple(getattr(importlib.import_module(f"transformers.models.{t}.modeling_{t}"), f"{names[t]}Attention")
+                 for t in FAMILIES[CAUSAL_LM])
 
 
 @contextlib.contextmanager
@@ -299,10 +323,32 @@ def served_by_us(model: torch.nn.Module) -> bool:
 
 def attention_kind(module: torch.nn.Module) -> str:
     """Which attention a module is: encoder, decoder self, or cross (T5's ``is_decoder``/``is_causal``;
-    a ModernBERT attention has no ``is_decoder`` and ``is_causal`` False: encoder self-attention)."""
+    a ModernBERT attention has no ``is_decoder`` and ``is_causal`` False: encoder self-attention; a decoder-only
+    model's (Llama, Mistral, Qwen, Gemma 2, Phi-3, gpt-oss) has no ``is_decoder`` and ``is_causal`` True: its
+    causal self-attention is ``decoder``, like T5's decoder self-attention: causal rows, cached decoding steps at
+    the end of the keys)."""
     if not getattr(module, "is_decoder", False):
-        return ENCODER
+        return DECODER if getattr(module, "is_causal", False) else ENCODER
     return DECODER if getattr(module, "is_causal", False) else CROSS
+
+
+def _decoder_only(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a decoder-only model's self-attention (no ``is_decoder``, ``is_causal`` True)."""
+    return not getattr(module, "is_decoder", False) and bool(getattr(module, "is_causal", False))
+
+
+def _check_targets(call: _Call, module: torch.nn.Module) -> None:
+    """Refuse a call whose schedule would change nothing on a decoder-only model: its one attention is
+    ``decoder`` self-attention, and a choice made for T5 (the paper's default targets, ``encoder`` only) names
+    none of it. One line, instead of a run at tau = 1 reported as a run at the chosen tau."""
+    choice = call.choice
+    if DECODER in choice.targets or (choice.tau.is_one and not choice.tau.adaptive and choice.cosine_scale is None):
+        return
+    name = type(module).__name__
+    raise UserError(
+        f"This decoder-only model ({name}) has one attention, its causal self-attention ('{DECODER}'), and the "
+        f"run's targets ({', '.join(choice.targets) or 'none'}) do not name it, so tau would change nothing: "
+        f"give targets=('{DECODER}',) (core.runs.apply does when no targets are given).")
 
 
 def _layer_tau(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, q_len: int = 1,
@@ -393,6 +439,18 @@ def aligned_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax((q.k * scaling + bias + mask) / tau) @ v, in blocks of query rows.
 
+    Decoder-only models (:data:`FAMILIES` ``decoder``): ``key``/``value`` may carry fewer heads than ``query``
+    (grouped-query attention), read in place, never repeated (:func:`core.mechanics.softmax_block.grouped_matmul`);
+    the rows are causal (the mask transformers builds through :func:`compact_mask`, causal or windowed, or none
+    and ``is_causal``: each of the ``q_len`` rows sits at the end of the ``k_len`` keys, so a cached decoding step
+    goes through here too); the caller's ``scaling`` makes the logits and tau divides them, i.e. the scaling is
+    multiplied by 1/tau. ``softcap`` (Gemma 2, in ``kwargs``): the logits are capped, ``c * tanh(z / c)``, as
+    transformers' eager attention caps them, and tau divides the capped logits (what the softmax is fed), so at
+    tau = 1 it is eager's attention and at tau = 0.7 eager's with ``scaling`` and ``softcap`` both over 0.7.
+    ``s_aux`` (gpt-oss, in ``kwargs``): one sink logit per head, one more column of every row's softmax with no
+    value, over the same tau. The schedule applies when the call's targets name ``decoder``
+    (:func:`_check_targets` refuses a schedule that would change nothing).
+
     ``standing``: the model's standing call (choice and pass), bound by :func:`standing` (used when no
     :func:`attention_call` is active).
 
@@ -427,6 +485,8 @@ def aligned_attention(
     if call is None:
         call = standing
     kind = attention_kind(module)
+    if call is not None and kind == DECODER and _decoder_only(module):
+        _check_targets(call, module)
     layer = int(getattr(module, "layer_idx", 0) or 0)
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[-2]
@@ -461,12 +521,17 @@ def aligned_attention(
         if needs is None:
             recorder = None
 
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", False) if is_causal is None else is_causal
+    softcap = kwargs.get("softcap")
     x = softmax_block.Inputs(
         query, key, value, attention_mask, position_bias, tau,
-        causal=attention_mask is None and getattr(module, "is_causal", False) and q_len > 1,
+        causal=attention_mask is None and bool(is_causal) and q_len > 1,
         scheme=scheme, needs=needs, weights=want_weights, dropout=float(dropout) if module.training else 0.0,
         grad=torch.is_grad_enabled(),
-        adaptive=_adaptive(call, kind))
+        adaptive=_adaptive(call, kind),
+        softcap=None if softcap is None else float(softcap),
+        sinks=kwargs.get("s_aux"))
     backend = softmax_block.choose_backend(x)
     step = softmax_block.rows_per_block(backend, x, call.how.chunk_bytes if call is not None else None)
     rows = _open(backend, x, step)
@@ -488,7 +553,7 @@ def aligned_attention(
 
 def _open(backend: str, x: softmax_block.Inputs, step: int) -> softmax_block.Rows:
     """:func:`core.mechanics.softmax_block.open_backend`, through :func:`_fused` / :func:`_kernel_blocks` for the two
-    backends that serve passes nobody probes (tests/test_output_attentions.py counts the calls they serve)."""
+    backends that serve passes nobody probes (tests/mechanics/test_output_attentions.py counts the calls they serve)."""
     opener = {softmax_block.SDPA: _fused, softmax_block.CPU_KERNEL: _kernel_blocks}.get(backend)
     return opener(x, step) if opener is not None else softmax_block.open_backend(backend, x, step)
 

@@ -21,7 +21,7 @@ have to change for that, and each is listed here (:data:`PATCHES`), made here an
 A class swap keeps ``isinstance``, the parameters and the ``state_dict`` as they were (the subclass adds no
 state); undoing it restores each module's own class. :func:`patch` is the one apply (at load, by
 :func:`core.models.load`, and by :mod:`core.runs.apply` for a user's own model); :meth:`Patched.undo` undoes what
-that one call changed, :func:`unpatch` everything this module did to a model. tests/test_patches.py lists every
+that one call changed, :func:`unpatch` everything this module did to a model. tests/mechanics/test_patches.py lists every
 patch, checks that undo gives the model back unchanged, and fails if a patch is made anywhere else in core/ or ui/.
 """
 

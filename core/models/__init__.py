@@ -20,7 +20,7 @@ from core.errors import ModelLoadError
 #: Each name re-exported here, by the module that owns it. They are imported on first use (PEP 562's module
 #: ``__getattr__``), not with this package: ``core.models.device``'s name checks are what the CLI's ``--device`` and
 #: ``--dtype`` read while it parses, and importing the catalog or the loader here would import torch and
-#: transformers first (seconds; ``python -m core --help`` imports neither, tests/test_cli_startup.py).
+#: transformers first (seconds; ``python -m core --help`` imports neither, tests/cli/test_cli_startup.py).
 _OWNERS = {
     **dict.fromkeys(("ASSETS", "ROPE_FAMILY", "T5_FAMILY", "Card", "ModelSpec", "bundled_specs", "default_model",
                      "read_card", "registry", "resolve"), "catalog"),

@@ -39,7 +39,7 @@ from core.runs import methods  # noqa: E402
 from core.models import load  # noqa: E402
 from core.experiments.perplexity import COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_table, run_perplexity  # noqa: E402
 
-#: Method names asked of the registry (tests/test_registry_owner.py): tau = 1, the paper's baseline, YaRN (the
+#: Method names asked of the registry (tests/runs/test_method_registry_owner.py): tau = 1, the paper's baseline, YaRN (the
 #: other advised closed form), Algorithm 1 on Pmax and on entropy, per layer and per head.
 AS_TRAINED, BASELINE = methods.AS_TRAINED, methods.BASELINE
 YARN = next(n for n in methods.ADVISED if n != BASELINE)

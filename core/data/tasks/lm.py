@@ -93,7 +93,7 @@ def copy_positions(document: Document, offsets: Any) -> list[int]:
     The tokens whose characters fall in ``meta["copy_span"]`` are the copy's,
     in order; the continuation's first token repeats the first of them, and so on
     (the prefix and the continuation are tokenised word by word alike, which
-    tests/test_lm_copy.py checks id for id over many seeds and lengths)."""
+    tests/data/test_lm_copy_supervision.py checks id for id over many seeds and lengths)."""
     a, b = document.meta.get("copy_span", (0, 0))
     if document.task != LM or b <= a:
         return []
