@@ -329,11 +329,10 @@ def test_a_person_waits_for_the_pass_under_way_only_outside_the_gate():
     t.start()
     wait_until(lambda: gate.background_running, 5)
     assert not gate.wait_for_background("other", 5)
-    t0 = time.monotonic()
-    assert gate.wait_for_background("key", 5) and time.monotonic() - t0 < 3
+    assert gate.wait_for_background("key", 60)  # True: the pass under way ended (a timeout says False)
     t.join(5)
     assert not gate.wait_for_background("key", 5)  # nothing under way any more
     with gate.foreground():
         with gate.making("key"):
             t0 = time.monotonic()
-            assert not gate.wait_for_background("key", 5) and time.monotonic() - t0 < 1
+            assert not gate.wait_for_background("key", 60) and time.monotonic() - t0 < 60  # at once, not at the bound
