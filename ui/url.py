@@ -127,14 +127,15 @@ def _model(v: str) -> str:
     return v
 
 
-def _scheme(v: str) -> str:
-    """A rotary model's position scheme: ``window``, ``lm-infinite:window=32:sinks=2``, read by the one parser
+def _scheme(v: str) -> positions.Scheme:
+    """A rotary model's position scheme: ``window``, ``lm-infinite:window=32:sinks=2``, read once, by the one parser
     (:meth:`core.values.positions.Scheme.of`: a known, available name, the parameters it takes, each in its bounds).
-    Returns the scheme's one text (:meth:`core.values.positions.Scheme.spell`)."""
+    The :class:`~core.values.positions.Scheme` it returns is what the sidebar fills its inputs from and what the
+    run's :class:`~core.values.choice.Choice` carries: the link's text is not parsed again."""
     if not v or len(v) > 200 or not v.isprintable():
         raise ValueError("not a position scheme")
     try:
-        return positions.Scheme.of(v).spell()
+        return positions.Scheme.of(v)
     except UserError as err:
         raise ValueError(" ".join(str(err).split())) from None
 
@@ -197,9 +198,6 @@ def apply() -> list[str]:
                 ss["model_other"] = ""
             else:
                 ss["model_other"] = value  # a folder or hub id: loaded (or refused) like a typed one
-            continue
-        if name == "scheme":
-            ss["_url_scheme"] = positions.Scheme.of(value)  # the sidebar fills the inputs from it
             continue
         if name == "tokens":
             ss["_ltr"] = None  # keep the URL's length whatever model loads (see ui.document_controls.document_section)
