@@ -41,7 +41,10 @@ def with_params(schemes: list["Scheme"], given: list[tuple[str, str]] | None) ->
         extra = {k: v for k, v in given if k in takes and k not in scheme.param_dict}
         used |= {k for k, _ in given if k in takes}
         text = positions.SPEC_SEP.join([scheme.spell(), *(f"{k}={v}" for k, v in extra.items())])
-        out.append(Scheme.of(text) if extra else scheme)  # the options' values are text: read as a scheme's text
+        try:
+            out.append(Scheme.of(text) if extra else scheme)  # the options' values are text: read as a scheme's text
+        except UserError as err:
+            raise UserError(f"--scheme-params: {err}") from None
     unused = [k for k, _ in given if k not in used]
     if unused:
         takes = "; ".join(f"{s.name} takes {', '.join(s.entry.params) or 'nothing'}" for s in schemes)

@@ -453,7 +453,7 @@ def get(name: str) -> Method:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise UserError(f"Unknown method '{name}'; choose from {', '.join(NAMES)}") from None
+        raise UserError(f"Unknown method {shown(name)}; choose from {', '.join(NAMES)}") from None
 
 
 def resolve(

@@ -293,7 +293,7 @@ class Settings:
 
     @classmethod
     def load(cls, path: str | Path) -> "Settings":
-        return cls.from_dict(read_json(path, "Settings file"), where=f"Settings file {path}")
+        return cls.from_dict(read_json(path, "Settings file", unique_keys=True), where=f"Settings file {path}")
 
 
 _ADAPTER = TypeAdapter(Settings)  # validates a dict (the JSON) into Settings, nested DocumentRequest included

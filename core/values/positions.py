@@ -27,7 +27,7 @@ for a scheme that rectifies distances, so the attention function receives unrota
 attention function ANDs :meth:`Bound.mask_rows` into the padding mask and, for rectified schemes, takes its
 logits from :func:`rectified_logits`. Nothing of the shared model changes per pass.
 
-No temperature method is named here (tests/test_registry_owner.py): YaRN's
+No temperature method is named here (tests/runs/test_method_registry_owner.py): YaRN's
 frequencies are the entry ``yarn-rope``; transformers' own ``rope_type`` keys
 (:data:`YARN_ROPE` and friends) are data in transformers' vocabulary, checked
 against its registry by a test. torch and transformers are imported only where
@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from core import errors
 from core.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,7 +66,7 @@ BETA_SLOW = 1.0
 
 
 #: transformers' ``rope_type`` keys (``modeling_rope_utils.ROPE_INIT_FUNCTIONS``) the frequency schemes hand to its
-#: own rope functions: data in transformers' vocabulary, checked against that registry by tests/test_positions.py
+#: own rope functions: data in transformers' vocabulary, checked against that registry by tests/values/test_position_schemes.py
 LINEAR_ROPE = "linear"
 DYNAMIC_ROPE = "dynamic"
 YARN_ROPE = "yarn"
@@ -242,7 +243,7 @@ def rotate(x: "torch.Tensor", positions: "torch.Tensor", inv_freq: "torch.Tensor
     """x rotated to ``positions`` the way transformers does it (``rotate_half``, angles ``pos x inv_freq`` in
     float32, cos and sin times ``scale``): ``x [..., n, d]``, ``positions [n]`` (or a 0-d tensor for one position).
 
-    The same arithmetic as ``apply_rotary_pos_emb`` (tests/test_positions.py compares them), so a scheme that
+    The same arithmetic as ``apply_rotary_pos_emb`` (tests/values/test_position_schemes.py compares them), so a scheme that
     rotates here gives the logits the model's own rotation would."""
     import torch
 
@@ -579,7 +580,7 @@ def get(name: str) -> PositionScheme:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise UserError(f"Unknown position scheme '{name}'; choose from {', '.join(AVAILABLE)}") from None
+        raise UserError(f"Unknown position scheme {errors.shown(name)}; choose from {', '.join(AVAILABLE)}") from None
 
 
 #: Between a scheme's name and its parameters in one text (``lm-infinite:window=32:sinks=2``), and between those.
@@ -591,6 +592,9 @@ INT_PARAMS: tuple[str, ...] = ("window", "sinks", "cap")
 MAX_POSITIONS = 4_000_000
 #: The largest factor (PI, NTK, YaRN) or attention factor: beyond it every frequency rounds to 0 in float32.
 MAX_FACTOR = 1e6
+#: Digits of a whole number past which a scheme's text is refused before it is read: more than any bound here has
+#: (and Python's int() refuses a text of over 4,300).
+_MAX_DIGITS = 40
 
 
 def _param(name: str, key: str, value: Any, text: bool = False) -> int | float:
@@ -600,8 +604,15 @@ def _param(name: str, key: str, value: Any, text: bool = False) -> int | float:
     Never a bool (JSON ``true`` is not 1), NaN or infinity; bounds stated. :class:`UserError` in one line.
     ``text``: the value was written in a scheme's text (``window:window=32``); elsewhere (a JSON file) a string is
     not a number."""
-    shown = str(value)[:40]
+    shown = errors.shown(value) if isinstance(value, int) and not isinstance(value, bool) else str(value)[:40]
+    bound = f"a whole number from 0 to {MAX_POSITIONS:,}" if key in INT_PARAMS \
+        else f"a number above 0 and at most {MAX_FACTOR:,.0f}"
     if isinstance(value, str) and text:
+        digits = value.strip().lstrip("+-")
+        if digits.isdigit() and len(digits.lstrip("0")) > _MAX_DIGITS:  # past every bound (int() refuses >4,300)
+            sign = "negative " if value.strip().startswith("-") else ""
+            raise UserError(f"{name}: {key} must be {bound} (got a {sign}{len(digits.lstrip('0')):,}-digit number"
+                            f"{'' if sign else ', too large'})")
         try:
             value = float(value.strip()) if key not in INT_PARAMS or not value.strip().lstrip("+-").isdigit() \
                 else int(value.strip())
@@ -617,10 +628,10 @@ def _param(name: str, key: str, value: Any, text: bool = False) -> int | float:
                 raise UserError(f"{name}: {key} must be a whole number (got {shown})")
             value = int(value)
         if not 0 <= value <= MAX_POSITIONS:
-            raise UserError(f"{name}: {key} must be a whole number from 0 to {MAX_POSITIONS:,} (got {shown})")
+            raise UserError(f"{name}: {key} must be {bound} (got {shown})")
         return int(value)
     if not 0 < value <= MAX_FACTOR:  # an int of 400 digits too: compared, never turned into a float first
-        raise UserError(f"{name}: {key} must be a number above 0 and at most {MAX_FACTOR:g} (got {shown})")
+        raise UserError(f"{name}: {key} must be {bound} (got {shown})")
     return float(value)
 
 

@@ -192,10 +192,63 @@ def user_errors(cls: type[T]) -> type[T]:
 
 # -- files -------------------------------------------------------------------------------
 
-def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+class _HugeInt:
+    """Where a JSON file held a whole number of more digits than Python reads (:func:`read_json` names its field)."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-").lstrip("0"))
+        self.negative = text.startswith("-")
+
+
+class _Twice(dict):
+    """A JSON object that gave a key more than once (:func:`read_json` names it)."""
+
+    twice: str = ""
+
+
+def _parse_int(text: str) -> int | _HugeInt:
+    """``int(text)``, or a marker for a whole number Python refuses to read (over ``sys.get_int_max_str_digits()``
+    digits: 4,300 by default), whose own message names neither the file nor the field."""
+    try:
+        return int(text)
+    except ValueError:
+        return _HugeInt(text)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    """An object's pairs as a dict; a key given twice makes a :class:`_Twice` that names it (``json`` would keep the
+    last value silently)."""
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+    marked = _Twice(out)
+    marked.twice = twice
+    return marked
+
+
+def _first_marker(value: Any) -> tuple[str, Any] | None:
+    """The first :class:`_HugeInt` or :class:`_Twice` in a parsed JSON value, with its field path
+    (``scheme_params.window``, ``tau[3]``); None when there is none. Iterative: a file may nest deeply."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, (_HugeInt, _Twice)):
+            return where, v
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return None
+
+
+def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES, unique_keys: bool = False) -> Any:
     """Parse a JSON file the user named, with every failure as one line naming ``what`` and the path.
 
-    The size is checked before reading, so a huge file cannot fill memory.
+    The size is checked before reading, so a huge file cannot fill memory. A whole number of more digits than
+    Python reads is refused naming its field; ``unique_keys``: so is a key given twice in one object (a file a
+    person writes, where the CLI and the link refuse an option given twice; ``json`` would keep the last).
     """
     p = Path(path)
     try:
@@ -210,12 +263,36 @@ def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> A
     except OSError as err:
         raise UserError(f"{what} {path} cannot be read: {err.strerror or err}") from None
     try:
-        return json.loads(raw.decode("utf-8"))
+        marks: list[bool] = []
+
+        def parse_int(text: str) -> int | _HugeInt:
+            got = _parse_int(text)
+            if isinstance(got, _HugeInt):
+                marks.append(True)
+            return got
+
+        def pairs(items: list[tuple[str, Any]]) -> dict:
+            got = _unique(items)
+            if isinstance(got, _Twice):
+                marks.append(True)
+            return got
+
+        value = json.loads(raw.decode("utf-8"), parse_int=parse_int, object_pairs_hook=pairs if unique_keys else None)
     except UnicodeDecodeError:
         raise UserError(f"{what} {path} is not UTF-8 text") from None
     except (json.JSONDecodeError, RecursionError) as err:
         reason = f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else "nested too deeply"
         raise UserError(f"{what} {path} is not valid JSON: {reason}") from None
+    found = _first_marker(value) if marks else None
+    if found is not None:
+        where, marker = found
+        if isinstance(marker, _Twice):
+            inside = f" (in {where})" if where else ""
+            raise UserError(f"{what} {path}: key {_short(marker.twice)} is given twice{inside}; give each key once")
+        sign = "negative " if marker.negative else ""
+        raise UserError(f"{what} {path}: {where or 'the value'} is a {sign}{marker.digits:,}-digit number, "
+                        f"{'below' if sign else 'past'} any bound")
+    return value
 
 
 def arg_type(tp: Any, convert: Callable[[str], Any], what: str) -> Callable[[str], Any]:
