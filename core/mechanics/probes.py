@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from core.mechanics import fused_softmax
-from core.mechanics.softmax_block import Block, Needs
+from core.mechanics.softmax_block import Block, Needs, grouped_matmul
 from core.kinds import CROSS, DECODER, ENCODER, KINDS
 from core.errors import UserError
 
@@ -320,7 +320,7 @@ class Recorder:
             self._offset[k] = self._seen.get(k, 0)
             self._seen[k] = self._offset[k] + query.shape[-2]
         if "logits" in want:
-            z = torch.matmul(query, key.transpose(-1, -2))
+            z = grouped_matmul(query, key.transpose(-1, -2))  # grouped K/V read in place
             self._logits.setdefault(k, []).append(z if position_bias is None else z + position_bias)
         self._layer_qk = (query, key, cosine_scale) if (cosine_scale and "cosine_hist" in want) else None
         if want.isdisjoint(_ROW_PROBES):

@@ -145,7 +145,15 @@ class Inputs:
     logits, or None) or None. ``needs``: what a recorder asks of the blocks (None: nothing is probed).
     ``weights``: ``output_attentions=True``. ``dropout``: the probability while training, else 0.
     ``grad``: autograd records (no ``out=`` buffers then). ``adaptive``: adaptive temperature (:func:`adaptive_rows`):
-    each row's logits, after tau and the masks, multiplied by a beta from that row's own entropy (``torch`` only)."""
+    each row's logits, after tau and the masks, multiplied by a beta from that row's own entropy (``torch`` only).
+
+    Decoder-only models (:data:`core.mechanics.attention.FAMILIES` ``decoder``): ``key``/``value`` may have fewer
+    heads than ``query`` (grouped-query attention: query head ``h`` reads key head ``h // (H // H_kv)``, as
+    transformers' ``repeat_kv`` lays them out), read in place by :func:`grouped_matmul`, never repeated.
+    ``softcap``: Gemma 2's logit soft-capping, ``c * tanh(z / c)`` of the scaled logits z before tau and the
+    mask (so tau divides the capped logits fed to the softmax), or None. ``sinks``: gpt-oss's per-head sink
+    logits ``[H]`` (``s_aux``), one more column of every row's softmax that no value is read from, divided by
+    the same tau (``torch`` only), or None."""
 
     query: torch.Tensor
     key: torch.Tensor
@@ -160,6 +168,13 @@ class Inputs:
     dropout: float = 0.0
     grad: bool = False
     adaptive: bool = False
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+
+    @property
+    def grouped(self) -> bool:
+        """Whether key and value have fewer heads than the query (grouped-query attention)."""
+        return self.key.shape[1] != self.query.shape[1]
 
     @property
     def rectified(self) -> bool:
@@ -210,9 +225,16 @@ def choose_backend(x: Inputs) -> str:
     4. ``torch``: the rest, and every call with adaptive temperature (:func:`adaptive_rows`): it needs each row's
        entropy before the row's softmax, a second softmax over the same logits that only this backend runs (the
        C++ and Triton kernels compute one softmax per row in their passes; sdpa takes the logits' scale per call,
-       not per row from the row itself).
+       not per row from the row itself), and every call with gpt-oss's sink logits (one more softmax column).
+
+    A decoder-only model's calls follow the same rules: a prefill (causal rows, or a causal or windowed mask
+    with rows of its own) takes ``sdpa`` when nothing is probed and no ``softcap`` applies, else ``torch``; a
+    cached decoding step (one query row, a key mask or none) may take the C++ kernel. Grouped K/V
+    (:attr:`Inputs.grouped`) is served by ``torch``, ``cpu-kernel`` and ``sdpa`` (:func:`grouped_matmul`), not by
+    ``cuda`` (such a call takes ``torch`` or ``sdpa`` on a GPU), and Gemma 2's ``softcap`` by ``torch`` and
+    ``cpu-kernel`` (capped in place before the kernel's pass).
     """
-    if x.adaptive:
+    if x.adaptive or x.sinks is not None:
         return TORCH
     if x.query.device.type == "cuda" and cuda_serves(x) and BACKENDS[CUDA].available:  # pragma: no cover (GPU)
         return CUDA
@@ -220,16 +242,56 @@ def choose_backend(x: Inputs) -> str:
             and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
             and x.scheme is None and _kernel_view(x) is not None and fused_softmax.available()):
         return CPU_KERNEL
-    if x.needs is None and not (x.causal or x.dropout or x.weights or x.rectified or x.adaptive):
+    if x.needs is None and not (x.causal or x.dropout or x.weights or x.rectified or x.adaptive
+                                or x.softcap is not None):
         return SDPA
     return TORCH
+
+
+def grouped_matmul(a: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ m`` per head with ``a`` ``[B, H, c, x]`` and ``m`` ``[B, H_kv, x, y]``, ``H`` a multiple of ``H_kv``:
+    ``[B, H, c, y]``, query head ``h`` multiplied by ``m``'s head ``h // (H // H_kv)`` (transformers' ``repeat_kv``
+    order). ``out``: a contiguous ``[B, H, c, y]`` to write into.
+
+    Grouped-query attention without repeating K/V: the ``G = H / H_kv`` query heads of one key head are
+    folded into its rows (``a`` as ``[B, H_kv, G * c, x]``, a copy of ``a`` only where it is not contiguous:
+    a block of query rows or of probabilities, never the keys or values), one batched matmul per key head,
+    and the result seen as ``[B, H, c, y]`` again (a view). With as many heads, plain ``torch.matmul``."""
+    b, h, c, _ = a.shape
+    hk = m.shape[1]
+    if hk == h:
+        return torch.matmul(a, m) if out is None else torch.matmul(a, m, out=out)
+    folded = a.reshape(b, hk, (h // hk) * c, a.shape[-1])
+    if out is None:
+        return torch.matmul(folded, m).view(b, h, c, m.shape[-1])
+    torch.matmul(folded, m, out=out.view(b, hk, (h // hk) * c, m.shape[-1]))
+    return out
+
+
+def fold_rows(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """A per-row tensor ``[B, 1 | H, c, K]`` (a mask) laid out for :func:`grouped_matmul`'s folded rows,
+    ``[B, 1 | H_kv, G * c, K]``: the rows repeated once per query head of a group (a block's mask rows, bounded
+    by the block budget; a single row ``[B, 1, 1, K]`` is returned as it is, it broadcasts)."""
+    if groups == 1 or t.shape[-2] == 1:
+        return t
+    b, h, c, k = t.shape
+    if h == 1:
+        return t.unsqueeze(2).expand(b, 1, groups, c, k).reshape(b, 1, groups * c, k)
+    return t.reshape(b, h // groups, groups * c, k)
+
+
+def softcapped(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma 2's soft-capping ``cap * tanh(scores / cap)``, in place (``scores`` returned); None: unchanged."""
+    if cap is None:
+        return scores
+    return scores.div_(cap).tanh_().mul_(cap)
 
 
 def cuda_serves(x: Inputs) -> bool:
     """Whether the ``cuda`` kernel computes this call exactly as asked (its device aside): see :func:`choose_backend`."""
     needs = x.needs
     return (not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
-            and x.scheme is None
+            and x.scheme is None and not x.grouped and x.softcap is None and x.sinks is None
             and (needs is None or (needs.raw_rows is None and not needs.probs))
             and _kernel_view(x) is not None)
 
@@ -289,11 +351,13 @@ def _block_scores(x: Inputs, keyT: torch.Tensor, r0: int, r1: int,
     if scheme is not None and scheme.logits is not None:
         scores = scheme.logits(r0, r1, allowed)
     else:
-        scores = torch.matmul(x.query[:, :, r0:r1], keyT)
+        scores = grouped_matmul(x.query[:, :, r0:r1], keyT)
     if scores.dtype != torch.float32:
         scores = scores.float()
     if x.bias is not None:
         scores.add_(x.bias[:, :, r0:r1])
+    if x.softcap is not None:
+        scores = torch.tanh(scores / x.softcap) * x.softcap if x.grad else softcapped(scores, x.softcap)
     raw = None if raw_rows is None else scores[:, :, raw_rows.to(scores.device)]  # a copy (index_select: slower)
     if x.tau is not None:
         scores.div_(_rows(x.tau, r0, r1))
@@ -314,20 +378,27 @@ def _block_scores(x: Inputs, keyT: torch.Tensor, r0: int, r1: int,
     return raw, scores
 
 
-def _exp_rows(scores: torch.Tensor, out: torch.Tensor | None = None,
+def _exp_rows(scores: torch.Tensor, out: torch.Tensor | None = None, sink: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``torch`` backend's softmax, un-normalised: ``(top, shifted, e, total)`` of a block of logit rows, with
     ``shifted = x - top`` clamped at :data:`EXP_FLOOR`, ``e = exp(shifted)`` and ``total`` its row sums (the
     probabilities are ``e / total``). ``out``: a buffer to write ``e`` into, ``scores`` then shifted in place
-    (inference); None: fresh tensors, ``scores`` left as it is (autograd, or logits still needed)."""
+    (inference); None: fresh tensors, ``scores`` left as it is (autograd, or logits still needed).
+    ``sink``: one more logit per row (gpt-oss's sinks over tau, broadcast to ``[B, H, c, 1]``), in ``top`` and
+    ``total`` but not in ``e`` (it has no value)."""
     top = scores.amax(-1, keepdim=True)
+    if sink is not None:
+        top = torch.maximum(top, sink)
     if out is None:
         shifted = (scores - top).clamp(min=EXP_FLOOR)
         e = torch.exp(shifted)
     else:
         shifted = scores.sub_(top).clamp_(min=EXP_FLOOR)
         e = torch.exp(shifted, out=out)
-    return top, shifted, e, e.sum(-1, keepdim=True)
+    total = e.sum(-1, keepdim=True)
+    if sink is not None:
+        total = total + torch.exp((sink - top).clamp(min=EXP_FLOOR))
+    return top, shifted, e, total
 
 
 def adaptive_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -358,8 +429,11 @@ def _open_torch(x: Inputs, step: int) -> Rows:
     normalising every probability). Elsewhere (the decoder's causal mask, whole weights, dropout, autograd,
     with nobody probing) ``torch.softmax``. Autograd: no ``out=`` and no in-place step after the row max."""
     keyT = x.key.transpose(-1, -2)
-    unnormalised = x.needs is not None or (x.rectified and not (x.weights or x.grad or x.dropout))
+    unnormalised = (x.needs is not None or x.sinks is not None
+                    or (x.rectified and not (x.weights or x.grad or x.dropout)))
     reuse = not x.grad
+    # gpt-oss's sink logits as one more column per row, over the same tau as the row's keys: [1, H, 1, 1]
+    sinks = None if x.sinks is None else x.sinks.to(torch.float32).view(1, -1, 1, 1)
     buf: list[torch.Tensor] = []
     vdt = x.value.dtype
 
@@ -372,7 +446,7 @@ def _open_torch(x: Inputs, step: int) -> Rows:
             probs = torch.softmax(scores, dim=-1)
             p = torch.nn.functional.dropout(probs, p=x.dropout, training=True) if x.dropout else probs
             p = p.to(vdt)  # a fresh tensor per block: kept as it is for the weights, as eager returns it
-            return Block(r0, r1, out=torch.matmul(p, x.value), probs=probs, raw=raw,
+            return Block(r0, r1, out=grouped_matmul(p, x.value), probs=probs, raw=raw,
                          weights=p if x.weights else None)
         into = None
         if reuse:
@@ -380,20 +454,27 @@ def _open_torch(x: Inputs, step: int) -> Rows:
             if not buf or buf[0].numel() < n:
                 buf[:] = [torch.empty(n, dtype=scores.dtype, device=scores.device)]
             into = buf[0][:n].view(scores.shape)
-        top, shifted, e, total = _exp_rows(scores, into)
+        sink = None
+        if sinks is not None:
+            sink = sinks if x.tau is None else sinks / _rows(x.tau, r0, r1).unsqueeze(0)
+            sink = sink.expand(scores.shape[0], scores.shape[1], r1 - r0, 1)
+        top, shifted, e, total = _exp_rows(scores, into, sink)
         dot = None
         if x.needs is not None and x.needs.stats:
             with torch.no_grad():
                 dot = torch.einsum("bhck,bhck->bhc", e, shifted).unsqueeze(-1)
+                if sink is not None:  # the sink's share of the entropy: its probability is part of the row's
+                    s = (sink - top).clamp(min=EXP_FLOOR)
+                    dot = dot + torch.exp(s) * s
         weights = None
         if x.dropout:
             # masked keys (clamped at the floor) exactly 0, as in eager attention, then dropped like eager's
             p = (e / total).masked_fill_(shifted <= EXP_FLOOR, 0.0)
             p = torch.nn.functional.dropout(p, p=x.dropout, training=True).to(vdt)
-            out = torch.matmul(p, x.value)
+            out = grouped_matmul(p, x.value)
             weights = p if x.weights else None
         else:
-            out = torch.matmul(e.to(vdt), x.value) / total.to(vdt)
+            out = grouped_matmul(e.to(vdt), x.value) / total.to(vdt)
             if x.weights:  # before the next block overwrites the buffer; any other weight moves by < exp(-87)
                 weights = (e / total).masked_fill_(shifted <= EXP_FLOOR, 0.0).to(vdt)
         return Block(r0, r1, out=out, exp=e, total=total, top=top, dot=dot, raw=raw, weights=weights)
@@ -471,7 +552,8 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
 
     def rows(r0: int, r1: int) -> Block:
         scores = buf[: batch * heads * (r1 - r0) * k_len].view(batch, heads, r1 - r0, k_len)
-        torch.matmul(x.query[:, :, r0:r1], keyT, out=scores)
+        grouped_matmul(x.query[:, :, r0:r1], keyT, out=scores)
+        softcapped(scores, x.softcap)
         want = None if x.needs is None or x.needs.raw_rows is None else x.needs.raw_rows(r0, r1)
         raw = None
         if want is not None:
@@ -480,7 +562,7 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
                 raw.add_(_bias_rows(view, r0, want, heads, k_len))
         t, per = (tau[0, r0:r1, 0], "row") if per_row else (tau_heads, "head")
         total, dot = fused_softmax.softmax_rows(scores, view.bias, view.strides(r0), t, per, view.keymask)
-        out = torch.matmul(scores, x.value).div_(total)
+        out = grouped_matmul(scores, x.value).div_(total)
         return Block(r0, r1, out=out, exp=scores, total=total, dot=dot, raw=raw)
 
     return rows
@@ -557,7 +639,11 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
     A position scheme's mask rows (never a rectified scheme: its logits are not q.k) are ANDed in per block,
     as an additive mask (finfo.min where masked), as eager attention takes one: a row whose every key is
     masked (a padding row far from the text under a window) then averages its values instead of giving NaN,
-    which the next layer's masked keys would carry into the real rows (0 x NaN)."""
+    which the next layer's masked keys would carry into the real rows (0 x NaN).
+
+    Grouped K/V (a decoder-only model's): the query heads of each key head are folded into its rows, and a
+    block's mask rows with them (:func:`fold_rows`), so sdpa reads the keys and values in place (its own
+    ``enable_gqa`` may repeat them on the CPU)."""
     query, key, value, tau = x.query, x.key, x.value, x.tau
     scale = 1.0
     if tau is not None:
@@ -568,6 +654,7 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
             query = query / tau.to(query.dtype)
         tau = tau.to(query.dtype)
     scratch: dict[str, torch.Tensor] | None = None if x.grad else {}
+    groups = query.shape[1] // key.shape[1]
 
     def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """This block's slice of the role's buffer, or None (``out=None``: a fresh tensor) while training."""
@@ -621,8 +708,14 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
                 mask = torch.where(mask & allowed, zero, low)
             else:
                 mask = torch.where(allowed, mask, low)
-        out = torch.nn.functional.scaled_dot_product_attention(query[:, :, r0:r1], key, value, attn_mask=mask,
-                                                               scale=scale)
+        q = query[:, :, r0:r1]
+        if groups > 1:  # grouped K/V read in place: each key head's query heads folded into its rows
+            b, h, c, d = q.shape
+            q = q.reshape(b, h // groups, groups * c, d)
+            mask = None if mask is None else fold_rows(mask, groups)
+        out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
+        if groups > 1:
+            out = out.view(b, h, c, value.shape[-1])
         return Block(r0, r1, out=out)
 
     return rows

@@ -185,6 +185,11 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
                  f"onto this machine and type that folder in {APP_MODEL_BOX}."),
         ) from None
     family = attention.family_of(config.model_type)
+    if family is not None and family not in _LAYOUT:  # a family our attention serves, not yet one the loader reads
+        why = ("a decoder-only model: its attention runs through ours (core.runs.apply puts a tau on it), but "
+               "loading one here (tasks, views, probes on a decoder) is not there yet")
+        raise ModelLoadError(f"'{src}' is a '{config.model_type}' model, {why}.",
+                             app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.")
     if family is None:
         why = (f"not T5-family ({', '.join(T5_FAMILY)}) nor a rotary masked-LM encoder ({', '.join(ROPE_FAMILY)}): "
                "the temperature method needs an attention that runs through ours")

@@ -1,4 +1,4 @@
-"""Put a chosen tau on a T5-family or ModernBERT model you already hold, for your own ``generate`` or forward calls.
+"""Put a chosen tau on a T5, ModernBERT or decoder-only model you hold, for your own ``generate`` or forward calls.
 
 Two ways:
 
@@ -54,7 +54,12 @@ logits the same way. Rotary encoders of ``model_type`` ``modernbert``
 (``ModernBertModel``, ``*ForMaskedLM``, ``*ForSequenceClassification``,
 ``*ForTokenClassification``, ``*ForQuestionAnswering``) run through the same
 attention function: they have encoder self-attention only, so a schedule
-targets it alone. Anything else (BART, GPT-2, LongT5's local attention,
+targets it alone. Decoder-only causal LMs of ``model_type`` ``llama``
+(SmolLM2), ``mistral``, ``qwen2``, ``qwen3``, ``gemma2``, ``phi3`` and
+``gpt_oss`` (``*ForCausalLM``, ``*Model``) run through it too: their one
+attention is causal self-attention (the ``decoder`` kind), so with no
+targets given the schedule targets it (``targets=("decoder",)``), and
+``generate`` with a KV cache runs every step through it. Anything else (BART, GPT-2, LongT5's local attention,
 other encoder-only BERTs, ...) is refused with a :class:`core.errors.UserError`.
 
 What is *not* done here: re-resolving a length-dependent method (log-length,
@@ -77,7 +82,7 @@ from core.mechanics import attention, patches
 from core.mechanics.attention import attention_call, family_of
 from core.mechanics.run_pass import DEFAULT_PASS, Pass
 from core.errors import UserError
-from core.kinds import ENCODER
+from core.kinds import DECODER, ENCODER
 from core.values.choice import Choice
 from core.runs.settings import Settings
 from core.values.validation import Bytes, Positive, validate
@@ -104,7 +109,8 @@ _OPEN: contextvars.ContextVar[tuple] = contextvars.ContextVar("aligned_apply_blo
 # -- checks and settings ---------------------------------------------------------
 
 def check_supported(model) -> None:
-    """Raise :class:`UserError` unless ``model`` is a T5/MT5/UMT5 or ModernBERT model whose attention we can take over."""
+    """Raise :class:`UserError` unless ``model`` is a T5/MT5/UMT5, ModernBERT or decoder-only (Llama, Mistral, Qwen2/3,
+    Gemma 2, Phi-3, gpt-oss) model whose attention we can take over."""
     name = type(model).__name__
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -113,9 +119,11 @@ def check_supported(model) -> None:
     if not isinstance(model, torch.nn.Module) or model_type not in SUPPORTED_TYPES:
         raise UserError(
             f"core.runs.apply does not support {name} (model_type {model_type!r}): the temperature method needs "
-            f"an attention that runs through ours (T5's relative-position bias, or a ModernBERT rotary encoder). "
+            f"an attention that runs through ours (T5's relative-position bias, a ModernBERT rotary encoder, or a "
+            f"decoder-only LM of the families {', '.join(attention.FAMILIES[attention.CAUSAL_LM])}). "
             f"It works with model_type {', '.join(SUPPORTED_TYPES)}: "
-            f"{works} (and their sequence/token classification and QA heads)."
+            f"{works} (and their sequence/token classification and QA heads), and the decoder-only "
+            f"*ForCausalLM / *Model classes (LlamaForCausalLM, ...)."
         )
     if not hasattr(model, "set_attn_implementation") or not type(model)._can_set_attn_implementation():
         raise UserError(f"{name} cannot switch its attention implementation in this transformers version.")
@@ -124,7 +132,7 @@ def check_supported(model) -> None:
 def _n_layers_heads(model) -> tuple[int, int, int]:
     """(encoder layers, decoder layers, heads); a rotary encoder has no decoder (its count is the encoder's)."""
     c = model.config
-    if family_of(c.model_type) == attention.ROPE:
+    if family_of(c.model_type) in (attention.ROPE, attention.CAUSAL_LM):
         return int(c.num_hidden_layers), int(c.num_hidden_layers), int(c.num_attention_heads)
     enc = int(c.num_layers)
     dec = int(getattr(c, "num_decoder_layers", None) or enc)
@@ -176,6 +184,14 @@ def choice_for(
             raise UserError(f"Bad tau schedule for {type(model).__name__} ({enc} layers x {heads} heads): {err}") from None
     if family_of(model.config.model_type) == attention.ROPE and any(t != ENCODER for t in choice.targets):
         raise UserError(f"{type(model).__name__} has encoder self-attention only: targets can only be {ENCODER!r}")
+    if family_of(model.config.model_type) == attention.CAUSAL_LM:
+        # a decoder-only model has one attention, its causal self-attention (core.kinds.DECODER): with no targets
+        # given (here or in the settings) the schedule goes there; targets that name only others are refused
+        if targets is None and settings is None:
+            choice = choice.with_(targets=(DECODER,))
+        elif DECODER not in choice.targets:
+            raise UserError(f"{type(model).__name__} is a decoder-only model: its one attention is causal "
+                            f"self-attention, targets {DECODER!r} (got {', '.join(choice.targets) or 'none'})")
     enc, dec, heads = _n_layers_heads(model)
     schedule = choice.tau
     try:
@@ -333,7 +349,8 @@ def apply(
     function never sees your documents, so it cannot re-resolve. Use
     ``python -m core run|sweep --settings FILE`` for per-document resolution.
     ``targets``: which attentions the schedule touches (default: the
-    settings' targets, else encoder self-attention only, as in the paper).
+    settings' targets, else encoder self-attention only, as in the paper;
+    a decoder-only model's causal self-attention, ``"decoder"``, its only one).
     ``cosine_scale``: CosScale s for cosine-attention models.
     ``recorder``: an optional :class:`core.mechanics.probes.Recorder` fed by encoder passes.
 
