@@ -6,6 +6,8 @@ finds out which one it serves) and none of those should import another just
 for three strings.
 """
 
+#: A decoder-only LLM's causal self-attention (Llama, Mistral, Qwen, ...) is ``DECODER`` too: causal rows, cached
+#: decoding steps at the end of the keys, as T5's decoder self-attention (:func:`core.mechanics.attention.attention_kind`).
 ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
 #: The attention kinds a temperature can be applied to, and probes named by.
 KINDS = (ENCODER, DECODER, CROSS)

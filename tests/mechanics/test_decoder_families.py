@@ -16,6 +16,7 @@ import copy
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from core.errors import UserError
 from core.kinds import DECODER
@@ -255,19 +256,53 @@ def test_every_backend_serves_grouped_causal_rows(backend, case, monkeypatch):
     torch.testing.assert_close(out.double(), expect, rtol=0, atol=2e-5)
 
 
-def test_grouped_matmul_reads_keys_in_place():
-    """The grouped product equals repeat_kv's, and never copies the keys: a key tensor that refuses to be copied
-    (a subclass whose clone/contiguous/repeat raise) still serves."""
+def test_grouped_matmul_equals_repeat_kv():
+    """The grouped product equals the product with K repeated per query head (transformers' repeat_kv order)."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(2, 6, 5, 8, generator=g)
     m = torch.randn(2, 3, 8, 7, generator=g)
     expect = a @ m.repeat_interleave(2, dim=1)
     torch.testing.assert_close(softmax_block.grouped_matmul(a, m), expect)
     out = torch.empty(2, 6, 5, 7)
-    assert softmax_block.grouped_matmul(a[:, :, :5], m, out=out) is out
+    assert softmax_block.grouped_matmul(a, m, out=out) is out
     torch.testing.assert_close(out, expect)
-    ptr = m.data_ptr()
-    assert softmax_block.grouped_matmul(a, m).shape == (2, 6, 5, 7) and m.data_ptr() == ptr
+
+
+class _Largest(TorchDispatchMode):
+    """Records the largest tensor any torch op makes inside the block (its number of elements)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("backend", [softmax_block.TORCH, softmax_block.SDPA, softmax_block.CPU_KERNEL])
+def test_grouped_keys_are_never_repeated(backend, monkeypatch):
+    """A chunk of 3 query rows over 64 cached keys, 8 query heads on 2 key heads: no op of the call (whichever
+    backend) makes a tensor larger than K or V as they came (the largest: a contiguous copy of V's transposed view
+    for the matmul, a quarter of V repeated per query head; the scores of 3 rows, the folded query, the output
+    are smaller)."""
+    if backend == softmax_block.CPU_KERNEL and not fused_softmax.available():
+        pytest.skip("the fused kernel does not build here")
+    g = torch.Generator().manual_seed(4)
+    b, h, hk, c, k_len, d = 1, 8, 2, 3, 64, 16
+    q = torch.randn(b, c, h, d, generator=g).transpose(1, 2)  # transformers' layout: a transposed view
+    k = torch.randn(b, k_len, hk, d, generator=g).transpose(1, 2)
+    v = torch.randn(b, k_len, hk, d, generator=g).transpose(1, 2)
+    mask = torch.ones(b, 1, 1, k_len, dtype=torch.bool)  # a cached step's key mask (the kernel reads it in place)
+    monkeypatch.setattr(softmax_block, "choose_backend", lambda x: backend)
+    with torch.no_grad(), attention.attention_call(Choice.of(tau=TAU, targets=(DECODER,))), _Largest() as seen:
+        out, _ = attention.aligned_attention(_Module(), q, k, v, mask, scaling=0.25)
+    assert seen.largest <= b * hk * k_len * d < b * h * k_len * d
+    expect = _reference(q, k, v, torch.ones(b, 1, c, k_len, dtype=torch.bool), 0.25, TAU)
+    torch.testing.assert_close(out.double(), expect, rtol=0, atol=2e-5)
 
 
 def test_probes_on_a_decoder_give_pmax_and_entropy(kernel_path):
