@@ -19,7 +19,7 @@ from core.runs.timing import OutOfTime
 
 #: The commands, each a module of this package with ``command(args) -> int`` (``train`` has its own parser:
 #: :mod:`core.training.cli`).
-COMMANDS = ("run", "calibrate", "sweep", "perplexity", "mlm", "rpe", "doctor")
+COMMANDS = ("run", "calibrate", "sweep", "perplexity", "mlm", "rpe", "doctor", "models")
 
 
 def _fail(message: str) -> int:

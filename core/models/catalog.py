@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 
 from core.mechanics import attention
 from core.errors import ModelLoadError, UserError
+from core.models import install
 from core.models.hub_cache import cached_snapshot
 from core.models.names import APP_MODEL_BOX, _is_dir, _short, is_hub_id
 from core.values.validation import Str, TrainLength, one_line, read_json, validate
@@ -34,7 +35,7 @@ class ModelSpec:
     name: str
     source: str  # hub id or local folder
     train_length: int
-    kind: str  # "flan-t5" | "t5-lm-adapt" | "codet5p" | "bundled" | "custom"
+    kind: str  # "flan-t5" | "t5-lm-adapt" | "codet5p" | "bundled" | "fetched" | "custom"
     note: str = ""
 
     @property
@@ -92,9 +93,18 @@ def bundled_specs(root: Path = ASSETS) -> list[ModelSpec]:
     return out
 
 
+def fetched_specs() -> list[ModelSpec]:
+    """The models installed on first use from the package index (:mod:`core.models.install`), whether or not they
+    are installed yet: each is its folder in the user's cache, which :func:`core.models.loading.load` verifies
+    against its card (or says how to fetch it) before anything is read."""
+    return [ModelSpec(f.name, str(install.folder(f.name)), f.train_length, "fetched", f.summary)
+            for f in install.FETCHABLE.values()]
+
+
 def registry() -> dict[str, ModelSpec]:
-    """Every known model by name, bundled ones first; hub ids resolve too (see :func:`resolve`)."""
-    specs = bundled_specs() + _hub_specs()
+    """Every known model by name: bundled ones first, then the hub's, then those fetched on first use (last, so
+    the first non-bundled name stays one the hub serves); hub ids resolve too (see :func:`resolve`)."""
+    specs = bundled_specs() + _hub_specs() + fetched_specs()
     return {s.name: s for s in specs}
 
 

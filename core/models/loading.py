@@ -37,6 +37,7 @@ import torch
 from core.mechanics import attention  # (importing it registers the "aligned" attention)
 from core.mechanics import patches
 from core.errors import ModelLoadError, UserError
+from core.models import install
 from core.models.catalog import ROPE_FAMILY, T5_FAMILY, ModelSpec, registry, resolve
 from core.models.device import pick_device
 from core.models.hub import local_copy
@@ -101,6 +102,8 @@ def load(name: str | ModelSpec, device: str | None = None, train_length: int | N
     hit = _cached(key)
     if hit is not None:
         return hit
+    if spec.kind == "fetched":  # installed from the package index: every file against its card, else one line
+        install.verify(spec.name, Path(spec.source))  # (not installed: how to fetch it; nothing is downloaded here)
     # Network first, with no lock held (each wait bounded: see fetch); then this model's lock for the local load.
     where = local_copy(spec.source)
     tok_where = _tokenizer_source(tok_ref)[0] if tok_ref else None
