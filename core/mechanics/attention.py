@@ -337,6 +337,18 @@ def _decoder_only(module: torch.nn.Module) -> bool:
     return not getattr(module, "is_decoder", False) and bool(getattr(module, "is_causal", False))
 
 
+def _check_probes(recorder: "Recorder", module: torch.nn.Module) -> None:
+    """Refuse a recorder that asks a decoder-only model for probes of attentions it does not have (``encoder.*``,
+    the default :class:`~core.mechanics.probes.ProbeSpec`'s, or ``cross.*``): they would come back empty. One line
+    naming the probes to ask for instead."""
+    other = sorted({str(p) for p in recorder.spec.probes if p.kind != DECODER})
+    if other:
+        raise UserError(
+            f"This decoder-only model ({type(module).__name__}) has one attention, its causal self-attention "
+            f"('{DECODER}'): the probes {', '.join(other[:4])} name attentions it does not have and would come back "
+            f"empty; ask for '{DECODER}.*' probes, e.g. ProbeSpec.of('{DECODER}.*.pmax', '{DECODER}.*.entropy').")
+
+
 def _check_targets(call: _Call, module: torch.nn.Module) -> None:
     """Refuse a call whose schedule would change nothing on a decoder-only model: its one attention is
     ``decoder`` self-attention, and a choice made for T5 (the paper's default targets, ``encoder`` only) names
@@ -487,6 +499,8 @@ def aligned_attention(
     kind = attention_kind(module)
     if call is not None and kind == DECODER and _decoder_only(module):
         _check_targets(call, module)
+        if call.recorder is not None:
+            _check_probes(call.recorder, module)
     layer = int(getattr(module, "layer_idx", 0) or 0)
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[-2]

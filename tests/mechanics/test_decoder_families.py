@@ -146,6 +146,24 @@ def test_forward_equals_eager(family, padded, kernel_path):
     assert model.config._attn_implementation == "eager"  # apply put the model back
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_per_layer_schedule_equals_eager(family):
+    """A tau per layer (0.9, then 0.6) equals eager with each layer's logits over its own tau."""
+    model = _model(family)
+    ids, mask = _inputs(padded=True)
+    ref = copy.deepcopy(model)
+    for layer, tau in enumerate((0.9, 0.6)):
+        one = _tempered_eager(model, tau)  # a copy tempered everywhere; its layer `layer` goes into ref
+        ref.model.layers[layer] = one.model.layers[layer]
+    with torch.no_grad():
+        expect = ref(input_ids=ids, attention_mask=mask).logits
+        with _Served() as served, apply(model, schedule=[0.9, 0.6]):
+            got = model(input_ids=ids, attention_mask=mask).logits
+    assert served.calls == 2
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], expect[keep], rtol=TOL, atol=TOL)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generate_with_cache_equals_eager(family, kernel_path):
     """Greedy generation with a KV cache (a padded batch: prefill rows, then one row per step at the end of the
@@ -324,6 +342,16 @@ def test_probes_on_a_decoder_give_pmax_and_entropy(kernel_path):
                                    rtol=0, atol=1e-5)
         torch.testing.assert_close(torch.as_tensor(got[f"decoder.{layer}.entropy"]).double(), torch.as_tensor(ent),
                                    rtol=0, atol=1e-4)
+
+
+def test_encoder_probes_on_a_decoder_are_refused():
+    """The default ProbeSpec asks for encoder probes, which a decoder-only model does not have: a probed pass with
+    it is a one-line UserError naming the decoder probes, not empty results."""
+    model = _model("llama")
+    ids, mask = _inputs()
+    rec = Recorder(ProbeSpec.stats_only(), mask.bool())
+    with pytest.raises(UserError, match=r"decoder\.\*"), torch.no_grad(), apply(model, tau=TAU, recorder=rec):
+        model(input_ids=ids)
 
 
 def test_targets_that_miss_the_decoder_are_refused():
