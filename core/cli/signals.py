@@ -39,6 +39,30 @@ def out_of_time(args, err: BaseException) -> int:
     return EXIT_OUT_OF_TIME
 
 
+def _once(signum, frame) -> None:
+    """The process's SIGINT handler: the first raises KeyboardInterrupt, and from then on SIGINT is ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def quiet_after_first() -> None:
+    """For ``python -m core`` (the process's own entry): the first Ctrl-C stops the command, later ones are ignored.
+
+    Why: a second Ctrl-C 20-200 ms after the first (issue 58, point 5) ended the process by SIGINT (exit -2, after
+    the "interrupted:" line) instead of exit 130: the command was already stopping, but the interpreter's shutdown
+    resets a Python SIGINT handler to the default, which kills the process. A SIGINT set to ignored stays so
+    through the shutdown. The handler ignores SIGINT itself before raising, so no second KeyboardInterrupt can
+    land in the handler that reports the first. Installed whatever SIGINT was before (a background job's ignored
+    SIGINT too: see :func:`sigint_taken`). Only the main thread can set it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _once)
+
+
 @contextlib.contextmanager
 def sigint_taken():
     """SIGINT raises KeyboardInterrupt for the command, even where it was started with SIGINT ignored.
