@@ -344,6 +344,44 @@ def test_probes_on_a_decoder_give_pmax_and_entropy(kernel_path):
                                    rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+def test_output_attentions_equal_eager(family):
+    """``output_attentions=True`` on a decoder under our attention returns eager's weights (grouped heads, causal
+    rows, soft-cap, sinks), at tau = 0.7 those of eager with the logits over 0.7."""
+    model = _model(family)
+    ids, mask = _inputs(padded=True)
+    with torch.no_grad():
+        expect = _tempered_eager(model, TAU)(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        with apply(model, tau=TAU):
+            got = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    keep = mask.bool()
+    for a, b in zip(got, expect):
+        torch.testing.assert_close(a[0], b[0], rtol=TOL, atol=TOL)
+        torch.testing.assert_close(a[1][:, keep[1]], b[1][:, keep[1]], rtol=TOL, atol=TOL)
+
+
+def test_install_on_a_decoder():
+    """``install`` puts a standing tau on a decoder-only model (its causal self-attention), every pass and thread,
+    until ``uninstall``; generation with a cache included."""
+    from core.runs import apply as applying
+
+    model = _model("mistral")
+    ids, mask = _inputs()
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    expect = _tempered_eager(model, TAU).generate(input_ids=ids, attention_mask=mask, **kw)
+    choice = applying.install(model, tau=TAU)
+    try:
+        assert choice.targets == (DECODER,)
+        with _Served() as served:
+            got = model.generate(input_ids=ids, attention_mask=mask, **kw)
+        assert served.calls == 2 * 3
+    finally:
+        applying.uninstall(model)
+    assert model.config._attn_implementation == "eager"
+    for a, b in zip(got.logits, expect.logits):
+        torch.testing.assert_close(a, b, rtol=TOL, atol=TOL)
+
+
 def test_encoder_probes_on_a_decoder_are_refused():
     """The default ProbeSpec asks for encoder probes, which a decoder-only model does not have: a probed pass with
     it is a one-line UserError naming the decoder probes, not empty results."""
