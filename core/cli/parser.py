@@ -53,11 +53,18 @@ METHOD_PARAMS: dict[str, "methods.Param"] = {m.param.name: m.param for m in meth
 TAKE_PARAMS = ("run", "calibrate", "sweep", "perplexity", "mlm")
 
 
+#: A word of an argparse message longer than this (what was typed, echoed) is cut to its first 40 characters.
+_LONGEST_WORD = 200
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose bad option is a UserError (one line, exit 2 from :func:`core.cli.main`), not a usage block and
     exit."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse echoes what was typed (all of an unrecognized argument): a word of 100,000 characters is quoted by
+        # its first 40 so the line stays short and keeps its end
+        message = " ".join(w if len(w) <= _LONGEST_WORD else w[:40] + "..." for w in message.split(" "))
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
