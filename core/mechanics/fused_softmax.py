@@ -15,13 +15,16 @@ How it is built: with the machine's ``g++`` (``-O3 -march=native``, or :data:`MA
 loaded by :mod:`ctypes`, no torch headers, well under a second), once per source, flags and CPU, into the
 user's cache folder (``$XDG_CACHE_HOME/attention-explorer``, else ``~/.cache/...``), written to a temporary
 name and renamed, with the sha256 of its bytes written the same way beside it, so two processes building at
-once both end with a whole library. Before the loader opens a cached library its bytes must match that
+once both end with a whole library. The compiler never outlives its build: its process group is killed on a
+timeout, on Ctrl-C and when this process dies in any way (:data:`_GUARD`), and the temporary file of a build
+whose process is gone is removed by the next build. Before the loader opens a cached library its bytes must match that
 digest (a truncated file would kill the process with SIGBUS, a foreign one would run its constructors), the
 folder must be writable by this user only (else a private temporary folder serves the process), and once
-loaded it must pass a small self-test against torch's arithmetic. A damaged file is rebuilt; a build that
+loaded it must pass a small self-test against torch's arithmetic (a library that fails it is named and removed, so
+the next process builds its own). A damaged file is rebuilt; a build that
 fails or hangs (:data:`BUILD_TIMEOUT_S`), no compiler, or ``AAE_FUSED_SOFTMAX=0`` in the environment:
 :func:`available` is False and the attention takes another backend, which gives the same numbers
-(tests/test_fused_softmax.py holds the attention with the kernel to the attention without it and to
+(tests/mechanics/test_fused_softmax.py holds the attention with the kernel to the attention without it and to
 transformers' eager attention, probes included); one line on stderr says why (``AAE_DEBUG=1``: more).
 
 Threads: the rows of a block are split over :func:`threads` Python threads (ctypes lets go
@@ -36,6 +39,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -44,9 +48,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -61,10 +65,20 @@ ENV_SWITCH = "AAE_FUSED_SOFTMAX"
 #: well under a second here (2-core Xeon, quiet) and about 3 s at load 15; a compiler that hangs must not
 #: hold a person's first pass (issue 47: ~97 s before this bound).
 BUILD_TIMEOUT_S = 20
-#: A half-written library of a build that died (killed, full disk) is removed by the next build once it is
-#: this old (a younger one may be another process's build under way).
+#: A half-written library of a build that died (killed, full disk) is removed by the next build: at once when the
+#: process that wrote it (its name holds the host and pid) is gone, else once it is this old (a younger one of a
+#: live process, or of another host sharing the folder, may be a build under way).
 STALE_BUILD_S = 600
 _BUILD_PREFIX = "build-"
+_BUILD_NAME = re.compile(re.escape(_BUILD_PREFIX) + r"(?P<host>[A-Za-z0-9]*)-(?P<pid>[0-9]+)-")
+#: The POSIX shell that runs the compiler (``"$@"``) in the build's process group, beside a watcher that reads the
+#: pipe on its stdin until EOF and then kills the whole group. Only this process holds the pipe's write end, so
+#: EOF comes when the build is over or when this process ends in any way, SIGKILL included: the compiler and its
+#: own children (cc1plus, as) never outlive the process that asked for them. Why not ``PR_SET_PDEATHSIG``: it
+#: reaches only the direct child, not cc1plus, is Linux-only, and needs a ``preexec_fn``, which is unsafe in a
+#: process with threads (the app builds from a Streamlit thread).
+_GUARD = ('exec 3<&0 </dev/null; "$@" 3<&- & c=$!; '
+          '{ read _ <&3; kill -s KILL 0; } </dev/null >/dev/null 2>&1 & exec 3<&-; wait "$c"')
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
@@ -130,42 +144,82 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _host() -> str:
+    """This machine's name as a build file holds it (letters and digits): two hosts may share a cache folder."""
+    return re.sub(r"[^A-Za-z0-9]", "", platform.node())[:32]
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def _clean_leftovers(folder: Path) -> None:
-    """Remove half-written libraries of builds that died (older than :data:`STALE_BUILD_S`)."""
+    """Remove half-written libraries of builds that died: at once when their process (named in the file's name) is
+    gone from this machine, else once older than :data:`STALE_BUILD_S` (an old-style name, another host's)."""
     now = time.time()
     for old in folder.glob(f"{_BUILD_PREFIX}*"):
         try:
-            if now - old.stat().st_mtime > STALE_BUILD_S:
+            owner = _BUILD_NAME.match(old.name)
+            dead = owner is not None and owner["host"] == _host() and not _alive(int(owner["pid"]))
+            if dead or now - old.stat().st_mtime > STALE_BUILD_S:
                 old.unlink()
         except OSError:
             pass
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill the build's whole process group (the guard, the compiler, cc1plus) and reap the guard."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError):
+        proc.communicate()
+
+
 def _compile(compiler: str, out: Path, build_flags: tuple[str, ...]) -> None:
     """Compile the source to ``out`` with its digest beside it (``out.sha256``), each written under a temporary
     name and renamed, so a reader sees either nothing or a whole library with its digest. The compiler runs in
-    its own process group, killed whole (cc1plus too) past :data:`BUILD_TIMEOUT_S`."""
+    its own process group (under :data:`_GUARD`), killed whole (cc1plus too) past :data:`BUILD_TIMEOUT_S`, on
+    any exception here (Ctrl-C's KeyboardInterrupt) and when this process ends, SIGKILL included."""
     folder = out.parent
     _clean_leftovers(folder)
-    fd, tmp = tempfile.mkstemp(prefix=_BUILD_PREFIX, suffix=".so", dir=folder)
+    watch, hold = os.pipe()  # the guard's watcher reads ``watch``; ``hold`` stays here until the build is over
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{_BUILD_PREFIX}{_host()}-{os.getpid()}-", suffix=".so", dir=folder)
+    except OSError:
+        os.close(watch)
+        os.close(hold)
+        raise
     os.close(fd)
     tmp_digest = tmp + ".sha256"
     try:
-        proc = subprocess.Popen([compiler, *build_flags, str(SOURCE), "-o", tmp], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", _GUARD, "build-guard", compiler, *build_flags, str(SOURCE),
+                                     "-o", tmp], stdin=watch, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+        finally:
+            os.close(watch)
         try:
             _, err = proc.communicate(timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            _stop(proc)
             raise OSError(f"the build took over {BUILD_TIMEOUT_S} s and was stopped") from None
+        except BaseException:  # Ctrl-C (KeyboardInterrupt), SystemExit, anything: the compiler goes with the build
+            _stop(proc)
+            raise
         if proc.returncode != 0:
             raise OSError("g++ failed: " + ((err or "").strip().splitlines() or ["no message"])[0][:200])
         Path(tmp_digest).write_text(_sha256(Path(tmp)) + "\n")
         os.replace(tmp, out)
         os.replace(tmp_digest, str(out) + ".sha256")
     finally:
+        os.close(hold)  # the watcher reads EOF and ends (with whatever is left of the group)
         for left in (tmp, tmp_digest):
             with contextlib.suppress(OSError):
                 os.unlink(left)
@@ -219,7 +273,7 @@ def _self_test(lib: ctypes.CDLL) -> None:
     ok = (torch.allclose(got, e, rtol=1e-5, atol=1e-7) and torch.allclose(total, e.sum(-1, keepdim=True), rtol=1e-5)
           and torch.allclose(dot, (e * d).sum(-1, keepdim=True), rtol=1e-4, atol=1e-5))
     if not ok:
-        raise OSError("the library's arithmetic is wrong (self-test)")
+        raise OSError("failed its self-test (its arithmetic is wrong)")
 
 
 def library_name() -> str:
@@ -242,11 +296,30 @@ def _build() -> ctypes.CDLL:
         if _verified(out) is not None:  # another process replaced it meanwhile, or the disk lied
             raise OSError("the library just built does not match its digest")
     try:
-        lib = _bind(ctypes.CDLL(str(out)))
-    except (OSError, AttributeError) as err:
-        raise OSError(f"the library does not load ({str(err).split(':')[-1].strip()[:120]})") from err
-    _self_test(lib)
+        want: str | None = Path(str(out) + ".sha256").read_text().strip()
+    except OSError:
+        want = None
+    try:
+        try:
+            lib = _bind(ctypes.CDLL(str(out)))
+        except (OSError, AttributeError) as err:
+            raise OSError(f"does not load ({str(err).split(':')[-1].strip()[:120]})") from err
+        _self_test(lib)
+    except OSError as err:
+        _discard(out, want)
+        raise OSError(f"the library {out} {err}; it was removed, the next process builds it again") from err
     return lib
+
+
+def _discard(out: Path, want: str | None) -> None:
+    """Remove a library that failed to load or its self-test (planted with a matching digest, or a build that
+    computes wrongly), with its digest, unless another process has replaced it meanwhile: kept, it would keep the
+    kernel off in every later process. This process stays off: its loader has it open already (planted code ran,
+    and loading the same path again would hand back the same library)."""
+    with contextlib.suppress(OSError):
+        if want is not None and _sha256(out) == want:
+            out.unlink()
+            Path(str(out) + ".sha256").unlink()
 
 
 def available() -> bool:
@@ -328,7 +401,7 @@ def pool_rows(exp: torch.Tensor, total: torch.Tensor, a: int, b: int, n0: int, e
     ``[H, c, 1]``), the head mean (``head`` None) or one head, keys ``[0, n0)`` pooled into the bins between
     ``edges`` (int64, ``nb + 1`` values from 0 to ``n0``): ``(sums, maxima)``, each ``[b - a, nb]`` float32.
 
-    Equal to :meth:`core.mechanics.probes.Recorder` pooling the normalised rows (tests/test_fused_softmax.py)."""
+    Equal to :meth:`core.mechanics.probes.Recorder` pooling the normalised rows (tests/mechanics/test_fused_softmax.py)."""
     _need()
     H, c, K = exp.shape
     if not exp.is_contiguous() or exp.dtype != torch.float32:
