@@ -58,7 +58,8 @@ def model_section() -> Loaded:
     labels = choices.model_labels()
     sb.selectbox("Model", choices.model_options(), key="model_choice", persist_state=choices.KEEP, format_func=lambda r: labels.get(r, r),
                  help="Bundled models first (T5 retrieval and language models, and rotary masked-LM encoders: 'RoPE'), "
-                      "then T5 models from the Hugging Face hub (need internet or a local copy).")
+                      "then T5 models from the Hugging Face hub (need internet or a local copy), then SmolLM2-135M, "
+                      "a real LLM fetched once from the package index when you ask for it.")
     sb.text_input(OTHER_HINT, key="model_other", persist_state=choices.KEEP, placeholder="google/flan-t5-base or ./my-t5-folder")
     ref = chosen_model_ref()
     st.session_state["_model_ref"] = ref
