@@ -116,7 +116,6 @@ import datetime as dt
 import json
 import math
 import os
-import re
 import signal
 import socket
 import statistics
@@ -1078,7 +1077,7 @@ def summary(results: Results, info: dict, args: argparse.Namespace, mach: dict) 
                drag_steps=args.drag_steps, drag_seconds=args.drag_seconds, fresh_taus=info.get("fresh_taus"),
                scrub_distinct=info.get("scrub_distinct"), foreground_tokens=info.get("foreground_tokens"),
                explore_charts=info.get("explore_charts"), machine=mach,
-               details=detail, notes=results.notes, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+               details=detail, notes=results.notes, date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     return out
 
 

@@ -546,7 +546,7 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
                 stats = [a.tolist() for a in dispersion(loaded, docs[:stats_docs], encs[:stats_docs], batch)]
                 partial.put(f"{cell}|dispersion|{stats_docs}", stats)
             cache = {}
-            for m, tau in tau_items(taus):
+            for _m, tau in tau_items(taus):
                 key = tau_key(tau)
                 if key not in cache:
                     cache[key] = partial.get(accuracy_key(cell, key))

@@ -10,18 +10,12 @@ from __future__ import annotations
 import ast
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = str(Path(__file__).resolve().parents[2])
-if ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repo root on sys.path
-    sys.path.insert(0, ROOT)
+from core.data import corpus, tasks
+from core.data.tasks import Document, Score, from_text, make, score
 
-from core.data import corpus
-from core.data import tasks  # noqa: E402
-from core.data.tasks import Document, Score, from_text, make, score  # noqa: E402
 from core.models.tokenizer import train_tokenizer, training_texts  # noqa: E402
 
 

@@ -29,7 +29,7 @@ TINY_TRAIN = dict(name="t", tasks={"passkey": 1.0}, first_tasks=None, train_leng
 @pytest.mark.parametrize("spec", BUNDLED, ids=lambda s: s.name)
 def test_bundled_model_loads(spec):
     loaded = load(spec.name)
-    card = json.loads((loaded.spec.source and open(f"{spec.source}/card.json").read()))
+    card = json.loads(loaded.spec.source and open(f"{spec.source}/card.json").read())
     assert loaded.train_length == card["train_length"] == spec.train_length
     assert loaded.model.config._attn_implementation == "aligned"
     assert loaded.cosine == bool(card["config"].get("cosine_scale"))
@@ -372,7 +372,9 @@ def test_task_options_reach_the_training_documents(tmp_path):
     classic_adj, _ = tasks.LINE_LABELS["classic"]
     compact_adj, _ = tasks.LINE_LABELS["compact"]
     only_classic = set(classic_adj) - set(compact_adj)
-    words = lambda doc: {w.split("-")[0] for w in re.findall(r"^line (\S+):", doc.text, flags=re.M)}
+    def words(doc):
+        return {w.split("-")[0] for w in re.findall(r"^line (\S+):", doc.text, flags=re.M)}
+
     got = set().union(*(words(sample_document(cfg, tok, random.Random(s), 200)) for s in range(6)))
     assert got & only_classic
     got = set().union(*(words(sample_document(compact, tok, random.Random(s), 200)) for s in range(6)))
@@ -416,7 +418,9 @@ def test_last_needle_puts_the_asked_line_right_before_the_question(tmp_path):
 def test_compact_line_labels_are_a_few_tokens_of_the_bundled_tokenizer():
     """Why the compact list exists: each label costs 3-4 tokens (the classic list ~8)."""
     tok = load(default_model()).tokenizer
-    cost = lambda adj, nouns: [len(tok(f" {a}-{n}", add_special_tokens=False).input_ids) for a in adj for n in nouns]
+    def cost(adj, nouns):
+        return [len(tok(f" {a}-{n}", add_special_tokens=False).input_ids) for a in adj for n in nouns]
+
     compact = cost(*tasks.LINE_LABELS["compact"])
     classic = cost(*tasks.LINE_LABELS["classic"])
     assert max(compact) <= 4
@@ -572,7 +576,6 @@ def test_die_with_is_the_kernel_s_on_linux():
 def test_a_refused_evaluation_does_not_lose_the_training(tmp_path, monkeypatch):
     """When the engine refuses to evaluate (here: no free memory), training goes on, the weights
     are saved, and the card's history says why the step has no accuracy."""
-    from core.runs import engine
 
     monkeypatch.setattr(memory, "free_bytes", lambda device: 0)
     cfg = TrainConfig(**{**TINY_TRAIN, "train_length": 200, "min_length": 160, "steps": 4, "batch_size": 2,

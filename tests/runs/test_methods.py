@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
@@ -193,5 +194,5 @@ def test_the_cli_and_the_app_list_the_registry():
     assert tuple(listed) == tuple(n for n in methods.NAMES if not methods.REGISTRY[n].takes_value)  # a fixed tau: tau=X
     for name in listed + ["tau=0.8"]:
         assert action.type(name) == name
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError):
         action.type(methods.FIXED)  # the fixed method always carries its value

@@ -300,7 +300,7 @@ def test_give_way_pauses_for_a_person_and_resumes():
         b.start()
         wait_until(lambda: gate.busy, 5)
         with pytest.raises(GaveWay):
-            gate.give_way(pause=pause, alive=lambda: alive, most_s=most_s, step=0.05)
+            gate.give_way(pause=pause, alive=lambda alive=alive: alive, most_s=most_s, step=0.05)
         assert gate.background_running == (not pause)  # abandoned without a pause: the gate is still its to give back
         gate.release_background()
         release.set()

@@ -25,7 +25,7 @@ import pytest
 
 from core.mechanics import fused_softmax
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: seconds to wait for something that happens at once on a quiet machine (a hang bound, not a timing)
 HANG_S = 120
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: seconds to wait for the first row and for the stop (hang bounds, not timings)
 HANG_S = 240
 
