@@ -343,7 +343,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", f"slow: {SLOW_HELP}")
 
 
+#: Folders whose every test is slow: a real browser serving the app, or a model trained.
+SLOW_FOLDERS = ("browser", "training")
+
+
 def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    for item in items:
+        parts = Path(item.path).resolve().relative_to(here).parts
+        if parts and parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
     named = config.args_source == pytest.Config.ArgsSource.ARGS
     if config.getoption("--all") or named:
         return
