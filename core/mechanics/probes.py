@@ -35,16 +35,17 @@ row the pass computed: in a batch, also the steps after an item's answer ended).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from core.errors import UserError
+from core.kinds import CROSS, DECODER, ENCODER, KINDS
 from core.mechanics import fused_softmax
 from core.mechanics.softmax_block import Block, Needs, grouped_matmul
-from core.kinds import CROSS, DECODER, ENCODER, KINDS
-from core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,14 @@ def parse(name: str | ProbeName) -> ProbeName:
 class ProbeSpec:
     """Which probes to run: ``names`` (see the module docstring) plus the switches, each of which stands
     for names of encoder self-attention (:attr:`probes`). ``stats`` alone is cheap (batch runs); the rest
-    feed the views. ``heatmap_head``/``heatmap_size`` shape every map, ``profile_rows`` the encoder's profile."""
+    feed the views. ``heatmap_head``/``heatmap_size`` shape every map, ``profile_rows`` the encoder's profile.
+
+    ``kind``: the attention whose rows are the document's tokens, which the switches name: ``encoder`` (T5, a
+    rotary encoder), or ``decoder`` for a decoder-only LM, whose causal self-attention reads the prompt
+    (:func:`core.runs.engine.run` sets it there). With ``kind`` ``decoder`` the recorder takes each decoder layer's
+    first call, the prompt's prefill, as the document's rows (Pmax, H, maps, the question's profile, as the
+    encoder's are read) and leaves the cached decoding steps after it unrecorded; ``sorted_logits`` names nothing
+    there (a causal row's raw logits include the keys it may not see)."""
 
     stats: bool = True  # encoder.*.pmax, encoder.*.entropy
     heatmap: bool = True  # encoder.{heatmap_layer}.map
@@ -129,8 +137,11 @@ class ProbeSpec:
     sorted_logits: bool = True  # encoder.0.sorted_logits
     cosine_hist_bins: int = 60  # encoder.0.cosine_hist when > 0
     names: tuple[str, ...] = ()  # more probes by name, e.g. ("cross.*.map",)
+    kind: str = ENCODER  # the document's attention (see above): encoder, or decoder on a decoder-only LM
 
     def __post_init__(self) -> None:
+        if self.kind not in (ENCODER, DECODER):
+            raise UserError(f"ProbeSpec.kind is the attention that reads the document: {ENCODER} or {DECODER}")
         if isinstance(self.names, str):
             raise UserError(f"ProbeSpec.names takes a list of names, got the string {self.names!r}")
         # canonical and sorted, so two specs asking for the same probes are equal (the app's cache keys)
@@ -154,16 +165,17 @@ class ProbeSpec:
     def probes(self) -> frozenset[ProbeName]:
         """Everything this spec asks for, as names: ``names`` and what the switches stand for."""
         out = {parse(n) for n in self.names}
+        doc = self.kind
         if self.stats:
-            out |= {ProbeName(ENCODER, None, p) for p in _STATS}
+            out |= {ProbeName(doc, None, p) for p in _STATS}
         if self.heatmap:
-            out.add(ProbeName(ENCODER, self.heatmap_layer, "map"))
+            out.add(ProbeName(doc, self.heatmap_layer, "map"))
         if self.profile_rows:
-            out.add(ProbeName(ENCODER, None, "profile"))
-        if self.sorted_logits:
-            out.add(ProbeName(ENCODER, 0, "sorted_logits"))
+            out.add(ProbeName(doc, None, "profile"))
+        if self.sorted_logits and doc in PROBES["sorted_logits"].kinds:
+            out.add(ProbeName(doc, 0, "sorted_logits"))
         if self.cosine_hist_bins:
-            out.add(ProbeName(ENCODER, 0, "cosine_hist"))
+            out.add(ProbeName(doc, 0, "cosine_hist"))
         return frozenset(out)
 
     @property
@@ -263,6 +275,8 @@ class Recorder:
 
     def __init__(self, spec: ProbeSpec, token_mask: torch.Tensor | None = None):
         self.spec = spec
+        self.doc = spec.kind  # the attention whose rows are the document's tokens (ProbeSpec.kind)
+        self._prefilled: set[int] = set()  # doc kind decoder: layers whose prefill was recorded (steps after: not)
         self._given_mask = token_mask
         self._asked = spec.probes
         self._of: dict[Key, frozenset[str]] = {}
@@ -313,10 +327,14 @@ class Recorder:
         want = self.asked(kind, layer)
         if not want:
             return None
-        if self.mask is None and kind != DECODER:
+        if kind == self.doc == DECODER:  # a decoder-only LM: its prefill is the document's rows, its steps are not
+            if layer in self._prefilled:
+                return None
+            self._prefilled.add(layer)
+        if self.mask is None and (kind != DECODER or kind == self.doc):
             self._set_mask(torch.ones(query.shape[0], key.shape[-2], dtype=torch.bool))
         k = (kind, layer)
-        if kind != ENCODER:  # answer rows: this call's rows follow the ones already seen (generation step by step)
+        if kind != self.doc:  # answer rows: this call's rows follow the ones already seen (generation step by step)
             self._offset[k] = self._seen.get(k, 0)
             self._seen[k] = self._offset[k] + query.shape[-2]
         if "logits" in want:
@@ -359,7 +377,7 @@ class Recorder:
                     p = exp / total
                     self._stats(kind, layer, r0, r1, t.reciprocal(), -torch.special.xlogy(p, p).sum(-1))
             e0 = exp[0]
-            if (kind == ENCODER and e0.device.type == "cpu" and e0.dtype == torch.float32 and e0.is_contiguous()
+            if (kind == self.doc and e0.device.type == "cpu" and e0.dtype == torch.float32 and e0.is_contiguous()
                     and fused_softmax.available()):
                 def pooled(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
                     return fused_softmax.pool_rows(e0, total[0], a - r0, b - r0, self.n0, self._edges_t,
@@ -396,7 +414,7 @@ class Recorder:
         ``n log n`` per row, and a whole layer of a 16k-token document is 2 G values to sort, more than the
         rest of the pass; the average sorted vector of a sample spread over every position is the same curve
         (docs/library.md gives the measured difference)."""
-        if kind != ENCODER:
+        if kind != self.doc:
             return torch.arange(r1 - r0)
         q1 = min(r1, self.n0)
         if q1 <= r0:
@@ -419,7 +437,7 @@ class Recorder:
     def _stats(self, kind: str, layer: int, r0: int, r1: int, pmax: torch.Tensor, ent: torch.Tensor) -> None:
         """Add one block's per-row Pmax and H ``[B, H, c]`` to the running sums (padded encoder rows skipped)."""
         key = (kind, layer)
-        if kind == ENCODER:
+        if kind == self.doc:
             rowmask = self.mask[:, r0:r1].to(pmax.device, pmax.dtype)[:, None, :]  # [B,1,c]
             pmax, ent = pmax * rowmask, ent * rowmask
         else:
@@ -440,7 +458,7 @@ class Recorder:
         only when a view needs them.
         """
         want = self.asked(kind, layer)
-        if kind != ENCODER:
+        if kind != self.doc:
             return self._answer_views(kind, layer, want, r0, r1, probs_of, raw)
         spec = self.spec
         n0 = self.n0
@@ -564,7 +582,7 @@ class Recorder:
         """Turn the running sums into a :class:`ProbeRecord` of numpy arrays (``logits``: torch tensors)."""
         named: dict[str, Any] = {}
         rec = self._encoder_record(named)
-        rec.nonfinite_layers = self.nonfinite(ENCODER)
+        rec.nonfinite_layers = self.nonfinite(self.doc)
         for (kind, layer), n in self._nrows.items():
             named[f"{kind}.{layer}.pmax"] = (self._pmax[(kind, layer)] / n).cpu().numpy()
             named[f"{kind}.{layer}.entropy"] = (self._ent[(kind, layer)] / n).cpu().numpy()
@@ -576,7 +594,7 @@ class Recorder:
             if kind == CROSS:
                 rec.heatmap_edges = self._edges
         for (kind, layer), v in self._profile.items():
-            if kind != ENCODER:
+            if kind != self.doc:
                 named[f"{kind}.{layer}.profile"] = (v / self._profile_n[(kind, layer)]).numpy()
         for (kind, layer), (total, n) in self._sorted.items():
             named[f"{kind}.{layer}.sorted_logits"] = (total / n).numpy()
@@ -595,7 +613,7 @@ class Recorder:
     def take(self) -> ProbeRecord:
         """:meth:`finish`, then start afresh: a standing recorder (:func:`core.mechanics.attention.listen`) read once a step."""
         rec = self.finish()
-        self.__init__(self.spec, self._given_mask)
+        self.__init__(self.spec, self._given_mask)  # (a decoder-only LM's next pass: its prefill is recorded again)
         return rec
 
     def _is_asked(self, name: str) -> bool:
@@ -603,21 +621,22 @@ class Recorder:
         return n.probe in self.asked(n.kind, n.layer)
 
     def _encoder_record(self, named: dict[str, Any]) -> ProbeRecord:
-        """The encoder's results, as the record's fields and as names."""
-        spec = self.spec
-        layers = sorted(l for k, l in self._pmax if k == ENCODER)
+        """The document's attention's results (the encoder's; a decoder-only LM's prefill), as the record's fields
+        and as names."""
+        spec, doc = self.spec, self.doc
+        layers = sorted(l for k, l in self._pmax if k == doc)
         rows = self.mask.sum(-1).double().cpu() if self.mask is not None else torch.zeros(0, dtype=torch.float64)
         if layers:
-            pmax = torch.stack([self._pmax[(ENCODER, l)].cpu() for l in layers], 1) / rows[:, None, None]
-            ent = torch.stack([self._ent[(ENCODER, l)].cpu() for l in layers], 1) / rows[:, None, None]
+            pmax = torch.stack([self._pmax[(doc, l)].cpu() for l in layers], 1) / rows[:, None, None]
+            ent = torch.stack([self._ent[(doc, l)].cpu() for l in layers], 1) / rows[:, None, None]
         else:
             pmax = ent = torch.zeros(len(rows), 0, 0, dtype=torch.float64)
         rec = ProbeRecord(pmax=pmax.numpy(), entropy=ent.numpy(), rows=rows.numpy().astype(int))
         for i, l in enumerate(layers):
-            named[f"encoder.{l}.pmax"], named[f"encoder.{l}.entropy"] = rec.pmax[:, i], rec.entropy[:, i]
+            named[f"{doc}.{l}.pmax"], named[f"{doc}.{l}.entropy"] = rec.pmax[:, i], rec.entropy[:, i]
         for l, (tile_sum, tile_max) in self._tiles.items():
             sizes = self._sizes.double()
-            named[f"encoder.{l}.map"] = mean = (tile_sum / (sizes[:, None] * sizes[None, :])).float().numpy()
+            named[f"{doc}.{l}.map"] = mean = (tile_sum / (sizes[:, None] * sizes[None, :])).float().numpy()
             rec.heatmap_edges = self._edges
             if l == spec.heatmap_layer:
                 rec.heatmap_mean, rec.heatmap_max = mean, tile_max.numpy()
@@ -628,19 +647,19 @@ class Recorder:
             rec.question_rows = np.asarray(order)
             rec.question_map_mean = torch.stack([qrows[r][0] for r in order]).numpy()
             rec.question_map_max = torch.stack([qrows[r][1] for r in order]).numpy()
-        profile = sorted(l for k, l in self._profile if k == ENCODER)
+        profile = sorted(l for k, l in self._profile if k == doc)
         if profile:
             a, b = spec.profile_rows
             n_rows = max(1, min(b, self.n0) - a)
-            rec.profile = np.stack([(self._profile[(ENCODER, l)] / n_rows).numpy() for l in profile])
+            rec.profile = np.stack([(self._profile[(doc, l)] / n_rows).numpy() for l in profile])
             for i, l in enumerate(profile):
-                named[f"encoder.{l}.profile"] = rec.profile[i]
-        if (ENCODER, 0) in self._sorted and self._sorted[(ENCODER, 0)][1]:
-            total, n = self._sorted[(ENCODER, 0)]
+                named[f"{doc}.{l}.profile"] = rec.profile[i]
+        if (doc, 0) in self._sorted and self._sorted[(doc, 0)][1]:
+            total, n = self._sorted[(doc, 0)]
             v = (total / n).numpy()
             rec.sorted_logits, rec.sigma, rec.l_max = v, float(v.std()), float(v.max())
-        if (ENCODER, 0) in self._cos_hist:
-            rec.cosine_hist = self._cos_hist[(ENCODER, 0)].numpy()
+        if (doc, 0) in self._cos_hist:
+            rec.cosine_hist = self._cos_hist[(doc, 0)].numpy()
             rec.cosine_edges = np.linspace(-1, 1, len(rec.cosine_hist) + 1)
         return rec
 

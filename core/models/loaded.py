@@ -31,14 +31,21 @@ class Loaded:
 
     @property
     def family(self) -> str:
-        """``"t5"`` (relative bias, encoder-decoder) or ``"rope"`` (rotary encoder, masked-LM head): what the
-        engine, the views and :mod:`core.experiments.mlm` branch on."""
+        """``"t5"`` (relative bias, encoder-decoder), ``"rope"`` (rotary encoder, masked-LM head) or ``"decoder"``
+        (a decoder-only causal LM: Llama, Mistral, Qwen, Gemma 2, Phi-3, gpt-oss): what the engine, the views and
+        :mod:`core.experiments.mlm` branch on."""
         return attention.family_of(self.config.model_type) or attention.T5
 
     @property
     def seq2seq(self) -> bool:
         """Has a decoder that generates answers (T5); a rotary encoder only fills masked tokens."""
         return self.family == attention.T5
+
+    @property
+    def decoder_only(self) -> bool:
+        """A decoder-only causal LM: one attention, its causal self-attention (:data:`core.kinds.DECODER`), which
+        reads the document (the prompt) and generates the answer with a KV cache."""
+        return self.family == attention.CAUSAL_LM
 
     @property
     def encoder(self) -> torch.nn.Module:
@@ -55,8 +62,18 @@ class Loaded:
         return int(self.config.num_heads) if self.seq2seq else int(self.config.num_attention_heads)
 
     @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads: fewer than :attr:`n_heads` on a grouped-query decoder (SmolLM2: 3 for 9), else as many."""
+        if self.decoder_only:
+            return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
+        return self.n_heads
+
+    @property
     def d_kv(self) -> int:
-        """Head dimension (InfoScale's d): T5's ``d_kv``; ModernBERT's ``hidden_size / heads``, as its attention uses."""
+        """Head dimension (InfoScale's d): T5's ``d_kv``; ModernBERT's ``hidden_size / heads``, as its attention uses;
+        a decoder-only model's ``head_dim`` when its config has one, else ``hidden_size / heads``."""
+        if self.decoder_only and getattr(self.config, "head_dim", None):
+            return int(self.config.head_dim)
         return int(self.config.d_kv) if self.seq2seq else int(self.config.hidden_size) // self.n_heads
 
     @property
@@ -93,6 +110,7 @@ class Loaded:
             "parameters": self.n_params,
             "layers": self.n_layers,
             "heads": self.n_heads,
+            **({"kv_heads": self.n_kv_heads} if self.decoder_only else {}),
             "d_kv": self.d_kv,
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),

@@ -21,7 +21,9 @@ ModernBERT among transformers' rotary encoders: its attention goes through ``Att
 as queries (EuroBERT's grouped keys would need repeating first), it has a masked-LM head, and its
 config holds transformers' ``rope_parameters``, where position schemes (PI, NTK, YaRN) live. Both
 families pass the same checks: safetensors only, the config against the weights, the tokenizer
-(a rotary encoder's must also have a mask token).
+(a rotary encoder's must also have a mask token). A third, decoder-only causal LMs (``model_type`` ``llama``,
+``mistral``, ``qwen2``, ``qwen3``, ``gemma2``, ``phi3``, ``gpt_oss``: ``AutoModelForCausalLM``, ``Loaded.family``
+"decoder"), passes the same checks (their ``model.layers.N`` stack, query heads in whole key/value groups).
 """
 
 from __future__ import annotations
@@ -194,7 +196,8 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
         raise ModelLoadError(f"'{src}' is a '{config.model_type}' model, {why}.",
                              app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.")
     if family is None:
-        why = (f"not T5-family ({', '.join(T5_FAMILY)}) nor a rotary masked-LM encoder ({', '.join(ROPE_FAMILY)}): "
+        why = (f"not T5-family ({', '.join(T5_FAMILY)}), a rotary masked-LM encoder ({', '.join(ROPE_FAMILY)}) nor a "
+               f"decoder-only LM ({', '.join(attention.FAMILIES[attention.CAUSAL_LM])}): "
                "the temperature method needs an attention that runs through ours")
         raise ModelLoadError(f"'{src}' is a '{config.model_type}' model, {why}.",
                              app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.")

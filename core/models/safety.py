@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from core.mechanics import attention
 from core.errors import ModelLoadError, UserError
+from core.mechanics import attention
 from core.models.names import _short, _shown
 from core.values.validation import read_json
 
@@ -174,11 +174,18 @@ _POSITIVE_FIELDS = ("num_layers", "num_decoder_layers", "num_heads", "d_model", 
                     "relative_attention_num_buckets", "relative_attention_max_distance")
 #: The same for a rotary encoder (ModernBERT's names).
 _ROPE_POSITIVE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+#: The same for a decoder-only causal LM (Llama's names; ``num_key_value_heads`` may be absent: as many as queries).
+_DECODER_POSITIVE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+                            "intermediate_size", "vocab_size")
+#: Fields that may be absent (None): the declared decoder depth of T5 (its encoder's), a decoder-only model's
+#: key/value heads (its query heads), its head size (hidden size / heads).
+_OPTIONAL_FIELDS = ("num_decoder_layers", "num_key_value_heads", "head_dim")
 #: Per family: the positive fields, the stacks as (weight-name prefix, layer-count field), the auto class.
 _LAYOUT = {
     attention.T5: (_POSITIVE_FIELDS, (("encoder.block", "num_layers"), ("decoder.block", "num_decoder_layers")),
                    "AutoModelForSeq2SeqLM"),
     attention.ROPE: (_ROPE_POSITIVE_FIELDS, (("model.layers", "num_hidden_layers"),), "AutoModelForMaskedLM"),
+    attention.CAUSAL_LM: (_DECODER_POSITIVE_FIELDS, (("model.layers", "num_hidden_layers"),), "AutoModelForCausalLM"),
 }
 
 
@@ -201,7 +208,8 @@ def check_config_matches(config: Any, shapes: dict[str, tuple[int, ...]], src: s
     must have the shape the config gives it (checked on an empty meta-device
     model, so a huge ``d_ff`` allocates nothing). Family-aware (:data:`_LAYOUT`):
     a rotary encoder's fields and ``model.layers.N`` stack are checked the same way,
-    and its hidden size must split evenly into heads.
+    and its hidden size must split evenly into heads; a decoder-only causal LM's likewise (``model.layers.N``), its
+    query heads into whole groups of key/value heads.
     """
     import transformers
 
@@ -212,16 +220,23 @@ def check_config_matches(config: Any, shapes: dict[str, tuple[int, ...]], src: s
         return ModelLoadError(f"The config.json of '{src}' does not match its weights: {why}.",
                               app=f"The config.json of model '{_shown(src)}' does not match its weights: {why}.")
 
-    for field in positive:
+    for field in positive + (("head_dim",) if family == attention.CAUSAL_LM else ()):
         value = getattr(config, field, None)
-        if value is None and field == "num_decoder_layers":
+        if value is None and field in _OPTIONAL_FIELDS:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise refuse(f"{field} is {_short(repr(value))}, where a whole number of at least 1 is needed")
     if family == attention.ROPE and config.hidden_size % config.num_attention_heads:
         raise refuse(f"hidden_size {config.hidden_size} does not split into {config.num_attention_heads} heads")
+    if family == attention.CAUSAL_LM:  # grouped-query attention: each key/value head serves a whole group of queries
+        heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        if heads % kv:
+            raise refuse(f"num_attention_heads {heads} does not split into {kv} key/value groups (num_key_value_heads)")
+        if getattr(config, "head_dim", None) is None and config.hidden_size % heads:
+            raise refuse(f"hidden_size {config.hidden_size} does not split into {heads} heads")
     for prefix, field in stacks:
-        stack = prefix.split(".")[0] if family == attention.T5 else "encoder"
+        stack = (prefix.split(".")[0] if family == attention.T5 else
+                 "decoder" if family == attention.CAUSAL_LM else "encoder")
         declared = int(getattr(config, field) or getattr(config, stacks[0][1]))
         stored = _blocks(shapes, prefix)
         if stored != set(range(declared)):

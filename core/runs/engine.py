@@ -11,6 +11,13 @@ with it, one answer row per step), then scoring. Every stage is timed.
 :func:`run_batch` does the same for several documents at once (right-padded,
 padding masked), which is what batch runs use; :func:`run` is its
 one-document case with all probes on.
+
+A decoder-only LM (``Loaded.decoder_only``: Llama, Mistral, Qwen, Gemma 2, Phi-3, gpt-oss) reads the document as
+its prompt, the question last (every generated task's text ends with its question; a trailing end token the
+tokenizer adds is dropped), and answers by greedy decoding with a KV cache: one ``generate`` call, whose prefill
+is the document's pass (timed as ``encode``; the probes read its rows, as the encoder's are read, through
+``ProbeSpec.kind`` ``decoder``) and whose cached steps make the answer (``generate``). A batch is left-padded, its
+longest document first. The choice's targets are read for the model once, at this edge (:func:`choice_for`).
 """
 
 from __future__ import annotations
@@ -25,16 +32,17 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation import LogitsProcessor, LogitsProcessorList
 from transformers.modeling_outputs import BaseModelOutput
 
+from core.data import tasks
+from core.errors import InputTooLong, NumericalError, UserError
+from core.kinds import CROSS, DECODER, ENCODER
+from core.mechanics.attention import KERNEL_CHUNK_BYTES, attention_call, default_chunk_bytes
+from core.mechanics.probes import ProbeRecord, ProbeSpec, Recorder
+from core.mechanics.run_pass import DEFAULT_PASS, Pass  # noqa: F401  engine.Pass: the run's second value, named here too
 from core.models import Loaded, memory
 from core.runs import rope_pass, timing
-from core.data import tasks
-from core.mechanics.attention import KERNEL_CHUNK_BYTES, attention_call, default_chunk_bytes
-from core.mechanics.run_pass import DEFAULT_PASS, Pass  # noqa: F401  engine.Pass: the run's second value, named here too
-from core.kinds import CROSS, DECODER, ENCODER
-from core.errors import InputTooLong, NumericalError, UserError
-from core.mechanics.probes import ProbeRecord, ProbeSpec, Recorder
 from core.values.choice import TRAINED, Choice
 
 
@@ -163,6 +171,13 @@ def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -
     float32 on this 2-core machine (2026-11-26): 1.02 GiB at 8,192 tokens, 4.1 GiB at 16,384, about
     16 bytes per ``L^2``, with probes or without.
 
+    A decoder-only LM holds nothing ``L x L`` either when its batch is unpadded (its causal rows need no mask:
+    :func:`core.mechanics.attention.compact_mask` hands the attention none); what grows with ``L`` is each token's
+    activations, counted as T5's (:data:`T5_COPIES_PER_TOKEN` copies of ``hidden + intermediate + (heads + 2 x
+    key/value heads) x head_dim`` values), and its KV cache, ``2 x layers x key/value heads x head_dim`` values
+    per token, kept through the whole answer (``generate`` computes the vocabulary's logits for the last row only).
+    A left-padded batch adds its boolean causal mask ``[batch, 1, L, L]``, as a padded T5 batch does.
+
     We allow 80 % of free memory for those, after a fixed allowance for the weights and the blocks of
     scores (two on the CPU kernel's path, six on torch's), each no bigger than one layer's whole matrix.
     """
@@ -174,6 +189,12 @@ def max_tokens(loaded: Loaded, batch: int = 1, chunk_bytes: int | None = None) -
     base = 0.8 * memory.free_bytes(loaded.device) - 4 * loaded.n_params * elt
     if loaded.family == "rope":
         per_l2, per_token = ROPE_BYTES_PER_L2 + mask, 0.0
+    elif loaded.decoder_only:
+        cfg = loaded.config
+        per_l2 = mask
+        act = cfg.hidden_size + cfg.intermediate_size + (loaded.n_heads + 2 * loaded.n_kv_heads) * loaded.d_kv
+        cache = 2 * loaded.n_layers * loaded.n_kv_heads * loaded.d_kv
+        per_token = (T5_COPIES_PER_TOKEN * act + cache) * elt * batch
     else:
         cfg = loaded.config
         per_l2 = mask
@@ -237,18 +258,23 @@ def _offsets(tokenizer, text: str, ids: list[int]) -> np.ndarray:
 
 
 def encode(loaded: Loaded, document: tasks.Document) -> Encoded:
-    """Tokenise a document (nothing is truncated) and map its needle and question to tokens."""
+    """Tokenise a document (nothing is truncated) and map its needle and question to tokens. A decoder-only LM's
+    prompt never ends in the end token: one the tokenizer appends (T5's, ByT5's) is dropped, since the answer is
+    to follow the question."""
     if not document.text or not document.text.strip():
         raise UserError("The document is empty: paste some text or generate a document.")
     tok = loaded.tokenizer
     fast = getattr(tok, "is_fast", False)
     enc = tok(document.text, return_offsets_mapping=True) if fast else tok(document.text)
-    ids = enc["input_ids"]
-    check_length(loaded, len(ids))  # before the offsets: a slow tokenizer's are O(n log n) calls
+    ids = list(enc["input_ids"])
+    eos = getattr(tok, "eos_token_id", None)
+    n = len(ids) - 1 if loaded.decoder_only and len(ids) > 1 and eos is not None and ids[-1] == eos else len(ids)
+    check_length(loaded, n)  # before the offsets: a slow tokenizer's are O(n log n) calls
     if fast:
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     else:
         offsets = _offsets(tok, document.text, ids)
+    ids, offsets = ids[:n], offsets[:n]
     return Encoded(
         input_ids=np.asarray(ids, dtype=np.int64),
         offsets=offsets,
@@ -352,17 +378,43 @@ def decoder_cache() -> EncoderDecoderCache:
 _CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
 
-def padded(loaded: Loaded, sequences: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token id arrays as one right-padded batch on the model's device: ``(ids, mask)``, mask 1 on real tokens;
-    refused first (:func:`check_length`) when the batch cannot fit this machine now."""
+def padded(loaded: Loaded, sequences: list[np.ndarray], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id arrays as one right-padded (``left``: left-padded, as a decoder-only LM generates) batch on the
+    model's device: ``(ids, mask)``, mask 1 on real tokens; refused first (:func:`check_length`) when the batch
+    cannot fit this machine now."""
     n = max(len(s) for s in sequences)
     check_length(loaded, n, len(sequences))
-    ids = torch.full((len(sequences), n), loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
+    ids = torch.full((len(sequences), n), _pad_id(loaded), dtype=torch.long)
     mask = torch.zeros((len(sequences), n), dtype=torch.long)
     for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
+        where = slice(n - len(s), n) if left else slice(0, len(s))
+        ids[i, where] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, where] = 1
     return ids.to(loaded.device), mask.to(loaded.device)
+
+
+def _pad_id(loaded: Loaded) -> int:
+    """The tokenizer's pad token; a decoder-only LM's tokenizer often has none: its end token then (never attended)."""
+    tok = loaded.tokenizer
+    pad = tok.pad_token_id
+    if pad is None and loaded.decoder_only:
+        pad = getattr(tok, "eos_token_id", None)
+    return pad or 0
+
+
+def choice_for(loaded: Loaded, choice: Choice) -> Choice:
+    """The choice as it acts on ``loaded``: the one rule that reads a choice's targets for a model's family, at
+    the engine's edge (the app, the CLI, settings files and sweeps make their choices for T5, whose default target
+    is ``encoder``: the attention that reads the document).
+
+    On a decoder-only LM the ``encoder`` target names its causal self-attention, ``decoder`` (the attention that
+    reads its prompt and makes its answer, prefill and every cached step); ``decoder`` stays, ``cross`` names
+    nothing there (a choice targeting only ``cross`` with a tau other than 1 is refused by the attention, in one
+    line). Other models' choices are as given. Direct calls of the attention keep its own check
+    (:func:`core.mechanics.attention.attention_call` on a decoder-only model refuses a tau without ``decoder``)."""
+    if not loaded.decoder_only or ENCODER not in choice.targets:
+        return choice
+    return choice.with_(targets=tuple(dict.fromkeys(DECODER if t == ENCODER else t for t in choice.targets)))
 
 
 @torch.inference_mode()
@@ -376,6 +428,8 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                              or want.index not in (None, loaded.device.index if loaded.device.index is not None else 0)):
         raise UserError(f"This pass asks for device {how.device}, but the model is on {loaded.device}: load it "
                         f"there (a pass never moves a shared model).")
+    if loaded.decoder_only:
+        return _run_decoder(loaded, docs, encs, choice, how)
     ids, mask = padded(loaded, [e.input_ids for e in encs])
     n = ids.shape[1]
     try:  # refuse a schedule that does not fit the model before any pass
@@ -449,6 +503,104 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 cosine_scale=choice.cosine_scale if loaded.cosine else None,
                 nll=None if nll is None or nll[i] is None else nll[i][0],
                 scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
+                answer_tokens=pieces[i],
+                schedule=choice.tau,
+            )
+        )
+    return results
+
+
+class _Prefill(LogitsProcessor):
+    """Rides along with ``generate`` (changing no score): notes when the first scores come, the end of the prefill
+    (the document's pass), and whether any step's scores held NaN or +inf (another processor's -inf is a ban)."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.finite = True
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.at is None:
+            self.at = time.perf_counter()
+        if self.finite and bool(torch.isnan(scores).any() or torch.isposinf(scores).any()):
+            self.finite = False
+        return scores
+
+
+def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice,
+                 how: Pass) -> list[Result]:
+    """:func:`run_encoded` on a decoder-only LM (see the module docstring): one ``generate`` call per batch (or,
+    with ``how.generate`` off, the base model's pass alone), the document's probes read on the prefill."""
+    if not choice.scheme.is_plain:
+        raise UserError(f"Position scheme '{choice.scheme.name}' on a decoder-only model ('{loaded.spec.name}') is not "
+                        "there yet: run it with the plain scheme")
+    choice = choice_for(loaded, choice)
+    if how.probes.kind != DECODER:
+        how = replace(how, probes=replace(how.probes, kind=DECODER))
+    order = sorted(range(len(encs)), key=lambda i: -encs[i].n)  # longest first: item 0 (the views') is unpadded
+    ids, mask = padded(loaded, [encs[i].input_ids for i in order], left=True)
+    n = ids.shape[1]
+    try:  # refuse a schedule that does not fit the model before any pass
+        tau_values = choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
+    except ValueError as err:
+        raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
+                        f"heads): {err}") from None
+    recorder = Recorder(how.probes, mask.bool()) if how.probes.wanted else None
+    generating = how.generate and how.max_new_tokens > 0
+    mark = _Prefill()
+    finite = True
+    t0 = time.perf_counter()
+    with rope_pass.scheme_pass(loaded, choice, how, recorder, n):
+        if generating:
+            out = loaded.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=how.max_new_tokens,
+                                        do_sample=False, num_beams=1, pad_token_id=_pad_id(loaded),
+                                        logits_processor=LogitsProcessorList([mark]))
+        else:
+            hidden = loaded.model.base_model(input_ids=ids, attention_mask=None if bool(mask.all()) else mask
+                                             ).last_hidden_state
+            finite = bool(torch.isfinite(hidden[mask.bool()]).all())
+    t_end = time.perf_counter()
+    t_pre = (mark.at or t_end) - t0
+    t_gen = t_end - (mark.at or t_end)
+    bad_layers = recorder.nonfinite(DECODER) if recorder is not None else []
+    if bad_layers or not finite or not mark.finite:
+        where = f" (layer(s) {bad_layers})" if bad_layers else ""
+        dtype = str(loaded.dtype).replace("torch.", "")
+        raise NumericalError(f"NaN/inf appeared in the attention{where} with dtype {dtype}: the logits divided by tau "
+                             f"(smallest {float(np.min(tau_values)):g}) left {dtype}'s range, or the weights hold "
+                             "NaN/inf.")
+    answers, pieces = [""] * len(encs), [None] * len(encs)
+    if generating:
+        new = out[:, n:]
+        for k, row in enumerate(new.tolist()):
+            answers[order[k]] = loaded.tokenizer.decode(row, skip_special_tokens=True).strip()
+            pieces[order[k]] = _pieces(loaded.tokenizer, row)
+    record = recorder.finish() if recorder is not None else None
+    for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.runs.timing)
+        timing.record(timing.model_key(loaded), e.n, t_pre / len(encs))
+        if generating:
+            timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
+    at = {i: k for k, i in enumerate(order)}  # document -> its batch item
+    results = []
+    for i, (doc, enc) in enumerate(zip(docs, encs)):
+        scored = generating and doc.expected and doc.task != tasks.LM
+        sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
+        rec = record if (record is None or len(encs) == 1) else record.item(at[i])
+        results.append(
+            Result(
+                task=doc.task,
+                answer=answers[i],
+                expected=doc.expected,
+                correct=None if sc is None else sc.correct,
+                parsed=None if sc is None else sc.parsed,
+                method=choice.method,
+                tau=choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=enc.n),
+                tokens=enc.n,
+                train_length=loaded.train_length,
+                needle_tokens=enc.needle_tokens,
+                question_tokens=enc.question_tokens,
+                probes=rec,
+                seconds={"encode": t_pre / len(encs), "generate": t_gen / len(encs),
+                         "total": (t_pre + t_gen) / len(encs)},
                 answer_tokens=pieces[i],
                 schedule=choice.tau,
             )
