@@ -142,6 +142,36 @@ def test_answer_equals_eager_greedy_generate(llama, llama_dir, doc):
     assert r.answer == llama.tokenizer.decode(new, skip_special_tokens=True).strip()
 
 
+def test_tau_reaches_every_decoding_step(llama, llama_dir, doc):
+    """At tau 0.3 the engine's answer is eager's greedy ``generate`` with every attention's ``scaling`` over 0.3: tau
+    reached the prefill and each cached step (and the answer differs from tau 1's)."""
+    tau = 0.3
+    r = engine.run(llama, doc, Choice.of(tau=tau), ANSWER)
+    eager = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+    for m in eager.modules():
+        if hasattr(m, "scaling") and hasattr(m, "layer_idx"):
+            m.scaling = m.scaling / tau
+    ids = torch.as_tensor(engine.encode(llama, doc).input_ids)[None]
+    with torch.no_grad():
+        out = eager.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=ANSWER.max_new_tokens,
+                             do_sample=False, pad_token_id=0)
+    assert r.answer_tokens == engine._pieces(llama.tokenizer, out[0, ids.shape[1]:].tolist())
+    assert r.answer_tokens != engine.run(llama, doc, TRAINED, ANSWER).answer_tokens
+
+
+def test_length_refused_by_memory(llama, doc, monkeypatch):
+    """The decoder's memory rule: activations and a KV cache per token, no L x L; too little memory is one line."""
+    from core.errors import InputTooLong
+    from core.models import memory
+
+    per_token = 8 * (64 + 128 + (4 + 2 * llama.n_kv_heads) * 16) * 4 + 2 * 2 * llama.n_kv_heads * 16 * 4
+    monkeypatch.setattr(memory, "free_bytes", lambda device: (4 * llama.n_params * 4 + 100 * per_token) / 0.8)
+    assert 90 <= engine.max_tokens(llama, chunk_bytes=4096) <= 110
+    with pytest.raises(InputTooLong, match="at most about"):
+        engine.run(llama, doc, TRAINED, ANSWER)
+
+
 def test_padded_batch_equals_single_runs(llama):
     """Two documents of different lengths as one left-padded batch: each one's answer and Pmax/H as alone."""
     docs = [tasks.make("passkey", llama.tokenizer, n, depth=0.5, seed=s) for n, s in ((270, 2), (330, 3))]
