@@ -195,3 +195,20 @@ def test_pass_without_answer(llama, doc):
 def test_position_scheme_refused(llama, doc):
     with pytest.raises(UserError, match="not there yet"):
         engine.run(llama, doc, Choice.of(scheme="pi:factor=2"), ANSWER)
+
+
+
+@pytest.mark.parametrize("probes", [ProbeSpec(), ProbeSpec.off()], ids=["probed", "unprobed"])
+def test_estimate_and_nan(llama_dir, doc, probes):
+    """The estimate before a long pass times the prefill alone; NaN weights are one NumericalError naming float32's
+    range, not an answer, with probes or without (then the scores of the answer's steps are what is checked)."""
+    from core.errors import NumericalError
+
+    broken = load(str(llama_dir), device="cpu", train_length=257 if probes.wanted else 258)  # a copy of its own
+    enc = engine.encode(broken, doc)
+    assert engine.estimate_pass(broken, doc, enc) > 0
+    with torch.no_grad():
+        broken.model.model.layers[1].self_attn.k_proj.weight.fill_(float("nan"))
+    with pytest.raises(NumericalError, match="NaN") as err:
+        engine.run(broken, doc, TRAINED, engine.Pass(probes=probes, max_new_tokens=2))
+    assert "float32" in str(err.value) and "\n" not in str(err.value)
