@@ -17,7 +17,8 @@ its prompt, the question last (every generated task's text ends with its questio
 tokenizer adds is dropped), and answers by greedy decoding with a KV cache: one ``generate`` call, whose prefill
 is the document's pass (timed as ``encode``; the probes read its rows, as the encoder's are read, through
 ``ProbeSpec.kind`` ``decoder``) and whose cached steps make the answer (``generate``). A batch is left-padded, its
-longest document first. The choice's targets are read for the model once, at this edge (:func:`choice_for`).
+longest document first. The choice's targets are read for the model once, at this edge (:func:`choice_for`). A
+language-modelling document's continuation is scored teacher-forced after its prompt (:func:`_decoder_nll`).
 """
 
 from __future__ import annotations
@@ -575,6 +576,7 @@ def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
             answers[order[k]] = loaded.tokenizer.decode(row, skip_special_tokens=True).strip()
             pieces[order[k]] = _pieces(loaded.tokenizer, row)
     record = recorder.finish() if recorder is not None else None
+    nll = _decoder_nll(loaded, docs, encs, choice, how)
     for e in encs:  # seconds per document, for the pages' "about N s" before long work (core.runs.timing)
         timing.record(timing.model_key(loaded), e.n, t_pre / len(encs))
         if generating:
@@ -601,11 +603,41 @@ def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
                 probes=rec,
                 seconds={"encode": t_pre / len(encs), "generate": t_gen / len(encs),
                          "total": (t_pre + t_gen) / len(encs)},
+                nll=None if nll is None or nll[i] is None else nll[i][0],
+                scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
                 answer_tokens=pieces[i],
                 schedule=choice.tau,
             )
         )
     return results
+
+
+def _decoder_nll(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice,
+                 how: Pass) -> list[tuple[float, int] | None] | None:
+    """A decoder-only LM's :func:`_continuation_nll`: per language-modelling document, (summed -log p, tokens) of
+    its continuation after its prompt, teacher-forced in one pass over prompt + continuation under the run's
+    choice (left-padded, the vocabulary's logits for the continuation's rows only); None for the others."""
+    lm = [i for i, d in enumerate(docs) if d.task == tasks.LM]
+    if not lm:
+        return None
+    conts = [tasks.continuation_ids(docs[i]) for i in lm]
+    ids, mask = padded(loaded, [np.concatenate([encs[i].input_ids, np.asarray(c, dtype=np.int64)])
+                                for i, c in zip(lm, conts)], left=True)
+    width = max(len(c) for c in conts)
+    # the last width + 1 rows: row k predicts the token after it, so item j's continuation (its last len(c) tokens)
+    # is predicted by rows width - len(c) .. width - 1, and the last row predicts nothing
+    labels = torch.full((len(lm), width + 1), -100, dtype=torch.long)
+    for j, c in enumerate(conts):
+        labels[j, width - len(c): width] = torch.tensor(c)
+    labels = labels.to(loaded.device)
+    with attention_call(choice, how, None):
+        logits = loaded.model(input_ids=ids, attention_mask=None if bool(mask.all()) else mask,
+                              logits_to_keep=width + 1).logits
+    lost = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+    out: list[tuple[float, int] | None] = [None] * len(docs)
+    for j, i in enumerate(lm):
+        out[i] = (float(lost[j].sum()), len(conts[j]))
+    return out
 
 
 def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.Tensor, mask: torch.Tensor,

@@ -212,3 +212,25 @@ def test_estimate_and_nan(llama_dir, doc, probes):
     with pytest.raises(NumericalError, match="NaN") as err:
         engine.run(broken, doc, TRAINED, engine.Pass(probes=probes, max_new_tokens=2))
     assert "float32" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_lm_perplexity_equals_eager(llama, llama_dir):
+    """An ``lm`` document on a decoder: its continuation's summed -log p after the prompt, teacher-forced, equals
+    eager's on prompt + continuation at tau 1; a batch of two equals the single runs; tau 0.5 changes it."""
+    docs = [tasks.make("lm", llama.tokenizer, n, seed=s, continuation=c) for n, s, c in ((260, 1, 24), (300, 2, 16))]
+    how = engine.Pass(probes=ProbeSpec.off(), generate=False)
+    singles = [engine.run(llama, d, TRAINED, how) for d in docs]
+    eager = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+    for d, r in zip(docs, singles):
+        prompt = list(engine.encode(llama, d).input_ids)
+        cont = tasks.continuation_ids(d)
+        with torch.no_grad():
+            logits = eager(input_ids=torch.tensor([prompt + cont])).logits[0]
+        want = torch.nn.functional.cross_entropy(logits[len(prompt) - 1: -1], torch.tensor(cont), reduction="sum")
+        assert r.scored_tokens == len(cont) and r.perplexity is not None
+        assert r.nll == pytest.approx(float(want), rel=1e-4)
+    batch = engine.run_batch(llama, docs, TRAINED, how)
+    for b, r in zip(batch, singles):
+        assert b.nll == pytest.approx(r.nll, rel=1e-5) and b.scored_tokens == r.scored_tokens
+    assert engine.run(llama, docs[0], Choice.of(tau=0.5), how).nll != pytest.approx(singles[0].nll, rel=1e-3)
