@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import PAPER, page_setup
+from ui import PAPER, choices, page_setup
 from ui import calibrate_views as cv
-from ui import choices
 from ui import sidebar as sb
 
 
@@ -24,14 +23,27 @@ def main() -> None:
     ctx = sb.sidebar()
     for k, v in (("cal_fast", False), ("cal_samples", 1), ("cal_export", cv.EXPORT_MODES[0])):
         ss.setdefault(k, v)
-    st.markdown(f"Document: **{ctx.tokens:,} tokens** ({ctx.ratio:.2f} × L_tr = {ctx.train_length:,}), task `{ctx.document.task}`.")
+    st.markdown(
+        f"Document: **{ctx.tokens:,} tokens** ({ctx.ratio:.2f} × L_tr = {ctx.train_length:,}), task `{ctx.document.task}`."
+    )
     c1, c2, c3 = st.columns([1, 1, 2])
-    c1.toggle("bisection (fewer passes)", key="cal_fast", persist_state=choices.KEEP,
-              help="Finds the same tau as trying every one when the curve is monotone, in about log2(11)+2 passes; "
-                   "the curve then has gaps.")
-    c2.number_input("documents", min_value=1, max_value=16, step=1, key="cal_samples", persist_state=choices.KEEP,
-                    help="Average the statistic over this many documents (seeds seed, seed+1, …); pasted text uses itself. "
-                         "With 2 or more, a bootstrap over the documents gives a band of the pick.")
+    c1.toggle(
+        "bisection (fewer passes)",
+        key="cal_fast",
+        persist_state=choices.KEEP,
+        help="Finds the same tau as trying every one when the curve is monotone, in about log2(11)+2 passes; "
+        "the curve then has gaps.",
+    )
+    c2.number_input(
+        "documents",
+        min_value=1,
+        max_value=16,
+        step=1,
+        key="cal_samples",
+        persist_state=choices.KEEP,
+        help="Average the statistic over this many documents (seeds seed, seed+1, …); pasted text uses itself. "
+        "With 2 or more, a bootstrap over the documents gives a band of the pick.",
+    )
     cals = cv.run(ctx, c3)
     if cals is None:
         st.stop()

@@ -5,13 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from core.errors import UserError
-from ui import PAPER, message, page_setup, user_errors
-from ui import url
+from ui import PAPER, message, model_box, page_setup, tau_controls, url, user_errors
 from ui import explore_views as views
 from ui import sidebar as sb
 from ui.page_state import PageState
-from ui import model_box
-from ui import tau_controls
 from ui.scrubber import AXIS_KEY, scrubber
 from ui.tour import still_on_step, tour
 
@@ -32,10 +29,12 @@ def main() -> None:
     views.page_state(ctx.loaded.n_layers, ctx.loaded.n_heads)
     # What did not change stays as it is while the panel reruns (a release, a poll for grid frames): no grey-out.
     # The scrubber marks the card that will change itself ("updating").
-    st.html("<style>.st-key-temperature_panel [data-stale='true'], .st-key-explore_export [data-stale='true']"
-            " { opacity: 1 !important; transition: none !important; }"
-            # less empty space above the title: with a tour step open the answer cards stay above the fold (1400 x 1000)
-            " [data-testid='stMainBlockContainer'] { padding-top: 2.5rem; }</style>")
+    st.html(
+        "<style>.st-key-temperature_panel [data-stale='true'], .st-key-explore_export [data-stale='true']"
+        " { opacity: 1 !important; transition: none !important; }"
+        # less empty space above the title: with a tour step open the answer cards stay above the fold (1400 x 1000)
+        " [data-testid='stMainBlockContainer'] { padding-top: 2.5rem; }</style>"
+    )
     live(ctx)
     views.bias_section(ctx)
 
@@ -55,8 +54,11 @@ def live(ctx: PageState) -> None:
     with st.container(border=True, key="temperature_panel"):
         # One control for CosScale s: the scrubber's slider while it moves s, else the panel's own slider.
         s_on_scrubber = ctx.loaded.cosine and st.session_state.get(AXIS_KEY) == "s"
-        ctx = ctx.with_choice(*tau_controls.temperature_controls(st.container(), ctx.loaded, ctx.request, slider=False,
-                                                           s_slider=not s_on_scrubber))
+        ctx = ctx.with_choice(
+            *tau_controls.temperature_controls(
+                st.container(), ctx.loaded, ctx.request, slider=False, s_slider=not s_on_scrubber
+            )
+        )
         if not still_on_step(ctx.train_length):  # a method changed here left the tour's step: its text goes too
             st.rerun(scope="app")
         probes, spec, log = views.view_controls(ctx)

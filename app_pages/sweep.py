@@ -16,17 +16,21 @@ def main() -> None:
     ctx = sb.sidebar()
     if not ctx.loaded.seq2seq:  # a masked-LM encoder: accuracy and perplexity of masked tokens (InfoScale's Table 1)
         title.title("Sweep: masked tokens over length and method")
-        what.caption("Scores held-out sequences with 15 % of their tokens masked at several lengths with each method: "
-                     "the accuracy and perplexity of the masked tokens. Measured methods are calibrated once per length "
-                     "on separate sequences (never on the scored ones). The metrics of the InfoScale paper's Table 1 "
-                     "(Li et al. 2025).")
+        what.caption(
+            "Scores held-out sequences with 15 % of their tokens masked at several lengths with each method: "
+            "the accuracy and perplexity of the masked tokens. Measured methods are calibrated once per length "
+            "on separate sequences (never on the scored ones). The metrics of the InfoScale paper's Table 1 "
+            "(Li et al. 2025)."
+        )
         sv.mlm_results(sv.mlm_run(ctx, sv.mlm_controls(ctx)))
         return
     if ctx.request.task == tasks.LM:  # a language model: perplexity over length x method (Table 3)
         title.title("Sweep: perplexity over length and method")
-        what.caption("Scores held-out sequences at several prefix lengths with each method: the perplexity of the "
-                     "text that follows. Measured methods are calibrated once per length on separate sequences "
-                     f"(never on the scored ones). The layout of the paper's Table 3. Paper: {PAPER}.")
+        what.caption(
+            "Scores held-out sequences at several prefix lengths with each method: the perplexity of the "
+            "text that follows. Measured methods are calibrated once per length on separate sequences "
+            f"(never on the scored ones). The layout of the paper's Table 3. Paper: {PAPER}."
+        )
         sv.lm_results(sv.lm_run(ctx, sv.lm_controls(ctx)))
         return
     title.title("Sweep: accuracy over length, depth and method")
@@ -39,5 +43,6 @@ def main() -> None:
     plan = sv.controls(ctx)
     path = sv.run(ctx, plan, *sv.cost(ctx, plan))
     sv.results(path)
+
 
 main()

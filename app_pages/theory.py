@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import PAPER, page_setup, user_errors
-from ui import cache, pass_gate
+from ui import PAPER, cache, page_setup, pass_gate, user_errors
 from ui import sidebar as sb
 from ui import theory_views as tv
 

@@ -26,12 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-from core.runs import methods
-from core.views import plots
+from core.mechanics.run_pass import Pass
 from core.models import default_model
+from core.runs import methods
 from core.runs.settings import DocumentRequest
 from core.values.choice import Choice
-from core.mechanics.run_pass import Pass
+from core.views import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,8 +40,12 @@ def figures(loaded, doc, chosen, base, ref, curves) -> int:
     """Build every figure the Explore page draws (and the text view); returns how many."""
     figs = [
         plots.layer_meters(chosen.probes.layer_pmax, ref.probes.layer_pmax, "Pmax", base.probes.layer_pmax),
-        plots.layer_meters(chosen.probes.layer_entropy, ref.probes.layer_entropy, "entropy H", base.probes.layer_entropy),
-        plots.heatmap(chosen.probes.heatmap_mean, chosen.probes.heatmap_edges, chosen.needle_tokens, chosen.question_tokens),
+        plots.layer_meters(
+            chosen.probes.layer_entropy, ref.probes.layer_entropy, "entropy H", base.probes.layer_entropy
+        ),
+        plots.heatmap(
+            chosen.probes.heatmap_mean, chosen.probes.heatmap_edges, chosen.needle_tokens, chosen.question_tokens
+        ),
         plots.heatmap(base.probes.heatmap_mean, base.probes.heatmap_edges, base.needle_tokens, base.question_tokens),
         plots.question_profile(chosen.probes.profile, chosen.needle_tokens, chosen.question_tokens),
         plots.question_profile(base.probes.profile, base.needle_tokens, base.question_tokens),
@@ -49,8 +53,9 @@ def figures(loaded, doc, chosen, base, ref, curves) -> int:
     ]
     for f in figs:
         f.to_plotly_json()  # what Streamlit serialises
-    plots.token_shading_html(doc.text, chosen.offsets, chosen.probes.profile.mean(0), chosen.needle_tokens, 150,
-                             chosen.needle_tokens)
+    plots.token_shading_html(
+        doc.text, chosen.offsets, chosen.probes.profile.mean(0), chosen.needle_tokens, 150, chosen.needle_tokens
+    )
     return len(figs)
 
 
@@ -81,8 +86,17 @@ def backend(model: str, multiple: int, taus: list[float]) -> dict:
 
     first = [visit(t) for t in taus]
     again = [visit(t) for t in taus]
-    return {"loaded": loaded, "tokens": n, "warm": warm, "first": first, "again": again,
-            "encoder": [cache.run(loaded, req, Choice.of(tau=t, method=methods.FIXED), Pass(probes=probes)).seconds["encode"] for t in taus]}
+    return {
+        "loaded": loaded,
+        "tokens": n,
+        "warm": warm,
+        "first": first,
+        "again": again,
+        "encoder": [
+            cache.run(loaded, req, Choice.of(tau=t, method=methods.FIXED), Pass(probes=probes)).seconds["encode"]
+            for t in taus
+        ],
+    }
 
 
 def apptest(model: str, multiple: int, taus: list[float]) -> dict:
@@ -125,21 +139,31 @@ def main() -> int:
     b = backend(a.model, a.multiple, taus)
     d = b["loaded"].describe()
     med = statistics.median
-    print(f"model {d['name']}: L_tr {d['train_length']}, {d['parameters'] / 1e6:.1f} M parameters, {d['device']}/{d['dtype']}, "
-          f"{d['layers']} layers x {d['heads']} heads")
-    print(f"document: passkey at {a.multiple} x L_tr = {b['tokens']:,} tokens; warm-up (document, tau=1 run, "
-          f"L_tr reference) {b['warm']:.2f} s")
+    print(
+        f"model {d['name']}: L_tr {d['train_length']}, {d['parameters'] / 1e6:.1f} M parameters, {d['device']}/{d['dtype']}, "
+        f"{d['layers']} layers x {d['heads']} heads"
+    )
+    print(
+        f"document: passkey at {a.multiple} x L_tr = {b['tokens']:,} tokens; warm-up (document, tau=1 run, "
+        f"L_tr reference) {b['warm']:.2f} s"
+    )
     print("backend (the page's cached functions + every Explore figure):")
-    print(f"  tau change, first visit: median {med(b['first']):.3f} s  (runs {', '.join(f'{x:.3f}' for x in b['first'])}; "
-          f"encoder pass {med(b['encoder']):.3f} s)  aim < 1 s")
+    print(
+        f"  tau change, first visit: median {med(b['first']):.3f} s  (runs {', '.join(f'{x:.3f}' for x in b['first'])}; "
+        f"encoder pass {med(b['encoder']):.3f} s)  aim < 1 s"
+    )
     print(f"  tau change, revisit:     median {med(b['again']):.4f} s  aim < 0.1 s")
     print(f"  first / revisit ratio:   {med(b['first']) / max(med(b['again']), 1e-9):.0f} x")
     if not a.no_apptest:
         other = [round(x - 0.05, 2) for x in taus]  # taus the backend part has not cached yet
         t = apptest(a.model, a.multiple, other)
         print(f"whole page (AppTest rerun after the slider moves to {', '.join(map(str, other))}, figures serialised):")
-        print(f"  first load at {a.multiple} x L_tr: {t['warm']:.2f} s (document and tau = 1 run cached by the part above)")
-        print(f"  tau change, first visit: median {med(t['first']):.3f} s  (runs {', '.join(f'{x:.3f}' for x in t['first'])})")
+        print(
+            f"  first load at {a.multiple} x L_tr: {t['warm']:.2f} s (document and tau = 1 run cached by the part above)"
+        )
+        print(
+            f"  tau change, first visit: median {med(t['first']):.3f} s  (runs {', '.join(f'{x:.3f}' for x in t['first'])})"
+        )
         print(f"  tau change, revisit:     median {med(t['again']):.3f} s")
         print(f"  first / revisit ratio:   {med(t['first']) / max(med(t['again']), 1e-9):.0f} x")
     ok = med(b["first"]) < 1.0 and med(b["again"]) < 0.1

@@ -41,8 +41,9 @@ import time
 from pathlib import Path
 
 from engine import machine, max_rss, rss_now, tiny_t5  # bench/engine.py: a sibling script (bench/ is sys.path[0])
-from core.values.choice import Choice
+
 from core.mechanics.run_pass import Pass
+from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,6 +101,7 @@ def bench_probes(lengths_batches, reps: int) -> list[dict]:
     for n, b in lengths_batches:
         ids = torch.randint(3, 300, (b, n), generator=torch.Generator().manual_seed(n))
         mask = torch.ones_like(ids)
+
         def run(probes: bool, generate: bool):
             t0 = time.perf_counter()
             with torch.inference_mode():
@@ -111,8 +113,14 @@ def bench_probes(lengths_batches, reps: int) -> list[dict]:
                 t1 = time.perf_counter()
                 if generate:
                     with attention_call(st, None):
-                        model.generate(encoder_outputs=BaseModelOutput(last_hidden_state=h), attention_mask=mask,
-                                       max_new_tokens=16, min_new_tokens=16, do_sample=False, num_beams=1)
+                        model.generate(
+                            encoder_outputs=BaseModelOutput(last_hidden_state=h),
+                            attention_mask=mask,
+                            max_new_tokens=16,
+                            min_new_tokens=16,
+                            do_sample=False,
+                            num_beams=1,
+                        )
             return t1 - t0, time.perf_counter() - t0
 
         run(True, True), run(False, True)  # warm-up
@@ -123,17 +131,24 @@ def bench_probes(lengths_batches, reps: int) -> list[dict]:
             e, t = run(False, True)
             off_e.append(e), off_t.append(t)
         times = {"on_total": min(on_t), "off_total": min(off_t), "on_encoder": min(on_e), "off_encoder": min(off_e)}
-        out.append({"L": n, "batch": b, **times, "ratio": times["on_total"] / times["off_total"],
-                    "ratio_encoder": times["on_encoder"] / times["off_encoder"]})
+        out.append(
+            {
+                "L": n,
+                "batch": b,
+                **times,
+                "ratio": times["on_total"] / times["off_total"],
+                "ratio_encoder": times["on_encoder"] / times["off_encoder"],
+            }
+        )
     return out
 
 
 def bench_algorithm1(length_factor: int) -> dict:
     from transformers import ByT5Tokenizer
 
-    from core.runs import calibration
     from core.data import tasks
     from core.models import load
+    from core.runs import calibration
 
     with tempfile.TemporaryDirectory(prefix="bench-tiny-") as tmp:
         folder = Path(tmp)
@@ -200,8 +215,11 @@ def bench_memory(lengths, threads, limit_gb: float) -> list[dict]:
                 r = {"L": n, "chunk_bytes": cb, "error": f"failed under the {limit_gb:g} GiB cap: {why}"}
             r["label"] = label
             out.append(r)
-            print(f"  memory {label} L={n}: " + (r.get("error") or f"peak {r['rss_peak'] / 2**30:.2f} GiB"),
-                  file=sys.stderr, flush=True)
+            print(
+                f"  memory {label} L={n}: " + (r.get("error") or f"peak {r['rss_peak'] / 2**30:.2f} GiB"),
+                file=sys.stderr,
+                flush=True,
+            )
     return out
 
 
@@ -260,24 +278,32 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if args.padded:
         _print_padded(bench_padded(args.reps))
-        print(f"\ntotal {time.perf_counter() - t0:.0f}s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(
+            f"\ntotal {time.perf_counter() - t0:.0f}s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
         return 0
 
     print("\n(a) core.runs.apply(tau=0.7), no probes  vs  plain sdpa generate (16 new tokens)   aim <= 1.15x")
     for r in bench_apply(shapes, args.reps):
-        print(f"    L={r['L']:>5} x{r['batch']}: sdpa {r['sdpa_s']:.3f}s  apply {r['apply_s']:.3f}s  ratio {r['ratio']:.2f}x "
-              f"[{'met' if r['ratio'] <= 1.15 else 'MISSED'}]")
+        print(
+            f"    L={r['L']:>5} x{r['batch']}: sdpa {r['sdpa_s']:.3f}s  apply {r['apply_s']:.3f}s  ratio {r['ratio']:.2f}x "
+            f"[{'met' if r['ratio'] <= 1.15 else 'MISSED'}]"
+        )
 
     print("\n(b) stats-only probes on  vs  off (encoder + 16-token generation, tau=0.7)      aim <= 1.5x")
     for r in bench_probes(shapes, args.reps):
-        print(f"    L={r['L']:>5} x{r['batch']}: off {r['off_total']:.3f}s  on {r['on_total']:.3f}s  ratio {r['ratio']:.2f}x "
-              f"[{'met' if r['ratio'] <= 1.5 else 'MISSED'}]   (encoder alone: {r['ratio_encoder']:.2f}x)")
+        print(
+            f"    L={r['L']:>5} x{r['batch']}: off {r['off_total']:.3f}s  on {r['on_total']:.3f}s  ratio {r['ratio']:.2f}x "
+            f"[{'met' if r['ratio'] <= 1.5 else 'MISSED'}]   (encoder alone: {r['ratio_encoder']:.2f}x)"
+        )
 
     print("\n(c) Algorithm 1 (pmax): fast search  vs  full grid                                aim <= 0.5x")
     r = bench_algorithm1(4)
-    print(f"    L={r['L']}: grid {r['grid']['passes']} passes {r['grid']['seconds']:.2f}s (tau {r['grid']['tau']})  "
-          f"fast {r['fast']['passes']} passes {r['fast']['seconds']:.2f}s (tau {r['fast']['tau']})  "
-          f"ratio {r['ratio']:.2f}x [{'met' if r['ratio'] <= 0.5 else 'MISSED'}]")
+    print(
+        f"    L={r['L']}: grid {r['grid']['passes']} passes {r['grid']['seconds']:.2f}s (tau {r['grid']['tau']})  "
+        f"fast {r['fast']['passes']} passes {r['fast']['seconds']:.2f}s (tau {r['fast']['tau']})  "
+        f"ratio {r['ratio']:.2f}x [{'met' if r['ratio'] <= 0.5 else 'MISSED'}]"
+    )
 
     lengths = [4096] if args.quick else [4096, 16384]
     print(f"\n(d) peak memory of a probed encoder pass, default chunks vs one block (cap {args.mem_limit_gb:g} GiB)")
@@ -285,8 +311,10 @@ def main(argv=None) -> int:
         if "error" in r:
             print(f"    L={r['L']:>5} {r['label']:>9}: {r['error']}")
         else:
-            print(f"    L={r['L']:>5} {r['label']:>9}: peak {r['rss_peak'] / 2**30:.2f} GiB "
-                  f"(+{(r['rss_peak'] - r['rss_before']) / 2**30:.2f} GiB over the idle process), {r['seconds']:.1f}s")
+            print(
+                f"    L={r['L']:>5} {r['label']:>9}: peak {r['rss_peak'] / 2**30:.2f} GiB "
+                f"(+{(r['rss_peak'] - r['rss_before']) / 2**30:.2f} GiB over the idle process), {r['seconds']:.1f}s"
+            )
     _print_padded(bench_padded(args.reps))
     print(f"\ntotal {time.perf_counter() - t0:.0f}s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
@@ -298,8 +326,10 @@ def _print_padded(r: dict) -> None:
         print("    the kernel is not available here (no compiler, or switched off): nothing to compare")
         return
     (kw, kc), (tw, tc) = r["kernel"], r["torch"]
-    print(f"    kernel {kw:.2f}s wall, {kc:.2f}s CPU   torch {tw:.2f}s wall, {tc:.2f}s CPU   "
-          f"ratio {kw / tw:.2f}x wall, {kc / tc:.2f}x CPU")
+    print(
+        f"    kernel {kw:.2f}s wall, {kc:.2f}s CPU   torch {tw:.2f}s wall, {tc:.2f}s CPU   "
+        f"ratio {kw / tw:.2f}x wall, {kc / tc:.2f}x CPU"
+    )
 
 
 if __name__ == "__main__":

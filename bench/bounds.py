@@ -139,10 +139,16 @@ def hanging_compiler(folder: Path) -> float:
     gxx = fake / "g++"
     gxx.write_text("#!/bin/sh\nsleep 300\n")
     gxx.chmod(0o755)
-    code = ("import core.mechanics.fused_softmax as f; f.BUILD_TIMEOUT_S = 2; "
-            "import sys; sys.exit(0 if not f.available() else 1)")
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "XDG_CACHE_HOME": str(folder / "cache"),
-           "PYTHONPATH": str(ROOT)}
+    code = (
+        "import core.mechanics.fused_softmax as f; f.BUILD_TIMEOUT_S = 2; "
+        "import sys; sys.exit(0 if not f.available() else 1)"
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "XDG_CACHE_HOME": str(folder / "cache"),
+        "PYTHONPATH": str(ROOT),
+    }
     env.pop("AAE_FUSED_SOFTMAX", None)
     return timed(lambda: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120))
 
@@ -154,8 +160,13 @@ def capped_refusal() -> float:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     def run() -> None:
-        p = subprocess.run([sys.executable, "-m", "core", "run", "--json", "--tokens", "1000000000"], cwd=ROOT,
-                           preexec_fn=limit, capture_output=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-m", "core", "run", "--json", "--tokens", "1000000000"],
+            cwd=ROOT,
+            preexec_fn=limit,
+            capture_output=True,
+            timeout=300,
+        )
         if p.returncode != 2:
             raise SystemExit(f"the capped refusal exited {p.returncode}")
 

@@ -125,28 +125,61 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
 from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # core and ui, also without an installed package
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 VIEWPORT = {"width": 1400, "height": 1000}
 SKIPPABLE = ("cold", "scrub", "drag", "offgrid", "calibrate", "theory", "backend", "foreground")
 SLIDER = ".aae input[type=range]"  # Playwright's CSS engine pierces the component's open shadow root
 GRID_N = 15  # 1.00, 0.95, ..., 0.30 (core.views.frames.SCRUB_GRID)
 #: (measure, limit, unit, at most?) of issues 41 and 24.
-TARGETS = (("scrub_s", 0.05, "s", True), ("scrub_p95_s", 0.15, "s", True), ("scrub_fps", 20.0, "fps", False),
-           ("grid_ready_s", 20.0, "s", True), ("nearest_frame_s", 0.1, "s", True), ("exact_frame_s", 1.5, "s", True),
-           ("landing_s", 3.0, "s", True), ("calibrate_s", 3.0, "s", True))
-ORDER = ("landing_cold_s", "landing_first", "landing_s", "landing_page_s", "length_change_s", "grid_ready_s", "scrub_s",
-         "nearest_frame_s", "exact_frame_s", "calibrate_s", "calibrate_page_s", "theory_s", "backend_s",
-         "backend_payload_s", "backend_grid_s", "foreground_exact_s", "foreground_own_s", "foreground_layer_s")
+TARGETS = (
+    ("scrub_s", 0.05, "s", True),
+    ("scrub_p95_s", 0.15, "s", True),
+    ("scrub_fps", 20.0, "fps", False),
+    ("grid_ready_s", 20.0, "s", True),
+    ("nearest_frame_s", 0.1, "s", True),
+    ("exact_frame_s", 1.5, "s", True),
+    ("landing_s", 3.0, "s", True),
+    ("calibrate_s", 3.0, "s", True),
+)
+ORDER = (
+    "landing_cold_s",
+    "landing_first",
+    "landing_s",
+    "landing_page_s",
+    "length_change_s",
+    "grid_ready_s",
+    "scrub_s",
+    "nearest_frame_s",
+    "exact_frame_s",
+    "calibrate_s",
+    "calibrate_page_s",
+    "theory_s",
+    "backend_s",
+    "backend_payload_s",
+    "backend_grid_s",
+    "foreground_exact_s",
+    "foreground_own_s",
+    "foreground_layer_s",
+)
 TOKENS_RE = r"(\d[\d,]*) tokens"
 
 # Runs in every page before Streamlit's code: the clock marks, a websocket tap and the scrubber's paint log.
@@ -384,8 +417,8 @@ def _proc_table() -> dict[int, tuple[int, str, float]]:
             raw = Path(f"/proc/{d}/stat").read_text()
         except OSError:
             continue
-        rest = raw[raw.rindex(")") + 2:].split()  # state ppid ... utime(12th) stime(13th)
-        out[int(d)] = (int(rest[1]), raw[raw.index("(") + 1:raw.rindex(")")], (int(rest[11]) + int(rest[12])) / tick)
+        rest = raw[raw.rindex(")") + 2 :].split()  # state ppid ... utime(12th) stime(13th)
+        out[int(d)] = (int(rest[1]), raw[raw.index("(") + 1 : raw.rindex(")")], (int(rest[11]) + int(rest[12])) / tick)
     return out
 
 
@@ -411,6 +444,7 @@ def cpu_split(server_pid: int | None) -> tuple[float, float]:
 
 # -- the server ---------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -434,12 +468,27 @@ class Server:
         if self.model:
             env["AAE_MODEL"] = self.model
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-               "--server.address", "127.0.0.1", "--server.port", str(self.port),
-               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(self.port),
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ]
         # Own session: a Ctrl-C reaches this script only, which then stops the server itself.
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         Server.running.add(self)
         try:
             self._wait_health()
@@ -486,6 +535,7 @@ class Server:
 
 # -- the browser --------------------------------------------------------------------
 
+
 class Browser:
     """One Chromium; each :meth:`session` is a fresh context (a new Streamlit session) with the tap installed."""
 
@@ -530,11 +580,23 @@ class Browser:
 
     def wait_done(self, page, marker: Marker) -> dict:
         """Block until the page shows the marker and is painted (see DONE_JS); the in-page marks."""
-        self._wait(page, DONE_JS, [marker.selector, marker.regex, marker.not_value, marker.min_charts,
-                                   marker.mark_selector, list(marker.kinds) if marker.kinds else None],
-                   f"/{marker.regex}/ in '{marker.selector}' with every figure painted")
-        return page.evaluate("() => { const A = window.__aae; return Object.assign({}, A, {log: [], root: null, "
-                             "observed: null, obs: null}); }")
+        self._wait(
+            page,
+            DONE_JS,
+            [
+                marker.selector,
+                marker.regex,
+                marker.not_value,
+                marker.min_charts,
+                marker.mark_selector,
+                list(marker.kinds) if marker.kinds else None,
+            ],
+            f"/{marker.regex}/ in '{marker.selector}' with every figure painted",
+        )
+        return page.evaluate(
+            "() => { const A = window.__aae; return Object.assign({}, A, {log: [], root: null, "
+            "observed: null, obs: null}); }"
+        )
 
     def wait_paint(self, page, want: dict, or_now: bool = False) -> dict:
         """Block until the scrubber painted a frame whose fields equal ``want`` (see FIND_JS); that log entry."""
@@ -550,21 +612,44 @@ class Browser:
     def arm(self, page) -> None:
         page.evaluate(ARM_JS)
 
-    def _timing(self, page, a: dict, total: float | None, cpu0: tuple[float, float], bytes0: int,
-                navigation: bool = False, paint_ms: float | None = None) -> Timing:
+    def _timing(
+        self,
+        page,
+        a: dict,
+        total: float | None,
+        cpu0: tuple[float, float],
+        bytes0: int,
+        navigation: bool = False,
+        paint_ms: float | None = None,
+    ) -> Timing:
         cpu1 = cpu_split(self.server_pid)
         t0 = 0.0 if navigation else a["t0"]
 
         def rel(x: float | None) -> float | None:
             return None if x is None else (x - t0) / 1000
 
-        return Timing(total=rel(total), first_frame=rel(a["first"]), finished=rel(a["finished"]),
-                      last_frame=rel(a["last"]), frames=int(a["frames"]), bytes=self.ws_bytes - bytes0,
-                      marked=rel((a.get("marks") or {}).get("seen")), cpu_server=cpu1[0] - cpu0[0],
-                      cpu_browser=cpu1[1] - cpu0[1], paint_ms=paint_ms)
+        return Timing(
+            total=rel(total),
+            first_frame=rel(a["first"]),
+            finished=rel(a["finished"]),
+            last_frame=rel(a["last"]),
+            frames=int(a["frames"]),
+            bytes=self.ws_bytes - bytes0,
+            marked=rel((a.get("marks") or {}).get("seen")),
+            cpu_server=cpu1[0] - cpu0[0],
+            cpu_browser=cpu1[1] - cpu0[1],
+            paint_ms=paint_ms,
+        )
 
-    def timed(self, page, action: Callable[[], None], marker: Marker, name: str, results: Results | None = None,
-              navigation: bool = False) -> Timing:
+    def timed(
+        self,
+        page,
+        action: Callable[[], None],
+        marker: Marker,
+        name: str,
+        results: Results | None = None,
+        navigation: bool = False,
+    ) -> Timing:
         """Arm the clock, do the action, wait until painted and settled; record the timing under ``name``."""
         if not navigation:
             self.arm(page)
@@ -632,6 +717,7 @@ def p95(values: list[float]) -> float:
 
 # -- the measures -------------------------------------------------------------------
 
+
 def landing(browser: Browser, url: str, name: str, results: Results, min_charts: int = 0, context=None):
     """A new page (a new Streamlit session) opens the app; timed from the navigation start until the scrubber
     painted (``name``) and until the whole page settled (``landing_page_s``, warm landings only).
@@ -648,8 +734,9 @@ def landing(browser: Browser, url: str, name: str, results: Results, min_charts:
     return page
 
 
-def length_changes(browser: Browser, page, repeats: int, multiple: int, results: Results, min_charts: int,
-                   seed0: int = 100) -> int:
+def length_changes(
+    browser: Browser, page, repeats: int, multiple: int, results: Results, min_charts: int, seed0: int = 100
+) -> int:
     """A new document per repeat: seed at 1x, then the timed click on ``multiple``x: painted, then its grid complete.
 
     Returns the seed of the last document (the one the moves then use).
@@ -661,12 +748,19 @@ def length_changes(browser: Browser, page, repeats: int, multiple: int, results:
         settle(browser, page, seed_action(page, seed), explore_marker(min_charts))
         before = scrubber_state(page)["tokens"]
         bytes0, cpu0 = browser.ws_bytes, cpu_split(browser.server_pid)
-        t = browser.timed(page, click(page, f".st-key-len_{multiple}x button"),
-                          explore_marker(min_charts, not_value=f"{before:,}"), "length_change_s", results)
+        t = browser.timed(
+            page,
+            click(page, f".st-key-len_{multiple}x button"),
+            explore_marker(min_charts, not_value=f"{before:,}"),
+            "length_change_s",
+            results,
+        )
         tokens = scrubber_state(page)["tokens"]
         e = browser.wait_paint(page, {"ready": f"{GRID_N}/{GRID_N}", "tokens": tokens}, or_now=True)
-        a = page.evaluate("() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
-                          "frames: A.frames, finished: A.finished, marks: {}}; }")
+        a = page.evaluate(
+            "() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
+            "frames: A.frames, finished: A.finished, marks: {}}; }"
+        )
         results.add("grid_ready_s", browser._timing(page, a, e["painted"], cpu0, bytes0))
         results.notes.setdefault("grid_ready_polled", []).append(bool(e.get("polled")))
         if t.total is None:
@@ -734,12 +828,16 @@ def off_grid(browser: Browser, page, repeats: int, results: Results) -> list[flo
             page.keyboard.press("ArrowLeft")
             near = browser.wait_paint(page, {"tau": want, "kind": "nearest"})
             exact = browser.wait_paint(page, {"tau": want, "kind": "exact"})
-            a = page.evaluate("() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
-                              "frames: A.frames, finished: A.finished, marks: {}}; }")
+            a = page.evaluate(
+                "() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
+                "frames: A.frames, finished: A.finished, marks: {}}; }"
+            )
         finally:
             browser.kinds = None
-        results.add("nearest_frame_s", Timing((near["painted"] - a["t0"]) / 1000, None, None, None, 0, 0,
-                                              paint_ms=near.get("paintMs")))
+        results.add(
+            "nearest_frame_s",
+            Timing((near["painted"] - a["t0"]) / 1000, None, None, None, 0, 0, paint_ms=near.get("paintMs")),
+        )
         results.add("exact_frame_s", browser._timing(page, a, exact["painted"], cpu0, bytes0))
         fresh.append(v)
         browser.shot(page, "exact_frame_s", results)
@@ -805,7 +903,9 @@ def calibrate(browser: Browser, page, repeats: int, results: Results) -> None:
         run = page.locator(".st-key-cal_run button")
         if run.count():
             t = browser.timed(page, run.first.click, curves, "calibrate_page_s", results)
-            results.add("calibrate_s", replace(t, total=t.marked, finished=None, last_frame=None) if t.marked is not None else t)
+            results.add(
+                "calibrate_s", replace(t, total=t.marked, finished=None, last_frame=None) if t.marked is not None else t
+            )
             results.notes["calibrate_from"] = "the click on 'Run Algorithm 1'"
         elif page.locator("[data-testid='stPlotlyChart'] .main-svg").count():
             results.add("calibrate_s", t)
@@ -877,8 +977,10 @@ def foreground(browser: Browser, url: str, tokens: int, seed: int, repeats: int,
         bytes0, cpu0 = browser.ws_bytes, cpu_split(browser.server_pid)
         page.keyboard.press("ArrowLeft")
         exact = browser.wait_paint(page, {"tau": f"{v:.2f}", "kind": "exact"})
-        a = page.evaluate("() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
-                          "frames: A.frames, finished: A.finished, marks: {}}; }")
+        a = page.evaluate(
+            "() => { const A = window.__aae; return {t0: A.t0, first: A.first, last: A.last, "
+            "frames: A.frames, finished: A.finished, marks: {}}; }"
+        )
         results.add("foreground_exact_s", browser._timing(page, a, exact["painted"], cpu0, bytes0))
         ready_pairs.append((ready, exact["ready"]))
         taus.append(v)
@@ -907,8 +1009,10 @@ def foreground_backend(model: str, tokens: int, seed: int, taus: list[float], re
     engine.run(loaded, cache.document(loaded, short), Choice.of(tau=0.99), engine.Pass(probes=probes))  # warm
     doc = cache.document(loaded, DocumentRequest(task="passkey", tokens=tokens, depth=0.5, seed=seed))
     for tau in taus:
-        settings = (Choice.of(tau=tau, method=methods.FIXED, targets=("encoder",), cosine_scale=None),
-                    engine.Pass(probes=probes))
+        settings = (
+            Choice.of(tau=tau, method=methods.FIXED, targets=("encoder",), cosine_scale=None),
+            engine.Pass(probes=probes),
+        )
         stamps: list[float] = []
         with between_layers(lambda: stamps.append(time.perf_counter())):
             t0 = time.perf_counter()
@@ -945,8 +1049,10 @@ def browser_part(args: argparse.Namespace, results: Results) -> dict:
                 info["tokens"] = scrubber_state(page)["tokens"]
                 if "scrub" not in args.skip:
                     seen = scrub(browser, page, results, args.scrub_gap)
-                    info["scrub_distinct"] = {k: len({v[i] for v in seen.values()})
-                                              for i, k in enumerate(("answer", "pmax", "entropy", "map_sum"))}
+                    info["scrub_distinct"] = {
+                        k: len({v[i] for v in seen.values()})
+                        for i, k in enumerate(("answer", "pmax", "entropy", "map_sum"))
+                    }
                 if "offgrid" not in args.skip:
                     info["fresh_taus"] = off_grid(browser, page, args.repeats, results)
                 if "drag" not in args.skip:
@@ -966,6 +1072,7 @@ def browser_part(args: argparse.Namespace, results: Results) -> dict:
 
 # -- the backend share --------------------------------------------------------------
 
+
 def backend_part(model: str, multiple: int, seed: int, taus: list[float], results: Results) -> None:
     """In this process: the document's grid, then per off-grid tau its exact pass and the payload its rerun sends."""
     import logging
@@ -973,10 +1080,9 @@ def backend_part(model: str, multiple: int, seed: int, taus: list[float], result
     from streamlit.runtime.scriptrunner_utils import script_run_context
 
     logging.getLogger(script_run_context.__name__).setLevel(logging.ERROR)  # "missing ScriptRunContext": expected here
-    from core.runs import engine
-    from core.views import frames
-    from core.runs import methods
+    from core.runs import engine, methods
     from core.runs.settings import DocumentRequest
+    from core.views import frames
     from ui import cache
 
     loaded = cache.model(model)
@@ -1006,6 +1112,7 @@ def backend_part(model: str, multiple: int, seed: int, taus: list[float], result
 
 # -- the machine and the report -----------------------------------------------------
 
+
 def machine() -> dict:
     cpu = "unknown CPU"
     try:
@@ -1025,13 +1132,25 @@ def machine() -> dict:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = "not installed"
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": ram, "torch": torch,
-            "streamlit": metadata.version("streamlit"), "chromium": CHROMIUM}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": ram,
+        "torch": torch,
+        "streamlit": metadata.version("streamlit"),
+        "chromium": CHROMIUM,
+    }
 
 
 def stats(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "p95": p95(values), "min": min(values), "max": max(values),
-            "n": len(values), "values": [round(v, 4) for v in values]}
+    return {
+        "median": statistics.median(values),
+        "p95": p95(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "values": [round(v, 4) for v in values],
+    }
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -1048,11 +1167,16 @@ def summary(results: Results, info: dict, args: argparse.Namespace, mach: dict) 
     detail: dict[str, Any] = {}
     for name, ts in results.timings.items():
         s = stats([t.total for t in ts])
-        s.update(first_frame=_median([t.first_frame for t in ts]), script_finished=_median([t.finished for t in ts]),
-                 last_frame=_median([t.last_frame for t in ts]), frames=_median([t.frames for t in ts]),
-                 after_script=_median([None if t.finished is None else t.total - t.finished for t in ts]),
-                 bytes=_median([t.bytes for t in ts]), cpu_server=_median([t.cpu_server for t in ts]),
-                 cpu_browser=_median([t.cpu_browser for t in ts]))
+        s.update(
+            first_frame=_median([t.first_frame for t in ts]),
+            script_finished=_median([t.finished for t in ts]),
+            last_frame=_median([t.last_frame for t in ts]),
+            frames=_median([t.frames for t in ts]),
+            after_script=_median([None if t.finished is None else t.total - t.finished for t in ts]),
+            bytes=_median([t.bytes for t in ts]),
+            cpu_server=_median([t.cpu_server for t in ts]),
+            cpu_browser=_median([t.cpu_browser for t in ts]),
+        )
         if any(t.paint_ms is not None for t in ts):
             pm = [t.paint_ms / 1000 for t in ts if t.paint_ms is not None]
             s["component_paint_ms"] = {"median": statistics.median(pm), "p95": p95(pm), "n": len(pm)}
@@ -1063,21 +1187,42 @@ def summary(results: Results, info: dict, args: argparse.Namespace, mach: dict) 
     out["scrub_p95_s"] = detail["scrub_s"]["p95"] if "scrub_s" in detail else None
     exact = results.timings.get("exact_frame_s", [])
     out["bytes_per_exact_move"] = int(statistics.median([t.bytes for t in exact])) if exact else None
-    out["exact_move_bytes_by_kind"] = {k: round(v / len(exact)) for k, v in results.kinds.most_common()} if exact else None
+    out["exact_move_bytes_by_kind"] = (
+        {k: round(v / len(exact)) for k, v in results.kinds.most_common()} if exact else None
+    )
     out["browser_over_backend"] = _ratio(out["exact_frame_s"], out["backend_s"])
     out["grid_over_backend"] = _ratio(out["grid_ready_s"], out["backend_grid_s"])
     out["warm_over_cold"] = _ratio(out["landing_s"], out["landing_cold_s"])
     own_layer = (out["foreground_own_s"] + out["foreground_layer_s"]) if out["foreground_own_s"] is not None else None
     out["foreground_over_own_layer"] = _ratio(out["foreground_exact_s"], own_layer)
-    out["targets"] = {name: {"limit": lim, "at_most": at_most, "value": out.get(name),
-                             "met": None if out.get(name) is None else bool(out[name] <= lim if at_most else out[name] >= lim)}
-                      for name, lim, _, at_most in TARGETS}
-    out.update(model=args.model_name, tokens=info.get("tokens"), tokens_landing=info.get("tokens_1x"),
-               multiple=args.multiple, seed=info.get("seed"), repeats=args.repeats, scrub_gap_s=args.scrub_gap,
-               drag_steps=args.drag_steps, drag_seconds=args.drag_seconds, fresh_taus=info.get("fresh_taus"),
-               scrub_distinct=info.get("scrub_distinct"), foreground_tokens=info.get("foreground_tokens"),
-               explore_charts=info.get("explore_charts"), machine=mach,
-               details=detail, notes=results.notes, date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    out["targets"] = {
+        name: {
+            "limit": lim,
+            "at_most": at_most,
+            "value": out.get(name),
+            "met": None if out.get(name) is None else bool(out[name] <= lim if at_most else out[name] >= lim),
+        }
+        for name, lim, _, at_most in TARGETS
+    }
+    out.update(
+        model=args.model_name,
+        tokens=info.get("tokens"),
+        tokens_landing=info.get("tokens_1x"),
+        multiple=args.multiple,
+        seed=info.get("seed"),
+        repeats=args.repeats,
+        scrub_gap_s=args.scrub_gap,
+        drag_steps=args.drag_steps,
+        drag_seconds=args.drag_seconds,
+        fresh_taus=info.get("fresh_taus"),
+        scrub_distinct=info.get("scrub_distinct"),
+        foreground_tokens=info.get("foreground_tokens"),
+        explore_charts=info.get("explore_charts"),
+        machine=mach,
+        details=detail,
+        notes=results.notes,
+        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
     return out
 
 
@@ -1087,14 +1232,20 @@ def _f(x: float | None, digits: int = 3) -> str:
 
 def print_table(s: dict) -> None:
     m = s["machine"]
-    print(f"Browser latency: model {s['model']}, pass key at {s['multiple']} x L_tr = {s['tokens'] or 0:,} tokens "
-          f"(landing page: {s['tokens_landing'] or 0:,}), {s['repeats']} repeats, headless Chromium {VIEWPORT['width']}x"
-          f"{VIEWPORT['height']}")
-    print(f"machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, torch {m['torch']}, streamlit "
-          f"{m['streamlit']}; load average {m['load_before'][0]:.2f} before, {m['load_after'][0]:.2f} after; {s['date']}")
+    print(
+        f"Browser latency: model {s['model']}, pass key at {s['multiple']} x L_tr = {s['tokens'] or 0:,} tokens "
+        f"(landing page: {s['tokens_landing'] or 0:,}), {s['repeats']} repeats, headless Chromium {VIEWPORT['width']}x"
+        f"{VIEWPORT['height']}"
+    )
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, torch {m['torch']}, streamlit "
+        f"{m['streamlit']}; load average {m['load_before'][0]:.2f} before, {m['load_after'][0]:.2f} after; {s['date']}"
+    )
     print()
-    print(f"{'measure':<18} {'median':>7} {'p95':>7} {'min':>7} {'max':>7} {'n':>3} | {'1st frame':>9} {'script done':>11} "
-          f"{'paint-done':>10} {'frames':>6} {'kB':>6} | {'CPU server':>10} {'CPU browser':>11}")
+    print(
+        f"{'measure':<18} {'median':>7} {'p95':>7} {'min':>7} {'max':>7} {'n':>3} | {'1st frame':>9} {'script done':>11} "
+        f"{'paint-done':>10} {'frames':>6} {'kB':>6} | {'CPU server':>10} {'CPU browser':>11}"
+    )
     d = s["details"]
     for name in (*ORDER[:7], "scrub_fps", *ORDER[7:]):
         if name not in d:
@@ -1102,49 +1253,72 @@ def print_table(s: dict) -> None:
         r = d[name]
         kb = f"{r['bytes'] / 1000:.0f}" if r["bytes"] else ""
         digits = 1 if name == "scrub_fps" else 3
-        print(f"{name:<18} {r['median']:>7.{digits}f} {r['p95']:>7.{digits}f} {r['min']:>7.{digits}f} "
-              f"{r['max']:>7.{digits}f} {r['n']:>3} | {_f(r['first_frame']):>9} {_f(r['script_finished']):>11} "
-              f"{_f(r['after_script']):>10} {_f(r['frames'], 0) if r['frames'] else '':>6} {kb:>6} | "
-              f"{_f(r['cpu_server'], 2):>10} {_f(r['cpu_browser'], 2):>11}")
-    print("(seconds from the keydown / mousedown / navigation start to the paint, browser clock; scrub_fps in frames\n"
-          " per second; the columns after | are medians: first websocket frame, script_finished frame, paint minus\n"
-          " script_finished, frames and kB received; CPU seconds of the server process and Chromium's processes)")
+        print(
+            f"{name:<18} {r['median']:>7.{digits}f} {r['p95']:>7.{digits}f} {r['min']:>7.{digits}f} "
+            f"{r['max']:>7.{digits}f} {r['n']:>3} | {_f(r['first_frame']):>9} {_f(r['script_finished']):>11} "
+            f"{_f(r['after_script']):>10} {_f(r['frames'], 0) if r['frames'] else '':>6} {kb:>6} | "
+            f"{_f(r['cpu_server'], 2):>10} {_f(r['cpu_browser'], 2):>11}"
+        )
+    print(
+        "(seconds from the keydown / mousedown / navigation start to the paint, browser clock; scrub_fps in frames\n"
+        " per second; the columns after | are medians: first websocket frame, script_finished frame, paint minus\n"
+        " script_finished, frames and kB received; CPU seconds of the server process and Chromium's processes)"
+    )
     for name in ("scrub_s", "nearest_frame_s"):
         pm = d.get(name, {}).get("component_paint_ms")
         if pm:
-            print(f"  {name}: the component's own data-paint-ms (from its input handler): median {pm['median']:.3f} s, "
-                  f"p95 {pm['p95']:.3f} s")
+            print(
+                f"  {name}: the component's own data-paint-ms (from its input handler): median {pm['median']:.3f} s, "
+                f"p95 {pm['p95']:.3f} s"
+            )
     if "scrub_s" in d:
-        print(f"  scrubbing: {d['scrub_s']['n']} PageDown/PageUp moves between grid values, one every "
-              f"{s['scrub_gap_s']:g} s; distinct values over the grid: {s['scrub_distinct']}")
+        print(
+            f"  scrubbing: {d['scrub_s']['n']} PageDown/PageUp moves between grid values, one every "
+            f"{s['scrub_gap_s']:g} s; distinct values over the grid: {s['scrub_distinct']}"
+        )
     shown = s["notes"].get("drag_grid_frames_shown")
     if shown:
-        print(f"  drag: {s['drag_steps']} moves over {s['drag_seconds']:g} s (pointer down to up: "
-              f"{', '.join(f'{x:.2f}' for x in s['notes']['drag_seconds'])} s); grid frames shown on the way: "
-              f"{', '.join(map(str, shown))} of {GRID_N}"
-              + (f" (missed: {s['notes']['drag_grid_frames_missed']})" if any(s["notes"].get("drag_grid_frames_missed", []))
-                 else ""))
+        print(
+            f"  drag: {s['drag_steps']} moves over {s['drag_seconds']:g} s (pointer down to up: "
+            f"{', '.join(f'{x:.2f}' for x in s['notes']['drag_seconds'])} s); grid frames shown on the way: "
+            f"{', '.join(map(str, shown))} of {GRID_N}"
+            + (
+                f" (missed: {s['notes']['drag_grid_frames_missed']})"
+                if any(s["notes"].get("drag_grid_frames_missed", []))
+                else ""
+            )
+        )
     if s["notes"].get("grid_ready_polled") and any(s["notes"]["grid_ready_polled"]):
         print("  grid_ready_s: some repeats were read at a 50 ms poll, not from the paint log")
     if "calibrate_s" in d:
-        print(f"  calibrate_s: until the curves chart is painted; calibrate_page_s: the whole page; timed from "
-              f"{s['notes'].get('calibrate_from')}")
+        print(
+            f"  calibrate_s: until the curves chart is painted; calibrate_page_s: the whole page; timed from "
+            f"{s['notes'].get('calibrate_from')}"
+        )
     if s["bytes_per_exact_move"] is not None:
         top = ", ".join(f"{k} {v / 1000:.0f} kB" for k, v in list(s["exact_move_bytes_by_kind"].items())[:4])
-        print(f"  bytes per off-grid move (websocket, median, until its exact frame): {s['bytes_per_exact_move']:,} ({top})")
+        print(
+            f"  bytes per off-grid move (websocket, median, until its exact frame): {s['bytes_per_exact_move']:,} ({top})"
+        )
     if s["backend_s"] is not None:
         enc = _median(s["notes"].get("backend_encoder", []))
-        print(f"  backend, in this process: exact pass + payload {s['backend_s']:.3f} s (encoder {_f(enc)} s, payload "
-              f"{_f(s['backend_payload_s'])} s, {s['notes'].get('payload_bytes') or 0:,} bytes); the document's base, "
-              f"reference and grid {_f(s['backend_grid_s'], 2)} s")
+        print(
+            f"  backend, in this process: exact pass + payload {s['backend_s']:.3f} s (encoder {_f(enc)} s, payload "
+            f"{_f(s['backend_payload_s'])} s, {s['notes'].get('payload_bytes') or 0:,} bytes); the document's base, "
+            f"reference and grid {_f(s['backend_grid_s'], 2)} s"
+        )
     if s["foreground_exact_s"] is not None:
-        print(f"  foreground during the grid ({s['foreground_tokens'] or 0:,} tokens): exact frame "
-              f"{s['foreground_exact_s']:.2f} s after the key; that pass alone {_f(s['foreground_own_s'], 2)} s, one "
-              f"layer {_f(s['foreground_layer_s'], 2)} s: exact / (own + layer) = {_f(s['foreground_over_own_layer'], 2)}; "
-              f"the person went before the background pass: {s['notes'].get('foreground_went_first')} "
-              f"(data-ready at the key, with the exact frame: {s['notes'].get('foreground_ready')})")
-    print(f"  ratios: exact frame / backend = {_f(s['browser_over_backend'], 2)}; grid ready / backend grid = "
-          f"{_f(s['grid_over_backend'], 2)}; warm / cold landing = {_f(s['warm_over_cold'], 2)}")
+        print(
+            f"  foreground during the grid ({s['foreground_tokens'] or 0:,} tokens): exact frame "
+            f"{s['foreground_exact_s']:.2f} s after the key; that pass alone {_f(s['foreground_own_s'], 2)} s, one "
+            f"layer {_f(s['foreground_layer_s'], 2)} s: exact / (own + layer) = {_f(s['foreground_over_own_layer'], 2)}; "
+            f"the person went before the background pass: {s['notes'].get('foreground_went_first')} "
+            f"(data-ready at the key, with the exact frame: {s['notes'].get('foreground_ready')})"
+        )
+    print(
+        f"  ratios: exact frame / backend = {_f(s['browser_over_backend'], 2)}; grid ready / backend grid = "
+        f"{_f(s['grid_over_backend'], 2)}; warm / cold landing = {_f(s['warm_over_cold'], 2)}"
+    )
     print()
     print("targets (issue 41; calibrate: issue 24):")
     for name, lim, unit, at_most in TARGETS:
@@ -1155,13 +1329,16 @@ def print_table(s: dict) -> None:
 
 # -- entry --------------------------------------------------------------------------
 
+
 def check_inputs(args: argparse.Namespace) -> None:
     if not Path(CHROMIUM).exists():
         raise BenchError(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        raise BenchError("playwright (python) is not installed: pip install playwright (no 'playwright install' needed)") from None
+        raise BenchError(
+            "playwright (python) is not installed: pip install playwright (no 'playwright install' needed)"
+        ) from None
     unknown = set(args.skip) - set(SKIPPABLE)
     if unknown:
         raise BenchError(f"--skip: unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(SKIPPABLE)}")
@@ -1194,22 +1371,37 @@ def check_inputs(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="registry name or folder (sets AAE_MODEL); default: the bundled default")
+    p.add_argument(
+        "--model", default=None, help="registry name or folder (sets AAE_MODEL); default: the bundled default"
+    )
     p.add_argument("--repeats", type=int, default=3, help="repeats per measure; medians are reported (default 3)")
-    p.add_argument("--cold-repeats", type=int, default=None,
-                   help="cold landings, each on a fresh server (default: --repeats)")
+    p.add_argument(
+        "--cold-repeats", type=int, default=None, help="cold landings, each on a fresh server (default: --repeats)"
+    )
     p.add_argument("--multiple", type=int, default=8, help="document length in multiples of L_tr (default 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--skip", default="", help=f"comma list of parts to leave out: {', '.join(SKIPPABLE)}")
     p.add_argument("--screenshot", type=Path, default=None, help="save a PNG here after every timed action")
-    p.add_argument("--scrub-gap", type=float, default=0.3, metavar="SECONDS",
-                   help="seconds from one scrubbing key press to the next (default 0.3: each step's release, "
-                        "sent after a 200 ms pause, reaches the server while the next steps are drawn)")
+    p.add_argument(
+        "--scrub-gap",
+        type=float,
+        default=0.3,
+        metavar="SECONDS",
+        help="seconds from one scrubbing key press to the next (default 0.3: each step's release, "
+        "sent after a 200 ms pause, reaches the server while the next steps are drawn)",
+    )
     p.add_argument("--drag-steps", type=int, default=60, help="mouse moves of one drag across the slider (default 60)")
-    p.add_argument("--drag-seconds", type=float, default=1.0, help="how long one drag across the slider takes (default 1)")
-    p.add_argument("--foreground-multiple", type=int, default=16, metavar="N",
-                   help="(h): the document whose grid computes while a person moves off the grid, in multiples of "
-                        "L_tr (default 16; 64 = 16,384 tokens on the default model)")
+    p.add_argument(
+        "--drag-seconds", type=float, default=1.0, help="how long one drag across the slider takes (default 1)"
+    )
+    p.add_argument(
+        "--foreground-multiple",
+        type=int,
+        default=16,
+        metavar="N",
+        help="(h): the document whose grid computes while a person moves off the grid, in multiples of "
+        "L_tr (default 16; 64 = 16,384 tokens on the default model)",
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for any one state (default 300)")
     a = p.parse_args(argv)
     a.skip = [s.strip() for s in a.skip.split(",") if s.strip()]
@@ -1248,8 +1440,9 @@ def main(argv: list[str] | None = None) -> int:
         if "backend" not in args.skip and info.get("fresh_taus"):
             backend_part(args.model_name, args.multiple, info["seed"], info["fresh_taus"], results)
         if info.get("foreground_taus"):
-            foreground_backend(args.model_name, info["foreground_tokens"], info["foreground_seed"],
-                               info["foreground_taus"], results)
+            foreground_backend(
+                args.model_name, info["foreground_tokens"], info["foreground_seed"], info["foreground_taus"], results
+            )
         mach["load_after"] = os.getloadavg()
     except BenchError as err:
         print(f"browser_latency: {err}", file=sys.stderr)

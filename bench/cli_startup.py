@@ -62,8 +62,10 @@ def main() -> None:
     for name, cmd in cases.items():
         _seconds(cmd)  # one warm-up run: the file cache
         times = [_seconds(cmd) for _ in range(args.runs)]
-        print(f"{name:<28} median {statistics.median(times):.2f} s  (min {min(times):.2f}, max {max(times):.2f}, "
-              f"{args.runs} runs)")
+        print(
+            f"{name:<28} median {statistics.median(times):.2f} s  (min {min(times):.2f}, max {max(times):.2f}, "
+            f"{args.runs} runs)"
+        )
     print(f"load after: {_load()}")
 
 

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,8 +53,12 @@ sys.path.insert(0, str(ROOT))
 VARIANTS = ("floor", "sdpa", "ours", "probes")
 #: The environment that makes this machine run an older CPU's code paths (see the module doc).
 ISA_ENV = {
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-             "AAE_KERNEL_MARCH": "haswell"},
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "AAE_KERNEL_MARCH": "haswell",
+    },
     "native": {},
 }
 MODEL = "retrieval-t5"
@@ -66,9 +71,19 @@ def tiny_t5(layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, attn
 
     torch.manual_seed(seed)
     cfg = T5Config(
-        vocab_size=384, d_model=64, d_kv=d_kv, d_ff=128, num_layers=layers, num_decoder_layers=1,
-        num_heads=heads, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=384,
+        d_model=64,
+        d_kv=d_kv,
+        d_ff=128,
+        num_layers=layers,
+        num_decoder_layers=1,
+        num_heads=heads,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
     )
     cfg._attn_implementation = attn
     model = T5ForConditionalGeneration(cfg)
@@ -96,6 +111,7 @@ def rss_now() -> int:
 
 def machine(isa: str = "native") -> str:
     import torch
+
     from core.mechanics.machine import vector_isa
 
     cpu = platform.processor() or platform.machine()
@@ -107,13 +123,15 @@ def machine(isa: str = "native") -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     runs = vector_isa() if isa == "native" else f"{isa} code paths (the CPU has {vector_isa()})"
-    return (f"{cpu}, {runs}, {os.cpu_count()} CPUs, {mem:.0f} GiB RAM, torch {torch.__version__}, "
-            f"load average {' '.join(f'{x:.2f}' for x in load)}")
+    return (
+        f"{cpu}, {runs}, {os.cpu_count()} CPUs, {mem:.0f} GiB RAM, torch {torch.__version__}, "
+        f"load average {' '.join(f'{x:.2f}' for x in load)}"
+    )
 
 
 def _document(loaded, n: int):
-    from core.runs import engine
     from core.data import tasks
+    from core.runs import engine
 
     doc = tasks.make("passkey", loaded.tokenizer, n, seed=0)
     return engine.encode(loaded, doc)
@@ -175,17 +193,36 @@ def floor_child(length: int, reps: int) -> dict:
     # q, k, v, o projections (4 x dm x H d) and the feed-forward (2 x dm x d_ff, gated adds one), per token and layer
     gated = 3 if "gated" in str(getattr(cfg, "feed_forward_proj", "")) else 2
     lin_flops = layers * length * 2 * (4 * dm * H * d + gated * dm * dff)
-    parts = {"qk": 2 * d * scores / rate_qk, "pv": 2 * d * scores / rate_pv, "exp": scores / rate_exp,
-             "linear": lin_flops / rate_lin}
+    parts = {
+        "qk": 2 * d * scores / rate_qk,
+        "pv": 2 * d * scores / rate_pv,
+        "exp": scores / rate_exp,
+        "linear": lin_flops / rate_lin,
+    }
     # the same sums in CPU seconds: each part's count over its CPU-time rate
-    scale = {"qk": scores / per_block, "pv": scores / per_block, "exp": scores / per_block,
-             "linear": lin_flops / (4 * length * dm * dff)}
+    scale = {
+        "qk": scores / per_block,
+        "pv": scores / per_block,
+        "exp": scores / per_block,
+        "linear": lin_flops / (4 * length * dm * dff),
+    }
     cpu_seconds = sum(cpu_parts[k] * scale[k] for k in scale)
-    return {"variant": "floor", "length": length, "seconds": sum(parts.values()), "cpu_seconds": cpu_seconds,
-            "parts": parts,
-            "rates": {"qk_gflops": rate_qk / 1e9, "pv_gflops": rate_pv / 1e9, "exp_g_per_s": rate_exp / 1e9,
-                      "linear_gflops": rate_lin / 1e9},
-            "threads": torch.get_num_threads(), "rss_before": rss_now(), "rss_peak": max_rss()}
+    return {
+        "variant": "floor",
+        "length": length,
+        "seconds": sum(parts.values()),
+        "cpu_seconds": cpu_seconds,
+        "parts": parts,
+        "rates": {
+            "qk_gflops": rate_qk / 1e9,
+            "pv_gflops": rate_pv / 1e9,
+            "exp_g_per_s": rate_exp / 1e9,
+            "linear_gflops": rate_lin / 1e9,
+        },
+        "threads": torch.get_num_threads(),
+        "rss_before": rss_now(),
+        "rss_peak": max_rss(),
+    }
 
 
 def pass_child(variant: str, length: int, reps: int) -> dict:
@@ -223,9 +260,16 @@ def pass_child(variant: str, length: int, reps: int) -> dict:
     before = rss_now()
     cpu: list[float] = []
     times = _timed(lambda: one(ids), reps, cpu)
-    return {"variant": variant, "length": length, "seconds": min(times), "all": times, "cpu_seconds": min(cpu),
-            "rss_before": before,
-            "rss_peak": max_rss(), "threads": torch.get_num_threads()}
+    return {
+        "variant": variant,
+        "length": length,
+        "seconds": min(times),
+        "all": times,
+        "cpu_seconds": min(cpu),
+        "rss_before": before,
+        "rss_peak": max_rss(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def dense_bias_bytes(length: int, heads: int = 8) -> int:
@@ -250,8 +294,12 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--json", type=Path, help="save every number here")
-    ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native",
-                    help="run as a CPU with only these vector instructions would (avx2: no AVX-512)")
+    ap.add_argument(
+        "--isa",
+        choices=sorted(ISA_ENV),
+        default="native",
+        help="run as a CPU with only these vector instructions would (avx2: no AVX-512)",
+    )
     ap.add_argument("--child", nargs=3, metavar=("VARIANT", "L", "REPS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
@@ -277,23 +325,33 @@ def main(argv=None) -> int:
         reps = 3 if n <= 4096 else 2 if n <= 8192 else 1
         for v in variants:
             if v == "sdpa" and dense_bias_bytes(n) > 0.8 * free:
-                r = {"variant": v, "length": n, "error": f"skipped: its dense bias alone needs "
-                                                         f"{dense_bias_bytes(n) / 2**30:.0f} GiB"}
+                r = {
+                    "variant": v,
+                    "length": n,
+                    "error": f"skipped: its dense bias alone needs {dense_bias_bytes(n) / 2**30:.0f} GiB",
+                }
             else:
                 r = run_child(v, n, reps, args.threads, args.isa)
             rows.append(r)
-            print(f"  {v:>6} at L={n:>6}: "
-                  + (r["error"] if "error" in r else f"{r['seconds']:.3f}s, peak {r['rss_peak'] / 2**30:.2f} GiB"),
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {v:>6} at L={n:>6}: "
+                + (r["error"] if "error" in r else f"{r['seconds']:.3f}s, peak {r['rss_peak'] / 2**30:.2f} GiB"),
+                file=sys.stderr,
+                flush=True,
+            )
     threads = next((r["threads"] for r in rows if "threads" in r), "?")
     print(f"model {MODEL}; threads {threads}; load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for r in rows:
         if r.get("variant") == "floor" and "rates" in r:
             rt = r["rates"]
-            print(f"  rates at L={r['length']}: q.k {rt['qk_gflops']:.0f} GFLOP/s, p.v {rt['pv_gflops']:.0f} GFLOP/s, "
-                  f"exp {rt['exp_g_per_s']:.2f} G/s, linear {rt['linear_gflops']:.0f} GFLOP/s")
-    print(f"{'L':>6} {'variant':>7} {'seconds':>9} {'x floor':>8} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}"
-          f" {'cpu s':>8} {'cpu x floor':>11}")
+            print(
+                f"  rates at L={r['length']}: q.k {rt['qk_gflops']:.0f} GFLOP/s, p.v {rt['pv_gflops']:.0f} GFLOP/s, "
+                f"exp {rt['exp_g_per_s']:.2f} G/s, linear {rt['linear_gflops']:.0f} GFLOP/s"
+            )
+    print(
+        f"{'L':>6} {'variant':>7} {'seconds':>9} {'x floor':>8} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}"
+        f" {'cpu s':>8} {'cpu x floor':>11}"
+    )
     for n in lengths:
         at = {r["variant"]: r for r in rows if r["length"] == n and "error" not in r}
         for r in (r for r in rows if r["length"] == n):
@@ -305,10 +363,15 @@ def main(argv=None) -> int:
             grow = (r["rss_peak"] - r["rss_before"]) / 2**30 if r["variant"] != "floor" else 0.0
             peak = f"{r['rss_peak'] / 2**30:.2f}" if r["variant"] != "floor" else "-"
             cs = r.get("cpu_seconds")
-            cfl = (f"{cs / at['floor']['cpu_seconds']:.2f}" if cs is not None and "floor" in at
-                   and at["floor"].get("cpu_seconds") else "-")
-            print(f"{n:>6} {r['variant']:>7} {r['seconds']:>9.3f} {fl:>8} {sd:>7} {peak:>9} {grow:>6.2f}"
-                  f" {'-' if cs is None else f'{cs:.2f}':>8} {cfl:>11}")
+            cfl = (
+                f"{cs / at['floor']['cpu_seconds']:.2f}"
+                if cs is not None and "floor" in at and at["floor"].get("cpu_seconds")
+                else "-"
+            )
+            print(
+                f"{n:>6} {r['variant']:>7} {r['seconds']:>9.3f} {fl:>8} {sd:>7} {peak:>9} {grow:>6.2f}"
+                f" {'-' if cs is None else f'{cs:.2f}':>8} {cfl:>11}"
+            )
     if args.json:
         args.json.write_text(json.dumps({"machine": header, "rows": rows}, indent=1))
     return 0

@@ -41,6 +41,7 @@ import os
 import sys
 import time
 from pathlib import Path
+
 from core.values.choice import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,8 +49,16 @@ sys.path.insert(0, str(ROOT))
 
 #: T5 configs by name: Flan-T5-XL's published shape, and a tiny one that runs the same code anywhere.
 SHAPES = {
-    "flan-t5-xl": dict(d_model=2048, d_kv=64, d_ff=5120, num_layers=24, num_decoder_layers=24, num_heads=32,
-                       feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "flan-t5-xl": dict(
+        d_model=2048,
+        d_kv=64,
+        d_ff=5120,
+        num_layers=24,
+        num_decoder_layers=24,
+        num_heads=32,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+    ),
     "tiny": dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=1, num_heads=4),
 }
 STEPS = ("sdpa", "no-probes", "probes-stats", "probes-full", "app-run")
@@ -61,8 +70,14 @@ def grid_probes(layer: int):
     Written out here so this script needs no Streamlit; tests/bench/test_gpu_grid_step.py checks it is the app's."""
     from core.mechanics.probes import ProbeSpec
 
-    return ProbeSpec(heatmap_layer=int(layer), heatmap_head=None, heatmap_size=256, sorted_logits=False,
-                     cosine_hist_bins=0, names=("cross.*.map", "cross.*.profile"))
+    return ProbeSpec(
+        heatmap_layer=int(layer),
+        heatmap_head=None,
+        heatmap_size=256,
+        sorted_logits=False,
+        cosine_hist_bins=0,
+        names=("cross.*.map", "cross.*.profile"),
+    )
 
 
 def grid(loaded, doc, enc) -> dict:
@@ -77,19 +92,33 @@ def grid(loaded, doc, enc) -> dict:
     seconds: dict[str, float] = {}
     for tau in frames.grid_order(1.0):
         t = time.perf_counter()
-        passes[tau] = engine.run(loaded, doc, Choice.of(tau=tau, method=methods.FIXED, targets=("encoder",)),
-                                 engine.Pass(probes=probes), encoded=enc)
+        passes[tau] = engine.run(
+            loaded,
+            doc,
+            Choice.of(tau=tau, method=methods.FIXED, targets=("encoder",)),
+            engine.Pass(probes=probes),
+            encoded=enc,
+        )
         seconds[f"{tau:.2f}"] = round(time.perf_counter() - t, 4)
     t = time.perf_counter()
     ref_doc = calibration.reference_document(loaded, doc)
-    ref = engine.run(loaded, ref_doc, Choice.of(tau=1.0, method=methods.AS_TRAINED), engine.Pass(generate=False, probes=ProbeSpec(heatmap=False, sorted_logits=True,
-                                                                          cosine_hist_bins=0)))
+    ref = engine.run(
+        loaded,
+        ref_doc,
+        Choice.of(tau=1.0, method=methods.AS_TRAINED),
+        engine.Pass(generate=False, probes=ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)),
+    )
     seconds["reference"] = round(time.perf_counter() - t, 4)
     t = time.perf_counter()
     data = frames.payload(passes[1.0], ref, passes, None, doc.text, frames.ViewSpec(), grid_taus=frames.SCRUB_GRID)
     seconds["payload"] = round(time.perf_counter() - t, 4)
-    return {"frames": len(passes), "passes_s": round(sum(v for k, v in seconds.items() if k[0].isdigit()), 4),
-            "payload_bytes": len(data), "seconds": seconds, "answer_at_1": passes[1.0].answer[:40]}
+    return {
+        "frames": len(passes),
+        "passes_s": round(sum(v for k, v in seconds.items() if k[0].isdigit()), 4),
+        "payload_bytes": len(data),
+        "seconds": seconds,
+        "answer_at_1": passes[1.0].answer[:40],
+    }
 
 
 def build(shape: str, device, dtype):
@@ -97,11 +126,18 @@ def build(shape: str, device, dtype):
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from core.mechanics import attention
-    from core.mechanics import patches
+    from core.mechanics import attention, patches
 
-    cfg = T5Config(vocab_size=32128, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **SHAPES[shape])
+    cfg = T5Config(
+        vocab_size=32128,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        **SHAPES[shape],
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = T5ForConditionalGeneration(cfg)
@@ -131,20 +167,20 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", default=",".join(STEPS), help="comma list of steps ('' for none)")
-    ap.add_argument("--grid", action="store_true",
-                    help="also build the scrubber's 15-frame grid as the app does (timed once)")
+    ap.add_argument(
+        "--grid", action="store_true", help="also build the scrubber's 15-frame grid as the app does (timed once)"
+    )
     ap.add_argument("--json", type=Path, help="save every number here")
     a = ap.parse_args(argv)
 
     import torch
 
-    from core.mechanics import attention
-    from core.runs import engine
-    from core.models import memory
     from core.data import tasks
     from core.errors import ModelLoadError
-    from core.models import Loaded, load, pick_device, resolve
+    from core.mechanics import attention
     from core.mechanics.probes import ProbeSpec, Recorder
+    from core.models import Loaded, load, memory, pick_device, resolve
+    from core.runs import engine
 
     try:
         device, dtype = pick_device(a.device, a.dtype)
@@ -158,9 +194,12 @@ def main(argv=None) -> int:
     tok = load("retrieval-t5", device="cpu").tokenizer  # any T5 tokenizer: its ids are < 32128
     loaded = Loaded(spec=resolve("flan-t5-xl"), model=model, tokenizer=tok, device=device, dtype=dtype)
     weights = memory.peak_bytes(device)
-    print(f"built {a.shape}: {loaded.n_params / 1e9:.2f} B parameters, {dtype}, on {device} "
-          f"in {time.perf_counter() - t0:.1f}s; weights {weights / 2**30:.2f} GiB; "
-          f"max_tokens() says {engine.max_tokens(loaded):,} tokens fit now", flush=True)
+    print(
+        f"built {a.shape}: {loaded.n_params / 1e9:.2f} B parameters, {dtype}, on {device} "
+        f"in {time.perf_counter() - t0:.1f}s; weights {weights / 2**30:.2f} GiB; "
+        f"max_tokens() says {engine.max_tokens(loaded):,} tokens fit now",
+        flush=True,
+    )
 
     doc = tasks.make("passkey", tok, a.length, seed=0)
     enc = engine.encode(loaded, doc)
@@ -174,7 +213,9 @@ def main(argv=None) -> int:
             try:
                 encoder(input_ids=x)
             finally:
-                attention.set_implementation(model, attention.ATTN_NAME)  # every stack: 5.17's own call left them on sdpa
+                attention.set_implementation(
+                    model, attention.ATTN_NAME
+                )  # every stack: 5.17's own call left them on sdpa
             return
         rec = None
         if step != "no-probes":
@@ -207,7 +248,9 @@ def main(argv=None) -> int:
     steps = [s for s in a.steps.split(",") if s] + (["grid"] if a.grid else [])
     unknown = set(steps) - set(STEPS) - {"grid"}
     if unknown:
-        ap.exit(2, f"error: unknown step(s) {', '.join(sorted(unknown))}; choose from {', '.join(STEPS)} (and --grid)\n")
+        ap.exit(
+            2, f"error: unknown step(s) {', '.join(sorted(unknown))}; choose from {', '.join(STEPS)} (and --grid)\n"
+        )
     with torch.inference_mode():  # warm-up: kernels, allocator, lazy imports
         for s in steps:
             if s not in ("app-run", "grid"):
@@ -223,24 +266,46 @@ def main(argv=None) -> int:
             print(f"  {s:>13}: out of memory", flush=True)
             continue
         best = min(runs, key=lambda r: r[0])
-        rows.append({"step": s, "seconds": best[0], "all": [r[0] for r in runs], "peak": max(r[1] for r in runs),
-                     "parts": best[2]})
+        rows.append(
+            {
+                "step": s,
+                "seconds": best[0],
+                "all": [r[0] for r in runs],
+                "peak": max(r[1] for r in runs),
+                "parts": best[2],
+            }
+        )
         shown = {k: v for k, v in best[2].items() if k != "seconds"} if s == "grid" else best[2]
         print(f"  {s:>13}: {best[0]:.3f}s, peak {rows[-1]['peak'] / 2**30:.2f} GiB {shown or ''}", flush=True)
 
     base = next((r["seconds"] for r in rows if r["step"] == "sdpa" and "seconds" in r), None)
-    print(f"\n{a.shape} ({loaded.n_layers} encoder layers x {loaded.n_heads} heads), {enc.n:,} tokens, {dtype}, "
-          f"{device}; load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"\n{a.shape} ({loaded.n_layers} encoder layers x {loaded.n_heads} heads), {enc.n:,} tokens, {dtype}, "
+        f"{device}; load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print(f"{'step':>13} {'seconds':>8} {'x sdpa':>7} {'peak GiB':>9} {'+GiB':>6}")
     for r in rows:
         if "error" in r:
             print(f"{r['step']:>13}  failed: {r['error']}")
             continue
         ratio = f"{r['seconds'] / base:.2f}" if base else "-"
-        print(f"{r['step']:>13} {r['seconds']:>8.3f} {ratio:>7} {r['peak'] / 2**30:>9.2f} {(r['peak'] - weights) / 2**30:>6.2f}")
+        print(
+            f"{r['step']:>13} {r['seconds']:>8.3f} {ratio:>7} {r['peak'] / 2**30:>9.2f} {(r['peak'] - weights) / 2**30:>6.2f}"
+        )
     if a.json:
-        a.json.write_text(json.dumps({"machine": machine(device), "shape": a.shape, "tokens": enc.n,
-                                      "dtype": str(dtype), "weights_bytes": weights, "rows": rows}, indent=1))
+        a.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine(device),
+                    "shape": a.shape,
+                    "tokens": enc.n,
+                    "dtype": str(dtype),
+                    "weights_bytes": weights,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

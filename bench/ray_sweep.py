@@ -58,14 +58,21 @@ def _load_avg() -> str:
 
 # -- part 1: the same sweep here and on Ray -------------------------------------------------------
 
+
 def compare(loaded, lengths: list[int], methods: list[str], samples: int, actors: int) -> dict:
     import pandas as pd
 
     from core.experiments import cluster
     from core.experiments.sweep import SweepPlan, run_sweep
 
-    plan = SweepPlan(model=loaded.spec.name, task="passkey", lengths=lengths, depths=[0.5],
-                     seeds=list(range(samples)), methods=methods)
+    plan = SweepPlan(
+        model=loaded.spec.name,
+        task="passkey",
+        lengths=lengths,
+        depths=[0.5],
+        seeds=list(range(samples)),
+        methods=methods,
+    )
     rb.docs_for(loaded, "passkey", lengths[0], 1)  # warm the tokenizer and filler text
     t0 = time.perf_counter()
     local = run_sweep(loaded, plan)
@@ -95,12 +102,22 @@ def compare(loaded, lengths: list[int], methods: list[str], samples: int, actors
             pool.run([cluster.Job(_noop, i, "noop")], lambda job, r: None, lambda job, why: None)
             trips.append(time.perf_counter() - t0)
     same = local.drop(columns=["seconds"]).equals(remote.drop(columns=["seconds"]))
-    return {"rows": plan.total, "jobs": jobs[0], "local_s": t_local, "ray_s": t_ray, "ray_start_s": t_start,
-            "ratio": t_local / t_ray, "efficiency": t_local / (actors * t_ray), "noop_job_s": statistics.median(trips),
-            "same_rows": bool(same), "row_seconds": float(pd.to_numeric(local["seconds"]).sum())}
+    return {
+        "rows": plan.total,
+        "jobs": jobs[0],
+        "local_s": t_local,
+        "ray_s": t_ray,
+        "ray_start_s": t_start,
+        "ratio": t_local / t_ray,
+        "efficiency": t_local / (actors * t_ray),
+        "noop_job_s": statistics.median(trips),
+        "same_rows": bool(same),
+        "row_seconds": float(pd.to_numeric(local["seconds"]).sum()),
+    }
 
 
 # -- part 2: per-length costs, then the table's jobs on a clock -----------------------------------------
+
 
 def measure_costs(loaded, batch: int = 10) -> dict:
     """Seconds per document at each multiple of L_tr (one torch thread): an accuracy run (probes off, answer
@@ -122,8 +139,11 @@ def measure_costs(loaded, batch: int = 10) -> dict:
         t0 = time.perf_counter()
         rb.dispersion(loaded, docs[:m], encs[:m], batch)
         out["stats_s"][n] = (time.perf_counter() - t0) / m
-        print(f"  {k:>2}x ({n:>5} tokens): accuracy {out['accuracy_s'][n]:.3f} s/doc ({count} docs), "
-              f"stats pass {out['stats_s'][n]:.3f} s/doc ({m})", flush=True)
+        print(
+            f"  {k:>2}x ({n:>5} tokens): accuracy {out['accuracy_s'][n]:.3f} s/doc ({count} docs), "
+            f"stats pass {out['stats_s'][n]:.3f} s/doc ({m})",
+            flush=True,
+        )
     seen: Counter = Counter()
     real = timing.record
 
@@ -139,8 +159,10 @@ def measure_costs(loaded, batch: int = 10) -> dict:
         timing.record = real
     here = sum(c for n, c in seen.items() if n > lt)
     out["calibration_passes"] = {"here": here, "reference": sum(seen.values()) - here}
-    print(f"  calibration at 2x: {here} encoder passes at 2x, {out['calibration_passes']['reference']} at L_tr",
-          flush=True)
+    print(
+        f"  calibration at 2x: {here} encoder passes at 2x, {out['calibration_passes']['reference']} at L_tr",
+        flush=True,
+    )
     return out
 
 
@@ -174,7 +196,9 @@ def recorded_taus(model_name: str) -> dict[tuple[str, float], dict]:
     return out
 
 
-def project(loaded, costs: dict, tasks: list[str], samples: int, workers_list: list[int], overhead: float) -> list[dict]:
+def project(
+    loaded, costs: dict, tasks: list[str], samples: int, workers_list: list[int], overhead: float
+) -> list[dict]:
     from core.experiments import cluster
 
     lt = loaded.train_length
@@ -204,15 +228,25 @@ def project(loaded, costs: dict, tasks: list[str], samples: int, workers_list: l
                     got = taus.get((task, float(k)), {})
                     # the measured taus as recorded (grid values: exact at 3 decimals); not recorded: all distinct
                     measured = {m: got.get(m, -1.0 - i) for i, m in enumerate(rb.MEASURED)}
-                    return plan.done(job, {**rb.closed_taus(loaded, n), **measured,
-                                           **{f"tau={t:g}": t for t in rb.FIXED}})
+                    return plan.done(
+                        job, {**rb.closed_taus(loaded, n), **measured, **{f"tau={t:g}": t for t in rb.FIXED}}
+                    )
                 if job.kind == "accuracy":
                     return plan.done(job, [True] * job.payload[3])
                 return plan.done(job, [[0.0], [0.0]])
 
             sim = cluster.simulate(plan.jobs(), w, seconds, follow, overhead=overhead, heavy_first=heavy)
-            rows.append({"workers": w, "heavy_first": heavy, "makespan_s": sim.makespan, "work_s": sim.work,
-                         "jobs": sim.jobs, "busy": sim.busy, "longest_job_s": sim.longest})
+            rows.append(
+                {
+                    "workers": w,
+                    "heavy_first": heavy,
+                    "makespan_s": sim.makespan,
+                    "work_s": sim.work,
+                    "jobs": sim.jobs,
+                    "busy": sim.busy,
+                    "longest_job_s": sim.longest,
+                }
+            )
     return rows
 
 
@@ -242,20 +276,31 @@ def main(argv=None) -> int:
     loaded = load(a.model or default_model(), device="cpu")
     lt = loaded.train_length
     print(f"machine: {machine()}")
-    print(f"model: {loaded.spec.name} (L_tr {lt}), torch threads 1, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"model: {loaded.spec.name} (L_tr {lt}), torch threads 1, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     overhead = 0.0
     if not a.skip_run:
         lengths = [int(float(k) * lt) for k in a.lengths.split(",")]
-        print(f"\n1. one sweep, here vs a local Ray with {a.actors} actors: lengths {lengths}, methods {a.methods}, "
-              f"{a.samples} documents each (load before {_load_avg()})", flush=True)
+        print(
+            f"\n1. one sweep, here vs a local Ray with {a.actors} actors: lengths {lengths}, methods {a.methods}, "
+            f"{a.samples} documents each (load before {_load_avg()})",
+            flush=True,
+        )
         r = compare(loaded, lengths, a.methods.split(","), a.samples, a.actors)
         overhead = r["noop_job_s"]
-        print(f"   here (1 process, 1 thread):  {r['local_s']:.1f} s for {r['rows']} rows "
-              f"({r['row_seconds']:.1f} s inside the rows' own passes)")
-        print(f"   Ray ({a.actors} actors x 1 thread):   {r['ray_s']:.1f} s in {r['jobs']} jobs "
-              f"(+ {r['ray_start_s']:.1f} s once: start Ray, load the model on every actor)")
-        print(f"   ratio here / Ray: {r['ratio']:.2f}x (per actor {r['efficiency']:.2f}); "
-              f"overhead per job (empty job's round trip, median of 200): {1000 * r['noop_job_s']:.2f} ms")
+        print(
+            f"   here (1 process, 1 thread):  {r['local_s']:.1f} s for {r['rows']} rows "
+            f"({r['row_seconds']:.1f} s inside the rows' own passes)"
+        )
+        print(
+            f"   Ray ({a.actors} actors x 1 thread):   {r['ray_s']:.1f} s in {r['jobs']} jobs "
+            f"(+ {r['ray_start_s']:.1f} s once: start Ray, load the model on every actor)"
+        )
+        print(
+            f"   ratio here / Ray: {r['ratio']:.2f}x (per actor {r['efficiency']:.2f}); "
+            f"overhead per job (empty job's round trip, median of 200): {1000 * r['noop_job_s']:.2f} ms"
+        )
         print(f"   rows equal (all but seconds): {r['same_rows']}  (load after {_load_avg()})", flush=True)
     if a.costs:
         costs = json.loads(Path(a.costs).read_text())
@@ -268,20 +313,26 @@ def main(argv=None) -> int:
     tasks = rb.card_tasks(loaded) or ["passkey"]
     workers = [int(w) for w in a.workers.split(",")]
     rows = project(loaded, costs, tasks, a.table_samples, workers, overhead)
-    print(f"\n   projected (a simulation of the job list, not a measurement): the full results table of "
-          f"{loaded.spec.name}, {len(tasks)} tasks x {len(MULTIPLES)} lengths x {a.table_samples} documents, "
-          f"one worker = one thread here, + {1000 * overhead:.2f} ms per job")
+    print(
+        f"\n   projected (a simulation of the job list, not a measurement): the full results table of "
+        f"{loaded.spec.name}, {len(tasks)} tasks x {len(MULTIPLES)} lengths x {a.table_samples} documents, "
+        f"one worker = one thread here, + {1000 * overhead:.2f} ms per job"
+    )
     one = next(r["makespan_s"] for r in rows if r["workers"] == 1 and r["heavy_first"])
     print("   | workers | heavy first | speed-up | busy | in plan order |")
     print("   |---:|---:|---:|---:|---:|")
     for w in workers:
         h = next(r for r in rows if r["workers"] == w and r["heavy_first"])
         f = next(r for r in rows if r["workers"] == w and not r["heavy_first"])
-        print(f"   | {w} | {_hours(h['makespan_s'])} | {one / h['makespan_s']:.1f}x | {h['busy']:.0%} | "
-              f"{_hours(f['makespan_s'])} |")
+        print(
+            f"   | {w} | {_hours(h['makespan_s'])} | {one / h['makespan_s']:.1f}x | {h['busy']:.0%} | "
+            f"{_hours(f['makespan_s'])} |"
+        )
     h = rows[0]
-    print(f"   {h['jobs']} jobs, {_hours(h['work_s'])} of work; the longest job {h['longest_job_s']:.0f} s "
-          "(a 16x calibration, which the cell's measured-tau runs wait for)")
+    print(
+        f"   {h['jobs']} jobs, {_hours(h['work_s'])} of work; the longest job {h['longest_job_s']:.0f} s "
+        "(a 16x calibration, which the cell's measured-tau runs wait for)"
+    )
     return 0
 
 

@@ -42,14 +42,14 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from core.runs import calibration, engine, methods
-from core.experiments import csvio, mlm
-from core.values import positions
 from core.data import tasks
-from core.models import ModelLoadError, bundled_specs, load
+from core.experiments import csvio, mlm
 from core.mechanics.probes import ProbeSpec
-from core.values.schedule import Schedule
+from core.models import ModelLoadError, bundled_specs, load
+from core.runs import calibration, engine, methods
+from core.values import positions
 from core.values.choice import Choice
+from core.values.schedule import Schedule
 
 FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 #: The table's methods, asked of the registry (core.runs.methods), in its order: every method that needs no pass
@@ -57,8 +57,11 @@ FIXED = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 #: at every length (log-n and Scalable-Softmax = log-length: tests/runs/test_methods.py), and the closed forms from
 #: one document's logit statistics (Prop. 1/2: Calibrate lists them), and a method with a parameter of the user's
 #: (critical scaling's gamma: at its default, 1 / ln L_tr, it is log-length at every length a table shows).
-CLOSED = tuple(n for n, m in methods.REGISTRY.items()
-               if not m.measured and not m.takes_value and m.same_as is None and m.param is None)
+CLOSED = tuple(
+    n
+    for n, m in methods.REGISTRY.items()
+    if not m.measured and not m.takes_value and m.same_as is None and m.param is None
+)
 MEASURED = tuple(n for n, m in methods.REGISTRY.items() if m.search is not None)
 METHODS = CLOSED + MEASURED
 CALIB_SEED = 100_000
@@ -121,7 +124,9 @@ def accuracy(loaded, docs, encs, tau, batch: int) -> float:
 
 def dispersion(loaded, docs, encs, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """Mean Pmax and H per layer at tau = 1 (over all heads and query rows, then documents)."""
-    res = _run(loaded, docs, encs, Choice.of(tau=1.0), engine.Pass(probes=ProbeSpec.stats_only(), generate=False), batch)
+    res = _run(
+        loaded, docs, encs, Choice.of(tau=1.0), engine.Pass(probes=ProbeSpec.stats_only(), generate=False), batch
+    )
     return np.mean([r.probes.layer_pmax for r in res], axis=0), np.mean([r.probes.layer_entropy for r in res], axis=0)
 
 
@@ -195,23 +200,49 @@ def tau_key(tau) -> tuple:
 
 def accuracy_key(cell: str, key: tuple) -> str:
     """The partial file's key of one finished accuracy run of a cell."""
-    return f"{cell}|accuracy|" + ",".join(repr(float(x)) if isinstance(x, (int, float, np.number)) else str(x)
-                                            for x in key)
+    return f"{cell}|accuracy|" + ",".join(
+        repr(float(x)) if isinstance(x, (int, float, np.number)) else str(x) for x in key
+    )
 
 
-def cell_rows(stem: str, task: str, k: float, n: int, taus: dict, acc: dict, stats, samples: int,
-              stats_docs: int, distinct: int | str = "") -> list[dict]:
+def cell_rows(
+    stem: str,
+    task: str,
+    k: float,
+    n: int,
+    taus: dict,
+    acc: dict,
+    stats,
+    samples: int,
+    stats_docs: int,
+    distinct: int | str = "",
+) -> list[dict]:
     """A finished cell's rows, one per method (``acc``: accuracy per :func:`tau_key`): what both engines write."""
     pml, hl = (np.asarray(a) for a in stats)
     info = taus.get("_info", {})
-    return [{"model": stem, "task": task, "multiple": k, "tokens": n, "method": m,
-             "tau": Schedule.of(tau).mean(n),
-             "schedule": _schedule_cell(tau),
-             "accuracy": acc[tau_key(tau)], "pmax": float(pml.mean()), "entropy": float(hl.mean()),
-             "pmax_layers": np.round(pml, 4).tolist(), "entropy_layers": np.round(hl, 4).tolist(),
-             "samples": samples, "stats_docs": min(stats_docs, samples),
-             "reached": info.get(m, {}).get("reached", ""), "gap": info.get(m, {}).get("gap", ""),
-             "haystack": task_spec(task)[1], "distinct_docs": distinct} for m, tau in tau_items(taus)]
+    return [
+        {
+            "model": stem,
+            "task": task,
+            "multiple": k,
+            "tokens": n,
+            "method": m,
+            "tau": Schedule.of(tau).mean(n),
+            "schedule": _schedule_cell(tau),
+            "accuracy": acc[tau_key(tau)],
+            "pmax": float(pml.mean()),
+            "entropy": float(hl.mean()),
+            "pmax_layers": np.round(pml, 4).tolist(),
+            "entropy_layers": np.round(hl, 4).tolist(),
+            "samples": samples,
+            "stats_docs": min(stats_docs, samples),
+            "reached": info.get(m, {}).get("reached", ""),
+            "gap": info.get(m, {}).get("gap", ""),
+            "haystack": task_spec(task)[1],
+            "distinct_docs": distinct,
+        }
+        for m, tau in tau_items(taus)
+    ]
 
 
 def _schedule_cell(tau) -> list | dict:
@@ -292,6 +323,7 @@ def csv_path(out: Path, name: str) -> Path:
 
 # -- the table as jobs (--engine ray, and bench/ray_sweep.py's projection) ----------------------------
 
+
 def _taus_job(loaded, payload) -> dict:
     task, k, n, known = payload
     return taus_json(calibrated_taus(loaded, task, k, n, taus_from_json(known)))
@@ -332,8 +364,11 @@ class Cell:
 
     @property
     def complete(self) -> bool:
-        return (self.taus is not None and self.stats is not None
-                and all(tau_key(t) in self.acc for _, t in tau_items(self.taus)))
+        return (
+            self.taus is not None
+            and self.stats is not None
+            and all(tau_key(t) in self.acc for _, t in tau_items(self.taus))
+        )
 
 
 class TablePlan:
@@ -347,9 +382,20 @@ class TablePlan:
     simulates the same list. ``partial`` (None in a simulation) gets every
     finished part as a local run saves it."""
 
-    def __init__(self, loaded, task_names: list[str], multiples: list[float], samples: int, batch: int,
-                 stats_docs: int, partial: Partial | None = None, have: set = frozenset(), model=None,
-                 slice_docs: int | None = None, known: dict | None = None):
+    def __init__(
+        self,
+        loaded,
+        task_names: list[str],
+        multiples: list[float],
+        samples: int,
+        batch: int,
+        stats_docs: int,
+        partial: Partial | None = None,
+        have: set = frozenset(),
+        model=None,
+        slice_docs: int | None = None,
+        known: dict | None = None,
+    ):
         self.loaded, self.samples, self.batch, self.stats_docs = loaded, samples, batch, stats_docs
         self.partial, self.model = partial, model
         self.known = known or {}  # cell name -> taus an older table had (only the rest is calibrated)
@@ -377,18 +423,43 @@ class TablePlan:
         for c in self.cells.values():
             if c.stats is None:
                 count = min(self.stats_docs, self.samples)
-                out.append(cluster.Job(_dispersion_job, (c.task, c.n, count, self.batch), f"{c.name}: dispersion",
-                                       passes=((count, c.n),), model=self.model, kind="dispersion", tag=c.name))
+                out.append(
+                    cluster.Job(
+                        _dispersion_job,
+                        (c.task, c.n, count, self.batch),
+                        f"{c.name}: dispersion",
+                        passes=((count, c.n),),
+                        model=self.model,
+                        kind="dispersion",
+                        tag=c.name,
+                    )
+                )
             if c.taus is None:
                 old = self.known.get(c.name, {})
                 todo = [m for m in MEASURED if m not in old]
-                passes = timing.sweep_passes([c.n], 0, methods.costs(todo, self.loaded.n_layers, self.loaded.n_heads, 4),
-                                             self.loaded.train_length)
-                out.append(cluster.Job(_taus_job, (c.task, c.k, c.n, taus_json(old)), f"{c.name}: calibrating",
-                                       passes=tuple(passes), unlocks=len(todo) * cluster.cost([(self.samples, c.n)]),
-                                       model=self.model, kind="taus", tag=c.name))
-                known = dict(closed_taus(self.loaded, c.n),
-                             **{methods.spell(methods.FIXED, t): Schedule.of(t) for t in FIXED}, **old)
+                passes = timing.sweep_passes(
+                    [c.n],
+                    0,
+                    methods.costs(todo, self.loaded.n_layers, self.loaded.n_heads, 4),
+                    self.loaded.train_length,
+                )
+                out.append(
+                    cluster.Job(
+                        _taus_job,
+                        (c.task, c.k, c.n, taus_json(old)),
+                        f"{c.name}: calibrating",
+                        passes=tuple(passes),
+                        unlocks=len(todo) * cluster.cost([(self.samples, c.n)]),
+                        model=self.model,
+                        kind="taus",
+                        tag=c.name,
+                    )
+                )
+                known = dict(
+                    closed_taus(self.loaded, c.n),
+                    **{methods.spell(methods.FIXED, t): Schedule.of(t) for t in FIXED},
+                    **old,
+                )
             else:
                 known = c.taus
             out += self._accuracy_jobs(c, known)
@@ -410,10 +481,18 @@ class TablePlan:
             c.parts[key] = [None] * len(seeds)
             for i, s0 in enumerate(seeds):
                 count = min(self.slice_docs, self.samples - s0)
-                out.append(cluster.Job(_accuracy_job, (c.task, c.n, s0, count, tau, self.batch),
-                                       f"{c.name}: accuracy at tau {_key_text(key)}, documents {s0}..{s0 + count - 1}",
-                                       passes=((count, c.n),), answers=((count, c.n),), model=self.model,
-                                       kind="accuracy", tag=(c.name, key, i)))
+                out.append(
+                    cluster.Job(
+                        _accuracy_job,
+                        (c.task, c.n, s0, count, tau, self.batch),
+                        f"{c.name}: accuracy at tau {_key_text(key)}, documents {s0}..{s0 + count - 1}",
+                        passes=((count, c.n),),
+                        answers=((count, c.n),),
+                        model=self.model,
+                        kind="accuracy",
+                        tag=(c.name, key, i),
+                    )
+                )
         return out
 
     def done(self, job, result) -> list:
@@ -458,8 +537,18 @@ def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]
     def finish(c: Cell) -> int:
         if not c.complete or c.name not in plan.cells:
             return 0
-        new = cell_rows(stem, c.task, c.k, c.n, c.taus, c.acc, c.stats, plan.samples, plan.stats_docs,
-                        distinct_documents(docs_for(plan.loaded, c.task, c.n, plan.samples)))
+        new = cell_rows(
+            stem,
+            c.task,
+            c.k,
+            c.n,
+            c.taus,
+            c.acc,
+            c.stats,
+            plan.samples,
+            plan.stats_docs,
+            distinct_documents(docs_for(plan.loaded, c.task, c.n, plan.samples)),
+        )
         finished[plan.order[c.name]] = new
         rows[:] = base + [r for i in sorted(finished) for r in finished[i]]  # new cells in the local loop's order
         save_csv(ordered(pd.DataFrame(rows), plan.loaded), csv)
@@ -486,12 +575,23 @@ def _run_model_ray(pool, plan: TablePlan, stem: str, csv: Path, rows: list[dict]
     finally:
         bar.close()
     if failed:
-        print(f"{len(failed)} job(s) failed (listed above); running the same command again resumes them",
-              file=sys.stderr)
+        print(
+            f"{len(failed)} job(s) failed (listed above); running the same command again resumes them", file=sys.stderr
+        )
 
 
-def run_model(name: str, task_names: list[str], multiples: list[float], samples: int, batch: int, out: Path,
-              stats_docs: int = 20, pool=None, device: str | None = None, dtype: str | None = None) -> pd.DataFrame:
+def run_model(
+    name: str,
+    task_names: list[str],
+    multiples: list[float],
+    samples: int,
+    batch: int,
+    out: Path,
+    stats_docs: int = 20,
+    pool=None,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> pd.DataFrame:
     """Fill ``<out>/<name>.csv`` cell by cell; cells already there are kept (a killed run resumes).
 
     ``pool``: a :class:`core.experiments.cluster.RayEngine` (``--engine ray``) runs the
@@ -511,7 +611,9 @@ def run_model(name: str, task_names: list[str], multiples: list[float], samples:
     have, known = _finished_cells(rows, samples, stats_docs, partial)
     planned = {(t, float(k)) for t in task_names for k in multiples}
     # a cell this run will (re)write leaves the CSV until it is done; the others stay as they are
-    rows = [r for r in rows if (r["task"], float(r["multiple"])) in have or (r["task"], float(r["multiple"])) not in planned]
+    rows = [
+        r for r in rows if (r["task"], float(r["multiple"])) in have or (r["task"], float(r["multiple"])) not in planned
+    ]
     if pool is not None:
         if __name__ != "__main__" and __name__ in sys.modules:  # imported by name: ship the job functions by
             import ray.cloudpickle  # value, as a script's are (actors cannot import bench/ by that name)
@@ -591,8 +693,11 @@ def _finished_cells(rows: list[dict], samples: int, stats_docs: int, partial: Pa
         taus["_info"] = info
         known[cell] = taus
         dkey = f"{cell}|dispersion|{stats_docs}"
-        if partial.get(dkey) is None and pd.notna(rs[0].get("stats_docs")) \
-                and int(rs[0]["stats_docs"]) == min(stats_docs, samples):  # an older row may not say: measure again
+        if (
+            partial.get(dkey) is None
+            and pd.notna(rs[0].get("stats_docs"))
+            and int(rs[0]["stats_docs"]) == min(stats_docs, samples)
+        ):  # an older row may not say: measure again
             partial.data[dkey] = [list(rs[0]["pmax_layers"]), list(rs[0]["entropy_layers"])]
     if known:
         partial.save()
@@ -604,8 +709,11 @@ def ordered(df: pd.DataFrame, loaded) -> pd.DataFrame:
     if df.empty:
         return df
     order = {t: i for i, t in enumerate(table_tasks(loaded))}
-    return df.sort_values(["task", "multiple"], key=lambda c: c.map(lambda t: order.get(t, len(order))) if c.name == "task" else c,
-                          kind="stable").reset_index(drop=True)
+    return df.sort_values(
+        ["task", "multiple"],
+        key=lambda c: c.map(lambda t: order.get(t, len(order))) if c.name == "task" else c,
+        kind="stable",
+    ).reset_index(drop=True)
 
 
 def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
@@ -627,11 +735,21 @@ def merge(name: str, sources: list[Path], out: Path) -> pd.DataFrame | None:
     save_csv(df, csv)
     partial = Partial(csv.with_suffix(".partial.json"))
     for d in sources:
-        partial.data.update({k: v for k, v in Partial(csv_path(d, name).with_suffix(".partial.json")).data.items()
-                             if k not in partial.data})
+        partial.data.update(
+            {
+                k: v
+                for k, v in Partial(csv_path(d, name).with_suffix(".partial.json")).data.items()
+                if k not in partial.data
+            }
+        )
     # a cell whose rows hold every method is done; an older one keeps its partial entries (it is still to grow)
-    partial.drop(*(f"{task}|{k:g}|{n}" for (task, k, n), g in df.groupby(["task", "multiple", "samples"])
-                   if set(METHODS) <= set(g["method"])))
+    partial.drop(
+        *(
+            f"{task}|{k:g}|{n}"
+            for (task, k, n), g in df.groupby(["task", "multiple", "samples"])
+            if set(METHODS) <= set(g["method"])
+        )
+    )
     csv.with_suffix(".md").write_text(markdown(df, loaded, int(df["samples"].iloc[0])))
     return df
 
@@ -650,16 +768,20 @@ def _read_csv(path: Path) -> pd.DataFrame | None:
 def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
     """The tables of one model: accuracy per task over length x method, then the dispersion table."""
     lt = loaded.train_length
-    lines = [f"### {loaded.spec.name} (L_tr = {lt} tokens)", "",
-             f"Accuracy (%) over {samples} documents per cell (seeds 0..{samples - 1}, needle depth drawn per seed); "
-             "measured methods calibrated on 4 other documents per length (seeds >= 100000, never the test "
-             "documents). Each cell: accuracy ± its binomial standard error in points (sqrt(p (1 - p) / n); 0 "
-             "at 0 or n of n, where the rule of three bounds the rate below 3 / n), then the count (correct / "
-             "documents) and the tau used (for Llama 4 the mean over the rows; for per-layer and per-head "
-             "the mean of the schedule); `*`: the search never reached the L_tr reference (the pick is where its "
-             "range ended). The best fixed tau is an oracle: the best of "
-             f"{', '.join(f'{t:g}' for t in FIXED)} on the test documents themselves (so its SE understates "
-             "its error: it is picked on the documents it is scored on).", ""]
+    lines = [
+        f"### {loaded.spec.name} (L_tr = {lt} tokens)",
+        "",
+        f"Accuracy (%) over {samples} documents per cell (seeds 0..{samples - 1}, needle depth drawn per seed); "
+        "measured methods calibrated on 4 other documents per length (seeds >= 100000, never the test "
+        "documents). Each cell: accuracy ± its binomial standard error in points (sqrt(p (1 - p) / n); 0 "
+        "at 0 or n of n, where the rule of three bounds the rate below 3 / n), then the count (correct / "
+        "documents) and the tau used (for Llama 4 the mean over the rows; for per-layer and per-head "
+        "the mean of the schedule); `*`: the search never reached the L_tr reference (the pick is where its "
+        "range ended). The best fixed tau is an oracle: the best of "
+        f"{', '.join(f'{t:g}' for t in FIXED)} on the test documents themselves (so its SE understates "
+        "its error: it is picked on the documents it is scored on).",
+        "",
+    ]
     for task, d in df.groupby("task", sort=False):
         mult = sorted(d["multiple"].unique())
         distinct = d["distinct_docs"] if "distinct_docs" in d else pd.Series(dtype=float)
@@ -689,10 +811,13 @@ def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
         lines.append("| best fixed tau (oracle) | " + " | ".join(cells) + " |")
         lines.append("")
     sd = int(df["stats_docs"].max()) if "stats_docs" in df and df["stats_docs"].notna().any() else samples
-    lines += [f"**Dispersion at tau = 1** (mean Pmax / H per encoder layer, {df['task'].iloc[0]}, "
-              f"up to {sd} documents per length; the paper's Table 1)", "",
-              "| tokens | " + " | ".join(f"layer {i}" for i in range(loaded.n_layers)) + " | mean |",
-              "|---" * (loaded.n_layers + 2) + "|"]
+    lines += [
+        f"**Dispersion at tau = 1** (mean Pmax / H per encoder layer, {df['task'].iloc[0]}, "
+        f"up to {sd} documents per length; the paper's Table 1)",
+        "",
+        "| tokens | " + " | ".join(f"layer {i}" for i in range(loaded.n_layers)) + " | mean |",
+        "|---" * (loaded.n_layers + 2) + "|",
+    ]
     d = df[(df["method"] == methods.AS_TRAINED)]
     first = d["task"].iloc[0]
     for _, r in d[d["task"] == first].iterrows():
@@ -706,8 +831,17 @@ def markdown(df: pd.DataFrame, loaded, samples: int) -> str:
 LM_METHODS = METHODS + tuple(methods.spell(methods.FIXED, t) for t in (0.9, 0.8, 0.7, 0.6))
 
 
-def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, out: Path, methods: list[str],
-                 device: str | None = None, dtype: str | None = None, copies: tuple[str, ...] | None = None) -> None:
+def run_lm_model(
+    name: str,
+    multiples: list[float],
+    sequences: int,
+    batch: int,
+    out: Path,
+    methods: list[str],
+    device: str | None = None,
+    dtype: str | None = None,
+    copies: tuple[str, ...] | None = None,
+) -> None:
     """Perplexity of a language model over L_tr x ``multiples`` x ``methods`` (core.experiments.perplexity, resumable CSV),
     then ``<out>/<model>.md``: the table with the best fixed tau marked as an oracle.
 
@@ -719,8 +853,15 @@ def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, 
     loaded = load(name, device=device, dtype=dtype)
     lt = loaded.train_length
     copies = tuple(copies or (COPY_WITH, COPY_WITHOUT))
-    plan = PerplexityPlan(model=loaded.spec.name, lengths=sorted({int(round(k * lt)) for k in multiples}),
-                          methods=methods, sequences=sequences, batch_size=batch, calib_seed=CALIB_SEED, copies=copies)
+    plan = PerplexityPlan(
+        model=loaded.spec.name,
+        lengths=sorted({int(round(k * lt)) for k in multiples}),
+        methods=methods,
+        sequences=sequences,
+        batch_size=batch,
+        calib_seed=CALIB_SEED,
+        copies=copies,
+    )
     csv = csv_path(out, name)
     bar = tqdm(total=plan.total, desc=f"{name} perplexity (sequences)", file=sys.stderr)
 
@@ -736,9 +877,11 @@ def run_lm_model(name: str, multiples: list[float], sequences: int, batch: int, 
 
 
 #: What each kind of sequence is, for the table's heading (core.experiments.perplexity's module docstring says how each is drawn).
-COPY_TEXT = {"mixed": "held-out sequences as drawn (about half repeat their continuation earlier)",
-             "with": "sequences whose continuation appeared earlier in the prefix",
-             "without": "the same seeds without that earlier copy"}
+COPY_TEXT = {
+    "mixed": "held-out sequences as drawn (about half repeat their continuation earlier)",
+    "with": "sequences whose continuation appeared earlier in the prefix",
+    "without": "the same seeds without that earlier copy",
+}
 
 
 def lm_markdown(df: pd.DataFrame, name: str, lt: int, continuation: int, sequences: int) -> str:
@@ -750,9 +893,12 @@ def lm_markdown(df: pd.DataFrame, name: str, lt: int, continuation: int, sequenc
     df = df.copy()
     if "copy" not in df:
         df["copy"] = COPY_MIXED
-    lines = [f"# {name}: perplexity of the next {continuation} tokens (L_tr = {lt})", "",
-             f"{sequences} held-out sequences per cell (core.data.tasks.lm, corpus-eval pool); measured methods calibrated "
-             f"on 4 sequences with seeds from {CALIB_SEED:,}; corpus-level perplexity exp(sum -log p / tokens)."]
+    lines = [
+        f"# {name}: perplexity of the next {continuation} tokens (L_tr = {lt})",
+        "",
+        f"{sequences} held-out sequences per cell (core.data.tasks.lm, corpus-eval pool); measured methods calibrated "
+        f"on 4 sequences with seeds from {CALIB_SEED:,}; corpus-level perplexity exp(sum -log p / tokens).",
+    ]
     for kind, d in df.groupby("copy", sort=False):
         table = perplexity_table(d.drop(columns="copy"))
         fixed = [m for m in table.index if str(m).startswith(methods.FIXED_PREFIX)]
@@ -761,11 +907,18 @@ def lm_markdown(df: pd.DataFrame, name: str, lt: int, continuation: int, sequenc
             best, which = table.loc[fixed].min(), table.loc[fixed].idxmin()
             table.loc["best fixed tau (oracle)"] = best
             table = table.drop(index=fixed)
-        seeds = f"seeds {int(d['first_seed'].min())}..{int(d['last_seed'].max())}" if "last_seed" in d else \
-            f"seeds from {int(d['first_seed'].min())}"
-        lines += ["", f"## copy: {kind}: {COPY_TEXT.get(str(kind), kind)} ({seeds})", "",
-                  "| method | " + " | ".join(f"{int(c):,} ({c / lt:g}x)" for c in table.columns) + " |",
-                  "|---" * (len(table.columns) + 1) + "|"]
+        seeds = (
+            f"seeds {int(d['first_seed'].min())}..{int(d['last_seed'].max())}"
+            if "last_seed" in d
+            else f"seeds from {int(d['first_seed'].min())}"
+        )
+        lines += [
+            "",
+            f"## copy: {kind}: {COPY_TEXT.get(str(kind), kind)} ({seeds})",
+            "",
+            "| method | " + " | ".join(f"{int(c):,} ({c / lt:g}x)" for c in table.columns) + " |",
+            "|---" * (len(table.columns) + 1) + "|",
+        ]
         for m, row in table.iterrows():
             lines.append(f"| {m} | " + " | ".join(f"{v:.1f}" for v in row.to_numpy()) + " |")
         if which is not None:
@@ -783,72 +936,359 @@ def lm_markdown(df: pd.DataFrame, name: str, lt: int, continuation: int, sequenc
 #: (">500", "<0.1"). Transcribed by hand-checked script from the paper's text; not measured here.
 MLM_PAPER_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 MLM_PAPER = {
-    'PI': {
-        'none': (('24.51', '0.46'), ('10.75', '0.55'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
-        'C.S.': (('10.38', '0.52'), ('10.46', '0.53'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
-        'I.S.': (('21.67', '0.48'), ('8.14', '0.61'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
-        'C.S. + I.S.': (('9.59', '0.54'), ('10.15', '0.54'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1'), ('>500', '<0.1')),
+    "PI": {
+        "none": (
+            ("24.51", "0.46"),
+            ("10.75", "0.55"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+        ),
+        "C.S.": (
+            ("10.38", "0.52"),
+            ("10.46", "0.53"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+        ),
+        "I.S.": (
+            ("21.67", "0.48"),
+            ("8.14", "0.61"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+        ),
+        "C.S. + I.S.": (
+            ("9.59", "0.54"),
+            ("10.15", "0.54"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+            (">500", "<0.1"),
+        ),
     },
-    'ALiBi': {
-        'none': (('151.00', '<0.1'), ('271.97', '<0.1'), ('346.88', '<0.1'), ('401.87', '<0.1'), ('488.47', '<0.1'), ('>500', '<0.1')),
-        'C.S.': (('151.57', '<0.1'), ('263.90', '<0.1'), ('335.35', '<0.1'), ('392.22', '<0.1'), ('468.78', '<0.1'), ('486.49', '<0.1')),
-        'I.S.': (('150.74', '<0.1'), ('270.76', '<0.1'), ('353.25', '<0.1'), ('404.16', '<0.1'), ('478.59', '<0.1'), ('>500', '<0.1')),
-        'C.S. + I.S.': (('147.23', '0.11'), ('258.90', '<0.1'), ('322.28', '<0.1'), ('386.62', '<0.1'), ('444.07', '<0.1'), ('473.05', '<0.1')),
+    "ALiBi": {
+        "none": (
+            ("151.00", "<0.1"),
+            ("271.97", "<0.1"),
+            ("346.88", "<0.1"),
+            ("401.87", "<0.1"),
+            ("488.47", "<0.1"),
+            (">500", "<0.1"),
+        ),
+        "C.S.": (
+            ("151.57", "<0.1"),
+            ("263.90", "<0.1"),
+            ("335.35", "<0.1"),
+            ("392.22", "<0.1"),
+            ("468.78", "<0.1"),
+            ("486.49", "<0.1"),
+        ),
+        "I.S.": (
+            ("150.74", "<0.1"),
+            ("270.76", "<0.1"),
+            ("353.25", "<0.1"),
+            ("404.16", "<0.1"),
+            ("478.59", "<0.1"),
+            (">500", "<0.1"),
+        ),
+        "C.S. + I.S.": (
+            ("147.23", "0.11"),
+            ("258.90", "<0.1"),
+            ("322.28", "<0.1"),
+            ("386.62", "<0.1"),
+            ("444.07", "<0.1"),
+            ("473.05", "<0.1"),
+        ),
     },
-    'PoSE': {
-        'none': (('1.97', '0.85'), ('2.23', '0.81'), ('2.61', '0.77'), ('14.74', '0.46'), ('240.25', '0.10'), ('>500', '<0.1')),
-        'C.S.': (('2.07', '0.84'), ('2.29', '0.81'), ('2.34', '0.81'), ('3.35', '0.73'), ('12.37', '0.51'), ('22.03', '0.41')),
-        'I.S.': (('1.95', '0.85'), ('2.10', '0.83'), ('2.15', '0.82'), ('6.32', '0.60'), ('73.80', '0.23'), ('354.50', '<0.1')),
-        'C.S. + I.S.': (('2.06', '0.84'), ('2.24', '0.82'), ('2.28', '0.81'), ('3.30', '0.74'), ('11.20', '0.53'), ('18.41', '0.44')),
+    "PoSE": {
+        "none": (
+            ("1.97", "0.85"),
+            ("2.23", "0.81"),
+            ("2.61", "0.77"),
+            ("14.74", "0.46"),
+            ("240.25", "0.10"),
+            (">500", "<0.1"),
+        ),
+        "C.S.": (
+            ("2.07", "0.84"),
+            ("2.29", "0.81"),
+            ("2.34", "0.81"),
+            ("3.35", "0.73"),
+            ("12.37", "0.51"),
+            ("22.03", "0.41"),
+        ),
+        "I.S.": (
+            ("1.95", "0.85"),
+            ("2.10", "0.83"),
+            ("2.15", "0.82"),
+            ("6.32", "0.60"),
+            ("73.80", "0.23"),
+            ("354.50", "<0.1"),
+        ),
+        "C.S. + I.S.": (
+            ("2.06", "0.84"),
+            ("2.24", "0.82"),
+            ("2.28", "0.81"),
+            ("3.30", "0.74"),
+            ("11.20", "0.53"),
+            ("18.41", "0.44"),
+        ),
     },
-    'StreamingLLM': {
-        'none': (('2.18', '0.84'), ('2.55', '0.80'), ('2.85', '0.78'), ('4.27', '0.71'), ('4.88', '0.69'), ('5.42', '0.67')),
-        'C.S.': (('2.31', '0.82'), ('2.72', '0.78'), ('2.97', '0.77'), ('4.13', '0.72'), ('4.59', '0.70'), ('4.88', '0.69')),
-        'I.S.': (('2.18', '0.83'), ('2.53', '0.80'), ('2.85', '0.79'), ('4.76', '0.70'), ('4.84', '0.70'), ('5.20', '0.68')),
-        'C.S. + I.S.': (('2.29', '0.82'), ('2.68', '0.79'), ('2.94', '0.78'), ('4.13', '0.72'), ('4.54', '0.71'), ('4.83', '0.70')),
+    "StreamingLLM": {
+        "none": (
+            ("2.18", "0.84"),
+            ("2.55", "0.80"),
+            ("2.85", "0.78"),
+            ("4.27", "0.71"),
+            ("4.88", "0.69"),
+            ("5.42", "0.67"),
+        ),
+        "C.S.": (
+            ("2.31", "0.82"),
+            ("2.72", "0.78"),
+            ("2.97", "0.77"),
+            ("4.13", "0.72"),
+            ("4.59", "0.70"),
+            ("4.88", "0.69"),
+        ),
+        "I.S.": (
+            ("2.18", "0.83"),
+            ("2.53", "0.80"),
+            ("2.85", "0.79"),
+            ("4.76", "0.70"),
+            ("4.84", "0.70"),
+            ("5.20", "0.68"),
+        ),
+        "C.S. + I.S.": (
+            ("2.29", "0.82"),
+            ("2.68", "0.79"),
+            ("2.94", "0.78"),
+            ("4.13", "0.72"),
+            ("4.54", "0.71"),
+            ("4.83", "0.70"),
+        ),
     },
-    'YaRN(s=16)': {
-        'none': (('2.41', '0.81'), ('2.99', '0.76'), ('3.37', '0.73'), ('7.07', '0.60'), ('15.34', '0.48'), ('26.59', '0.41')),
-        'C.S.': (('2.57', '0.78'), ('3.09', '0.75'), ('3.09', '0.75'), ('4.79', '0.67'), ('6.28', '0.63'), ('7.73', '0.59')),
-        'I.S.': (('2.26', '0.82'), ('2.58', '0.80'), ('2.61', '0.78'), ('4.37', '0.70'), ('7.49', '0.61'), ('12.38', '0.53')),
-        'C.S. + I.S.': (('2.47', '0.79'), ('2.83', '0.77'), ('2.75', '0.77'), ('4.30', '0.70'), ('5.84', '0.65'), ('7.52', '0.60')),
+    "YaRN(s=16)": {
+        "none": (
+            ("2.41", "0.81"),
+            ("2.99", "0.76"),
+            ("3.37", "0.73"),
+            ("7.07", "0.60"),
+            ("15.34", "0.48"),
+            ("26.59", "0.41"),
+        ),
+        "C.S.": (
+            ("2.57", "0.78"),
+            ("3.09", "0.75"),
+            ("3.09", "0.75"),
+            ("4.79", "0.67"),
+            ("6.28", "0.63"),
+            ("7.73", "0.59"),
+        ),
+        "I.S.": (
+            ("2.26", "0.82"),
+            ("2.58", "0.80"),
+            ("2.61", "0.78"),
+            ("4.37", "0.70"),
+            ("7.49", "0.61"),
+            ("12.38", "0.53"),
+        ),
+        "C.S. + I.S.": (
+            ("2.47", "0.79"),
+            ("2.83", "0.77"),
+            ("2.75", "0.77"),
+            ("4.30", "0.70"),
+            ("5.84", "0.65"),
+            ("7.52", "0.60"),
+        ),
     },
-    'YaRN(s=32)': {
-        'none': (('2.65', '0.79'), ('3.35', '0.74'), ('3.88', '0.71'), ('7.94', '0.58'), ('16.68', '0.47'), ('27.59', '0.40')),
-        'C.S.': (('2.70', '0.78'), ('3.29', '0.73'), ('3.40', '0.73'), ('5.29', '0.65'), ('6.87', '0.61'), ('8.50', '0.58')),
-        'I.S.': (('2.42', '0.81'), ('2.74', '0.78'), ('2.75', '0.77'), ('4.40', '0.69'), ('7.04', '0.62'), ('10.56', '0.55')),
-        'C.S. + I.S.': (('2.57', '0.79'), ('2.98', '0.76'), ('3.00', '0.75'), ('4.68', '0.68'), ('6.26', '0.63'), ('8.28', '0.59')),
+    "YaRN(s=32)": {
+        "none": (
+            ("2.65", "0.79"),
+            ("3.35", "0.74"),
+            ("3.88", "0.71"),
+            ("7.94", "0.58"),
+            ("16.68", "0.47"),
+            ("27.59", "0.40"),
+        ),
+        "C.S.": (
+            ("2.70", "0.78"),
+            ("3.29", "0.73"),
+            ("3.40", "0.73"),
+            ("5.29", "0.65"),
+            ("6.87", "0.61"),
+            ("8.50", "0.58"),
+        ),
+        "I.S.": (
+            ("2.42", "0.81"),
+            ("2.74", "0.78"),
+            ("2.75", "0.77"),
+            ("4.40", "0.69"),
+            ("7.04", "0.62"),
+            ("10.56", "0.55"),
+        ),
+        "C.S. + I.S.": (
+            ("2.57", "0.79"),
+            ("2.98", "0.76"),
+            ("3.00", "0.75"),
+            ("4.68", "0.68"),
+            ("6.26", "0.63"),
+            ("8.28", "0.59"),
+        ),
     },
-    'W.A.': {
-        'none': (('2.19', '0.84'), ('2.55', '0.80'), ('2.82', '0.78'), ('3.69', '0.74'), ('3.87', '0.73'), ('4.24', '0.71')),
-        'C.S.': (('2.21', '0.84'), ('2.67', '0.79'), ('2.93', '0.78'), ('3.81', '0.73'), ('4.02', '0.73'), ('4.44', '0.71')),
-        'I.S.': (('2.19', '0.83'), ('2.53', '0.80'), ('2.83', '0.79'), ('3.73', '0.74'), ('3.92', '0.74'), ('4.32', '0.72')),
-        'C.S. + I.S.': (('2.17', '0.84'), ('2.51', '0.81'), ('2.72', '0.80'), ('3.54', '0.75'), ('3.72', '0.75'), ('4.06', '0.73')),
+    "W.A.": {
+        "none": (
+            ("2.19", "0.84"),
+            ("2.55", "0.80"),
+            ("2.82", "0.78"),
+            ("3.69", "0.74"),
+            ("3.87", "0.73"),
+            ("4.24", "0.71"),
+        ),
+        "C.S.": (
+            ("2.21", "0.84"),
+            ("2.67", "0.79"),
+            ("2.93", "0.78"),
+            ("3.81", "0.73"),
+            ("4.02", "0.73"),
+            ("4.44", "0.71"),
+        ),
+        "I.S.": (
+            ("2.19", "0.83"),
+            ("2.53", "0.80"),
+            ("2.83", "0.79"),
+            ("3.73", "0.74"),
+            ("3.92", "0.74"),
+            ("4.32", "0.72"),
+        ),
+        "C.S. + I.S.": (
+            ("2.17", "0.84"),
+            ("2.51", "0.81"),
+            ("2.72", "0.80"),
+            ("3.54", "0.75"),
+            ("3.72", "0.75"),
+            ("4.06", "0.73"),
+        ),
     },
-    'LM-Infinite': {
-        'none': (('12.25', '0.55'), ('18.65', '0.46'), ('21.66', '0.43'), ('30.72', '0.39'), ('32.04', '0.38'), ('32.56', '0.37')),
-        'C.S.': (('4.09', '0.69'), ('6.63', '0.61'), ('7.99', '0.58'), ('10.88', '0.54'), ('11.83', '0.53'), ('12.91', '0.50')),
-        'I.S.': (('12.66', '0.54'), ('26.64', '0.42'), ('28.47', '0.40'), ('30.90', '0.38'), ('29.92', '0.38'), ('32.81', '0.37')),
-        'C.S. + I.S.': (('3.97', '0.71'), ('6.22', '0.63'), ('7.26', '0.60'), ('9.82', '0.56'), ('10.42', '0.56'), ('11.11', '0.54')),
+    "LM-Infinite": {
+        "none": (
+            ("12.25", "0.55"),
+            ("18.65", "0.46"),
+            ("21.66", "0.43"),
+            ("30.72", "0.39"),
+            ("32.04", "0.38"),
+            ("32.56", "0.37"),
+        ),
+        "C.S.": (
+            ("4.09", "0.69"),
+            ("6.63", "0.61"),
+            ("7.99", "0.58"),
+            ("10.88", "0.54"),
+            ("11.83", "0.53"),
+            ("12.91", "0.50"),
+        ),
+        "I.S.": (
+            ("12.66", "0.54"),
+            ("26.64", "0.42"),
+            ("28.47", "0.40"),
+            ("30.90", "0.38"),
+            ("29.92", "0.38"),
+            ("32.81", "0.37"),
+        ),
+        "C.S. + I.S.": (
+            ("3.97", "0.71"),
+            ("6.22", "0.63"),
+            ("7.26", "0.60"),
+            ("9.82", "0.56"),
+            ("10.42", "0.56"),
+            ("11.11", "0.54"),
+        ),
     },
-    'ReRoPE': {
-        'none': (('15.61', '0.49'), ('46.44', '0.33'), ('151.22', '0.18'), ('295.42', '0.12'), ('475.82', '<0.1'), ('>500', '<0.1')),
-        'C.S.': (('3.69', '0.72'), ('3.62', '0.72'), ('3.88', '0.71'), ('5.10', '0.67'), ('5.55', '0.66'), ('6.36', '0.63')),
-        'I.S.': (('14.77', '0.50'), ('23.61', '0.43'), ('52.86', '0.32'), ('115.83', '0.23'), ('210.78', '0.17'), ('311.24', '0.12')),
-        'C.S. + I.S.': (('3.64', '0.72'), ('3.47', '0.73'), ('3.63', '0.73'), ('4.74', '0.69'), ('4.97', '0.69'), ('5.41', '0.67')),
+    "ReRoPE": {
+        "none": (
+            ("15.61", "0.49"),
+            ("46.44", "0.33"),
+            ("151.22", "0.18"),
+            ("295.42", "0.12"),
+            ("475.82", "<0.1"),
+            (">500", "<0.1"),
+        ),
+        "C.S.": (
+            ("3.69", "0.72"),
+            ("3.62", "0.72"),
+            ("3.88", "0.71"),
+            ("5.10", "0.67"),
+            ("5.55", "0.66"),
+            ("6.36", "0.63"),
+        ),
+        "I.S.": (
+            ("14.77", "0.50"),
+            ("23.61", "0.43"),
+            ("52.86", "0.32"),
+            ("115.83", "0.23"),
+            ("210.78", "0.17"),
+            ("311.24", "0.12"),
+        ),
+        "C.S. + I.S.": (
+            ("3.64", "0.72"),
+            ("3.47", "0.73"),
+            ("3.63", "0.73"),
+            ("4.74", "0.69"),
+            ("4.97", "0.69"),
+            ("5.41", "0.67"),
+        ),
     },
-    'GAU-α (plain RoPE)': {
-        'none': (('2.17', '0.84'), ('2.55', '0.80'), ('3.05', '0.76'), ('17.12', '0.46'), ('327.44', '0.10'), ('>500', '<0.1')),
-        'C.S.': (('2.29', '0.82'), ('2.70', '0.78'), ('2.92', '0.77'), ('5.03', '0.68'), ('24.03', '0.43'), ('49.45', '0.32')),
-        'I.S.': (('2.16', '0.84'), ('2.48', '0.81'), ('2.71', '0.78'), ('8.60', '0.58'), ('109.15', '0.23'), ('>500', '<0.1')),
-        'C.S. + I.S.': (('2.28', '0.82'), ('2.64', '0.79'), ('2.86', '0.78'), ('5.03', '0.68'), ('23.24', '0.44'), ('44.07', '0.34')),
+    "GAU-α (plain RoPE)": {
+        "none": (
+            ("2.17", "0.84"),
+            ("2.55", "0.80"),
+            ("3.05", "0.76"),
+            ("17.12", "0.46"),
+            ("327.44", "0.10"),
+            (">500", "<0.1"),
+        ),
+        "C.S.": (
+            ("2.29", "0.82"),
+            ("2.70", "0.78"),
+            ("2.92", "0.77"),
+            ("5.03", "0.68"),
+            ("24.03", "0.43"),
+            ("49.45", "0.32"),
+        ),
+        "I.S.": (
+            ("2.16", "0.84"),
+            ("2.48", "0.81"),
+            ("2.71", "0.78"),
+            ("8.60", "0.58"),
+            ("109.15", "0.23"),
+            (">500", "<0.1"),
+        ),
+        "C.S. + I.S.": (
+            ("2.28", "0.82"),
+            ("2.64", "0.79"),
+            ("2.86", "0.78"),
+            ("5.03", "0.68"),
+            ("23.24", "0.44"),
+            ("44.07", "0.34"),
+        ),
     },
 }
 #: Our schemes (core.values.positions) beside the paper's rows they correspond to (ALiBi and PoSE need their own training:
 #: core.values.positions lists them unavailable; ntk has no row in the paper; YaRN's s is fitted to the input here, the
 #: paper fine-tuned at s = 16 and 32).
-MLM_PAPER_ROW = {positions.PLAIN: "GAU-α (plain RoPE)", "pi": "PI", "yarn-rope": "YaRN(s=16)", "rerope": "ReRoPE",
-                 "window": "W.A.", "streaming-llm": "StreamingLLM", "lm-infinite": "LM-Infinite"}
+MLM_PAPER_ROW = {
+    positions.PLAIN: "GAU-α (plain RoPE)",
+    "pi": "PI",
+    "yarn-rope": "YaRN(s=16)",
+    "rerope": "ReRoPE",
+    "window": "W.A.",
+    "streaming-llm": "StreamingLLM",
+    "lm-infinite": "LM-Infinite",
+}
 #: The table's four temperature settings, as the paper's Table 1 names them: none; C.S. = the cosine-attention
 #: model at its trained CosScale s (the paper trains with s = 128 and keeps it at every evaluation length: C.S. is
 #: the cosine model, not an s that grows with L); I.S. = InfoScale (tau = 1 / InfoScale(L_tr, L, d), epsilon = 0,
@@ -866,8 +1306,11 @@ MLM_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
 def infoscale_method() -> str:
     """The registry's InfoScale, asked by what it is: the one closed form (no statistics) that reads the head
     dimension d, as InfoScale's n^(-2/d) does (core.runs.methods owns the name)."""
-    found = [name for name, m in methods.REGISTRY.items() if m.formula is not None and not m.stats
-             and m.formula(64, 1024, 16, None) != m.formula(64, 1024, 64, None)]
+    found = [
+        name
+        for name, m in methods.REGISTRY.items()
+        if m.formula is not None and not m.stats and m.formula(64, 1024, 16, None) != m.formula(64, 1024, 64, None)
+    ]
     if len(found) != 1:
         raise RuntimeError(f"expected one closed form that reads d (InfoScale), found {found}")
     return found[0]
@@ -892,10 +1335,20 @@ def mlm_csv(out: Path, name: str) -> Path:
     return out / f"mlm-{csv_path(Path('.'), name).stem}.csv"
 
 
-def run_mlm_table(dot: str, cos: str, multiples=MLM_MULTIPLES, out: Path = Path("assets/results"),
-                  schemes: tuple[str, ...] | None = None, min_masked: int = MLM_MIN_MASKED, seed: int = 0,
-                  batch: int = 8, pool=None, device: str | None = None, dtype: str | None = None,
-                  min_sequences: int = MLM_MIN_SEQUENCES) -> pd.DataFrame:
+def run_mlm_table(
+    dot: str,
+    cos: str,
+    multiples=MLM_MULTIPLES,
+    out: Path = Path("assets/results"),
+    schemes: tuple[str, ...] | None = None,
+    min_masked: int = MLM_MIN_MASKED,
+    seed: int = 0,
+    batch: int = 8,
+    pool=None,
+    device: str | None = None,
+    dtype: str | None = None,
+    min_sequences: int = MLM_MIN_SEQUENCES,
+) -> pd.DataFrame:
     """The masked-token table: ``schemes`` x :data:`MLM_VARIANTS` x L_tr x ``multiples`` on the dot-product model
     ``dot`` and the cosine one ``cos`` (core.experiments.mlm.run_mlm_sweep, one CSV per model, resumable: a killed run goes
     on from its last whole row). Writes ``<out>/mlm-table.md`` (:func:`mlm_markdown`); returns the rows with
@@ -907,15 +1360,22 @@ def run_mlm_table(dot: str, cos: str, multiples=MLM_MULTIPLES, out: Path = Path(
     for name, cosine in ((dot, False), (cos, True)):
         loaded = load(name, device="cpu" if pool is not None else device, dtype=None if pool is not None else dtype)
         if bool(loaded.cosine) != cosine:
-            raise SystemExit(f"error: {name} {'has' if loaded.cosine else 'lacks'} cosine attention; "
-                             f"give the dot-product model as --mlm-dot and the cosine one as --mlm-cos")
+            raise SystemExit(
+                f"error: {name} {'has' if loaded.cosine else 'lacks'} cosine attention; "
+                f"give the dot-product model as --mlm-dot and the cosine one as --mlm-cos"
+            )
         models[cosine] = loaded
         csv = mlm_csv(out, name)
         for k in multiples:
             n = int(round(k * loaded.train_length))
-            plan = mlm.MlmPlan(lengths=[n], methods=[methods.AS_TRAINED, infoscale], schemes=schemes,
-                               sequences=mlm_sequences(loaded, n, min_masked, seed, min_sequences), seed=seed,
-                               batch_size=batch)
+            plan = mlm.MlmPlan(
+                lengths=[n],
+                methods=[methods.AS_TRAINED, infoscale],
+                schemes=schemes,
+                sequences=mlm_sequences(loaded, n, min_masked, seed, min_sequences),
+                seed=seed,
+                batch_size=batch,
+            )
             bar = tqdm(total=len(schemes) * 2 * plan.sequences, desc=f"{loaded.spec.name} {k:g}x", file=sys.stderr)
 
             def progress(done: int, total: int) -> None:
@@ -957,7 +1417,8 @@ def mlm_markdown(df: pd.DataFrame, dot, cos, min_masked: int = MLM_MIN_MASKED, s
     masked = df.groupby("tokens")["masked"].min()
     lines = [
         f"### Masked-token perplexity / accuracy: {dot.spec.name} (dot product) and {cos.spec.name} "
-        f"(cosine, s = {cos.cosine_scale:g}), L_tr = {lt}", "",
+        f"(cosine, s = {cos.cosine_scale:g}), L_tr = {lt}",
+        "",
         f"Held-out prose (core.data.tasks lm, corpus-eval pool), 15 % of each sequence's tokens masked; per length "
         f"{', '.join(f'{n:,}: {int(seqs[n])} sequences, >= {int(masked[n])} masked' for n in mult)} "
         f"(at least {min_masked} per cell); sequence seeds {seed}.. (each seed also draws its masked positions); "
@@ -965,9 +1426,11 @@ def mlm_markdown(df: pd.DataFrame, dot, cos, min_masked: int = MLM_MIN_MASKED, s
         "standard error sqrt(p (1 - p) / masked) (the masked positions counted as independent trials; a cell of "
         "one sequence is one text's number, so the SE there says nothing of the spread between texts). "
         "C.S.: the cosine model at its trained s, the same at every length (the paper's CosScale); I.S.: InfoScale "
-        "(epsilon = 0) from the method registry; none: the dot-product model as trained.", "",
+        "(epsilon = 0) from the method registry; none: the dot-product model as trained.",
+        "",
         "| scheme | setting | " + " | ".join(f"{n / lt:g}x ({n:,})" for n in mult) + " |",
-        "|---|---" + "|---" * len(mult) + "|"]
+        "|---|---" + "|---" * len(mult) + "|",
+    ]
     for scheme in dict.fromkeys(df["scheme"]):
         d = df[df["scheme"] == scheme]
         for variant in MLM_VARIANTS:
@@ -980,10 +1443,14 @@ def mlm_markdown(df: pd.DataFrame, dot, cos, min_masked: int = MLM_MIN_MASKED, s
                 acc, count = float(hit["accuracy"].iloc[0]), int(hit["masked"].iloc[0])
                 cells.append(f"{float(hit['perplexity'].iloc[0]):.2f} / {acc:.2f} ± {binomial_se(acc, count):.3f}")
             lines.append(f"| {positions.get(scheme).label} | {variant} | " + " | ".join(cells) + " |")
-    lines += ["", "**The paper's numbers** (Li et al. 2025, Table 1; the plain rows from its Table 10; GAU-alpha, "
-              "L_tr = 64, CosScale 128, 16 for W.A.), by the same multiples of L_tr:", "",
-              "| scheme (paper's row) | setting | " + " | ".join(f"{n / lt:g}x ({int(n / lt * 64):,})" for n in mult) + " |",
-              "|---|---" + "|---" * len(mult) + "|"]
+    lines += [
+        "",
+        "**The paper's numbers** (Li et al. 2025, Table 1; the plain rows from its Table 10; GAU-alpha, "
+        "L_tr = 64, CosScale 128, 16 for W.A.), by the same multiples of L_tr:",
+        "",
+        "| scheme (paper's row) | setting | " + " | ".join(f"{n / lt:g}x ({int(n / lt * 64):,})" for n in mult) + " |",
+        "|---|---" + "|---" * len(mult) + "|",
+    ]
     for scheme in dict.fromkeys(df["scheme"]):
         name = MLM_PAPER_ROW.get(scheme)
         if name is None:
@@ -1035,9 +1502,17 @@ def _ruler_key(row: dict) -> tuple:
     return (str(row["task"]), int(row["tokens"]), str(row["method"]), int(row["samples"]))
 
 
-def ruler_rows(loaded, names: list[str], multiples: list[float], samples: int, batch: int,
-               method_names: list[str], progress=None, have: set | frozenset = frozenset(),
-               on_cell=None) -> list[dict]:
+def ruler_rows(
+    loaded,
+    names: list[str],
+    multiples: list[float],
+    samples: int,
+    batch: int,
+    method_names: list[str],
+    progress=None,
+    have: set | frozenset = frozenset(),
+    on_cell=None,
+) -> list[dict]:
     """Accuracy of each RULER row x length x method (closed forms: no pass to resolve), test documents seeds
     0..samples-1 with needle depth drawn per seed as :func:`docs_for` draws it; equal schedules run once.
     ``have``: row keys (:data:`RULER_KEY`) already measured, skipped (a cell whose methods are all there builds
@@ -1052,23 +1527,40 @@ def ruler_rows(loaded, names: list[str], multiples: list[float], samples: int, b
             todo = [m for m in method_names if (name, n, m, samples) not in have]
             if not todo:
                 continue
-            docs = [tasks.make(task, loaded.tokenizer, n, depth=random.Random(s * 7919 + n).random(), seed=s,
-                               haystack=haystack) for s in range(samples)]
+            docs = [
+                tasks.make(
+                    task, loaded.tokenizer, n, depth=random.Random(s * 7919 + n).random(), seed=s, haystack=haystack
+                )
+                for s in range(samples)
+            ]
             encs = [engine.encode(loaded, d) for d in docs]
             done: dict[tuple, float] = {}
             cell = []
             for m in todo:
-                tau = methods.resolve(loaded, None, m, tokens=n)[0] if not methods.get(m).takes_value else \
-                    methods.parse(m)[1]
+                tau = (
+                    methods.resolve(loaded, None, m, tokens=n)[0]
+                    if not methods.get(m).takes_value
+                    else methods.parse(m)[1]
+                )
                 key = tau_key(tau)
                 if key not in done:
                     t0 = time.perf_counter()
                     done[key] = accuracy(loaded, docs, encs, tau, batch)
                     if progress:
                         progress(name, k, m, done[key], time.perf_counter() - t0)
-                cell.append({"model": loaded.spec.name, "task": name, "haystack": haystack, "multiple": k,
-                             "tokens": n, "method": m, "tau": Schedule.of(tau).mean(n), "accuracy": done[key],
-                             "samples": samples})
+                cell.append(
+                    {
+                        "model": loaded.spec.name,
+                        "task": name,
+                        "haystack": haystack,
+                        "multiple": k,
+                        "tokens": n,
+                        "method": m,
+                        "tau": Schedule.of(tau).mean(n),
+                        "accuracy": done[key],
+                        "samples": samples,
+                    }
+                )
             rows += cell
             if on_cell:
                 on_cell(cell)
@@ -1078,30 +1570,53 @@ def ruler_rows(loaded, names: list[str], multiples: list[float], samples: int, b
 def ruler_markdown(df: pd.DataFrame, train_length: int, share: float = RULER_SHARE, counts: bool = False) -> str:
     """The RULER block: accuracy per row x method over length, and each one's effective length. ``counts``: each
     cell with its binomial SE and count (:func:`count_cell`), as :func:`run_ruler` writes it."""
-    out = [f"Accuracy (%) per RULER-style task, {int(df['samples'].iloc[0])} documents per cell (seeds 0..), "
-           + ("± its binomial standard error in points and the count (correct / documents), " if counts else "")
-           + f"tau in brackets (a row schedule: its mean). Effective length: the longest length up to which "
-           f"accuracy stays >= {share:.0%} of the L_tr (1x) value; n/a where the L_tr accuracy is 0.", ""]
+    out = [
+        f"Accuracy (%) per RULER-style task, {int(df['samples'].iloc[0])} documents per cell (seeds 0..), "
+        + ("± its binomial standard error in points and the count (correct / documents), " if counts else "")
+        + f"tau in brackets (a row schedule: its mean). Effective length: the longest length up to which "
+        f"accuracy stays >= {share:.0%} of the L_tr (1x) value; n/a where the L_tr accuracy is 0.",
+        "",
+    ]
     for name in dict.fromkeys(df["task"]):
         sub = df[df["task"] == name]
         lengths = sorted(sub["tokens"].unique())  # each row's own lengths (runs of other lengths share a block)
-        out += [f"**{name}**", "", "| method | " + " | ".join(f"{n / train_length:g}x ({n})" for n in lengths)
-                + " | effective length |", "|---" * (len(lengths) + 2) + "|"]
+        out += [
+            f"**{name}**",
+            "",
+            "| method | " + " | ".join(f"{n / train_length:g}x ({n})" for n in lengths) + " | effective length |",
+            "|---" * (len(lengths) + 2) + "|",
+        ]
         for m in dict.fromkeys(sub["method"]):
             r = sub[sub["method"] == m].set_index("tokens")
             acc = {int(n): float(r.loc[n, "accuracy"]) for n in r.index}
             eff = effective_length(acc, train_length, share)
-            cells = [("" if n not in acc else
-                      count_cell(acc[n], int(r.loc[n, "samples"]), f"tau {float(r.loc[n, 'tau']):.2f}") if counts else
-                      f"{acc[n]:.0f} (tau {float(r.loc[n, 'tau']):.2f})") for n in lengths]
+            cells = [
+                (
+                    ""
+                    if n not in acc
+                    else count_cell(acc[n], int(r.loc[n, "samples"]), f"tau {float(r.loc[n, 'tau']):.2f}")
+                    if counts
+                    else f"{acc[n]:.0f} (tau {float(r.loc[n, 'tau']):.2f})"
+                )
+                for n in lengths
+            ]
             eff_text = "n/a" if eff is None else f"{eff} ({eff / train_length:g}x)"
             out.append(f"| {methods.label(m)} | " + " | ".join(cells) + f" | {eff_text} |")
         out.append("")
     return "\n".join(out)
 
 
-def run_ruler(name: str, names: list[str], multiples: list[float], samples: int, batch: int, out: Path,
-              method_names: list[str], device=None, dtype=None) -> Path:
+def run_ruler(
+    name: str,
+    names: list[str],
+    multiples: list[float],
+    samples: int,
+    batch: int,
+    out: Path,
+    method_names: list[str],
+    device=None,
+    dtype=None,
+) -> Path:
     """The RULER block of one model: ``<out>/ruler-<model>.csv`` and ``.md``; returns the .md path.
 
     The CSV is rewritten (whole, atomically) after every (row, length) cell, and a rerun keeps every row it
@@ -1130,50 +1645,100 @@ def run_ruler(name: str, names: list[str], multiples: list[float], samples: int,
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="*", default=None)
-    p.add_argument("--tasks", nargs="*", default=None,
-                   help=f"default: the card's tasks and {', '.join(VARIANTS)} (the pass key in varied filler)")
+    p.add_argument(
+        "--tasks",
+        nargs="*",
+        default=None,
+        help=f"default: the card's tasks and {', '.join(VARIANTS)} (the pass key in varied filler)",
+    )
     p.add_argument("--multiples", nargs="*", type=float, default=[1, 2, 4, 8, 16])
     p.add_argument("--samples", type=int, default=100)
     p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--stats-docs", type=int, default=20, help="documents whose Pmax/H (tau = 1) the dispersion table averages")
+    p.add_argument(
+        "--stats-docs", type=int, default=20, help="documents whose Pmax/H (tau = 1) the dispersion table averages"
+    )
     p.add_argument("--out", default="assets/results")
     p.add_argument("--device", help="cpu | cuda | cuda:N | auto (default: CUDA when present, else CPU)")
-    p.add_argument("--dtype", help="float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU; "
-                                   "float32 on a GPU reproduces the CPU's numbers)")
+    p.add_argument(
+        "--dtype",
+        help="float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU; "
+        "float32 on a GPU reproduces the CPU's numbers)",
+    )
     p.add_argument("--tables-only", action="store_true", help="rewrite the .md tables from the existing .csv files")
-    p.add_argument("--merge", nargs="+", metavar="DIR", default=None,
-                   help="fold the cells of these other --out folders into --out (runs side by side need one --out each)")
-    lm = p.add_argument_group("language models (card tasks [\"lm\"]): perplexity over length x method")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        default=None,
+        help="fold the cells of these other --out folders into --out (runs side by side need one --out each)",
+    )
+    lm = p.add_argument_group('language models (card tasks ["lm"]): perplexity over length x method')
     lm.add_argument("--sequences", type=int, default=200, help="held-out sequences per cell (seeds 0..sequences-1)")
     lm.add_argument("--lm-methods", default=",".join(LM_METHODS), help="comma list: registry names and fixed taus")
-    lm.add_argument("--lm-copies", default="with,without",
-                    help="comma list of mixed, with, without: which sequences (core.experiments.perplexity.COPY_KINDS)")
+    lm.add_argument(
+        "--lm-copies",
+        default="with,without",
+        help="comma list of mixed, with, without: which sequences (core.experiments.perplexity.COPY_KINDS)",
+    )
     r = p.add_argument_group("on a Ray cluster (docs/cluster.md)")
     r.add_argument("--engine", choices=("local", "ray"), default="local")
-    r.add_argument("--address", help="--engine ray: the cluster to join (auto, host:port; default RAY_ADDRESS, else a local Ray)")
-    r.add_argument("--actors", type=int, help="--engine ray: how many actors (default one per GPU, else per --cpus-per-actor CPUs)")
+    r.add_argument(
+        "--address", help="--engine ray: the cluster to join (auto, host:port; default RAY_ADDRESS, else a local Ray)"
+    )
+    r.add_argument(
+        "--actors", type=int, help="--engine ray: how many actors (default one per GPU, else per --cpus-per-actor CPUs)"
+    )
     r.add_argument("--cpus-per-actor", type=int, default=1, help="--engine ray without GPUs: torch threads per actor")
     mt = p.add_argument_group("the masked-token table of rotary models (issue 38; the InfoScale paper's Table 1)")
-    mt.add_argument("--mlm-dot", help="the dot-product rotary masked LM (e.g. rope-mlm): with --mlm-cos, runs only this table")
-    mt.add_argument("--mlm-cos", help="the cosine-attention one (e.g. rope-mlm-cos): C.S. is this model at its trained s")
+    mt.add_argument(
+        "--mlm-dot", help="the dot-product rotary masked LM (e.g. rope-mlm): with --mlm-cos, runs only this table"
+    )
+    mt.add_argument(
+        "--mlm-cos", help="the cosine-attention one (e.g. rope-mlm-cos): C.S. is this model at its trained s"
+    )
     mt.add_argument("--mlm-multiples", nargs="*", type=float, default=list(MLM_MULTIPLES))
-    mt.add_argument("--mlm-schemes", default=",".join(mlm_schemes()), help="comma list of core.values.positions schemes")
+    mt.add_argument(
+        "--mlm-schemes", default=",".join(mlm_schemes()), help="comma list of core.values.positions schemes"
+    )
     mt.add_argument("--min-masked", type=int, default=MLM_MIN_MASKED, help="masked positions per cell, at least")
-    mt.add_argument("--min-sequences", type=int, default=MLM_MIN_SEQUENCES,
-                    help="sequences per cell, at least (so a long cell is a sample of texts, not one)")
+    mt.add_argument(
+        "--min-sequences",
+        type=int,
+        default=MLM_MIN_SEQUENCES,
+        help="sequences per cell, at least (so a long cell is a sample of texts, not one)",
+    )
     mt.add_argument("--mlm-seed", type=int, default=0, help="first sequence seed (it also draws the masked positions)")
     ru = p.add_argument_group("the RULER block (issue 48): RULER-style tasks and each method's effective length")
-    ru.add_argument("--ruler", nargs="*", default=None, metavar="ROW",
-                    help=f"run it (alone) for --models on these rows (default every RULER task, fixed filler; "
-                         f"'-varied' rows: {', '.join(RULER_VARIANTS)}) at --multiples with --samples documents")
-    ru.add_argument("--ruler-methods", default=",".join(CLOSED),
-                    help="comma list of registry names (closed forms: no pass) and fixed taus")
+    ru.add_argument(
+        "--ruler",
+        nargs="*",
+        default=None,
+        metavar="ROW",
+        help=f"run it (alone) for --models on these rows (default every RULER task, fixed filler; "
+        f"'-varied' rows: {', '.join(RULER_VARIANTS)}) at --multiples with --samples documents",
+    )
+    ru.add_argument(
+        "--ruler-methods",
+        default=",".join(CLOSED),
+        help="comma list of registry names (closed forms: no pass) and fixed taus",
+    )
     a = p.parse_args()
     out = Path(a.out)
     if a.ruler is not None:
         for name in a.models or [bundled_specs()[0].name]:
-            print(run_ruler(name, a.ruler or list(tasks.RULER_TASKS), a.multiples, a.samples, a.batch, out,
-                            a.ruler_methods.split(","), a.device, a.dtype).read_text())
+            print(
+                run_ruler(
+                    name,
+                    a.ruler or list(tasks.RULER_TASKS),
+                    a.multiples,
+                    a.samples,
+                    a.batch,
+                    out,
+                    a.ruler_methods.split(","),
+                    a.device,
+                    a.dtype,
+                ).read_text()
+            )
         return
     if a.mlm_dot or a.mlm_cos:
         if not (a.mlm_dot and a.mlm_cos):
@@ -1186,8 +1751,20 @@ def main() -> None:
 
             pool = cluster.RayEngine(address=a.address, actors=a.actors, cpus_per_actor=a.cpus_per_actor).start()
         try:
-            run_mlm_table(a.mlm_dot, a.mlm_cos, a.mlm_multiples, out, tuple(a.mlm_schemes.split(",")), a.min_masked,
-                          a.mlm_seed, a.batch, pool, a.device, a.dtype, a.min_sequences)
+            run_mlm_table(
+                a.mlm_dot,
+                a.mlm_cos,
+                a.mlm_multiples,
+                out,
+                tuple(a.mlm_schemes.split(",")),
+                a.min_masked,
+                a.mlm_seed,
+                a.batch,
+                pool,
+                a.device,
+                a.dtype,
+                a.min_sequences,
+            )
         finally:
             if pool is not None:
                 pool.close()
@@ -1216,8 +1793,8 @@ def main() -> None:
         p.exit(2, f"error: {err}\n")
     pool = None
     if a.engine == "ray":
-        from core.experiments import cluster
         from core.errors import UserError
+        from core.experiments import cluster
 
         try:
             pool = cluster.RayEngine(address=a.address, actors=a.actors, cpus_per_actor=a.cpus_per_actor).start()
@@ -1227,12 +1804,31 @@ def main() -> None:
         for name in names:
             loaded = load(name, device=a.device, dtype=a.dtype)
             if card_tasks(loaded) == [tasks.LM]:  # a language model: the perplexity table (Table 3)
-                run_lm_model(name, a.multiples, a.sequences, a.batch, out, a.lm_methods.split(","), a.device, a.dtype,
-                             tuple(a.lm_copies.split(",")))
+                run_lm_model(
+                    name,
+                    a.multiples,
+                    a.sequences,
+                    a.batch,
+                    out,
+                    a.lm_methods.split(","),
+                    a.device,
+                    a.dtype,
+                    tuple(a.lm_copies.split(",")),
+                )
                 print(csv_path(out, name).with_suffix(".md").read_text())
                 continue
-            run_model(name, a.tasks or table_tasks(loaded), a.multiples, a.samples, a.batch, out, a.stats_docs,
-                      pool=pool, device=a.device, dtype=a.dtype)
+            run_model(
+                name,
+                a.tasks or table_tasks(loaded),
+                a.multiples,
+                a.samples,
+                a.batch,
+                out,
+                a.stats_docs,
+                pool=pool,
+                device=a.device,
+                dtype=a.dtype,
+            )
             md = csv_path(out, name).with_suffix(".md")
             if md.exists():
                 print(md.read_text())

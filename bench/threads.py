@@ -37,9 +37,14 @@ ENGINE = ROOT / "bench" / "engine.py"
 
 def _pass(length: int, threads: int, reps: int = 1, wait: str = "PASSIVE") -> subprocess.Popen:
     env = {**os.environ, "OMP_WAIT_POLICY": wait}
-    return subprocess.Popen([sys.executable, str(ENGINE), "--child", "probes", str(length), str(reps),
-                             "--threads", str(threads)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, cwd=ROOT, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(ENGINE), "--child", "probes", str(length), str(reps), "--threads", str(threads)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def _seconds(p: subprocess.Popen) -> float:
@@ -66,11 +71,23 @@ def main(argv=None) -> int:
     for wait in ("ACTIVE", "PASSIVE"):
         for t in sorted({1, cores}):
             # the neighbour: the same pass in a loop, niced, one thread (a sweep or training run beside the app)
-            hog = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", (
-                "import subprocess, sys\n"
-                f"while True: subprocess.run([sys.executable, {str(ENGINE)!r}, '--child', 'probes', '{a.length}', '1', "
-                "'--threads', '1'], capture_output=True)\n")], cwd=ROOT,
-                env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, start_new_session=True)
+            hog = subprocess.Popen(
+                [
+                    "nice",
+                    "-n",
+                    "19",
+                    sys.executable,
+                    "-c",
+                    (
+                        "import subprocess, sys\n"
+                        f"while True: subprocess.run([sys.executable, {str(ENGINE)!r}, '--child', 'probes', '{a.length}', '1', "
+                        "'--threads', '1'], capture_output=True)\n"
+                    ),
+                ],
+                cwd=ROOT,
+                env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+                start_new_session=True,
+            )
             try:
                 time.sleep(8)  # the neighbour's first pass is under way
                 rows.append(("beside", wait, t, _seconds(_pass(a.length, t, 1, wait))))
@@ -92,8 +109,10 @@ def main(argv=None) -> int:
     print(f"{'case':>8} {'OpenMP wait':>12} {'threads':>8} {'seconds':>8}")
     for case, wait, t, s in rows:
         print(f"{case:>8} {wait:>12} {t:>8} {s:>8.2f}")
-    print(f"sweep of {n} passes: one process x {cores} threads in turn {seq:.1f} s; "
-          f"{a.jobs} processes x 1 thread at once {par:.1f} s (ratio {par / seq:.2f}; process start-up included)")
+    print(
+        f"sweep of {n} passes: one process x {cores} threads in turn {seq:.1f} s; "
+        f"{a.jobs} processes x 1 thread at once {par:.1f} s (ratio {par / seq:.2f}; process start-up included)"
+    )
     return 0
 
 

@@ -30,8 +30,12 @@ def shown(value: object, width: int = 40) -> str:
     """``value`` as a message quotes it: its ``repr`` cut to ``width`` characters, and a whole number too long for
     that as its count of digits (``a 5,000-digit number``). Why: an error must stay one short line whatever was
     typed, and ``repr`` of a huge int raises instead of writing it."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * width \
-            and digits(value) >= width:
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value.bit_length() > 3 * width
+        and digits(value) >= width
+    ):
         return f"a {'negative ' if value < 0 else ''}{digits(value):,}-digit number"
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."

@@ -20,4 +20,6 @@ ATTN_NAME = "aligned"
 def is_aligned(implementation: object) -> bool:
     """Whether a config's ``attn_implementation`` is our function: ``aligned``, or one of the names
     :func:`core.mechanics.attention.standing` registers it under with a model's standing settings (``aligned@3``)."""
-    return isinstance(implementation, str) and (implementation == ATTN_NAME or implementation.startswith(ATTN_NAME + "@"))
+    return isinstance(implementation, str) and (
+        implementation == ATTN_NAME or implementation.startswith(ATTN_NAME + "@")
+    )

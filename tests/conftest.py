@@ -21,14 +21,34 @@ from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration
 pytest_plugins = ["support.browser", "support.hub"]
 
 
-def build_tiny_t5(folder, *, layers: int = 2, heads: int = 4, d_kv: int = 16, seed: int = 0, cosine: float | None = None,
-                  train_length: int = 256, vocab: int = 384, decoder_layers: int = 1):
+def build_tiny_t5(
+    folder,
+    *,
+    layers: int = 2,
+    heads: int = 4,
+    d_kv: int = 16,
+    seed: int = 0,
+    cosine: float | None = None,
+    train_length: int = 256,
+    vocab: int = 384,
+    decoder_layers: int = 1,
+):
     """Save a random tiny T5 (ByT5 byte tokenizer: needs no vocab file) and a card.json to ``folder``."""
     torch.manual_seed(seed)
     cfg = T5Config(
-        vocab_size=vocab, d_model=64, d_kv=d_kv, d_ff=128, num_layers=layers, num_decoder_layers=decoder_layers,
-        num_heads=heads, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=vocab,
+        d_model=64,
+        d_kv=d_kv,
+        d_ff=128,
+        num_layers=layers,
+        num_decoder_layers=decoder_layers,
+        num_heads=heads,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
     )
     if cosine is not None:
         cfg.cosine_attention = True
@@ -67,6 +87,7 @@ def app_model_of(name: str):
     """A module's own tiny app model (L_tr = 256, ByT5 bytes): ``app_model = app_model_of("errors-t5")`` in a test
     module. Its own folder keys its own entries in the process-wide stores of :mod:`ui.stores`, so the module's
     tests start from stores that hold nothing of its documents."""
+
     @pytest.fixture(scope="module")
     def app_model(tmp_path_factory):
         return build_tiny_t5(tmp_path_factory.mktemp(name), train_length=256)
@@ -76,7 +97,8 @@ def app_model_of(name: str):
 
 #: The app's default model in AppTest (one per run; modules that need their own use :func:`app_model_of`).
 app_model = pytest.fixture(scope="session", name="app_model")(
-    lambda tmp_path_factory: build_tiny_t5(tmp_path_factory.mktemp("app-t5"), train_length=256))
+    lambda tmp_path_factory: build_tiny_t5(tmp_path_factory.mktemp("app-t5"), train_length=256)
+)
 
 
 @pytest.fixture
@@ -226,8 +248,18 @@ def wait_until(pred, timeout: float = 180.0) -> None:
     raise AssertionError("timed out")
 
 
-def build_tiny_rope(folder, *, layers: int = 2, heads: int = 4, hidden: int = 64, seed: int = 0,
-                    cosine: float | None = None, train_length: int = 64, global_every: int = 1, card: bool = True):
+def build_tiny_rope(
+    folder,
+    *,
+    layers: int = 2,
+    heads: int = 4,
+    hidden: int = 64,
+    seed: int = 0,
+    cosine: float | None = None,
+    train_length: int = 64,
+    global_every: int = 1,
+    card: bool = True,
+):
     """Save a random tiny ModernBERT masked-LM (rotary, global attention in every layer unless ``global_every``
     says otherwise) and a card.json to ``folder``. Its tokenizer is the bundled models' BPE (2,048 tokens) with a
     ``<mask>`` token added, so held-out corpus text tokenises as it does for the bundled T5s; ``cosine``: CosScale s.
@@ -242,10 +274,23 @@ def build_tiny_rope(folder, *, layers: int = 2, heads: int = 4, hidden: int = 64
     tok.add_special_tokens({"mask_token": "<mask>"})
     eos, pad = tok.eos_token_id, tok.pad_token_id
     cfg = ModernBertConfig(
-        vocab_size=len(tok) + (-len(tok)) % 8, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, global_attn_every_n_layers=global_every, local_attention=16,
-        max_position_embeddings=8192, pad_token_id=pad, bos_token_id=eos, eos_token_id=eos, cls_token_id=eos,
-        sep_token_id=eos, mask_token_id=tok.mask_token_id, attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0,
+        vocab_size=len(tok) + (-len(tok)) % 8,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        global_attn_every_n_layers=global_every,
+        local_attention=16,
+        max_position_embeddings=8192,
+        pad_token_id=pad,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        cls_token_id=eos,
+        sep_token_id=eos,
+        mask_token_id=tok.mask_token_id,
+        attention_dropout=0.0,
+        embedding_dropout=0.0,
+        mlp_dropout=0.0,
     )
     if cosine is not None:
         cfg.cosine_attention = True
@@ -297,6 +342,7 @@ def _kernel_path(request, monkeypatch):
 
 # -- adaptive temperature's reference (Velickovic et al. 2024), numpy, float64 --------------------------------------
 
+
 def adaptive_beta(entropy):
     """Adaptive temperature's inverse temperature per row from the row's tau = 1 entropy H (nats):
     ``beta = max(poly(H), 1)`` where H > 0.5, else 1 (it never softens), the paper's fit
@@ -336,7 +382,9 @@ SLOW_HELP = "browser, training, cluster and long tests: run with --all (.ci/run 
 
 
 def pytest_addoption(parser):
-    parser.addoption("--all", action="store_true", default=False, help=f"run the whole suite, slow tier too ({SLOW_HELP})")
+    parser.addoption(
+        "--all", action="store_true", default=False, help=f"run the whole suite, slow tier too ({SLOW_HELP})"
+    )
 
 
 def pytest_configure(config):
@@ -364,6 +412,7 @@ def pytest_collection_modifyitems(config, items):
 
 # -- the app's caches ---------------------------------------------------------------------------------------------
 
+
 def clear_app_caches() -> None:
     """Forget every background wish of the app's prefetcher, then every cached document, run and calibration
     (models stay loaded). Wishes first: a wish left behind would refill the emptied stores."""
@@ -380,8 +429,11 @@ def memory_bounds() -> dict:
     from ui import stores
 
     per = {k: v.usage() for k, v in stores.stores().items()}
-    return {"stores": per, "total_max_bytes": sum(u["max_bytes"] or 0 for u in per.values()),
-            "total_bytes": sum(u["bytes"] for u in per.values())}
+    return {
+        "stores": per,
+        "total_max_bytes": sum(u["max_bytes"] or 0 for u in per.values()),
+        "total_bytes": sum(u["bytes"] for u in per.values()),
+    }
 
 
 #: Seconds past a stated bound after which a bounded wait counts as hung rather than slow. Tests check what a bounded

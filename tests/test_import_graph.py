@@ -13,8 +13,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "ui")
 
@@ -135,9 +133,14 @@ def _private_imports(package: str) -> list[str]:
                 bad.append(f"{m}:{line} from {target} import {taken}")
         bound = _bound_modules(m, path)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
-                    and bound[node.value.id] != m and _private(node.attr)
-                    and not _same_subpackage(m, bound[node.value.id])):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and bound[node.value.id] != m
+                and _private(node.attr)
+                and not _same_subpackage(m, bound[node.value.id])
+            ):
                 bad.append(f"{m}:{node.lineno} {bound[node.value.id]}.{node.attr}")
     return bad
 
@@ -160,8 +163,10 @@ def _bound_modules(name: str, path: Path) -> dict[str, str]:
 
 def test_the_graph_sees_function_level_and_type_checking_imports(tmp_path):
     """The walk is not only the module level: a cycle hidden in a function or a TYPE_CHECKING block counts."""
-    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ui import sidebar\n"
-           "def f():\n    from ui.cache import run\n    from ui import _hidden\n")
+    src = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ui import sidebar\n"
+        "def f():\n    from ui.cache import run\n    from ui import _hidden\n"
+    )
     p = tmp_path / "probe.py"
     p.write_text(src)
     found = {(t, n) for t, n, _ in _imports("ui.probe", p)}
@@ -268,8 +273,12 @@ def test_at_most_eight_floors():
 
 def test_no_import_goes_up_a_floor():
     """A module imports only packages on its own floor or below (``FLOORS``): e.g. mechanics never reads runs."""
-    up = [f"{m} -> {t}" for m, targets in sorted(GRAPH.items()) for t in targets
-          if FLOOR_OF.get(_unit(t), -1) > FLOOR_OF.get(_unit(m), len(FLOORS))]
+    up = [
+        f"{m} -> {t}"
+        for m, targets in sorted(GRAPH.items())
+        for t in targets
+        if FLOOR_OF.get(_unit(t), -1) > FLOOR_OF.get(_unit(m), len(FLOORS))
+    ]
     assert up == []
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import pandas as pd
 import streamlit as st
 
-from core.experiments.csvio import to_csv_bytes
 from core.errors import UserError
+from core.experiments.csvio import to_csv_bytes
 
 TITLE = "Attention Alignment Explorer"
 PAPER = "Chi, Fan & Rudnicky 2023, *Attention Alignment and Flexible Positional Embeddings Improve Transformer Length Extrapolation*, [arXiv 2311.00684](https://arxiv.org/abs/2311.00684)"
@@ -30,6 +30,7 @@ def csv_of(df_fn):
 
     Text cells a spreadsheet would run as formulas get a leading ``'`` (:mod:`core.experiments.csvio`).
     """
+
     def build() -> bytes:
         df = df_fn()
         return to_csv_bytes(df, index=not isinstance(df.index, pd.RangeIndex))
@@ -56,10 +57,18 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 #: The command line's options and the app controls that do their job, for a message raised without an app
 #: text (:attr:`core.errors.UserError.app_text`): a person in the browser has boxes, not flags.
 CONTROLS = {
-    "--tokens": "the Length in tokens box", "--model": "the sidebar's model boxes", "--tau": "the tau slider",
-    "--method": "the Method box", "--depth": "the Needle depth slider", "--seed": "the Seed box",
-    "--task": "the Task box", "--text-file": "the Your text box", "--lengths": "the Lengths box",
-    "--methods": "the Methods box", "--depths": "the Needle depths box", "--seeds": "the Seeds box",
+    "--tokens": "the Length in tokens box",
+    "--model": "the sidebar's model boxes",
+    "--tau": "the tau slider",
+    "--method": "the Method box",
+    "--depth": "the Needle depth slider",
+    "--seed": "the Seed box",
+    "--task": "the Task box",
+    "--text-file": "the Your text box",
+    "--lengths": "the Lengths box",
+    "--methods": "the Methods box",
+    "--depths": "the Needle depths box",
+    "--seeds": "the Seeds box",
 }
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 #: An absolute path (or one from the home folder) as a word of its own; URLs (``https://``) are left alone.

@@ -25,28 +25,31 @@ propagate to the page, which shows them with ``st.error``.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Hashable
 from dataclasses import replace
-from typing import Any, Callable, Hashable
+from typing import Any
 
 import numpy as np
 import streamlit as st
 
-from core.runs import calibration, engine, methods, temperature
-from core.experiments import mlm
-from core.values import positions
-from core.views import rope_view, rpe
 from core.data import tasks
 from core.errors import UserError
-from core.models import Loaded, load
+from core.experiments import mlm
 from core.mechanics.probes import ProbeSpec
 from core.mechanics.run_pass import DEFAULT_PASS, Pass
+from core.models import Loaded, load
+from core.runs import calibration, engine, methods, temperature
 from core.runs.settings import DocumentRequest
+from core.values import positions
 from core.values.choice import TRAINED, Choice
 from core.values.schedule import ONE, Schedule
+from core.views import rope_view, rpe
 from ui.pass_gate import gate
 from ui.stores import MISSING, stores
 
 Progress = Callable[[float], None] | None
+
+
 def attention_key(choice: Choice) -> tuple:
     """What of a :class:`~core.values.choice.Choice` changes a pass's numbers, as a key: the tau schedule, targets, CosScale
     and position scheme (not the method's name: a fixed 0.5 and a method that resolved to 0.5 are one pass)."""
@@ -54,6 +57,7 @@ def attention_key(choice: Choice) -> tuple:
 
 
 # -- models -------------------------------------------------------------------------
+
 
 @st.cache_resource(show_spinner="Loading the model…", max_entries=4)
 def model(ref: str, device: str | None = None, train_length: int | None = None) -> Loaded:
@@ -67,9 +71,12 @@ def mkey(loaded: Loaded) -> tuple:
 
 # -- documents ----------------------------------------------------------------------
 
+
 def document(loaded: Loaded, req: DocumentRequest):
     """The document a request builds (raises UserError for empty text, bad depth, too few tokens)."""
-    return stores()["doc"].get((mkey(loaded), req), lambda: req.build_for(loaded))  # checked against memory before it is built
+    return stores()["doc"].get(
+        (mkey(loaded), req), lambda: req.build_for(loaded)
+    )  # checked against memory before it is built
 
 
 def reference_document(loaded: Loaded, req: DocumentRequest):
@@ -89,6 +96,7 @@ def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
     with the masked positions of :func:`masked` replaced by its mask token, so every view (meters, maps, Algorithm
     1, Theory) shows the attention of the very input whose masked tokens the cards score; the offsets stay the
     text's own."""
+
     def work() -> engine.Encoded:
         enc = engine.encode(loaded, doc)
         if loaded.seq2seq:
@@ -101,6 +109,7 @@ def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
 def masked(loaded: Loaded, doc_key: Hashable, doc) -> mlm.MaskedSequence:
     """The document's ids with :data:`core.experiments.mlm.MASK_RATE` of its tokens masked, positions drawn by the document's
     seed (:func:`core.experiments.mlm.mask_tokens`: the masking ``python -m core mlm`` scores for the same text and seed)."""
+
     def work() -> mlm.MaskedSequence:
         return mlm.mask_tokens(loaded.tokenizer, engine.encode(loaded, doc).input_ids, doc.seed)
 
@@ -124,10 +133,16 @@ def mlm_card(loaded: Loaded, req: DocumentRequest, choice: Choice, reference: bo
     return stores()["run"].get(key, work)
 
 
-def distance_curves(loaded: Loaded, req: DocumentRequest, layer: int, cosine_scale: float | None = None,
-                    scheme: positions.Scheme = positions.PLAIN_SCHEME):
+def distance_curves(
+    loaded: Loaded,
+    req: DocumentRequest,
+    layer: int,
+    cosine_scale: float | None = None,
+    scheme: positions.Scheme = positions.PLAIN_SCHEME,
+):
     """:func:`core.views.rope_view.distance_curves` of one layer on the request's (masked) document under a position
     scheme (a frequency scheme changes the curve; see that function for the others)."""
+
     def work():
         doc = document(loaded, req)
         with gate().foreground():
@@ -151,6 +166,7 @@ def scheme_mask(loaded: Loaded, scheme: positions.Scheme, tokens: int, edges) ->
 
 # -- runs ---------------------------------------------------------------------------
 
+
 def _run_key(loaded: Loaded, doc_key: Hashable, choice: Choice, how: Pass) -> tuple:
     return (mkey(loaded), doc_key, attention_key(choice), how.probes, how.max_new_tokens, how.generate)
 
@@ -159,8 +175,9 @@ def _run_key(loaded: Loaded, doc_key: Hashable, choice: Choice, how: Pass) -> tu
 BACKGROUND_WAIT_S = 600.0
 
 
-def _run_doc(loaded: Loaded, doc_key: Hashable, doc, choice: Choice, how: Pass = DEFAULT_PASS,
-             guarded: bool = True) -> engine.Result:
+def _run_doc(
+    loaded: Loaded, doc_key: Hashable, doc, choice: Choice, how: Pass = DEFAULT_PASS, guarded: bool = True
+) -> engine.Result:
     key = _run_key(loaded, doc_key, choice, how)
     # Refuse a too-long input first, also on a cache hit (free memory changes); the message is the engine's own.
     # Checking before tokenising matters: slow tokenizers need seconds for a long text.
@@ -171,6 +188,7 @@ def _run_doc(loaded: Loaded, doc_key: Hashable, doc, choice: Choice, how: Pass =
     if res is MISSING and guarded and gate().wait_for_background(key, BACKGROUND_WAIT_S):
         res = stores()["run"].peek(key)  # the background pass under way was this very one: its rest, not a new pass
     if res is MISSING:
+
         def compute() -> engine.Result:
             return engine.run(loaded, doc, choice, how, encoded=encoded(loaded, doc_key, doc))
 
@@ -222,13 +240,19 @@ def run(loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAUL
     return _run_doc(loaded, req, document(loaded, req), choice, how)
 
 
-def run_reference(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED,
-                  probes: ProbeSpec | None = None) -> engine.Result:
+def run_reference(
+    loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED, probes: ProbeSpec | None = None
+) -> engine.Result:
     """The L_tr counterpart at tau = 1 under ``base``'s targets, CosScale and position scheme (plain RoPE, as
     trained, unless it says otherwise), no generation: the reference the meters compare with."""
     probes = probes or ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-    return _run_doc(loaded, ("ref", req), reference_document(loaded, req), base.with_(method=methods.AS_TRAINED, tau=ONE),
-                    Pass(probes=probes, generate=False))
+    return _run_doc(
+        loaded,
+        ("ref", req),
+        reference_document(loaded, req),
+        base.with_(method=methods.AS_TRAINED, tau=ONE),
+        Pass(probes=probes, generate=False),
+    )
 
 
 #: Pooled heatmap cells per side on the Explore page (<= 512): enough to see the needle, cheap to pool and to ship.
@@ -247,22 +271,39 @@ def explore_probes(layer: int, head: int | None) -> ProbeSpec:
     only, and sorting layer 0's L x L logits costs as much as the rest of
     the probes together.
     """
-    return ProbeSpec(heatmap_layer=int(layer), heatmap_head=head, heatmap_size=HEATMAP_SIZE, sorted_logits=False,
-                     cosine_hist_bins=0, names=EXPLORE_NAMES)
+    return ProbeSpec(
+        heatmap_layer=int(layer),
+        heatmap_head=head,
+        heatmap_size=HEATMAP_SIZE,
+        sorted_logits=False,
+        cosine_hist_bins=0,
+        names=EXPLORE_NAMES,
+    )
 
 
 # -- temperature --------------------------------------------------------------------
 
-def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice = TRAINED, tau: Any = None,
-                samples: int = 1, progress: Progress = None, compute: bool = True,
-                params: dict | None = None) -> tuple[Any, dict] | None:
+
+def resolve_tau(
+    loaded: Loaded,
+    req: DocumentRequest,
+    method: str,
+    base: Choice = TRAINED,
+    tau: Any = None,
+    samples: int = 1,
+    progress: Progress = None,
+    compute: bool = True,
+    params: dict | None = None,
+) -> tuple[Any, dict] | None:
     """(schedule, info) for a method on this document, via :func:`core.runs.methods.resolve`; a measured method's
     passes run under ``base``'s targets, CosScale and position scheme. ``tau``: a fixed method's value; ``params``:
     the method's own number (the sidebar's gamma box), part of the key (the part it takes)."""
     entry = methods.get(method)
     if entry.takes_value:
         if tau is None:
-            raise UserError(f"Method '{method}' needs a tau", app=f"Method '{entry.label}' needs a tau: move the tau slider.")
+            raise UserError(
+                f"Method '{method}' needs a tau", app=f"Method '{entry.label}' needs a tau: move the tau slider."
+            )
         return Schedule.of(tau), {}
     own = methods.own_params(method, params)
     key = (mkey(loaded), req, method, attention_key(base.with_(tau=ONE)), samples, tuple(sorted((own or {}).items())))
@@ -276,19 +317,32 @@ def resolve_tau(loaded: Loaded, req: DocumentRequest, method: str, base: Choice 
         # Algorithm 1 by bisection on the shared grid (the passes the slider and Calibrate use too).
         def work():
             cal = calibrate_both(loaded, req, base, fast=True, samples=1, progress=progress)[entry.grid_criterion]
-            return Schedule.of(cal.tau), {"source": "resolved", "length": token_count(loaded, req),
-                                          "train_length": loaded.train_length, **cal.to_dict()}
+            return Schedule.of(cal.tau), {
+                "source": "resolved",
+                "length": token_count(loaded, req),
+                "train_length": loaded.train_length,
+                **cal.to_dict(),
+            }
     else:
+
         def work():
             with gate().foreground():
-                return methods.resolve(loaded, doc, method, None, samples=samples, base=base,
-                                       progress=progress, params=own)
+                return methods.resolve(
+                    loaded, doc, method, None, samples=samples, base=base, progress=progress, params=own
+                )
+
     return stores()["tau"].get(key, work)
 
 
-def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED, fast: bool = False,
-                   samples: int = 1, progress: Progress = None,
-                   compute: bool = True) -> dict[str, temperature.Calibration] | None:
+def calibrate_both(
+    loaded: Loaded,
+    req: DocumentRequest,
+    base: Choice = TRAINED,
+    fast: bool = False,
+    samples: int = 1,
+    progress: Progress = None,
+    compute: bool = True,
+) -> dict[str, temperature.Calibration] | None:
     """:func:`core.runs.calibration.both_criteria` at the document's length, on the process's shared passes, under
     ``base``'s targets, CosScale and position scheme (its L_tr reference passes bind the scheme at L_tr)."""
     base = base.with_(tau=ONE)
@@ -317,8 +371,9 @@ def calibrate_both(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED,
     return stores()["cal"].get(key, guarded)
 
 
-def shared_measure(loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc,
-                   base: Choice = TRAINED) -> Callable[[Any], temperature.LayerStats]:
+def shared_measure(
+    loaded: Loaded, req: DocumentRequest, doc_key: Hashable, doc, base: Choice = TRAINED
+) -> Callable[[Any], temperature.LayerStats]:
     """``measure(tau)`` for Algorithm 1 on one document under ``base``'s targets, CosScale and position scheme,
     reading the shared grid first.
 
@@ -363,8 +418,9 @@ def theory_pass(loaded: Loaded, base: Choice = TRAINED) -> tuple[Choice, Pass]:
 def closed_forms(loaded: Loaded, req: DocumentRequest, base: Choice = TRAINED, params: dict | None = None) -> dict:
     """:func:`core.runs.methods.closed_forms` for the request's document (Prop. 1/2 read :func:`logit_stats`' two passes);
     ``params``: the sidebar's gamma and kin, for the methods that take them."""
-    return methods.closed_forms(loaded.train_length, token_count(loaded, req), loaded.d_kv,
-                                logit_stats(loaded, req, base), params)
+    return methods.closed_forms(
+        loaded.train_length, token_count(loaded, req), loaded.d_kv, logit_stats(loaded, req, base), params
+    )
 
 
 def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> dict | None:
@@ -376,15 +432,19 @@ def length_stats(loaded: Loaded, req: DocumentRequest, compute: bool = True) -> 
 
     def work():
         spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
-        return calibration.length_stats_of(run(loaded, req, Choice.of(tau=1.0, method=methods.AS_TRAINED), engine.Pass(probes=spec, generate=False)))
+        return calibration.length_stats_of(
+            run(loaded, req, Choice.of(tau=1.0, method=methods.AS_TRAINED), engine.Pass(probes=spec, generate=False))
+        )
 
     return stores()["stats"].get(key, work)
 
 
 # -- rpe ----------------------------------------------------------------------------
 
+
 def bias_curves(loaded: Loaded, query: int, length: int) -> np.ndarray:
     """b(m, n) per head for keys 0..length-1 (raises UserError for models without a relative bias)."""
+
     def work():
         try:
             return rpe.bias_curves(loaded.model, query, length)

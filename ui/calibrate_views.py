@@ -8,18 +8,16 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.runs import calibration, methods, temperature, timing
-from core.views import plots, tables
 from core.errors import UserError
 from core.mechanics.probes import ProbeSpec
+from core.mechanics.run_pass import Pass
+from core.runs import calibration, methods, temperature, timing
+from core.values.choice import Choice
 from core.values.schedule import Schedule
-from ui import chart, csv_of, plural, user_errors
-from ui import cache, choices, figure_cache, pass_gate, prefetch
+from core.views import plots, tables
+from ui import cache, chart, choices, csv_of, figure_cache, pass_gate, plural, prefetch, theory_views, user_errors
 from ui import export as ui_export
 from ui.page_state import PageState
-from ui import theory_views
-from core.values.choice import Choice
-from core.mechanics.run_pass import Pass
 
 EXPORT_MODES = ("fixed tau (used as is)", "method (re-resolved at the run's length)")
 GRID = temperature.GRID
@@ -39,8 +37,7 @@ def use_tau(method: str, value) -> None:
         return
     a = np.asarray(value)
     if a.ndim == 0:
-        choices.set_state(tau_method=methods.FIXED,
-                          tau_value=choices.slider_tau(value, 1))
+        choices.set_state(tau_method=methods.FIXED, tau_value=choices.slider_tau(value, 1))
     else:
         choices.set_state(tau_method=method)
     st.session_state["cal_used"] = f"{methods.label(method)}: tau = {np.round(a, 3).tolist()}"
@@ -58,11 +55,20 @@ def prop1_note(value, stats: dict) -> str:
     sig = ""
     if stats.get("sigma_ex") is not None and stats.get("sigma_tr") is not None:
         sig = f" Layer 0's logits have sigma = {stats['sigma_ex']:.2f} here and {stats['sigma_tr']:.2f} at L_tr."
-    head = ("**Prop. 1 reads " + ("'n/a' (no root)" if isinstance(value, str) else f"{float(value):.3f}, above 1")
-            + " here.** ") if odd else "**About Prop. 1/2.** "
-    return (head + "Prop. 1 and 2 rest on a Gaussian model of the logits, which holds while sigma/tau is below about "
-            f"1.5.{sig} With a large sigma Prop. 1 can give tau > 1 or no root at all. The value is reported as computed, "
-            "not clipped.")
+    head = (
+        (
+            "**Prop. 1 reads "
+            + ("'n/a' (no root)" if isinstance(value, str) else f"{float(value):.3f}, above 1")
+            + " here.** "
+        )
+        if odd
+        else "**About Prop. 1/2.** "
+    )
+    return (
+        head + "Prop. 1 and 2 rest on a Gaussian model of the logits, which holds while sigma/tau is below about "
+        f"1.5.{sig} With a large sigma Prop. 1 can give tau > 1 or no root at all. The value is reported as computed, "
+        "not clipped."
+    )
 
 
 class _NotKnown(Exception):
@@ -135,16 +141,20 @@ def run(ctx: PageState, button_col) -> dict | None:
     what = "Algorithm 1" if shown is None else "The whole curve"
     note = timing.plan_note(what, mk, work) + (" Bisection stops early, so this is an upper bound." if fast else "")
     if ready:
-        note += (f" {ready} of the {len(GRID)} grid passes of this document {'is' if ready == 1 else 'are'} already "
-                 "made (Explore's background grid, the sidebar's Algorithm 1); the rest are computed once and shared "
-                 "too.")
+        note += (
+            f" {ready} of the {len(GRID)} grid passes of this document {'is' if ready == 1 else 'are'} already "
+            "made (Explore's background grid, the sidebar's Algorithm 1); the rest are computed once and shared "
+            "too."
+        )
     elif samples == 1:
         note += " Results are cached (and shared with Explore and the sidebar)."
     else:
         note += " The documents' passes are their own (not Explore's grid); results are cached."
     if shown is not None:
-        note = (f"Shown below: Algorithm 1 by bisection, from the {plural(_points(shown), 'tau')} the sidebar's "
-                "Algorithm 1 already measured, so the curves have gaps. " + note)
+        note = (
+            f"Shown below: Algorithm 1 by bisection, from the {plural(_points(shown), 'tau')} the sidebar's "
+            "Algorithm 1 already measured, so the curves have gaps. " + note
+        )
     st.info(note)
     label = "Run Algorithm 1" if shown is None else "Complete the curves"
     if button_col.button(label, type="primary", key="cal_run"):
@@ -171,8 +181,9 @@ def run(ctx: PageState, button_col) -> dict | None:
 def grid_on_its_way(ctx: PageState) -> bool:
     """Whether the background prefetcher (:mod:`ui.prefetch`) has a wish for this document, from any session."""
     mk = cache.mkey(ctx.loaded)
-    return any(job.request == ctx.request and cache.mkey(job.loaded) == mk
-               for job in prefetch.prefetcher().wanted().values())
+    return any(
+        job.request == ctx.request and cache.mkey(job.loaded) == mk for job in prefetch.prefetcher().wanted().values()
+    )
 
 
 #: Seconds between looks at the shared grid while the background fills it, and the least time without a new pass
@@ -196,8 +207,10 @@ def wait_for_grid(ctx: PageState, fast: bool, key) -> None:
     elif now - last[2] > max(WAIT_PATIENCE, 3 * per_pass):
         ss["_cal_stalled"] = (key, ready)
         st.rerun()
-    st.caption(f"The background grid of this document is being computed ({ready} of {len(GRID)} passes ready): the "
-               "curves appear here by themselves when it is complete, or press the button for the rest now.")
+    st.caption(
+        f"The background grid of this document is being computed ({ready} of {len(GRID)} passes ready): the "
+        "curves appear here by themselves when it is complete, or press the button for the rest now."
+    )
 
 
 def band_note(band: dict | None, samples: int = 1) -> str:
@@ -210,8 +223,10 @@ def band_note(band: dict | None, samples: int = 1) -> str:
     n = band.get("documents")
     over = f"over the {n} documents" if n else "over the calibration documents"
     extra = f" ({band['resamples']} resamples)" if band.get("resamples") else ""
-    return (f"{level} bootstrap band {over}: tau in [{float(band['low']):.2f}, {float(band['high']):.2f}]{extra}; "
-            "shaded on the curve.")
+    return (
+        f"{level} bootstrap band {over}: tau in [{float(band['low']):.2f}, {float(band['high']):.2f}]{extra}; "
+        "shaded on the curve."
+    )
 
 
 def curves(cals: dict) -> None:
@@ -224,25 +239,43 @@ def curves(cals: dict) -> None:
         "Where a curve ends before it meets the line, the pick is only where the search stopped: the card says so."
     )
     bands = {c: cal.band for c, cal in cals.items()}  # None: fewer than 2 calibration documents
-    panels = {c: {"grid": cal.grid, "curve": cal.curve, "reference": cal.reference, "tau": cal.tau,
-                  **({"band": (bands[c]["low"], bands[c]["high"])} if bands[c] else {})} for c, cal in cals.items()}
+    panels = {
+        c: {
+            "grid": cal.grid,
+            "curve": cal.curve,
+            "reference": cal.reference,
+            "tau": cal.tau,
+            **({"band": (bands[c]["low"], bands[c]["high"])} if bands[c] else {}),
+        }
+        for c, cal in cals.items()
+    }
     chart(plots.calibration_curves(panels), "cal_curves")
     cols = st.columns(len(cals))
     for col, (crit, cal) in zip(cols, cals.items()):
         at_pick = dict(zip(cal.grid, cal.curve)).get(cal.tau)
         gap = None if at_pick is None else round(float(at_pick) - float(cal.reference), 4) + 0.0  # no -0.0
         # the match left at the pick; no arrow when it is exact at the shown precision (a zero has no direction)
-        col.metric(f"Algorithm 1 ({crit})", f"tau = {cal.tau:.2f}",
-                   delta=None if gap is None else f"{gap:+.4f} vs S_tr(1)", delta_color="off",
-                   delta_arrow="off" if gap == 0 else "auto",
-                   help=f"{cal.passes} passes; S_tr(1) = {cal.reference:.4f}; the delta is S_ex(tau) - S_tr(1) at "
-                        "the pick.")
+        col.metric(
+            f"Algorithm 1 ({crit})",
+            f"tau = {cal.tau:.2f}",
+            delta=None if gap is None else f"{gap:+.4f} vs S_tr(1)",
+            delta_color="off",
+            delta_arrow="off" if gap == 0 else "auto",
+            help=f"{cal.passes} passes; S_tr(1) = {cal.reference:.4f}; the delta is S_ex(tau) - S_tr(1) at the pick.",
+        )
         col.caption(band_note(bands[crit], int(st.session_state.get("cal_samples", 1))))
         col.button(f"Use tau = {cal.tau:.2f}", key=f"use_{crit}", on_click=use_tau, args=(crit, cal.tau))
         if not cal.reached:  # the pick is where the search stopped, not a match: say so, and by how much
             col.warning(unreached_text(cal))
 
-    st.download_button("curves.csv", csv_of(lambda: tables.calibration_table(cals)), "algorithm1_curves.csv", "text/csv", key="dl_curves", on_click="ignore")
+    st.download_button(
+        "curves.csv",
+        csv_of(lambda: tables.calibration_table(cals)),
+        "algorithm1_curves.csv",
+        "text/csv",
+        key="dl_curves",
+        on_click="ignore",
+    )
 
 
 def stopped_at_end(cal: temperature.Calibration) -> bool:
@@ -256,12 +289,16 @@ def unreached_text(cal: temperature.Calibration) -> str:
     side = "below" if float(cal.gap) < 0 else "above"
     name = "Pmax" if cal.criterion == "pmax" else "entropy"
     if stopped_at_end(cal):
-        return (f"The {name} curve stays {abs(float(cal.gap)):.4f} {side} the L_tr reference all the way down to "
-                f"tau = {cal.tau:.2f} (the end of the range searched): tau = {cal.tau:.2f} is where the search "
-                "stopped, not a match.")
-    return (f"The {name} curve is already {abs(float(cal.gap)):.4f} {side} the L_tr reference at tau = {cal.tau:.2f} "
-            "(the start of the range searched), and a smaller tau only moves it further away: by this criterion the "
-            "document needs no sharpening, and no tau in the range matches.")
+        return (
+            f"The {name} curve stays {abs(float(cal.gap)):.4f} {side} the L_tr reference all the way down to "
+            f"tau = {cal.tau:.2f} (the end of the range searched): tau = {cal.tau:.2f} is where the search "
+            "stopped, not a match."
+        )
+    return (
+        f"The {name} curve is already {abs(float(cal.gap)):.4f} {side} the L_tr reference at tau = {cal.tau:.2f} "
+        "(the start of the range searched), and a smaller tau only moves it further away: by this criterion the "
+        "document needs no sharpening, and no tau in the range matches."
+    )
 
 
 def advice(ctx: PageState, cals: dict) -> None:
@@ -292,10 +329,15 @@ def advice(ctx: PageState, cals: dict) -> None:
         if ctx.choice.method == FALLBACK:
             box.caption(f"Done: the sidebar's Method box says '{methods.label(FALLBACK)}' now.")
         else:
-            box.button(f"Use {methods.get(FALLBACK).short} (tau = {forms[FALLBACK]:.3f})", key="use_fallback",
-                       type="primary", on_click=use_method, args=(FALLBACK,),
-                       help=f"Sets the sidebar's Method box to {methods.label(FALLBACK)}: re-resolved at each "
-                            "document's length, no pass needed.")
+            box.button(
+                f"Use {methods.get(FALLBACK).short} (tau = {forms[FALLBACK]:.3f})",
+                key="use_fallback",
+                type="primary",
+                on_click=use_method,
+                args=(FALLBACK,),
+                help=f"Sets the sidebar's Method box to {methods.label(FALLBACK)}: re-resolved at each "
+                "document's length, no pass needed.",
+            )
 
 
 def _stats_settings(ctx: PageState, tau) -> tuple[Choice, Pass]:
@@ -327,33 +369,49 @@ def per_head(ctx: PageState, cals: dict) -> None:
         "**far below 1 (red)** are heads still dispersed. A head near 1 in both panels is saturated: its Pmax "
         "hardly depends on length or tau, yet it still counts in the mean."
     )
-    settings = {"tau = 1": _head_settings(ctx, 1.0),
-                f"Algorithm 1 (Pmax) pick, tau = {pick:.2f}": _head_settings(ctx, pick)}
+    settings = {
+        "tau = 1": _head_settings(ctx, 1.0),
+        f"Algorithm 1 (Pmax) pick, tau = {pick:.2f}": _head_settings(ctx, pick),
+    }
     if ph is not None:
         settings["per-head Algorithm 1"] = _head_settings(ctx, ph[0])
     new = sum(not cache.has_run(ctx.loaded, ctx.request, *s) for s in settings.values())
-    with user_errors(), st.spinner(f"Per-head statistics ({plural(new, 'new pass', 'new passes')} at this length)…"
-                                     + pass_gate.queue_note()):
+    with (
+        user_errors(),
+        st.spinner(
+            f"Per-head statistics ({plural(new, 'new pass', 'new passes')} at this length)…" + pass_gate.queue_note()
+        ),
+    ):
         # the L_tr reference Explore, Theory and Prop. 1/2 read: one pass for all of them
         ref = cache.run_reference(ctx.loaded, ctx.request, ctx.choice)
         panels = {name: cache.run(ctx.loaded, ctx.request, *s).probes.pmax[0] for name, s in settings.items()}
     chart(figure_cache.figure(plots.head_ratio_maps, panels, ref.probes.pmax[0]), "cal_head_pmax")
     if ph is None:
-        st.caption("Per-head Algorithm 1 (one tau per layer and head, each matched to that head's Pmax at L_tr) is "
-                   "not computed yet: choose 'per-head' in the sidebar's Method box to compute it "
-                   f"({len(temperature.GRID)} passes per layer: the whole grid, all of a layer's heads in each pass); "
-                   "its tau matrix and the heads it cannot align then appear here.")
+        st.caption(
+            "Per-head Algorithm 1 (one tau per layer and head, each matched to that head's Pmax at L_tr) is "
+            "not computed yet: choose 'per-head' in the sidebar's Method box to compute it "
+            f"({len(temperature.GRID)} passes per layer: the whole grid, all of a layer's heads in each pass); "
+            "its tau matrix and the heads it cannot align then appear here."
+        )
         return
     schedule, info = ph
     tau = np.atleast_2d(np.asarray(schedule, dtype=float))
     unreached = [tuple(int(v) for v in h) for h in info.get("unreached_heads", [])]
     st.markdown("**Per-head Algorithm 1**: tau per layer (rows) and head (columns)")
-    st.dataframe(pd.DataFrame(tau.round(3), index=[f"layer {l}" for l in range(tau.shape[0])],
-                              columns=[f"h{h}" for h in range(tau.shape[1])]), width="content")
+    st.dataframe(
+        pd.DataFrame(
+            tau.round(3),
+            index=[f"layer {l}" for l in range(tau.shape[0])],
+            columns=[f"h{h}" for h in range(tau.shape[1])],
+        ),
+        width="content",
+    )
     if unreached:
-        st.caption(f"**{len(unreached)} of {tau.size} heads never reached their L_tr Pmax** inside the range searched "
-                   "(tau 1.0 down to 0.5) and stay "
-                   "at the default tau: " + ", ".join(f"layer {l} head {h}" for l, h in unreached) + ".")
+        st.caption(
+            f"**{len(unreached)} of {tau.size} heads never reached their L_tr Pmax** inside the range searched "
+            "(tau 1.0 down to 0.5) and stay "
+            "at the default tau: " + ", ".join(f"layer {l} head {h}" for l, h in unreached) + "."
+        )
     else:
         st.caption(f"Every one of the {tau.size} heads reached its own L_tr Pmax inside the range searched.")
 
@@ -375,7 +433,7 @@ def tau_cell(tau, rows: int, train_length: int | None = None) -> tuple[str, str]
     over 2,045 rows)', 'adaptive (per row, from its entropy)', 'n/a') and a note with what the short form leaves
     out (the reason of an 'n/a')."""
     if isinstance(tau, str):  # "n/a (why)"
-        why = tau[len("n/a ("):-1] if tau.startswith("n/a (") and tau.endswith(")") else tau
+        why = tau[len("n/a (") : -1] if tau.startswith("n/a (") and tau.endswith(")") else tau
         return "n/a", why
     tau = Schedule.of(tau)
     if tau.adaptive:  # no number before a pass (its base 1 is not its tau): the rule
@@ -389,8 +447,10 @@ def tau_cell(tau, rows: int, train_length: int | None = None) -> tuple[str, str]
     if a.ndim == 1:
         if a.size <= 6:
             return tables.schedule_text(a), "one tau per encoder layer"
-        return (f"per layer ({a.size}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}",
-                "layers 0, 1, …: " + tables.schedule_text(a))
+        return (
+            f"per layer ({a.size}): {a.min():.2f} to {a.max():.2f}, mean {a.mean():.3f}",
+            "layers 0, 1, …: " + tables.schedule_text(a),
+        )
     return tables.schedule_text(a), "a tau per layer and head (the matrix: above)"
 
 
@@ -407,16 +467,20 @@ def _px(texts) -> int:
 def column_config(table: pd.DataFrame) -> dict:
     """Columns wide enough for their longest text: the label and the tau are never cut; a note longer than
     :data:`NOTE_MAX_PX` is said in full under the table (:func:`long_notes`)."""
+
     def width(col: str, least: int) -> int:
         return max(least, _px([col, *table[col]]))
 
     return {
-        "label": st.column_config.TextColumn("method", width=width("label", 160),
-                                             help="The method registry's name (the sidebar's Method box)"),
-        "tau": st.column_config.TextColumn("tau", width=width("tau", 90),
-                                           help="The tau this method gives this document; a schedule in short"),
-        "note": st.column_config.TextColumn("note", width=min(NOTE_MAX_PX, width("note", 160)),
-                                            help="What the short form leaves out"),
+        "label": st.column_config.TextColumn(
+            "method", width=width("label", 160), help="The method registry's name (the sidebar's Method box)"
+        ),
+        "tau": st.column_config.TextColumn(
+            "tau", width=width("tau", 90), help="The tau this method gives this document; a schedule in short"
+        ),
+        "note": st.column_config.TextColumn(
+            "note", width=min(NOTE_MAX_PX, width("note", 160)), help="What the short form leaves out"
+        ),
     }
 
 
@@ -426,8 +490,11 @@ def long_notes(table: pd.DataFrame) -> list[str]:
     why = [f"{label}: {note}" for label, tau, note in zip(table["label"], table["tau"], table["note"]) if tau == "n/a"]
     if why:
         out.append("Why 'n/a': " + "; ".join(why) + ".")
-    out += [f"{label}, in full: {note}." for label, tau, note in zip(table["label"], table["tau"], table["note"])
-            if tau != "n/a" and _px([note]) > NOTE_MAX_PX]
+    out += [
+        f"{label}, in full: {note}."
+        for label, tau, note in zip(table["label"], table["tau"], table["note"])
+        if tau != "n/a" and _px([note]) > NOTE_MAX_PX
+    ]
     return out
 
 
@@ -476,29 +543,55 @@ def every_method(ctx: PageState, cals: dict) -> dict:
         "formula does not fit these numbers."
     )
     est = timing.total(timing.model_key(ctx.loaded), [(1, ctx.tokens), (1, ctx.train_length)])
-    with user_errors(), st.spinner("Closed forms (two passes for Prop. 1/2" + ("" if est is None else f", {timing.describe(est)}") + ")…" + pass_gate.queue_note()):
+    with (
+        user_errors(),
+        st.spinner(
+            "Closed forms (two passes for Prop. 1/2"
+            + ("" if est is None else f", {timing.describe(est)}")
+            + ")…"
+            + pass_gate.queue_note()
+        ),
+    ):
         taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice, ctx.choice.params)
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
     taus, missing = _the_rest(ctx, taus)
     table = taus_table(taus, ctx.tokens, ctx.train_length)
-    st.dataframe(table, hide_index=True, width="stretch", column_order=("label", "tau", "note"),
-                 column_config=column_config(table))
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_order=("label", "tau", "note"),
+        column_config=column_config(table),
+    )
     for line in long_notes(table):  # in full, whatever the width of the table's cells
         st.caption(line)
-    theory_views.per_row_chart(ctx, {n: t for n, t in taus.items()
-                                     if not isinstance(t, str) and Schedule.of(t).rows is not None})
+    theory_views.per_row_chart(
+        ctx, {n: t for n, t in taus.items() if not isinstance(t, str) and Schedule.of(t).rows is not None}
+    )
     st.caption(prop1_note(taus.get(methods.PROP1), cache.logit_stats(ctx.loaded, ctx.request, ctx.choice)))
     if missing:
-        st.caption("Not in the table yet: " + "; ".join(missing) + ". Choose "
-                   + ("it" if len(missing) == 1 else "one") + " in the sidebar's Method box to compute it.")
+        st.caption(
+            "Not in the table yet: "
+            + "; ".join(missing)
+            + ". Choose "
+            + ("it" if len(missing) == 1 else "one")
+            + " in the sidebar's Method box to compute it."
+        )
     usable = [m for m, t in taus.items() if not isinstance(t, str)]
     ss.setdefault("cal_pick", methods.ALGORITHM1["pmax"])
     if ss["cal_pick"] not in usable:
         ss["cal_pick"] = usable[0]
     u1, u2 = st.columns([2, 1])
-    u1.selectbox("Method to use", usable, key="cal_pick", persist_state=choices.KEEP,
-                 format_func=lambda m: f"{methods.label(m)}: {tau_cell(taus[m], ctx.tokens)[0]}")
-    u2.button("Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary")
+    u1.selectbox(
+        "Method to use",
+        usable,
+        key="cal_pick",
+        persist_state=choices.KEEP,
+        format_func=lambda m: f"{methods.label(m)}: {tau_cell(taus[m], ctx.tokens)[0]}",
+    )
+    u2.button(
+        "Use this tau", key="use_pick", on_click=use_tau, args=(ss["cal_pick"], taus[ss["cal_pick"]]), type="primary"
+    )
     if ss.get("cal_used"):
         st.success(f"Sidebar set to {ss['cal_used']}.")
     return taus
@@ -508,16 +601,20 @@ def export(ctx: PageState, taus: dict) -> None:
     """The choice as a settings file for the CLI: a fixed tau, or the method re-resolved at the run's length."""
     ss = st.session_state
     st.subheader("Export the choice")
-    st.caption("A settings file for the command line: the model, this document request and the chosen tau. "
-               "'fixed' runs exactly this tau; 'method' lets the CLI resolve the method again at its document's length.")
+    st.caption(
+        "A settings file for the command line: the model, this document request and the chosen tau. "
+        "'fixed' runs exactly this tau; 'method' lets the CLI resolve the method again at its document's length."
+    )
     st.radio("Export as", EXPORT_MODES, key="cal_export", persist_state=choices.KEEP, horizontal=True)
     pick = ss["cal_pick"]
     crit = methods.get(pick).matches or "pmax"
     if ss["cal_export"] == EXPORT_MODES[0]:
         settings = ui_export.settings(ctx, method=methods.FIXED, tau=taus[pick], criterion=crit)
         if settings.method != methods.FIXED:  # adaptive temperature: no fixed tau holds it, so the file names it
-            st.info(f"{methods.label(pick)} has no fixed tau (each row's is set inside the pass from the row "
-                    f"itself): the file says method '{settings.method}', which is what runs.")
+            st.info(
+                f"{methods.label(pick)} has no fixed tau (each row's is set inside the pass from the row "
+                f"itself): the file says method '{settings.method}', which is what runs."
+            )
     else:
         settings = ui_export.settings(ctx, method=pick, tau=taus[pick], criterion=crit)
     text = settings.to_json()

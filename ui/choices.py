@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
+from core.mechanics.attention import ROPE, family_of
+from core.models import Loaded, bundled_specs, default_model, registry
 from core.runs import methods, temperature
 from core.values import positions
 from core.values.schedule import Schedule
-from core.mechanics.attention import ROPE, family_of
-from core.models import Loaded, bundled_specs, default_model, registry
 
 ENV_MODEL = "AAE_MODEL"  # a folder or name: the app's default model when set (tests point it at a tiny model)
 #: The tau slider's range and step (the app's sliders, the scrubber's axis, a link's ``tau=``): from the refined

@@ -30,16 +30,22 @@ def _read_upload() -> None:
 
 
 #: What a masked-LM model's document is (the sidebar says it in place of the Source and Task boxes).
-MASKED_DOC = ("**Masked tokens in held-out prose**: the held-out text of the seed at the chosen length, "
-              f"{round(100 * mlm.MASK_RATE)} % of its tokens replaced by the mask token (positions drawn by the seed); "
-              "the model fills them in.")
+MASKED_DOC = (
+    "**Masked tokens in held-out prose**: the held-out text of the seed at the chosen length, "
+    f"{round(100 * mlm.MASK_RATE)} % of its tokens replaced by the mask token (positions drawn by the seed); "
+    "the model fills them in."
+)
 
 
 #: Paste mode before anything is typed: what to do (not an error), and what a shared link carries.
-PASTE_FIRST = ("**Paste mode.** Paste a text into the sidebar's *Your text* box (or upload a .txt file); its views "
-               "appear here. A pass key sentence is inserted at the chosen depth unless you choose another needle.")
-PASTE_NOT_IN_LINK = ("A shared link does not carry the pasted text (too long for an address): it opens in Generate "
-                     "mode. Send the text along, or export the settings.")
+PASTE_FIRST = (
+    "**Paste mode.** Paste a text into the sidebar's *Your text* box (or upload a .txt file); its views "
+    "appear here. A pass key sentence is inserted at the chosen depth unless you choose another needle."
+)
+PASTE_NOT_IN_LINK = (
+    "A shared link does not carry the pasted text (too long for an address): it opens in Generate "
+    "mode. Send the text along, or export the settings."
+)
 
 
 def reads_prose(loaded: Loaded) -> bool:
@@ -71,27 +77,57 @@ def document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, i
         if ss.get("doc_task") not in tasks.GENERATED:
             choices.put("doc_task", tasks.LM if reads_prose(loaded) else "passkey")
         if loaded.seq2seq:
-            sb.selectbox("Task", tasks.GENERATED, key="doc_task", persist_state=choices.KEEP,
-                         help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
-                              "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).")
-        sb.number_input("Length in tokens", min_value=16, max_value=4_000_000, step=max(1, lt // 4), key="doc_tokens", persist_state=choices.KEEP)
+            sb.selectbox(
+                "Task",
+                tasks.GENERATED,
+                key="doc_task",
+                persist_state=choices.KEEP,
+                help="passkey: a 5-digit key in filler; line/topic: LongChat retrieval; multidoc: QA over "
+                "documents; code: a key in Python; lm: continue held-out prose (perplexity, for LM models).",
+            )
+        sb.number_input(
+            "Length in tokens",
+            min_value=16,
+            max_value=4_000_000,
+            step=max(1, lt // 4),
+            key="doc_tokens",
+            persist_state=choices.KEEP,
+        )
         row = sb.container(horizontal=True, gap="small")
         for k in MULTIPLES:
-            row.button(f"{k}×", key=f"len_{k}x", on_click=_set_tokens, args=(k * lt,), help=f"{k} × L_tr = {k * lt:,} tokens")
+            row.button(
+                f"{k}×", key=f"len_{k}x", on_click=_set_tokens, args=(k * lt,), help=f"{k} × L_tr = {k * lt:,} tokens"
+            )
         if ss["doc_task"] != tasks.LM:  # an LM sequence has no needle
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth", persist_state=choices.KEEP)
         haystack = "default"
         if ss["doc_task"] in tasks.HAYSTACK_TASKS:
-            sb.selectbox("Filler", choices.HAYSTACK_CHOICES, key="doc_haystack", persist_state=choices.KEEP,
-                         format_func=choices.HAYSTACK_CHOICES.get,
-                         help="The paper's pass key filler is one fixed text: its documents differ only in the key. "
-                              "Held-out corpus prose makes every seed a different haystack.")
+            sb.selectbox(
+                "Filler",
+                choices.HAYSTACK_CHOICES,
+                key="doc_haystack",
+                persist_state=choices.KEEP,
+                format_func=choices.HAYSTACK_CHOICES.get,
+                help="The paper's pass key filler is one fixed text: its documents differ only in the key. "
+                "Held-out corpus prose makes every seed a different haystack.",
+            )
             haystack = ss["doc_haystack"]
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed", persist_state=choices.KEEP)
-        req = DocumentRequest(task=ss["doc_task"], tokens=int(ss["doc_tokens"]), depth=ss["doc_depth"] / 100,
-                              seed=int(ss["doc_seed"]), haystack=haystack)
+        req = DocumentRequest(
+            task=ss["doc_task"],
+            tokens=int(ss["doc_tokens"]),
+            depth=ss["doc_depth"] / 100,
+            seed=int(ss["doc_seed"]),
+            haystack=haystack,
+        )
     else:
-        sb.text_area("Your text", key="doc_text", persist_state=choices.KEEP, height=150, placeholder="Paste the text to search in…")
+        sb.text_area(
+            "Your text",
+            key="doc_text",
+            persist_state=choices.KEEP,
+            height=150,
+            placeholder="Paste the text to search in…",
+        )
         sb.file_uploader("…or upload a .txt file", type=["txt"], key="doc_file", on_change=_read_upload)
         sb.caption(PASTE_NOT_IN_LINK)
         if ss.get("upload_error"):
@@ -103,9 +139,16 @@ def document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, i
         mode = ss["doc_needle_mode"]
         needle = question = expected = None
         if mode == choices.NEEDLE_MODES[1]:
-            sb.text_input("Needle sentence", key="doc_needle", persist_state=choices.KEEP, placeholder="The secret colour is teal.")
+            sb.text_input(
+                "Needle sentence",
+                key="doc_needle",
+                persist_state=choices.KEEP,
+                placeholder="The secret colour is teal.",
+            )
         if mode != choices.NEEDLE_MODES[0]:
-            sb.text_input("Question", key="doc_question", persist_state=choices.KEEP, placeholder="What is the secret colour?")
+            sb.text_input(
+                "Question", key="doc_question", persist_state=choices.KEEP, placeholder="What is the secret colour?"
+            )
             sb.text_input("Expected answer", key="doc_expected", persist_state=choices.KEEP, placeholder="teal")
             question, expected = ss["doc_question"] or None, ss["doc_expected"] or None
             needle = ss["doc_needle"] if mode == choices.NEEDLE_MODES[1] else ""
@@ -114,8 +157,15 @@ def document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, i
         if mode != choices.NEEDLE_MODES[2]:
             sb.slider("Needle depth (%)", 0, 100, step=5, key="doc_depth", persist_state=choices.KEEP)
         sb.number_input("Seed", min_value=0, max_value=10**9, step=1, key="doc_seed", persist_state=choices.KEEP)
-        req = DocumentRequest(task="text", depth=ss["doc_depth"] / 100, seed=int(ss["doc_seed"]), text=ss["doc_text"],
-                              needle=needle, question=question, expected=expected)
+        req = DocumentRequest(
+            task="text",
+            depth=ss["doc_depth"] / 100,
+            seed=int(ss["doc_seed"]),
+            text=ss["doc_text"],
+            needle=needle,
+            question=question,
+            expected=expected,
+        )
     try:
         doc = cache.document(loaded, req)
         n = cache.token_count(loaded, req)

@@ -13,13 +13,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.runs import engine
-from core.views import frames, plots, rope_view, tables
-from core.values import positions
 from core.errors import UserError
 from core.mechanics.probes import ProbeSpec
-from ui import chart, csv_of, message
-from ui import cache, choices, figure_cache
+from core.runs import engine
+from core.values import positions
+from core.views import frames, plots, rope_view, tables
+from ui import cache, chart, choices, csv_of, figure_cache, message
 from ui import export as ui_export
 from ui.page_state import PageState
 
@@ -35,7 +34,13 @@ def check_length(ctx: PageState) -> None:
 
 
 #: The view controls' defaults (the map layer's is the model's last layer).
-VIEW_DEFAULTS = {"ex_head": "mean", "ex_pool": "mean", "ex_colour": None, "ex_text_window": 150, "ex_cross_layer": "mean"}
+VIEW_DEFAULTS = {
+    "ex_head": "mean",
+    "ex_pool": "mean",
+    "ex_colour": None,
+    "ex_text_window": 150,
+    "ex_cross_layer": "mean",
+}
 
 
 def page_state(L: int, H: int) -> None:
@@ -73,32 +78,75 @@ def view_controls(ctx: PageState) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
     page_state(L, H)
     dec = int(getattr(ctx.loaded.config, "num_decoder_layers", None) or L)
     c = st.columns([1, 1.2, 1.1, 1.5, 1.2, 1.6], vertical_alignment="bottom")
-    c[0].selectbox("Map layer", list(range(L)), key="ex_layer", persist_state=choices.KEEP, help="The encoder layer of the attention map.")
-    c[1].selectbox("Map head", ["mean"] + list(range(H)), key="ex_head", persist_state=choices.KEEP,
-                   format_func=lambda h: "mean" if h == "mean" else f"head {h}",
-                   help="One head of the map's layer, or the mean of its heads.")
-    c[2].selectbox("Pooling", ("mean", "max"), key="ex_pool", persist_state=choices.KEEP, help="How each map cell sums up its token ranges.")
-    c[3].selectbox("Colour", COLOURS, key="ex_colour", persist_state=choices.KEEP,
-                   help="Log colour shows a dispersed map's tail (and the needle cell past L_tr); linear the peaks.")
+    c[0].selectbox(
+        "Map layer",
+        list(range(L)),
+        key="ex_layer",
+        persist_state=choices.KEEP,
+        help="The encoder layer of the attention map.",
+    )
+    c[1].selectbox(
+        "Map head",
+        ["mean"] + list(range(H)),
+        key="ex_head",
+        persist_state=choices.KEEP,
+        format_func=lambda h: "mean" if h == "mean" else f"head {h}",
+        help="One head of the map's layer, or the mean of its heads.",
+    )
+    c[2].selectbox(
+        "Pooling",
+        ("mean", "max"),
+        key="ex_pool",
+        persist_state=choices.KEEP,
+        help="How each map cell sums up its token ranges.",
+    )
+    c[3].selectbox(
+        "Colour",
+        COLOURS,
+        key="ex_colour",
+        persist_state=choices.KEEP,
+        help="Log colour shows a dispersed map's tail (and the needle cell past L_tr); linear the peaks.",
+    )
     if ss.get("ex_cross_layer") not in ["mean", *range(dec)]:
         ss["ex_cross_layer"] = "mean"
     if ctx.loaded.seq2seq:  # a masked-LM encoder writes no answer: no cross-attention to choose a layer of
-        c[4].selectbox("Decoder layer", ["mean", *range(dec)], key="ex_cross_layer", persist_state=choices.KEEP,
-                       format_func=lambda l: "mean" if l == "mean" else f"layer {l}",
-                       help="Where the answer looks: one decoder layer's cross-attention, or their mean.")
+        c[4].selectbox(
+            "Decoder layer",
+            ["mean", *range(dec)],
+            key="ex_cross_layer",
+            persist_state=choices.KEEP,
+            format_func=lambda l: "mean" if l == "mean" else f"layer {l}",
+            help="Where the answer looks: one decoder layer's cross-attention, or their mean.",
+        )
     if ctx.loaded.seq2seq:  # a masked-LM model has no needle to centre a shaded text on: nothing to choose
-        c[5].slider("Text: tokens either side", 20, 2000, step=10, key="ex_text_window", persist_state=choices.KEEP,
-                    help="How much of the document the shaded text shows around the needle.")
+        c[5].slider(
+            "Text: tokens either side",
+            20,
+            2000,
+            step=10,
+            key="ex_text_window",
+            persist_state=choices.KEEP,
+            help="How much of the document the shaded text shows around the needle.",
+        )
     if ctx.loaded.cosine:  # a cosine model: the slider scrubs tau, or CosScale s at the chosen tau
         from ui.scrubber import AXES, AXIS_KEY
 
         ss.setdefault(AXIS_KEY, "tau")
-        st.radio("The slider below moves", list(AXES), key=AXIS_KEY, horizontal=True, format_func=AXES.get,
-                 help="CosScale s multiplies cos(q, k) before the softmax, as 1/tau divides the logits: either one "
-                      "sharpens a cosine model's attention. Each has its grid of frames, drawn in your browser.")
+        st.radio(
+            "The slider below moves",
+            list(AXES),
+            key=AXIS_KEY,
+            horizontal=True,
+            format_func=AXES.get,
+            help="CosScale s multiplies cos(q, k) before the softmax, as 1/tau divides the logits: either one "
+            "sharpens a cosine model's attention. Each has its grid of frames, drawn in your browser.",
+        )
     probes = cache.explore_probes(ss["ex_layer"], None if ss["ex_head"] == "mean" else int(ss["ex_head"]))
-    spec = frames.ViewSpec(pool=ss["ex_pool"], cross_layer=None if ss["ex_cross_layer"] == "mean" else int(ss["ex_cross_layer"]),
-                           window=int(ss["ex_text_window"]))
+    spec = frames.ViewSpec(
+        pool=ss["ex_pool"],
+        cross_layer=None if ss["ex_cross_layer"] == "mean" else int(ss["ex_cross_layer"]),
+        window=int(ss["ex_text_window"]),
+    )
     colour = ss["ex_colour"]
     log = colour == "log" or (colour == COLOURS[0] and ctx.tokens > ctx.train_length)
     return probes, spec, log
@@ -108,12 +156,16 @@ def export(ctx: PageState, base, chosen, ref) -> None:
     """CSV of the chosen tau's views and the settings JSON the CLI accepts (the released tau, not a frame in passing)."""
     st.subheader("Export")
     if ctx.loaded.seq2seq:
-        st.caption("The data behind the views at the chosen tau as CSV, and these settings as a JSON file the command "
-                   "line accepts.")
+        st.caption(
+            "The data behind the views at the chosen tau as CSV, and these settings as a JSON file the command "
+            "line accepts."
+        )
     else:
-        st.caption("The data behind the views at the chosen tau as CSV, and the command that scores this document's "
-                   "masked tokens under the chosen position scheme and method (its accuracy and perplexity are the "
-                   "right card's).")
+        st.caption(
+            "The data behind the views at the chosen tau as CSV, and the command that scores this document's "
+            "masked tokens under the chosen position scheme and method (its accuracy and perplexity are the "
+            "right card's)."
+        )
     if chosen is None:
         st.caption("The exact pass of this tau is being computed; its files follow.")
         return
@@ -121,24 +173,54 @@ def export(ctx: PageState, base, chosen, ref) -> None:
     pool = ss.get("ex_pool", "mean")
     layer = None if ss.get("ex_cross_layer", "mean") == "mean" else int(ss["ex_cross_layer"])
     e = st.columns(5)
-    e[0].download_button("meters.csv", csv_of(lambda: tables.meters_table(chosen, base, ref)), "meters.csv", "text/csv",
-                         key="dl_meters", on_click="ignore")
+    e[0].download_button(
+        "meters.csv",
+        csv_of(lambda: tables.meters_table(chosen, base, ref)),
+        "meters.csv",
+        "text/csv",
+        key="dl_meters",
+        on_click="ignore",
+    )
     if chosen.probes.heatmap_mean is not None:
-        e[1].download_button("heatmap.csv", csv_of(lambda: tables.heatmap_table(chosen, pool)), "heatmap.csv", "text/csv",
-                             key="dl_heat", on_click="ignore")
+        e[1].download_button(
+            "heatmap.csv",
+            csv_of(lambda: tables.heatmap_table(chosen, pool)),
+            "heatmap.csv",
+            "text/csv",
+            key="dl_heat",
+            on_click="ignore",
+        )
     if chosen.probes.profile is not None:
-        e[2].download_button("profile.csv", csv_of(lambda: tables.profile_table(chosen, base)), "profile.csv", "text/csv",
-                             key="dl_prof", on_click="ignore")
+        e[2].download_button(
+            "profile.csv",
+            csv_of(lambda: tables.profile_table(chosen, base)),
+            "profile.csv",
+            "text/csv",
+            key="dl_prof",
+            on_click="ignore",
+        )
     if tables.answer_attention(chosen, layer) is not None:
-        e[3].download_button("answer_attention.csv", csv_of(lambda: tables.answer_attention_table(chosen, layer)),
-                             "answer_attention.csv", "text/csv", key="dl_cross", on_click="ignore")
+        e[3].download_button(
+            "answer_attention.csv",
+            csv_of(lambda: tables.answer_attention_table(chosen, layer)),
+            "answer_attention.csv",
+            "text/csv",
+            key="dl_cross",
+            on_click="ignore",
+        )
     # Inline code, not st.code: st.code makes the browser fetch and parse a 1.6 MB syntax highlighter,
     # which on the landing page cost seconds in a fresh tab (bench/browser_latency.py).
     if not ctx.loaded.seq2seq:  # a masked-LM model: the mlm command (the settings JSON has no position scheme)
         st.markdown(f"Then run: `{ui_export.mlm_command(ctx)}`")
         return
-    e[4].download_button("settings.json", ui_export.settings(ctx).to_json(), "settings.json", "application/json",
-                         key="dl_settings", on_click="ignore")
+    e[4].download_button(
+        "settings.json",
+        ui_export.settings(ctx).to_json(),
+        "settings.json",
+        "application/json",
+        key="dl_settings",
+        on_click="ignore",
+    )
     st.markdown(f"Then run: `{ui_export.cli_command('settings.json')}`")
 
 
@@ -155,8 +237,13 @@ def distance_figure(distances: np.ndarray, mean: np.ndarray, heads: list[int], t
         idx = np.unique(np.linspace(0, len(idx) - 1, DISTANCE_POINTS).round().astype(int))
     fig = go.Figure()
     for h in heads:
-        fig.add_scatter(x=distances[idx], y=np.asarray(mean[h], dtype=np.float32)[idx], mode="lines", name=f"head {h}",
-                        line=dict(width=1.4))
+        fig.add_scatter(
+            x=distances[idx],
+            y=np.asarray(mean[h], dtype=np.float32)[idx],
+            mode="lines",
+            name=f"head {h}",
+            line=dict(width=1.4),
+        )
     span = int(np.max(np.abs(distances))) if len(distances) else 0
     for x in (-train_length, train_length):
         if abs(x) <= span:
@@ -184,13 +271,18 @@ def distance_section(ctx: PageState) -> None:
     )
     if not ctx.choice.scheme.is_plain:
         entry = ctx.choice.scheme.entry
-        st.caption(f"Under the position scheme **{entry.label}**: "
-                   + ("its frequencies rotate q and k, so the curves are its own." if rope_view.shows_scheme(ctx.choice.scheme)
-                      and positions.FREQUENCIES in entry.changes else
-                      "it masks keys but leaves q·k as it is: the curves are plain RoPE's over every pair (the mask is "
-                      "drawn on the map above)." if rope_view.shows_scheme(ctx.choice.scheme) else
-                      "it computes logits at capped distances from unrotated q and k, which these curves cannot show: "
-                      "they are plain RoPE's."))
+        st.caption(
+            f"Under the position scheme **{entry.label}**: "
+            + (
+                "its frequencies rotate q and k, so the curves are its own."
+                if rope_view.shows_scheme(ctx.choice.scheme) and positions.FREQUENCIES in entry.changes
+                else "it masks keys but leaves q·k as it is: the curves are plain RoPE's over every pair (the mask is "
+                "drawn on the map above)."
+                if rope_view.shows_scheme(ctx.choice.scheme)
+                else "it computes logits at capped distances from unrotated q and k, which these curves cannot show: "
+                "they are plain RoPE's."
+            )
+        )
     ss.setdefault("ex_show_bias", False)
     if not st.toggle("Show the distance curves", key="ex_show_bias", persist_state=choices.KEEP):
         return
@@ -207,12 +299,19 @@ def distance_section(ctx: PageState) -> None:
     except UserError as err:
         st.error(message(err))
         return
-    chart(figure_cache.figure(distance_figure, curves.distances, curves.mean, list(ss["ex_rpe_heads"]),
-                              ctx.train_length, curves.layer), "rope_distance")
+    chart(
+        figure_cache.figure(
+            distance_figure, curves.distances, curves.mean, list(ss["ex_rpe_heads"]), ctx.train_length, curves.layer
+        ),
+        "rope_distance",
+    )
 
     def table() -> pd.DataFrame:
-        return pd.DataFrame(curves.mean.T, index=pd.Index(curves.distances, name="distance"),
-                            columns=[f"head {h}" for h in range(curves.heads)])
+        return pd.DataFrame(
+            curves.mean.T,
+            index=pd.Index(curves.distances, name="distance"),
+            columns=[f"head {h}" for h in range(curves.heads)],
+        )
 
     st.download_button("distance.csv", csv_of(table), "distance.csv", "text/csv", key="dl_distance", on_click="ignore")
 
@@ -249,14 +348,31 @@ def bias_section(ctx: PageState) -> None:
         ss["ex_rpe_query"], ss["_rpe_doc"] = int(min(q0, enc.n - 1)), ctx.request
     r1, r2 = st.columns([3, 1])
     r1.multiselect("Heads", list(range(H)), key="ex_rpe_heads", persist_state=choices.KEEP)
-    r2.number_input("Query position m", min_value=0, max_value=max(0, enc.n - 1), step=1, key="ex_rpe_query", persist_state=choices.KEEP,
-                    help="Default: the question's first token (reset when the document changes).")
+    r2.number_input(
+        "Query position m",
+        min_value=0,
+        max_value=max(0, enc.n - 1),
+        step=1,
+        key="ex_rpe_query",
+        persist_state=choices.KEEP,
+        help="Default: the question's first token (reset when the document changes).",
+    )
     try:
         curves = cache.bias_curves(ctx.loaded, int(ss["ex_rpe_query"]), enc.n)
     except UserError as err:
         st.error(message(err))
         return
-    chart(figure_cache.figure(plots.rpe_curves, curves, ss["ex_rpe_heads"], int(ss["ex_rpe_query"]), ctx.train_length,
-                           int(getattr(ctx.loaded.config, "relative_attention_max_distance", 128))), "rpe")
-    st.download_button("rpe.csv", csv_of(lambda: tables.rpe_table(curves)), "rpe.csv", "text/csv", key="dl_rpe",
-                       on_click="ignore")
+    chart(
+        figure_cache.figure(
+            plots.rpe_curves,
+            curves,
+            ss["ex_rpe_heads"],
+            int(ss["ex_rpe_query"]),
+            ctx.train_length,
+            int(getattr(ctx.loaded.config, "relative_attention_max_distance", 128)),
+        ),
+        "rpe",
+    )
+    st.download_button(
+        "rpe.csv", csv_of(lambda: tables.rpe_table(curves)), "rpe.csv", "text/csv", key="dl_rpe", on_click="ignore"
+    )

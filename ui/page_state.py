@@ -77,4 +77,6 @@ class PageState:
         ``tau`` / ``method`` changed) and a :class:`~core.mechanics.run_pass.Pass` of ``how``'s parts (None leaves a
         part at its default)."""
         parts = {k: v for k, v in dict(tau=tau, method=method).items() if v is not None}
-        return (self.choice.with_(**parts) if parts else self.choice), Pass(**{k: v for k, v in how.items() if v is not None})
+        return (self.choice.with_(**parts) if parts else self.choice), Pass(
+            **{k: v for k, v in how.items() if v is not None}
+        )

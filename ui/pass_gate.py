@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import streamlit as st
 
@@ -167,8 +167,9 @@ class PassGate:
             self._holder = None
             self._lock.release()
 
-    def give_way(self, pause: bool, alive: Callable[[], bool] = lambda: True, most_s: float = 600.0,
-                 step: float = 0.5) -> float:
+    def give_way(
+        self, pause: bool, alive: Callable[[], bool] = lambda: True, most_s: float = 600.0, step: float = 0.5
+    ) -> float:
         """Called by the background pass holding the gate, between two of its layers: let a waiting person go first.
 
         Returns 0 at once when nobody waits. Otherwise, with ``pause``, gives the

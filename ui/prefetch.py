@@ -59,23 +59,22 @@ import ctypes
 import ctypes.util
 import threading
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable
 
 import streamlit as st
 import torch
 
-from core.mechanics import attention
-from core.models import memory
-from core.runs import methods
-from core.views import frames
 from core.errors import UserError
-from core.models import Loaded
+from core.mechanics import attention
+from core.mechanics.run_pass import DEFAULT_PASS, Pass
+from core.models import Loaded, memory
+from core.runs import methods
 from core.runs.settings import DocumentRequest
+from core.values.choice import Choice
+from core.views import frames
 from ui import cache, pass_gate
 from ui.streamlit_private import session_alive
-from core.values.choice import Choice
-from core.mechanics.run_pass import DEFAULT_PASS, Pass
 
 #: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
 GRID = frames.SCRUB_GRID
@@ -87,8 +86,21 @@ PAUSE_MOST_S = 300.0
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _mallinfo2():
@@ -137,8 +149,18 @@ class Job:
     def key(self) -> Hashable:
         c, how = self.choice, self.how
         fixed = c.tau.key() if self.axis == "s" else c.cosine_scale  # what the grid holds constant
-        return (cache.mkey(self.loaded), self.request, c.targets, fixed, how.probes, how.generate, self.extras,
-                self.axis, self.values, c.scheme)  # a position scheme change starts a new grid
+        return (
+            cache.mkey(self.loaded),
+            self.request,
+            c.targets,
+            fixed,
+            how.probes,
+            how.generate,
+            self.extras,
+            self.axis,
+            self.values,
+            c.scheme,
+        )  # a position scheme change starts a new grid
 
     def passes(self) -> list[tuple[Choice, Pass]]:
         """Every pass of the job, in the order they are computed: the grid nearest the tau on screen first
@@ -146,8 +168,9 @@ class Job:
         if self.axis == "s":
             order = sorted(self.values, key=lambda v: (abs(v - self.around), v))
             return [(self.choice.with_(cosine_scale=v), self.how) for v in order] + list(self.extras)
-        return [(self.choice.with_(tau=t, method=methods.FIXED), self.how)
-                for t in frames.grid_order(self.around, GRID)] + list(self.extras)
+        return [
+            (self.choice.with_(tau=t, method=methods.FIXED), self.how) for t in frames.grid_order(self.around, GRID)
+        ] + list(self.extras)
 
     def pending(self) -> list[tuple[Choice, Pass]]:
         """The job's passes not in the run store yet."""
@@ -244,8 +267,10 @@ class Prefetcher:
                 break
             try:
                 if self._still_wanted(job):
-                    with gate.making(cache.run_key(job.loaded, job.request, *settings)), \
-                            attention.between_layers(self._between_layers(gate, job, settings)):
+                    with (
+                        gate.making(cache.run_key(job.loaded, job.request, *settings)),
+                        attention.between_layers(self._between_layers(gate, job, settings)),
+                    ):
                         cache.run_unguarded(job.loaded, job.request, *settings)
                     self.passes += 1
             except pass_gate.GaveWay:
@@ -293,9 +318,16 @@ def prefetcher() -> Prefetcher:
     return Prefetcher()
 
 
-def grid_job(loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAULT_PASS, around: float = 1.0) -> Job:
+def grid_job(
+    loaded: Loaded, req: DocumentRequest, choice: Choice, how: Pass = DEFAULT_PASS, around: float = 1.0
+) -> Job:
     """The background job of a document shown under ``choice`` and ``how``: its tau grid (nearest ``around``
     first), then Theory's tau = 1 pass."""
-    return Job(loaded, req, choice.with_(tau=1.0, method=methods.FIXED), how,
-               extras=(cache.theory_pass(loaded, choice),),
-               around=float(around))
+    return Job(
+        loaded,
+        req,
+        choice.with_(tau=1.0, method=methods.FIXED),
+        how,
+        extras=(cache.theory_pass(loaded, choice),),
+        around=float(around),
+    )

@@ -24,15 +24,14 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from core.runs import methods, temperature
-from core.views import frames
-from core.values.choice import Choice
 from core.errors import UserError
+from core.mechanics.run_pass import Pass
+from core.runs import methods, temperature, timing
+from core.values.choice import Choice
 from core.values.schedule import Schedule
-from core.runs import timing
+from core.views import frames
 from ui import cache, choices, long_work, message, prefetch
 from ui.streamlit_private import in_fragment_rerun, session_id
-from core.mechanics.run_pass import Pass
 
 KEY = "scrubber"
 POLL_MS = 900
@@ -140,19 +139,25 @@ def _tau_version(ctx, tau: float, axis: str = "tau") -> int:
 def _doc_id(ctx, probes, spec: frames.ViewSpec, log: bool, axis: str) -> str:
     """What changes the payload's structure (the browser rebuilds its views when it changes)."""
     fixed = Schedule.of(ctx.choice.tau).key() if axis == "s" else ctx.choice.cosine_scale
-    raw = repr((cache.mkey(ctx.loaded), ctx.request, ctx.choice.targets, fixed, probes, spec, log, axis, ctx.choice.scheme))
+    raw = repr(
+        (cache.mkey(ctx.loaded), ctx.request, ctx.choice.targets, fixed, probes, spec, log, axis, ctx.choice.scheme)
+    )
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
 def map_note(ctx) -> str:
     """The maps' caption for a rotary masked-LM model (no needle, no question): what the rows and columns are, and
     the chosen position scheme's mask drawn over the chosen map."""
-    note = ("Rows are queries, columns keys, every token of the masked text (its masked positions read the mask "
-            "token). The left map is the model as trained (plain RoPE, tau = 1); the right one the chosen setting.")
+    note = (
+        "Rows are queries, columns keys, every token of the masked text (its masked positions read the mask "
+        "token). The left map is the model as trained (plain RoPE, tau = 1); the right one the chosen setting."
+    )
     entry = ctx.choice.scheme.entry
     if entry.mask is not None:
-        note += (f" Grey veil on the right map: the pairs {entry.short} masks out (a cell's veil is the share of its "
-                 "query-key pairs that no query sees), so the band and any sink columns stand out.")
+        note += (
+            f" Grey veil on the right map: the pairs {entry.short} masks out (a cell's veil is the share of its "
+            "query-key pairs that no query sees), so the band and any sink columns stand out."
+        )
     elif not ctx.choice.scheme.is_plain:
         note += f" {entry.short} masks no keys: every pair is seen."
     return note
@@ -162,8 +167,10 @@ def masked_cards(ctx, base_settings, grid_settings: dict, exact_settings) -> dic
     """The masked-token cards of a masked-LM model's frames (:func:`ui.cache.mlm_card`, one fused pass each, kept):
     the model as trained, the L_tr reference, every grid value shown and the exact setting."""
     loaded, req = ctx.loaded, ctx.request
-    out = {"base": cache.mlm_card(loaded, req, base_settings[0]),
-           "ref": cache.mlm_card(loaded, req, base_settings[0].with_(targets=ctx.choice.targets), reference=True)}
+    out = {
+        "base": cache.mlm_card(loaded, req, base_settings[0]),
+        "ref": cache.mlm_card(loaded, req, base_settings[0].with_(targets=ctx.choice.targets), reference=True),
+    }
     out.update({k: cache.mlm_card(loaded, req, s[0]) for k, s in grid_settings.items()})
     if exact_settings is not None:
         out["exact"] = cache.mlm_card(loaded, req, exact_settings[0])
@@ -204,17 +211,24 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     # Above the component: while a new document's first passes run, what they are and how far (empty otherwise).
     # One container per run at most: a second .container() of the same placeholder would remount the component.
     slot = st.empty()
-    first = [s for s in (base_settings, None if g is None else at(g)) if s is not None and not cache.has_run(loaded, req, *s)]
-    first = [s for i, s in enumerate(first) if all(cache.attention_key(s[0]) != cache.attention_key(o[0])
-                                                   or s[1].probes != o[1].probes for o in first[:i])]
+    first = [
+        s for s in (base_settings, None if g is None else at(g)) if s is not None and not cache.has_run(loaded, req, *s)
+    ]
+    first = [
+        s
+        for i, s in enumerate(first)
+        if all(cache.attention_key(s[0]) != cache.attention_key(o[0]) or s[1].probes != o[1].probes for o in first[:i])
+    ]
     if first:
         per = timing.estimate(timing.model_key(loaded), ctx.tokens)
         total = None if per is None else per * len(first)
         n_pass = f"{len(first)} pass{'es' if len(first) > 1 else ''}"
-        what = (f"This document is {ctx.tokens:,} tokens ({ctx.ratio:.2f}× L_tr). Its views need {n_pass} first: "
-                f"{timing.describe(total)} on this machine ({timing.basis(timing.model_key(loaded), ctx.tokens)}); its "
-                f"{len(values)} grid frames follow in the background, "
-                f"{timing.describe(None if per is None else per * len(values))} more.")
+        what = (
+            f"This document is {ctx.tokens:,} tokens ({ctx.ratio:.2f}× L_tr). Its views need {n_pass} first: "
+            f"{timing.describe(total)} on this machine ({timing.basis(timing.model_key(loaded), ctx.tokens)}); its "
+            f"{len(values)} grid frames follow in the background, "
+            f"{timing.describe(None if per is None else per * len(values))} more."
+        )
         if not long_work.ask((cache.mkey(loaded), req), total, what, slot.container()):
             prefetch.prefetcher().want(session_id(), None)  # nothing starts in the background either
             return {"base": None, "chosen": None, "ref": None}
@@ -243,15 +257,25 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         else:
             pending = round(here if axis == "s" else ctx.tau_mean, 4)
     missing = len(values) - len(grid)
-    base_label = "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
+    base_label = (
+        "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
+    )
     title = f"Chosen: {methods.label(ctx.choice.method)}"
     scheme = ctx.choice.scheme.entry
     if not loaded.seq2seq:  # a rotary model: the left column is plain RoPE as trained, the right under the scheme
-        base_label = "as trained: plain RoPE, tau = 1" + (f", s = {float(loaded.cosine_scale):g}" if loaded.cosine else "")
+        base_label = "as trained: plain RoPE, tau = 1" + (
+            f", s = {float(loaded.cosine_scale):g}" if loaded.cosine else ""
+        )
         if not ctx.choice.scheme.is_plain:
-            title += f" + {scheme.short}" + (f" ({ctx.choice.scheme.params_text()})" if ctx.choice.scheme.params else "")
+            title += f" + {scheme.short}" + (
+                f" ({ctx.choice.scheme.params_text()})" if ctx.choice.scheme.params else ""
+            )
     if loaded.cosine:
-        title += f", tau = {ctx.tau_text()}" if axis == "s" else f", s = {float(cos if cos is not None else loaded.cosine_scale):g}"
+        title += (
+            f", tau = {ctx.tau_text()}"
+            if axis == "s"
+            else f", s = {float(cos if cos is not None else loaded.cosine_scale):g}"
+        )
     meta = {
         "doc_id": _doc_id(ctx, probes, spec, log, axis),
         "tau": tau,
@@ -264,7 +288,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "log": bool(log),
         "pending_exact": pending,
         "poll_ms": POLL_MS if (missing or pending is not None) else 0,
-        "note": "" if methods.get(ctx.choice.method).takes_value else f"{methods.label(ctx.choice.method)} resolves to tau = {ctx.tau_text()}",
+        "note": ""
+        if methods.get(ctx.choice.method).takes_value
+        else f"{methods.label(ctx.choice.method)} resolves to tau = {ctx.tau_text()}",
     }
     mask = None
     if not loaded.seq2seq:
@@ -275,10 +301,12 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     only = _delta(meta["doc_id"], grid, exact)
     cards = None
     if not loaded.seq2seq:  # a masked-LM model: each frame's masked-token card in place of an answer
-        cards = masked_cards(ctx, base_settings, {f"{v:.2f}": at(v) for v in grid},
-                             chosen_settings if exact is not None else None)
-    data = frames.payload(base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only,
-                          cards=cards, mask=mask)
+        cards = masked_cards(
+            ctx, base_settings, {f"{v:.2f}": at(v) for v in grid}, chosen_settings if exact is not None else None
+        )
+    data = frames.payload(
+        base, ref, grid, exact, ctx.document.text, spec, grid_taus=values, meta=meta, only=only, cards=cards, mask=mask
+    )
     _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
     _handed(meta["doc_id"], grid)
     chosen = grid.get(g) if g is not None else exact

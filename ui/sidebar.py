@@ -38,15 +38,13 @@ import streamlit as st
 from core.runs import methods
 from core.values.choice import Choice
 from core.values.schedule import ONE
-from ui import choices, url
+from ui import choices, tau_controls, url
 from ui.document_controls import document_section
 from ui.model_box import model_section
 from ui.page_state import PageState
-from ui import tau_controls
-
-
 
 # -- state --------------------------------------------------------------------------
+
 
 def init_state() -> list[str]:
     """Take a newly opened URL's view (:mod:`ui.url`) and set missing defaults, before any widget is drawn.
@@ -94,13 +92,21 @@ def sidebar(temperature: bool = True) -> PageState:
     """
     problems = init_state()
     if problems:
-        st.sidebar.error("This link has values that cannot be used, so they were left as they were: " + "; ".join(problems))
+        st.sidebar.error(
+            "This link has values that cannot be used, so they were left as they were: " + "; ".join(problems)
+        )
     loaded = model_section()
     req, doc, n = document_section(loaded)
     scheme = tau_controls.page_scheme(loaded)
-    ctx = PageState(loaded=loaded, model_ref=st.session_state["_model_ref"], request=req, document=doc, tokens=n,
-                    choice=Choice(st.session_state.get("tau_method", methods.FIXED), ONE, scheme=scheme),
-                    tau_input=tau_controls.own_tau())
+    ctx = PageState(
+        loaded=loaded,
+        model_ref=st.session_state["_model_ref"],
+        request=req,
+        document=doc,
+        tokens=n,
+        choice=Choice(st.session_state.get("tau_method", methods.FIXED), ONE, scheme=scheme),
+        tau_input=tau_controls.own_tau(),
+    )
     if temperature:
         st.sidebar.subheader("Temperature")
         ctx = ctx.with_choice(*tau_controls.temperature_controls(st.sidebar, loaded, req))

@@ -22,7 +22,8 @@ import dataclasses
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import numpy as np
 import streamlit as st
@@ -187,8 +188,14 @@ class LRU:
     def usage(self) -> dict[str, int | None]:
         """Bounds and what is stored now: entries, bytes (as :func:`sizeof` counts them)."""
         with self._lock:
-            return {"max_entries": self.maxsize, "max_bytes": self.maxbytes, "entries": len(self._d),
-                    "bytes": self.nbytes, "evictions": self.evictions, "oversize": self.oversize}
+            return {
+                "max_entries": self.maxsize,
+                "max_bytes": self.maxbytes,
+                "entries": len(self._d),
+                "bytes": self.nbytes,
+                "evictions": self.evictions,
+                "oversize": self.oversize,
+            }
 
     def __len__(self) -> int:
         return len(self._d)
@@ -205,8 +212,17 @@ SIZES = {"doc": 64, "enc": 24, "run": 96, "tau": 128, "cal": 48, "stats": 96, "r
 #: The byte bound is for larger models: a 12-layer x 12-head hub T5 at 16k tokens holds about 4 MB a run,
 #: and 320 MB keep four of its documents' grids. Figures: a 256 x 256 heatmap 0.33 MB. Bias curves are
 #: [heads, length] float32 (0.13 MB for 8 heads at 4,096; 2 MB for 32 heads at 16k).
-BYTES = {"doc": 16 * MB, "enc": 16 * MB, "run": 320 * MB, "tau": 4 * MB, "cal": 8 * MB, "stats": 8 * MB,
-         "rpe": 32 * MB, "grid": 8 * MB, "fig": 64 * MB}
+BYTES = {
+    "doc": 16 * MB,
+    "enc": 16 * MB,
+    "run": 320 * MB,
+    "tau": 4 * MB,
+    "cal": 8 * MB,
+    "stats": 8 * MB,
+    "rpe": 32 * MB,
+    "grid": 8 * MB,
+    "fig": 64 * MB,
+}
 #: Every store together: the most the app's caches hold in one server process (the models aside).
 TOTAL_BYTES = sum(BYTES.values())
 

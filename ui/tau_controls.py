@@ -50,16 +50,23 @@ def not_reached_note(info: dict, shown: str) -> str:
     pick = info.get("tau")
     pick = float(pick) if isinstance(pick, (int, float)) else None
     if pick is not None and taus and pick >= max(taus) - 1e-9:
-        first = (f"The curve is already {abs(gap):.4f} {side} the L_tr reference at tau = {pick:.2f}, the top of the "
-                 "range searched")
+        first = (
+            f"The curve is already {abs(gap):.4f} {side} the L_tr reference at tau = {pick:.2f}, the top of the "
+            "range searched"
+        )
     else:
         end = min(taus) if taus else pick
         span = "over the range searched" if end is None else f"down to tau = {end:.2f}, the end of the range searched"
         first = f"The curve stays {abs(gap):.4f} {side} the L_tr reference {span}"
     n = len(info.get("unreached_heads") or ())
-    heads = f" ({n} heads never reached it and keep tau = 1)" if n != 1 else " (1 head never reached it and keeps tau = 1)"
-    return (f"{first}: tau = {shown} is where the search stopped, not a match" + (heads if n else "")
-            + ". A closed form (log-length or YaRN) is the better bet for this document.")
+    heads = (
+        f" ({n} heads never reached it and keep tau = 1)" if n != 1 else " (1 head never reached it and keeps tau = 1)"
+    )
+    return (
+        f"{first}: tau = {shown} is where the search stopped, not a match"
+        + (heads if n else "")
+        + ". A closed form (log-length or YaRN) is the better bet for this document."
+    )
 
 
 _SCHEME_FOR = "_pos_for"  # (model, L_tr, scheme) whose defaults the parameter inputs hold
@@ -79,8 +86,10 @@ def scheme_help() -> str:
     """The scheme box's help: every scheme with what it does, the unavailable ones with why."""
     lines = [f"**{s.label}**: {s.help}" for s in positions.REGISTRY.values() if s.available]
     lines += [f"**{s.label}** (not available): {s.reason}" for s in positions.REGISTRY.values() if not s.available]
-    return ("How positions past L_tr are handled: the second axis beside the temperature (docs/positions.md). Every "
-            "pass of this page runs under it; the left column stays the model as trained.\n\n" + "\n\n".join(lines))
+    return (
+        "How positions past L_tr are handled: the second axis beside the temperature (docs/positions.md). Every "
+        "pass of this page runs under it; the left column stays the model as trained.\n\n" + "\n\n".join(lines)
+    )
 
 
 def scheme_controls(where, loaded: Loaded) -> positions.Scheme:
@@ -101,8 +110,14 @@ def scheme_controls(where, loaded: Loaded) -> positions.Scheme:
         choices.put("pos_scheme", url_scheme.name)
     if ss.get("pos_scheme") not in positions.AVAILABLE:
         choices.put("pos_scheme", positions.PLAIN)
-    where.selectbox("Position scheme", positions.AVAILABLE, key="pos_scheme", persist_state=choices.KEEP, format_func=_scheme_label,
-                    help=scheme_help())
+    where.selectbox(
+        "Position scheme",
+        positions.AVAILABLE,
+        key="pos_scheme",
+        persist_state=choices.KEEP,
+        format_func=_scheme_label,
+        help=scheme_help(),
+    )
     name = ss["pos_scheme"]
     entry = positions.get(name)
     keys = choices.SCHEME_PARAM_KEYS
@@ -119,11 +134,26 @@ def scheme_controls(where, loaded: Loaded) -> positions.Scheme:
         row = where.container(horizontal=True, gap="small")
         for p in entry.params:
             if p in _EMPTY:
-                row.number_input(p, min_value=_MIN[p], value=None, step=0.5, key=keys[p], persist_state=choices.KEEP, placeholder="fitted",
-                                 help=f"{_EMPTY[p]} (docs/positions.md)")
+                row.number_input(
+                    p,
+                    min_value=_MIN[p],
+                    value=None,
+                    step=0.5,
+                    key=keys[p],
+                    persist_state=choices.KEEP,
+                    placeholder="fitted",
+                    help=f"{_EMPTY[p]} (docs/positions.md)",
+                )
             else:
-                row.number_input(p, min_value=_MIN[p], max_value=4_000_000, step=1, key=keys[p], persist_state=choices.KEEP,
-                                 help=f"tokens; this model's default at L_tr = {lt}: {entry.defaults(lt).get(p)}")
+                row.number_input(
+                    p,
+                    min_value=_MIN[p],
+                    max_value=4_000_000,
+                    step=1,
+                    key=keys[p],
+                    persist_state=choices.KEEP,
+                    help=f"tokens; this model's default at L_tr = {lt}: {entry.defaults(lt).get(p)}",
+                )
     params = {p: ss[keys[p]] for p in entry.params if ss.get(keys[p]) is not None}
     try:
         scheme = positions.Scheme.of(name, params)
@@ -157,8 +187,9 @@ def kept_scheme(loaded: Loaded) -> positions.Scheme:
     return got[1]
 
 
-def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider: bool = True,
-                         s_slider: bool = True) -> tuple[Choice, float, dict]:
+def temperature_controls(
+    where, loaded: Loaded, req: DocumentRequest, *, slider: bool = True, s_slider: bool = True
+) -> tuple[Choice, float, dict]:
     """Draw method, tau slider, targets and CosScale in ``where`` (the sidebar, or Explore's live panel); resolve tau.
     Returns ``(choice, tau_input, info)``: the run's Choice (the method, the schedule it resolved to, targets,
     CosScale, scheme, the method's own number the person set), the person's own slider tau, and what the resolution
@@ -188,9 +219,15 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         c2 = where
     else:
         c1, c2 = where.columns([1, 1.4], vertical_alignment="bottom")
-    c1.selectbox("Method", methods.NAMES, key="tau_method", persist_state=choices.KEEP, format_func=methods.label,
-                 help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
-                      + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()))
+    c1.selectbox(
+        "Method",
+        methods.NAMES,
+        key="tau_method",
+        persist_state=choices.KEEP,
+        format_func=methods.label,
+        help="How tau is chosen for this document. Algorithm 1 and Prop. 1/2 run forward passes (cached).\n\n"
+        + "\n\n".join(f"**{m.label}**: {m.help}" for m in methods.REGISTRY.values()),
+    )
     scheme = scheme_controls(c1, loaded)
     method = ss["tau_method"]
     params = method_param_controls(c1, loaded, method)
@@ -203,16 +240,32 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
             ss["tau_value"], ss[_SHOWN] = tau_input, None
             return
         ss["tau_value"], ss[_SHOWN] = value, shown
-        slot.slider("tau (fixed)", choices.SLIDER_MIN, choices.SLIDER_MAX, step=choices.SLIDER_STEP, key="tau_value", persist_state=choices.KEEP,
-                    disabled=not fixed,
-                    help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
-                         + ("" if fixed else " Disabled: it shows the tau the method resolves to "
-                            "(the mean, for a schedule; adaptive temperature's base, 1: each row's own tau is set "
-                            "inside the pass); your own tau comes back with 'fixed tau'."))
+        slot.slider(
+            "tau (fixed)",
+            choices.SLIDER_MIN,
+            choices.SLIDER_MAX,
+            step=choices.SLIDER_STEP,
+            key="tau_value",
+            persist_state=choices.KEEP,
+            disabled=not fixed,
+            help="Every targeted attention logit is divided by tau; tau < 1 sharpens."
+            + (
+                ""
+                if fixed
+                else " Disabled: it shows the tau the method resolves to "
+                "(the mean, for a schedule; adaptive temperature's base, 1: each row's own tau is set "
+                "inside the pass); your own tau comes back with 'fixed tau'."
+            ),
+        )
 
     row = targets_at.container(horizontal=True, gap="small", vertical_alignment="center")
     row.caption("tau applies to:")
-    row.checkbox("encoder", key="tgt_encoder", persist_state=choices.KEEP, help="encoder self-attention (where dispersion happens; the probes measure it)")
+    row.checkbox(
+        "encoder",
+        key="tgt_encoder",
+        persist_state=choices.KEEP,
+        help="encoder self-attention (where dispersion happens; the probes measure it)",
+    )
     if loaded.seq2seq:
         row.checkbox("decoder", key="tgt_decoder", persist_state=choices.KEEP, help="decoder self-attention")
         row.checkbox("cross", key="tgt_cross", persist_state=choices.KEEP, help="decoder -> encoder cross-attention")
@@ -232,16 +285,26 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
             if lo <= v <= hi:
                 choices.put("cos_scale", v)
             else:
-                where.error(f"This link's s={v:g} is outside this model's CosScale range ({lo:g}-{hi:g}), "
-                            "so it was left as it was.")
+                where.error(
+                    f"This link's s={v:g} is outside this model's CosScale range ({lo:g}-{hi:g}), "
+                    "so it was left as it was."
+                )
         if not lo <= float(ss["cos_scale"]) <= hi:
             choices.put("cos_scale", float(np.clip(float(ss["cos_scale"]), lo, hi)))
         if s_slider:
-            where.slider("CosScale s", lo, hi, step=choices.COS_STEP, key="cos_scale", persist_state=choices.KEEP,
-                         help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.")
+            where.slider(
+                "CosScale s",
+                lo,
+                hi,
+                step=choices.COS_STEP,
+                key="cos_scale",
+                persist_state=choices.KEEP,
+                help=f"cosine attention: logits are s·cos(q, k) + bias; trained with s = {s:g}.",
+            )
         else:
-            where.caption(f"CosScale s = **{float(ss['cos_scale']):g}** (trained with s = {s:g}): the slider below "
-                          "moves it.")
+            where.caption(
+                f"CosScale s = **{float(ss['cos_scale']):g}** (trained with s = {s:g}): the slider below moves it."
+            )
         cos = float(ss["cos_scale"])
     else:
         ss.pop("_url_cos", None)  # a dot-product model has no s
@@ -259,7 +322,9 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         passes = [(timing.algorithm1_passes(len(temperature.GRID), True), n)]
         secs = timing.total(mk, passes)
         what = timing.plan_note(f"Resolving {methods.label(method)}", mk, passes)
-        if where is not st.sidebar and not long_work.ask(("resolve", cache.mkey(loaded), req, method), secs, what, where):
+        if where is not st.sidebar and not long_work.ask(
+            ("resolve", cache.mkey(loaded), req, method), secs, what, where
+        ):
             st.stop()  # Explore waits for the person's go-ahead (issue 47, point 5)
         # The estimate, its bar and the hiding of the old document's views go once the resolve is done, in this
         # run: left standing until the next run they pushed the answer cards down by their height (and a gap) and
@@ -269,8 +334,15 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
             st.caption(what)
             bar = st.progress(0.0, text=f"resolving {methods.label(method)}…")
     try:
-        schedule, info = cache.resolve_tau(loaded, req, method, base, tau_input, params=params,
-                                           progress=(lambda f: bar.progress(min(1.0, f))) if bar else None)
+        schedule, info = cache.resolve_tau(
+            loaded,
+            req,
+            method,
+            base,
+            tau_input,
+            params=params,
+            progress=(lambda f: bar.progress(min(1.0, f))) if bar else None,
+        )
     except UserError as err:
         draw_slider(tau_input)
         fail(err)
@@ -282,10 +354,14 @@ def temperature_controls(where, loaded: Loaded, req: DocumentRequest, *, slider:
         at = choices.slider_tau(schedule, int(info.get("length") or ss.get("doc_tokens") or loaded.train_length))
         draw_slider(at, shown=at)
     if schedule.adaptive:  # no number: each row's tau comes from that row's entropy, inside the pass
-        where.caption(f"{methods.label(method)} resolves to **tau = {ADAPTIVE_TEXT}**, set inside each pass (the "
-                      "slider shows its base, 1, not its tau)")
+        where.caption(
+            f"{methods.label(method)} resolves to **tau = {ADAPTIVE_TEXT}**, set inside each pass (the "
+            "slider shows its base, 1, not its tau)"
+        )
     elif schedule.rows is not None:  # Llama 4: one tau per query row
-        shown = f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
+        shown = (
+            f"{schedule.mean(info.get('length') or ss['doc_tokens']):.3f} (mean over the rows; rows before L_tr keep 1)"
+        )
         where.caption(f"{methods.label(method)} resolves to **tau = {shown}**")
     elif not fixed:
         a = np.asarray(schedule)
@@ -307,10 +383,19 @@ def method_param_controls(where, loaded: Loaded, method: str) -> dict[str, float
         return {}
     key = choices.METHOD_PARAM_KEYS[param.name]
     default = param.default(loaded.train_length)
-    where.number_input(param.name, min_value=param.low, max_value=param.high, value=None, step=0.01, format="%.4f",
-                       key=key, persist_state=choices.KEEP, placeholder=f"{default:.4g} (default)",
-                       help=f"{param.help}. Empty: the default for L_tr = {loaded.train_length:,}, {default:.4g}. "
-                            f"{param.low:g} .. {param.high:g}.")
+    where.number_input(
+        param.name,
+        min_value=param.low,
+        max_value=param.high,
+        value=None,
+        step=0.01,
+        format="%.4f",
+        key=key,
+        persist_state=choices.KEEP,
+        placeholder=f"{default:.4g} (default)",
+        help=f"{param.help}. Empty: the default for L_tr = {loaded.train_length:,}, {default:.4g}. "
+        f"{param.low:g} .. {param.high:g}.",
+    )
     value = st.session_state.get(key)
     return {} if value is None else {param.name: float(value)}
 

@@ -9,16 +9,14 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.experiments import csvio
-from core.runs import methods, temperature, timing
-from core.views import plots, tables
 from core.data import tasks
 from core.errors import UserError
+from core.experiments import csvio
+from core.runs import methods, temperature, timing
 from core.runs.settings import DocumentRequest
-from ui import chart, csv_of, user_errors
-from ui import cache, choices
+from core.views import plots, tables
+from ui import cache, chart, choices, csv_of, document_controls, user_errors
 from ui.page_state import PageState
-from ui import document_controls
 
 
 def _or_none(name: str, lt: int, n: int, d: int, st: dict | None) -> float | None:
@@ -37,11 +35,20 @@ def qq(here, ref) -> None:
         "resulting values with normal quantiles. Points on the dashed line mean Gaussian; the paper's Prop.s assume "
         "this. Look at the top-right tail: the largest logit l_max sets how peaked the softmax can be."
     )
-    vectors = {f"L_tr = {ref.tokens:,}": ref.probes.sorted_logits, f"this document, {here.tokens:,}": here.probes.sorted_logits}
+    vectors = {
+        f"L_tr = {ref.tokens:,}": ref.probes.sorted_logits,
+        f"this document, {here.tokens:,}": here.probes.sorted_logits,
+    }
     vectors = {k: v for k, v in vectors.items() if v is not None}
     chart(plots.qq_plot(vectors), "qq")
-    st.download_button("sorted_logits.csv", csv_of(lambda: tables.sorted_logits_table(vectors)), "sorted_logits.csv",
-                       "text/csv", key="dl_qq", on_click="ignore")
+    st.download_button(
+        "sorted_logits.csv",
+        csv_of(lambda: tables.sorted_logits_table(vectors)),
+        "sorted_logits.csv",
+        "text/csv",
+        key="dl_qq",
+        on_click="ignore",
+    )
 
 
 def across_lengths(ctx: PageState) -> tuple[dict, pd.DataFrame]:
@@ -55,7 +62,13 @@ def across_lengths(ctx: PageState) -> tuple[dict, pd.DataFrame]:
         "sharpened by a tau that depends on L."
     )
     ss.setdefault("th_multiples", [1, 2, 4, 8])
-    st.multiselect("Lengths (× L_tr)", list(document_controls.MULTIPLES), key="th_multiples", persist_state=choices.KEEP, format_func=lambda k: f"{k}× = {k * lt:,}")
+    st.multiselect(
+        "Lengths (× L_tr)",
+        list(document_controls.MULTIPLES),
+        key="th_multiples",
+        persist_state=choices.KEEP,
+        format_func=lambda k: f"{k}× = {k * lt:,}",
+    )
     if ctx.request.task in tasks.GENERATED:
         base_req = ctx.request
     else:
@@ -74,8 +87,10 @@ def across_lengths(ctx: PageState) -> tuple[dict, pd.DataFrame]:
         with user_errors(bar):
             for i, k in enumerate(missing):
                 label = f"Measuring {k}× L_tr = {k * lt:,} tokens…"
-                bar.progress(i / len(missing), text=timing.progress_text(label, i / len(missing),
-                                                                         time.perf_counter() - t0, planned))
+                bar.progress(
+                    i / len(missing),
+                    text=timing.progress_text(label, i / len(missing), time.perf_counter() - t0, planned),
+                )
                 cache.length_stats(ctx.loaded, reqs[k])
         st.rerun()  # redraw from the cache, without the button
     rows = [s for s in (cache.length_stats(ctx.loaded, r, compute=False) for r in reqs.values()) if s is not None]
@@ -85,18 +100,22 @@ def across_lengths(ctx: PageState) -> tuple[dict, pd.DataFrame]:
         chart(plots.lmax_vs_length(stats, lt), "lmax")
         # below the chart, at full width: five short columns stay readable on a laptop screen
         st.dataframe(
-            stats[["tokens", "ratio", "l_max", "sigma", "pmax_layer0"]], hide_index=True, width="content",
+            stats[["tokens", "ratio", "l_max", "sigma", "pmax_layer0"]],
+            hide_index=True,
+            width="content",
             column_config={
                 "tokens": st.column_config.NumberColumn("tokens", format="localized"),
                 "ratio": st.column_config.NumberColumn("× L_tr", format="%.2f×"),
                 "l_max": st.column_config.NumberColumn("l_max", format="%.3f", help="largest average sorted logit"),
                 "sigma": st.column_config.NumberColumn("sigma", format="%.3f", help="spread of the sorted logits"),
-                "pmax_layer0": st.column_config.NumberColumn("Pmax, layer 0", format="%.4f",
-                                                             help="mean largest attention probability in layer 0"),
+                "pmax_layer0": st.column_config.NumberColumn(
+                    "Pmax, layer 0", format="%.4f", help="mean largest attention probability in layer 0"
+                ),
             },
         )
-        st.download_button("lengths.csv", csvio.to_csv_bytes(stats), "lengths.csv", "text/csv",
-                           key="dl_lengths", on_click="ignore")
+        st.download_button(
+            "lengths.csv", csvio.to_csv_bytes(stats), "lengths.csv", "text/csv", key="dl_lengths", on_click="ignore"
+        )
     elif missing:
         st.caption("Press Measure to run one tau = 1 pass per length (cached).")
     return reqs, stats
@@ -115,15 +134,23 @@ def _formula_curves(ctx: PageState, ref, stats: pd.DataFrame) -> dict[str, tuple
     )
     dense = sorted(set(np.geomspace(lt, 16 * lt, 25).round().astype(int).tolist()))
     sig_tr, pmax_tr = ref.probes.sigma, float(ref.probes.pmax[0][0].mean())
-    rows = [] if stats.empty or sig_tr is None else [
-        (int(r["tokens"]), {"sigma_tr": sig_tr, "pmax_tr": pmax_tr, "sigma_ex": r["sigma"]})
-        for _, r in stats.sort_values("tokens").iterrows()]
+    rows = (
+        []
+        if stats.empty or sig_tr is None
+        else [
+            (int(r["tokens"]), {"sigma_tr": sig_tr, "pmax_tr": pmax_tr, "sigma_ex": r["sigma"]})
+            for _, r in stats.sort_values("tokens").iterrows()
+        ]
+    )
     curves: dict[str, tuple] = {}
     for name in methods.FORMULAS:  # every closed form of the registry: over L, or where sigma was measured
         m = methods.get(name)
         points = rows if m.stats else [(n, None) for n in dense]
         if points:
-            curves[m.short] = ([n for n, _ in points], [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points])
+            curves[m.short] = (
+                [n for n, _ in points],
+                [_or_none(name, lt, max(n, 2), ctx.loaded.d_kv, s) for n, s in points],
+            )
     # a tau per query row (Llama 4, Qwen's log-n by position), no single-number formula: the mean over an L-token
     # document's rows
     for name, per_row in row_schedules(ctx).items():
@@ -134,8 +161,11 @@ def _formula_curves(ctx: PageState, ref, stats: pd.DataFrame) -> dict[str, tuple
 def row_schedules(ctx: PageState) -> dict:
     """Every registry method whose schedule is a tau per query row and needs no pass (Llama 4, Qwen's log-n by
     query position), resolved from L_tr alone: ``{name: Schedule}`` in the registry's order."""
-    return {name: methods.resolve(ctx.loaded, None, name, tokens=ctx.train_length)[0]
-            for name, m in methods.REGISTRY.items() if m.per == "row" and not m.measured and m.resolve is not None}
+    return {
+        name: methods.resolve(ctx.loaded, None, name, tokens=ctx.train_length)[0]
+        for name, m in methods.REGISTRY.items()
+        if m.per == "row" and not m.measured and m.resolve is not None
+    }
 
 
 #: Most points a per-row chart draws (a 16k-token document's rows, evenly picked; the first row past L_tr kept).
@@ -172,11 +202,14 @@ def per_row_chart(ctx: PageState, schedules: dict | None = None) -> None:
 
 def method_list(ctx: PageState) -> pd.DataFrame:
     """Every registry method (what the CLI's ``--method`` offers) and where this page shows it."""
+
     def where(name: str) -> str:
         m = methods.get(name)
         if m.constant is not None and m.constant.adaptive:  # no tau before a pass: each row's comes from the row
-            return ("not drawn: a tau per query row from that row's own entropy, computed inside each pass "
-                    "(Explore, Calibrate)")
+            return (
+                "not drawn: a tau per query row from that row's own entropy, computed inside each pass "
+                "(Explore, Calibrate)"
+            )
         if m.constant is not None:
             return "tau = 1 at every length (the top of the chart)"
         if m.takes_value:
@@ -190,8 +223,9 @@ def method_list(ctx: PageState) -> pd.DataFrame:
             return "diamonds: Algorithm 1's grid picks at the measured lengths"
         return "measured on one document (Calibrate; the sidebar's Method box)"
 
-    return pd.DataFrame([(methods.label(n), f"`{n}`", where(n)) for n in methods.NAMES],
-                        columns=["method", "name", "on this page"])
+    return pd.DataFrame(
+        [(methods.label(n), f"`{n}`", where(n)) for n in methods.NAMES], columns=["method", "name", "on this page"]
+    )
 
 
 _EQUAL_NOTE = (
@@ -217,18 +251,25 @@ def _algorithm1_dots(ctx: PageState, reqs: dict) -> dict[str, tuple]:
     if need:
         per = timing.algorithm1_passes(len(temperature.GRID), fast=True)
         dots_work = [(per, k * lt) for k in sorted(need, reverse=True)] + [(len(need), lt)]
-        st.caption(timing.plan_note("Adding the Algorithm 1 dots", mk, dots_work, name_all=True)
-                   + f" Bisection: at most {per} passes per length plus one at L_tr for the reference, often fewer.")
+        st.caption(
+            timing.plan_note("Adding the Algorithm 1 dots", mk, dots_work, name_all=True)
+            + f" Bisection: at most {per} passes per length plus one at L_tr for the reference, often fewer."
+        )
     if need and st.button("Add Algorithm 1 dots (bisection)", key="th_alg1"):
         planned = timing.total(mk, dots_work)
         bar = st.progress(0.0, text=timing.progress_text("Algorithm 1…", 0.0, 0.0, planned))
         t0 = time.perf_counter()
         with user_errors(bar):
             for i, k in enumerate(need):
+
                 def step(f: float, i: int = i, k: int = k) -> None:
                     done = (i + min(1.0, f)) / len(need)
-                    bar.progress(done, text=timing.progress_text(f"Algorithm 1 at {k}× L_tr…", done,
-                                                                 time.perf_counter() - t0, planned))
+                    bar.progress(
+                        done,
+                        text=timing.progress_text(
+                            f"Algorithm 1 at {k}× L_tr…", done, time.perf_counter() - t0, planned
+                        ),
+                    )
 
                 step(0.0)
                 have[k] = cache.calibrate_both(ctx.loaded, cal_reqs[k], fast=True, progress=step)
@@ -246,9 +287,13 @@ def _prop1_note(curves: dict, stats: pd.DataFrame, sig_tr) -> None:
         p1 = curves["Prop. 1"][1]
         above = [f"{n:,}" for n, v in zip(curves["Prop. 1"][0], p1) if v is not None and v > 1]
         no_root = [f"{n:,}" for n, v in zip(curves["Prop. 1"][0], p1) if v is None]
-        sigmas = ", ".join(f"{float(r['sigma']):.2f} at {int(r['tokens']):,}" for _, r in stats.sort_values("tokens").iterrows())
-        odd = " ".join(([f"Prop. 1 is above 1 at {', '.join(above)} tokens."] if above else [])
-                       + ([f"Prop. 1 has no root (a gap in its line) at {', '.join(no_root)} tokens."] if no_root else []))
+        sigmas = ", ".join(
+            f"{float(r['sigma']):.2f} at {int(r['tokens']):,}" for _, r in stats.sort_values("tokens").iterrows()
+        )
+        odd = " ".join(
+            ([f"Prop. 1 is above 1 at {', '.join(above)} tokens."] if above else [])
+            + ([f"Prop. 1 has no root (a gap in its line) at {', '.join(no_root)} tokens."] if no_root else [])
+        )
         st.caption(
             (f"**{odd}** " if odd else "**About Prop. 1/2.** ")
             + "Prop. 1 and 2 rest on a Gaussian model of the logits, which holds while sigma/tau is below about 1.5. "
@@ -267,8 +312,14 @@ def tau_curves(ctx: PageState, ref, reqs: dict, stats: pd.DataFrame) -> None:
     per_row_chart(ctx)
     with st.expander("Every method, and where this page shows it"):
         st.dataframe(method_list(ctx), hide_index=True, width="stretch")
-    st.download_button("tau_curves.csv", csv_of(lambda: tables.tau_curves_table({**curves, **dots})), "tau_curves.csv",
-                       "text/csv", key="dl_taus", on_click="ignore")
+    st.download_button(
+        "tau_curves.csv",
+        csv_of(lambda: tables.tau_curves_table({**curves, **dots})),
+        "tau_curves.csv",
+        "text/csv",
+        key="dl_taus",
+        on_click="ignore",
+    )
 
 
 def cosine(ctx: PageState, here) -> None:

@@ -8,49 +8,69 @@ import streamlit as st
 from core.runs import methods
 from ui import choices
 
-
 # The numbers in "more" are the default model's (retrieval-t5), pass key, seed 0, depth 50 %, CPU float32,
 # measured with core.runs.engine.run and Explore's probes (tests/app/test_lengths_legend_tour.py checks them).
 TOUR = [
-    dict(title="1 · At L_tr", mult=1, method=methods.AS_TRAINED,
-         text="A pass key hidden in filler, exactly L_tr tokens long, tau = 1. This is what the model was trained on: "
-              "attention is peaked (high Pmax; the black ticks are this length's own values) and the question's "
-              "attention finds the needle."),
-    dict(title="2 · 8× longer", mult=8, method=methods.AS_TRAINED,
-         text="The same task at 8 × L_tr with no correction. Each query now spreads its probability over 8 × more "
-              "keys: Pmax falls and entropy rises far from the L_tr ticks (bars orange/red); in the question "
-              "profile the needle's peak is still there but lower, while the filler, thin per token, takes a much "
-              "larger share of the question's attention in total, and the answer has the key's digits in the "
-              "wrong order. This is attention dispersion (paper Sec. 3).",
-         more="Measured on the default model (retrieval-t5), pass key, seed 0, depth 50 %, tau = 1, from L_tr "
-              "(256 tokens) to 8 × (2,048): the needle's highest point in the question profile falls from 0.156 "
-              "to 0.111 in layer 1 and from 0.125 to 0.024 in layer 2, still 9 × and more above any single filler "
-              "token, so a peak stays visible. What changes is the total: the filler's share of the question's "
-              "attention rises from 20 % to 38 % (layer 1) and from 45 % to 86 % (layer 2), the needle's falls "
-              "from 49 % to 36 % and from 36 % to 8 %. The answer is 57153 for the key 51573: the right digits, "
-              "in the wrong order. Other seeds and depths differ in the detail."),
-    dict(title="3 · log-length", mult=8, method=methods.BASELINE,
-         text="tau = log L_tr / log L divides every logit so a log-length normaliser stays constant (the paper's "
-              "baseline). The bars move back toward the L_tr ticks, part of the way; compare the answer with step 2."),
-    dict(title="4 · Algorithm 1", mult=8, method=methods.ALGORITHM1["pmax"],
-         text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr. "
-              "On the default model at 8× its curve never reached the L_tr line: its search range (the paper's, "
-              "tau 1.0 down to 0.5) ends short of the line, so 0.5 is where the search stopped, not a match.",
-         more="Only the average is matched (the Calibrate page shows the search): in the meters, single layers "
-              "still miss their ticks in both directions (some too sharp, some too flat), because one tau cannot "
-              "fit every layer; the method box's per-layer alignment gives each layer its own tau. Algorithm 1 "
-              "says whether its curve reached the L_tr line inside its range (reached, or the gap left at its "
-              "pick; Calibrate warns under the pick when it was not reached). On the default model (retrieval-t5) "
-              "at 8× (pass key, seed 0, 2,048 tokens) mean Pmax at tau = 0.5 is 0.3826 against 0.3883 at L_tr, "
-              "gap −0.0057; per layer 0.485, 0.609, 0.332, 0.104 against 0.439, 0.684, 0.347, 0.083."),
+    dict(
+        title="1 · At L_tr",
+        mult=1,
+        method=methods.AS_TRAINED,
+        text="A pass key hidden in filler, exactly L_tr tokens long, tau = 1. This is what the model was trained on: "
+        "attention is peaked (high Pmax; the black ticks are this length's own values) and the question's "
+        "attention finds the needle.",
+    ),
+    dict(
+        title="2 · 8× longer",
+        mult=8,
+        method=methods.AS_TRAINED,
+        text="The same task at 8 × L_tr with no correction. Each query now spreads its probability over 8 × more "
+        "keys: Pmax falls and entropy rises far from the L_tr ticks (bars orange/red); in the question "
+        "profile the needle's peak is still there but lower, while the filler, thin per token, takes a much "
+        "larger share of the question's attention in total, and the answer has the key's digits in the "
+        "wrong order. This is attention dispersion (paper Sec. 3).",
+        more="Measured on the default model (retrieval-t5), pass key, seed 0, depth 50 %, tau = 1, from L_tr "
+        "(256 tokens) to 8 × (2,048): the needle's highest point in the question profile falls from 0.156 "
+        "to 0.111 in layer 1 and from 0.125 to 0.024 in layer 2, still 9 × and more above any single filler "
+        "token, so a peak stays visible. What changes is the total: the filler's share of the question's "
+        "attention rises from 20 % to 38 % (layer 1) and from 45 % to 86 % (layer 2), the needle's falls "
+        "from 49 % to 36 % and from 36 % to 8 %. The answer is 57153 for the key 51573: the right digits, "
+        "in the wrong order. Other seeds and depths differ in the detail.",
+    ),
+    dict(
+        title="3 · log-length",
+        mult=8,
+        method=methods.BASELINE,
+        text="tau = log L_tr / log L divides every logit so a log-length normaliser stays constant (the paper's "
+        "baseline). The bars move back toward the L_tr ticks, part of the way; compare the answer with step 2.",
+    ),
+    dict(
+        title="4 · Algorithm 1",
+        mult=8,
+        method=methods.ALGORITHM1["pmax"],
+        text="Algorithm 1 picks the tau whose Pmax, averaged over every layer and head, equals the average at L_tr. "
+        "On the default model at 8× its curve never reached the L_tr line: its search range (the paper's, "
+        "tau 1.0 down to 0.5) ends short of the line, so 0.5 is where the search stopped, not a match.",
+        more="Only the average is matched (the Calibrate page shows the search): in the meters, single layers "
+        "still miss their ticks in both directions (some too sharp, some too flat), because one tau cannot "
+        "fit every layer; the method box's per-layer alignment gives each layer its own tau. Algorithm 1 "
+        "says whether its curve reached the L_tr line inside its range (reached, or the gap left at its "
+        "pick; Calibrate warns under the pick when it was not reached). On the default model (retrieval-t5) "
+        "at 8× (pass key, seed 0, 2,048 tokens) mean Pmax at tau = 0.5 is 0.3826 against 0.3883 at L_tr, "
+        "gap −0.0057; per layer 0.485, 0.609, 0.332, 0.104 against 0.439, 0.684, 0.347, 0.083.",
+    ),
 ]
 
 
 def _step_state(i: int, lt: int) -> dict:
     """The choices a step sets (and its text describes)."""
     step = TOUR[i]
-    return dict(doc_mode="Generate", doc_task="passkey", doc_tokens=step["mult"] * lt, tau_method=step["method"],
-                tgt_encoder=True)
+    return dict(
+        doc_mode="Generate",
+        doc_task="passkey",
+        doc_tokens=step["mult"] * lt,
+        tau_method=step["method"],
+        tgt_encoder=True,
+    )
 
 
 def _tour_go(i: int, lt: int) -> None:
@@ -72,11 +92,13 @@ def still_on_step(lt: int) -> bool:
 
 
 #: What the tour says on a model it is not for (a masked-LM encoder has no pass key to find).
-NOT_FOR = ("The guided tour is for the T5 pass-key models (a bundled `retrieval-t5`, say): it hides a pass key in "
-           "filler and asks for it back. This model is a masked-LM encoder, so it reads held-out prose with masked "
-           "tokens instead. The same lesson here: open the document at 1× L_tr, then 8× with no correction (the "
-           "cards' accuracy falls, Pmax falls and entropy rises against the L_tr ticks), then choose log-length or "
-           "InfoScale in the Method box.")
+NOT_FOR = (
+    "The guided tour is for the T5 pass-key models (a bundled `retrieval-t5`, say): it hides a pass key in "
+    "filler and asks for it back. This model is a masked-LM encoder, so it reads held-out prose with masked "
+    "tokens instead. The same lesson here: open the document at 1× L_tr, then 8× with no correction (the "
+    "cards' accuracy falls, Pmax falls and entropy rises against the L_tr ticks), then choose log-length or "
+    "InfoScale in the Method box."
+)
 
 
 def tour(lt: int, seq2seq: bool = True) -> None:
@@ -87,14 +109,22 @@ def tour(lt: int, seq2seq: bool = True) -> None:
         return
     still_on_step(lt)
     ss = st.session_state
-    with st.expander("Guided tour: dispersion and its fix in four steps", expanded=ss.get("tour_step") is not None
-                     or ss.get("_tour_left") is not None):
+    with st.expander(
+        "Guided tour: dispersion and its fix in four steps",
+        expanded=ss.get("tour_step") is not None or ss.get("_tour_left") is not None,
+    ):
         # Compact, so that the answer cards stay above the fold at 1400 x 1000 with a step open: the buttons in one
         # row beside "More on this step", the step's sentence below.
         cols = st.columns([1] * len(TOUR) + [0.9], vertical_alignment="center")
         for i, (c, step) in enumerate(zip(cols, TOUR)):
-            c.button(step["title"], key=f"tour_{i}", on_click=_tour_go, args=(i, lt), width="stretch",
-                     type="primary" if ss.get("tour_step") == i else "secondary")
+            c.button(
+                step["title"],
+                key=f"tour_{i}",
+                on_click=_tour_go,
+                args=(i, lt),
+                width="stretch",
+                type="primary" if ss.get("tour_step") == i else "secondary",
+            )
         i = ss.get("tour_step")
         if i is not None:
             if TOUR[i].get("more"):
@@ -102,8 +132,12 @@ def tour(lt: int, seq2seq: bool = True) -> None:
                     st.markdown(TOUR[i]["more"])
             st.info(f"**Step {TOUR[i]['title']}.** {TOUR[i]['text']}")
         elif ss.get("_tour_left") is not None:
-            st.caption(f"Step {ss.pop('_tour_left')} closed: you changed the set-up it describes. Press a step to "
-                       "set it up again.")
+            st.caption(
+                f"Step {ss.pop('_tour_left')} closed: you changed the set-up it describes. Press a step to "
+                "set it up again."
+            )
         else:
-            st.caption("For a class: each button sets the sidebar (pass key task, length, tau method); read the "
-                       "sentence, then the views below.")
+            st.caption(
+                "For a class: each button sets the sidebar (pass key task, length, tau method); read the "
+                "sentence, then the views below."
+            )

@@ -39,14 +39,15 @@ another kind of error.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import streamlit as st
 
-from core.runs import methods
-from core.values import positions
 from core.data import tasks
 from core.errors import UserError
+from core.runs import methods
+from core.values import positions
 from ui import choices
 from ui.streamlit_private import history_navigation
 

@@ -28,8 +28,16 @@ def command(args) -> int:
     if args.budget_.seconds is not None:  # Algorithm 1 and every measured method, estimated before they start
         from core.runs import engine
 
-        refuse_over_budget(args.budget_, loaded, doc, engine.encode(loaded, doc), chosen.to_choice(1.0),
-                           list(methods.MEASURED), args.samples, "this calibration")
+        refuse_over_budget(
+            args.budget_,
+            loaded,
+            doc,
+            engine.encode(loaded, doc),
+            chosen.to_choice(1.0),
+            list(methods.MEASURED),
+            args.samples,
+            "this calibration",
+        )
     from core.mechanics import attention
 
     prog = progress(f"Algorithm 1 ({args.criterion})", leave=True)
@@ -42,12 +50,20 @@ def command(args) -> int:
     prog.close()
     taus = {m: t if isinstance(t, str) else t.to_json() for m, t in found.items()}
     taus[args.criterion] = cal.tau
-    out = {**cal.to_dict(), "methods": taus, "tokens": len(loaded.tokenizer(doc.text).input_ids),
-           "train_length": loaded.train_length, "model": loaded.spec.name, **precision(loaded)}
+    out = {
+        **cal.to_dict(),
+        "methods": taus,
+        "tokens": len(loaded.tokenizer(doc.text).input_ids),
+        "train_length": loaded.train_length,
+        "model": loaded.spec.name,
+        **precision(loaded),
+    }
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"Algorithm 1 ({cal.criterion}) at {out['tokens']} tokens: tau = {cal.tau}  (reference S_tr(1) = {cal.reference:.4f}, {cal.passes} passes)")
+        print(
+            f"Algorithm 1 ({cal.criterion}) at {out['tokens']} tokens: tau = {cal.tau}  (reference S_tr(1) = {cal.reference:.4f}, {cal.passes} passes)"
+        )
         for t, v in zip(cal.grid, cal.curve):
             print(f"  tau {t:.2f}: {'-' if v is None else f'{v:.4f}'}")
         for m, t in taus.items():

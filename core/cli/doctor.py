@@ -7,15 +7,21 @@ from __future__ import annotations
 import json
 
 #: What a C++ compiler buys, in one sentence (``doctor``): measured with :data:`COMPILER_MEASURED`.
-COMPILER_BUYS = ("a C++ compiler (g++) lets the CPU build the fused softmax kernel once (about a second) and take "
-                 "it for every long float32 pass, the same numbers as torch's path, which runs without one (or with "
-                 "AAE_FUSED_SOFTMAX=0): a {tokens:,}-token passkey pass took {with_s:g} s with it and {without_s:g} s "
-                 "without on {where}")
+COMPILER_BUYS = (
+    "a C++ compiler (g++) lets the CPU build the fused softmax kernel once (about a second) and take "
+    "it for every long float32 pass, the same numbers as torch's path, which runs without one (or with "
+    "AAE_FUSED_SOFTMAX=0): a {tokens:,}-token passkey pass took {with_s:g} s with it and {without_s:g} s "
+    "without on {where}"
+)
 #: The figures in :data:`COMPILER_BUYS`: ``python -m core run --tokens 8192 --json``'s ``seconds``, best of two
 #: runs each way, 2026-11-28 03:47-03:55 UTC at load 4-9 (other sessions running): 12.5 / 23.1 s with the kernel,
 #: 122.8 / 186.9 s without.
-COMPILER_MEASURED = {"with_s": 12.5, "without_s": 123, "tokens": 8192,
-                     "where": "this project's 2-core AVX-512 Xeon (2026-11-28, busy)"}
+COMPILER_MEASURED = {
+    "with_s": 12.5,
+    "without_s": 123,
+    "tokens": 8192,
+    "where": "this project's 2-core AVX-512 Xeon (2026-11-28, busy)",
+}
 
 
 def command(args) -> int:

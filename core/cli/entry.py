@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             return train_main(argv[1:])
         args = prepare(argv)
         if getattr(args, "max_seconds", None) is not None and getattr(args, "engine", "local") == "ray":
-            raise UserError("--max-seconds bounds a run in this process; with --engine ray its jobs run on the "
-                            "actors (stop it with Ctrl-C: the rows written stay)")
+            raise UserError(
+                "--max-seconds bounds a run in this process; with --engine ray its jobs run on the "
+                "actors (stop it with Ctrl-C: the rows written stay)"
+            )
         command = _command(args.cmd)
         from core.mechanics import attention
 
@@ -89,4 +91,3 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(err).splitlines() or [""])[0][:300]
         print(f"internal error: {type(err).__name__}: {first} (set AAE_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
-

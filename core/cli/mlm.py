@@ -61,14 +61,24 @@ def command(args) -> int:
         raise UserError("--resume needs --out (the CSV to resume)")
     on_ray = check_engine(args)
     # under Ray this process only tokenises, checks and writes: its copy of the model stays on the CPU
-    loaded = load_model(args.model, args.train_length, "cpu" if on_ray else args.device, args.tokenizer,
-                        None if on_ray else args.dtype)
+    loaded = load_model(
+        args.model, args.train_length, "cpu" if on_ray else args.device, args.tokenizer, None if on_ray else args.dtype
+    )
     names = args.methods.split(",") if args.methods else list(methods.SWEEP_DEFAULT)
     token_counts = lengths(args.lengths or [(k, True) for k in MLM_LENGTHS], loaded.train_length)
     schemes = with_params(args.schemes or [mlm.PLAIN_SCHEME], args.scheme_params)
-    plan = mlm.MlmPlan(lengths=token_counts, methods=names, sequences=args.sequences, seed=args.seed,
-                       calib_seed=args.calib_seed, calib_samples=args.samples, batch_size=args.batch_size,
-                       cosine_scale=args.cosine_scale, schemes=tuple(schemes), params=args.params_).validated()
+    plan = mlm.MlmPlan(
+        lengths=token_counts,
+        methods=names,
+        sequences=args.sequences,
+        seed=args.seed,
+        calib_seed=args.calib_seed,
+        calib_samples=args.samples,
+        batch_size=args.batch_size,
+        cosine_scale=args.cosine_scale,
+        schemes=tuple(schemes),
+        params=args.params_,
+    ).validated()
     mlm.check_model(loaded, plan)
     check_fits(loaded, max(token_counts), "--lengths asks for sequences of", batch=min(args.batch_size, args.sequences))
     check_reference(loaded, names, args.samples)
@@ -89,8 +99,9 @@ def command(args) -> int:
 
     try:
         with actors or contextlib.nullcontext():
-            rows = mlm.run_mlm_sweep(loaded, plan, out=args.out, resume=args.resume, progress=progress, pool=actors,
-                                     report=report)
+            rows = mlm.run_mlm_sweep(
+                loaded, plan, out=args.out, resume=args.resume, progress=progress, pool=actors, report=report
+            )
     finally:  # Ctrl-C and an overrun are worded by main(), after the bars are closed
         for bar in bars:
             bar.close()
@@ -102,6 +113,8 @@ def command(args) -> int:
     else:
         for r in rows:
             scheme = r["scheme"] + (f" ({r['scheme_params']})" if r["scheme_params"] else "")
-            print(f"{r['tokens']:>7,} tokens  {scheme:>14}  {r['method']:>16}  tau {r['tau']:.4f}  accuracy {r['accuracy']:.4f}  "
-                  f"perplexity {r['perplexity']:.3f}  ({r['masked']} masked)")
+            print(
+                f"{r['tokens']:>7,} tokens  {scheme:>14}  {r['method']:>16}  tau {r['tau']:.4f}  accuracy {r['accuracy']:.4f}  "
+                f"perplexity {r['perplexity']:.3f}  ({r['masked']} masked)"
+            )
     return 0

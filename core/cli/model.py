@@ -13,8 +13,13 @@ from core.runs import methods
 from core.values.validation import Tokens, validate
 
 
-def load_model(model: str | None, train_length: int | None, device: str | None = None, tokenizer: str | None = None,
-               dtype: str | None = None):
+def load_model(
+    model: str | None,
+    train_length: int | None,
+    device: str | None = None,
+    tokenizer: str | None = None,
+    dtype: str | None = None,
+):
     """The model a command names (default: the bundled one), with the download and loading bars off."""
     from huggingface_hub.utils import disable_progress_bars
     from transformers.utils import logging as hf_logging
@@ -41,8 +46,10 @@ def check_fits(loaded, tokens: int, what: str, batch: int = 1) -> None:
 
     cap = engine.max_tokens(loaded, batch)
     if tokens > cap:
-        raise InputTooLong(f"{what} {tokens:,} tokens; this machine can run at most about {cap:,} tokens now"
-                           f"{f' for {batch} documents at once' if batch > 1 else ''}. Use a shorter document.")
+        raise InputTooLong(
+            f"{what} {tokens:,} tokens; this machine can run at most about {cap:,} tokens now"
+            f"{f' for {batch} documents at once' if batch > 1 else ''}. Use a shorter document."
+        )
 
 
 def check_reference(loaded, names, samples: int = 1) -> None:

@@ -35,8 +35,10 @@ def command(args) -> int:
             return 0
         for r in rows:
             state = "installed" if r["installed"] else f"not installed (python -m core models fetch {r['name']})"
-            print(f"{r['name']}: {r['title']}, L_tr {r['train_length']:,}, {r['licence']}, {r['download_mb']} MB "
-                  f"download, {r['disk_mb']} MB on disk; {state}")
+            print(
+                f"{r['name']}: {r['title']}, L_tr {r['train_length']:,}, {r['licence']}, {r['download_mb']} MB "
+                f"download, {r['disk_mb']} MB on disk; {state}"
+            )
             print(f"  source: {r['source']}; folder: {r['folder']}")
         return 0
     where = install.fetch(args.name, None if args.json else _printer())

@@ -149,6 +149,7 @@ def _methods(text: str) -> str:
 
 def _param_type(param: "methods.Param"):
     """A ``type=`` for ``--<param>``: a finite number within the parameter's bounds (one line otherwise)."""
+
     def parse(text: str) -> float:
         shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
         try:
@@ -168,8 +169,9 @@ def _max_seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"a number of seconds, got {text[:40]!r}") from None
     if not (math.isfinite(value) and 0 < value <= timing.MAX_BUDGET_S):
-        raise argparse.ArgumentTypeError(f"a number of seconds above 0 and at most {timing.MAX_BUDGET_S:,.0f}, "
-                                         f"got {text[:40]!r}")
+        raise argparse.ArgumentTypeError(
+            f"a number of seconds above 0 and at most {timing.MAX_BUDGET_S:,.0f}, got {text[:40]!r}"
+        )
     return value
 
 
@@ -180,7 +182,8 @@ def _copy_kinds(text: str) -> tuple[str, ...]:
     parts = [p.strip() for p in text.split(",")]
     bad = [p for p in parts if p not in (*COPY_KINDS, "split")]
     if bad or not parts:
-        raise argparse.ArgumentTypeError(f"unknown kind(s) {', '.join(map(repr, bad))[:80]}; "
-                                         f"choose from {', '.join(COPY_KINDS)}, split")
+        raise argparse.ArgumentTypeError(
+            f"unknown kind(s) {', '.join(map(repr, bad))[:80]}; choose from {', '.join(COPY_KINDS)}, split"
+        )
     kinds = [k for p in parts for k in ((COPY_WITH, COPY_WITHOUT) if p == "split" else (p,))]
     return tuple(dict.fromkeys(kinds))

@@ -22,9 +22,17 @@ def command(args) -> int:
     check_fits(loaded, max(token_counts), "--lengths asks for sequences of", batch=args.batch_size)
     check_reference(loaded, names, args.samples)
     plan = PerplexityPlan(
-        model=loaded.spec.name, lengths=token_counts, methods=names, sequences=args.sequences, seed=args.seed,
-        calib_seed=args.calib_seed, calib_samples=args.samples, continuation=args.continuation,
-        batch_size=args.batch_size, targets=args.targets or ("encoder",), params=args.params_,
+        model=loaded.spec.name,
+        lengths=token_counts,
+        methods=names,
+        sequences=args.sequences,
+        seed=args.seed,
+        calib_seed=args.calib_seed,
+        calib_samples=args.samples,
+        continuation=args.continuation,
+        batch_size=args.batch_size,
+        targets=args.targets or ("encoder",),
+        params=args.params_,
         **({"copies": args.copy} if args.copy else {}),
     )
     bars: list = []

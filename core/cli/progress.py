@@ -61,8 +61,13 @@ def refuse_over_budget(budget, loaded, doc, enc, choice, measured: list[str], sa
 
     with attention.between_layers(None):  # the timed samples are not what the budget stops; what they took counts
         per = engine.estimate_pass(loaded, doc, enc, choice)
-    passes = timing.sweep_passes([enc.n], 1, methods.costs(measured, loaded.n_layers, loaded.n_heads, samples),
-                                 loaded.train_length) if measured else [(1, enc.n)]
+    passes = (
+        timing.sweep_passes(
+            [enc.n], 1, methods.costs(measured, loaded.n_layers, loaded.n_heads, samples), loaded.train_length
+        )
+        if measured
+        else [(1, enc.n)]
+    )
     seconds = sum(count * per * (tokens / enc.n) ** 2 for count, tokens in passes)
     n_passes = sum(count for count, _ in passes)
     budget.refuse(seconds, f"{what} ({n_passes:,} pass{'es' if n_passes != 1 else ''} of up to {enc.n:,} tokens)")

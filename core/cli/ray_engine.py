@@ -17,18 +17,29 @@ def check_engine(args) -> bool:
 
     on_ray = args.engine == "ray"
     if not on_ray:
-        given = [o for o, v in (("--address", args.address), ("--actors", args.actors),
-                                ("--cpus-per-actor", args.cpus_per_actor)) if v is not None]
+        given = [
+            o
+            for o, v in (
+                ("--address", args.address),
+                ("--actors", args.actors),
+                ("--cpus-per-actor", args.cpus_per_actor),
+            )
+            if v is not None
+        ]
         if given:
-            raise UserError(f"{', '.join(given)}: only with --engine ray (add it, or leave "
-                            f"{'this option' if len(given) == 1 else 'these options'} out)")
+            raise UserError(
+                f"{', '.join(given)}: only with --engine ray (add it, or leave "
+                f"{'this option' if len(given) == 1 else 'these options'} out)"
+            )
     else:
         for opt, v in (("--actors", args.actors), ("--cpus-per-actor", args.cpus_per_actor)):
             if v is not None and not 1 <= v <= 100_000:
                 raise UserError(f"{opt} must be a whole number from 1 to 100,000, got {v}")
         if args.dtype not in (None, "auto"):
-            raise UserError("--dtype is for local runs: Ray actors use their device's precision "
-                            "(bfloat16 on a GPU, float32 on a CPU)")
+            raise UserError(
+                "--dtype is for local runs: Ray actors use their device's precision "
+                "(bfloat16 on a GPU, float32 on a CPU)"
+            )
         cluster.check_address(args.address or os.environ.get("RAY_ADDRESS") or None)  # before the model loads
     return on_ray
 
@@ -39,5 +50,10 @@ def pool(args):
 
     if args.engine != "ray":
         return None
-    return cluster.RayEngine(address=args.address, actors=args.actors, cpus_per_actor=args.cpus_per_actor or 1,
-                             device=args.device, tokenizer=args.tokenizer)
+    return cluster.RayEngine(
+        address=args.address,
+        actors=args.actors,
+        cpus_per_actor=args.cpus_per_actor or 1,
+        device=args.device,
+        tokenizer=args.tokenizer,
+    )

@@ -31,8 +31,9 @@ def command(args) -> int:
     enc = engine.encode(loaded, doc)
     est = None
     if args.budget_.seconds is not None:  # refused before it starts when the estimate is over the budget
-        est = refuse_over_budget(args.budget_, loaded, doc, enc, at_one,
-                                 [chosen.method] if entry.measured else [], args.samples, "this run")
+        est = refuse_over_budget(
+            args.budget_, loaded, doc, enc, at_one, [chosen.method] if entry.measured else [], args.samples, "this run"
+        )
     prog = progress("calibrating") if entry.search is not None else None
     from core.mechanics import attention
 
@@ -42,18 +43,29 @@ def command(args) -> int:
         # a stored schedule is used at the length it was chosen at; any other length re-resolves it
         # an explicit --gamma re-resolves the method whatever tau a settings file stored for it (the file's own
         # gamma re-resolves it at another length than chosen_at, as any stored schedule is)
-        tau, info = methods.resolve(loaded, doc, chosen.method, None if args.given_params_ else chosen.tau,
-                                    samples=args.samples, progress=prog, params=args.params_ or None,
-                                    chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
-                                    base=at_one if has_scheme(chosen) else None)
+        tau, info = methods.resolve(
+            loaded,
+            doc,
+            chosen.method,
+            None if args.given_params_ else chosen.tau,
+            samples=args.samples,
+            progress=prog,
+            params=args.params_ or None,
+            chosen_at=chosen.chosen_at,  # a measured method runs its passes under the scheme
+            base=at_one if has_scheme(chosen) else None,
+        )
     if prog:
         prog.close()
     choice = chosen.to_choice(tau)  # the run's one Choice, as the attention will read it
     if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
         if est is None:
             est = engine.estimate_pass(loaded, doc, enc, choice)
-        print(f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
-              "timed, scaled by the square of the length)", file=sys.stderr, flush=True)
+        print(
+            f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
+            "timed, scaled by the square of the length)",
+            file=sys.stderr,
+            flush=True,
+        )
     res = engine.run(loaded, doc, choice, encoded=enc)
     out = res.summary()
     out["model"] = loaded.spec.name
@@ -64,10 +76,14 @@ def command(args) -> int:
         print(json.dumps(out))
     else:
         mark = {True: "correct", False: "wrong", None: "-"}[res.correct]
-        print(f"model {loaded.spec.name}  tokens {res.tokens} ({res.tokens / res.train_length:.1f}x L_tr={res.train_length})  "
-              f"method {chosen.method}  tau {np.round(res.tau.mean(1), 3).tolist()}")
-        print(f"answer: {res.answer!r}  expected: {res.expected!r}  [{mark}]  {res.seconds['total']:.3f}s  "
-              f"peak {memory.peak_bytes(loaded.device) / 2**30:.2f} GiB")
+        print(
+            f"model {loaded.spec.name}  tokens {res.tokens} ({res.tokens / res.train_length:.1f}x L_tr={res.train_length})  "
+            f"method {chosen.method}  tau {np.round(res.tau.mean(1), 3).tolist()}"
+        )
+        print(
+            f"answer: {res.answer!r}  expected: {res.expected!r}  [{mark}]  {res.seconds['total']:.3f}s  "
+            f"peak {memory.peak_bytes(loaded.device) / 2**30:.2f} GiB"
+        )
         for layer in res.layers():
             print(f"  layer {layer['layer']}: Pmax {layer['pmax']:.4f}  H {layer['entropy']:.4f}")
     return 0

@@ -34,8 +34,15 @@ def read_text(path: str) -> str:
 
 
 #: The document options, by the DocumentRequest field they set.
-DOC_OPTIONS = {"tokens": "--tokens", "depth": "--depth", "haystack": "--haystack", "text": "--text-file",
-               "needle": "--needle", "question": "--question", "expected": "--expected"}
+DOC_OPTIONS = {
+    "tokens": "--tokens",
+    "depth": "--depth",
+    "haystack": "--haystack",
+    "text": "--text-file",
+    "needle": "--needle",
+    "question": "--question",
+    "expected": "--expected",
+}
 
 
 def refuse_unused(args, over: dict, file_doc) -> None:
@@ -59,21 +66,31 @@ def refuse_unused(args, over: dict, file_doc) -> None:
             given += ["task"] if args.task else []
             bad = [f for f in given if f in DOC_OPTIONS or f == "task"]
             if bad or args.lengths is not None:
-                names = [DOC_OPTIONS.get(f, "--" + f) for f in bad] + (["--lengths"] if args.lengths is not None else [])
-                raise UserError(f"{', '.join(names)}: not used by sweep --data (each JSONL line is its own document); "
-                                f"leave {'it' if len(names) == 1 else 'them'} out")
+                names = [DOC_OPTIONS.get(f, "--" + f) for f in bad] + (
+                    ["--lengths"] if args.lengths is not None else []
+                )
+                raise UserError(
+                    f"{', '.join(names)}: not used by sweep --data (each JSONL line is its own document); "
+                    f"leave {'it' if len(names) == 1 else 'them'} out"
+                )
         for f in given:
             if f in instead:
-                raise UserError(f"{DOC_OPTIONS[f]}: not used by sweep, which makes documents of every --lengths x "
-                                f"--depths; use {instead[f]}")
+                raise UserError(
+                    f"{DOC_OPTIONS[f]}: not used by sweep, which makes documents of every --lengths x "
+                    f"--depths; use {instead[f]}"
+                )
         if task == "text" and not getattr(args, "data", None):  # it used to sweep passkey instead, silently
-            raise UserError("sweep generates its documents: choose --task passkey, line, topic, multidoc or code "
-                            "(the task here is text); for your own texts use sweep --data FILE.jsonl")
+            raise UserError(
+                "sweep generates its documents: choose --task passkey, line, topic, multidoc or code "
+                "(the task here is text); for your own texts use sweep --data FILE.jsonl"
+            )
     bad = unused(task, needle, given)
     if bad:
         names = ", ".join(DOC_OPTIONS[f] for f in bad)
-        raise UserError(f"{names}: not used by --task {task} ({why_unused(task, needle, bad[0])}); "
-                        f"leave {'it' if len(bad) == 1 else 'them'} out")
+        raise UserError(
+            f"{names}: not used by --task {task} ({why_unused(task, needle, bad[0])}); "
+            f"leave {'it' if len(bad) == 1 else 'them'} out"
+        )
 
 
 def merge_settings(args):
@@ -82,11 +99,21 @@ def merge_settings(args):
 
     base = Settings.load(args.settings) if getattr(args, "settings", None) else Settings()
     text = read_text(args.text_file) if getattr(args, "text_file", None) else None
-    over = {k: v for k, v in {
-        "task": args.task or ("text" if text is not None else None), "tokens": args.tokens, "depth": args.depth,
-        "seed": args.seed, "haystack": args.haystack, "text": text, "needle": args.needle, "question": args.question,
-        "expected": args.expected,
-    }.items() if v is not None}
+    over = {
+        k: v
+        for k, v in {
+            "task": args.task or ("text" if text is not None else None),
+            "tokens": args.tokens,
+            "depth": args.depth,
+            "seed": args.seed,
+            "haystack": args.haystack,
+            "text": text,
+            "needle": args.needle,
+            "question": args.question,
+            "expected": args.expected,
+        }.items()
+        if v is not None
+    }
     refuse_unused(args, over, base.document)
     if over.get("task", base.document.task) != base.document.task:  # the file's text/filler were for its own task
         base = replace(base, document=base.document.for_task(over["task"]))
@@ -99,9 +126,15 @@ def merge_settings(args):
     return Settings(
         model=args.model if args.model is not None else base.model,
         train_length=args.train_length if args.train_length is not None else base.train_length,
-        method=method, tau=tau, criterion=base.criterion, targets=args.targets or base.targets,
+        method=method,
+        tau=tau,
+        criterion=base.criterion,
+        targets=args.targets or base.targets,
         cosine_scale=args.cosine_scale if args.cosine_scale is not None else base.cosine_scale,
-        chosen_at=base.chosen_at, document=doc, scheme=base.scheme, scheme_params=dict(base.scheme_params),
+        chosen_at=base.chosen_at,
+        document=doc,
+        scheme=base.scheme,
+        scheme_params=dict(base.scheme_params),
         # the file's gamma belongs to the file's method: kept while that method runs, dropped with --tau/--method
         method_params=dict(base.method_params) if method == base.method else {},
     )
@@ -118,5 +151,7 @@ def has_scheme(chosen) -> bool:
 def no_scheme(chosen, command: str) -> None:
     """A settings file's position scheme, refused by a command that would not apply it (rather than dropped)."""
     if has_scheme(chosen):
-        raise UserError(f"--settings: scheme '{chosen.to_choice(1.0).scheme}': {command} "
-                        "runs the plain scheme only; use `run` with these settings, or `mlm --schemes`")
+        raise UserError(
+            f"--settings: scheme '{chosen.to_choice(1.0).scheme}': {command} "
+            "runs the plain scheme only; use `run` with these settings, or `mlm --schemes`"
+        )

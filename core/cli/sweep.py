@@ -22,8 +22,13 @@ def command(args) -> int:
     no_scheme(chosen, "sweep")
     on_ray = check_engine(args)
     # under Ray this process only tokenises, checks and writes: its copy of the model stays on the CPU
-    loaded = load_model(chosen.model, chosen.train_length, "cpu" if on_ray else args.device, args.tokenizer,
-                        None if on_ray else args.dtype)
+    loaded = load_model(
+        chosen.model,
+        chosen.train_length,
+        "cpu" if on_ray else args.device,
+        args.tokenizer,
+        None if on_ray else args.dtype,
+    )
     actors = pool(args)
     if args.data:
         from core.experiments.batch import run_jsonl
@@ -43,9 +48,14 @@ def command(args) -> int:
     task = chosen.document.task if chosen.document.task != "text" else "passkey"
     try:
         plan = SweepPlan(
-            model=loaded.spec.name, task=task, lengths=token_counts, depths=list(args.depths),
-            seeds=[(chosen.document.seed or 0) + i for i in range(args.samples)], methods=names,
-            haystack=chosen.document.haystack, params=args.params_,
+            model=loaded.spec.name,
+            task=task,
+            lengths=token_counts,
+            depths=list(args.depths),
+            seeds=[(chosen.document.seed or 0) + i for i in range(args.samples)],
+            methods=names,
+            haystack=chosen.document.haystack,
+            params=args.params_,
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
@@ -59,8 +69,12 @@ def command(args) -> int:
     try:
         with actors or contextlib.nullcontext():
             if actors is None or actors.on_cpu:  # one timed pass, so the sentence before the sweep can say how long
-                cluster.time_a_pass(loaded, lambda: tasks.make(task, loaded.tokenizer, min(token_counts), depth=0.5,
-                                                               seed=plan.seeds[0] if plan.seeds else 0))
+                cluster.time_a_pass(
+                    loaded,
+                    lambda: tasks.make(
+                        task, loaded.tokenizer, min(token_counts), depth=0.5, seed=plan.seeds[0] if plan.seeds else 0
+                    ),
+                )
             df = run_sweep(loaded, plan, out=args.out, resume=args.resume, pool=actors, tracker=bar, report=report)
     finally:  # Ctrl-C and an overrun are worded by main(), after the bar is closed
         bar.close()

@@ -44,8 +44,16 @@ from pathlib import Path
 
 from core.errors import UserError
 
-__all__ = ["paragraphs", "split_train_eval", "pool", "stats", "SNAPSHOT", "write_snapshot", "read_snapshot",
-           "check_paragraphs"]
+__all__ = [
+    "paragraphs",
+    "split_train_eval",
+    "pool",
+    "stats",
+    "SNAPSHOT",
+    "write_snapshot",
+    "read_snapshot",
+    "check_paragraphs",
+]
 
 #: The shipped paragraph list (see the module docstring): what every machine draws haystacks from.
 SNAPSHOT = Path(__file__).resolve().parents[2] / "assets" / "corpus" / "paragraphs.json.gz"
@@ -102,9 +110,7 @@ _FOLD = str.maketrans(
 
 # Statement-level triple-quoted strings (docstrings, mostly): the quotes open
 # at the start of a line, after indentation and an optional prefix.
-_DOCSTRING = re.compile(
-    r'^[ \t]*[rRuU]?("""|\'\'\')(.*?)\1', re.DOTALL | re.MULTILINE
-)
+_DOCSTRING = re.compile(r'^[ \t]*[rRuU]?("""|\'\'\')(.*?)\1', re.DOTALL | re.MULTILINE)
 _CODE_LINE = re.compile(
     r"^(>>>|\.\.\.|\.\. |\$ |def |class |import |from \S+ import|@\w|[-+=*_~^#|]{3,}|[-*+] |"
     r"\d+[.)] |\(?[a-z]\) |[\w.]+\s*=\s)"
@@ -176,7 +182,7 @@ def _clean_block(lines: list[str]) -> str | None:
         return None
     bullet = _BULLET.match(first)
     if bullet:
-        lines = [first[bullet.end():]] + lines[1:]
+        lines = [first[bullet.end() :]] + lines[1:]
     for i, line in enumerate(lines):
         stripped = line.strip()
         indent = len(line) - len(line.lstrip())
@@ -273,11 +279,13 @@ def _paragraphs() -> tuple[str, ...]:
     try:
         check_paragraphs(harvested)
     except ValueError as err:
-        raise UserError(f"No corpus snapshot at {SNAPSHOT}, and this Python's stdlib gives too little prose to "
-                        f"replace it ({err}): restore the snapshot (git checkout -- {SNAPSHOT})",
-                        app=f"The corpus snapshot {SNAPSHOT.name} is missing and this server's Python cannot "
-                            "replace it, so no text can be drawn from the corpus (its haystacks, the perplexity "
-                            "sequences); whoever runs this app can restore the file.") from None
+        raise UserError(
+            f"No corpus snapshot at {SNAPSHOT}, and this Python's stdlib gives too little prose to "
+            f"replace it ({err}): restore the snapshot (git checkout -- {SNAPSHOT})",
+            app=f"The corpus snapshot {SNAPSHOT.name} is missing and this server's Python cannot "
+            "replace it, so no text can be drawn from the corpus (its haystacks, the perplexity "
+            "sequences); whoever runs this app can restore the file.",
+        ) from None
     return harvested
 
 
@@ -321,11 +329,13 @@ def read_snapshot(path: Path) -> tuple[str, ...] | None:
             reason = f"no {reason} field"
         elif isinstance(err, RecursionError):
             reason = "its JSON is nested too deeply"
-        raise UserError(f"The corpus snapshot {path} is damaged ({reason}): restore it "
-                        f"(git checkout -- {path}) or rebuild it with python -m core.data.corpus --write",
-                        app=f"The corpus snapshot {path.name} is damaged ({reason}), so no text can be drawn "
-                            "from the corpus (its haystacks, the perplexity sequences); whoever runs this app "
-                            "can restore the file.") from None
+        raise UserError(
+            f"The corpus snapshot {path} is damaged ({reason}): restore it "
+            f"(git checkout -- {path}) or rebuild it with python -m core.data.corpus --write",
+            app=f"The corpus snapshot {path.name} is damaged ({reason}), so no text can be drawn "
+            "from the corpus (its haystacks, the perplexity sequences); whoever runs this app "
+            "can restore the file.",
+        ) from None
     return tuple(paras)
 
 
@@ -431,8 +441,19 @@ def pool(name: str) -> tuple[str, ...]:
 
 
 #: Installed packages whose docstrings widen the language model's training text (``lm_train_pool``).
-LM_PACKAGES = ("numpy", "pandas", "transformers", "torch", "scipy", "sympy", "streamlit", "plotly", "ray", "pydantic",
-               "hypothesis")
+LM_PACKAGES = (
+    "numpy",
+    "pandas",
+    "transformers",
+    "torch",
+    "scipy",
+    "sympy",
+    "streamlit",
+    "plotly",
+    "ray",
+    "pydantic",
+    "hypothesis",
+)
 
 
 @functools.lru_cache(maxsize=1)

@@ -49,28 +49,41 @@ import csv
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from core.experiments import csvio
-from core.runs import engine, methods, timing
 from core.data import tasks
 from core.errors import UserError
-from core.values.validation import BatchSize, validate
-from core.models import Loaded
+from core.experiments import csvio
 from core.mechanics.probes import ProbeSpec
-from core.values.schedule import Schedule
-from core.values.choice import Choice
 from core.mechanics.run_pass import Pass
+from core.models import Loaded
+from core.runs import engine, methods, timing
+from core.values.choice import Choice
+from core.values.schedule import Schedule
+from core.values.validation import BatchSize, validate
 
 if TYPE_CHECKING:  # Ray and the pool are imported only when a run uses them
     from core.experiments import cluster
 
-COLUMNS = ["line", "id", "setting", "method", "tau", "tokens", "answer", "expected", "correct",
-           "pmax", "entropy", "seconds"]
+COLUMNS = [
+    "line",
+    "id",
+    "setting",
+    "method",
+    "tau",
+    "tokens",
+    "answer",
+    "expected",
+    "correct",
+    "pmax",
+    "entropy",
+    "seconds",
+]
 
 MAX_LINE_BYTES = 16 * 2**20  # far beyond any document a model here can take (tokens <= bytes + 1 for ByT5)
 MAX_DEPTH = 64  # JSON nesting: a document needs 1; checked before json.loads, which recurses per level
@@ -79,6 +92,7 @@ MAX_EXPECTED_CHARS = 10_000  # are limited to csv.field_size_limit() (131,072 ch
 
 
 # -- input -----------------------------------------------------------------------
+
 
 @dataclass
 class Item:
@@ -147,8 +161,15 @@ def parse_line(raw: str) -> tuple[str | None, tasks.Document] | None:
     if question:
         doc = tasks.from_text(body, needle="", question=question, expected=expected)
     else:
-        doc = tasks.Document(task="text", text=body, expected=expected or "", needle_span=(0, 0),
-                             question_span=(len(body), len(body)), depth=0.0, seed=0)
+        doc = tasks.Document(
+            task="text",
+            text=body,
+            expected=expected or "",
+            needle_span=(0, 0),
+            question_span=(len(body), len(body)),
+            depth=0.0,
+            seed=0,
+        )
     return ident, doc
 
 
@@ -233,6 +254,7 @@ def read_jsonl(path: str | Path, tokenizer, report: Callable[[str], None]) -> li
 
 # -- settings --------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Setting:
     """One setting of a batch run: a label for the CSV and how to get tau (named apart from
@@ -248,8 +270,16 @@ class Setting:
 
     def resolve(self, loaded: Loaded, it: "Item", samples: int) -> tuple[Schedule, dict]:
         """This choice's schedule for one document (:func:`core.runs.methods.resolve`, with its own number)."""
-        return methods.resolve(loaded, it.doc, self.method, self.tau, samples, chosen_at=self.chosen_at, tokens=it.n,
-                               params=dict(self.params) or None)
+        return methods.resolve(
+            loaded,
+            it.doc,
+            self.method,
+            self.tau,
+            samples,
+            chosen_at=self.chosen_at,
+            tokens=it.n,
+            params=dict(self.params) or None,
+        )
 
 
 def _label(method: str, tau: Schedule | None) -> str:
@@ -272,6 +302,7 @@ def choices(args, settings) -> list[Setting]:
         if own:
             return Setting(methods.cell_text(label, given), name, None, None, tuple(own.items()))
         return Setting(label, name, value, chosen_at)
+
     if spec:
         out = []
         for m in (p.strip() for p in spec.split(",")):
@@ -312,6 +343,7 @@ def _tau_cell(tau) -> str:
 
 # -- output ----------------------------------------------------------------------
 
+
 def _row_key(row: dict[str, str]) -> tuple[tuple[str, str], str]:
     """The (item key, setting) a written row stands for (cells restored by :mod:`core.experiments.csvio`)."""
     item = ("id", row["id"]) if row["id"] else ("line", row["line"])
@@ -319,6 +351,7 @@ def _row_key(row: dict[str, str]) -> tuple[tuple[str, str], str]:
 
 
 # -- running ---------------------------------------------------------------------
+
 
 def _batches(items: list[Item], batch_size: int) -> list[list[Item]]:
     """Length-sorted runs of at most ``batch_size`` items, split where the longest would exceed twice the shortest."""
@@ -373,8 +406,10 @@ def run_items(
     with csvio.ResultCSV(path, COLUMNS, "batch-run", resume=resume, stream=None if path else sys.stdout) as sink:
         done = {_row_key(r) for r in sink.rows}
         counts = {"written": 0, "skipped": 0, "failed": 0}
-        base = (Choice.of(targets=tuple(targets), cosine_scale=cosine_scale),  # a run's two values, tau aside
-                Pass(probes=ProbeSpec.stats_only(), max_new_tokens=max_new_tokens))
+        base = (
+            Choice.of(targets=tuple(targets), cosine_scale=cosine_scale),  # a run's two values, tau aside
+            Pass(probes=ProbeSpec.stats_only(), max_new_tokens=max_new_tokens),
+        )
         tick = progress or (lambda k: None)
 
         def fail(its: list[tuple[int, str | None]], label: str, err: str) -> None:
@@ -400,11 +435,16 @@ def run_items(
         workers = pool.workers if pool is not None else 1
         same_device = pool is None or (pool.on_cpu and loaded.device.type == "cpu")
         seconds = cluster.estimate(jobs, timing.model_key(loaded), workers) if same_device else None
-        track.start(len(jobs), sum(len(j.payload[3]) for j in jobs), seconds,
-                    pool.where if pool is not None else "in this process")
+        track.start(
+            len(jobs),
+            sum(len(j.payload[3]) for j in jobs),
+            seconds,
+            pool.where if pool is not None else "in this process",
+        )
         if pool is None:
             cluster.run_local(jobs, loaded, outcome)
         else:
+
             def on_fail(job: cluster.Job, why: str) -> None:
                 fail([(it.line, it.id) for it in job.payload[3]], job.payload[1].label, why)
                 track.advance(1, 0)
@@ -413,9 +453,19 @@ def run_items(
         return counts
 
 
-def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Setting], done: set, batch_size: int, samples: int,
-          base: tuple[Choice, Pass], model, counts: dict, tick: Callable[[int], None],
-          fail: Callable[[list[tuple[int, str | None]], str, str], None]) -> list["cluster.Job"]:
+def _jobs(
+    loaded: Loaded,
+    items: list[Item],
+    settings_list: list[Setting],
+    done: set,
+    batch_size: int,
+    samples: int,
+    base: tuple[Choice, Pass],
+    model,
+    counts: dict,
+    tick: Callable[[int], None],
+    fail: Callable[[list[tuple[int, str | None]], str, str], None],
+) -> list["cluster.Job"]:
     """The (item, setting) pairs not in ``done`` as jobs, in the order a local run takes them.
 
     Per setting: documents that share a tau (resolved here: ``none``, fixed
@@ -448,20 +498,40 @@ def _jobs(loaded: Loaded, items: list[Item], settings_list: list[Setting], done:
             shared.setdefault(_tau_key(tau), (tau, []))[1].append(it)
         for tau, group in shared.values():
             for batch in _batches(group, batch_size):
-                jobs.append(cluster.Job(_run_job, (base, c, tau, batch, samples), _job_label(c, batch),
-                                        passes=tuple((1, it.n) for it in batch), answers=tuple((1, it.n) for it in batch),
-                                        model=model))
+                jobs.append(
+                    cluster.Job(
+                        _run_job,
+                        (base, c, tau, batch, samples),
+                        _job_label(c, batch),
+                        passes=tuple((1, it.n) for it in batch),
+                        answers=tuple((1, it.n) for it in batch),
+                        model=model,
+                    )
+                )
         for it in sorted(single, key=lambda i: i.n):
-            passes = timing.sweep_passes([it.n], 1, methods.costs([c.method], loaded.n_layers, loaded.n_heads, samples),
-                                         loaded.train_length)  # its own calibration (an upper bound), then its run
-            jobs.append(cluster.Job(_run_job, (base, c, None, [it], samples), _job_label(c, [it]),
-                                    passes=tuple(passes), answers=((1, it.n),), model=model))
+            passes = timing.sweep_passes(
+                [it.n], 1, methods.costs([c.method], loaded.n_layers, loaded.n_heads, samples), loaded.train_length
+            )  # its own calibration (an upper bound), then its run
+            jobs.append(
+                cluster.Job(
+                    _run_job,
+                    (base, c, None, [it], samples),
+                    _job_label(c, [it]),
+                    passes=tuple(passes),
+                    answers=((1, it.n),),
+                    model=model,
+                )
+            )
     return jobs
 
 
 def _job_label(c: Setting, batch: list[Item]) -> str:
     lines = [it.line for it in batch]
-    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:4]))}{', ...' if len(lines) > 4 else ''}"
+    where = (
+        f"line {lines[0]}"
+        if len(lines) == 1
+        else f"lines {', '.join(map(str, lines[:4]))}{', ...' if len(lines) > 4 else ''}"
+    )
     return f"{where}, setting {c.label}"
 
 
@@ -485,22 +555,38 @@ def _run_job(loaded: Loaded, payload: tuple) -> list[tuple]:
     return _run_batch(loaded, base, c, tau, batch, extra_s)
 
 
-def _run_batch(loaded: Loaded, base: tuple[Choice, Pass], c: Setting, tau, batch: list[Item], extra_s: float) -> list[tuple]:
+def _run_batch(
+    loaded: Loaded, base: tuple[Choice, Pass], c: Setting, tau, batch: list[Item], extra_s: float
+) -> list[tuple]:
     encs = [engine.Encoded(it.ids, np.zeros((it.n, 2), dtype=np.int64), None, None) for it in batch]
     try:
-        results = engine.run_encoded(loaded, [it.doc for it in batch], encs, base[0].with_(tau=tau, method=c.method),
-                                     base[1])
+        results = engine.run_encoded(
+            loaded, [it.doc for it in batch], encs, base[0].with_(tau=tau, method=c.method), base[1]
+        )
     except UserError as err:  # too long for memory as a batch, NaN, ...: retry one by one
         if len(batch) == 1:
             return [("fail", (batch[0].line, batch[0].id), str(err))]
         return [r for it in batch for r in _run_batch(loaded, base, c, tau, [it], 0.0)]
-    return [("row", {
-        "line": it.line, "id": it.id or "", "setting": c.label, "method": c.method,
-        "tau": _tau_cell(tau), "tokens": res.tokens, "answer": res.answer, "expected": res.expected,
-        "correct": "" if res.correct is None else bool(res.correct),
-        "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
-        "seconds": round(res.seconds["total"] + extra_s, 4),
-    }) for it, res in zip(batch, results)]
+    return [
+        (
+            "row",
+            {
+                "line": it.line,
+                "id": it.id or "",
+                "setting": c.label,
+                "method": c.method,
+                "tau": _tau_cell(tau),
+                "tokens": res.tokens,
+                "answer": res.answer,
+                "expected": res.expected,
+                "correct": "" if res.correct is None else bool(res.correct),
+                "pmax": round(res.pmax, 5),
+                "entropy": round(res.entropy, 5),
+                "seconds": round(res.seconds["total"] + extra_s, 4),
+            },
+        )
+        for it, res in zip(batch, results)
+    ]
 
 
 def _check_batch_size(batch_size) -> int:
@@ -558,16 +644,26 @@ def run_jsonl(loaded: Loaded, args, settings, pool: "cluster.RayEngine | None" =
     bar = cluster.Bar("batch")  # drawn when the run starts, so a refused --out (e.g. locked) prints one line only
     try:
         counts = run_items(
-            loaded, items, settings_list, out=args.out, resume=bool(getattr(args, "resume", False)),
+            loaded,
+            items,
+            settings_list,
+            out=args.out,
+            resume=bool(getattr(args, "resume", False)),
             batch_size=batch_size,
             max_new_tokens=int(getattr(args, "max_new_tokens", None) or tasks.MAX_ANSWER_TOKENS),
-            targets=settings.targets, cosine_scale=settings.cosine_scale,
-            samples=max(1, int(getattr(args, "samples", 1) or 1)), report=report, pool=pool, tracker=bar,
+            targets=settings.targets,
+            cosine_scale=settings.cosine_scale,
+            samples=max(1, int(getattr(args, "samples", 1) or 1)),
+            report=report,
+            pool=pool,
+            tracker=bar,
         )
     finally:
         bar.close()
-    msg = (f"{counts['written']} rows written, {counts['skipped']} already done, {counts['failed']} failed, "
-           f"{n_bad} bad line(s) skipped")
+    msg = (
+        f"{counts['written']} rows written, {counts['skipped']} already done, {counts['failed']} failed, "
+        f"{n_bad} bad line(s) skipped"
+    )
     if args.out:
         print(summary(Path(args.out)))
         print(msg)

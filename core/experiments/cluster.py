@@ -50,11 +50,13 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Hashable, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
-from core.models import memory
 from core.errors import UserError
+from core.models import memory
 from core.values.choice import TRAINED
 
 #: Encoder passes (count, tokens): what a job runs, for its cost and its time estimate.
@@ -62,6 +64,7 @@ Passes = tuple[tuple[int, int], ...]
 
 
 # -- jobs --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ModelRef:
@@ -175,9 +178,8 @@ def time_a_pass(loaded: Any, make_doc: Callable[[], Any]) -> None:
     :func:`estimate` scales measured pass times; a fresh process has none.
     One short document costs a fraction of one row. A document that cannot be
     built or run is left to the sweep itself to report."""
-    from core.runs import engine
-    from core.runs import timing
     from core.mechanics.probes import ProbeSpec
+    from core.runs import engine, timing
 
     if timing.measured(timing.model_key(loaded)):
         return
@@ -186,6 +188,7 @@ def time_a_pass(loaded: Any, make_doc: Callable[[], Any]) -> None:
 
 
 # -- progress ---------------------------------------------------------------------------
+
 
 class Tracker(Protocol):
     """What a sweep tells its progress display: the plan once, then each finished (or failed) job."""
@@ -259,8 +262,13 @@ OnDone = Callable[[Job, Any], "Iterable[Job] | None"]
 OnFail = Callable[[Job, str], None]
 
 
-def run_local(jobs: Iterable[Job], loaded: Any, on_done: OnDone, should_stop: Callable[[], bool] | None = None,
-              guard: Callable[[], ContextManager] = contextlib.nullcontext) -> bool:
+def run_local(
+    jobs: Iterable[Job],
+    loaded: Any,
+    on_done: OnDone,
+    should_stop: Callable[[], bool] | None = None,
+    guard: Callable[[], ContextManager] = contextlib.nullcontext,
+) -> bool:
     """Run ``jobs`` here, one after another, in the order given; False when ``should_stop`` ended it early.
 
     Jobs ``on_done`` returns run next. An exception propagates (a local run
@@ -428,7 +436,9 @@ def parse_address(text: str) -> str | Address:
             raise UserError(f"{bad}: {_shown(host, 40)} is not a host name or IP address ({_EXAMPLES})")
     if not re.fullmatch(r"[0-9]+", port):
         raise UserError(f"{bad}: not host:port, the port must be a number ({_EXAMPLES})")
-    number = int(port) if len(port) <= 6 else 0  # a longer one is out of range anyway (and int() of 5,000 digits raises)
+    number = (
+        int(port) if len(port) <= 6 else 0
+    )  # a longer one is out of range anyway (and int() of 5,000 digits raises)
     if not 1 <= number <= 65535:
         raise UserError(f"{bad}: the port must be 1 to 65535, got {_shown(port, 24)}")
     return Address(scheme, host, number)
@@ -505,8 +515,11 @@ def _probe(addr: Address, timeout: float = PROBE_TIMEOUT) -> str | None:
                 reached = (family, sockaddr)
                 break
             except OSError as err:
-                why = f"no TCP connection within {timeout:g} s" if isinstance(err, TimeoutError) else \
-                    err.strerror or type(err).__name__
+                why = (
+                    f"no TCP connection within {timeout:g} s"
+                    if isinstance(err, TimeoutError)
+                    else err.strerror or type(err).__name__
+                )
     if reached is None:
         return why if time.monotonic() < deadline else f"no TCP connection within {timeout:g} s"
     if _tls():
@@ -533,8 +546,10 @@ def _health(family: int, sockaddr: tuple, seconds: float, timeout: float = PROBE
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
     except ImportError:
-        raise UserError("--address host:port needs grpcio to check the cluster: "
-                        "pip install grpcio grpcio-health-checking (requirements.txt has both)") from None
+        raise UserError(
+            "--address host:port needs grpcio to check the cluster: "
+            "pip install grpcio grpcio-health-checking (requirements.txt has both)"
+        ) from None
 
     host, port = sockaddr[0], sockaddr[1]
     target = f"ipv6:[{host.replace('%', '%25')}]:{port}" if family == socket.AF_INET6 else f"ipv4:{host}:{port}"
@@ -575,8 +590,10 @@ def check_address(address: str | None) -> str | None:
         return parsed
     why = _probe(parsed)
     if why is not None:
-        raise UserError(f"--address {parsed}: cannot reach a Ray cluster there ({why}); start one with "
-                        "`ray start --head` on the head node, or leave --address out for a local Ray")
+        raise UserError(
+            f"--address {parsed}: cannot reach a Ray cluster there ({why}); start one with "
+            "`ray start --head` on the head node, or leave --address out for a local Ray"
+        )
     return str(parsed)
 
 
@@ -628,13 +645,17 @@ def object_store_bytes() -> int | None:
         import resource
 
         cap = resource.getrlimit(resource.RLIMIT_AS)[0]
-        raise UserError(f"--engine ray: this process may map {gib(cap)} (ulimit -v) and has {gib(room)} of it left; "
-                        f"a local Ray needs about {gib(RAY_PROCESS_BYTES + 2 * STORE_MIN_BYTES)} more in each of "
-                        "its processes (its object store is mapped into every one): raise ulimit -v, or leave "
-                        "--engine ray out")
-    raise UserError(f"--engine ray: {gib(min(x for x in (group, available) if x is not None))} of memory left "
-                    f"(cgroup limit or machine), too little for a local Ray's object store (at least "
-                    f"{STORE_MIN_BYTES // 2**20} MiB): free memory, or leave --engine ray out")
+        raise UserError(
+            f"--engine ray: this process may map {gib(cap)} (ulimit -v) and has {gib(room)} of it left; "
+            f"a local Ray needs about {gib(RAY_PROCESS_BYTES + 2 * STORE_MIN_BYTES)} more in each of "
+            "its processes (its object store is mapped into every one): raise ulimit -v, or leave "
+            "--engine ray out"
+        )
+    raise UserError(
+        f"--engine ray: {gib(min(x for x in (group, available) if x is not None))} of memory left "
+        f"(cgroup limit or machine), too little for a local Ray's object store (at least "
+        f"{STORE_MIN_BYTES // 2**20} MiB): free memory, or leave --engine ray out"
+    )
 
 
 def _join(ray: Any, address: str, kwargs: dict, seconds: float | None = None) -> None:
@@ -661,12 +682,16 @@ def _join(ray: Any, address: str, kwargs: dict, seconds: float | None = None) ->
     if worker.is_alive():
         hint = ""
         if memory.address_space_room() is not None:
-            hint = ("; this process has an address-space limit (ulimit -v), and a driver maps the cluster's "
-                    "whole object store")
+            hint = (
+                "; this process has an address-space limit (ulimit -v), and a driver maps the cluster's "
+                "whole object store"
+            )
         raise UserError(f"cannot join the Ray cluster at {address}: no answer within {seconds:g} s{hint}")
     err = box.get("err")
     if isinstance(err, Exception):
-        raise UserError(f"cannot join the Ray cluster at {address}: {_shown(' '.join(str(err).split()), 200)}") from None
+        raise UserError(
+            f"cannot join the Ray cluster at {address}: {_shown(' '.join(str(err).split()), 200)}"
+        ) from None
     if isinstance(err, BaseException):
         raise err
 
@@ -749,8 +774,10 @@ class RayEngine:
             size = self.actors or max(1, cpus // self.cpus_per_actor)
             need, have, unit = size * self.cpus_per_actor, cpus, "CPU"
         if need > have:
-            raise UserError(f"{size} actors need {need} {unit}s; the Ray cluster has {have}. "
-                            "Ask for fewer --actors (or fewer --cpus-per-actor)")
+            raise UserError(
+                f"{size} actors need {need} {unit}s; the Ray cluster has {have}. "
+                "Ask for fewer --actors (or fewer --cpus-per-actor)"
+            )
         self._size = size
 
     @property
@@ -761,7 +788,11 @@ class RayEngine:
     @property
     def where(self) -> str:
         """The pool in words, for the sentence before a sweep."""
-        each = "one GPU each" if self._gpu else f"{self.cpus_per_actor} CPU thread{'s' if self.cpus_per_actor > 1 else ''} each"
+        each = (
+            "one GPU each"
+            if self._gpu
+            else f"{self.cpus_per_actor} CPU thread{'s' if self.cpus_per_actor > 1 else ''} each"
+        )
         return f"on {self._size} Ray actor{'s' if self._size != 1 else ''} ({each})"
 
     @property
@@ -803,9 +834,11 @@ class RayEngine:
         except ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None) or err
             src = model.spec.source if model is not None else "?"
-            raise UserError(f"a Ray actor could not load the model {src}: {' '.join(str(cause).split())[:300]}. "
-                            "Every node needs the model: a hub id it can download (or has cached), or a folder at "
-                            "the same path on every node (a shared file system)") from None
+            raise UserError(
+                f"a Ray actor could not load the model {src}: {' '.join(str(cause).split())[:300]}. "
+                "Every node needs the model: a hub id it can download (or has cached), or a folder at "
+                "the same path on every node (a shared file system)"
+            ) from None
         except ray.exceptions.RayActorError as err:
             self._kill_pool()
             raise UserError(f"a Ray actor died while loading the model: {' '.join(str(err).split())[:200]}") from None
@@ -837,8 +870,14 @@ class RayEngine:
 
     # -- running --
 
-    def run(self, jobs: Iterable[Job], on_done: OnDone, on_fail: OnFail,
-            should_stop: Callable[[], bool] | None = None, retries: int = 1) -> bool:
+    def run(
+        self,
+        jobs: Iterable[Job],
+        on_done: OnDone,
+        on_fail: OnFail,
+        should_stop: Callable[[], bool] | None = None,
+        retries: int = 1,
+    ) -> bool:
         """Run ``jobs`` (and what ``on_done`` returns) on the pool, heaviest first; False when stopped early.
 
         ``on_done(job, result)`` runs here, in the driver, as each job
@@ -929,6 +968,7 @@ def _why(err: BaseException) -> str:
 
 # -- the scheduler on a clock --------------------------------------------------------------
 
+
 @dataclass
 class Simulation:
     """What :func:`simulate` found: the time to the last job on ``workers`` workers, and the work done."""
@@ -945,9 +985,14 @@ class Simulation:
         return self.work / max(1e-12, self.workers * self.makespan)
 
 
-def simulate(jobs: Iterable[Job], workers: int, seconds: Callable[[Job], float],
-             follow: Callable[[Job], Iterable[Job]] | None = None, overhead: float = 0.0,
-             heavy_first: bool = True) -> Simulation:
+def simulate(
+    jobs: Iterable[Job],
+    workers: int,
+    seconds: Callable[[Job], float],
+    follow: Callable[[Job], Iterable[Job]] | None = None,
+    overhead: float = 0.0,
+    heavy_first: bool = True,
+) -> Simulation:
     """The :class:`RayEngine` schedule, run on a clock: ``workers`` workers, each job taking ``seconds(job)``
     plus ``overhead``; a worker that frees takes the ready job of highest priority (:class:`Queue`), and the
     jobs ``follow(job)`` returns become ready when ``job`` ends (a calibration's cells). A simulation, not a

@@ -53,6 +53,7 @@ _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 # -- formula injection -------------------------------------------------------------
 
+
 def neutralise(value: Any) -> Any:
     """A text cell a spreadsheet would run as a formula gets a leading ``'``; anything else is returned as is."""
     if isinstance(value, str) and value.lstrip("'").startswith(TRIGGERS) and not _NUMBER.fullmatch(value):
@@ -111,6 +112,7 @@ def to_csv_bytes(df: pd.DataFrame, index: bool = False) -> bytes:
 
 
 # -- the output path and its lock ----------------------------------------------------
+
 
 def check_out(path: Path) -> None:
     """Refuse, before anything is locked, truncated or deleted, an ``--out`` we could not write."""
@@ -180,12 +182,15 @@ class _Lock:
 
     def _held_by_name(self) -> UserError:
         via = "" if self.real == self.path else f" (the file {self.real})"
-        return UserError(f"another sweep is writing {self.path}{via} (lock {self.file} held); "
-                         "wait for it or use another --out")
+        return UserError(
+            f"another sweep is writing {self.path}{via} (lock {self.file} held); wait for it or use another --out"
+        )
 
     def _held_by_link(self) -> UserError:
-        return UserError(f"another sweep is writing {self.path}: the same file is locked under another name "
-                         "(a hard link); wait for it or use another --out")
+        return UserError(
+            f"another sweep is writing {self.path}: the same file is locked under another name "
+            "(a hard link); wait for it or use another --out"
+        )
 
     def _take(self, target: Path, flags: int, held, missing_ok: bool = False) -> int | None:
         """An fd of ``target`` holding its lock (None: ``missing_ok`` and no such file); ``held()`` raised when
@@ -279,6 +284,7 @@ def write_csv(df: pd.DataFrame, path: str | Path, index: bool = False) -> None:
 
 # -- reading back a result file ----------------------------------------------------
 
+
 def _records(text: str) -> tuple[list[list[str]], list[int], bool]:
     """CSV records of ``text``, the character offset where each ends, and whether the text ran out inside one."""
     pos = 0
@@ -328,16 +334,19 @@ def _whole_rows(path: Path, columns: list[str], what: str, data: bytes | None = 
             return [], 0
         raise UserError(f"{path} is not a {what} CSV; use another --out or drop --resume")
     if rows[0] != columns:
-        raise UserError(f"{path} is not a {what} CSV (its header is {','.join(rows[0])[:80]!r}); "
-                        "use another --out or drop --resume")
+        raise UserError(
+            f"{path} is not a {what} CSV (its header is {','.join(rows[0])[:80]!r}); use another --out or drop --resume"
+        )
     for i, r in enumerate(rows[1:], 2):
         if r and len(r) != len(columns):
-            raise UserError(f"{path} record {i} has {len(r)} fields, not {len(columns)}; "
-                            "fix or remove it, or use another --out")
+            raise UserError(
+                f"{path} record {i} has {len(r)} fields, not {len(columns)}; fix or remove it, or use another --out"
+            )
     return [r for r in rows[1:] if r], len(text[: ends[-1]].encode("utf-8"))
 
 
 # -- writing a result file ------------------------------------------------------------
+
 
 class ResultCSV:
     """The CSV one sweep appends its rows to, as a context manager.
@@ -349,8 +358,14 @@ class ResultCSV:
     neutralised, written, flushed and fsynced.
     """
 
-    def __init__(self, path: str | Path | None, columns: list[str], what: str = "sweep",
-                 resume: bool = False, stream: TextIO | None = None):
+    def __init__(
+        self,
+        path: str | Path | None,
+        columns: list[str],
+        what: str = "sweep",
+        resume: bool = False,
+        stream: TextIO | None = None,
+    ):
         self.path = Path(path) if path else None
         self.columns = list(columns)
         self.what = what
@@ -423,4 +438,3 @@ class ResultCSV:
             if self._lock is not None:
                 self._lock.close()
                 self._lock = None
-

@@ -40,20 +40,20 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.runs import engine, methods, rope_pass
-from core.runs.mlm_pass import (  # noqa: F401  the one pass's names, also read as this evaluation's
-    MASK_RATE, MIN_TOKENS, MaskedSequence, Scored, head_logits, mask_tokens, score, sequence)
-from core.values import positions
 from core.data import tasks
-from core.mechanics.attention import ROPE as ROPE_FAMILY
 from core.errors import UserError
+from core.mechanics.attention import ROPE as ROPE_FAMILY
 from core.models import Loaded
+from core.runs import engine, methods, rope_pass
+from core.runs.mlm_pass import MASK_RATE, MIN_TOKENS, MaskedSequence, Scored, head_logits, mask_tokens, score, sequence  # noqa: F401  the one pass's names, also read as this evaluation's
+from core.values import positions
 from core.values.choice import Choice
 from core.values.positions import PLAIN_SCHEME, Scheme
 from core.values.schedule import Schedule
@@ -112,19 +112,24 @@ class MlmPlan:
 def check_model(loaded: Loaded, plan: MlmPlan) -> None:
     """Refuse, before any pass, a model this evaluation cannot read (one line each)."""
     if loaded.seq2seq:
-        raise UserError(f"Model '{loaded.spec.name}' is a {loaded.family} model: mlm evaluates masked-LM encoders "
-                        "(a rotary model such as ModernBERT); T5 models have `perplexity` and `sweep`")
+        raise UserError(
+            f"Model '{loaded.spec.name}' is a {loaded.family} model: mlm evaluates masked-LM encoders "
+            "(a rotary model such as ModernBERT); T5 models have `perplexity` and `sweep`"
+        )
     if plan.cosine_scale is not None and not loaded.cosine:
-        raise UserError(f"--cosine-scale: model '{loaded.spec.name}' has dot-product attention; CosScale s applies to "
-                        "models trained with cosine attention")
+        raise UserError(
+            f"--cosine-scale: model '{loaded.spec.name}' has dot-product attention; CosScale s applies to "
+            "models trained with cosine attention"
+        )
     for scheme in plan.schemes:
         rope_pass.check(loaded, Scheme.of(scheme))
     if loaded.family == ROPE_FAMILY:
         rope_pass.check_rotation(loaded)  # a rotary config its own attention cannot apply: before any pass
 
 
-def resolve(loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Document,
-            cache: dict, scheme: Scheme = PLAIN_SCHEME) -> tuple[Schedule, dict]:
+def resolve(
+    loaded: Loaded, plan: MlmPlan, n: int, method: str, doc: tasks.Document, cache: dict, scheme: Scheme = PLAIN_SCHEME
+) -> tuple[Schedule, dict]:
     """``(schedule, outcome)`` of ``method`` at length ``n`` under the position scheme ``scheme``. A measured one is resolved once per length and scheme on calibration
     sequences (seeds ``calib_seed + n`` on) under the plan's CosScale s and that scheme (its passes at L and at
     L_tr each bind it at their own length), and cached; ``outcome`` holds a search's ``reached`` and ``gap``
@@ -162,8 +167,15 @@ def run_mlm(loaded: Loaded, plan: MlmPlan, progress: Callable[[int, int], None] 
     return [{k: r[k] for k in ROW_KEYS} for r in run_mlm_sweep(loaded, plan, progress=progress)]
 
 
-def cell(loaded: Loaded, plan: MlmPlan, n: int, scheme: Scheme, method: str, cache: dict,
-         step: Callable[[int], None] | None = None) -> dict:
+def cell(
+    loaded: Loaded,
+    plan: MlmPlan,
+    n: int,
+    scheme: Scheme,
+    method: str,
+    cache: dict,
+    step: Callable[[int], None] | None = None,
+) -> dict:
     """One cell's row (:data:`COLUMNS`): the plan's sequences at ``n`` tokens scored under the scheme ``scheme``
     and ``method``. What every row comes from, here and on a Ray actor.
 
@@ -178,24 +190,36 @@ def cell(loaded: Loaded, plan: MlmPlan, n: int, scheme: Scheme, method: str, cac
     first, masked = cache[("sequences", n)]
     factor = rope_pass.attention_factor(loaded, rope_pass.bound(loaded, scheme, max(m.n for m in masked)))
     tau, outcome = resolve(loaded, plan, n, method, first, cache, scheme)
-    choice = Choice(tau=tau, cosine_scale=None if plan.cosine_scale is None else float(plan.cosine_scale),
-                    scheme=scheme)
+    choice = Choice(
+        tau=tau, cosine_scale=None if plan.cosine_scale is None else float(plan.cosine_scale), scheme=scheme
+    )
     t0 = time.perf_counter()
     count, correct, nll = 0, 0, 0.0
     for b in range(0, len(masked), plan.batch_size):
         if cancelled():  # the driver was stopped: free this actor for its next run
             raise Cancelled
-        s = score(loaded, masked[b:b + plan.batch_size], choice)
+        s = score(loaded, masked[b : b + plan.batch_size], choice)
         count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
         if step:
-            step(len(masked[b:b + plan.batch_size]))
+            step(len(masked[b : b + plan.batch_size]))
     return {
-        "model": loaded.spec.name, "tokens": n, "actual_tokens": int(round(np.mean([m.n for m in masked]))),
-        "train_length": loaded.train_length, "scheme": scheme.name,
-        "scheme_params": scheme.params_text(), "attention_factor": round(factor, 6),
-        "method": methods.cell_text(method, plan.params), "tau": round(tau.mean(n), 6), "cosine_scale": _cosine(loaded, plan),
-        "accuracy": correct / count, "perplexity": math.exp(nll / count), "nll": nll, "masked": count,
-        "sequences": len(masked), "first_seed": plan.seed, "seconds": round(time.perf_counter() - t0, 3),
+        "model": loaded.spec.name,
+        "tokens": n,
+        "actual_tokens": int(round(np.mean([m.n for m in masked]))),
+        "train_length": loaded.train_length,
+        "scheme": scheme.name,
+        "scheme_params": scheme.params_text(),
+        "attention_factor": round(factor, 6),
+        "method": methods.cell_text(method, plan.params),
+        "tau": round(tau.mean(n), 6),
+        "cosine_scale": _cosine(loaded, plan),
+        "accuracy": correct / count,
+        "perplexity": math.exp(nll / count),
+        "nll": nll,
+        "masked": count,
+        "sequences": len(masked),
+        "first_seed": plan.seed,
+        "seconds": round(time.perf_counter() - t0, 3),
         **outcome,
     }
 
@@ -214,13 +238,23 @@ def cells(plan: MlmPlan) -> list[tuple[int, str, str]]:
 
 def cell_key(model: str, n: int, scheme: Scheme, method: str, plan: MlmPlan, cosine: float | None) -> tuple:
     """A cell's resume key (:data:`KEY`), as :func:`row_key` reads it from a written row."""
-    return row_key({"model": model, "tokens": n, "scheme": scheme.name, "scheme_params": scheme.params_text(),
-                    "method": methods.cell_text(method, plan.params), "cosine_scale": cosine, "sequences": plan.sequences,
-                    "first_seed": plan.seed})
+    return row_key(
+        {
+            "model": model,
+            "tokens": n,
+            "scheme": scheme.name,
+            "scheme_params": scheme.params_text(),
+            "method": methods.cell_text(method, plan.params),
+            "cosine_scale": cosine,
+            "sequences": plan.sequences,
+            "first_seed": plan.seed,
+        }
+    )
 
 
 def row_key(row: dict) -> tuple:
     """The :data:`KEY` of a row, from the run (typed) or from the CSV (text, restored by :mod:`core.experiments.csvio`)."""
+
     def norm(k: str, v) -> str:
         if k in ("tokens", "sequences", "first_seed"):
             return str(int(float(v)))
@@ -228,14 +262,17 @@ def row_key(row: dict) -> tuple:
             return "" if v is None or v == "" else f"{float(v):g}"
         if k == "scheme_params":  # in the one spelling, whichever spelling wrote it (older rows: "factor=2")
             params = str(v or "")
-            return Scheme.of(f"{row['scheme']}{positions.SPEC_SEP}{params}" if params else str(row["scheme"])).params_text()
+            return Scheme.of(
+                f"{row['scheme']}{positions.SPEC_SEP}{params}" if params else str(row["scheme"])
+            ).params_text()
         return str(v)
 
     try:
         return tuple(norm(k, row[k]) for k in KEY)
     except (KeyError, ValueError) as err:
-        raise UserError(f"the --out file holds a row that is not an mlm row ({err}); use another --out or drop "
-                        "--resume") from None
+        raise UserError(
+            f"the --out file holds a row that is not an mlm row ({err}); use another --out or drop --resume"
+        ) from None
 
 
 def run_mlm_sweep(
@@ -259,8 +296,7 @@ def run_mlm_sweep(
     :func:`cell`, as here, and are written here: the one writer). A job that fails twice goes to ``report``
     (default stderr) and the run goes on; ``--resume`` runs its cell again. ``progress(done, total)`` counts
     sequences (per batch here, per cell from a pool); ``should_stop()`` is polled between cells."""
-    from core.experiments import cluster
-    from core.experiments import csvio
+    from core.experiments import cluster, csvio
     from core.experiments.sweep import typed_rows  # a resumed CSV's rows typed as pandas reads them, as sweeps resume
 
     plan = plan.validated()
@@ -278,7 +314,9 @@ def run_mlm_sweep(
     with csvio.ResultCSV(path, list(COLUMNS), "mlm", resume=resume) as sink:
         done_keys = {row_key(r) for r in sink.rows}
         rows: list[dict] = typed_rows(path) if sink.rows else []
-        todo = [(i, c) for i, c in enumerate(cells(plan)) if cell_key(loaded.spec.name, *c, plan, cosine) not in done_keys]
+        todo = [
+            (i, c) for i, c in enumerate(cells(plan)) if cell_key(loaded.spec.name, *c, plan, cosine) not in done_keys
+        ]
         count = (len(cells(plan)) - len(todo)) * plan.sequences
         if progress:
             progress(count, total)
@@ -294,8 +332,17 @@ def run_mlm_sweep(
             if progress:
                 progress(count, total)
 
-        jobs = [cluster.Job(_cell_job, (plan, i, n, spec, m, {}), f"mlm at {n:,} tokens, scheme {spec}, method {m}",
-                            passes=((plan.sequences, n),), model=model, tag=i) for i, (n, spec, m) in todo]
+        jobs = [
+            cluster.Job(
+                _cell_job,
+                (plan, i, n, spec, m, {}),
+                f"mlm at {n:,} tokens, scheme {spec}, method {m}",
+                passes=((plan.sequences, n),),
+                model=model,
+                tag=i,
+            )
+            for i, (n, spec, m) in todo
+        ]
         track.start(len(jobs), len(jobs), None, pool.where if pool is not None else "in this process")
         if pool is None:
             shared: dict = {}  # one cache for every local cell: a length's sequences and the resolved taus
@@ -308,9 +355,11 @@ def run_mlm_sweep(
                 write(*result)
                 track.advance(1, 1)
 
-            cluster.run_local((replace(j, fn=here, payload=(j.tag, *j.payload[2:5])) for j in jobs), loaded, on_local,
-                              should_stop)
+            cluster.run_local(
+                (replace(j, fn=here, payload=(j.tag, *j.payload[2:5])) for j in jobs), loaded, on_local, should_stop
+            )
         else:
+
             def on_done(job: cluster.Job, result: tuple[int, dict]) -> list:
                 write(*result)
                 step(plan.sequences)
@@ -332,8 +381,26 @@ def _cosine(loaded: Loaded, plan: MlmPlan) -> float | None:
 
 
 #: The keys of every row :func:`run_mlm` returns (the CLI's ``mlm --json`` contract).
-ROW_KEYS = ("tokens", "actual_tokens", "train_length", "scheme", "scheme_params", "attention_factor", "method", "tau",
-            "cosine_scale", "accuracy", "perplexity", "nll", "masked", "sequences", "first_seed", "seconds", "reached", "gap")
+ROW_KEYS = (
+    "tokens",
+    "actual_tokens",
+    "train_length",
+    "scheme",
+    "scheme_params",
+    "attention_factor",
+    "method",
+    "tau",
+    "cosine_scale",
+    "accuracy",
+    "perplexity",
+    "nll",
+    "masked",
+    "sequences",
+    "first_seed",
+    "seconds",
+    "reached",
+    "gap",
+)
 #: The columns of an ``mlm --out`` CSV: the model, then a row's keys.
 COLUMNS = ("model",) + ROW_KEYS
 #: What makes a row one cell (``--resume`` skips the cells a CSV holds): the model, the length, the scheme and its
@@ -343,5 +410,10 @@ KEY = ("model", "tokens", "scheme", "scheme_params", "method", "cosine_scale", "
 
 def summary(loaded: Loaded, plan: MlmPlan, rows: list[dict]) -> dict:
     """The CLI's ``mlm --json`` object: the model, its L_tr, the masking rate and the rows."""
-    return {"model": loaded.spec.name, "family": loaded.family, "train_length": loaded.train_length,
-            "mask_rate": plan.rate, "rows": rows}
+    return {
+        "model": loaded.spec.name,
+        "family": loaded.family,
+        "train_length": loaded.train_length,
+        "mask_rate": plan.rate,
+        "rows": rows,
+    }

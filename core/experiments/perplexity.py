@@ -41,30 +41,46 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, ContextManager
 
 import numpy as np
 import pandas as pd
 
-from core.experiments import csvio
-from core.runs import engine, methods
 from core.data import tasks
-from core.kinds import ENCODER
-from core.errors import UserError
-from core.runs.methods import method_label
-from core.models import Loaded
 from core.data.tasks.lm import COPY_KINDS, COPY_MIXED, COPY_ROOM, COPY_WITH, COPY_WITHOUT  # the kinds: the CLI's too
-from core.mechanics.probes import ProbeSpec
+from core.errors import UserError
+from core.experiments import csvio
 from core.experiments.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
-from core.values.validation import NewTokens, held_out_plan
-from core.values.choice import Choice
+from core.kinds import ENCODER
+from core.mechanics.probes import ProbeSpec
 from core.mechanics.run_pass import Pass
+from core.models import Loaded
+from core.runs import engine, methods
+from core.runs.methods import method_label
+from core.values.choice import Choice
+from core.values.validation import NewTokens, held_out_plan
 
 COLUMNS = [
-    "model", "task", "tokens", "actual_tokens", "train_length", "method", "copy", "tau", "perplexity", "nll",
-    "scored_tokens", "sequences", "first_seed", "last_seed", "seconds", "reached", "gap",
+    "model",
+    "task",
+    "tokens",
+    "actual_tokens",
+    "train_length",
+    "method",
+    "copy",
+    "tau",
+    "perplexity",
+    "nll",
+    "scored_tokens",
+    "sequences",
+    "first_seed",
+    "last_seed",
+    "seconds",
+    "reached",
+    "gap",
 ]
 KEY = ("model", "tokens", "method", "copy")
 #: The ``copy`` field of ``perplexity --json`` rows: null (mixed), true, false.
@@ -102,14 +118,25 @@ class PerplexityPlan:
         """This plan with methods as labels and every bound checked, or a :class:`UserError` naming the option."""
         bad = [c for c in self.copies if c not in COPY_KINDS]
         if bad or not self.copies:
-            raise UserError(f"Bad perplexity option: copies wants some of {', '.join(COPY_KINDS)}, got {list(self.copies)!r}")
+            raise UserError(
+                f"Bad perplexity option: copies wants some of {', '.join(COPY_KINDS)}, got {list(self.copies)!r}"
+            )
         plan = held_out_plan(self, "Bad perplexity option", method_label, continuation=NewTokens)
-        plan = replace(plan, copies=tuple(dict.fromkeys(self.copies)),
-                       params=methods.check_params(self.params, plan.methods, "Bad perplexity option"))
+        plan = replace(
+            plan,
+            copies=tuple(dict.fromkeys(self.copies)),
+            params=methods.check_params(self.params, plan.methods, "Bad perplexity option"),
+        )
         last = plan.seed + COPY_SEARCH * plan.sequences
-        if set(plan.copies) - {COPY_MIXED} and plan.seed < plan.calib_seed + plan.calib_samples and plan.calib_seed < last:
-            raise UserError(f"Bad perplexity option: calibration seeds {plan.calib_seed}.. overlap the seeds searched for "
-                            f"sequences with a copy ({plan.seed}..{last - 1}); no method may be tuned on what it is scored on")
+        if (
+            set(plan.copies) - {COPY_MIXED}
+            and plan.seed < plan.calib_seed + plan.calib_samples
+            and plan.calib_seed < last
+        ):
+            raise UserError(
+                f"Bad perplexity option: calibration seeds {plan.calib_seed}.. overlap the seeds searched for "
+                f"sequences with a copy ({plan.seed}..{last - 1}); no method may be tuned on what it is scored on"
+            )
         return plan
 
 
@@ -117,9 +144,11 @@ def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan, copy: str = COP
     """The cell's held-out sequences at ``tokens``: seeds ``plan.seed`` on, all of them (``copy`` mixed), or
     the first ``plan.sequences`` with an earlier copy, with it (``"with"``) or without it (``"without"``);
     a :class:`UserError` when too few seeds have a copy at this length (a prefix too short to hold one)."""
+
     def make(seed: int, **kw) -> tasks.Document:
-        return tasks.make(tasks.LM, loaded.tokenizer, tokens, seed=seed, haystack=plan.haystack,
-                          continuation=plan.continuation, **kw)
+        return tasks.make(
+            tasks.LM, loaded.tokenizer, tokens, seed=seed, haystack=plan.haystack, continuation=plan.continuation, **kw
+        )
 
     if copy == COPY_MIXED:
         return [make(plan.seed + i) for i in range(plan.sequences)]
@@ -131,14 +160,22 @@ def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan, copy: str = COP
             if len(found) == plan.sequences:
                 break
     else:
-        raise UserError(f"only {len(found)} of seeds {plan.seed}..{plan.seed + COPY_SEARCH * plan.sequences - 1} hold an "
-                        f"earlier copy at {tokens} tokens, fewer than the {plan.sequences} sequences asked for "
-                        f"(a copy needs about {COPY_ROOM + 8} prefix tokens)")
+        raise UserError(
+            f"only {len(found)} of seeds {plan.seed}..{plan.seed + COPY_SEARCH * plan.sequences - 1} hold an "
+            f"earlier copy at {tokens} tokens, fewer than the {plan.sequences} sequences asked for "
+            f"(a copy needs about {COPY_ROOM + 8} prefix tokens)"
+        )
     return found if copy == COPY_WITH else [make(d.seed, repeat=0.0) for d in found]
 
 
-def score(loaded: Loaded, docs: list[tasks.Document], choice: Choice, batch_size: int = 8,
-          encoded: list[engine.Encoded] | None = None, step: Callable[[int], None] | None = None) -> dict:
+def score(
+    loaded: Loaded,
+    docs: list[tasks.Document],
+    choice: Choice,
+    batch_size: int = 8,
+    encoded: list[engine.Encoded] | None = None,
+    step: Callable[[int], None] | None = None,
+) -> dict:
     """Perplexity of ``docs`` under ``choice`` (no probes, no generation: the teacher-forced continuation only):
     ``{"perplexity", "nll", "scored_tokens", "actual_tokens", "seconds"}``.
 
@@ -150,15 +187,20 @@ def score(loaded: Loaded, docs: list[tasks.Document], choice: Choice, batch_size
     t0 = time.perf_counter()
     nll, count = 0.0, 0
     for b in range(0, len(docs), batch_size):
-        for r in engine.run_encoded(loaded, docs[b:b + batch_size], encs[b:b + batch_size], choice, how):
+        for r in engine.run_encoded(loaded, docs[b : b + batch_size], encs[b : b + batch_size], choice, how):
             nll += r.nll
             count += r.scored_tokens
         if step:
-            step(len(docs[b:b + batch_size]))
+            step(len(docs[b : b + batch_size]))
     if not count:
         raise UserError("no continuation tokens were scored")
-    return {"perplexity": math.exp(nll / count), "nll": nll, "scored_tokens": count,
-            "actual_tokens": int(round(np.mean([e.n for e in encs]))), "seconds": time.perf_counter() - t0}
+    return {
+        "perplexity": math.exp(nll / count),
+        "nll": nll,
+        "scored_tokens": count,
+        "actual_tokens": int(round(np.mean([e.n for e in encs]))),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def run_perplexity(
@@ -181,15 +223,20 @@ def run_perplexity(
         engine.check_length(loaded, max(plan.lengths), plan.batch_size)
     path = Path(out) if out else None
     with csvio.ResultCSV(path, COLUMNS, "perplexity", resume=resume) as sink:
-        done_keys = {(r["model"], str(int(float(r["tokens"]))), r["method"], r.get("copy") or COPY_MIXED)
-                     for r in sink.rows}
+        done_keys = {
+            (r["model"], str(int(float(r["tokens"]))), r["method"], r.get("copy") or COPY_MIXED) for r in sink.rows
+        }
         rows: list[dict] = typed_rows(path) if sink.rows else []
         taus: dict = {}
         done = 0
         if progress:
             progress(0, plan.total, None)
         for n, copy in ((n, c) for n in plan.lengths for c in plan.copies):
-            todo = [m for m in plan.methods if (plan.model, str(n), methods.cell_text(m, plan.params), copy) not in done_keys]
+            todo = [
+                m
+                for m in plan.methods
+                if (plan.model, str(n), methods.cell_text(m, plan.params), copy) not in done_keys
+            ]
             done += (len(plan.methods) - len(todo)) * plan.sequences
             if not todo:
                 continue
@@ -207,15 +254,26 @@ def run_perplexity(
 
                 with guard():
                     tau, outcome = resolve_for(loaded, plan, n, m, docs[0], taus)
-                    cell = score(loaded, docs, Choice.of(tau=tau, method=m, targets=plan.targets), plan.batch_size, encs,
-                                 step)
+                    cell = score(
+                        loaded, docs, Choice.of(tau=tau, method=m, targets=plan.targets), plan.batch_size, encs, step
+                    )
                 row = {
-                    "model": plan.model, "task": tasks.LM, "tokens": n, "actual_tokens": cell["actual_tokens"],
-                    "train_length": loaded.train_length, "method": methods.cell_text(m, plan.params), "copy": copy, "tau": round(tau.mean(n), 6),
-                    "perplexity": round(cell["perplexity"], 4), "nll": round(cell["nll"], 4),
-                    "scored_tokens": cell["scored_tokens"], "sequences": len(docs), "first_seed": docs[0].seed,
+                    "model": plan.model,
+                    "task": tasks.LM,
+                    "tokens": n,
+                    "actual_tokens": cell["actual_tokens"],
+                    "train_length": loaded.train_length,
+                    "method": methods.cell_text(m, plan.params),
+                    "copy": copy,
+                    "tau": round(tau.mean(n), 6),
+                    "perplexity": round(cell["perplexity"], 4),
+                    "nll": round(cell["nll"], 4),
+                    "scored_tokens": cell["scored_tokens"],
+                    "sequences": len(docs),
+                    "first_seed": docs[0].seed,
                     "last_seed": docs[-1].seed,
-                    "seconds": round(cell["seconds"], 3), **outcome,
+                    "seconds": round(cell["seconds"], 3),
+                    **outcome,
                 }
                 rows.append(row)
                 sink.write(row)
@@ -241,8 +299,22 @@ def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
     """The CLI's ``perplexity --json`` object (a stable contract): the model, L_tr and the rows; each row's
     ``copy`` says which sequences it scored (true: with an earlier copy, false: the same seeds without, null:
     the held-out mix)."""
-    keep = ["tokens", "actual_tokens", "train_length", "method", "tau", "perplexity", "nll", "scored_tokens",
-            "sequences", "first_seed", "last_seed", "seconds", "reached", "gap"]
+    keep = [
+        "tokens",
+        "actual_tokens",
+        "train_length",
+        "method",
+        "tau",
+        "perplexity",
+        "nll",
+        "scored_tokens",
+        "sequences",
+        "first_seed",
+        "last_seed",
+        "seconds",
+        "reached",
+        "gap",
+    ]
     out = []
     for r in df.to_dict("records"):
         row = {k: (r[k].item() if hasattr(r[k], "item") else r[k]) for k in keep}

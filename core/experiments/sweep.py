@@ -25,29 +25,45 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from core.experiments import csvio
-from core.runs import engine, methods, timing
 from core.data import tasks
-from core.runs.methods import method_label
-from core.values.validation import Depth, Samples, Seed, Tokens, validate
 from core.errors import UserError
-from core.models import Loaded
+from core.experiments import csvio
 from core.mechanics.probes import ProbeSpec
-from core.values.schedule import Schedule
+from core.models import Loaded
+from core.runs import engine, methods, timing
+from core.runs.methods import method_label
 from core.values.choice import Choice
+from core.values.schedule import Schedule
+from core.values.validation import Depth, Samples, Seed, Tokens, validate
 
 if TYPE_CHECKING:  # Ray and the pool are imported only when a sweep runs on them
     from core.experiments import cluster
 
 COLUMNS = [
-    "model", "task", "tokens", "actual_tokens", "depth", "seed", "method", "tau",
-    "answer", "expected", "correct", "pmax", "entropy", "seconds", "reached", "gap",
+    "model",
+    "task",
+    "tokens",
+    "actual_tokens",
+    "depth",
+    "seed",
+    "method",
+    "tau",
+    "answer",
+    "expected",
+    "correct",
+    "pmax",
+    "entropy",
+    "seconds",
+    "reached",
+    "gap",
 ]
 #: Columns a search fills (Algorithm 1 and its per-layer, per-head and refined kin: did its curve reach the
 #: L_tr reference, and S_ex - S_tr at the pick, both from the calibration documents); empty for other methods.
@@ -92,9 +108,11 @@ class SweepPlan:
             raise UserError(f"Bad sweep option: {err}") from None
         where = "Bad sweep option"  # the bounds every entry point uses (core.values.validation)
         return replace(
-            self, lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"),
+            self,
+            lengths=validate(list[Tokens], self.lengths, f"{where}: lengths"),
             depths=validate(list[Depth], self.depths, f"{where}: depths"),
-            seeds=validate(list[Seed], self.seeds, f"{where}: seeds"), methods=names,
+            seeds=validate(list[Seed], self.seeds, f"{where}: seeds"),
+            methods=names,
             calib_samples=validate(Samples, self.calib_samples, f"{where}: calib_samples"),
             calib_seed=validate(Seed, self.calib_seed, f"{where}: calib_seed"),
             params=methods.check_params(self.params, names, where),
@@ -106,7 +124,9 @@ def _done_keys(rows: list[dict[str, str]], path: Path | None) -> set[tuple]:
     try:
         return {tuple(_norm(k, r[k]) for k in KEY) for r in rows}
     except ValueError as err:
-        raise UserError(f"{path} holds a row that is not a sweep row ({err}); use another --out or drop --resume") from None
+        raise UserError(
+            f"{path} holds a row that is not a sweep row ({err}); use another --out or drop --resume"
+        ) from None
 
 
 def _norm(k: str, v) -> str:
@@ -194,7 +214,9 @@ def run_sweep(
                         if progress:
                             progress(i + 1, plan.total, None)
                         continue
-                    yield cluster.Job(_cells_job, (plan, n, m, [(i, depth, seed)], taus), _label(plan, n, m, [(i, depth, seed)]))
+                    yield cluster.Job(
+                        _cells_job, (plan, n, m, [(i, depth, seed)], taus), _label(plan, n, m, [(i, depth, seed)])
+                    )
 
             def on_local(job: cluster.Job, result: list[tuple[int, dict]]) -> None:
                 for index, row in result:
@@ -216,7 +238,10 @@ def run_sweep(
                 track.advance(1, 0)
                 out = held.pop(job.tag, [])
                 for j in out:
-                    j.payload = (*j.payload[:4], {job.tag: result})  # (schedule, search outcome), as _resolve_for caches
+                    j.payload = (
+                        *j.payload[:4],
+                        {job.tag: result},
+                    )  # (schedule, search outcome), as _resolve_for caches
                 return out
             for index, row in result:
                 write(index, row)
@@ -245,12 +270,15 @@ def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]])
     depths = sorted({d for _, d, _ in cells})
     seeds = sorted({s for _, _, s in cells})
     span = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
-    return (f"{plan.task} at {n:,} tokens, method {methods.cell_text(m, plan.params)}, depth{'s' if len(depths) > 1 else ''} "
-            f"{','.join(f'{d:g}' for d in depths)}, {span} ({len(cells)} row{'s' if len(cells) != 1 else ''})")
+    return (
+        f"{plan.task} at {n:,} tokens, method {methods.cell_text(m, plan.params)}, depth{'s' if len(depths) > 1 else ''} "
+        f"{','.join(f'{d:g}' for d in depths)}, {span} ({len(cells)} row{'s' if len(cells) != 1 else ''})"
+    )
 
 
-def _jobs(loaded: Loaded, plan: SweepPlan, todo: list[tuple[int, tuple]], workers: int,
-          model: "cluster.ModelRef | None") -> list["cluster.Job"]:
+def _jobs(
+    loaded: Loaded, plan: SweepPlan, todo: list[tuple[int, tuple]], workers: int, model: "cluster.ModelRef | None"
+) -> list["cluster.Job"]:
     """The cells still to run as Ray jobs: per (length, method), slices of documents; a measured method's
     calibration at that length is a job its slices wait for (they get its tau, ``tag`` = (length, method)).
 
@@ -263,15 +291,36 @@ def _jobs(loaded: Loaded, plan: SweepPlan, todo: list[tuple[int, tuple]], worker
     size = cluster.chunk_size(len(todo), workers)
     jobs: list[cluster.Job] = []
     for (n, m), cells in groups.items():
-        slices = [cluster.Job(_cells_job, (plan, n, m, part, {}), _label(plan, n, m, part),
-                              passes=((len(part), n),), answers=((len(part), n),), model=model, tag=(n, m))
-                  for part in cluster.chunks(cells, size)]
+        slices = [
+            cluster.Job(
+                _cells_job,
+                (plan, n, m, part, {}),
+                _label(plan, n, m, part),
+                passes=((len(part), n),),
+                answers=((len(part), n),),
+                model=model,
+                tag=(n, m),
+            )
+            for part in cluster.chunks(cells, size)
+        ]
         if m in methods.MEASURED:
-            passes = tuple(timing.sweep_passes([n], 0, methods.costs([m], loaded.n_layers, loaded.n_heads, plan.calib_samples),
-                                               loaded.train_length))
-            jobs.append(cluster.Job(_calibrate_job, (plan, n, m), f"calibrating {m} at {n:,} tokens",
-                                    passes=passes, unlocks=sum(j.cost for j in slices), model=model,
-                                    kind="calibrate", tag=(n, m)))
+            passes = tuple(
+                timing.sweep_passes(
+                    [n], 0, methods.costs([m], loaded.n_layers, loaded.n_heads, plan.calib_samples), loaded.train_length
+                )
+            )
+            jobs.append(
+                cluster.Job(
+                    _calibrate_job,
+                    (plan, n, m),
+                    f"calibrating {m} at {n:,} tokens",
+                    passes=passes,
+                    unlocks=sum(j.cost for j in slices),
+                    model=model,
+                    kind="calibrate",
+                    tag=(n, m),
+                )
+            )
         jobs += slices
     return jobs
 
@@ -298,13 +347,28 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
         tau, outcome = resolve_for(loaded, plan, n, m, doc, cache)
         res = engine.run(loaded, doc, Choice.of(tau=tau, method=m), engine.Pass(probes=ProbeSpec.stats_only()))
-        out.append((index, {
-            "model": plan.model, "task": plan.task, "tokens": n, "actual_tokens": res.tokens,
-            "depth": depth, "seed": seed, "method": methods.cell_text(m, plan.params),
-            "tau": tau.mean(res.tokens), "answer": res.answer, "expected": res.expected,
-            "correct": bool(res.correct), "pmax": round(res.pmax, 5), "entropy": round(res.entropy, 5),
-            "seconds": round(res.seconds["total"], 4), **outcome,
-        }))
+        out.append(
+            (
+                index,
+                {
+                    "model": plan.model,
+                    "task": plan.task,
+                    "tokens": n,
+                    "actual_tokens": res.tokens,
+                    "depth": depth,
+                    "seed": seed,
+                    "method": methods.cell_text(m, plan.params),
+                    "tau": tau.mean(res.tokens),
+                    "answer": res.answer,
+                    "expected": res.expected,
+                    "correct": bool(res.correct),
+                    "pmax": round(res.pmax, 5),
+                    "entropy": round(res.entropy, 5),
+                    "seconds": round(res.seconds["total"], 4),
+                    **outcome,
+                },
+            )
+        )
     return out
 
 
@@ -312,8 +376,14 @@ def _check_task(loaded: Loaded, plan: SweepPlan) -> None:
     """Build the shortest document once, so an unknown task or haystack, or a length too short for the task,
     is refused before the CSV is touched (a longer document only has more filler)."""
     try:
-        tasks.make(plan.task, loaded.tokenizer, min(plan.lengths), depth=plan.depths[0], seed=plan.seeds[0],
-                   haystack=plan.haystack)
+        tasks.make(
+            plan.task,
+            loaded.tokenizer,
+            min(plan.lengths),
+            depth=plan.depths[0],
+            seed=plan.seeds[0],
+            haystack=plan.haystack,
+        )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
 
@@ -323,8 +393,9 @@ def typed_rows(path: Path) -> list[dict]:
     return csvio.restore_frame(pd.read_csv(path, keep_default_na=False)).to_dict("records")
 
 
-def resolve_for(loaded: Loaded, plan, n: int, method: str, doc: tasks.Document | None,
-                cache: dict) -> tuple[Schedule, dict]:
+def resolve_for(
+    loaded: Loaded, plan, n: int, method: str, doc: tasks.Document | None, cache: dict
+) -> tuple[Schedule, dict]:
     """``(schedule, {"reached", "gap"})`` of a method at length n; a measured one resolved once per length on
     calibration documents (seeds disjoint from the test seeds) and cached as that pair. ``reached`` / ``gap``
     are those of its search (:meth:`core.runs.temperature.Calibration.to_dict`), empty strings for a method that
@@ -335,9 +406,12 @@ def resolve_for(loaded: Loaded, plan, n: int, method: str, doc: tasks.Document |
         tau, info = methods.resolve(loaded, doc, name, value, params=methods.own_params(name, plan.params))
         return tau, _outcome(info)
     if (n, method) not in cache:
-        calib_doc = tasks.make(plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack)
-        tau, info = methods.resolve(loaded, calib_doc, method, samples=plan.calib_samples,
-                                    params=methods.own_params(name, plan.params))
+        calib_doc = tasks.make(
+            plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack
+        )
+        tau, info = methods.resolve(
+            loaded, calib_doc, method, samples=plan.calib_samples, params=methods.own_params(name, plan.params)
+        )
         cache[(n, method)] = (tau, _outcome(info))
     return cache[(n, method)]
 

@@ -62,20 +62,20 @@ import contextvars
 import functools
 import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from transformers.masking_utils import sdpa_mask
-
-from core.values import positions as rope_positions
-from core.mechanics import patches, softmax_block
-from core.mechanics.patches import configs, point, point_back, set_implementation  # noqa: F401  read here too
 from core.errors import UserError
 from core.kinds import ATTN_NAME, CROSS, DECODER, ENCODER
+from core.mechanics import patches, softmax_block
+from core.mechanics.patches import configs, point, point_back, set_implementation  # noqa: F401  read here too
 from core.mechanics.run_pass import DEFAULT_PASS, Pass
+from core.values import positions as rope_positions
 from core.values.choice import TRAINED, Choice
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,7 +98,6 @@ default_chunk_bytes = softmax_block.default_chunk_bytes
 #: blocked softmax avoids, so past this a clear :class:`~core.errors.UserError` beats running out
 #: of memory halfway; probes (:mod:`core.mechanics.probes`) give the same numbers at any length.
 MAX_WEIGHT_BYTES = 2**30
-
 
 
 @dataclass
@@ -190,8 +189,9 @@ def standing(choice: Choice, how: Pass = DEFAULT_PASS, recorder: "Recorder | Non
     transformers dispatches every call (the config's ``attn_implementation``), and the model's modules stay as
     loaded; ``save_pretrained`` writes no private config field, so nothing of ours is saved either."""
     name = f"{ATTN_NAME}@{next(_SERIAL)}"
-    patches.register_name(name, functools.partial(aligned_attention, standing=_Call(choice, how, recorder)),
-                          compact_mask)
+    patches.register_name(
+        name, functools.partial(aligned_attention, standing=_Call(choice, how, recorder)), compact_mask
+    )
     return name
 
 
@@ -267,15 +267,29 @@ def _decoder_attention_classes() -> tuple[type, ...]:
     """The attention classes of the ``decoder`` family (:data:`FAMILIES`), imported when asked."""
     import importlib
 
-    names = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma2",
-             "phi3": "Phi3", "gpt_oss": "GptOss"}
-    return tuple(getattr(importlib.import_module(f"transformers.models.{t}.modeling_{t}"), f"{names[t]}Attention")
-                 for t in FAMILIES[CAUSAL_LM])
+    names = {
+        "llama": "Llama",
+        "mistral": "Mistral",
+        "qwen2": "Qwen2",
+        "qwen3": "Qwen3",
+        "gemma2": "Gemma2",
+        "phi3": "Phi3",
+        "gpt_oss": "GptOss",
+    }
+    return tuple(
+        getattr(importlib.import_module(f"transformers.models.{t}.modeling_{t}"), f"{names[t]}Attention")
+        for t in FAMILIES[CAUSAL_LM]
+    )
 
 
 @contextlib.contextmanager
-def attention_call(choice: Choice | None = None, how: Pass | None = None, recorder: "Recorder | None" = None, *,
-                   lengths: tuple[int, int] | None = None) -> Iterator[None]:
+def attention_call(
+    choice: Choice | None = None,
+    how: Pass | None = None,
+    recorder: "Recorder | None" = None,
+    *,
+    lengths: tuple[int, int] | None = None,
+) -> Iterator[None]:
     """Run the enclosed forward passes with ``choice`` (None: the model as trained) and ``how`` (None: the
     default :class:`~core.mechanics.run_pass.Pass`) and feed ``recorder``; ``lengths``: ``(train length, tokens)``
     at which the call binds the choice's position scheme (:class:`_Call`; :func:`core.runs.rope_pass.scheme_pass`
@@ -289,8 +303,9 @@ def attention_call(choice: Choice | None = None, how: Pass | None = None, record
     if not isinstance(choice, Choice):
         raise TypeError("attention_call's choice must be a core.values.choice.Choice (Choice.of at the edge)")
     if not isinstance(how, Pass):
-        raise TypeError("attention_call's how must be a core.mechanics.run_pass.Pass (the recorder is the third "
-                        "argument)")
+        raise TypeError(
+            "attention_call's how must be a core.mechanics.run_pass.Pass (the recorder is the third argument)"
+        )
     token = _CURRENT.set(_Call(choice, how, recorder, lengths))
     try:
         yield
@@ -309,8 +324,11 @@ def served_by_us(model: torch.nn.Module) -> bool:
     (:func:`core.models.loading.load`), it makes such a run an error instead of a wrong answer."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     ids = torch.tensor([[4, 5, 6, 1]], device=device)
-    encoder = model.get_encoder() if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder",
-                                                                                 False) else model
+    encoder = (
+        model.get_encoder()
+        if hasattr(model, "get_encoder") and getattr(model.config, "is_encoder_decoder", False)
+        else model
+    )
     counter = [0]
     token = _SERVED.set(counter)
     try:
@@ -346,7 +364,8 @@ def _check_probes(recorder: "Recorder", module: torch.nn.Module) -> None:
         raise UserError(
             f"This decoder-only model ({type(module).__name__}) has one attention, its causal self-attention "
             f"('{DECODER}'): the probes {', '.join(other[:4])} name attentions it does not have and would come back "
-            f"empty; ask for '{DECODER}.*' probes, e.g. ProbeSpec.of('{DECODER}.*.pmax', '{DECODER}.*.entropy').")
+            f"empty; ask for '{DECODER}.*' probes, e.g. ProbeSpec.of('{DECODER}.*.pmax', '{DECODER}.*.entropy')."
+        )
 
 
 def _check_targets(call: _Call, module: torch.nn.Module) -> None:
@@ -360,11 +379,13 @@ def _check_targets(call: _Call, module: torch.nn.Module) -> None:
     raise UserError(
         f"This decoder-only model ({name}) has one attention, its causal self-attention ('{DECODER}'), and the "
         f"run's targets ({', '.join(choice.targets) or 'none'}) do not name it, so tau would change nothing: "
-        f"give targets=('{DECODER}',) (core.runs.apply does when no targets are given).")
+        f"give targets=('{DECODER}',) (core.runs.apply does when no targets are given)."
+    )
 
 
-def _layer_tau(call: _Call, kind: str, layer: int, n_heads: int, device, dtype, q_len: int = 1,
-               k_len: int = 1) -> torch.Tensor | None:
+def _layer_tau(
+    call: _Call, kind: str, layer: int, n_heads: int, device, dtype, q_len: int = 1, k_len: int = 1
+) -> torch.Tensor | None:
     """The tau of one layer, ``[heads, 1, 1]`` (or ``[1, q_len, 1]``: one per query row for a
     row schedule), or None when it is 1 everywhere. Read from the call's :class:`Schedule` (which
     keeps what it computed) and converted to a tensor once per call and layer. Adaptive temperature's
@@ -398,7 +419,6 @@ def _adaptive(call: _Call | None, kind: str) -> bool:
     return call is not None and call.choice.tau.adaptive and kind in call.choice.targets
 
 
-
 def _check_weight_size(module: torch.nn.Module, kind: str, batch: int, heads: int, q_len: int, k_len: int) -> None:
     """Refuse ``output_attentions=True`` past :data:`MAX_WEIGHT_BYTES`, before anything is computed.
 
@@ -419,18 +439,19 @@ def _check_weight_size(module: torch.nn.Module, kind: str, batch: int, heads: in
         f"output_attentions=True would return {n * 4 / 2**30:.1f} GiB of {kind} attention weights "
         f"(batch {batch} x {heads} heads x {q_len} x {k_len} x {layers} layers, as float32), past the bound of "
         f"{MAX_WEIGHT_BYTES / 2**30:g} GiB (core.mechanics.attention.MAX_WEIGHT_BYTES), which holds {fits} at batch {batch}; "
-        f"use a shorter input, or probes (core.mechanics.probes), which give Pmax, entropy and maps at any length.")
+        f"use a shorter input, or probes (core.mechanics.probes), which give Pmax, entropy and maps at any length."
+    )
 
 
-def logit_operands(query: torch.Tensor, key: torch.Tensor, scaling: float | None,
-                   cosine_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def logit_operands(
+    query: torch.Tensor, key: torch.Tensor, scaling: float | None, cosine_scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q', k')`` with ``q' @ k'.T`` the logits before the bias: ``s * cos(q, k)``
     in cosine mode (``cosine_scale`` = s), else ``q.k * scaling`` (T5 passes 1).
 
     One place for the rule: every logit a probe sees (``logits`` included) is made from these."""
     if cosine_scale is not None:
-        return (torch.nn.functional.normalize(query, dim=-1) * cosine_scale,
-                torch.nn.functional.normalize(key, dim=-1))
+        return (torch.nn.functional.normalize(query, dim=-1) * cosine_scale, torch.nn.functional.normalize(key, dim=-1))
     if scaling is not None and scaling != 1.0:
         query = query * scaling
     return query, key
@@ -507,8 +528,9 @@ def aligned_attention(
     config = getattr(module, "config", None)
     # The kwarg wins, else the config's default, as transformers' collector decides (capture_outputs): a model
     # loaded eager with output_attentions=True in its config and then put under apply() still gets its weights.
-    want_weights = bool(kwargs["output_attentions"] if "output_attentions" in kwargs
-                        else getattr(config, "output_attentions", False))
+    want_weights = bool(
+        kwargs["output_attentions"] if "output_attentions" in kwargs else getattr(config, "output_attentions", False)
+    )
     if want_weights:
         _check_weight_size(module, kind, batch, heads, q_len, k_len)
     cosine = bool(getattr(config, "cosine_attention", False))
@@ -530,8 +552,12 @@ def aligned_attention(
     if recorder is not None:
         # what the recorder asks of this attention's blocks; nothing (None or False): it took whatever it wanted
         # of the call (whole logits) already, and the blocks may go through a backend that probes nothing
-        needs = recorder.begin_layer(layer, seen_q, seen_k, attention_mask, cosine_scale=s, kind=kind,
-                                     position_bias=position_bias) or None
+        needs = (
+            recorder.begin_layer(
+                layer, seen_q, seen_k, attention_mask, cosine_scale=s, kind=kind, position_bias=position_bias
+            )
+            or None
+        )
         if needs is None:
             recorder = None
 
@@ -539,13 +565,22 @@ def aligned_attention(
     is_causal = getattr(module, "is_causal", False) if is_causal is None else is_causal
     softcap = kwargs.get("softcap")
     x = softmax_block.Inputs(
-        query, key, value, attention_mask, position_bias, tau,
+        query,
+        key,
+        value,
+        attention_mask,
+        position_bias,
+        tau,
         causal=attention_mask is None and bool(is_causal) and q_len > 1,
-        scheme=scheme, needs=needs, weights=want_weights, dropout=float(dropout) if module.training else 0.0,
+        scheme=scheme,
+        needs=needs,
+        weights=want_weights,
+        dropout=float(dropout) if module.training else 0.0,
         grad=torch.is_grad_enabled(),
         adaptive=_adaptive(call, kind),
         softcap=None if softcap is None else float(softcap),
-        sinks=kwargs.get("s_aux"))
+        sinks=kwargs.get("s_aux"),
+    )
     backend = softmax_block.choose_backend(x)
     step = softmax_block.rows_per_block(backend, x, call.how.chunk_bytes if call is not None else None)
     rows = _open(backend, x, step)
@@ -602,8 +637,9 @@ def _layer_type(config, layer: int) -> str | None:
     return config.layer_types[layer]
 
 
-def _scheme_of(call: _Call | None, kind: str, module: torch.nn.Module, query: torch.Tensor,
-               key: torch.Tensor) -> _SchemeOps | None:
+def _scheme_of(
+    call: _Call | None, kind: str, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
+) -> _SchemeOps | None:
     """The call's position scheme for this attention (encoder self-attention only), or None when it changes
     nothing here (no scheme, the plain one, or one that only changes frequencies: the rotary module did that).
 
@@ -625,14 +661,14 @@ def _scheme_of(call: _Call | None, kind: str, module: torch.nn.Module, query: to
     k_rot = rope_positions.rotate(key, torch.arange(k_len, device=device), inv, a)
 
     def logits(r0: int, r1: int, allowed: torch.Tensor | None) -> torch.Tensor:
-        return rope_positions.rectified_logits(query, key, inv, bound.capped_positions(r0, r1, k_len, device), r0, a,
-                                               allowed=allowed, k_rotated=k_rot)
+        return rope_positions.rectified_logits(
+            query, key, inv, bound.capped_positions(r0, r1, k_len, device), r0, a, allowed=allowed, k_rotated=k_rot
+        )
 
     def rotated(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_positions.rotate(q, torch.arange(q.shape[-2], device=device), inv, a), k_rot
 
     return _SchemeOps(bound, mask, logits, rotated)
-
 
 
 def compact_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
@@ -646,8 +682,13 @@ def compact_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     per forward pass (the mask is made once and shared by every layer): ``B x L x L`` comparisons, against
     ``layers x heads x L x L x d`` multiply-adds of the pass. A causal or windowed mask keeps its rows."""
     mask = sdpa_mask(*args, **kwargs)
-    if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[2] > 1
-            and mask.stride(2) != 0):
+    if (
+        isinstance(mask, torch.Tensor)
+        and mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.shape[2] > 1
+        and mask.stride(2) != 0
+    ):
         first = mask[:, :, :1]
         if torch.equal(mask, first.expand(mask.shape)):
             return first.clone().expand(mask.shape)

@@ -52,7 +52,7 @@ def interpreted() -> bool:
 
 def usable() -> bool:
     """The kernel can serve CUDA passes here: a GPU, Triton, and not ``AAE_FLASH_ATTENTION=0``."""
-    return (os.environ.get("AAE_FLASH_ATTENTION", "1") != "0" and torch.cuda.is_available() and has_triton())
+    return os.environ.get("AAE_FLASH_ATTENTION", "1") != "0" and torch.cuda.is_available() and has_triton()
 
 
 @functools.lru_cache(maxsize=2)
@@ -62,11 +62,47 @@ def _build(interpret: bool):
     import triton.language as tl
 
     @triton.jit
-    def _attend(Q, K, V, Bias, Tau, KeyMask, O, Total, Dot, Top,
-                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
-                H, M, N, bias_hs, bias_rs, bias_base,
-                TAU_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, DV: tl.constexpr):
+    def _attend(
+        Q,
+        K,
+        V,
+        Bias,
+        Tau,
+        KeyMask,
+        O,
+        Total,
+        Dot,
+        Top,
+        sqb,
+        sqh,
+        sqm,
+        sqd,
+        skb,
+        skh,
+        skn,
+        skd,
+        svb,
+        svh,
+        svn,
+        svd,
+        sob,
+        soh,
+        som,
+        sod,
+        H,
+        M,
+        N,
+        bias_hs,
+        bias_rs,
+        bias_base,
+        TAU_MODE: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        D: tl.constexpr,
+        DV: tl.constexpr,
+    ):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
         b = pid_bh // H
@@ -90,12 +126,16 @@ def _build(interpret: bool):
         for start in range(0, N, BN):
             cols = start + tl.arange(0, BN)
             col_ok = cols < N
-            k = tl.load(K + b * skb + h * skh + cols[None, :] * skn + dq[:, None] * skd, mask=col_ok[None, :],
-                        other=0.0)
+            k = tl.load(
+                K + b * skb + h * skh + cols[None, :] * skn + dq[:, None] * skd, mask=col_ok[None, :], other=0.0
+            )
             s = tl.dot(q, k).to(tl.float32)
             if HAS_BIAS:
-                s += tl.load(Bias + bias_base + h * bias_hs + rows[:, None] * bias_rs + cols[None, :],
-                             mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+                s += tl.load(
+                    Bias + bias_base + h * bias_hs + rows[:, None] * bias_rs + cols[None, :],
+                    mask=row_ok[:, None] & col_ok[None, :],
+                    other=0.0,
+                )
             x = s * inv[:, None]
             keep = col_ok[None, :] & row_ok[:, None]
             if HAS_MASK:
@@ -108,13 +148,17 @@ def _build(interpret: bool):
             e = tl.where(keep, tl.exp(d), 0.0)
             u_i = a * (u_i + tl.where(l_i > 0, (m_i - m_new) * l_i, 0.0)) + tl.sum(e * d, 1)
             l_i = a * l_i + tl.sum(e, 1)
-            v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dv[None, :] * svd, mask=col_ok[:, None],
-                        other=0.0)
+            v = tl.load(
+                V + b * svb + h * svh + cols[:, None] * svn + dv[None, :] * svd, mask=col_ok[:, None], other=0.0
+            )
             acc = acc * a[:, None] + tl.dot(e.to(v.dtype), v).to(tl.float32)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0 only on rows past the last (not stored)
-        tl.store(O + b * sob + h * soh + rows[:, None] * som + dv[None, :] * sod, out.to(O.dtype.element_ty),
-                 mask=row_ok[:, None])
+        tl.store(
+            O + b * sob + h * soh + rows[:, None] * som + dv[None, :] * sod,
+            out.to(O.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
         at = pid_bh * M + rows
         tl.store(Total + at, l_i, mask=row_ok)
         tl.store(Dot + at, u_i, mask=row_ok)
@@ -132,10 +176,16 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
-def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None = None,
-           bias_strides: tuple[int, int, int] = (0, 0, 0), tau: torch.Tensor | None = None, tau_per: str = "head",
-           keymask: torch.Tensor | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    bias_strides: tuple[int, int, int] = (0, 0, 0),
+    tau: torch.Tensor | None = None,
+    tau_per: str = "head",
+    keymask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """softmax((q.k + bias) / tau, masked) @ v for ``query`` ``[B, H, M, D]`` and ``key``/``value`` ``[B, H, N, D]``,
     with each row's statistics: ``(out [B, H, M, Dv], total, dot, top)``, the last three ``[B, H, M, 1]`` float32
     (``total = sum exp(x - top)``, ``dot = sum exp(x - top) (x - top)``, ``top`` the row max).
@@ -168,12 +218,34 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: to
     dummy = stats  # an unused pointer argument still needs a tensor
     grid = (triton_cdiv(M, BLOCK_M), B * H)
     kernel()[grid](
-        query, key, vpad, dummy if bias is None else bias, dummy if tau is None else tau,
-        dummy if keymask is None else keymask, out, stats[0], stats[1], stats[2],
-        *query.stride(), *key.stride(), *vpad.stride(), *out.stride(),
-        H, M, N, hs, rs, base,
-        TAU_MODE=mode, HAS_BIAS=bias is not None, HAS_MASK=keymask is not None,
-        BM=BLOCK_M, BN=BLOCK_N, D=Dp, DV=DVp)
+        query,
+        key,
+        vpad,
+        dummy if bias is None else bias,
+        dummy if tau is None else tau,
+        dummy if keymask is None else keymask,
+        out,
+        stats[0],
+        stats[1],
+        stats[2],
+        *query.stride(),
+        *key.stride(),
+        *vpad.stride(),
+        *out.stride(),
+        H,
+        M,
+        N,
+        hs,
+        rs,
+        base,
+        TAU_MODE=mode,
+        HAS_BIAS=bias is not None,
+        HAS_MASK=keymask is not None,
+        BM=BLOCK_M,
+        BN=BLOCK_N,
+        D=Dp,
+        DV=DVp,
+    )
     if DVp != DV:
         out = out[..., :DV]
     total, dot, top = (t.unsqueeze(-1) for t in stats)

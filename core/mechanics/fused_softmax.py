@@ -77,8 +77,10 @@ _BUILD_NAME = re.compile(re.escape(_BUILD_PREFIX) + r"(?P<host>[A-Za-z0-9]*)-(?P
 #: own children (cc1plus, as) never outlive the process that asked for them. Why not ``PR_SET_PDEATHSIG``: it
 #: reaches only the direct child, not cc1plus, is Linux-only, and needs a ``preexec_fn``, which is unsafe in a
 #: process with threads (the app builds from a Streamlit thread).
-_GUARD = ('exec 3<&0 </dev/null; "$@" 3<&- & c=$!; '
-          '{ read _ <&3; kill -s KILL 0; } </dev/null >/dev/null 2>&1 & exec 3<&-; wait "$c"')
+_GUARD = (
+    'exec 3<&0 </dev/null; "$@" 3<&- & c=$!; '
+    '{ read _ <&3; kill -s KILL 0; } </dev/null >/dev/null 2>&1 & exec 3<&-; wait "$c"'
+)
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
@@ -200,9 +202,14 @@ def _compile(compiler: str, out: Path, build_flags: tuple[str, ...]) -> None:
     tmp_digest = tmp + ".sha256"
     try:
         try:
-            proc = subprocess.Popen(["/bin/sh", "-c", _GUARD, "build-guard", compiler, *build_flags, str(SOURCE),
-                                     "-o", tmp], stdin=watch, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", _GUARD, "build-guard", compiler, *build_flags, str(SOURCE), "-o", tmp],
+                stdin=watch,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         finally:
             os.close(watch)
         try:
@@ -268,10 +275,14 @@ def _self_test(lib: ctypes.CDLL) -> None:
     got = s.clone()
     total = torch.empty(1, 2, 3, 1)
     dot = torch.empty(1, 2, 3, 1)
-    lib.aae_softmax_rows(got.data_ptr(), 1, 2, 3, 37, None, 0, 0, 0, tau.data_ptr(), 1, None, 0, 6,
-                         total.data_ptr(), dot.data_ptr())
-    ok = (torch.allclose(got, e, rtol=1e-5, atol=1e-7) and torch.allclose(total, e.sum(-1, keepdim=True), rtol=1e-5)
-          and torch.allclose(dot, (e * d).sum(-1, keepdim=True), rtol=1e-4, atol=1e-5))
+    lib.aae_softmax_rows(
+        got.data_ptr(), 1, 2, 3, 37, None, 0, 0, 0, tau.data_ptr(), 1, None, 0, 6, total.data_ptr(), dot.data_ptr()
+    )
+    ok = (
+        torch.allclose(got, e, rtol=1e-5, atol=1e-7)
+        and torch.allclose(total, e.sum(-1, keepdim=True), rtol=1e-5)
+        and torch.allclose(dot, (e * d).sum(-1, keepdim=True), rtol=1e-4, atol=1e-5)
+    )
     if not ok:
         raise OSError("failed its self-test (its arithmetic is wrong)")
 
@@ -339,8 +350,7 @@ def available() -> bool:
             except (OSError, subprocess.SubprocessError) as err:
                 _LIB, _WHY = None, str(err)
                 if "no C++ compiler" not in _WHY:
-                    _say(f"off ({_WHY}); attention takes torch's path (same numbers, slower)",
-                         traceback.format_exc())
+                    _say(f"off ({_WHY}); attention takes torch's path (same numbers, slower)", traceback.format_exc())
             _TRIED = True
     return _LIB is not None
 
@@ -395,8 +405,9 @@ def _split(fn, rows: int, per_thread: Callable[[int, int, int], tuple]) -> None:
         j.result()
 
 
-def pool_rows(exp: torch.Tensor, total: torch.Tensor, a: int, b: int, n0: int, edges: torch.Tensor,
-              head: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def pool_rows(
+    exp: torch.Tensor, total: torch.Tensor, a: int, b: int, n0: int, edges: torch.Tensor, head: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``[a, b)`` of one item's probabilities ``exp / total`` (``exp`` ``[H, c, K]`` contiguous, ``total``
     ``[H, c, 1]``), the head mean (``head`` None) or one head, keys ``[0, n0)`` pooled into the bins between
     ``edges`` (int64, ``nb + 1`` values from 0 to ``n0``): ``(sums, maxima)``, each ``[b - a, nb]`` float32.
@@ -417,8 +428,22 @@ def pool_rows(exp: torch.Tensor, total: torch.Tensor, a: int, b: int, n0: int, e
     shift = a * nb * 4  # the C side writes row r at out + r * nb: point the outputs a rows back
 
     def part(k: int, lo: int, hi: int) -> tuple:
-        return (exp.data_ptr(), H, K, n0, inv.data_ptr(), c, -1 if head is None else int(head), edges.data_ptr(), nb,
-                a + lo, a + hi, temp[k].data_ptr(), sums.data_ptr() - shift, maxes.data_ptr() - shift)
+        return (
+            exp.data_ptr(),
+            H,
+            K,
+            n0,
+            inv.data_ptr(),
+            c,
+            -1 if head is None else int(head),
+            edges.data_ptr(),
+            nb,
+            a + lo,
+            a + hi,
+            temp[k].data_ptr(),
+            sums.data_ptr() - shift,
+            maxes.data_ptr() - shift,
+        )
 
     _split(_LIB.aae_pool_rows, rows, part)
     return sums, maxes
@@ -443,9 +468,14 @@ def sorted_sum(x: torch.Tensor) -> torch.Tensor:
     return accs.sum(0)
 
 
-def softmax_rows(scores: torch.Tensor, bias: torch.Tensor | None = None, bias_strides: tuple[int, int, int] = (0, 0, 0),
-                 tau: torch.Tensor | None = None, tau_per: str = "head", keymask: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_rows(
+    scores: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    bias_strides: tuple[int, int, int] = (0, 0, 0),
+    tau: torch.Tensor | None = None,
+    tau_per: str = "head",
+    keymask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn ``scores`` (``[B, H, c, K]`` float32 q.k, contiguous, CPU) into ``exp(x - max)`` in place.
 
     ``bias``: a float32 tensor whose element ``bias_strides = (per head, per row, base)`` away
@@ -464,8 +494,10 @@ def softmax_rows(scores: torch.Tensor, bias: torch.Tensor | None = None, bias_st
         tau = tau.to(torch.float32).contiguous().view(-1)
         mode, want = {"head": (1, H), "row": (2, c)}.get(tau_per, (0, -1))
         if tau.numel() != want:
-            raise ValueError(f"tau_per must be 'head' ([{H}] values) or 'row' ([{c}] values); got {tau_per!r} "
-                             f"with {tau.numel()} values")
+            raise ValueError(
+                f"tau_per must be 'head' ([{H}] values) or 'row' ([{c}] values); got {tau_per!r} "
+                f"with {tau.numel()} values"
+            )
     if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
         raise ValueError("bias must be a float32 CPU tensor")
     if keymask is not None:

@@ -104,6 +104,8 @@ def describe() -> dict:
 def one_line(facts: dict | None = None) -> str:
     """The facts in one sentence, as the app's sidebar and benchmark headers say them."""
     f = facts or describe()
-    where = f"GPU {f['gpu']} ({f['dtype']})" if f["device"] == "cuda" else f"CPU {f['cpu']} ({f['vector_isa']}, float32)"
+    where = (
+        f"GPU {f['gpu']} ({f['dtype']})" if f["device"] == "cuda" else f"CPU {f['cpu']} ({f['vector_isa']}, float32)"
+    )
     path = f["backend"] + ("" if f["why"] is None else f" (fused kernel off: {f['why']})")
     return f"{where}, {f['threads']} threads; attention: {path}; torch {f['torch']}, transformers {f['transformers']}"

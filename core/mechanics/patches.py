@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
@@ -69,6 +70,7 @@ _ROTARY: dict[tuple[type, Callable], type] = {}
 
 
 # -- configs: the attention implementation ---------------------------------------------------------------------
+
 
 def configs(model: Any) -> list:
     """Every config the model's attention reads ``_attn_implementation`` from (the top one, each sub-model's, e.g.
@@ -130,6 +132,7 @@ def set_implementation(model: Any, name: str) -> None:
 
 # -- class swaps ------------------------------------------------------------------------------------------------
 
+
 def _swap(module: Any, cls: type) -> None:
     _ORIGINAL.setdefault(module, type(module))
     module.__class__ = cls
@@ -171,6 +174,7 @@ def _scheme_rotary_class(base: type, current: Callable[[], "Bound | None"]) -> t
     a pass's scheme travels with the call, and two threads with two schemes run side by side on one model.
     transformers' dynamic frequency update (which keeps the longest length it has seen) is bypassed during a
     scheme's pass: the scheme's frequencies are computed for the pass."""
+
     def forward(self, x, position_ids, *args, **kwargs):
         bound = current()
         layer_type = kwargs.get("layer_type", args[0] if args else None)
@@ -184,8 +188,11 @@ def _scheme_rotary_class(base: type, current: Callable[[], "Bound | None"]) -> t
         angles = torch.cat((freqs, freqs), dim=-1)
         return (angles.cos() * factor).to(dtype=x.dtype), (angles.sin() * factor).to(dtype=x.dtype)
 
-    return type(f"Scheme{base.__name__}", (base,), {"forward": forward, "__doc__": _scheme_rotary_class.__doc__,
-                                                      "_scheme_base": base})
+    return type(
+        f"Scheme{base.__name__}",
+        (base,),
+        {"forward": forward, "__doc__": _scheme_rotary_class.__doc__, "_scheme_base": base},
+    )
 
 
 def rotating(module: Any) -> bool:
@@ -194,6 +201,7 @@ def rotating(module: Any) -> bool:
 
 
 # -- the one apply / undo pair ------------------------------------------------------------------------------------
+
 
 @dataclass(eq=False)
 class Patched:
@@ -237,8 +245,9 @@ def _put_back_implementation(model: Any, entries: list[tuple[object, object]]) -
     point_back(entries)
 
 
-def patch(model: Any, *, implementation: str | None = None,
-          rotary: Callable[[], "Bound | None"] | None = None) -> Patched:
+def patch(
+    model: Any, *, implementation: str | None = None, rotary: Callable[[], "Bound | None"] | None = None
+) -> Patched:
     """Patch ``model`` to run our attention; returns what this call changed (:meth:`Patched.undo` undoes it).
 
     Always: every T5-family bias owner hands out a lazy bias (``lazy-bias``). With ``implementation`` (e.g.
@@ -298,6 +307,7 @@ def patched(model: Any) -> list[Patched]:
 
 # -- transformers' registries --------------------------------------------------------------------------------------
 
+
 def register_name(name: str, attention: Callable, mask: Callable) -> None:
     """Register ``attention`` and ``mask`` under ``name`` in transformers' process-wide registries (replacing what
     the name held)."""
@@ -323,6 +333,7 @@ def registered_names() -> set[str]:
 
 
 # -- bookkeeping: who holds a user's model ---------------------------------------------------------------------------
+
 
 def hold_of(model: Any) -> Any:
     """What :func:`set_hold` left for ``model`` (None: nothing)."""

@@ -58,20 +58,36 @@ class Probe:
 
 
 #: Every probe a name can ask for: the one list (docs, errors and the parser read it).
-PROBES: dict[str, Probe] = {p.name: p for p in (
-    Probe("pmax", "each row's largest probability, mean over real rows: [batch, heads]"),
-    Probe("entropy", "each row's entropy H in nats, mean over real rows: [batch, heads]"),
-    Probe("map", "item 0's attention, head mean (or ProbeSpec.heatmap_head), keys pooled into at most "
-                 "heatmap_size bins of the document (mean): encoder [bins, bins], its rows pooled alike; cross "
-                 "[answer tokens, bins]; decoder [answer tokens, answer tokens] (keys not pooled)"),
-    Probe("profile", "item 0's attention to every key position, head mean, averaged over the question's rows "
-                     "(encoder: ProbeSpec.profile_rows) or over every answer row (decoder, cross): [keys]"),
-    Probe("sorted_logits", "item 0's average sorted raw-logit vector (q.k + bias before tau, each row sorted, "
-                           "averaged over heads and rows): [keys]", (ENCODER, CROSS)),
-    Probe("cosine_hist", "item 0's histogram of cos(q, k) over [-1, 1] (cosine-attention models only): [bins]"),
-    Probe("logits", "every row's raw logits q.k + bias, no mask, kept whole and with autograd (training taps, "
-                    "short inputs only): torch [batch, heads, rows, keys]"),
-)}
+PROBES: dict[str, Probe] = {
+    p.name: p
+    for p in (
+        Probe("pmax", "each row's largest probability, mean over real rows: [batch, heads]"),
+        Probe("entropy", "each row's entropy H in nats, mean over real rows: [batch, heads]"),
+        Probe(
+            "map",
+            "item 0's attention, head mean (or ProbeSpec.heatmap_head), keys pooled into at most "
+            "heatmap_size bins of the document (mean): encoder [bins, bins], its rows pooled alike; cross "
+            "[answer tokens, bins]; decoder [answer tokens, answer tokens] (keys not pooled)",
+        ),
+        Probe(
+            "profile",
+            "item 0's attention to every key position, head mean, averaged over the question's rows "
+            "(encoder: ProbeSpec.profile_rows) or over every answer row (decoder, cross): [keys]",
+        ),
+        Probe(
+            "sorted_logits",
+            "item 0's average sorted raw-logit vector (q.k + bias before tau, each row sorted, "
+            "averaged over heads and rows): [keys]",
+            (ENCODER, CROSS),
+        ),
+        Probe("cosine_hist", "item 0's histogram of cos(q, k) over [-1, 1] (cosine-attention models only): [bins]"),
+        Probe(
+            "logits",
+            "every row's raw logits q.k + bias, no mask, kept whole and with autograd (training taps, "
+            "short inputs only): torch [batch, heads, rows, keys]",
+        ),
+    )
+}
 
 #: Probes computed from the blocks of probabilities (``logits`` is taken whole, before the softmax).
 _ROW_PROBES = frozenset(PROBES) - {"logits"}
@@ -107,8 +123,10 @@ def parse(name: str | ProbeName) -> ProbeName:
     parts = str(name).strip().split(".")
     ok = len(parts) == 3 and parts[0] in KINDS and parts[2] in PROBES and (parts[1] == "*" or parts[1].isdigit())
     if not ok:
-        raise UserError(f"unknown probe name {name!r}: write kind.layer.probe with kind one of {', '.join(KINDS)}, "
-                        f"layer a number or *, probe one of {', '.join(PROBES)} (e.g. cross.*.map)")
+        raise UserError(
+            f"unknown probe name {name!r}: write kind.layer.probe with kind one of {', '.join(KINDS)}, "
+            f"layer a number or *, probe one of {', '.join(PROBES)} (e.g. cross.*.map)"
+        )
     kind, layer, probe = parts
     if kind not in PROBES[probe].kinds:
         raise UserError(f"probe {probe!r} is not defined for {kind} attention (only {', '.join(PROBES[probe].kinds)})")
@@ -250,8 +268,12 @@ class ProbeRecord:
         keep = {f.name: getattr(self, f.name) for f in fields(self)} if i == 0 else {}
         keep["nonfinite_layers"] = self.nonfinite_layers
         named = {k: v for k, v in self.named.items() if i == 0 or k.rsplit(".", 1)[1] in (*_STATS, "logits")}
-        keep.update(pmax=self.pmax[i : i + 1], entropy=self.entropy[i : i + 1], rows=self.rows[i : i + 1],
-                    named={k: v[i : i + 1] if k.rsplit(".", 1)[1] in (*_STATS, "logits") else v for k, v in named.items()})
+        keep.update(
+            pmax=self.pmax[i : i + 1],
+            entropy=self.entropy[i : i + 1],
+            rows=self.rows[i : i + 1],
+            named={k: v[i : i + 1] if k.rsplit(".", 1)[1] in (*_STATS, "logits") else v for k, v in named.items()},
+        )
         return ProbeRecord(**keep)
 
 
@@ -288,7 +310,9 @@ class Recorder:
         self._nrows: dict[Key, int] = {}  # decoder/cross rows seen (encoder rows come from the mask)
         self._bad: dict[Key, torch.Tensor] = {}  # non-finite Pmax/H values seen, per attention (on the pass's device)
         self._tiles: dict[int, list[torch.Tensor]] = {}  # encoder layer -> [sums, maxima] of the pooled map
-        self._qrows: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # encoder layer -> question row -> map row
+        self._qrows: dict[
+            int, dict[int, tuple[torch.Tensor, torch.Tensor]]
+        ] = {}  # encoder layer -> question row -> map row
         self._answer_rows: dict[Key, dict[int, torch.Tensor]] = {}  # decoder/cross map rows by answer position
         self._profile: dict[Key, torch.Tensor] = {}
         self._profile_n: dict[Key, int] = {}
@@ -319,8 +343,17 @@ class Recorder:
         return self._of[key]
 
     # -- called by the attention function ---------------------------------
-    def begin_layer(self, layer: int, query, key, attention_mask, cosine_scale: float | None = None, *,
-                    kind: str = ENCODER, position_bias: torch.Tensor | None = None) -> Needs | None:
+    def begin_layer(
+        self,
+        layer: int,
+        query,
+        key,
+        attention_mask,
+        cosine_scale: float | None = None,
+        *,
+        kind: str = ENCODER,
+        position_bias: torch.Tensor | None = None,
+    ) -> Needs | None:
         """Start one attention call: what its blocks must carry (:class:`~core.mechanics.softmax_block.Needs`), or None
         when no block is wanted (nothing, or only ``logits``, is asked, and those are taken here): the caller
         may then take a backend that probes nothing."""
@@ -345,8 +378,10 @@ class Recorder:
             return None
         raw_rows = None
         if "sorted_logits" in want:
+
             def raw_rows(r0: int, r1: int) -> torch.Tensor | None:
                 return self._sorted_rows(r0, r1, kind)
+
         return Needs(stats=not want.isdisjoint(_STATS), raw_rows=raw_rows, probs=not want.isdisjoint(_PROB_VIEWS))
 
     def end_layer(self, layer: int, kind: str = ENCODER) -> None:
@@ -377,11 +412,18 @@ class Recorder:
                     p = exp / total
                     self._stats(kind, layer, r0, r1, t.reciprocal(), -torch.special.xlogy(p, p).sum(-1))
             e0 = exp[0]
-            if (kind == self.doc and e0.device.type == "cpu" and e0.dtype == torch.float32 and e0.is_contiguous()
-                    and fused_softmax.available()):
+            if (
+                kind == self.doc
+                and e0.device.type == "cpu"
+                and e0.dtype == torch.float32
+                and e0.is_contiguous()
+                and fused_softmax.available()
+            ):
+
                 def pooled(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-                    return fused_softmax.pool_rows(e0, total[0], a - r0, b - r0, self.n0, self._edges_t,
-                                                   self.spec.heatmap_head)
+                    return fused_softmax.pool_rows(
+                        e0, total[0], a - r0, b - r0, self.n0, self._edges_t, self.spec.heatmap_head
+                    )
 
             def probs_of(a: int, b: int, k: int | None) -> torch.Tensor:
                 return exp[0, :, a - r0 : b - r0, :k] / total[0, :, a - r0 : b - r0]
@@ -403,6 +445,7 @@ class Recorder:
 
             def probs_of(a: int, b: int, k: int | None) -> torch.Tensor:
                 return probs[0, :, a - r0 : b - r0, :k]
+
         self._views(kind, layer, r0, r1, probs_of, block.raw, pooled)
 
     def _sorted_rows(self, r0: int, r1: int, kind: str) -> torch.Tensor | None:
@@ -449,8 +492,16 @@ class Recorder:
         self._pmax[key] = self._pmax.get(key, 0) + torch.nan_to_num(pmax).sum(-1).double()
         self._ent[key] = self._ent.get(key, 0) + torch.nan_to_num(ent).sum(-1).double()
 
-    def _views(self, kind: str, layer: int, r0: int, r1: int, probs_of: Callable, raw: torch.Tensor | None,
-               pooled: Callable | None = None) -> None:
+    def _views(
+        self,
+        kind: str,
+        layer: int,
+        r0: int,
+        r1: int,
+        probs_of: Callable,
+        raw: torch.Tensor | None,
+        pooled: Callable | None = None,
+    ) -> None:
         """Maps, profile, sorted logits, cosine histogram from one block of item 0.
 
         ``probs_of(a, b, k)`` gives item 0's probabilities ``[H, b - a, k]`` of
@@ -467,8 +518,10 @@ class Recorder:
             return
         rows = spec.profile_rows
         if pooled is None:
+
             def pooled(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
                 return self._pool_keys(probs_of(a, b, n0))
+
         if "map" in want:
             self._add_tile(layer, *pooled(r0, q1), r0, q1)
             if rows is not None:
@@ -484,8 +537,16 @@ class Recorder:
         if "cosine_hist" in want:
             self._add_cosine((kind, layer), r0, q1, n0)
 
-    def _answer_views(self, kind: str, layer: int, want: frozenset[str], r0: int, r1: int, probs_of: Callable,
-                      raw: torch.Tensor | None) -> None:
+    def _answer_views(
+        self,
+        kind: str,
+        layer: int,
+        want: frozenset[str],
+        r0: int,
+        r1: int,
+        probs_of: Callable,
+        raw: torch.Tensor | None,
+    ) -> None:
         """The views of decoder self- or cross-attention: rows are answer positions, appended as generation goes."""
         key = (kind, layer)
         keys = self.n0 if kind == CROSS else None  # cross keys are the document's tokens; decoder keys the answer's own
@@ -525,8 +586,9 @@ class Recorder:
         """Add item 0's raw logit rows ``[H, rows, keys]``, each sorted descending, to the running mean."""
         z = z.detach().float()
         if z.device.type == "cpu" and fused_softmax.available():
-            srt = fused_softmax.sorted_sum(z.reshape(-1, z.shape[-1]) if z.stride(-1) == 1 else
-                                           z.contiguous().view(-1, z.shape[-1]))
+            srt = fused_softmax.sorted_sum(
+                z.reshape(-1, z.shape[-1]) if z.stride(-1) == 1 else z.contiguous().view(-1, z.shape[-1])
+            )
         else:
             srt = torch.sort(z, dim=-1, descending=True).values.double().sum(dim=(0, 1)).cpu()
         acc = self._sorted.setdefault(key, [0, 0])
@@ -590,7 +652,8 @@ class Recorder:
             order = sorted(rows)
             width = max(len(rows[r]) for r in order)
             named[f"{kind}.{layer}.map"] = torch.stack(
-                [torch.nn.functional.pad(rows[r], (0, width - len(rows[r]))) for r in order]).numpy()
+                [torch.nn.functional.pad(rows[r], (0, width - len(rows[r]))) for r in order]
+            ).numpy()
             if kind == CROSS:
                 rec.heatmap_edges = self._edges
         for (kind, layer), v in self._profile.items():

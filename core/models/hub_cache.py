@@ -26,7 +26,9 @@ def hub_cache_dir() -> Path:
     if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
         raw = env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]
     else:
-        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+        home = env.get("HF_HOME") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"
+        )
         raw = os.path.join(home, "hub")
     return Path(os.path.expandvars(os.path.expanduser(raw)))
 

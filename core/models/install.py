@@ -85,9 +85,11 @@ class Fetchable:
 
     def plan(self) -> str:
         """What a fetch will do, said before it starts."""
-        return (f"{self.name}: downloads {self.wheel_bytes / 1e6:.0f} MB ({self.package} {self.version} from the package "
-                f"index, {self.licence}), converts it once to about {self.disk_bytes / 1e6:.0f} MB of safetensors in "
-                f"{folder(self.name)}; {self.expected}")
+        return (
+            f"{self.name}: downloads {self.wheel_bytes / 1e6:.0f} MB ({self.package} {self.version} from the package "
+            f"index, {self.licence}), converts it once to about {self.disk_bytes / 1e6:.0f} MB of safetensors in "
+            f"{folder(self.name)}; {self.expected}"
+        )
 
 
 FETCHABLE: dict[str, Fetchable] = {
@@ -106,7 +108,7 @@ FETCHABLE: dict[str, Fetchable] = {
         architecture="llama",
         licence="Apache-2.0",
         summary="SmolLM2-135M-Instruct (HuggingFaceTB): Llama decoder, 30 layers, 9 query / 3 key-value heads, "
-                "rope theta 1e5, trained at L_tr=8,192 tokens; from the Q4_1 GGUF, dequantised to float32",
+        "rope theta 1e5, trained at L_tr=8,192 tokens; from the Q4_1 GGUF, dequantised to float32",
         expected="about a minute on a 2-core CPU (most of it the conversion), once",
     ),
 }
@@ -127,8 +129,9 @@ def spec_of(name: str) -> Fetchable:
     try:
         return FETCHABLE[name]
     except KeyError:
-        raise ModelLoadError(f"'{name[:60]}' is not a model that can be fetched; those that can: "
-                             f"{', '.join(FETCHABLE)}") from None
+        raise ModelLoadError(
+            f"'{name[:60]}' is not a model that can be fetched; those that can: {', '.join(FETCHABLE)}"
+        ) from None
 
 
 def fetch_hint(name: str) -> str:
@@ -161,7 +164,8 @@ def _damaged(name: str, where: Path, why: str) -> ModelLoadError:
     return ModelLoadError(
         f"Model {name} in {where} is damaged ({why}); nothing was loaded. Fetch it again: {fetch_hint(name)}",
         app=f"The installed model {name} is damaged ({why}); nothing was loaded. Fetch it again on the server: "
-            f"{fetch_hint(name)}")
+        f"{fetch_hint(name)}",
+    )
 
 
 def verify(name: str, where: Path | None = None) -> Path:
@@ -176,7 +180,8 @@ def verify(name: str, where: Path | None = None) -> Path:
             f"Model {name} is not installed yet: fetch it once with `{fetch_hint(name)}` "
             f"({spec_of(name).plan() if name in FETCHABLE else 'see docs/models.md'}).",
             app=f"The model {name} is not installed yet: fetch it once on the server with `{fetch_hint(name)}` "
-                f"(see docs/models.md).")
+            f"(see docs/models.md).",
+        )
     try:
         card = json.loads((where / "card.json").read_text(encoding="utf-8"))
         files = card[FILES_KEY]
@@ -209,13 +214,15 @@ def verify(name: str, where: Path | None = None) -> Path:
 
 # -- the fetch ------------------------------------------------------------------------------------------------------
 
+
 def _no_space(name: str, root: Path, free: int | None = None) -> ModelLoadError:
     need = FETCHABLE[name].wheel_bytes + FETCHABLE[name].member_bytes + FETCHABLE[name].disk_bytes
     state = "is full" if free is None else f"has {free / 1e6:.0f} MB free"
     return ModelLoadError(
         f"The disk holding {root} {state}: fetching {name} needs about {need / 1e6:.0f} MB free while it converts; "
         "nothing was installed. Free some space, or set XDG_CACHE_HOME to a folder on a larger disk.",
-        app=f"The server's disk {state}: fetching {name} needs about {need / 1e6:.0f} MB free; nothing was installed.")
+        app=f"The server's disk {state}: fetching {name} needs about {need / 1e6:.0f} MB free; nothing was installed.",
+    )
 
 
 class _Lock:
@@ -233,9 +240,11 @@ class _Lock:
         except OSError as err:
             if err.errno == errno.ENOSPC:
                 raise _no_space(self.name, self.path.parent) from None
-            raise ModelLoadError(f"Cannot write the lock file {self.path} ({err.strerror or err}); set XDG_CACHE_HOME "
-                                 "to a folder you can write.",
-                                 app="The server cannot write its model cache folder.") from None
+            raise ModelLoadError(
+                f"Cannot write the lock file {self.path} ({err.strerror or err}); set XDG_CACHE_HOME "
+                "to a folder you can write.",
+                app="The server cannot write its model cache folder.",
+            ) from None
         deadline, told = time.monotonic() + self.wait_s, False
         while True:
             try:
@@ -248,10 +257,12 @@ class _Lock:
                     raise ModelLoadError(
                         f"Another process has been fetching {self.name} for over {self.wait_s:.0f} s (lock "
                         f"{self.path}); nothing was changed. Try again when it has finished.",
-                        app=f"Another session is fetching {self.name}; try again when it has finished.") from None
+                        app=f"Another session is fetching {self.name}; try again when it has finished.",
+                    ) from None
                 if not told:
-                    self.progress(f"another process is fetching {self.name}: waiting for it (at most "
-                                  f"{self.wait_s:.0f} s)", None)
+                    self.progress(
+                        f"another process is fetching {self.name}: waiting for it (at most {self.wait_s:.0f} s)", None
+                    )
                     told = True
                 time.sleep(0.2)
 
@@ -265,8 +276,14 @@ def _quiet(message: str, fraction: float | None) -> None:
     pass
 
 
-def fetch(name: str, progress: Progress | None = None, *, pip_args: list[str] | None = None,
-          pip_timeout_s: float | None = None, lock_wait_s: float | None = None) -> Path:
+def fetch(
+    name: str,
+    progress: Progress | None = None,
+    *,
+    pip_args: list[str] | None = None,
+    pip_timeout_s: float | None = None,
+    lock_wait_s: float | None = None,
+) -> Path:
     """Install ``name`` (see :data:`FETCHABLE`) into :func:`models_dir` once and return its folder.
 
     Already installed and intact: returned at once. ``progress(message, fraction)`` hears every step (pip's lines,
@@ -282,8 +299,11 @@ def fetch(name: str, progress: Progress | None = None, *, pip_args: list[str] | 
     except OSError as err:
         if err.errno == errno.ENOSPC:
             raise _no_space(name, root) from None
-        raise ModelLoadError(f"Cannot create the model cache {root} ({err.strerror or err}); set XDG_CACHE_HOME to a "
-                             "folder you can write.", app="The server cannot write its model cache folder.") from None
+        raise ModelLoadError(
+            f"Cannot create the model cache {root} ({err.strerror or err}); set XDG_CACHE_HOME to a "
+            "folder you can write.",
+            app="The server cannot write its model cache folder.",
+        ) from None
     target = folder(name)
     wait = LOCK_WAIT_S if lock_wait_s is None else lock_wait_s
     with _Lock(root / f".{name}.lock", name, wait, say):
@@ -313,9 +333,11 @@ def fetch(name: str, progress: Progress | None = None, *, pip_args: list[str] | 
         except OSError as err:
             if err.errno == errno.ENOSPC:
                 raise _no_space(name, root) from None
-            raise ModelLoadError(f"Fetching {name} failed: {err.strerror or type(err).__name__}"
-                                 f"{': ' + str(err.filename) if err.filename else ''}; nothing was installed.",
-                                 app=f"Fetching {name} failed on the server's disk; nothing was installed.") from None
+            raise ModelLoadError(
+                f"Fetching {name} failed: {err.strerror or type(err).__name__}"
+                f"{': ' + str(err.filename) if err.filename else ''}; nothing was installed.",
+                app=f"Fetching {name} failed on the server's disk; nothing was installed.",
+            ) from None
         finally:
             if work is not None:
                 shutil.rmtree(work, ignore_errors=True)
@@ -356,15 +378,17 @@ def _pip_failure(spec: Fetchable, rc: int, lines: "deque[str]") -> ModelLoadErro
     errors = [ln.strip() for ln in lines if ln.strip().startswith("ERROR:")]
     said = (errors[-1] if errors else (lines[-1].strip() if lines else f"exit status {rc}"))[:200]
     if "is invalid" in said or "BadZip" in text:
-        return ModelLoadError(f"pip found a damaged {spec.wheel} ({said}); nothing was installed. Run "
-                              f"`{fetch_hint(spec.name)}` again.",
-                              app=f"The download of {spec.name} is damaged; nothing was installed.")
+        return ModelLoadError(
+            f"pip found a damaged {spec.wheel} ({said}); nothing was installed. Run `{fetch_hint(spec.name)}` again.",
+            app=f"The download of {spec.name} is damaged; nothing was installed.",
+        )
     return ModelLoadError(
         f"pip could not download {spec.package} {spec.version} ({said}); nothing was installed. Check this machine's "
         f"network or pip's index settings (a mirror: {PIP_ARGS_ENV}='--index-url URL'), then run "
         f"`{fetch_hint(spec.name)}` again.",
         app=f"The server could not download {spec.package} {spec.version} from the package index (no network?); "
-            "nothing was installed.")
+        "nothing was installed.",
+    )
 
 
 def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | None, timeout_s: float) -> Path:
@@ -374,17 +398,42 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
     dest.mkdir()
     tmp.mkdir()
     extra = pip_args if pip_args is not None else shlex.split(os.environ.get(PIP_ARGS_ENV, ""))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
-           "--disable-pip-version-check", "--progress-bar", "off", "--retries", "1", "--timeout", "15",
-           *extra, f"{spec.package}=={spec.version}", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--retries",
+        "1",
+        "--timeout",
+        "15",
+        *extra,
+        f"{spec.package}=={spec.version}",
+        "-d",
+        str(dest),
+    ]
     say(f"pip download {spec.package}=={spec.version} ({spec.wheel_bytes / 1e6:.0f} MB)", 0.0)
     env = {**os.environ, "TMPDIR": str(tmp), "PIP_NO_INPUT": "1"}  # pip's partial file lands here: its size is progress
     lines: deque[str] = deque(maxlen=40)
     # pip's lines are read in a thread and told from this one: ``say`` runs only in the caller's thread (the app
     # draws its bar from the script's own thread)
     fresh: queue.SimpleQueue[str] = queue.SimpleQueue()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, text=True, errors="replace", start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
 
     def read() -> None:
         assert proc.stdout is not None
@@ -411,7 +460,8 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
                     f"pip did not finish downloading {spec.package} {spec.version} within {timeout_s:.0f} s (a slow "
                     "or stalled network); it was stopped and nothing was installed.",
                     app=f"The download of {spec.name} took over {timeout_s:.0f} s and was stopped; nothing was "
-                        "installed.")
+                    "installed.",
+                )
             got = _bytes_under(tmp)
             if got:
                 say("downloading", min(0.6, 0.6 * got / spec.wheel_bytes))
@@ -425,9 +475,11 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
         raise _pip_failure(spec, proc.returncode, lines)
     wheels = sorted(dest.glob("*.whl"))
     if [w.name for w in wheels] != [spec.wheel]:
-        raise ModelLoadError(f"pip downloaded {', '.join(w.name for w in wheels) or 'no wheel'}, not {spec.wheel}; "
-                             "nothing was installed.", app=f"The download of {spec.name} was not the expected file; "
-                                                           "nothing was installed.")
+        raise ModelLoadError(
+            f"pip downloaded {', '.join(w.name for w in wheels) or 'no wheel'}, not {spec.wheel}; "
+            "nothing was installed.",
+            app=f"The download of {spec.name} was not the expected file; nothing was installed.",
+        )
     wheel = wheels[0]
     size = wheel.stat().st_size
     digest = _sha256(wheel)
@@ -436,7 +488,8 @@ def _download(spec: Fetchable, work: Path, say: Progress, pip_args: list[str] | 
         raise ModelLoadError(
             f"The downloaded {spec.wheel} ({size:,} bytes) has sha256 {digest[:16]}..., not the pinned "
             f"{spec.wheel_sha256[:16]}...: it is damaged or {what}; nothing was installed.",
-            app=f"The download of {spec.name} is damaged (its digest is not the pinned one); nothing was installed.")
+            app=f"The download of {spec.name} is damaged (its digest is not the pinned one); nothing was installed.",
+        )
     say(f"{spec.wheel}: {size / 1e6:.1f} MB, sha256 as pinned", 0.6)
     return wheel
 
@@ -476,22 +529,26 @@ def _extract(spec: Fetchable, wheel: Path, dest: Path, say: Progress) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             info = zf.getinfo(spec.member)
             if info.file_size != spec.member_bytes:
-                raise ModelLoadError(f"{spec.member} in {spec.wheel} has {info.file_size:,} bytes, not "
-                                     f"{spec.member_bytes:,}; nothing was installed.")
+                raise ModelLoadError(
+                    f"{spec.member} in {spec.wheel} has {info.file_size:,} bytes, not "
+                    f"{spec.member_bytes:,}; nothing was installed."
+                )
             written = 0
             with zf.open(info) as src, open(out, "wb") as dst:
                 while block := src.read(1 << 22):
                     written += len(block)
                     if written > spec.member_bytes:
-                        raise ModelLoadError(f"{spec.member} in {spec.wheel} is longer than its stated size; "
-                                             "nothing was installed.")
+                        raise ModelLoadError(
+                            f"{spec.member} in {spec.wheel} is longer than its stated size; nothing was installed."
+                        )
                     dst.write(block)
     except KeyError:
         raise ModelLoadError(f"{spec.wheel} holds no {spec.member}; nothing was installed.") from None
     except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as err:
-        raise ModelLoadError(f"{spec.wheel} is not a complete wheel (truncated or damaged: {str(err)[:80]}); "
-                             "nothing was installed.",
-                             app=f"The download of {spec.name} is damaged; nothing was installed.") from None
+        raise ModelLoadError(
+            f"{spec.wheel} is not a complete wheel (truncated or damaged: {str(err)[:80]}); nothing was installed.",
+            app=f"The download of {spec.name} is damaged; nothing was installed.",
+        ) from None
     say(f"read {out.name} ({spec.member_bytes / 1e6:.0f} MB) out of the wheel", 0.65)
     return out
 
@@ -513,13 +570,15 @@ def convert(spec: Fetchable, gguf: Path, out: Path, say: Progress) -> None:
         raise
     except Exception as err:  # noqa: BLE001 - transformers and gguf raise many types on a bad file
         first = (str(err).splitlines() or [""])[0][:160]
-        raise ModelLoadError(f"transformers could not read {gguf.name} ({type(err).__name__}: {first}); nothing was "
-                             "installed. The packages gguf and accelerate are needed (requirements.txt).",
-                             app=f"The model {spec.name} could not be converted on the server; nothing was "
-                                 "installed.") from None
+        raise ModelLoadError(
+            f"transformers could not read {gguf.name} ({type(err).__name__}: {first}); nothing was "
+            "installed. The packages gguf and accelerate are needed (requirements.txt).",
+            app=f"The model {spec.name} could not be converted on the server; nothing was installed.",
+        ) from None
     if model.config.model_type != spec.architecture:
-        raise ModelLoadError(f"{gguf.name} is a '{model.config.model_type}' model, not '{spec.architecture}'; "
-                             "nothing was installed.")
+        raise ModelLoadError(
+            f"{gguf.name} is a '{model.config.model_type}' model, not '{spec.architecture}'; nothing was installed."
+        )
     say("copying the weights into a plain model", 0.85)
     fresh = type(model)(model.config)
     fresh.load_state_dict(model.state_dict())
@@ -537,9 +596,10 @@ def convert(spec: Fetchable, gguf: Path, out: Path, say: Progress) -> None:
         if "No space left" in str(err) or "os error 28" in str(err):
             raise OSError(errno.ENOSPC, "No space left on device") from None
         first = (str(err).splitlines() or [""])[0][:160]
-        raise ModelLoadError(f"Saving the converted {spec.name} failed ({type(err).__name__}: {first}); nothing was "
-                             "installed.", app=f"Saving the converted {spec.name} failed; nothing was installed.") \
-            from None
+        raise ModelLoadError(
+            f"Saving the converted {spec.name} failed ({type(err).__name__}: {first}); nothing was installed.",
+            app=f"Saving the converted {spec.name} failed; nothing was installed.",
+        ) from None
     del fresh
     files = {}
     for p in sorted(out.iterdir()):
@@ -554,11 +614,19 @@ def convert(spec: Fetchable, gguf: Path, out: Path, say: Progress) -> None:
         "summary": spec.summary,
         "licence": spec.licence,
         "architecture": spec.architecture,
-        "source": {"package": spec.package, "version": spec.version, "wheel": spec.wheel,
-                   "wheel_sha256": spec.wheel_sha256, "member": spec.member,
-                   "url": f"https://pypi.org/project/{spec.package}/{spec.version}/"},
-        "converted_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                           "gguf": _version("gguf")},
+        "source": {
+            "package": spec.package,
+            "version": spec.version,
+            "wheel": spec.wheel,
+            "wheel_sha256": spec.wheel_sha256,
+            "member": spec.member,
+            "url": f"https://pypi.org/project/{spec.package}/{spec.version}/",
+        },
+        "converted_with": {
+            "transformers": transformers.__version__,
+            "torch": torch.__version__.split("+")[0],
+            "gguf": _version("gguf"),
+        },
         FILES_KEY: files,
     }
     tmp = out / "card.json.tmp"
@@ -580,6 +648,17 @@ def _version(dist: str) -> str:
 
 def describe() -> list[dict]:
     """Each fetchable model: name, size, L_tr, licence, source and whether it is installed (no digest checked)."""
-    return [{"name": s.name, "title": s.title, "installed": installed(s.name), "folder": str(folder(s.name)),
-             "train_length": s.train_length, "licence": s.licence, "download_mb": round(s.wheel_bytes / 1e6),
-             "disk_mb": round(s.disk_bytes / 1e6), "source": s.source} for s in FETCHABLE.values()]
+    return [
+        {
+            "name": s.name,
+            "title": s.title,
+            "installed": installed(s.name),
+            "folder": str(folder(s.name)),
+            "train_length": s.train_length,
+            "licence": s.licence,
+            "download_mb": round(s.wheel_bytes / 1e6),
+            "disk_mb": round(s.disk_bytes / 1e6),
+            "source": s.source,
+        }
+        for s in FETCHABLE.values()
+    ]

@@ -36,17 +36,26 @@ from pathlib import Path
 
 import torch
 
-from core.mechanics import attention  # (importing it registers the "aligned" attention)
-from core.mechanics import patches
 from core.errors import ModelLoadError, UserError
+from core.mechanics import (
+    attention,  # (importing it registers the "aligned" attention)
+    patches,
+)
 from core.models import install
 from core.models.catalog import ROPE_FAMILY, T5_FAMILY, ModelSpec, registry, resolve
 from core.models.device import pick_device
 from core.models.hub import local_copy
 from core.models.loaded import Loaded
 from core.models.names import APP_MODEL_BOX, _is_dir, _short, _shown, is_hub_id
-from core.models.safety import (TOKENIZER_FILES, _check_loading_info, _check_tokenizer, _has_tokenizer, _LAYOUT,
-                                check_config_matches, check_weight_files)
+from core.models.safety import (
+    _LAYOUT,
+    TOKENIZER_FILES,
+    _check_loading_info,
+    _check_tokenizer,
+    _has_tokenizer,
+    check_config_matches,
+    check_weight_files,
+)
 
 #: Models kept loaded in the process, least recently used dropped first: a server whose people try many models
 #: must not keep every one of them (a Flan-T5-base is 1 GB). The app's own ``st.cache_resource`` holds as many.
@@ -84,8 +93,13 @@ def _cached(key: tuple) -> Loaded | None:
         return hit
 
 
-def load(name: str | ModelSpec, device: str | None = None, train_length: int | None = None,
-         tokenizer: str | None = None, dtype: str | None = None) -> Loaded:
+def load(
+    name: str | ModelSpec,
+    device: str | None = None,
+    train_length: int | None = None,
+    tokenizer: str | None = None,
+    dtype: str | None = None,
+) -> Loaded:
     """Load (once) a T5-family or rotary masked-LM model with the ``aligned`` attention; see the module docstring.
 
     ``tokenizer``: a registry name, hub id or folder whose tokenizer to use
@@ -98,8 +112,10 @@ def load(name: str | ModelSpec, device: str | None = None, train_length: int | N
     dev, precision = pick_device(device, dtype)
     tok_ref = str(tokenizer).strip() if tokenizer is not None else ""
     if tokenizer is not None and not tok_ref:
-        raise ModelLoadError("--tokenizer is empty: name a registry model, a hub id or a folder",
-                             app="The tokenizer's name is empty: name a registry model, a hub id or a folder.")
+        raise ModelLoadError(
+            "--tokenizer is empty: name a registry model, a hub id or a folder",
+            app="The tokenizer's name is empty: name a registry model, a hub id or a folder.",
+        )
     key = (spec.source, str(dev), spec.train_length, tok_ref, str(precision))
     hit = _cached(key)
     if hit is not None:
@@ -152,17 +168,28 @@ def _tokenizer_source(ref: str) -> tuple[str, dict]:
     path = Path(ref).expanduser()
     if _is_dir(path):
         if not _has_tokenizer(path):
-            raise ModelLoadError(f"Tokenizer folder '{ref}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...)")
+            raise ModelLoadError(
+                f"Tokenizer folder '{ref}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...)"
+            )
         return str(path), {"local_files_only": True}
     spec = registry().get(ref)
     source = spec.source if spec else ref
     if spec is None and not is_hub_id(ref):
-        raise ModelLoadError(f"Unknown tokenizer '{_short(ref)}': not a folder, a registry name or a hub id (owner/name)")
+        raise ModelLoadError(
+            f"Unknown tokenizer '{_short(ref)}': not a folder, a registry name or a hub id (owner/name)"
+        )
     return local_copy(source), {"local_files_only": True}  # a hub id is downloaded first, bounded (see fetch)
 
 
-def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, tokenizer: str | None = None, *,
-                   where: str | None = None, tok_where: str | None = None) -> Loaded:
+def _load_uncached(
+    spec: ModelSpec,
+    dev: torch.device,
+    dtype: torch.dtype,
+    tokenizer: str | None = None,
+    *,
+    where: str | None = None,
+    tok_where: str | None = None,
+) -> Loaded:
     """Load ``spec`` from the local folder ``where`` (its :func:`local_copy`; fetched here when not given).
 
     Nothing here touches the network: a hub id was downloaded (bounded) before,
@@ -178,35 +205,48 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=False, **opts)
     except Exception as err:  # noqa: BLE001 - many hub/network error types
-        what = "the folder has no usable config.json" if folder else f"its config could not be read ({type(err).__name__})"
+        what = (
+            "the folder has no usable config.json" if folder else f"its config could not be read ({type(err).__name__})"
+        )
         raise ModelLoadError(
             f"Could not load model '{src}': {what}. Download it on a machine with internet "
             f"(e.g. `hf download {src} --local-dir ./{Path(src).name}`) and pass that folder "
             f"(--model ./{Path(src).name}, or the app's 'hub id or folder' box).",
-            app=(f"Could not load the model in folder '{_shown(src)}': it has no usable config.json. Type a folder "
-                 f"that holds config.json, model.safetensors and the tokenizer files in {APP_MODEL_BOX}, or choose "
-                 "a model in the Model box." if folder else
-                 f"Could not load model '{src}': {what}. Download it on a machine with internet, copy its folder "
-                 f"onto this machine and type that folder in {APP_MODEL_BOX}."),
+            app=(
+                f"Could not load the model in folder '{_shown(src)}': it has no usable config.json. Type a folder "
+                f"that holds config.json, model.safetensors and the tokenizer files in {APP_MODEL_BOX}, or choose "
+                "a model in the Model box."
+                if folder
+                else f"Could not load model '{src}': {what}. Download it on a machine with internet, copy its folder "
+                f"onto this machine and type that folder in {APP_MODEL_BOX}."
+            ),
         ) from None
     family = attention.family_of(config.model_type)
     if family is not None and family not in _LAYOUT:  # a family our attention serves, not yet one the loader reads
-        why = ("a decoder-only model: its attention runs through ours (core.runs.apply puts a tau on it), but "
-               "loading one here (tasks, views, probes on a decoder) is not there yet")
-        raise ModelLoadError(f"'{src}' is a '{config.model_type}' model, {why}.",
-                             app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.")
+        why = (
+            "a decoder-only model: its attention runs through ours (core.runs.apply puts a tau on it), but "
+            "loading one here (tasks, views, probes on a decoder) is not there yet"
+        )
+        raise ModelLoadError(
+            f"'{src}' is a '{config.model_type}' model, {why}.",
+            app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.",
+        )
     if family is None:
-        why = (f"not T5-family ({', '.join(T5_FAMILY)}), a rotary masked-LM encoder ({', '.join(ROPE_FAMILY)}) nor a "
-               f"decoder-only LM ({', '.join(attention.FAMILIES[attention.CAUSAL_LM])}): "
-               "the temperature method needs an attention that runs through ours")
-        raise ModelLoadError(f"'{src}' is a '{config.model_type}' model, {why}.",
-                             app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.")
+        why = (
+            f"not T5-family ({', '.join(T5_FAMILY)}), a rotary masked-LM encoder ({', '.join(ROPE_FAMILY)}) nor a "
+            f"decoder-only LM ({', '.join(attention.FAMILIES[attention.CAUSAL_LM])}): "
+            "the temperature method needs an attention that runs through ours"
+        )
+        raise ModelLoadError(
+            f"'{src}' is a '{config.model_type}' model, {why}.",
+            app=f"'{_shown(src)}' is a '{config.model_type}' model, {why}.",
+        )
     if tokenizer is None and not _has_tokenizer(Path(where)):
         raise ModelLoadError(
             f"Model folder '{src}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy the "
             "model's tokenizer into it, or name one with --tokenizer NAME|FOLDER.",
             app=f"Model folder '{_shown(src)}' has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): copy "
-                "the model's tokenizer files into it.",
+            "the model's tokenizer files into it.",
         )
     if tok_where is None:
         tok_where = _tokenizer_source(tokenizer)[0] if tokenizer is not None else where
@@ -235,8 +275,8 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             f"Could not load the weights or tokenizer of '{src}' ({type(err).__name__}: {first}). "
             "Only safetensors weights are accepted; pass a local folder holding config.json, model.safetensors and tokenizer files.",
             app=f"Could not load the weights or tokenizer of '{_shown(src)}' ({type(err).__name__}). Only safetensors "
-                f"weights are accepted: type a folder holding config.json, model.safetensors and the tokenizer files "
-                f"in {APP_MODEL_BOX}.",
+            f"weights are accepted: type a folder holding config.json, model.safetensors and the tokenizer files "
+            f"in {APP_MODEL_BOX}.",
         ) from None
     _check_tokenizer(tok, tokenizer or src, int(config.vocab_size))
     if family == attention.ROPE and getattr(tok, "mask_token_id", None) is None:
@@ -244,7 +284,8 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             f"The tokenizer of '{src}' has no mask token: a masked-LM encoder is read by filling masked tokens. "
             "Copy the model's own tokenizer files into the folder, or name one with --tokenizer NAME|FOLDER.",
             app=f"The tokenizer of model '{_shown(src)}' has no mask token: copy the model's own tokenizer files "
-                "into its folder.")
+            "into its folder.",
+        )
     model.to(dev).eval()
     if family == attention.ROPE:  # a rotary config its own attention cannot apply: one line, before any pass
         from core.values import positions
@@ -266,6 +307,7 @@ def _load_uncached(spec: ModelSpec, dev: torch.device, dtype: torch.dtype, token
             "tool's attention function, so tau would change nothing; install the transformers range in "
             "requirements.txt (tested: 5.17 and 5.24).",
             app=f"This installation's transformers ({_t.__version__}) runs the model's attention without the app's "
-                "attention function, so tau would change nothing: install the transformers version in "
-                "requirements.txt.")
+            "attention function, so tau would change nothing: install the transformers version in "
+            "requirements.txt.",
+        )
     return Loaded(spec=spec, model=model, tokenizer=tok, device=dev, dtype=dtype)

@@ -42,8 +42,15 @@ from core.values.validation import read_json
 #: The weight files a folder is loaded from, one of them at least (an index names its shards).
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 #: Files one of which a folder's tokenizer needs (ByT5 needs only tokenizer_config.json).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "sentencepiece.bpe.model",
-                   "tokenizer.model", "vocab.json", "vocab.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+)
 
 #: Weight formats transformers or torch can read that are not safetensors (pickles above all): never opened.
 NOT_SAFETENSORS = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".msgpack", ".h5", ".gguf", ".npz", ".joblib")
@@ -54,15 +61,23 @@ _MAX_HEADER = 100_000_000
 
 
 def _refuse(src: str, why: str, app_why: str | None = None) -> ModelLoadError:
-    return ModelLoadError(f"Model folder '{src}' {why}. Only safetensors weights are loaded (no pickle is ever read).",
-                          app=f"Model folder '{_shown(src)}' {app_why or why}. Only safetensors weights are loaded.")
+    return ModelLoadError(
+        f"Model folder '{src}' {why}. Only safetensors weights are loaded (no pickle is ever read).",
+        app=f"Model folder '{_shown(src)}' {app_why or why}. Only safetensors weights are loaded.",
+    )
 
 
 def _plain_safetensors_name(name: object, index: bool = False) -> bool:
     """A bare file name (no folder part, no ``..``) ending in ``.safetensors`` (or ``.safetensors.index.json``)."""
     ends = (".safetensors", ".safetensors.index.json") if index else (".safetensors",)
-    return (isinstance(name, str) and name.endswith(ends) and "/" not in name and "\\" not in name
-            and name not in (".", "..") and "\x00" not in name)
+    return (
+        isinstance(name, str)
+        and name.endswith(ends)
+        and "/" not in name
+        and "\\" not in name
+        and name not in (".", "..")
+        and "\x00" not in name
+    )
 
 
 def _read_index(path: Path, folder: Path, src: str) -> list[str]:
@@ -70,16 +85,22 @@ def _read_index(path: Path, folder: Path, src: str) -> list[str]:
     try:
         raw = read_json(path, "Weight index")
     except UserError as err:
-        raise _refuse(src, f"has an unreadable {path.name} ({str(err).split(': ', 1)[-1][:120]})",
-                      f"has an unreadable {path.name}") from None
+        raise _refuse(
+            src,
+            f"has an unreadable {path.name} ({str(err).split(': ', 1)[-1][:120]})",
+            f"has an unreadable {path.name}",
+        ) from None
     wmap = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(wmap, dict) or not wmap:
         raise _refuse(src, f"has a {path.name} without a weight_map")
     bad = [v for v in wmap.values() if not _plain_safetensors_name(v)]
     if bad:
         bad = bad[0]
-        raise _refuse(src, f"has a {path.name} that points at {_short(str(bad))!r}, which is not a "
-                                   "safetensors file in the folder; it is not opened")
+        raise _refuse(
+            src,
+            f"has a {path.name} that points at {_short(str(bad))!r}, which is not a "
+            "safetensors file in the folder; it is not opened",
+        )
     return sorted(set(wmap.values()))
 
 
@@ -110,7 +131,9 @@ def _safetensors_header(path: Path, folder: Path, src: str) -> dict[str, tuple[i
         if name == "__metadata__":
             continue
         shape = meta.get("shape") if isinstance(meta, dict) else None
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise not_it
         shapes[name] = tuple(shape)
     return shapes
@@ -150,8 +173,11 @@ def check_weight_files(folder: str | Path, src: str | None = None) -> dict[str, 
         files = [n for n in names if n.endswith(".safetensors")]
     elif explicit is not None:
         if not _plain_safetensors_name(explicit, index=True) or not (folder / explicit).is_file():
-            raise _refuse(src, f"has a config.json whose transformers_weights names {_short(str(explicit))!r}, "
-                                       "which is not a safetensors file in the folder; it is not opened")
+            raise _refuse(
+                src,
+                f"has a config.json whose transformers_weights names {_short(str(explicit))!r}, "
+                "which is not a safetensors file in the folder; it is not opened",
+            )
         files = _read_index(folder / explicit, folder, src) if explicit.endswith(".json") else [explicit]
     elif "model.safetensors" in names:
         files = ["model.safetensors"]
@@ -170,20 +196,38 @@ def check_weight_files(folder: str | Path, src: str | None = None) -> dict[str, 
 
 
 #: Config fields that count or size something: a whole number of at least 1 each (0 layers ends in IndexError).
-_POSITIVE_FIELDS = ("num_layers", "num_decoder_layers", "num_heads", "d_model", "d_kv", "d_ff", "vocab_size",
-                    "relative_attention_num_buckets", "relative_attention_max_distance")
+_POSITIVE_FIELDS = (
+    "num_layers",
+    "num_decoder_layers",
+    "num_heads",
+    "d_model",
+    "d_kv",
+    "d_ff",
+    "vocab_size",
+    "relative_attention_num_buckets",
+    "relative_attention_max_distance",
+)
 #: The same for a rotary encoder (ModernBERT's names).
 _ROPE_POSITIVE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
 #: The same for a decoder-only causal LM (Llama's names; ``num_key_value_heads`` may be absent: as many as queries).
-_DECODER_POSITIVE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
-                            "intermediate_size", "vocab_size")
+_DECODER_POSITIVE_FIELDS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+)
 #: Fields that may be absent (None): the declared decoder depth of T5 (its encoder's), a decoder-only model's
 #: key/value heads (its query heads), its head size (hidden size / heads).
 _OPTIONAL_FIELDS = ("num_decoder_layers", "num_key_value_heads", "head_dim")
 #: Per family: the positive fields, the stacks as (weight-name prefix, layer-count field), the auto class.
 _LAYOUT = {
-    attention.T5: (_POSITIVE_FIELDS, (("encoder.block", "num_layers"), ("decoder.block", "num_decoder_layers")),
-                   "AutoModelForSeq2SeqLM"),
+    attention.T5: (
+        _POSITIVE_FIELDS,
+        (("encoder.block", "num_layers"), ("decoder.block", "num_decoder_layers")),
+        "AutoModelForSeq2SeqLM",
+    ),
     attention.ROPE: (_ROPE_POSITIVE_FIELDS, (("model.layers", "num_hidden_layers"),), "AutoModelForMaskedLM"),
     attention.CAUSAL_LM: (_DECODER_POSITIVE_FIELDS, (("model.layers", "num_hidden_layers"),), "AutoModelForCausalLM"),
 }
@@ -217,8 +261,10 @@ def check_config_matches(config: Any, shapes: dict[str, tuple[int, ...]], src: s
     positive, stacks, auto = _LAYOUT[family]
 
     def refuse(why: str) -> ModelLoadError:
-        return ModelLoadError(f"The config.json of '{src}' does not match its weights: {why}.",
-                              app=f"The config.json of model '{_shown(src)}' does not match its weights: {why}.")
+        return ModelLoadError(
+            f"The config.json of '{src}' does not match its weights: {why}.",
+            app=f"The config.json of model '{_shown(src)}' does not match its weights: {why}.",
+        )
 
     for field in positive + (("head_dim",) if family == attention.CAUSAL_LM else ()):
         value = getattr(config, field, None)
@@ -229,14 +275,22 @@ def check_config_matches(config: Any, shapes: dict[str, tuple[int, ...]], src: s
     if family == attention.ROPE and config.hidden_size % config.num_attention_heads:
         raise refuse(f"hidden_size {config.hidden_size} does not split into {config.num_attention_heads} heads")
     if family == attention.CAUSAL_LM:  # grouped-query attention: each key/value head serves a whole group of queries
-        heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        heads, kv = (
+            config.num_attention_heads,
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        )
         if heads % kv:
             raise refuse(f"num_attention_heads {heads} does not split into {kv} key/value groups (num_key_value_heads)")
         if getattr(config, "head_dim", None) is None and config.hidden_size % heads:
             raise refuse(f"hidden_size {config.hidden_size} does not split into {heads} heads")
     for prefix, field in stacks:
-        stack = (prefix.split(".")[0] if family == attention.T5 else
-                 "decoder" if family == attention.CAUSAL_LM else "encoder")
+        stack = (
+            prefix.split(".")[0]
+            if family == attention.T5
+            else "decoder"
+            if family == attention.CAUSAL_LM
+            else "encoder"
+        )
         declared = int(getattr(config, field) or getattr(config, stacks[0][1]))
         stored = _blocks(shapes, prefix)
         if stored != set(range(declared)):
@@ -245,7 +299,9 @@ def check_config_matches(config: Any, shapes: dict[str, tuple[int, ...]], src: s
         with torch.device("meta"):  # a copy: building may set attributes (the attention) on the config it is given
             skeleton = getattr(transformers, auto).from_config(copy.deepcopy(config))
     except Exception as err:  # noqa: BLE001 - whatever a config transformers cannot build raises
-        raise refuse(f"no model can be built from it ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:120]})") from None
+        raise refuse(
+            f"no model can be built from it ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:120]})"
+        ) from None
     wanted = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     for name in sorted(shapes):
         if name in wanted and wanted[name] != shapes[name]:
@@ -256,16 +312,22 @@ def _check_loading_info(info: dict, src: str) -> None:
     """What transformers found on loading (after its own tied and ignored weights): nothing missing, unexpected,
     mismatched or in error, else one line (a missing weight would run with random values)."""
     parts = []
-    for key, label in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
-                       ("mismatched_keys", "of the wrong shape"), ("error_msgs", "in error")):
+    for key, label in (
+        ("missing_keys", "missing"),
+        ("unexpected_keys", "unexpected"),
+        ("mismatched_keys", "of the wrong shape"),
+        ("error_msgs", "in error"),
+    ):
         items = sorted(str(k) for k in (info.get(key) or ()))
         if items:
             more = f" and {len(items) - 2} more" if len(items) > 2 else ""
             parts.append(f"{len(items)} {label} ({', '.join(_short(i) for i in items[:2])}{more})")
     if parts:
         why = "weights " + "; ".join(parts)
-        raise ModelLoadError(f"The weights of '{src}' do not match its config.json: {why}.",
-                             app=f"The weights of model '{_shown(src)}' do not match its config.json: {why}.")
+        raise ModelLoadError(
+            f"The weights of '{src}' do not match its config.json: {why}.",
+            app=f"The weights of model '{_shown(src)}' do not match its config.json: {why}.",
+        )
 
 
 def _has_weights(folder: Path) -> bool:
@@ -289,7 +351,7 @@ def _check_tokenizer(tokenizer: Any, src: str, vocab_size: int) -> None:
             f"The tokenizer of '{src}' does not know plain English words (they become <unk>): its vocabulary is "
             "missing or empty. Copy the model's tokenizer files into the folder, or name one with --tokenizer NAME|FOLDER.",
             app=f"The tokenizer of model '{_shown(src)}' does not know plain English words (they become <unk>): its "
-                "vocabulary is missing or empty. Copy the model's tokenizer files into its folder.",
+            "vocabulary is missing or empty. Copy the model's tokenizer files into its folder.",
         )
     size = int(getattr(tokenizer, "vocab_size", None) or len(tokenizer))  # base vocabulary, without added specials
     if size > vocab_size or max(ids) >= vocab_size:
@@ -297,5 +359,5 @@ def _check_tokenizer(tokenizer: Any, src: str, vocab_size: int) -> None:
             f"The tokenizer for '{src}' has {size:,} tokens but the model's vocabulary has only "
             f"{vocab_size:,}: it belongs to another model. Name the right one with --tokenizer NAME|FOLDER.",
             app=f"The tokenizer of model '{_shown(src)}' has {size:,} tokens but the model's vocabulary has only "
-                f"{vocab_size:,}: it belongs to another model. Copy the model's own tokenizer files into its folder.",
+            f"{vocab_size:,}: it belongs to another model. Copy the model's own tokenizer files into its folder.",
         )

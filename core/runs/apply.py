@@ -78,13 +78,13 @@ from pathlib import Path
 
 import torch
 
+from core.errors import UserError
+from core.kinds import DECODER, ENCODER
 from core.mechanics import attention, patches
 from core.mechanics.attention import attention_call, family_of
 from core.mechanics.run_pass import DEFAULT_PASS, Pass
-from core.errors import UserError
-from core.kinds import DECODER, ENCODER
-from core.values.choice import Choice
 from core.runs.settings import Settings
+from core.values.choice import Choice
 from core.values.validation import Bytes, Positive, validate
 
 #: transformers ``model_type`` values whose attention we can take over (every family of core.mechanics.attention.FAMILIES).
@@ -93,10 +93,18 @@ SUPPORTED_TYPES = tuple(t for types in attention.FAMILIES.values() for t in type
 SUPPORTED_CLASSES = tuple(
     f"{p}{c}"
     for p in ("T5", "MT5", "UMT5")
-    for c in ("ForConditionalGeneration", "EncoderModel", "Model", "ForSequenceClassification",
-              "ForTokenClassification", "ForQuestionAnswering")
-) + tuple(f"ModernBert{c}" for c in ("ForMaskedLM", "Model", "ForSequenceClassification", "ForTokenClassification",
-                                       "ForQuestionAnswering"))
+    for c in (
+        "ForConditionalGeneration",
+        "EncoderModel",
+        "Model",
+        "ForSequenceClassification",
+        "ForTokenClassification",
+        "ForQuestionAnswering",
+    )
+) + tuple(
+    f"ModernBert{c}"
+    for c in ("ForMaskedLM", "Model", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+)
 #: Guards every model's :class:`_Hold` (its creation, its counts, the switch and the restore): blocks opened and
 #: closed in several threads at once on one model must not both snapshot the model or both restore it. Held
 #: only while configs are read or written, never across a forward pass.
@@ -108,14 +116,16 @@ _OPEN: contextvars.ContextVar[tuple] = contextvars.ContextVar("aligned_apply_blo
 
 # -- checks and settings ---------------------------------------------------------
 
+
 def check_supported(model) -> None:
     """Raise :class:`UserError` unless ``model`` is a T5/MT5/UMT5, ModernBERT or decoder-only (Llama, Mistral, Qwen2/3,
     Gemma 2, Phi-3, gpt-oss) model whose attention we can take over."""
     name = type(model).__name__
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    works = ", ".join(SUPPORTED_CLASSES[:3] + SUPPORTED_CLASSES[6:9] + SUPPORTED_CLASSES[12:15]
-                      + SUPPORTED_CLASSES[18:20])
+    works = ", ".join(
+        SUPPORTED_CLASSES[:3] + SUPPORTED_CLASSES[6:9] + SUPPORTED_CLASSES[12:15] + SUPPORTED_CLASSES[18:20]
+    )
     if not isinstance(model, torch.nn.Module) or model_type not in SUPPORTED_TYPES:
         raise UserError(
             f"core.runs.apply does not support {name} (model_type {model_type!r}): the temperature method needs "
@@ -171,8 +181,10 @@ def choice_for(
         chosen = settings if isinstance(settings, Settings) else Settings.load(Path(settings))
         choice = chosen.to_choice(value)
         if not choice.scheme.is_plain:
-            raise UserError(f"The settings hold position scheme '{choice.scheme}': core.runs.apply puts a tau on a model, "
-                            "not a position scheme; run them with `python -m core run --settings FILE` (or `mlm`)")
+            raise UserError(
+                f"The settings hold position scheme '{choice.scheme}': core.runs.apply puts a tau on a model, "
+                "not a position scheme; run them with `python -m core run --settings FILE` (or `mlm`)"
+            )
         choice = choice.with_(**overrides) if overrides else choice  # the targets' one check
     else:
         if value is None:
@@ -181,7 +193,9 @@ def choice_for(
         try:
             choice = Choice.of(tau=value, **overrides)  # the one check of a tau
         except UserError as err:
-            raise UserError(f"Bad tau schedule for {type(model).__name__} ({enc} layers x {heads} heads): {err}") from None
+            raise UserError(
+                f"Bad tau schedule for {type(model).__name__} ({enc} layers x {heads} heads): {err}"
+            ) from None
     if family_of(model.config.model_type) == attention.ROPE and any(t != ENCODER for t in choice.targets):
         raise UserError(f"{type(model).__name__} has encoder self-attention only: targets can only be {ENCODER!r}")
     if family_of(model.config.model_type) == attention.CAUSAL_LM:
@@ -190,8 +204,10 @@ def choice_for(
         if targets is None and settings is None:
             choice = choice.with_(targets=(DECODER,))
         elif DECODER not in choice.targets:
-            raise UserError(f"{type(model).__name__} is a decoder-only model: its one attention is causal "
-                            f"self-attention, targets {DECODER!r} (got {', '.join(choice.targets) or 'none'})")
+            raise UserError(
+                f"{type(model).__name__} is a decoder-only model: its one attention is causal "
+                f"self-attention, targets {DECODER!r} (got {', '.join(choice.targets) or 'none'})"
+            )
     enc, dec, heads = _n_layers_heads(model)
     schedule = choice.tau
     try:
@@ -208,6 +224,7 @@ def choice_for(
 
 
 # -- switching the attention implementation --------------------------------------
+
 
 @dataclass
 class _Hold:
@@ -245,6 +262,7 @@ def _let_go(model, hold: _Hold) -> None:
 
 
 # -- the public API --------------------------------------------------------------
+
 
 def _thread_name(ident: int | None) -> str:
     for t in threading.enumerate():
@@ -300,24 +318,29 @@ class _Block:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._state != "open":
-            raise UserError(f"This apply block is {'not open yet' if self._state == 'new' else 'already closed'}: "
-                            "close an apply block once, after entering it.")
+            raise UserError(
+                f"This apply block is {'not open yet' if self._state == 'new' else 'already closed'}: "
+                "close an apply block once, after entering it."
+            )
         here = threading.get_ident()
         if here != self._thread:
             raise UserError(
                 f"Close an apply block in the thread that opened it: opened in thread {_thread_name(self._thread)}, "
                 f"closed in {_thread_name(here)}. The block stays open there (its tau and the model's attention); "
-                "for a model shared by threads use core.runs.apply.install.")
+                "for a model shared by threads use core.runs.apply.install."
+            )
         if _OPEN.get()[-1:] != (self,):
             raise UserError(
                 "Close an apply block in the thread (and asyncio task or context) that opened it, innermost block "
-                "first: this one is not the innermost block open here. It stays open.")
+                "first: this one is not the innermost block open here. It stays open."
+            )
         try:
             _OPEN.reset(self._open_token)  # refused without side effects in another context (a copied one)
         except ValueError:
             raise UserError(
                 "Close an apply block in the thread (and asyncio task or context) that opened it: this one was "
-                "opened in another context of this thread. It stays open.") from None
+                "opened in another context of this thread. It stays open."
+            ) from None
         self._state = "closed"
         try:
             self._call.__exit__(exc_type, exc, tb)  # same context, innermost: the reset cannot fail now
@@ -371,8 +394,15 @@ def apply(
     where it was opened; see :class:`_Block`).
     """
     check_supported(model)
-    choice, how = choice_for(model, tau, schedule=schedule, settings=settings, targets=targets,
-                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
+    choice, how = choice_for(
+        model,
+        tau,
+        schedule=schedule,
+        settings=settings,
+        targets=targets,
+        cosine_scale=cosine_scale,
+        chunk_bytes=chunk_bytes,
+    )
     return _Block(model, choice, how, recorder)
 
 
@@ -398,8 +428,15 @@ def install(
     private config field).
     """
     check_supported(model)
-    choice, how = choice_for(model, tau, schedule=schedule, settings=settings, targets=targets,
-                             cosine_scale=cosine_scale, chunk_bytes=chunk_bytes)
+    choice, how = choice_for(
+        model,
+        tau,
+        schedule=schedule,
+        settings=settings,
+        targets=targets,
+        cosine_scale=cosine_scale,
+        chunk_bytes=chunk_bytes,
+    )
     name = attention.standing(choice, how)
     with _LOCK:
         hold = _hold(model)

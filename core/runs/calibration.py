@@ -10,20 +10,20 @@ the needle, cut to L_tr tokens).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 
-from core.runs import engine, temperature
 from core.data import tasks
 from core.errors import UserError
-from core.models import Loaded
 from core.mechanics.probes import ProbeSpec
 from core.mechanics.run_pass import Pass
+from core.models import Loaded
+from core.runs import engine, temperature
+from core.runs.temperature import Calibration, LayerStats
 from core.values.choice import TRAINED, Choice
 from core.values.schedule import Schedule
-from core.runs.temperature import Calibration, LayerStats
 
 Progress = Callable[[float], None]
 
@@ -34,8 +34,9 @@ def reference_document(loaded: Loaded, document: tasks.Document, length: int | N
     if document.task in tasks.GENERATED:
         haystack = document.meta.get("haystack", "default")
         try:
-            return tasks.make(document.task, loaded.tokenizer, length, depth=document.depth, seed=document.seed,
-                              haystack=haystack)
+            return tasks.make(
+                document.task, loaded.tokenizer, length, depth=document.depth, seed=document.seed, haystack=haystack
+            )
         except ValueError as err:  # e.g. a task that does not fit in this model's L_tr: nothing to compare with
             raise UserError(f"No L_tr reference for this document: {err}") from None
     return _text_window(loaded, document, length)
@@ -72,7 +73,9 @@ def _text_window(loaded: Loaded, doc: tasks.Document, length: int) -> tasks.Docu
     return replace(doc, text=text, needle_span=needle, question_span=(qa, qa + len(question)), meta=meta)
 
 
-def measure(loaded: Loaded, documents: list[tasks.Document], base: Choice | None = None) -> Callable[[object], LayerStats]:
+def measure(
+    loaded: Loaded, documents: list[tasks.Document], base: Choice | None = None
+) -> Callable[[object], LayerStats]:
     """tau schedule -> mean per-layer Pmax/H over ``documents`` under ``base`` with that tau (its scheme,
     targets, CosScale; None: as trained), stats-only probes, no generation, memoised; each document's own
     per-layer values ride along (``doc_pmax`` / ``doc_entropy``, in ``documents``' order: Algorithm 1's
@@ -93,7 +96,8 @@ def measure(loaded: Loaded, documents: list[tasks.Document], base: Choice | None
                 entropy=np.mean([r.probes.layer_entropy for r in res], axis=0),
                 head_pmax=np.mean([r.probes.pmax[0] for r in res], axis=0),  # [layers, heads]
                 head_entropy=np.mean([r.probes.entropy[0] for r in res], axis=0),
-                doc_pmax=doc_pmax, doc_entropy=doc_entropy,
+                doc_pmax=doc_pmax,
+                doc_entropy=doc_entropy,
             )
         return cache[key]
 
@@ -128,16 +132,18 @@ def calibrate(
     return temperature.algorithm1(meas, reference, criterion, fast=fast, progress=progress, refined=refined)
 
 
-def measures(loaded: Loaded, document: tasks.Document, samples: int = 1,
-             base: Choice | None = None) -> tuple[Callable[[object], LayerStats], LayerStats]:
+def measures(
+    loaded: Loaded, document: tasks.Document, samples: int = 1, base: Choice | None = None
+) -> tuple[Callable[[object], LayerStats], LayerStats]:
     """Algorithm 1's inputs: ``measure`` over the document and its siblings, and their L_tr reference at tau = 1."""
     docs = siblings(document, loaded, samples)
     refs = [reference_document(loaded, d) for d in docs]
     return measure(loaded, docs, base), measure(loaded, refs, base)(1.0)
 
 
-def both_criteria(meas: Callable[[object], LayerStats], reference: LayerStats, fast: bool = False,
-                  progress: Progress | None = None) -> dict[str, Calibration]:
+def both_criteria(
+    meas: Callable[[object], LayerStats], reference: LayerStats, fast: bool = False, progress: Progress | None = None
+) -> dict[str, Calibration]:
     """Algorithm 1 for Pmax and for entropy from one ``measure``: each pass yields both statistics,
     so with a memoised ``measure`` the second criterion costs no pass on the full grid."""
     out = {}
@@ -160,8 +166,14 @@ def logit_stats(loaded: Loaded, document: tasks.Document, base: Choice | None = 
 
 def length_stats_of(res: engine.Result) -> dict:
     """What the Theory page plots over length from one tau = 1 pass with sorted logits: sigma, l_max, Pmax, H."""
-    return {"tokens": res.tokens, "l_max": res.probes.l_max, "sigma": res.probes.sigma,
-            "pmax_layer0": float(res.probes.pmax[0][0].mean()), "pmax": res.pmax, "entropy": res.entropy}
+    return {
+        "tokens": res.tokens,
+        "l_max": res.probes.l_max,
+        "sigma": res.probes.sigma,
+        "pmax_layer0": float(res.probes.pmax[0][0].mean()),
+        "pmax": res.pmax,
+        "entropy": res.entropy,
+    }
 
 
 def logit_stats_of(ex: engine.Result, tr: engine.Result, train_length: int) -> dict:

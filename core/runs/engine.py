@@ -83,7 +83,9 @@ class Result:
     nll: float | None = None  # language modelling (task "lm"): summed -log p of the continuation's tokens
     scored_tokens: int | None = None  # how many continuation tokens ``nll`` sums over
     answer_tokens: list[str] | None = None  # the generated tokens one by one (eos included): decoder/cross map rows
-    schedule: Any = None  # the run's Schedule as given (a per-row one: ``tau`` holds only its mean, adaptive its base 1)
+    schedule: Any = (
+        None  # the run's Schedule as given (a per-row one: ``tau`` holds only its mean, adaptive its base 1)
+    )
 
     @property
     def perplexity(self) -> float | None:
@@ -126,8 +128,11 @@ class Result:
             "parsed": self.parsed,
             "method": self.method,
             "tau": float(tau.flat[0]) if same else tau.mean(axis=1).round(4).tolist(),
-            **({"schedule": self.schedule.to_json(), "schedule_text": self.schedule.describe(self.tokens)}
-               if rows else {}),
+            **(
+                {"schedule": self.schedule.to_json(), "schedule_text": self.schedule.describe(self.tokens)}
+                if rows
+                else {}
+            ),
             "tokens": self.tokens,
             "train_length": self.train_length,
             "ratio": round(self.tokens / self.train_length, 3),
@@ -139,8 +144,11 @@ class Result:
             "l_max": self.probes.l_max,
             "layers": self.layers(),
             **({"cosine_scale": self.cosine_scale} if self.cosine_scale is not None else {}),
-            **({"perplexity": self.perplexity, "nll": self.nll, "scored_tokens": self.scored_tokens}
-               if self.nll is not None else {}),
+            **(
+                {"perplexity": self.perplexity, "nll": self.nll, "scored_tokens": self.scored_tokens}
+                if self.nll is not None
+                else {}
+            ),
         }
 
 
@@ -219,6 +227,7 @@ def _longest(budget: float, per_l2: float, per_token: float) -> int:
 
 # -- tokenising ------------------------------------------------------------------
 
+
 def _token_span(offsets: np.ndarray, span: tuple[int, int] | None) -> tuple[int, int] | None:
     """Tokens whose characters overlap ``span`` (``[start, end)`` in characters)."""
     if span is None or span[1] <= span[0]:
@@ -293,16 +302,22 @@ def check_length(loaded: Loaded, n: int, batch: int = 1) -> None:
             f"this machine can run at most about {cap:,} tokens now "
             f"({memory.free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document.",
             app=f"The document is {n:,} tokens; with this model ({loaded.n_heads} heads, {loaded.dtype}) "
-                f"this machine can run at most about {cap:,} tokens now "
-                f"({memory.free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document: a smaller number in "
-                "the Length in tokens box, or a shorter text.",
+            f"this machine can run at most about {cap:,} tokens now "
+            f"({memory.free_bytes(loaded.device) / 2**30:.1f} GB free). Use a shorter document: a smaller number in "
+            "the Length in tokens box, or a shorter text.",
         )
 
 
 # -- running ---------------------------------------------------------------------
 
-def run(loaded: Loaded, document: tasks.Document, choice: Choice = TRAINED, how: Pass = DEFAULT_PASS,
-        encoded: Encoded | None = None) -> Result:
+
+def run(
+    loaded: Loaded,
+    document: tasks.Document,
+    choice: Choice = TRAINED,
+    how: Pass = DEFAULT_PASS,
+    encoded: Encoded | None = None,
+) -> Result:
     """Run one document under ``choice`` (what) and ``how`` (by default all probes, question profile included,
     and a generated answer) and return a :class:`Result`."""
     t0 = time.perf_counter()
@@ -325,8 +340,9 @@ ESTIMATE_FROM = 8192
 SAMPLE_TOKENS = 2048
 
 
-def estimate_pass(loaded: Loaded, document: tasks.Document, encoded: Encoded, choice: Choice = TRAINED,
-                  how: Pass = DEFAULT_PASS) -> float:
+def estimate_pass(
+    loaded: Loaded, document: tasks.Document, encoded: Encoded, choice: Choice = TRAINED, how: Pass = DEFAULT_PASS
+) -> float:
     """Seconds the pass over ``encoded`` should take here: a pass over its first :data:`SAMPLE_TOKENS`
     tokens (same settings, no answer), timed the second time it runs (the first pays for what a process
     does once: the kernel library, the allocator), scaled by the square of the length (attention's cost).
@@ -337,15 +353,19 @@ def estimate_pass(loaded: Loaded, document: tasks.Document, encoded: Encoded, ch
     samples cannot see the long pass's cache misses)."""
     how = replace(how, generate=False)
     m = min(SAMPLE_TOKENS, encoded.n)
-    head = replace(encoded, input_ids=encoded.input_ids[:m], offsets=encoded.offsets[:m], needle_tokens=None,
-                   question_tokens=None)
+    head = replace(
+        encoded, input_ids=encoded.input_ids[:m], offsets=encoded.offsets[:m], needle_tokens=None, question_tokens=None
+    )
     seconds = [run(loaded, document, choice, how, encoded=head).seconds["encode"] for _ in range(2)]
     return seconds[-1] * (encoded.n / m) ** 2
 
 
 def run_batch(
-    loaded: Loaded, documents: list[tasks.Document], choice: Choice = TRAINED, how: Pass | None = None,
-    batch_size: int = 8
+    loaded: Loaded,
+    documents: list[tasks.Document],
+    choice: Choice = TRAINED,
+    how: Pass | None = None,
+    batch_size: int = 8,
 ) -> list[Result]:
     """Run many documents under ``choice``, batched by similar length, stats-only probes unless ``how`` asks
     otherwise.
@@ -419,16 +439,21 @@ def choice_for(loaded: Loaded, choice: Choice) -> Choice:
 
 
 @torch.inference_mode()
-def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice = TRAINED,
-                how: Pass = DEFAULT_PASS) -> list[Result]:
+def run_encoded(
+    loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice = TRAINED, how: Pass = DEFAULT_PASS
+) -> list[Result]:
     """Run already tokenised documents as one padded batch (what :func:`run` and :func:`run_batch` share)."""
     if not isinstance(choice, Choice) or not isinstance(how, Pass):
         raise TypeError("run_encoded takes a core.values.choice.Choice and a core.mechanics.run_pass.Pass")
     want = None if how.device is None else torch.device(how.device)
-    if want is not None and (want.type != loaded.device.type
-                             or want.index not in (None, loaded.device.index if loaded.device.index is not None else 0)):
-        raise UserError(f"This pass asks for device {how.device}, but the model is on {loaded.device}: load it "
-                        f"there (a pass never moves a shared model).")
+    if want is not None and (
+        want.type != loaded.device.type
+        or want.index not in (None, loaded.device.index if loaded.device.index is not None else 0)
+    ):
+        raise UserError(
+            f"This pass asks for device {how.device}, but the model is on {loaded.device}: load it "
+            f"there (a pass never moves a shared model)."
+        )
     if loaded.decoder_only:
         return _run_decoder(loaded, docs, encs, choice, how)
     ids, mask = padded(loaded, [e.input_ids for e in encs])
@@ -436,8 +461,9 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     try:  # refuse a schedule that does not fit the model before any pass
         tau_values = choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
     except ValueError as err:
-        raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
-                        f"heads): {err}") from None
+        raise UserError(
+            f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} heads): {err}"
+        ) from None
     # No probe asked for: no recorder, so the attention's blocks only make the output (the fastest backend: softmax_block).
     recorder = Recorder(how.probes, mask.bool()) if how.probes.wanted else None
     # A batch without padding needs no mask at all (and gets the fast path).
@@ -451,9 +477,12 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
     if bad_layers or not bool(torch.isfinite(hidden).all()):
         where = f" (encoder layer(s) {bad_layers})" if bad_layers else ""
         dtype = str(loaded.dtype).replace("torch.", "")
-        why = ("T5 overflows in float16: run in float32 (CPU) or bfloat16 (GPU)" if loaded.dtype == torch.float16
-               else f"the logits divided by tau (smallest {float(np.min(tau_values)):g}) left {dtype}'s range, or the "
-                    "weights hold NaN/inf")
+        why = (
+            "T5 overflows in float16: run in float32 (CPU) or bfloat16 (GPU)"
+            if loaded.dtype == torch.float16
+            else f"the logits divided by tau (smallest {float(np.min(tau_values)):g}) left {dtype}'s range, or the "
+            "weights hold NaN/inf"
+        )
         raise NumericalError(f"NaN/inf appeared in the attention{where} with dtype {dtype}: {why}.")
     t_enc = time.perf_counter() - t0
 
@@ -500,7 +529,11 @@ def run_encoded(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded],
                 needle_tokens=enc.needle_tokens,
                 question_tokens=enc.question_tokens,
                 probes=rec,
-                seconds={"encode": t_enc / len(encs), "generate": t_gen / len(encs), "total": (t_enc + t_gen) / len(encs)},
+                seconds={
+                    "encode": t_enc / len(encs),
+                    "generate": t_gen / len(encs),
+                    "total": (t_enc + t_gen) / len(encs),
+                },
                 cosine_scale=choice.cosine_scale if loaded.cosine else None,
                 nll=None if nll is None or nll[i] is None else nll[i][0],
                 scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
@@ -527,13 +560,16 @@ class _Prefill(LogitsProcessor):
         return scores
 
 
-def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice,
-                 how: Pass) -> list[Result]:
+def _run_decoder(
+    loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice, how: Pass
+) -> list[Result]:
     """:func:`run_encoded` on a decoder-only LM (see the module docstring): one ``generate`` call per batch (or,
     with ``how.generate`` off, the base model's pass alone), the document's probes read on the prefill."""
     if not choice.scheme.is_plain:
-        raise UserError(f"Position scheme '{choice.scheme.name}' on a decoder-only model ('{loaded.spec.name}') is not "
-                        "there yet: run it with the plain scheme")
+        raise UserError(
+            f"Position scheme '{choice.scheme.name}' on a decoder-only model ('{loaded.spec.name}') is not "
+            "there yet: run it with the plain scheme"
+        )
     choice = choice_for(loaded, choice)
     if how.probes.kind != DECODER:
         how = replace(how, probes=replace(how.probes, kind=DECODER))
@@ -543,8 +579,9 @@ def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
     try:  # refuse a schedule that does not fit the model before any pass
         tau_values = choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n)
     except ValueError as err:
-        raise UserError(f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} "
-                        f"heads): {err}") from None
+        raise UserError(
+            f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} heads): {err}"
+        ) from None
     recorder = Recorder(how.probes, mask.bool()) if how.probes.wanted else None
     generating = how.generate and how.max_new_tokens > 0
     mark = _Prefill()
@@ -552,12 +589,19 @@ def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
     t0 = time.perf_counter()
     with rope_pass.scheme_pass(loaded, choice, how, recorder, n):
         if generating:
-            out = loaded.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=how.max_new_tokens,
-                                        do_sample=False, num_beams=1, pad_token_id=_pad_id(loaded),
-                                        logits_processor=LogitsProcessorList([mark]))
+            out = loaded.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=how.max_new_tokens,
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=_pad_id(loaded),
+                logits_processor=LogitsProcessorList([mark]),
+            )
         else:
-            hidden = loaded.model.base_model(input_ids=ids, attention_mask=None if bool(mask.all()) else mask
-                                             ).last_hidden_state
+            hidden = loaded.model.base_model(
+                input_ids=ids, attention_mask=None if bool(mask.all()) else mask
+            ).last_hidden_state
             finite = bool(torch.isfinite(hidden[mask.bool()]).all())
     t_end = time.perf_counter()
     t_pre = (mark.at or t_end) - t0
@@ -566,9 +610,11 @@ def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
     if bad_layers or not finite or not mark.finite:
         where = f" (layer(s) {bad_layers})" if bad_layers else ""
         dtype = str(loaded.dtype).replace("torch.", "")
-        raise NumericalError(f"NaN/inf appeared in the attention{where} with dtype {dtype}: the logits divided by tau "
-                             f"(smallest {float(np.min(tau_values)):g}) left {dtype}'s range, or the weights hold "
-                             "NaN/inf.")
+        raise NumericalError(
+            f"NaN/inf appeared in the attention{where} with dtype {dtype}: the logits divided by tau "
+            f"(smallest {float(np.min(tau_values)):g}) left {dtype}'s range, or the weights hold "
+            "NaN/inf."
+        )
     answers, pieces = [""] * len(encs), [None] * len(encs)
     if generating:
         new = out[:, n:]
@@ -601,8 +647,11 @@ def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
                 needle_tokens=enc.needle_tokens,
                 question_tokens=enc.question_tokens,
                 probes=rec,
-                seconds={"encode": t_pre / len(encs), "generate": t_gen / len(encs),
-                         "total": (t_pre + t_gen) / len(encs)},
+                seconds={
+                    "encode": t_pre / len(encs),
+                    "generate": t_gen / len(encs),
+                    "total": (t_pre + t_gen) / len(encs),
+                },
                 nll=None if nll is None or nll[i] is None else nll[i][0],
                 scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
                 answer_tokens=pieces[i],
@@ -612,8 +661,9 @@ def _run_decoder(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
     return results
 
 
-def _decoder_nll(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice,
-                 how: Pass) -> list[tuple[float, int] | None] | None:
+def _decoder_nll(
+    loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice, how: Pass
+) -> list[tuple[float, int] | None] | None:
     """A decoder-only LM's :func:`_continuation_nll`: per language-modelling document, (summed -log p, tokens) of
     its continuation after its prompt, teacher-forced in one pass over prompt + continuation under the run's
     choice (left-padded, the vocabulary's logits for the continuation's rows only); None for the others."""
@@ -621,27 +671,34 @@ def _decoder_nll(loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded]
     if not lm:
         return None
     conts = [tasks.continuation_ids(docs[i]) for i in lm]
-    ids, mask = padded(loaded, [np.concatenate([encs[i].input_ids, np.asarray(c, dtype=np.int64)])
-                                for i, c in zip(lm, conts)], left=True)
+    ids, mask = padded(
+        loaded,
+        [np.concatenate([encs[i].input_ids, np.asarray(c, dtype=np.int64)]) for i, c in zip(lm, conts)],
+        left=True,
+    )
     width = max(len(c) for c in conts)
     # the last width + 1 rows: row k predicts the token after it, so item j's continuation (its last len(c) tokens)
     # is predicted by rows width - len(c) .. width - 1, and the last row predicts nothing
     labels = torch.full((len(lm), width + 1), -100, dtype=torch.long)
     for j, c in enumerate(conts):
-        labels[j, width - len(c): width] = torch.tensor(c)
+        labels[j, width - len(c) : width] = torch.tensor(c)
     labels = labels.to(loaded.device)
     with attention_call(choice, how, None):
-        logits = loaded.model(input_ids=ids, attention_mask=None if bool(mask.all()) else mask,
-                              logits_to_keep=width + 1).logits
-    lost = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        logits = loaded.model(
+            input_ids=ids, attention_mask=None if bool(mask.all()) else mask, logits_to_keep=width + 1
+        ).logits
+    lost = torch.nn.functional.cross_entropy(
+        logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none"
+    )
     out: list[tuple[float, int] | None] = [None] * len(docs)
     for j, i in enumerate(lm):
         out[i] = (float(lost[j].sum()), len(conts[j]))
     return out
 
 
-def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.Tensor, mask: torch.Tensor,
-                      choice: Choice, how: Pass) -> list[tuple[float, int] | None] | None:
+def _continuation_nll(
+    loaded: Loaded, docs: list[tasks.Document], hidden: torch.Tensor, mask: torch.Tensor, choice: Choice, how: Pass
+) -> list[tuple[float, int] | None] | None:
     """Per document, (summed -log p, tokens) of a language-modelling document's continuation, teacher-forced
     on the encoder states already computed (the decoder runs under the same settings); None for the others.
 
@@ -656,9 +713,12 @@ def _continuation_nll(loaded: Loaded, docs: list[tasks.Document], hidden: torch.
         labels[j, : len(c)] = torch.tensor(c)
     labels = labels.to(loaded.device)
     with attention_call(choice, how, None):
-        logits = loaded.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden[lm]), attention_mask=mask[lm],
-                              labels=labels).logits
-    lost = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        logits = loaded.model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=hidden[lm]), attention_mask=mask[lm], labels=labels
+        ).logits
+    lost = torch.nn.functional.cross_entropy(
+        logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none"
+    )
     out: list[tuple[float, int] | None] = [None] * len(docs)
     for j, i in enumerate(lm):
         out[i] = (float(lost[j].sum()), len(conts[j]))

@@ -23,19 +23,20 @@ searches); the passes they need come from :mod:`core.runs.calibration`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.runs import temperature, timing
 from core.errors import UserError, shown
+from core.runs import temperature, timing
 from core.values.schedule import ADAPTIVE, ONE, QWEN_LOGN, RowTau, Schedule
 
 if TYPE_CHECKING:  # the registry itself stays light: the CLI checks names before torch is imported
     from core.data import tasks
-    from core.values.choice import Choice
     from core.models import Loaded
+    from core.values.choice import Choice
 
 Progress = Callable[[float], None]
 #: ``(n_layers, n_heads, grid_size, samples) -> (passes at the document's length, passes at L_tr)``: what a
@@ -134,14 +135,16 @@ class Method:
         shape = {"layer": (n_layers,), "head": (n_layers, n_heads)}.get(self.per, ())
         return Schedule.of(np.ones(shape))
 
-    def passes(self, n_layers: int, n_heads: int, grid_size: int = len(temperature.GRID),
-               samples: int = 1) -> tuple[int, int]:
+    def passes(
+        self, n_layers: int, n_heads: int, grid_size: int = len(temperature.GRID), samples: int = 1
+    ) -> tuple[int, int]:
         """``(at the document's length, at L_tr)`` encoder passes its resolve runs (see :data:`Cost`)."""
         return (0, 0) if self.cost is None else self.cost(n_layers, n_heads, grid_size, samples)
 
 
-def formula(name: str, train_length: int, length: int, d_kv: int, stats: dict | None = None,
-            params: dict | None = None) -> float:
+def formula(
+    name: str, train_length: int, length: int, d_kv: int, stats: dict | None = None, params: dict | None = None
+) -> float:
     """A closed-form method's tau; :class:`UserError` (with the reason) where its model has no answer.
     ``params``: the value of the method's :class:`Param`, by name (its default when not given)."""
     m = get(name)
@@ -156,8 +159,9 @@ def formula(name: str, train_length: int, length: int, d_kv: int, stats: dict | 
         raise UserError(f"{name}: {err}") from None
 
 
-def closed_forms(train_length: int, length: int, d_kv: int, stats: dict | None,
-                 params: dict | None = None) -> dict[str, float | str]:
+def closed_forms(
+    train_length: int, length: int, d_kv: int, stats: dict | None, params: dict | None = None
+) -> dict[str, float | str]:
     """Every closed-form method's tau at this length; where a form has no answer, ``"n/a (why)"`` (for tables).
     ``params``: :class:`Param` values by name, each given to the methods that take it (:func:`own_params`)."""
     out: dict[str, float | str] = {}
@@ -171,8 +175,16 @@ def closed_forms(train_length: int, length: int, d_kv: int, stats: dict | None,
 
 def _closed(name: str, uses_d: bool = False) -> Resolve:
     """A closed form's resolve; ``uses_d``: its info says which d (d_kv) the form used."""
-    def resolve(loaded: "Loaded", document: "tasks.Document", tokens: int, *, base: "Choice | None" = None,
-                params: dict | None = None, **_) -> tuple[Schedule, dict]:
+
+    def resolve(
+        loaded: "Loaded",
+        document: "tasks.Document",
+        tokens: int,
+        *,
+        base: "Choice | None" = None,
+        params: dict | None = None,
+        **_,
+    ) -> tuple[Schedule, dict]:
         m = REGISTRY[name]
         stats = None
         if m.stats:
@@ -203,6 +215,7 @@ def _qwen_rows(loaded: "Loaded", document: "tasks.Document", tokens: int, **_) -
 
 def _algorithm1(criterion: str, refined: bool = False) -> Callable:
     """Algorithm 1 (by bisection on the grid; ``refined``: then at the crossing itself) on ``criterion``."""
+
     def search(meas, reference, n_layers, n_heads, progress=None):
         return temperature.algorithm1(meas, reference, criterion, fast=True, progress=progress, refined=refined)
 
@@ -219,8 +232,17 @@ def _per_head(meas, reference, n_layers, n_heads, progress=None):
 
 def _searched(search: Callable) -> Resolve:
     """A search's resolve: the document's passes and its L_tr reference (:func:`core.runs.calibration.measures`)."""
-    def resolve(loaded: "Loaded", document: "tasks.Document", tokens: int, *, samples: int = 1,
-                base: "Choice | None" = None, progress: Progress | None = None, **_) -> tuple[Schedule, dict]:
+
+    def resolve(
+        loaded: "Loaded",
+        document: "tasks.Document",
+        tokens: int,
+        *,
+        samples: int = 1,
+        base: "Choice | None" = None,
+        progress: Progress | None = None,
+        **_,
+    ) -> tuple[Schedule, dict]:
         from core.runs import calibration
 
         meas, reference = calibration.measures(loaded, document, samples, base)
@@ -256,104 +278,267 @@ def _stats(n_layers: int, n_heads: int, grid: int, samples: int) -> tuple[int, i
     return 1, 1
 
 
-REGISTRY: dict[str, Method] = {m.name: m for m in (
-    Method("none", "none (tau = 1)", "tau = 1", "No temperature: the model as trained.",
-           measured=False, length_dependent=False, resolve=None, constant=ONE),
-    Method("fixed", "fixed tau (slider)", "fixed tau", "A tau you choose, the same at every length.",
-           measured=False, length_dependent=False, resolve=None, takes_value=True),
-    Method("log-length", "log-length: log L_tr / log L", "log-length",
-           "The paper's baseline: tau = log L_tr / log L keeps a log-length normaliser constant.",
-           measured=False, length_dependent=True, resolve=_closed("log-length"),
-           formula=lambda lt, n, d, stats: temperature.log_length(lt, n)),
-    Method("yarn", "YaRN attention factor", "YaRN",
-           "Peng et al. (2023), used by today's RoPE-scaled models: logits x (0.1 ln s + 1)^2 with s = L / L_tr, "
-           "i.e. tau = (0.1 ln s + 1)^-2 (0.685 at 8x).",
-           measured=False, length_dependent=True, resolve=_closed("yarn"),
-           formula=lambda lt, n, d, stats: temperature.yarn(lt, n)),
-    Method("log-n", "log-n (Qwen), fixed s", "log-n",
-           "Qwen's logn attention: queries scaled by log_{L_tr}(n) past L_tr, n the keys a row sees. In this "
-           "bidirectional encoder every row sees all L keys, so tau = log L_tr / log L: equal to log-length here "
-           "(in a causal decoder row i sees i + 1 keys and the scale grows along the rows).",
-           measured=False, length_dependent=True, resolve=_closed("log-n"),
-           formula=lambda lt, n, d, stats: temperature.log_length(lt, n), same_as="log-length"),
-    Method("ssmax", "Scalable-Softmax, s = 1 / log L_tr", "SSMax",
-           "Nakanishi (2025): softmax of s log(n) x logits, n the keys a row sees; with s fixed so that "
-           "s log L_tr = 1 (tau = 1 at L_tr), tau = log L_tr / log L in an encoder: equal to log-length here.",
-           measured=False, length_dependent=True, resolve=_closed("ssmax"),
-           formula=lambda lt, n, d, stats: temperature.log_length(lt, n), same_as="log-length"),
-    Method("llama4", "Llama 4 attention temperature tuning", "Llama 4",
-           "Meta's Llama 4: row p's logits x (0.1 ln(1 + floor((p + 1) / L_tr)) + 1) (attn_scale 0.1, floor_scale "
-           "= L_tr), a tau per query row: rows before L_tr keep tau = 1, the row at 4 L_tr gets 1 / (1 + 0.1 ln 5). "
-           "Shown as its mean over the rows.",
-           measured=False, length_dependent=False, resolve=_llama4, per="row"),
-    Method("infoscale", "InfoScale", "InfoScale",
-           "Li et al. (ICML 2025): tau = 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)), d = d_kv.",
-           measured=False, length_dependent=True, resolve=_closed("infoscale", uses_d=True),
-           formula=lambda lt, n, d, stats: temperature.infoscale(lt, n, d)),
-    Method("log-n-rows", "log-n (Qwen) per query position", "log-n rows",
-           "Qwen's use_logn_attn as its code applies it: the query at position p (0-based) x log_{L_tr}(p + 1) once "
-           "p + 1 > L_tr (Qwen-7B's logn_list, seq_length = L_tr), a tau per query row: rows up to L_tr keep "
-           "tau = 1, the last row of an 8x input gets log L_tr / log 8 L_tr (0.727 at L_tr = 256). Unlike 'log-n' "
-           "(n = the keys a row sees, all L here) it leaves the early rows of a long input as dispersed as at "
-           "tau = 1. Shown as its mean over the rows.",
-           measured=False, length_dependent=False, resolve=_qwen_rows, per="row"),
-    Method("longrope", "LongRoPE attention factor", "LongRoPE",
-           "Ding et al. (2024), Phi-3's rope scaling: cos and sin x sqrt(1 + ln s / ln L_tr), so the logits x "
-           "(1 + ln s / ln L_tr); with s = L / L_tr that is ln L / ln L_tr, so tau = log L_tr / log L: equal to "
-           "log-length at every length (a shipped model fixes s = max_position_embeddings / L_tr instead).",
-           measured=False, length_dependent=True, resolve=_closed("longrope"),
-           formula=lambda lt, n, d, stats: temperature.longrope(lt, n), same_as="log-length"),
-    Method("critical", "critical attention scaling, gamma log n", "critical",
-           "Chen, Lin, Polyanskiy, Rigollet (2025): logits x beta_n = gamma ln n, n the keys a row sees (all L in "
-           "this encoder), tau = 1 / (gamma ln L). gamma defaults to 1 / ln L_tr (tau = 1 at L_tr; then it equals "
-           "log-length above L_tr, and softens below it); library callers set it (params={'gamma': ...}).",
-           measured=False, length_dependent=True, resolve=_closed("critical"),
-           formula=lambda lt, n, d, stats, gamma=None: temperature.critical(
-               n, temperature.critical_gamma(lt) if gamma is None else gamma),
-           param=Param("gamma", "beta_n = gamma ln n; 1 / ln L_tr keeps tau = 1 at L_tr",
-                       temperature.critical_gamma, temperature.GAMMA_MIN, temperature.GAMMA_MAX)),
-    Method("adaptive", "adaptive temperature (per row, from its entropy)", "adaptive",
-           "Velickovic et al. (2024), 'softmax is not enough' (arXiv 2410.01104): each query row's logits x beta = "
-           "max(poly(H), 1), H the row's tau = 1 entropy in nats, poly the paper's degree-4 fit (-0.037 H^4 + 0.481 "
-           "H^3 - 2.3 H^2 + 4.917 H - 1.791), beta = 1 where H <= 0.5: a tau of 1 / beta per row, computed inside "
-           "the pass from the row itself (the same schedule for every document and length; no pass to resolve). "
-           "It never softens; a dispersed row past L_tr is sharpened. Runs on the plain torch attention backend.",
-           measured=False, length_dependent=False, resolve=None, constant=ADAPTIVE),
-    Method("pmax", "Algorithm 1, Pmax", "Alg. 1 Pmax",
-           "Algorithm 1: the grid tau whose mean Pmax at this length matches the mean at L_tr with tau = 1.",
-           measured=True, length_dependent=True, resolve=None, search=_algorithm1("pmax"), cost=_bisection,
-           grid_criterion="pmax", matches="pmax"),
-    Method("entropy", "Algorithm 1, entropy", "Alg. 1 entropy",
-           "Algorithm 1 on the mean attention entropy instead of Pmax.",
-           measured=True, length_dependent=True, resolve=None, search=_algorithm1("entropy"), cost=_bisection,
-           grid_criterion="entropy", matches="entropy"),
-    Method("pmax-refined", "Algorithm 1, Pmax, refined", "Alg. 1 Pmax refined",
-           "Algorithm 1's Pmax match at the crossing itself (bisection between grid points), going below the "
-           f"grid's 0.5 down to {temperature.TAU_FLOOR:g} when the grid is not enough.",
-           measured=True, length_dependent=True, resolve=None, search=_algorithm1("pmax", refined=True),
-           cost=_refined, matches="pmax"),
-    Method("entropy-refined", "Algorithm 1, entropy, refined", "Alg. 1 entropy refined",
-           "Algorithm 1's entropy match at the crossing itself, below the grid's end when needed.",
-           measured=True, length_dependent=True, resolve=None, search=_algorithm1("entropy", refined=True),
-           cost=_refined, matches="entropy"),
-    Method("prop1", "Prop. 1 (match Pmax)", "Prop. 1",
-           "The paper's closed form matching Pmax, from layer 0's logit spread at L_tr and here.",
-           measured=True, length_dependent=True, resolve=_closed("prop1"), stats=True, cost=_stats, matches="pmax",
-           formula=lambda lt, n, d, stats: temperature.prop1(lt, n, stats["pmax_tr"], stats["sigma_tr"], stats["sigma_ex"])),
-    Method("prop2", "Prop. 2 (match entropy)", "Prop. 2",
-           "The paper's closed form matching entropy, from layer 0's logit spread at L_tr and here.",
-           measured=True, length_dependent=True, resolve=_closed("prop2"), stats=True, cost=_stats, matches="entropy",
-           formula=lambda lt, n, d, stats: temperature.prop2(lt, n, stats["sigma_tr"], stats["sigma_ex"])),
-    Method("per-layer", "per-layer Algorithm 1 (Pmax)", "per-layer Alg. 1",
-           "Algorithm 1 for each encoder layer on its own (the paper's suggested extension): one tau per layer.",
-           measured=True, length_dependent=True, resolve=None, search=_per_layer, cost=_layers, per="layer",
-           matches="pmax"),
-    Method("per-head", "per-head Algorithm 1 (Pmax)", "per-head Alg. 1",
-           "Algorithm 1 for each head on its own, matched to that head's Pmax at L_tr; heads that cannot reach "
-           "theirs in the grid stay at tau = 1 and are listed. One tau per layer and head.",
-           measured=True, length_dependent=True, resolve=None, search=_per_head, cost=_heads, per="head",
-           matches="pmax"),
-)}
+REGISTRY: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "none",
+            "none (tau = 1)",
+            "tau = 1",
+            "No temperature: the model as trained.",
+            measured=False,
+            length_dependent=False,
+            resolve=None,
+            constant=ONE,
+        ),
+        Method(
+            "fixed",
+            "fixed tau (slider)",
+            "fixed tau",
+            "A tau you choose, the same at every length.",
+            measured=False,
+            length_dependent=False,
+            resolve=None,
+            takes_value=True,
+        ),
+        Method(
+            "log-length",
+            "log-length: log L_tr / log L",
+            "log-length",
+            "The paper's baseline: tau = log L_tr / log L keeps a log-length normaliser constant.",
+            measured=False,
+            length_dependent=True,
+            resolve=_closed("log-length"),
+            formula=lambda lt, n, d, stats: temperature.log_length(lt, n),
+        ),
+        Method(
+            "yarn",
+            "YaRN attention factor",
+            "YaRN",
+            "Peng et al. (2023), used by today's RoPE-scaled models: logits x (0.1 ln s + 1)^2 with s = L / L_tr, "
+            "i.e. tau = (0.1 ln s + 1)^-2 (0.685 at 8x).",
+            measured=False,
+            length_dependent=True,
+            resolve=_closed("yarn"),
+            formula=lambda lt, n, d, stats: temperature.yarn(lt, n),
+        ),
+        Method(
+            "log-n",
+            "log-n (Qwen), fixed s",
+            "log-n",
+            "Qwen's logn attention: queries scaled by log_{L_tr}(n) past L_tr, n the keys a row sees. In this "
+            "bidirectional encoder every row sees all L keys, so tau = log L_tr / log L: equal to log-length here "
+            "(in a causal decoder row i sees i + 1 keys and the scale grows along the rows).",
+            measured=False,
+            length_dependent=True,
+            resolve=_closed("log-n"),
+            formula=lambda lt, n, d, stats: temperature.log_length(lt, n),
+            same_as="log-length",
+        ),
+        Method(
+            "ssmax",
+            "Scalable-Softmax, s = 1 / log L_tr",
+            "SSMax",
+            "Nakanishi (2025): softmax of s log(n) x logits, n the keys a row sees; with s fixed so that "
+            "s log L_tr = 1 (tau = 1 at L_tr), tau = log L_tr / log L in an encoder: equal to log-length here.",
+            measured=False,
+            length_dependent=True,
+            resolve=_closed("ssmax"),
+            formula=lambda lt, n, d, stats: temperature.log_length(lt, n),
+            same_as="log-length",
+        ),
+        Method(
+            "llama4",
+            "Llama 4 attention temperature tuning",
+            "Llama 4",
+            "Meta's Llama 4: row p's logits x (0.1 ln(1 + floor((p + 1) / L_tr)) + 1) (attn_scale 0.1, floor_scale "
+            "= L_tr), a tau per query row: rows before L_tr keep tau = 1, the row at 4 L_tr gets 1 / (1 + 0.1 ln 5). "
+            "Shown as its mean over the rows.",
+            measured=False,
+            length_dependent=False,
+            resolve=_llama4,
+            per="row",
+        ),
+        Method(
+            "infoscale",
+            "InfoScale",
+            "InfoScale",
+            "Li et al. (ICML 2025): tau = 1 / lambda, lambda = sqrt(1 - n^(-2/d)) / sqrt(1 - n_tr^(-2/d)), d = d_kv.",
+            measured=False,
+            length_dependent=True,
+            resolve=_closed("infoscale", uses_d=True),
+            formula=lambda lt, n, d, stats: temperature.infoscale(lt, n, d),
+        ),
+        Method(
+            "log-n-rows",
+            "log-n (Qwen) per query position",
+            "log-n rows",
+            "Qwen's use_logn_attn as its code applies it: the query at position p (0-based) x log_{L_tr}(p + 1) once "
+            "p + 1 > L_tr (Qwen-7B's logn_list, seq_length = L_tr), a tau per query row: rows up to L_tr keep "
+            "tau = 1, the last row of an 8x input gets log L_tr / log 8 L_tr (0.727 at L_tr = 256). Unlike 'log-n' "
+            "(n = the keys a row sees, all L here) it leaves the early rows of a long input as dispersed as at "
+            "tau = 1. Shown as its mean over the rows.",
+            measured=False,
+            length_dependent=False,
+            resolve=_qwen_rows,
+            per="row",
+        ),
+        Method(
+            "longrope",
+            "LongRoPE attention factor",
+            "LongRoPE",
+            "Ding et al. (2024), Phi-3's rope scaling: cos and sin x sqrt(1 + ln s / ln L_tr), so the logits x "
+            "(1 + ln s / ln L_tr); with s = L / L_tr that is ln L / ln L_tr, so tau = log L_tr / log L: equal to "
+            "log-length at every length (a shipped model fixes s = max_position_embeddings / L_tr instead).",
+            measured=False,
+            length_dependent=True,
+            resolve=_closed("longrope"),
+            formula=lambda lt, n, d, stats: temperature.longrope(lt, n),
+            same_as="log-length",
+        ),
+        Method(
+            "critical",
+            "critical attention scaling, gamma log n",
+            "critical",
+            "Chen, Lin, Polyanskiy, Rigollet (2025): logits x beta_n = gamma ln n, n the keys a row sees (all L in "
+            "this encoder), tau = 1 / (gamma ln L). gamma defaults to 1 / ln L_tr (tau = 1 at L_tr; then it equals "
+            "log-length above L_tr, and softens below it); library callers set it (params={'gamma': ...}).",
+            measured=False,
+            length_dependent=True,
+            resolve=_closed("critical"),
+            formula=lambda lt, n, d, stats, gamma=None: temperature.critical(
+                n, temperature.critical_gamma(lt) if gamma is None else gamma
+            ),
+            param=Param(
+                "gamma",
+                "beta_n = gamma ln n; 1 / ln L_tr keeps tau = 1 at L_tr",
+                temperature.critical_gamma,
+                temperature.GAMMA_MIN,
+                temperature.GAMMA_MAX,
+            ),
+        ),
+        Method(
+            "adaptive",
+            "adaptive temperature (per row, from its entropy)",
+            "adaptive",
+            "Velickovic et al. (2024), 'softmax is not enough' (arXiv 2410.01104): each query row's logits x beta = "
+            "max(poly(H), 1), H the row's tau = 1 entropy in nats, poly the paper's degree-4 fit (-0.037 H^4 + 0.481 "
+            "H^3 - 2.3 H^2 + 4.917 H - 1.791), beta = 1 where H <= 0.5: a tau of 1 / beta per row, computed inside "
+            "the pass from the row itself (the same schedule for every document and length; no pass to resolve). "
+            "It never softens; a dispersed row past L_tr is sharpened. Runs on the plain torch attention backend.",
+            measured=False,
+            length_dependent=False,
+            resolve=None,
+            constant=ADAPTIVE,
+        ),
+        Method(
+            "pmax",
+            "Algorithm 1, Pmax",
+            "Alg. 1 Pmax",
+            "Algorithm 1: the grid tau whose mean Pmax at this length matches the mean at L_tr with tau = 1.",
+            measured=True,
+            length_dependent=True,
+            resolve=None,
+            search=_algorithm1("pmax"),
+            cost=_bisection,
+            grid_criterion="pmax",
+            matches="pmax",
+        ),
+        Method(
+            "entropy",
+            "Algorithm 1, entropy",
+            "Alg. 1 entropy",
+            "Algorithm 1 on the mean attention entropy instead of Pmax.",
+            measured=True,
+            length_dependent=True,
+            resolve=None,
+            search=_algorithm1("entropy"),
+            cost=_bisection,
+            grid_criterion="entropy",
+            matches="entropy",
+        ),
+        Method(
+            "pmax-refined",
+            "Algorithm 1, Pmax, refined",
+            "Alg. 1 Pmax refined",
+            "Algorithm 1's Pmax match at the crossing itself (bisection between grid points), going below the "
+            f"grid's 0.5 down to {temperature.TAU_FLOOR:g} when the grid is not enough.",
+            measured=True,
+            length_dependent=True,
+            resolve=None,
+            search=_algorithm1("pmax", refined=True),
+            cost=_refined,
+            matches="pmax",
+        ),
+        Method(
+            "entropy-refined",
+            "Algorithm 1, entropy, refined",
+            "Alg. 1 entropy refined",
+            "Algorithm 1's entropy match at the crossing itself, below the grid's end when needed.",
+            measured=True,
+            length_dependent=True,
+            resolve=None,
+            search=_algorithm1("entropy", refined=True),
+            cost=_refined,
+            matches="entropy",
+        ),
+        Method(
+            "prop1",
+            "Prop. 1 (match Pmax)",
+            "Prop. 1",
+            "The paper's closed form matching Pmax, from layer 0's logit spread at L_tr and here.",
+            measured=True,
+            length_dependent=True,
+            resolve=_closed("prop1"),
+            stats=True,
+            cost=_stats,
+            matches="pmax",
+            formula=lambda lt, n, d, stats: temperature.prop1(
+                lt, n, stats["pmax_tr"], stats["sigma_tr"], stats["sigma_ex"]
+            ),
+        ),
+        Method(
+            "prop2",
+            "Prop. 2 (match entropy)",
+            "Prop. 2",
+            "The paper's closed form matching entropy, from layer 0's logit spread at L_tr and here.",
+            measured=True,
+            length_dependent=True,
+            resolve=_closed("prop2"),
+            stats=True,
+            cost=_stats,
+            matches="entropy",
+            formula=lambda lt, n, d, stats: temperature.prop2(lt, n, stats["sigma_tr"], stats["sigma_ex"]),
+        ),
+        Method(
+            "per-layer",
+            "per-layer Algorithm 1 (Pmax)",
+            "per-layer Alg. 1",
+            "Algorithm 1 for each encoder layer on its own (the paper's suggested extension): one tau per layer.",
+            measured=True,
+            length_dependent=True,
+            resolve=None,
+            search=_per_layer,
+            cost=_layers,
+            per="layer",
+            matches="pmax",
+        ),
+        Method(
+            "per-head",
+            "per-head Algorithm 1 (Pmax)",
+            "per-head Alg. 1",
+            "Algorithm 1 for each head on its own, matched to that head's Pmax at L_tr; heads that cannot reach "
+            "theirs in the grid stay at tau = 1 and are listed. One tau per layer and head.",
+            measured=True,
+            length_dependent=True,
+            resolve=None,
+            search=_per_head,
+            cost=_heads,
+            per="head",
+            matches="pmax",
+        ),
+    )
+}
 
 #: Every method a user can name, in the order menus show them.
 NAMES: tuple[str, ...] = tuple(REGISTRY)
@@ -406,8 +591,10 @@ def parse(text: str | float) -> tuple[str, Schedule | None]:
     except (TypeError, ValueError, OverflowError):
         if text not in NAMES or REGISTRY[text].takes_value:
             shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:37] + "..."  # one line, whatever it holds
-            raise ValueError(f"Unknown method {shown}; use {FIXED_PREFIX}0.8 (a fixed tau) or one of "
-                             f"{', '.join(n for n in NAMES if n != FIXED)}") from None
+            raise ValueError(
+                f"Unknown method {shown}; use {FIXED_PREFIX}0.8 (a fixed tau) or one of "
+                f"{', '.join(n for n in NAMES if n != FIXED)}"
+            ) from None
         return str(text), None
     try:
         return FIXED, Schedule.of(tau)
@@ -436,8 +623,9 @@ def method_label(m: str | float) -> str:
     return spell(*parse(m))
 
 
-def costs(names, n_layers: int, n_heads: int, samples: int = 1,
-          grid_size: int = len(temperature.GRID)) -> list[tuple[int, int]]:
+def costs(
+    names, n_layers: int, n_heads: int, samples: int = 1, grid_size: int = len(temperature.GRID)
+) -> list[tuple[int, int]]:
     """The passes each method in ``names`` (names or ``tau=`` texts) that measures runs to resolve on ``samples``
     calibration documents, for :func:`core.runs.timing.sweep_passes`."""
     return [m.passes(n_layers, n_heads, grid_size, samples) for m in map(entry, names) if m.measured]
@@ -486,18 +674,30 @@ def resolve(
         return m.constant, {"source": m.name}
     if m.takes_value:
         if tau is None:
-            raise UserError(f"Method '{m.name}' needs a tau (--tau)", app=f"Method '{m.label}' needs a tau: move the tau slider.")
+            raise UserError(
+                f"Method '{m.name}' needs a tau (--tau)", app=f"Method '{m.label}' needs a tau: move the tau slider."
+            )
         return Schedule.of(tau), {"source": m.name}
     n = tokens if tokens is not None else len(loaded.tokenizer(document.text).input_ids)
     if tau is not None and chosen_at == n:
         return Schedule.of(tau), {"source": "stored", "chosen_at": chosen_at, "length": n}
     schedule, extra = m.resolve(loaded, document, n, samples=samples, base=base, progress=progress, params=params)
-    return Schedule.of(schedule), {"source": "resolved", "chosen_at": chosen_at, "length": n, "train_length": loaded.train_length,
-                      **extra}
+    return Schedule.of(schedule), {
+        "source": "resolved",
+        "chosen_at": chosen_at,
+        "length": n,
+        "train_length": loaded.train_length,
+        **extra,
+    }
 
 
-def all_methods(loaded: "Loaded", document: "tasks.Document", samples: int = 1,
-                progress: Progress | None = None, params: dict | None = None) -> dict[str, Schedule | str]:
+def all_methods(
+    loaded: "Loaded",
+    document: "tasks.Document",
+    samples: int = 1,
+    progress: Progress | None = None,
+    params: dict | None = None,
+) -> dict[str, Schedule | str]:
     """Every method's tau for this document (errors become a short string), for tables. ``params``: values of
     :class:`Param` by name (``{"gamma": 0.2}``), each given to the methods that take it."""
     out: dict[str, Schedule | str] = {}
@@ -543,8 +743,10 @@ def untaken(param: str, names: list[str], option: str = "") -> str | None:
     if any(entry(n).name in owners for n in names):
         return None
     here = "the method here is" if len(names) == 1 else "the methods here are"
-    return (f"only {option + ' ' if option else ''}{' or '.join(owners)} takes it "
-            f"({here} {', '.join(map(str, names)) or 'none'})")
+    return (
+        f"only {option + ' ' if option else ''}{' or '.join(owners)} takes it "
+        f"({here} {', '.join(map(str, names)) or 'none'})"
+    )
 
 
 def check_params(params: dict | None, names: list[str], where: str) -> dict[str, float]:

@@ -15,9 +15,9 @@ import torch
 
 from core.data import tasks
 from core.errors import NumericalError, UserError
-from core.values.choice import Choice
 from core.models import Loaded
 from core.runs import engine, rope_pass
+from core.values.choice import Choice
 
 #: Share of a sequence's (non-special) tokens that are masked, as the paper (and BERT) mask them.
 MASK_RATE = 0.15
@@ -62,8 +62,9 @@ def mask_tokens(tokenizer, ids: list[int] | np.ndarray, seed: int, rate: float =
     return MaskedSequence(masked, positions, ids[positions].copy(), int(seed))
 
 
-def sequence(loaded: Loaded, tokens: int, seed: int, rate: float = MASK_RATE,
-             haystack: str = "corpus-eval") -> tuple[tasks.Document, MaskedSequence]:
+def sequence(
+    loaded: Loaded, tokens: int, seed: int, rate: float = MASK_RATE, haystack: str = "corpus-eval"
+) -> tuple[tasks.Document, MaskedSequence]:
     """The held-out document of ``seed`` at ``tokens`` tokens and its masked ids."""
     try:
         doc = tasks.make(tasks.LM, loaded.tokenizer, tokens, seed=seed, haystack=haystack)
@@ -93,8 +94,10 @@ def score(loaded: Loaded, batch: list[MaskedSequence], choice: Choice | None = N
     """One forward pass over ``batch`` (right-padded, padding masked) under ``choice`` (tau, CosScale s and the
     position scheme, bound at the padded length; None: the model as trained); the masked positions scored."""
     if loaded.seq2seq:
-        raise UserError(f"Model '{loaded.spec.name}' is a {loaded.family} model: masked-token evaluation needs a "
-                        "masked-LM encoder (a rotary model such as ModernBERT)")
+        raise UserError(
+            f"Model '{loaded.spec.name}' is a {loaded.family} model: masked-token evaluation needs a "
+            "masked-LM encoder (a rotary model such as ModernBERT)"
+        )
     ids, mask = engine.padded(loaded, [s.ids for s in batch])
     rows = torch.cat([torch.full((len(s.positions),), i, dtype=torch.long) for i, s in enumerate(batch)])
     cols = torch.from_numpy(np.concatenate([s.positions for s in batch]))
@@ -103,8 +106,10 @@ def score(loaded: Loaded, batch: list[MaskedSequence], choice: Choice | None = N
         hidden = loaded.encoder(input_ids=ids, attention_mask=None if bool(mask.all()) else mask).last_hidden_state
     logits = head_logits(loaded.model, hidden[rows.to(hidden.device), cols.to(hidden.device)]).float()
     if not bool(torch.isfinite(logits).all()):
-        raise NumericalError(f"NaN/inf appeared in the masked-LM logits with dtype "
-                             f"{str(loaded.dtype).replace('torch.', '')}: the logits divided by tau left its range.")
+        raise NumericalError(
+            f"NaN/inf appeared in the masked-LM logits with dtype "
+            f"{str(loaded.dtype).replace('torch.', '')}: the logits divided by tau left its range."
+        )
     logp = torch.log_softmax(logits, dim=-1)
     nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
     correct = logits.argmax(-1) == labels

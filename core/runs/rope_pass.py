@@ -29,18 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from core.values import positions
+from core.errors import UserError
 from core.mechanics import attention, patches
 from core.mechanics.attention import ROPE, attention_call
 from core.mechanics.run_pass import Pass
+from core.values import positions
 from core.values.choice import TRAINED, Choice
-from core.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from core.models import Loaded
     from core.mechanics.probes import Recorder
+    from core.models import Loaded
 
 
 def check(loaded: "Loaded", scheme: positions.Scheme) -> None:
@@ -49,8 +50,10 @@ def check(loaded: "Loaded", scheme: positions.Scheme) -> None:
     if scheme.is_plain:
         return
     if loaded.family != ROPE:
-        raise UserError(f"Position scheme '{scheme.name}' needs a rotary (RoPE) model; '{loaded.spec.name}' is a "
-                        f"{loaded.family} model with its own relative positions")
+        raise UserError(
+            f"Position scheme '{scheme.name}' needs a rotary (RoPE) model; '{loaded.spec.name}' is a "
+            f"{loaded.family} model with its own relative positions"
+        )
 
 
 def bound(loaded: "Loaded", scheme: positions.Scheme, tokens: int) -> positions.Bound | None:
@@ -80,8 +83,13 @@ def check_rotation(loaded: "Loaded") -> None:
 
 
 @contextlib.contextmanager
-def scheme_pass(loaded: "Loaded", choice: Choice | None = None, how: Pass | None = None,
-                recorder: "Recorder | None" = None, tokens: int | None = None) -> Iterator[positions.Bound | None]:
+def scheme_pass(
+    loaded: "Loaded",
+    choice: Choice | None = None,
+    how: Pass | None = None,
+    recorder: "Recorder | None" = None,
+    tokens: int | None = None,
+) -> Iterator[positions.Bound | None]:
     """Run the enclosed forward pass(es) of ``loaded`` at ``tokens`` tokens (None: its training length) with
     ``choice`` (None: as trained), ``how`` and ``recorder``, under the choice's position scheme; yields the
     :class:`~core.values.positions.Bound` the attention call bound (None for a T5 model, which takes only the

@@ -21,23 +21,35 @@ document is made.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
-from core.values import positions
 from core.data import tasks
-from core.kinds import ENCODER
-from core.values.choice import Choice, targets_of
 from core.errors import InputTooLong, UserError
+from core.kinds import ENCODER
 from core.runs import methods
-from core.values.schedule import ONE
 from core.runs.temperature import CRITERIA
+from core.values import positions
+from core.values.choice import Choice, targets_of
+from core.values.schedule import ONE
 from core.values.validation import (
-    CHARS_PER_TOKEN, Depth, Name, Positive, Seed, Tau, Text, Tokens, TrainLength, one_line, read_json, user_errors,
+    CHARS_PER_TOKEN,
+    Depth,
+    Name,
+    Positive,
+    Seed,
+    Tau,
+    Text,
+    Tokens,
+    TrainLength,
+    one_line,
+    read_json,
+    user_errors,
 )
 
 if TYPE_CHECKING:
@@ -83,11 +95,14 @@ def why_unused(task: str, needle: str | None, field_name: str) -> str:
     if field_name == "tokens":
         return "your own text is as long as it is"
     if field_name == "haystack":
-        return (f"only {', '.join(HAYSTACK_TASKS)} take a filler; "
-                + ("your text is its own" if task == "text" else f"{task} always uses its own"))
+        return f"only {', '.join(HAYSTACK_TASKS)} take a filler; " + (
+            "your text is its own" if task == "text" else f"{task} always uses its own"
+        )
     if field_name == "depth":
-        return {"topic": "topic always asks about the first conversation", tasks.LM: "an lm sequence has no needle"}.get(
-            task, "with an empty needle nothing is inserted")
+        return {
+            "topic": "topic always asks about the first conversation",
+            tasks.LM: "an lm sequence has no needle",
+        }.get(task, "with an empty needle nothing is inserted")
     return "it is not used"
 
 
@@ -121,8 +136,10 @@ class DocumentRequest:
         bad = unused(self.task, self.needle, given)
         if bad:
             values = ", ".join(f"{f} {getattr(self, f)!r}"[:60] for f in bad)
-            raise ValueError(f"{values}: not used by task {self.task!r} ({why_unused(self.task, self.needle, bad[0])}); "
-                             f"leave {'it' if len(bad) == 1 else 'them'} out")
+            raise ValueError(
+                f"{values}: not used by task {self.task!r} ({why_unused(self.task, self.needle, bad[0])}); "
+                f"leave {'it' if len(bad) == 1 else 'them'} out"
+            )
 
     def for_task(self, task: str) -> "DocumentRequest":
         """A request of ``task`` keeping what of this one the new task reads (the rest at the defaults).
@@ -133,8 +150,9 @@ class DocumentRequest:
         """
         keep = {"depth", "tokens", "haystack", *TEXT_FIELDS}
         needle = self.needle if task == "text" else None
-        return DocumentRequest(task=task, seed=self.seed, **{
-            f: getattr(self, f) for f in keep if f not in unused(task, needle, [f])})
+        return DocumentRequest(
+            task=task, seed=self.seed, **{f: getattr(self, f) for f in keep if f not in unused(task, needle, [f])}
+        )
 
     def length(self, train_length: int) -> int:
         """Tokens a generated document will have (the request, else L_tr)."""
@@ -158,11 +176,22 @@ class DocumentRequest:
                 if not self.text or not self.text.strip():
                     raise UserError("The text is empty: paste some text (or upload a .txt file) first.")
                 return tasks.from_text(
-                    self.text, tokenizer, needle=self.needle, question=self.question,
-                    expected=self.expected, depth=self.depth, seed=self.seed,
+                    self.text,
+                    tokenizer,
+                    needle=self.needle,
+                    question=self.question,
+                    expected=self.expected,
+                    depth=self.depth,
+                    seed=self.seed,
                 )
-            return tasks.make(self.task, tokenizer, self.length(train_length), depth=self.depth, seed=self.seed,
-                              haystack=self.haystack)
+            return tasks.make(
+                self.task,
+                tokenizer,
+                self.length(train_length),
+                depth=self.depth,
+                seed=self.seed,
+                haystack=self.haystack,
+            )
         except UserError:
             raise
         except ValueError as err:
@@ -184,8 +213,10 @@ class DocumentRequest:
                 )
         elif self.length(train_length) > limit:
             what = "" if self.tokens else " (the default: the model's training length L_tr)"
-            head = (f"The document would be {self.length(train_length):,} tokens{what}; this machine can run at most "
-                    f"about {limit:,} tokens now. Use a shorter document")
+            head = (
+                f"The document would be {self.length(train_length):,} tokens{what}; this machine can run at most "
+                f"about {limit:,} tokens now. Use a shorter document"
+            )
             raise InputTooLong(f"{head} (--tokens).", app=f"{head} (the Length in tokens box).")
 
 
@@ -197,7 +228,9 @@ class Settings:
     model: Name | None = None
     train_length: TrainLength | None = None
     method: Method = methods.AS_TRAINED
-    tau: Tau | None = None  # the schedule (core.values.schedule.Schedule): number, per layer, per layer and head, per row
+    tau: Tau | None = (
+        None  # the schedule (core.values.schedule.Schedule): number, per layer, per layer and head, per row
+    )
     criterion: Criterion = "pmax"
     targets: Targets = (ENCODER,)
     cosine_scale: Positive | None = None
@@ -216,8 +249,9 @@ class Settings:
         if methods.REGISTRY[self.method].takes_value and self.tau is None:
             raise ValueError(f"Method '{self.method}' needs a tau")
         try:  # a number the method does not take would change nothing: refused, as the CLI refuses --gamma
-            object.__setattr__(self, "method_params", methods.check_params(self.method_params, [self.method],
-                                                                           "method_params"))
+            object.__setattr__(
+                self, "method_params", methods.check_params(self.method_params, [self.method], "method_params")
+            )
         except UserError as err:
             raise ValueError(str(err)) from None
         try:  # parsed once (the one parser, Scheme.of); a refusal names the field at fault
@@ -235,10 +269,18 @@ class Settings:
                 raise ValueError(f"scheme_params: {err}") from None
         constant = methods.REGISTRY[self.method].constant
         # the one value a pass carries (see core.values.choice), made here once: Settings is frozen, so it cannot go stale
-        object.__setattr__(self, "_choice", Choice(self.method, self.tau or constant or ONE, tuple(self.targets),
-                                                   None if self.cosine_scale is None else float(self.cosine_scale),
-                                                   scheme, tuple(sorted((k, float(v)) for k, v in
-                                                                        self.method_params.items()))))
+        object.__setattr__(
+            self,
+            "_choice",
+            Choice(
+                self.method,
+                self.tau or constant or ONE,
+                tuple(self.targets),
+                None if self.cosine_scale is None else float(self.cosine_scale),
+                scheme,
+                tuple(sorted((k, float(v)) for k, v in self.method_params.items())),
+            ),
+        )
 
     def to_choice(self, schedule: Any = None) -> Choice:
         """What these settings ask of the attention, as the one :class:`~core.values.choice.Choice` a run carries:
@@ -253,7 +295,8 @@ class Settings:
         if tau is None:
             raise UserError(
                 f"The settings hold method '{self.method}' but no resolved tau: resolve it in the app (or with "
-                "`python -m core calibrate`) before exporting, or give tau/schedule.")
+                "`python -m core calibrate`) before exporting, or give tau/schedule."
+            )
         return self._choice.with_(tau=tau)
 
     def to_dict(self) -> dict:

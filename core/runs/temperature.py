@@ -36,11 +36,10 @@ builds those callables from :mod:`core.runs.engine`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
-
 
 GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
 CRITERIA = ("pmax", "entropy")
@@ -162,6 +161,7 @@ def prop2(train_length: int, length: int, sigma_tr: float, sigma_ex: float) -> f
 
 # -- Algorithm 1 ---------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class LayerStats:
     """Mean Pmax and entropy per encoder layer (over heads, real rows and documents).
@@ -253,7 +253,10 @@ def _closest(values: dict[int, float], reference: float) -> int:
 
 
 def grid_search(
-    score: Callable[[float], float], reference: float, grid: Sequence[float] = GRID, progress: Callable[[float], None] | None = None
+    score: Callable[[float], float],
+    reference: float,
+    grid: Sequence[float] = GRID,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[int, dict[int, float]]:
     """Evaluate every grid point; return the pick and all values."""
     values = {}
@@ -265,7 +268,10 @@ def grid_search(
 
 
 def bisect_search(
-    score: Callable[[float], float], reference: float, grid: Sequence[float] = GRID, progress: Callable[[float], None] | None = None
+    score: Callable[[float], float],
+    reference: float,
+    grid: Sequence[float] = GRID,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[int, dict[int, float]]:
     """Same pick as :func:`grid_search` when the score is monotone in tau, in ~log2(n)+2 passes.
 
@@ -348,8 +354,9 @@ def algorithm1(
     docs = [seen[float(grid[i])].documents(criterion) for i in idx]
     ref_docs = reference.documents(criterion)
     if ref_docs is not None and all(d is not None and len(d) == len(ref_docs) for d in docs):
-        cal.band = bootstrap_band([float(grid[i]) for i in idx], np.stack([d.mean(axis=1) for d in docs]),
-                                  ref_docs.mean(axis=1), grid=grid)
+        cal.band = bootstrap_band(
+            [float(grid[i]) for i in idx], np.stack([d.mean(axis=1) for d in docs]), ref_docs.mean(axis=1), grid=grid
+        )
     if refined:
         tau, value, reached, points = refine(score, ref, values, grid)
         cal.tau, cal.gap, cal.reached, cal.refined = tau, value - ref, reached, points
@@ -362,8 +369,13 @@ BAND_RESAMPLES = 200
 
 
 def bootstrap_band(
-    taus: Sequence[float], doc_curve: np.ndarray, doc_reference: np.ndarray, grid: Sequence[float] | None = None,
-    level: float = BAND_LEVEL, resamples: int = BAND_RESAMPLES, seed: int = 0,
+    taus: Sequence[float],
+    doc_curve: np.ndarray,
+    doc_reference: np.ndarray,
+    grid: Sequence[float] | None = None,
+    level: float = BAND_LEVEL,
+    resamples: int = BAND_RESAMPLES,
+    seed: int = 0,
 ) -> dict | None:
     """The spread of Algorithm 1's pick over the calibration documents, by bootstrap.
 
@@ -391,9 +403,14 @@ def bootstrap_band(
     ref = refs[idx].mean(axis=1)  # [resamples]
     picks = np.array([taus[pos.index(_closest(dict(zip(pos, means[:, r])), ref[r]))] for r in range(resamples)])
     lo_q, hi_q = (1 - level) / 2, (1 + level) / 2
-    return {"low": float(np.quantile(picks, lo_q, method="lower")),
-            "high": float(np.quantile(picks, hi_q, method="higher")),
-            "level": float(level), "resamples": int(resamples), "documents": int(k), "seed": int(seed)}
+    return {
+        "low": float(np.quantile(picks, lo_q, method="lower")),
+        "high": float(np.quantile(picks, hi_q, method="higher")),
+        "level": float(level),
+        "resamples": int(resamples),
+        "documents": int(k),
+        "seed": int(seed),
+    }
 
 
 def _brackets(values, reference: float) -> bool:
@@ -403,8 +420,12 @@ def _brackets(values, reference: float) -> bool:
 
 
 def refine(
-    score: Callable[[float], float], reference: float, values: dict[int, float], grid: Sequence[float] = GRID,
-    floor: float = TAU_FLOOR, steps: int = 7,
+    score: Callable[[float], float],
+    reference: float,
+    values: dict[int, float],
+    grid: Sequence[float] = GRID,
+    floor: float = TAU_FLOOR,
+    steps: int = 7,
 ) -> tuple[float, float, bool, list[tuple[float, float]]]:
     """The crossing itself, not the nearest grid point: ``(tau, S_ex(tau), reached, off-grid points)``.
 
@@ -550,8 +571,16 @@ def per_head(
     final = measure(schedule).heads(criterion)
     gap = float(np.mean(final - refs))
     return Calibration(
-        criterion=criterion, grid=list(grid), curve=[None] * len(grid), reference=float(np.mean(refs)),
-        tau=float(np.mean(schedule)), passes=passes + 1, schedule=schedule, layer_curves=curves,
-        layer_references=[float(np.mean(r)) for r in refs], reached=not unreached, gap=gap,
+        criterion=criterion,
+        grid=list(grid),
+        curve=[None] * len(grid),
+        reference=float(np.mean(refs)),
+        tau=float(np.mean(schedule)),
+        passes=passes + 1,
+        schedule=schedule,
+        layer_curves=curves,
+        layer_references=[float(np.mean(r)) for r in refs],
+        reached=not unreached,
+        gap=gap,
         unreached_heads=unreached,
     )

@@ -22,7 +22,7 @@ import math
 import statistics
 import threading
 from collections import deque
-from typing import Hashable
+from collections.abc import Hashable
 
 #: Kinds of work recorded: the encoder pass (probes included) and answer generation from its output.
 ENCODE, GENERATE = "encode", "generate"
@@ -127,8 +127,9 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def plan_note(what: str, model_key: Hashable, passes: list[tuple[int, int]], kind: str = ENCODE,
-              name_all: bool = False) -> str:
+def plan_note(
+    what: str, model_key: Hashable, passes: list[tuple[int, int]], kind: str = ENCODE, name_all: bool = False
+) -> str:
     """One sentence before long work: '<what> will run 12 encoder passes at 2,045 tokens: about 9 s on this
     machine (measured 0.75 s per pass here).'
 
@@ -247,8 +248,9 @@ class Budget:
         if seconds is not None and not (math.isfinite(seconds) and 0 < seconds <= MAX_BUDGET_S):
             from core.errors import UserError
 
-            raise UserError(f"{option} must be a number of seconds above 0 and at most {MAX_BUDGET_S:,.0f} "
-                            f"(got {seconds!r})")
+            raise UserError(
+                f"{option} must be a number of seconds above 0 and at most {MAX_BUDGET_S:,.0f} (got {seconds!r})"
+            )
         self.seconds = seconds
         self.option = option
         self._clock = clock or time.monotonic
@@ -268,11 +270,15 @@ class Budget:
             return
         from core.errors import UserError
 
-        raise UserError(f"{what} would take {describe(estimate)} here ({estimate:.0f} s), over {self.option} "
-                        f"{self.seconds:g} ({max(0.0, left):.0f} s left); raise {self.option} or ask for less")
+        raise UserError(
+            f"{what} would take {describe(estimate)} here ({estimate:.0f} s), over {self.option} "
+            f"{self.seconds:g} ({max(0.0, left):.0f} s left); raise {self.option} or ask for less"
+        )
 
     def check(self) -> None:
         """Raise :class:`OutOfTime` once the budget is spent (nothing without a bound)."""
         if self.seconds is not None and self.elapsed() > self.seconds:
-            raise OutOfTime(f"{self.option} {self.seconds:g} reached after {self.elapsed():.1f} s; "
-                            "the pass under way was stopped at its next layer")
+            raise OutOfTime(
+                f"{self.option} {self.seconds:g} reached after {self.elapsed():.1f} s; "
+                "the pass under way was stopped at its next layer"
+            )

@@ -45,10 +45,13 @@ _OWNERS = {
     **dict.fromkeys(("EVAL_SEED", "eval_documents", "sample_document"), "data"),
     **dict.fromkeys(("evaluate", "search_cosine_scale", "train", "train_stages"), "loop"),
     **dict.fromkeys(("build_model", "get_tokenizer", "grow_state", "identity_blocks"), "model"),
-    **dict.fromkeys(("check_stages", "lineage_entries", "source_recipe", "stage_dir", "stage_summary",
-                     "taught_tasks"), "stages"),
-    **dict.fromkeys(("LOOKUP_SHARE", "CrossAttentionTap", "needle_attention_loss", "needle_log_shares",
-                     "needle_token_mask"), "supervision"),
+    **dict.fromkeys(
+        ("check_stages", "lineage_entries", "source_recipe", "stage_dir", "stage_summary", "taught_tasks"), "stages"
+    ),
+    **dict.fromkeys(
+        ("LOOKUP_SHARE", "CrossAttentionTap", "needle_attention_loss", "needle_log_shares", "needle_token_mask"),
+        "supervision",
+    ),
 }
 
 if TYPE_CHECKING:  # what type checkers and readers see; at run time the same names come from __getattr__
@@ -75,7 +78,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time the same na
 
 
 #: The submodules, reachable as attributes once this package is imported (as when it imported them all).
-_SUBMODULES = ('cli', 'config', 'data', 'loop', 'mlm', 'model', 'optim', 'stages', 'supervision')
+_SUBMODULES = ("cli", "config", "data", "loop", "mlm", "model", "optim", "stages", "supervision")
 
 
 def __getattr__(name: str):
@@ -94,8 +97,29 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # written out (not built from _OWNERS) so that readers and linters see the names
-    "EVAL_SEED", "LOOKUP_SHARE", "CrossAttentionTap", "TrainConfig", "build_model", "check_stages", "eval_documents",
-    "evaluate", "get_tokenizer", "grow_state", "identity_blocks", "lineage_entries", "load_stages", "main",
-    "needle_attention_loss", "needle_log_shares", "needle_token_mask", "sample_document", "search_cosine_scale",
-    "source_recipe", "stage_dir", "stage_summary", "taught_tasks", "train", "train_stages",
+    "EVAL_SEED",
+    "LOOKUP_SHARE",
+    "CrossAttentionTap",
+    "TrainConfig",
+    "build_model",
+    "check_stages",
+    "eval_documents",
+    "evaluate",
+    "get_tokenizer",
+    "grow_state",
+    "identity_blocks",
+    "lineage_entries",
+    "load_stages",
+    "main",
+    "needle_attention_loss",
+    "needle_log_shares",
+    "needle_token_mask",
+    "sample_document",
+    "search_cosine_scale",
+    "source_recipe",
+    "stage_dir",
+    "stage_summary",
+    "taught_tasks",
+    "train",
+    "train_stages",
 ]

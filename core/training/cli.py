@@ -20,12 +20,18 @@ from core.training.config import TrainConfig, load_stages
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m core train", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder, e.g. assets/models/passkey-t5")
-    p.add_argument("--config", help="JSON with TrainConfig fields, or a list of them: stages, each from the previous one's weights")
+    p.add_argument(
+        "--config", help="JSON with TrainConfig fields, or a list of them: stages, each from the previous one's weights"
+    )
     p.add_argument("--tokenizer", help="reuse the tokenizer of this folder")
-    p.add_argument("--stages-dir", default="runs", help="where a staged config keeps its intermediate stages (default: runs/)")
+    p.add_argument(
+        "--stages-dir", default="runs", help="where a staged config keeps its intermediate stages (default: runs/)"
+    )
     for f in fields(TrainConfig):
         if f.type in ("int", "float", "str", "float | None", "str | None") and f.name != "name":
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=float if "float" in f.type else (int if f.type == "int" else str))
+            p.add_argument(
+                f"--{f.name.replace('_', '-')}", type=float if "float" in f.type else (int if f.type == "int" else str)
+            )
     p.add_argument("--name")
     p.add_argument("--cosine-search", help="comma list of s: pilot runs pick CosScale's s (see --pilot-steps)")
     p.add_argument("--pilot-steps", type=int, default=400)
@@ -51,5 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg_note:
         card.update(cfg_note)
         (Path(args.out) / "card.json").write_text(json.dumps(card, indent=2))
-    print(json.dumps({"out": args.out, "metrics": card["metrics"], "minutes": card.get("minutes_total", card["minutes"])}))
+    print(
+        json.dumps({"out": args.out, "metrics": card["metrics"], "minutes": card.get("minutes_total", card["minutes"])})
+    )
     return 0

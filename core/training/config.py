@@ -15,11 +15,15 @@ from core.data import tasks
 class TrainConfig:
     name: str = "retrieval-t5"
     # Defaults = the shipped default model (assets/models/retrieval-t5/train_config.json).
-    tasks: dict[str, float] = field(default_factory=lambda: {"passkey": 0.3, "line": 0.3, "topic": 0.1, "multidoc": 0.15, "code": 0.15})
+    tasks: dict[str, float] = field(
+        default_factory=lambda: {"passkey": 0.3, "line": 0.3, "topic": 0.1, "multidoc": 0.15, "code": 0.15}
+    )
     train_length: int = 256
     min_length: int = 40
     curriculum_steps: int = 1500
-    first_tasks: dict[str, float] | None = field(default_factory=lambda: {"passkey": 1.0})  # the first `first_steps` steps
+    first_tasks: dict[str, float] | None = field(
+        default_factory=lambda: {"passkey": 1.0}
+    )  # the first `first_steps` steps
     first_steps: int = 1200
     corpus_haystack: float = 0.5  # share of passkey/topic/multidoc docs with corpus paragraphs as haystack
     # per-task options for tasks.make, e.g. {"line": {"labels": "classic"}}: the
@@ -96,4 +100,6 @@ def _check_per_task(name: str, values: dict, what: str, high: float) -> None:
     """A ``{task: number}`` config field: known tasks, numbers in [0, high]; fails before training starts."""
     for task, v in values.items():
         if task not in tasks.GENERATED or isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= high:
-            raise ValueError(f"{name} wants {{task: {what}}} with tasks from {list(tasks.GENERATED)}, got {task!r}: {v!r}")
+            raise ValueError(
+                f"{name} wants {{task: {what}}} with tasks from {list(tasks.GENERATED)}, got {task!r}: {v!r}"
+            )

@@ -33,7 +33,11 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
     names, weights = zip(*mix.items())
     task = rng.choices(names, weights)[0]
     n = rng.randint(min(cfg.min_length, max_len), max_len)
-    haystack = "corpus-train" if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack) else "default"
+    haystack = (
+        "corpus-train"
+        if (task in ("passkey", "topic", "multidoc") and rng.random() < cfg.corpus_haystack)
+        else "default"
+    )
     if task == tasks.LM:  # language modelling: its wide training pool (never the held-out eval pool)
         haystack = "lm-train"
     seed = rng.randrange(EVAL_SEED)
@@ -43,8 +47,9 @@ def sample_document(cfg: TrainConfig, tokenizer, rng: random.Random, max_len: in
         depth = 1.0
     while True:  # early in the curriculum some tasks cannot fit yet: grow until they do
         try:
-            return tasks.make(task, tokenizer, n, depth=depth, seed=seed, haystack=haystack,
-                              **cfg.task_options.get(task, {}))
+            return tasks.make(
+                task, tokenizer, n, depth=depth, seed=seed, haystack=haystack, **cfg.task_options.get(task, {})
+            )
         except ValueError:
             if n > 4 * cfg.train_length:
                 raise
@@ -84,6 +89,7 @@ def die_with(parent: int) -> str:
     if os.getppid() != parent:  # died before the call: nobody will read what this would make
         os._exit(0)
     if how == "watchdog":
+
         def watch() -> None:
             import time
 
@@ -124,8 +130,12 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
                 return
             rng = random.Random(cfg.seed * 1_000_003 + step)
             docs = [sample_document(cfg, tok, rng, _max_len(cfg, step), step) for _ in range(cfg.batch_size)]
-            enc = tok([d.text for d in docs], padding=True, return_tensors="pt",
-                      return_offsets_mapping=bool(cfg.needle_attention))
+            enc = tok(
+                [d.text for d in docs],
+                padding=True,
+                return_tensors="pt",
+                return_offsets_mapping=bool(cfg.needle_attention),
+            )
             lab = _labels(tok, docs, cfg.line_answer)
             needle = None
             if cfg.needle_attention:
@@ -146,8 +156,9 @@ def _batches(cfg: TrainConfig, tokenizer_dir: str, queue, worker: int, stop, par
     queue.put(None)
 
 
-def needle_targets(cfg: TrainConfig, docs: list[tasks.Document], offsets: np.ndarray,
-                   answer_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+def needle_targets(
+    cfg: TrainConfig, docs: list[tasks.Document], offsets: np.ndarray, answer_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
     """What the needle-attention loss asks of one batch: ``(needle, weight)``.
 
     ``needle`` is ``[B, S]`` (each document's needle span) unless a
@@ -172,8 +183,9 @@ def _labels(tok, docs: list[tasks.Document], line_answer: str) -> torch.Tensor:
         lab = tok([tasks.target(d, line_answer) for d in docs], padding=True, return_tensors="pt").input_ids
         lab[lab == tok.pad_token_id] = -100
         return lab
-    rows = [tasks.continuation_ids(d) if d.task == tasks.LM else tok(tasks.target(d, line_answer)).input_ids
-            for d in docs]
+    rows = [
+        tasks.continuation_ids(d) if d.task == tasks.LM else tok(tasks.target(d, line_answer)).input_ids for d in docs
+    ]
     lab = torch.full((len(rows), max(map(len, rows))), -100, dtype=torch.long)
     for i, r in enumerate(rows):
         lab[i, : len(r)] = torch.tensor(r)
@@ -188,7 +200,15 @@ def eval_documents(tokenizer, cfg: TrainConfig, task: str, n_docs: int, length: 
     process, which once made every run's evaluation documents differ)."""
     salt = int(hashlib.sha1(task.encode()).hexdigest(), 16) % 1000
     rng = random.Random(EVAL_SEED + salt)
-    return [tasks.make(task, tokenizer, length, depth=rng.random(), seed=EVAL_SEED + i,
-                       haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default",
-                       **cfg.task_options.get(task, {}))
-            for i in range(n_docs)]
+    return [
+        tasks.make(
+            task,
+            tokenizer,
+            length,
+            depth=rng.random(),
+            seed=EVAL_SEED + i,
+            haystack="corpus-eval" if (task in ("passkey", "topic", "multidoc") and i % 2) else "default",
+            **cfg.task_options.get(task, {}),
+        )
+        for i in range(n_docs)
+    ]

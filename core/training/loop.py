@@ -29,9 +29,15 @@ from core.training.stages import check_stages, lineage_entries, source_recipe, s
 from core.training.supervision import CrossAttentionTap, needle_attention_loss
 
 
-def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str | Path | None = None,
-                 quiet: bool = False, device: str | None = None, evaluate_at_end: bool = True,
-                 stages_dir: str | Path = "runs") -> dict:
+def train_stages(
+    cfgs: list[TrainConfig],
+    out: str | Path,
+    reuse_tokenizer: str | Path | None = None,
+    quiet: bool = False,
+    device: str | None = None,
+    evaluate_at_end: bool = True,
+    stages_dir: str | Path = "runs",
+) -> dict:
     """Train ``cfgs`` in turn, each from the previous one's weights; the last lands in ``out``.
 
     Returns the last stage's card with ``stages`` (steps, minutes and metrics of
@@ -51,8 +57,15 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
             cfg.init_from = str(prev)
         if not quiet and len(cfgs) > 1:
             print(f"stage {k + 1}/{len(cfgs)} -> {target}", file=sys.stderr)
-        card = train(cfg, target, reuse_tokenizer=reuse_tokenizer if prev is None else prev, quiet=quiet,
-                     evaluate_at_end=last and evaluate_at_end, device=device, lineage=(recipe, stages))
+        card = train(
+            cfg,
+            target,
+            reuse_tokenizer=reuse_tokenizer if prev is None else prev,
+            quiet=quiet,
+            evaluate_at_end=last and evaluate_at_end,
+            device=device,
+            lineage=(recipe, stages),
+        )
         recipe, stages = source_recipe(target)
         prev = target
     return card
@@ -61,8 +74,8 @@ def train_stages(cfgs: list[TrainConfig], out: str | Path, reuse_tokenizer: str 
 def evaluate(model, tokenizer, cfg: TrainConfig, n_docs: int, length: int | None = None) -> dict[str, float]:
     """Accuracy per task on fresh seeds (>= EVAL_SEED) at ``length`` (default L_tr), eval haystacks;
     for language modelling, ``lm_perplexity`` on held-out text instead."""
-    from core.runs import engine
     from core.models import Loaded, ModelSpec
+    from core.runs import engine
 
     model.eval()
     length = length or cfg.train_length
@@ -113,9 +126,15 @@ def _main_left_alone():
             sys.modules["__main__"] = main
 
 
-def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False,
-          evaluate_at_end: bool = True, device: str | None = None,
-          lineage: tuple[list[dict], list[dict]] = ([], [])) -> dict:
+def train(
+    cfg: TrainConfig,
+    out: str | Path,
+    reuse_tokenizer: str | Path | None = None,
+    quiet: bool = False,
+    evaluate_at_end: bool = True,
+    device: str | None = None,
+    lineage: tuple[list[dict], list[dict]] = ([], []),
+) -> dict:
     """Train and save to ``out``; returns the card (metrics included).
 
     ``lineage``: the recipe and stage summaries of what ``cfg.init_from`` holds
@@ -134,8 +153,9 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
             raise ValueError(f"family must be 't5' or 'rope', got {cfg.family!r}")
         if lineage != ([], []):
             raise ValueError("the rope family trains one stage from scratch (no init_from, no staged recipe)")
-        return mlm.train(cfg, out, reuse_tokenizer=reuse_tokenizer, quiet=quiet, evaluate_at_end=evaluate_at_end,
-                         device=device)
+        return mlm.train(
+            cfg, out, reuse_tokenizer=reuse_tokenizer, quiet=quiet, evaluate_at_end=evaluate_at_end, device=device
+        )
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -166,13 +186,18 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # tensor shapes differ: another d_model, d_ff, heads...
-            first = next((ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln), str(err).splitlines()[0])
+            first = next(
+                (ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln), str(err).splitlines()[0]
+            )
             raise ValueError(f"--init-from {cfg.init_from} has other sizes than this config: {first}") from None
         # Tied embeddings, and blocks the source does not have (e.g. a second
         # decoder layer), may be missing: they start fresh. Anything else must match.
         src_blocks = {_block(k) for k in state} - {None}
-        odd = [k for k in missing if not k.endswith("embed_tokens.weight") and k != "lm_head.weight"
-               and _block(k) in src_blocks | {None}]
+        odd = [
+            k
+            for k in missing
+            if not k.endswith("embed_tokens.weight") and k != "lm_head.weight" and _block(k) in src_blocks | {None}
+        ]
         if unexpected or odd:
             raise ValueError(f"--init-from {cfg.init_from} does not match this config ({odd[:3]} {unexpected[:3]})")
         if cfg.new_blocks == "identity":
@@ -183,7 +208,10 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
     ctx = mp.get_context("spawn")
     workers = max(1, cfg.workers)
     queue, stop = ctx.Queue(maxsize=8 * workers), ctx.Event()
-    producers = [ctx.Process(target=_batches, args=(cfg, str(out), queue, w, stop, os.getpid()), daemon=True) for w in range(workers)]
+    producers = [
+        ctx.Process(target=_batches, args=(cfg, str(out), queue, w, stop, os.getpid()), daemon=True)
+        for w in range(workers)
+    ]
     with _main_left_alone():
         for pr in producers:
             pr.start()
@@ -209,7 +237,9 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
                 except Empty:
                     if not any(pr.is_alive() for pr in producers):
                         codes = ", ".join(str(pr.exitcode) for pr in producers)
-                        raise RuntimeError(f"training data producers died before step {step} (exit codes {codes})") from None
+                        raise RuntimeError(
+                            f"training data producers died before step {step} (exit codes {codes})"
+                        ) from None
                     continue
                 if item is not None and item[0] == "error":
                     raise ValueError(f"training data producer failed: {item[1]}")
@@ -226,8 +256,13 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
             losses.append(loss.item())
             if tap is not None:
-                look = needle_attention_loss(tap.logits(), mask.bool(), torch.from_numpy(needle[0]).to(dev),
-                                             torch.from_numpy(needle[1]).to(dev), lab != -100)
+                look = needle_attention_loss(
+                    tap.logits(),
+                    mask.bool(),
+                    torch.from_numpy(needle[0]).to(dev),
+                    torch.from_numpy(needle[1]).to(dev),
+                    lab != -100,
+                )
                 looks.append(look.item())
                 loss = loss + look
             opt.zero_grad(set_to_none=True)
@@ -236,13 +271,21 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
             opt.step()
             sched.step()
             bar.update(1)
-            bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}", L=int(ids.shape[1]),
-                            **({"look": f"{sum(looks[-50:]) / len(looks[-50:]):.3f}"} if looks else {}))
+            bar.set_postfix(
+                loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}",
+                L=int(ids.shape[1]),
+                **({"look": f"{sum(looks[-50:]) / len(looks[-50:]):.3f}"} if looks else {}),
+            )
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                history.append({"step": step + 1, "loss": sum(losses[-50:]) / len(losses[-50:]),
-                                **({"needle_attention": sum(looks[-50:]) / len(looks[-50:])} if looks else {}),
-                                **_try_evaluate(model, tokenizer, cfg, cfg.eval_docs),
-                                "minutes": round((time.time() - t0) / 60, 2)})
+                history.append(
+                    {
+                        "step": step + 1,
+                        "loss": sum(losses[-50:]) / len(losses[-50:]),
+                        **({"needle_attention": sum(looks[-50:]) / len(looks[-50:])} if looks else {}),
+                        **_try_evaluate(model, tokenizer, cfg, cfg.eval_docs),
+                        "minutes": round((time.time() - t0) / 60, 2),
+                    }
+                )
                 bar.write(json.dumps(history[-1]))
                 _save(model, out, cfg, history, t0, final=False, lineage=lineage)
     finally:
@@ -257,25 +300,47 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
         bar.close()
     final = _try_evaluate(model, tokenizer, cfg, max(cfg.eval_docs, 100)) if evaluate_at_end else {"accuracy": {}}
     if "eval_error" in final and not quiet:
-        print(f"warning: final evaluation skipped ({final['eval_error']}); the weights are saved, "
-              f"evaluate them with bench/results.py or the card's test", file=sys.stderr)
+        print(
+            f"warning: final evaluation skipped ({final['eval_error']}); the weights are saved, "
+            f"evaluate them with bench/results.py or the card's test",
+            file=sys.stderr,
+        )
     # steps a second after the first batch came (start-up and the final evaluation left out): what sizes a run
     rate = (steps_done - 1) / (t_last - t_first) if steps_done > 1 and t_last > t_first else None
-    history.append({"step": steps_done, "loss": sum(losses[-50:]) / max(1, len(losses[-50:])), **final,
-                    "minutes": round((time.time() - t0) / 60, 2), **({"stopped": stopped} if stopped else {}),
-                    **({"steps_per_second": round(rate, 3)} if rate else {})})
+    history.append(
+        {
+            "step": steps_done,
+            "loss": sum(losses[-50:]) / max(1, len(losses[-50:])),
+            **final,
+            "minutes": round((time.time() - t0) / 60, 2),
+            **({"stopped": stopped} if stopped else {}),
+            **({"steps_per_second": round(rate, 3)} if rate else {}),
+        }
+    )
     return _save(model, out, cfg, history, t0, final=True, losses=losses, looks=looks, lineage=lineage)
 
 
-def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses=None,
-          looks=None, lineage: tuple[list[dict], list[dict]] = ([], [])) -> dict:
+def _save(
+    model,
+    out: Path,
+    cfg: TrainConfig,
+    history: list[dict],
+    t0: float,
+    final: bool,
+    losses=None,
+    looks=None,
+    lineage: tuple[list[dict], list[dict]] = ([], []),
+) -> dict:
     from transformers import GenerationConfig
 
-    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
-                                               max_new_tokens=tasks.MAX_ANSWER_TOKENS)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, max_new_tokens=tasks.MAX_ANSWER_TOKENS
+    )
     model.save_pretrained(out, safe_serialization=True)
     dev = next(model.parameters()).device
-    machine = f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}"
+    machine = (
+        f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}"
+    )
     if dev.type == "cuda":
         machine = f"{torch.cuda.get_device_name(dev)} (float32), {machine}, {cfg.workers} data workers"
     card = {
@@ -283,8 +348,8 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
         "train_length": cfg.train_length,
         "tasks": taught_tasks([cfg]),
         "summary": f"T5 {cfg.encoder_layers}+{cfg.decoder_layers} layers, {cfg.num_heads} heads, d_model {cfg.d_model}"
-                   + (f", cosine attention s={cfg.cosine_scale:g}" if cfg.cosine_scale else "")
-                   + f", trained here at L_tr={cfg.train_length} tokens",
+        + (f", cosine attention s={cfg.cosine_scale:g}" if cfg.cosine_scale else "")
+        + f", trained here at L_tr={cfg.train_length} tokens",
         "default": cfg.default,
         "finished": final,
         "steps_done": history[-1]["step"] if history else 0,
@@ -298,10 +363,13 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
     if losses is not None:
         w = max(1, len(losses) // 50)
         card["loss_window"] = w
-        card["loss_curve"] = [round(sum(losses[i:i + w]) / len(losses[i:i + w]), 4) for i in range(0, len(losses), w)]
+        card["loss_curve"] = [
+            round(sum(losses[i : i + w]) / len(losses[i : i + w]), 4) for i in range(0, len(losses), w)
+        ]
         if looks:  # the needle-attention loss, same windows (one value per step, like losses)
-            card["needle_attention_curve"] = [round(sum(looks[i:i + w]) / len(looks[i:i + w]), 4)
-                                              for i in range(0, len(looks), w)]
+            card["needle_attention_curve"] = [
+                round(sum(looks[i : i + w]) / len(looks[i : i + w]), 4) for i in range(0, len(looks), w)
+            ]
     recipe, stages = lineage_entries(cfg, card, lineage)
     if len(stages) > 1:
         card["tasks"] = taught_tasks([TrainConfig.from_dict(d) for d in recipe])
@@ -312,8 +380,9 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
     return card
 
 
-def search_cosine_scale(cfg: TrainConfig, scales: list[float], steps: int, out: str | Path,
-                        reuse_tokenizer: str | Path | None = None) -> dict[float, float]:
+def search_cosine_scale(
+    cfg: TrainConfig, scales: list[float], steps: int, out: str | Path, reuse_tokenizer: str | Path | None = None
+) -> dict[float, float]:
     """Pick CosScale's s by short pilot runs: mean loss of the last 20 % of ``steps`` per s.
 
     Cosine logits are bounded by s (plus the bias), so s sets how sharp
@@ -323,10 +392,20 @@ def search_cosine_scale(cfg: TrainConfig, scales: list[float], steps: int, out: 
     """
     results = {}
     for sc in scales:
-        pilot = TrainConfig(**{**asdict(cfg), "cosine_scale": float(sc), "steps": steps, "eval_every": 0,
-                               "curriculum_steps": steps, "name": f"pilot-s{sc:g}"})
-        card = train(pilot, Path(out) / f"pilot-s{sc:g}", reuse_tokenizer=reuse_tokenizer, quiet=True, evaluate_at_end=False)
-        tail = card["loss_curve"][-max(1, len(card["loss_curve"]) // 5):]
+        pilot = TrainConfig(
+            **{
+                **asdict(cfg),
+                "cosine_scale": float(sc),
+                "steps": steps,
+                "eval_every": 0,
+                "curriculum_steps": steps,
+                "name": f"pilot-s{sc:g}",
+            }
+        )
+        card = train(
+            pilot, Path(out) / f"pilot-s{sc:g}", reuse_tokenizer=reuse_tokenizer, quiet=True, evaluate_at_end=False
+        )
+        tail = card["loss_curve"][-max(1, len(card["loss_curve"]) // 5) :]
         results[float(sc)] = round(sum(tail) / len(tail), 4)
         print(json.dumps({"cosine_scale": sc, "final_loss": results[float(sc)]}), file=sys.stderr)
     return results

@@ -80,7 +80,9 @@ def options(cfg: TrainConfig) -> dict:
         raise ValueError(f"mlm options: unknown {sorted(unknown)}; known: {sorted(MLM_DEFAULTS)}")
     opts = {**MLM_DEFAULTS, **cfg.mlm}
     if opts["pool"] not in POOLS:
-        raise ValueError(f"mlm pool must be one of {POOLS} (a training pool, never the evaluation pool), got {opts['pool']!r}")
+        raise ValueError(
+            f"mlm pool must be one of {POOLS} (a training pool, never the evaluation pool), got {opts['pool']!r}"
+        )
     if not 0.0 < float(opts["mask_rate"]) < 1.0:
         raise ValueError(f"mlm mask_rate must be in (0, 1), got {opts['mask_rate']!r}")
     if not float(opts["rope_theta"]) > 0:
@@ -114,13 +116,26 @@ def build_model(cfg: TrainConfig, tok):
         raise ValueError(f"d_model {cfg.d_model} does not split into {cfg.num_heads} heads")
     eos = tok.eos_token_id
     mcfg = ModernBertConfig(
-        vocab_size=len(tok) + (-len(tok)) % 8, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.encoder_layers, num_attention_heads=cfg.num_heads, global_attn_every_n_layers=1,
-        max_position_embeddings=cfg.train_length, pad_token_id=tok.pad_token_id, bos_token_id=eos, eos_token_id=eos,
-        cls_token_id=eos, sep_token_id=eos, mask_token_id=tok.mask_token_id,
-        attention_dropout=cfg.dropout, embedding_dropout=cfg.dropout, mlp_dropout=cfg.dropout,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": float(opts["rope_theta"])},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": float(opts["rope_theta"])}},
+        vocab_size=len(tok) + (-len(tok)) % 8,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.encoder_layers,
+        num_attention_heads=cfg.num_heads,
+        global_attn_every_n_layers=1,
+        max_position_embeddings=cfg.train_length,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        cls_token_id=eos,
+        sep_token_id=eos,
+        mask_token_id=tok.mask_token_id,
+        attention_dropout=cfg.dropout,
+        embedding_dropout=cfg.dropout,
+        mlp_dropout=cfg.dropout,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": float(opts["rope_theta"])},
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(opts["rope_theta"])},
+        },
     )
     if cfg.cosine_scale:
         mcfg.cosine_attention = True
@@ -149,8 +164,9 @@ def special_ids(tok) -> np.ndarray:
     return np.asarray(sorted(set(tok.all_special_ids) | {tok.mask_token_id}), dtype=np.int64)
 
 
-def mask_batch(ids: np.ndarray, tok, rng: np.random.Generator, rate: float,
-               vocab: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def mask_batch(
+    ids: np.ndarray, tok, rng: np.random.Generator, rate: float, vocab: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """BERT-style masking of ``ids`` [batch, L]: ``(inputs, labels)``, labels -100 where nothing is asked.
 
     Per row, ``max(1, round(rate x non-special tokens))`` positions without replacement; of those, each
@@ -182,7 +198,7 @@ def batch_at(stream: np.ndarray, tok, cfg: TrainConfig, step: int, rate: float) 
         raise ValueError(f"the training text has {len(stream)} tokens: fewer than one sequence of {cfg.train_length}")
     rng = np.random.default_rng([cfg.seed, step])
     starts = rng.integers(0, len(stream) - n, size=cfg.batch_size)
-    ids = np.stack([np.append(stream[s:s + n], tok.eos_token_id) for s in starts])
+    ids = np.stack([np.append(stream[s : s + n], tok.eos_token_id) for s in starts])
     return mask_batch(ids, tok, rng, rate)
 
 
@@ -194,8 +210,16 @@ def masked_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return torch.nn.functional.cross_entropy(logits.float(), labels[sel])
 
 
-def evaluate(model, tok, lengths: list[int], sequences: int, train_length: int, seed: int = 0,
-             rate: float | None = None, batch_size: int = 16) -> dict[int, dict]:
+def evaluate(
+    model,
+    tok,
+    lengths: list[int],
+    sequences: int,
+    train_length: int,
+    seed: int = 0,
+    rate: float | None = None,
+    batch_size: int = 16,
+) -> dict[int, dict]:
     """Held-out masked-token accuracy (a fraction) and perplexity per length at tau = 1, by :mod:`core.experiments.mlm`.
 
     Sequences of seeds ``seed..`` from the corpus' eval pool, masked positions drawn by seed: what
@@ -213,17 +237,28 @@ def evaluate(model, tok, lengths: list[int], sequences: int, train_length: int, 
             masked = [mlm.sequence(loaded, n, seed + i, rate or mlm.MASK_RATE)[1] for i in range(sequences)]
             count, correct, nll = 0, 0, 0.0
             for b in range(0, len(masked), batch_size):
-                s = mlm.score(loaded, masked[b:b + batch_size])
+                s = mlm.score(loaded, masked[b : b + batch_size])
                 count, correct, nll = count + s.masked, correct + s.correct, nll + s.nll
-            out[n] = {"tokens": n, "accuracy": round(correct / count, 4), "perplexity": round(math.exp(nll / count), 3),
-                      "masked": count, "sequences": sequences}
+            out[n] = {
+                "tokens": n,
+                "accuracy": round(correct / count, 4),
+                "perplexity": round(math.exp(nll / count), 3),
+                "masked": count,
+                "sequences": sequences,
+            }
     finally:
         model.train(was)
     return out
 
 
-def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None = None, quiet: bool = False,
-          evaluate_at_end: bool = True, device: str | None = None) -> dict:
+def train(
+    cfg: TrainConfig,
+    out: str | Path,
+    reuse_tokenizer: str | Path | None = None,
+    quiet: bool = False,
+    evaluate_at_end: bool = True,
+    device: str | None = None,
+) -> dict:
     """Train a rotary masked-LM encoder and save it to ``out`` (weights, config, tokenizer, card, recipe).
 
     Same schedule as the T5 trainer (AdamW, linear warmup, cosine decay to 10 %, gradient clipping), so
@@ -263,16 +298,27 @@ def train(cfg: TrainConfig, out: str | Path, reuse_tokenizer: str | Path | None 
             bar.update(1)
             bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}")
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                history.append({"step": step + 1, "loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
-                                **_held_out(model, tok, cfg, cfg.eval_docs, rate),
-                                "minutes": round((time.time() - t0) / 60, 2)})
+                history.append(
+                    {
+                        "step": step + 1,
+                        "loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+                        **_held_out(model, tok, cfg, cfg.eval_docs, rate),
+                        "minutes": round((time.time() - t0) / 60, 2),
+                    }
+                )
                 bar.write(json.dumps(history[-1]))
                 _save(model, out, cfg, history, t0, final=False, losses=losses)
     finally:
         bar.close()
     final = _held_out(model, tok, cfg, max(cfg.eval_docs, FINAL_SEQUENCES), rate) if evaluate_at_end else {}
-    history.append({"step": cfg.steps, "loss": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4), **final,
-                    "minutes": round((time.time() - t0) / 60, 2)})
+    history.append(
+        {
+            "step": cfg.steps,
+            "loss": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4),
+            **final,
+            "minutes": round((time.time() - t0) / 60, 2),
+        }
+    )
     return _save(model, out, cfg, history, t0, final=True, losses=losses)
 
 
@@ -287,18 +333,27 @@ def _held_out(model, tok, cfg: TrainConfig, sequences: int, rate: float) -> dict
     try:
         r = evaluate(model, tok, [cfg.train_length], sequences, cfg.train_length, rate=rate)[cfg.train_length]
     except Exception as err:  # noqa: BLE001  a side look must not throw away the training (as the T5 trainer)
-        print(f"warning: held-out evaluation skipped ({type(err).__name__}: {err}); the weights are saved",
-              file=sys.stderr)
+        print(
+            f"warning: held-out evaluation skipped ({type(err).__name__}: {err}); the weights are saved",
+            file=sys.stderr,
+        )
         return {"eval_error": f"{type(err).__name__}: {err}"}
-    return {"tokens": r["tokens"], "masked_accuracy": r["accuracy"], "masked_perplexity": r["perplexity"],
-            "masked": r["masked"], "sequences": r["sequences"]}
+    return {
+        "tokens": r["tokens"],
+        "masked_accuracy": r["accuracy"],
+        "masked_perplexity": r["perplexity"],
+        "masked": r["masked"],
+        "sequences": r["sequences"],
+    }
 
 
 def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, final: bool, losses: list[float]) -> dict:
     """Weights (safetensors), config, card and recipe; written at every evaluation and at the end."""
     model.save_pretrained(out, safe_serialization=True)
     dev = next(model.parameters()).device
-    machine = f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}"
+    machine = (
+        f"{platform.machine()} {os.cpu_count()} CPU cores, torch {torch.__version__} threads {torch.get_num_threads()}"
+    )
     if dev.type == "cuda":
         machine = f"{torch.cuda.get_device_name(dev)} (float32), {machine}"
     opts = options(cfg)
@@ -309,9 +364,9 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
         "train_length": cfg.train_length,
         "tasks": ["mlm"],
         "summary": f"ModernBERT masked-LM, {cfg.encoder_layers} layers x {cfg.num_heads} heads, hidden {cfg.d_model}, "
-                   f"RoPE theta {opts['rope_theta']:g}"
-                   + (f", cosine attention s={cfg.cosine_scale:g}" if cfg.cosine_scale else "")
-                   + f", trained here at L_tr={cfg.train_length} tokens ({opts['mask_rate']:.0%} masked)",
+        f"RoPE theta {opts['rope_theta']:g}"
+        + (f", cosine attention s={cfg.cosine_scale:g}" if cfg.cosine_scale else "")
+        + f", trained here at L_tr={cfg.train_length} tokens ({opts['mask_rate']:.0%} masked)",
         "default": False,
         "finished": final,
         "steps_done": history[-1]["step"] if history else 0,
@@ -324,7 +379,7 @@ def _save(model, out: Path, cfg: TrainConfig, history: list[dict], t0: float, fi
         "threads": torch.get_num_threads(),
         "config": asdict(cfg),
         "loss_window": w,
-        "loss_curve": [round(sum(losses[i:i + w]) / len(losses[i:i + w]), 4) for i in range(0, len(losses), w)],
+        "loss_curve": [round(sum(losses[i : i + w]) / len(losses[i : i + w]), 4) for i in range(0, len(losses), w)],
     }
     (out / "card.json").write_text(json.dumps(card, indent=2))
     (out / "train_config.json").write_text(json.dumps([asdict(cfg)], indent=1))

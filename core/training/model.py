@@ -19,11 +19,22 @@ def build_model(cfg: TrainConfig, vocab_size: int):
     from core.mechanics import attention, patches  # importing attention registers "aligned"
 
     tcfg = T5Config(
-        vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
-        num_layers=cfg.encoder_layers, num_decoder_layers=cfg.decoder_layers, num_heads=cfg.num_heads,
-        relative_attention_num_buckets=32, relative_attention_max_distance=128,
-        dropout_rate=float(getattr(cfg, "dropout", 0.0)), feed_forward_proj="relu", tie_word_embeddings=True,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, n_positions=cfg.train_length,
+        vocab_size=vocab_size,
+        d_model=cfg.d_model,
+        d_kv=cfg.d_kv,
+        d_ff=cfg.d_ff,
+        num_layers=cfg.encoder_layers,
+        num_decoder_layers=cfg.decoder_layers,
+        num_heads=cfg.num_heads,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=float(getattr(cfg, "dropout", 0.0)),
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        n_positions=cfg.train_length,
     )
     if cfg.cosine_scale:
         tcfg.cosine_attention = True
@@ -75,7 +86,12 @@ def grow_state(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) 
     out = dict(state)
     for key, src in state.items():
         dst = target.get(key)
-        if dst is None or dst.shape == src.shape or dst.ndim != src.ndim or any(a > b for a, b in zip(src.shape, dst.shape)):
+        if (
+            dst is None
+            or dst.shape == src.shape
+            or dst.ndim != src.ndim
+            or any(a > b for a, b in zip(src.shape, dst.shape))
+        ):
             continue
         grown = torch.zeros_like(dst) if key.endswith(_ZERO_WHERE_GROWN) else dst.clone()
         grown[tuple(slice(0, n) for n in src.shape)] = src
@@ -106,6 +122,6 @@ def identity_blocks(model, blocks: set[str]) -> None:
 
 
 def _block(key: str) -> str | None:
-    """"encoder.block.2.layer.0..." -> "encoder.block.2"; None for tensors outside the blocks."""
+    """ "encoder.block.2.layer.0..." -> "encoder.block.2"; None for tensors outside the blocks."""
     parts = key.split(".")
     return ".".join(parts[:3]) if len(parts) > 3 and parts[1] == "block" else None

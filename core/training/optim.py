@@ -17,8 +17,9 @@ def optimizer(model: torch.nn.Module, cfg) -> tuple[torch.optim.Optimizer, torch
     ``steps``); step the scheduler once per optimiser step."""
     decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr
+    )
 
     def lr_at(step: int) -> float:
         if step < cfg.warmup:

@@ -10,9 +10,14 @@ from pathlib import Path
 
 from core.training.config import TrainConfig
 
-
 _FIXED_SIZES = ("d_kv",)  # a stage cannot change this (heads would be cut anew)
-_GROWABLE = ("num_heads", "encoder_layers", "decoder_layers", "d_model", "d_ff")  # a stage may raise these (grow_state, fresh blocks)
+_GROWABLE = (
+    "num_heads",
+    "encoder_layers",
+    "decoder_layers",
+    "d_model",
+    "d_ff",
+)  # a stage may raise these (grow_state, fresh blocks)
 
 
 def check_stages(cfgs: list[TrainConfig]) -> None:
@@ -23,6 +28,7 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
     heads) only when its turn comes; so would a misspelt ``new_blocks``. The
     first stage is checked against its ``init_from`` folder's ``config.json``
     the same way."""
+
     def sizes(c: TrainConfig) -> dict:
         return {k: getattr(c, k) for k in _FIXED_SIZES + _GROWABLE}
 
@@ -33,7 +39,10 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
             raise ValueError(f"init_from {src}: no model.safetensors and config.json there")
         c = json.loads((src / "config.json").read_text())  # T5Config's names for our fields
         prev = {k: c.get(k) for k in ("d_model", "d_kv", "d_ff", "num_heads")}
-        prev |= {"encoder_layers": c.get("num_layers"), "decoder_layers": c.get("num_decoder_layers", c.get("num_layers"))}
+        prev |= {
+            "encoder_layers": c.get("num_layers"),
+            "decoder_layers": c.get("num_decoder_layers", c.get("num_layers")),
+        }
     for k, cfg in enumerate(cfgs):
         cur, where = sizes(cfg), f"stage {k + 1}" if len(cfgs) > 1 else "this config"
         if cfg.new_blocks not in ("fresh", "identity"):
@@ -41,10 +50,14 @@ def check_stages(cfgs: list[TrainConfig]) -> None:
         if prev is not None:
             for key in _FIXED_SIZES:
                 if prev.get(key) != cur[key]:
-                    raise ValueError(f"{where} has other sizes than the weights it starts from: {key} {cur[key]}, not {prev.get(key)}")
+                    raise ValueError(
+                        f"{where} has other sizes than the weights it starts from: {key} {cur[key]}, not {prev.get(key)}"
+                    )
             for key in _GROWABLE:
                 if prev.get(key) is not None and cur[key] < prev[key]:
-                    raise ValueError(f"{where}: {key} {cur[key]} is below the weights it starts from ({prev[key]}); stages may only grow")
+                    raise ValueError(
+                        f"{where}: {key} {cur[key]} is below the weights it starts from ({prev[key]}); stages may only grow"
+                    )
         prev = cur
 
 
@@ -86,7 +99,9 @@ def source_recipe(init_from: str | None) -> tuple[list[dict], list[dict]]:
     return [card["config"]], [stage_summary(card)]
 
 
-def lineage_entries(cfg: TrainConfig, card: dict, lineage: tuple[list[dict], list[dict]]) -> tuple[list[dict], list[dict]]:
+def lineage_entries(
+    cfg: TrainConfig, card: dict, lineage: tuple[list[dict], list[dict]]
+) -> tuple[list[dict], list[dict]]:
     """The recipe and stage summaries of a run with ``cfg``, after the ``lineage`` it continues.
 
     Why a function of its own: ``_save`` writes them at every save, not only
@@ -107,6 +122,14 @@ def lineage_entries(cfg: TrainConfig, card: dict, lineage: tuple[list[dict], lis
 def stage_summary(card: dict) -> dict:
     """What a staged card keeps of one stage's own card."""
     c = card["config"]
-    return {"steps": card["steps_done"], "minutes": card["minutes"], "machine": card["machine"],
-            "layers": f"{c['encoder_layers']}+{c['decoder_layers']}", "heads": c.get("num_heads"), "tasks": c["tasks"], "lr": c["lr"],
-            "init_from": c.get("init_from"), "metrics": card["metrics"]}
+    return {
+        "steps": card["steps_done"],
+        "minutes": card["minutes"],
+        "machine": card["machine"],
+        "layers": f"{c['encoder_layers']}+{c['decoder_layers']}",
+        "heads": c.get("num_heads"),
+        "tasks": c["tasks"],
+        "lr": c["lr"],
+        "init_from": c.get("init_from"),
+        "metrics": card["metrics"],
+    }

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from core.data import tasks
-from core.mechanics.attention import listen
 from core.data.tasks.lm import copy_positions
 from core.kinds import CROSS
+from core.mechanics.attention import listen
 from core.mechanics.probes import ProbeSpec, Recorder
 
 
@@ -29,8 +29,9 @@ def needle_token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.n
     return (b > a) & (b > start) & (a < end)
 
 
-def copy_needle(offsets: np.ndarray, docs: list[tasks.Document], answer_tokens: int,
-                spans: np.ndarray | None = None) -> np.ndarray:
+def copy_needle(
+    offsets: np.ndarray, docs: list[tasks.Document], answer_tokens: int, spans: np.ndarray | None = None
+) -> np.ndarray:
     """``[batch, answer_tokens, tokens]``: per answer token, where it should look.
 
     A language-modelling document with an earlier copy (``meta["copy_span"]``)
@@ -93,8 +94,9 @@ def needle_log_shares(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle
 LOOKUP_SHARE = 0.5  # a head that gives the needle at least this share on a batch is a lookup head
 
 
-def needle_attention_loss(logits: list[torch.Tensor], enc_mask: torch.Tensor, needle: torch.Tensor,
-                          weight: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+def needle_attention_loss(
+    logits: list[torch.Tensor], enc_mask: torch.Tensor, needle: torch.Tensor, weight: torch.Tensor, answer: torch.Tensor
+) -> torch.Tensor:
     """Minus the log of the share of attention the lookup heads give the needle,
     averaged over the answer's tokens and the lookup heads, weighted per document.
 

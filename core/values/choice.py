@@ -75,9 +75,13 @@ class Choice:
             raise TypeError(f"Choice.targets must be a tuple of {KINDS}")
         if self.cosine_scale is not None and not isinstance(self.cosine_scale, float):
             raise TypeError("Choice.cosine_scale must be a float or None (Choice.of checks it)")
-        if not (isinstance(self.method_params, tuple) and all(
+        if not (
+            isinstance(self.method_params, tuple)
+            and all(
                 isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], float)
-                for p in self.method_params)) or list(self.method_params) != sorted(self.method_params):
+                for p in self.method_params
+            )
+        ) or list(self.method_params) != sorted(self.method_params):
             raise TypeError("Choice.method_params must be sorted (name, float) pairs (Choice.of makes them)")
 
     @property
@@ -86,8 +90,15 @@ class Choice:
         return dict(self.method_params)
 
     @classmethod
-    def of(cls, method: str | None = None, tau: Any = None, targets: Any = None, cosine_scale: Any = None,
-           scheme: Any = None, method_params: Any = None) -> "Choice":
+    def of(
+        cls,
+        method: str | None = None,
+        tau: Any = None,
+        targets: Any = None,
+        cosine_scale: Any = None,
+        scheme: Any = None,
+        method_params: Any = None,
+    ) -> "Choice":
         """A choice from edge values, each checked once; a :class:`UserError` in one line naming the part.
 
         ``tau``: anything :meth:`Schedule.of` accepts (None: 1); ``targets``: a kind or a sequence of kinds
@@ -99,8 +110,9 @@ class Choice:
             schedule = ONE if tau is None else Schedule.of(tau)
         except ValueError as err:
             raise UserError(str(err)) from None
-        return cls(method, schedule, targets_of(targets), _cosine(cosine_scale), Scheme.of(scheme),
-                   _params(method_params))
+        return cls(
+            method, schedule, targets_of(targets), _cosine(cosine_scale), Scheme.of(scheme), _params(method_params)
+        )
 
     def with_(self, **parts: Any) -> "Choice":
         """This choice with some parts changed, each new part checked as :meth:`of` checks it (the one way to
@@ -136,11 +148,11 @@ def _params(value: Any) -> tuple[tuple[str, float], ...]:
     try:
         items = list(value.items()) if hasattr(value, "items") else [tuple(p) for p in value]
     except TypeError:
-        raise UserError("method parameters must be numbers by name (e.g. {\"gamma\": 0.2})") from None
+        raise UserError('method parameters must be numbers by name (e.g. {"gamma": 0.2})') from None
     out = {}
     for item in items:
         if len(item) != 2 or not isinstance(item[0], str):
-            raise UserError("method parameters must be numbers by name (e.g. {\"gamma\": 0.2})")
+            raise UserError('method parameters must be numbers by name (e.g. {"gamma": 0.2})')
         name, v = item
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
             raise UserError(f"method parameter {name} must be a finite number (got {str(v)[:40]!r})")

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from core import errors
 from core.errors import UserError
@@ -152,8 +153,11 @@ def check_rotation(config: Any, model_inv_freq: "dict[str | None, int] | None" =
         if have is None:
             p = rope_params(config, lt)
             kind = p.get("rope_type", DEFAULT_ROPE)
-            factor = 1.0 if (kind == DEFAULT_ROPE and getattr(config, "model_type", None) in WHOLE_HEAD_ROTARY) \
+            factor = (
+                1.0
+                if (kind == DEFAULT_ROPE and getattr(config, "model_type", None) in WHOLE_HEAD_ROTARY)
                 else p.get("partial_rotary_factor", 1.0)
+            )
             have = int(_rope_config_head(config) * factor) // 2
         if 2 * have != want:
             where = f" ({lt})" if lt else ""
@@ -163,7 +167,8 @@ def check_rotation(config: Any, model_inv_freq: "dict[str | None, int] | None" =
                 f"'{p.get('rope_type', DEFAULT_ROPE)}', partial_rotary_factor {p.get('partial_rotary_factor', 1.0):g},"
                 f" head_dim {_rope_config_head(config)}) but its attention rotates {want} dimensions of each head: "
                 "transformers cannot run this config; give the whole head's rotary (partial_rotary_factor 1) or "
-                "rope_type 'default'")
+                "rope_type 'default'"
+            )
 
 
 def model_frequencies(config: Any, layer_type: str | None) -> tuple["torch.Tensor", float]:
@@ -238,8 +243,9 @@ def cache_distances(r0: int, r1: int, k_len: int, window: int, sinks: int, devic
 # ---- rotation and rectified logits ----------------------------------------------------------------------------
 
 
-def rotate(x: "torch.Tensor", positions: "torch.Tensor", inv_freq: "torch.Tensor",
-           scale: float = 1.0) -> "torch.Tensor":
+def rotate(
+    x: "torch.Tensor", positions: "torch.Tensor", inv_freq: "torch.Tensor", scale: float = 1.0
+) -> "torch.Tensor":
     """x rotated to ``positions`` the way transformers does it (``rotate_half``, angles ``pos x inv_freq`` in
     float32, cos and sin times ``scale``): ``x [..., n, d]``, ``positions [n]`` (or a 0-d tensor for one position).
 
@@ -254,13 +260,20 @@ def rotate(x: "torch.Tensor", positions: "torch.Tensor", inv_freq: "torch.Tensor
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos() * scale, emb.sin() * scale
     xf = x.float()
-    half = torch.cat((-xf[..., d // 2:], xf[..., : d // 2]), dim=-1)
+    half = torch.cat((-xf[..., d // 2 :], xf[..., : d // 2]), dim=-1)
     return (xf * cos + half * sin).to(x.dtype)
 
 
-def rectified_logits(q0: "torch.Tensor", k0: "torch.Tensor", inv_freq: "torch.Tensor", distances: "torch.Tensor",
-                     r0: int, scale: float = 1.0, allowed: "torch.Tensor | None" = None,
-                     k_rotated: "torch.Tensor | None" = None) -> "torch.Tensor":
+def rectified_logits(
+    q0: "torch.Tensor",
+    k0: "torch.Tensor",
+    inv_freq: "torch.Tensor",
+    distances: "torch.Tensor",
+    r0: int,
+    scale: float = 1.0,
+    allowed: "torch.Tensor | None" = None,
+    k_rotated: "torch.Tensor | None" = None,
+) -> "torch.Tensor":
     """Logits of query rows ``[r0, r0 + distances.shape[0])`` at the given relative ``distances`` (float32).
 
     ``q0`` ``[b, h, L_q, d]`` and ``k0`` ``[b, h, L_k, d]`` are *unrotated*. Where ``distances`` is the true
@@ -273,7 +286,7 @@ def rectified_logits(q0: "torch.Tensor", k0: "torch.Tensor", inv_freq: "torch.Te
     import torch
 
     rows = distances.shape[0]
-    qb = q0[:, :, r0:r0 + rows]
+    qb = q0[:, :, r0 : r0 + rows]
     k_len = k0.shape[-2]
     device = q0.device
     distances = distances.to(device)
@@ -350,8 +363,10 @@ class PositionScheme:
             raise UserError(f"train_length must be a whole number >= 2 and length >= 1 (got {train_length}, {length})")
         unknown = sorted(set(values) - set(self.params))
         if unknown:
-            raise UserError(f"Position scheme '{self.name}' takes {', '.join(self.params) or 'no parameters'}; "
-                            f"not {', '.join(unknown)}")
+            raise UserError(
+                f"Position scheme '{self.name}' takes {', '.join(self.params) or 'no parameters'}; "
+                f"not {', '.join(unknown)}"
+            )
         given = {k: v for k, v in values.items() if v is not None}
         return Bound(self, train_length, length, **{**self.defaults(train_length), **given})
 
@@ -486,13 +501,18 @@ def _ntk(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
 
 
 def _dynamic(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
-    return ({**base, "rope_type": DYNAMIC_ROPE, "factor": float(b.factor or 1.0)},
-            b.length)
+    return ({**base, "rope_type": DYNAMIC_ROPE, "factor": float(b.factor or 1.0)}, b.length)
 
 
 def _yarn(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
-    params = {**base, "rope_type": YARN_ROPE, "factor": b.scale,
-              "original_max_position_embeddings": b.train_length, "beta_fast": BETA_FAST, "beta_slow": BETA_SLOW}
+    params = {
+        **base,
+        "rope_type": YARN_ROPE,
+        "factor": b.scale,
+        "original_max_position_embeddings": b.train_length,
+        "beta_fast": BETA_FAST,
+        "beta_slow": BETA_SLOW,
+    }
     if b.attention_factor is not None:
         params["attention_factor"] = b.attention_factor
     return params, None
@@ -502,70 +522,136 @@ def _band(b: Bound, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor"
     return band_mask(r0, r1, k_len, b.window, b.sinks, device)
 
 
-REGISTRY: dict[str, PositionScheme] = {s.name: s for s in (
-    PositionScheme("none", "plain RoPE", "RoPE",
-           "The model as trained: every position rotated by its index, whatever the length.",
-           "Su et al. (2021), RoFormer"),
-    PositionScheme("pi", "position interpolation (PI)", "PI",
-           "Positions scaled by L_tr / L (angles divided by s = L / L_tr), so every position falls inside the "
-           "trained range; distances shrink by s.",
-           "Chen et al. (2023), arXiv:2306.15595; transformers' rope_type 'linear'",
-           changes=(FREQUENCIES,), params=("factor",), rope=_pi),
-    PositionScheme("ntk", "NTK-aware scaling", "NTK",
-           "Base theta x s^(d/(d-2)): high frequencies almost unchanged (extrapolated), the lowest divided by s "
-           "(interpolated).",
-           "bloc97 (2023), 'NTK-Aware Scaled RoPE'; plain RoPE with a larger rope_theta in transformers",
-           changes=(FREQUENCIES,), params=("factor",), rope=_ntk),
-    PositionScheme("dynamic-ntk", "dynamic NTK", "dyn. NTK",
-           "NTK-aware with the base recomputed from the input's length: theta x (f L / L_tr - (f - 1))^(d/(d-2)). "
-           "With f = 1 in this encoder it equals NTK fitted to the input.",
-           "emozilla (2023); transformers' rope_type 'dynamic'",
-           changes=(FREQUENCIES,), params=("factor",), rope=_dynamic, same_as="ntk"),
-    PositionScheme("yarn-rope", "YaRN frequencies", "YaRN RoPE",
-           f"NTK-by-parts: a ramp over dimensions between extrapolation (turning more than beta_fast = "
-           f"{BETA_FAST:g} times over L_tr) and interpolation by s (under beta_slow = {BETA_SLOW:g}), plus YaRN's "
-           "attention factor 0.1 ln s + 1 on cos and sin (logits x its square). The temperature method of the "
-           "same paper is the factor alone: set attention_factor=1 to combine the two without counting it twice.",
-           "Peng et al. (2023), arXiv:2309.00071; transformers' YaRN rope_type",
-           changes=(FREQUENCIES,), params=("factor", "attention_factor"), rope=_yarn),
-    PositionScheme("rerope", "ReRoPE (distances capped at w)", "ReRoPE",
-           "Logits within the window use the true relative position; beyond it, the window's: "
-           "distance clip(i - j, -w, w). Needs two sets of logits (true and capped) from unrotated q and k.",
-           "Su (2023), github.com/bojone/rerope (causal; here capped on both sides)",
-           changes=(DISTANCES,), params=("window",), defaults=lambda lt: {"window": lt // 2},
-           distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.window, dev)),
-    PositionScheme("window", "windowed attention", "window",
-           "Each token attends only to keys within |i - j| <= w (default L_tr - 1: every distance seen in "
-           "training and none other).",
-           "Su (2023); the paper's 'Windowed Attention' (window = L_tr)",
-           changes=(MASK,), params=("window",), defaults=lambda lt: {"window": lt - 1}, mask=_band),
-    PositionScheme("streaming-llm", "StreamingLLM (sinks + window)", "StreamingLLM",
-           "The first k tokens (attention sinks, k = 4) are visible to every row, plus the band |i - j| <= w; "
-           "positions as in its cache: a sink beyond the band is seen at distance w + k - j (default "
-           "w = L_tr - 1 - k, so no distance exceeds L_tr - 1).",
-           "Xiao et al. (2024), ICLR, arXiv:2309.17453",
-           changes=(MASK, DISTANCES), params=("window", "sinks"),
-           defaults=lambda lt: {"sinks": 4, "window": max(0, lt - 1 - 4)}, mask=_band,
-           distances=lambda b, r0, r1, k, dev=None: cache_distances(r0, r1, k, b.window, b.sinks, dev)),
-    PositionScheme("lm-infinite", "LM-Infinite (Lambda mask + distance cap)", "LM-Infinite",
-           "A Lambda-shaped mask (the first k = 5 tokens and the band |i - j| <= w) and every distance capped at "
-           "L_tr - 1 (clip(i - j, -cap, cap)), so the sinks are seen at the largest distance trained.",
-           "Han et al. (2024), NAACL, arXiv:2308.16137",
-           changes=(MASK, DISTANCES), params=("window", "sinks", "cap"),
-           defaults=lambda lt: {"sinks": 5, "window": lt - 1, "cap": lt - 1}, mask=_band,
-           distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.cap, dev)),
-    PositionScheme("alibi", "ALiBi", "ALiBi",
-           "Linear distance biases instead of rotations.", "Press et al. (2022), ICLR",
-           available=False,
-           reason="it replaces RoPE with linear biases, so it needs a model trained with ALiBi (the paper trained "
-                  "one); a RoPE model cannot switch to it at inference"),
-    PositionScheme("pose", "PoSE", "PoSE",
-           "Positional skip-wise training: short windows with position ids skipped to cover a long range.",
-           "Zhu et al. (2024), ICLR, arXiv:2309.10400",
-           available=False,
-           reason="it is a training recipe (position ids skipped during fine-tuning), not an inference-time change; "
-                  "it needs a model fine-tuned with it"),
-)}
+REGISTRY: dict[str, PositionScheme] = {
+    s.name: s
+    for s in (
+        PositionScheme(
+            "none",
+            "plain RoPE",
+            "RoPE",
+            "The model as trained: every position rotated by its index, whatever the length.",
+            "Su et al. (2021), RoFormer",
+        ),
+        PositionScheme(
+            "pi",
+            "position interpolation (PI)",
+            "PI",
+            "Positions scaled by L_tr / L (angles divided by s = L / L_tr), so every position falls inside the "
+            "trained range; distances shrink by s.",
+            "Chen et al. (2023), arXiv:2306.15595; transformers' rope_type 'linear'",
+            changes=(FREQUENCIES,),
+            params=("factor",),
+            rope=_pi,
+        ),
+        PositionScheme(
+            "ntk",
+            "NTK-aware scaling",
+            "NTK",
+            "Base theta x s^(d/(d-2)): high frequencies almost unchanged (extrapolated), the lowest divided by s "
+            "(interpolated).",
+            "bloc97 (2023), 'NTK-Aware Scaled RoPE'; plain RoPE with a larger rope_theta in transformers",
+            changes=(FREQUENCIES,),
+            params=("factor",),
+            rope=_ntk,
+        ),
+        PositionScheme(
+            "dynamic-ntk",
+            "dynamic NTK",
+            "dyn. NTK",
+            "NTK-aware with the base recomputed from the input's length: theta x (f L / L_tr - (f - 1))^(d/(d-2)). "
+            "With f = 1 in this encoder it equals NTK fitted to the input.",
+            "emozilla (2023); transformers' rope_type 'dynamic'",
+            changes=(FREQUENCIES,),
+            params=("factor",),
+            rope=_dynamic,
+            same_as="ntk",
+        ),
+        PositionScheme(
+            "yarn-rope",
+            "YaRN frequencies",
+            "YaRN RoPE",
+            f"NTK-by-parts: a ramp over dimensions between extrapolation (turning more than beta_fast = "
+            f"{BETA_FAST:g} times over L_tr) and interpolation by s (under beta_slow = {BETA_SLOW:g}), plus YaRN's "
+            "attention factor 0.1 ln s + 1 on cos and sin (logits x its square). The temperature method of the "
+            "same paper is the factor alone: set attention_factor=1 to combine the two without counting it twice.",
+            "Peng et al. (2023), arXiv:2309.00071; transformers' YaRN rope_type",
+            changes=(FREQUENCIES,),
+            params=("factor", "attention_factor"),
+            rope=_yarn,
+        ),
+        PositionScheme(
+            "rerope",
+            "ReRoPE (distances capped at w)",
+            "ReRoPE",
+            "Logits within the window use the true relative position; beyond it, the window's: "
+            "distance clip(i - j, -w, w). Needs two sets of logits (true and capped) from unrotated q and k.",
+            "Su (2023), github.com/bojone/rerope (causal; here capped on both sides)",
+            changes=(DISTANCES,),
+            params=("window",),
+            defaults=lambda lt: {"window": lt // 2},
+            distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.window, dev),
+        ),
+        PositionScheme(
+            "window",
+            "windowed attention",
+            "window",
+            "Each token attends only to keys within |i - j| <= w (default L_tr - 1: every distance seen in "
+            "training and none other).",
+            "Su (2023); the paper's 'Windowed Attention' (window = L_tr)",
+            changes=(MASK,),
+            params=("window",),
+            defaults=lambda lt: {"window": lt - 1},
+            mask=_band,
+        ),
+        PositionScheme(
+            "streaming-llm",
+            "StreamingLLM (sinks + window)",
+            "StreamingLLM",
+            "The first k tokens (attention sinks, k = 4) are visible to every row, plus the band |i - j| <= w; "
+            "positions as in its cache: a sink beyond the band is seen at distance w + k - j (default "
+            "w = L_tr - 1 - k, so no distance exceeds L_tr - 1).",
+            "Xiao et al. (2024), ICLR, arXiv:2309.17453",
+            changes=(MASK, DISTANCES),
+            params=("window", "sinks"),
+            defaults=lambda lt: {"sinks": 4, "window": max(0, lt - 1 - 4)},
+            mask=_band,
+            distances=lambda b, r0, r1, k, dev=None: cache_distances(r0, r1, k, b.window, b.sinks, dev),
+        ),
+        PositionScheme(
+            "lm-infinite",
+            "LM-Infinite (Lambda mask + distance cap)",
+            "LM-Infinite",
+            "A Lambda-shaped mask (the first k = 5 tokens and the band |i - j| <= w) and every distance capped at "
+            "L_tr - 1 (clip(i - j, -cap, cap)), so the sinks are seen at the largest distance trained.",
+            "Han et al. (2024), NAACL, arXiv:2308.16137",
+            changes=(MASK, DISTANCES),
+            params=("window", "sinks", "cap"),
+            defaults=lambda lt: {"sinks": 5, "window": lt - 1, "cap": lt - 1},
+            mask=_band,
+            distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.cap, dev),
+        ),
+        PositionScheme(
+            "alibi",
+            "ALiBi",
+            "ALiBi",
+            "Linear distance biases instead of rotations.",
+            "Press et al. (2022), ICLR",
+            available=False,
+            reason="it replaces RoPE with linear biases, so it needs a model trained with ALiBi (the paper trained "
+            "one); a RoPE model cannot switch to it at inference",
+        ),
+        PositionScheme(
+            "pose",
+            "PoSE",
+            "PoSE",
+            "Positional skip-wise training: short windows with position ids skipped to cover a long range.",
+            "Zhu et al. (2024), ICLR, arXiv:2309.10400",
+            available=False,
+            reason="it is a training recipe (position ids skipped during fine-tuning), not an inference-time change; "
+            "it needs a model fine-tuned with it",
+        ),
+    )
+}
 
 #: Every scheme a user can name, in the order menus show them (unavailable ones included, marked).
 NAMES: tuple[str, ...] = tuple(REGISTRY)
@@ -605,22 +691,33 @@ def _param(name: str, key: str, value: Any, text: bool = False) -> int | float:
     ``text``: the value was written in a scheme's text (``window:window=32``); elsewhere (a JSON file) a string is
     not a number."""
     shown = errors.shown(value) if isinstance(value, int) and not isinstance(value, bool) else str(value)[:40]
-    bound = f"a whole number from 0 to {MAX_POSITIONS:,}" if key in INT_PARAMS \
+    bound = (
+        f"a whole number from 0 to {MAX_POSITIONS:,}"
+        if key in INT_PARAMS
         else f"a number above 0 and at most {MAX_FACTOR:,.0f}"
+    )
     if isinstance(value, str) and text:
         digits = value.strip().lstrip("+-")
         if digits.isdigit() and len(digits.lstrip("0")) > _MAX_DIGITS:  # past every bound (int() refuses >4,300)
             sign = "negative " if value.strip().startswith("-") else ""
-            raise UserError(f"{name}: {key} must be {bound} (got a {sign}{len(digits.lstrip('0')):,}-digit number"
-                            f"{'' if sign else ', too large'})")
+            raise UserError(
+                f"{name}: {key} must be {bound} (got a {sign}{len(digits.lstrip('0')):,}-digit number"
+                f"{'' if sign else ', too large'})"
+            )
         try:
-            value = float(value.strip()) if key not in INT_PARAMS or not value.strip().lstrip("+-").isdigit() \
+            value = (
+                float(value.strip())
+                if key not in INT_PARAMS or not value.strip().lstrip("+-").isdigit()
                 else int(value.strip())
+            )
         except ValueError:
             kind = "a whole number" if key in INT_PARAMS else "a number"
             raise UserError(f"{name}: {key} must be {kind} (got '{shown}')") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or (isinstance(value, float) and not math.isfinite(value)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         raise UserError(f"{name}: {key} must be a finite number (got {shown!r})")
     if key in INT_PARAMS:
         if isinstance(value, float):
@@ -671,12 +768,15 @@ class Scheme:
         if isinstance(value, dict) and params is None:
             unknown = sorted(set(value) - {"name", "params"})
             if unknown or "name" not in value:
-                raise UserError("a position scheme as JSON is {\"name\": ..., \"params\": {...}}; got keys "
-                                f"{', '.join(map(str, value))[:60]}")
+                raise UserError(
+                    'a position scheme as JSON is {"name": ..., "params": {...}}; got keys '
+                    f"{', '.join(map(str, value))[:60]}"
+                )
             value, params = value["name"], value.get("params")
         if not isinstance(value, str):
-            raise UserError(f"a position scheme is a name like '{PLAIN}' or 'window:window=32', got "
-                            f"{type(value).__name__}")
+            raise UserError(
+                f"a position scheme is a name like '{PLAIN}' or 'window:window=32', got {type(value).__name__}"
+            )
         name, *items = value.strip().split(SPEC_SEP)
         entry = get(name)
         if not entry.available:
@@ -687,8 +787,9 @@ class Scheme:
             key = key.strip()
             if not eq or key not in entry.params:
                 takes = ", ".join(entry.params) or "no parameters"
-                raise UserError(f"Position scheme '{name}' takes {takes}; got '{item[:40]}' "
-                                f"(write {name}{SPEC_SEP}key=value)")
+                raise UserError(
+                    f"Position scheme '{name}' takes {takes}; got '{item[:40]}' (write {name}{SPEC_SEP}key=value)"
+                )
             given.append((key, _param(name, key, raw, text=True)))
         if params is not None:
             pairs = params.items() if isinstance(params, dict) else params
@@ -699,8 +800,10 @@ class Scheme:
         keys = [k for k, _ in given]
         unknown = [k for k in keys if k not in entry.params]
         if unknown:
-            raise UserError(f"Position scheme '{name}' takes {', '.join(entry.params) or 'no parameters'}; "
-                            f"not {', '.join(unknown)[:60]}")
+            raise UserError(
+                f"Position scheme '{name}' takes {', '.join(entry.params) or 'no parameters'}; "
+                f"not {', '.join(unknown)[:60]}"
+            )
         twice = sorted({k for k in keys if keys.count(k) > 1})
         if twice:
             raise UserError(f"{name}: {', '.join(twice)} given twice; give each parameter once")

@@ -46,7 +46,6 @@ from typing import Any
 
 import numpy as np
 
-
 #: The smallest tau any schedule may hold. Below it nothing visible changes
 #: (logits that differ by 0.01 already differ by 10 after the division, so the
 #: softmax is one-hot to float32's precision), while a tau that rounds to 0 in
@@ -112,11 +111,19 @@ class RowTau:
             raise ValueError(f"the {QWEN_LOGN} row scheme has no attn_scale (got {_short(self.attn_scale)})")
         if self.scheme == QWEN_LOGN and self.floor_scale == 1:
             raise ValueError(f"the {QWEN_LOGN} row scheme's floor_scale is a log base: at least 2")
-        if isinstance(self.floor_scale, bool) or not isinstance(self.floor_scale, numbers.Integral) \
-                or not 1 <= self.floor_scale <= MAX_FLOOR_SCALE:
-            raise ValueError(f"floor_scale must be a whole number in 1 .. {MAX_FLOOR_SCALE:,}, got {_short(self.floor_scale)}")
-        if isinstance(self.attn_scale, bool) or not isinstance(self.attn_scale, numbers.Real) \
-                or not (math.isfinite(self.attn_scale) and 0 <= self.attn_scale <= MAX_ATTN_SCALE):
+        if (
+            isinstance(self.floor_scale, bool)
+            or not isinstance(self.floor_scale, numbers.Integral)
+            or not 1 <= self.floor_scale <= MAX_FLOOR_SCALE
+        ):
+            raise ValueError(
+                f"floor_scale must be a whole number in 1 .. {MAX_FLOOR_SCALE:,}, got {_short(self.floor_scale)}"
+            )
+        if (
+            isinstance(self.attn_scale, bool)
+            or not isinstance(self.attn_scale, numbers.Real)
+            or not (math.isfinite(self.attn_scale) and 0 <= self.attn_scale <= MAX_ATTN_SCALE)
+        ):
             raise ValueError(f"attn_scale must be a number in 0 .. {MAX_ATTN_SCALE:g}, got {_short(self.attn_scale)}")
 
     def taus(self, positions: np.ndarray) -> np.ndarray:
@@ -141,11 +148,15 @@ class RowTau:
         extra = set(d) - {"scheme", "floor_scale", "attn_scale"}
         if extra:
             raise ValueError(f"a row schedule has keys scheme, floor_scale, attn_scale; got also {sorted(extra)}")
-        return cls(floor_scale=d.get("floor_scale"), attn_scale=d.get("attn_scale", 0.1), scheme=d.get("scheme", "llama4"))
+        return cls(
+            floor_scale=d.get("floor_scale"), attn_scale=d.get("attn_scale", 0.1), scheme=d.get("scheme", "llama4")
+        )
 
 
-_WHY = (f"tau must be a number in [{TAU_MIN:g}, {TAU_MAX:g}], a list of them (one per layer) "
-        "or a list of lists (layer x head)")
+_WHY = (
+    f"tau must be a number in [{TAU_MIN:g}, {TAU_MAX:g}], a list of them (one per layer) "
+    "or a list of lists (layer x head)"
+)
 
 
 def _short(value: Any, width: int = 40) -> str:
@@ -228,8 +239,10 @@ class Schedule:
             return cls(None, value)
         if isinstance(value, dict) and value.get("scheme") == ADAPTIVE_SCHEME:
             if set(value) != {"scheme"}:
-                raise ValueError(f"the {ADAPTIVE_SCHEME} schedule has no parameters "
-                                 f"(got also {sorted(map(str, set(value) - {'scheme'}))})"[:200])
+                raise ValueError(
+                    f"the {ADAPTIVE_SCHEME} schedule has no parameters "
+                    f"(got also {sorted(map(str, set(value) - {'scheme'}))})"[:200]
+                )
             return ADAPTIVE
         if isinstance(value, dict):
             try:
@@ -433,4 +446,3 @@ ADAPTIVE = Schedule(_BASE, None, adaptive=True)
 logits multiplied by beta = max(poly(H), 1) where its entropy H > 0.5 nats, in the attention itself
 (:func:`core.mechanics.softmax_block.adaptive_rows`; the fit: :data:`ADAPTIVE_POLY`). The
 one adaptive schedule: ``Schedule.of({"scheme": "adaptive"})`` returns it."""
-

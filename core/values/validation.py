@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import numbers
 import operator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, TypeAdapter, ValidationError
 
@@ -50,6 +51,7 @@ MAX_SEED = 2**63 - 1
 
 
 # -- scalar types ------------------------------------------------------------------
+
 
 def _whole(v: Any) -> int:
     """A whole number, never a bool, str or float (JSON ``"512"`` or ``512.5`` is a mistake, not a length)."""
@@ -104,6 +106,7 @@ Tau = Annotated[Any, AfterValidator(Schedule.of), PlainSerializer(lambda s: s.to
 
 # -- evaluation plans ------------------------------------------------------------------------
 
+
 def held_out_plan(plan: Any, where: str, method_text: Callable[[Any], str], **more: Any) -> Any:
     """A held-out evaluation plan (perplexity, masked tokens) checked once: its methods in their one spelling
     (``method_text``: :func:`core.runs.methods.method_label`), lengths, sequences, seeds, calibration samples and
@@ -116,17 +119,30 @@ def held_out_plan(plan: Any, where: str, method_text: Callable[[Any], str], **mo
         names = [method_text(m) for m in plan.methods]
     except ValueError as err:
         raise UserError(f"{where}: {err}") from None
-    checked = {name: validate(tp, getattr(plan, name), f"{where}: {name}") for name, tp in {
-        "lengths": list[Tokens], "sequences": Sequences, "seed": Seed, "calib_seed": Seed, "calib_samples": Samples,
-        "batch_size": BatchSize, **more}.items() if getattr(plan, name) is not None}
+    checked = {
+        name: validate(tp, getattr(plan, name), f"{where}: {name}")
+        for name, tp in {
+            "lengths": list[Tokens],
+            "sequences": Sequences,
+            "seed": Seed,
+            "calib_seed": Seed,
+            "calib_samples": Samples,
+            "batch_size": BatchSize,
+            **more,
+        }.items()
+        if getattr(plan, name) is not None
+    }
     plan = replace(plan, methods=names, **checked)
     if plan.calib_seed < plan.seed + plan.sequences and plan.seed < plan.calib_seed + plan.calib_samples:
-        raise UserError(f"{where}: calibration seeds {plan.calib_seed}.. overlap the scored seeds "
-                        f"{plan.seed}..{plan.seed + plan.sequences - 1}; no method may be tuned on what it is scored on")
+        raise UserError(
+            f"{where}: calibration seeds {plan.calib_seed}.. overlap the scored seeds "
+            f"{plan.seed}..{plan.seed + plan.sequences - 1}; no method may be tuned on what it is scored on"
+        )
     return plan
 
 
 # -- errors as one line ------------------------------------------------------------------
+
 
 def _short(value: Any, width: int = 40) -> str:
     text = repr(value)
@@ -191,6 +207,7 @@ def user_errors(cls: type[T]) -> type[T]:
 
 
 # -- files -------------------------------------------------------------------------------
+
 
 class _HugeInt:
     """Where a JSON file held a whole number of more digits than Python reads (:func:`read_json` names its field)."""
@@ -281,7 +298,11 @@ def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES, uniq
     except UnicodeDecodeError:
         raise UserError(f"{what} {path} is not UTF-8 text") from None
     except (json.JSONDecodeError, RecursionError) as err:
-        reason = f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else "nested too deeply"
+        reason = (
+            f"{err.msg} at line {err.lineno} column {err.colno}"
+            if isinstance(err, json.JSONDecodeError)
+            else "nested too deeply"
+        )
         raise UserError(f"{what} {path} is not valid JSON: {reason}") from None
     found = _first_marker(value) if marks else None
     if found is not None:
@@ -290,8 +311,10 @@ def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES, uniq
             inside = f" (in {where})" if where else ""
             raise UserError(f"{what} {path}: key {_short(marker.twice)} is given twice{inside}; give each key once")
         sign = "negative " if marker.negative else ""
-        raise UserError(f"{what} {path}: {where or 'the value'} is a {sign}{marker.digits:,}-digit number, "
-                        f"{'below' if sign else 'past'} any bound")
+        raise UserError(
+            f"{what} {path}: {where or 'the value'} is a {sign}{marker.digits:,}-digit number, "
+            f"{'below' if sign else 'past'} any bound"
+        )
     return value
 
 

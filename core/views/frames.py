@@ -27,18 +27,21 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-from core.views import tables
 from core.runs import temperature
 from core.runs.engine import Result
+from core.views import tables
 
 MAGIC = b"AAEF"
 #: The scrubber's grid: Algorithm 1's 1.00 ... 0.50 by 0.05, extended to the slider's floor (0.30).
-SCRUB_GRID: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(int(round((1.0 - temperature.TAU_FLOOR) / 0.05)) + 1))
+SCRUB_GRID: tuple[float, ...] = tuple(
+    round(1.0 - 0.05 * i, 2) for i in range(int(round((1.0 - temperature.TAU_FLOOR) / 0.05)) + 1)
+)
 #: Points of the question-profile polyline per layer (max-pooled: a one-token peak survives).
 PROFILE_POINTS = 600
 _DTYPES = {"u8": np.uint8, "f32": np.float32}
@@ -54,6 +57,7 @@ def grid_order(tau: float, grid: Sequence[float] = SCRUB_GRID) -> list[float]:
 
 
 # -- quantisation ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LogScale:
@@ -93,6 +97,7 @@ class LogScale:
 
 # -- packing -----------------------------------------------------------------------------
 
+
 class Packer:
     """Collects arrays into one aligned blob area and hands back the header entry of each."""
 
@@ -117,6 +122,7 @@ class Packer:
 
 # -- views of one document ---------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ViewSpec:
     """What the person chose to look at (Explore's widgets): it selects which recorded arrays a frame carries."""
@@ -135,7 +141,9 @@ def _pool_max(profile: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]
     return np.maximum.reduceat(profile, edges[:-1], axis=1), edges[:-1]
 
 
-def text_window(text: str, offsets: np.ndarray, centre: tuple[int, int] | None, window: int) -> tuple[int, int, list[list]]:
+def text_window(
+    text: str, offsets: np.ndarray, centre: tuple[int, int] | None, window: int
+) -> tuple[int, int, list[list]]:
     """The tokens the shaded text shows: ``(first, last, pieces)``, a piece ``[gap before, token text]`` per token.
 
     The same window as :func:`core.views.plots.token_shading_html`: ``window`` tokens
@@ -164,8 +172,14 @@ def _num(x: Any, digits: int = 6) -> float | None:
     return round(x, digits) if math.isfinite(x) else None
 
 
-def frame(res: Result, packer: Packer, scale: LogScale, spec: ViewSpec, window: tuple[int, int] | None,
-          card: dict | None = None) -> dict:
+def frame(
+    res: Result,
+    packer: Packer,
+    scale: LogScale,
+    spec: ViewSpec,
+    window: tuple[int, int] | None,
+    card: dict | None = None,
+) -> dict:
     """One tau's views of a run, its arrays added to ``packer``: the header entry of the frame.
 
     ``card``: a masked-LM model's masked-token card at this frame's setting (:func:`core.views.rope_view.card`: accuracy,
@@ -275,7 +289,9 @@ def payload(
             window = (lo, hi)
             doc["text"] = {"first": lo, "pieces": pieces, "before": lo > 0, "after": hi < len(base.offsets)}
     doc["ref"] = {
-        "pmax": _num(ref.pmax), "entropy": _num(ref.entropy), "perplexity": _num(ref.perplexity, 4),
+        "pmax": _num(ref.pmax),
+        "entropy": _num(ref.entropy),
+        "perplexity": _num(ref.perplexity, 4),
         "layer_pmax": [_num(v) for v in ref.probes.layer_pmax],
         "layer_entropy": [_num(v) for v in ref.probes.layer_entropy],
         "head_pmax": [[_num(v) for v in row] for row in ref.probes.pmax[0]],
@@ -283,24 +299,31 @@ def payload(
     taus = [round(float(t), 2) for t in grid_taus]
     if only is not None:
         keep = {round(float(t), 2) for t in only}
-        return packer.finish({
-            "delta": True, "grid": taus,
-            # Every grid frame the browser must hold once this delta is merged: a payload can be lost on its way
-            # (Streamlit drops queued messages when a new run starts), and a browser that lacks one asks for all.
-            "held": [f"{t:.2f}" for t in taus if t in grid],
-            "frames": {f"{t:.2f}": frame(grid[t], packer, scale, spec, window, cards.get(f"{t:.2f}"))
-                       for t in taus if t in grid and t in keep},
-            "exact": frame(exact, packer, scale, spec, window, cards.get("exact")) if exact is not None else None,
-            "meta": meta or {},
-        })
+        return packer.finish(
+            {
+                "delta": True,
+                "grid": taus,
+                # Every grid frame the browser must hold once this delta is merged: a payload can be lost on its way
+                # (Streamlit drops queued messages when a new run starts), and a browser that lacks one asks for all.
+                "held": [f"{t:.2f}" for t in taus if t in grid],
+                "frames": {
+                    f"{t:.2f}": frame(grid[t], packer, scale, spec, window, cards.get(f"{t:.2f}"))
+                    for t in taus
+                    if t in grid and t in keep
+                },
+                "exact": frame(exact, packer, scale, spec, window, cards.get("exact")) if exact is not None else None,
+                "meta": meta or {},
+            }
+        )
     if mask is not None:
         doc["mask"] = packer.add(np.rint(np.clip(np.asarray(mask, dtype=np.float64), 0.0, 1.0) * 255.0), "u8")
     if cards.get("ref") is not None:
         doc["ref"]["masked"] = {k: cards["ref"][k] for k in ("accuracy", "perplexity", "masked", "correct")}
     doc["base"] = frame(base, packer, scale, spec, window, cards.get("base"))
     doc["grid"] = taus
-    doc["frames"] = {f"{t:.2f}": frame(grid[t], packer, scale, spec, window, cards.get(f"{t:.2f}"))
-                     for t in taus if t in grid}
+    doc["frames"] = {
+        f"{t:.2f}": frame(grid[t], packer, scale, spec, window, cards.get(f"{t:.2f}")) for t in taus if t in grid
+    }
     doc["exact"] = frame(exact, packer, scale, spec, window, cards.get("exact")) if exact is not None else None
     doc["meta"] = meta or {}
     return packer.finish(doc)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,24 +38,51 @@ def _layout(fig: go.Figure, title: str | None = None, height: int = 360) -> go.F
 
 def _vline(x: float, color: str = "black", dash: str = "dash", width: float = 1) -> dict:
     """A vertical line across the plot as a plain shape dict (fig.add_vline re-validates every shape: slow)."""
-    return dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color=color, dash=dash, width=width))
+    return dict(
+        type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color=color, dash=dash, width=width)
+    )
 
 
 def _hline(y: float, color: str = "black", dash: str = "dash", width: float = 1) -> dict:
-    return dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=dict(color=color, dash=dash, width=width))
+    return dict(
+        type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=dict(color=color, dash=dash, width=width)
+    )
 
 
 def _vrect(x0: float, x1: float, color: str, opacity: float) -> dict:
-    return dict(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, fillcolor=color, opacity=opacity,
-                line=dict(width=0), layer="below")
+    return dict(
+        type="rect",
+        xref="x",
+        yref="paper",
+        x0=x0,
+        x1=x1,
+        y0=0,
+        y1=1,
+        fillcolor=color,
+        opacity=opacity,
+        line=dict(width=0),
+        layer="below",
+    )
 
 
-def _label(x: float, text: str, y: float = 1.0, color: str = "black", yanchor: str = "bottom", xanchor: str = "center") -> dict:
-    return dict(x=x, xref="x", y=y, yref="paper", text=text, showarrow=False, font=dict(color=color, size=11),
-                yanchor=yanchor, xanchor=xanchor)
+def _label(
+    x: float, text: str, y: float = 1.0, color: str = "black", yanchor: str = "bottom", xanchor: str = "center"
+) -> dict:
+    return dict(
+        x=x,
+        xref="x",
+        y=y,
+        yref="paper",
+        text=text,
+        showarrow=False,
+        font=dict(color=color, size=11),
+        yanchor=yanchor,
+        xanchor=xanchor,
+    )
 
 
 # -- pooling helpers --------------------------------------------------------------
+
 
 def pool_max(values: np.ndarray, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
     """Max-pool a 1-D array to at most ``max_points`` bins: returns (bin start positions, maxima).
@@ -88,6 +115,7 @@ def deviation_colors(values: Sequence[float], reference: Sequence[float]) -> lis
 
 
 # -- Explore ------------------------------------------------------------------------
+
 
 def heatmap(
     z: np.ndarray,
@@ -134,9 +162,18 @@ def heatmap(
         y_axis = dict(y0=float(ys[0]), dy=1.0)
     fig = go.Figure(
         go.Heatmap(
-            z=z, x0=float(edges[0]), dx=dx, **y_axis, zsmooth="fast", colorscale="Viridis", zmin=lo, zmax=hi,
+            z=z,
+            x0=float(edges[0]),
+            dx=dx,
+            **y_axis,
+            zsmooth="fast",
+            colorscale="Viridis",
+            zmin=lo,
+            zmax=hi,
             colorbar=dict(title="log10 p" if log else "p", thickness=12),
-            hovertemplate="query %{y:.0f}<br>key %{x:.0f}<br>" + ("log10 p" if log else "p") + " %{z:.3g}<extra></extra>",
+            hovertemplate="query %{y:.0f}<br>key %{x:.0f}<br>"
+            + ("log10 p" if log else "p")
+            + " %{z:.3g}<extra></extra>",
         )
     )
     shapes, notes = [], []
@@ -171,16 +208,38 @@ def answer_attention(
     :func:`heatmap`, so the tau = 1 map and the chosen one share a colour scale."""
     if len(tokens) != np.shape(z)[0]:
         raise ValueError(f"{len(tokens)} token labels for {np.shape(z)[0]} rows")
-    fig = heatmap(z, edges, None, None, log=log, title=title, zrange=zrange, rows=np.arange(len(tokens)),
-                  height=190 + 20 * len(tokens))
+    fig = heatmap(
+        z,
+        edges,
+        None,
+        None,
+        log=log,
+        title=title,
+        zrange=zrange,
+        rows=np.arange(len(tokens)),
+        height=190 + 20 * len(tokens),
+    )
     if needle is not None:
         # A bar above the map, not lines through it: a needle of a few tokens is one bright column
         # that lines would cover. At least 1 % of the axis wide, so it shows on a 16k-token document.
         n = float(edges[-1]) if edges is not None else float(np.shape(z)[1])
         mid, half = (needle[0] + needle[1]) / 2, max(needle[1] - needle[0], 0.01 * n) / 2
-        fig.update_layout(shapes=[dict(type="rect", xref="x", yref="paper", x0=mid - half, x1=mid + half, y0=1.01,
-                                       y1=1.05, fillcolor=NEEDLE_COLOR, line=dict(width=0))],
-                          annotations=[_label(mid - half, "needle", y=1.05, color=NEEDLE_COLOR, xanchor="right")])
+        fig.update_layout(
+            shapes=[
+                dict(
+                    type="rect",
+                    xref="x",
+                    yref="paper",
+                    x0=mid - half,
+                    x1=mid + half,
+                    y0=1.01,
+                    y1=1.05,
+                    fillcolor=NEEDLE_COLOR,
+                    line=dict(width=0),
+                )
+            ],
+            annotations=[_label(mid - half, "needle", y=1.05, color=NEEDLE_COLOR, xanchor="right")],
+        )
     # plotly reads < and > in tick text as markup: "</s>" would vanish
     labels = [html.escape(f"{i}: {t.strip() or repr(t)}") for i, t in enumerate(tokens)]
     fig.update_yaxes(title="answer token", tickmode="array", tickvals=list(range(len(tokens))), ticktext=labels)
@@ -207,16 +266,26 @@ def layer_meters(
     dev = deviation(values, reference)
     fig = go.Figure()
     fig.add_bar(
-        x=layers, y=values, name=f"{name} (chosen tau)", marker_color=deviation_colors(values, reference),
-        customdata=dev * 100, hovertemplate="layer %{x}<br>" + name + " %{y:.4f}<br>%{customdata:+.1f} % vs L_tr<extra></extra>",
+        x=layers,
+        y=values,
+        name=f"{name} (chosen tau)",
+        marker_color=deviation_colors(values, reference),
+        customdata=dev * 100,
+        hovertemplate="layer %{x}<br>" + name + " %{y:.4f}<br>%{customdata:+.1f} % vs L_tr<extra></extra>",
     )
     fig.add_scatter(
-        x=layers, y=reference, mode="markers", name=f"{name} at L_tr (tau = 1)",
+        x=layers,
+        y=reference,
+        mode="markers",
+        name=f"{name} at L_tr (tau = 1)",
         marker=dict(symbol="line-ew", size=28, line=dict(width=3, color="black")),
     )
     if baseline is not None:
         fig.add_scatter(
-            x=layers, y=np.asarray(baseline, dtype=float), mode="markers", name=f"{name} here at tau = 1",
+            x=layers,
+            y=np.asarray(baseline, dtype=float),
+            mode="markers",
+            name=f"{name} here at tau = 1",
             marker=dict(symbol="circle-open", size=10, color="grey", line=dict(width=2)),
         )
     fig.update_xaxes(title="encoder layer", tickmode="linear", dtick=1)
@@ -251,13 +320,21 @@ def question_profile(
         baseline = np.asarray(baseline)
         for j, l in enumerate(layers):
             x, y = pool_max(baseline[l], max_points)
-            fig.add_scatter(x=x.astype(np.int32), y=y.astype(np.float32), mode="lines", name="tau = 1",
-                            legendgroup="tau1", showlegend=j == 0, line=dict(width=1, color="rgba(120,120,120,0.55)"))
+            fig.add_scatter(
+                x=x.astype(np.int32),
+                y=y.astype(np.float32),
+                mode="lines",
+                name="tau = 1",
+                legendgroup="tau1",
+                showlegend=j == 0,
+                line=dict(width=1, color="rgba(120,120,120,0.55)"),
+            )
     for l in layers:
         x, y = pool_max(profile[l], max_points)
         # float32 and int32: half the bytes of float64/int64 per point, plenty for a line on a screen
-        fig.add_scatter(x=x.astype(np.int32), y=y.astype(np.float32), mode="lines", name=f"layer {l}",
-                        line=dict(width=1.2))
+        fig.add_scatter(
+            x=x.astype(np.int32), y=y.astype(np.float32), mode="lines", name=f"layer {l}", line=dict(width=1.2)
+        )
     shapes, notes = [], []
     if needle is not None:
         shapes.append(_vrect(needle[0], needle[1], "red", 0.18))
@@ -271,8 +348,9 @@ def question_profile(
     return _layout(fig, title)
 
 
-def _stacked_labels(items: Sequence[tuple[float, str, str]], x_range: tuple[float, float],
-                    plot_px: float = 700.0, row_px: int = 15) -> tuple[list[dict], int]:
+def _stacked_labels(
+    items: Sequence[tuple[float, str, str]], x_range: tuple[float, float], plot_px: float = 700.0, row_px: int = 15
+) -> tuple[list[dict], int]:
     """Labels (x, text, color) above the plot area, moved up a row where they would touch a neighbour.
 
     Widths are estimated from the text length (about 6.5 px a character at
@@ -388,6 +466,7 @@ def token_shading_html(
 
 # -- Calibrate ----------------------------------------------------------------------
 
+
 def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> go.Figure:
     """S_ex(tau) over the grid per criterion with the S_tr(1) reference line and the pick (paper's Algorithm 1).
 
@@ -413,8 +492,17 @@ def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> 
             fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"S_ex(tau), {name}", row=1, col=c)
         fig.add_hline(y=p["reference"], line=dict(color="black", dash="dash"), row=1, col=c)
         suffix = "" if c == 1 else str(c)
-        fig.add_annotation(x=1, xref=f"x{suffix} domain", y=p["reference"], yref=f"y{suffix}", text="S_tr(1)",
-                           showarrow=False, xanchor="left", xshift=4, font=dict(size=11))
+        fig.add_annotation(
+            x=1,
+            xref=f"x{suffix} domain",
+            y=p["reference"],
+            yref=f"y{suffix}",
+            text="S_tr(1)",
+            showarrow=False,
+            xanchor="left",
+            xshift=4,
+            font=dict(size=11),
+        )
         fig.add_vline(x=p["tau"], line=dict(color="#d62728", dash="dot"), row=1, col=c)
         band = p.get("band")
         if band is not None:
@@ -423,11 +511,23 @@ def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> 
             # either side of it, or it would hide under the pick's dotted line
             steps = np.diff(sorted({float(t) for t in p["grid"]}))
             half = (float(steps.min()) if steps.size else 0.05) / 4 if hi - lo < 1e-9 else 0.0
-            fig.add_shape(type="rect", xref=f"x{suffix}", yref=f"y{suffix} domain", x0=lo - half, x1=hi + half, y0=0,
-                          y1=1, fillcolor="#d62728", opacity=0.12, line=dict(width=0), layer="below")
+            fig.add_shape(
+                type="rect",
+                xref=f"x{suffix}",
+                yref=f"y{suffix} domain",
+                x0=lo - half,
+                x1=hi + half,
+                y0=0,
+                y1=1,
+                fillcolor="#d62728",
+                opacity=0.12,
+                line=dict(width=0),
+                layer="below",
+            )
         fig.update_xaxes(title="tau", autorange="reversed", row=1, col=c)
-        fig.update_yaxes(title="mean Pmax" if name == "pmax" else "mean entropy H" if name == "entropy" else name,
-                         row=1, col=c)
+        fig.update_yaxes(
+            title="mean Pmax" if name == "pmax" else "mean entropy H" if name == "entropy" else name, row=1, col=c
+        )
     fig.update_layout(showlegend=False)
     _layout(fig, title)
     fig.update_layout(margin=dict(r=60, t=(50 if title else 30) + 10))
@@ -435,6 +535,7 @@ def calibration_curves(panels: Mapping[str, dict], title: str | None = None) -> 
 
 
 # -- Theory -------------------------------------------------------------------------
+
 
 def qq_plot(vectors: Mapping[str, np.ndarray], max_points: int = 1000, title: str | None = None) -> go.Figure:
     """QQ plot of average sorted logit vectors against a normal distribution (paper Fig. 2).
@@ -453,8 +554,13 @@ def qq_plot(vectors: Mapping[str, np.ndarray], max_points: int = 1000, title: st
         zq = np.array([nd.inv_cdf((i + 0.5) / n) for i in idx])
         fig.add_scatter(x=zq, y=v[idx], mode="markers", marker=dict(size=4), name=f"{name} (n = {n})")
         mu, sd = float(v.mean()), float(v.std())
-        fig.add_scatter(x=[zq[0], zq[-1]], y=[mu + sd * zq[0], mu + sd * zq[-1]], mode="lines",
-                        line=dict(dash="dash", width=1), name=f"normal fit, {name} (sigma = {sd:.3g})")
+        fig.add_scatter(
+            x=[zq[0], zq[-1]],
+            y=[mu + sd * zq[0], mu + sd * zq[-1]],
+            mode="lines",
+            line=dict(dash="dash", width=1),
+            name=f"normal fit, {name} (sigma = {sd:.3g})",
+        )
     fig.update_xaxes(title="standard normal quantile")
     fig.update_yaxes(title="average sorted logit (layer 0)")
     return _layout(fig, title, height=420)
@@ -485,7 +591,7 @@ def _length_ticks(fig: go.Figure, lengths: Sequence[float], train_length: int | 
         base = float(train_length)
         # a length a few tokens short of a multiple (2,045 for 8x 256) still gets that multiple's tick only
         k0, k1 = math.floor(math.log2(lo / base) + 0.05), math.ceil(math.log2(hi / base) - 0.05)
-        ticks = [base * 2.0 ** k for k in range(k0, k1 + 1)]
+        ticks = [base * 2.0**k for k in range(k0, k1 + 1)]
     else:
         ticks = sorted(set(xs))
     fig.update_xaxes(tickvals=ticks, ticktext=[f"{t:,.0f}" for t in ticks])
@@ -500,8 +606,9 @@ def lmax_vs_length(df: pd.DataFrame, train_length: int | None = None, title: str
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_scatter(x=d["tokens"], y=d["l_max"], mode="lines+markers", name="l_max", secondary_y=False)
     if "sigma" in d:
-        fig.add_scatter(x=d["tokens"], y=d["sigma"], mode="lines+markers", name="sigma", line=dict(dash="dot"),
-                        secondary_y=True)
+        fig.add_scatter(
+            x=d["tokens"], y=d["sigma"], mode="lines+markers", name="sigma", line=dict(dash="dot"), secondary_y=True
+        )
     _log_vline(fig, train_length)
     fig.update_xaxes(title="document tokens", type="log")
     _length_ticks(fig, list(d["tokens"]) + ([train_length] if train_length else []), train_length)
@@ -531,8 +638,14 @@ def temperature_curves(
         if len(ys) != len(xs):
             raise ValueError(f"curve '{name}' has {len(ys)} values for {len(xs)} lengths")
         y = np.asarray(ys, dtype=float)
-        same[name] = None if np.isnan(y).all() else next(
-            (n for n, x0, y0 in drawn if x0 == list(xs) and np.allclose(y0, y, rtol=0, atol=1e-9, equal_nan=True)), None)
+        same[name] = (
+            None
+            if np.isnan(y).all()
+            else next(
+                (n for n, x0, y0 in drawn if x0 == list(xs) and np.allclose(y0, y, rtol=0, atol=1e-9, equal_nan=True)),
+                None,
+            )
+        )
         drawn.append((name, list(xs), y))
     copied = set(same.values())
     copies = 0
@@ -540,8 +653,15 @@ def temperature_curves(
         ys = [float(v) for v in y]  # NaN: a gap
         if same[name] is None:  # a line with copies is drawn wide and pale, so the dashed copies show on it
             wide = name in copied
-            fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=name, marker=dict(size=5),
-                            line=dict(width=7 if wide else 2), opacity=0.45 if wide else 1.0)
+            fig.add_scatter(
+                x=xs,
+                y=ys,
+                mode="lines+markers",
+                name=name,
+                marker=dict(size=5),
+                line=dict(width=7 if wide else 2),
+                opacity=0.45 if wide else 1.0,
+            )
         else:
             dash = ("dash", "dot", "dashdot", "longdash")[copies % 4]
             copies += 1
@@ -571,18 +691,29 @@ def cosine_hist(counts: np.ndarray, edges: np.ndarray, title: str | None = None)
 
 # -- Sweep --------------------------------------------------------------------------
 
-def accuracy_heatmap(table: pd.DataFrame, title: str | None = None, x_title: str = "document tokens",
-                     y_title: str | None = None) -> go.Figure:
+
+def accuracy_heatmap(
+    table: pd.DataFrame, title: str | None = None, x_title: str = "document tokens", y_title: str | None = None
+) -> go.Figure:
     """An accuracy pivot (percent) as a red-to-green heatmap with the numbers written in the cells."""
     if table.empty:
         raise ValueError("empty accuracy table")
     z = table.to_numpy(dtype=float)
     text = [["" if math.isnan(v) else f"{v:.0f}" for v in row] for row in z]
-    fig = go.Figure(go.Heatmap(
-        z=z, x=[str(c) for c in table.columns], y=[str(i) for i in table.index], zmin=0, zmax=100,
-        colorscale="RdYlGn", text=text, texttemplate="%{text}", colorbar=dict(title="acc %"),
-        hovertemplate="%{y} / %{x}: %{z:.1f} %<extra></extra>",
-    ))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[str(c) for c in table.columns],
+            y=[str(i) for i in table.index],
+            zmin=0,
+            zmax=100,
+            colorscale="RdYlGn",
+            text=text,
+            texttemplate="%{text}",
+            colorbar=dict(title="acc %"),
+            hovertemplate="%{y} / %{x}: %{z:.1f} %<extra></extra>",
+        )
+    )
     fig.update_xaxes(title=x_title, type="category")
     fig.update_yaxes(title=y_title or table.index.name, type="category")
     return _layout(fig, title)
@@ -598,8 +729,13 @@ def perplexity_over_length(table: pd.DataFrame, train_length: int | None = None,
     fig = go.Figure()
     xs = [float(c) for c in table.columns]
     for method, row in table.iterrows():
-        fig.add_scatter(x=xs, y=[float(v) for v in row.to_numpy()], mode="lines+markers", name=str(method),
-                        hovertemplate=f"{method}<br>%{{x:,.0f}} tokens: perplexity %{{y:.1f}}<extra></extra>")
+        fig.add_scatter(
+            x=xs,
+            y=[float(v) for v in row.to_numpy()],
+            mode="lines+markers",
+            name=str(method),
+            hovertemplate=f"{method}<br>%{{x:,.0f}} tokens: perplexity %{{y:.1f}}<extra></extra>",
+        )
     _log_vline(fig, train_length)
     fig.update_xaxes(title="prefix tokens", type="log")
     _length_ticks(fig, xs + ([train_length] if train_length else []), train_length)
@@ -607,8 +743,9 @@ def perplexity_over_length(table: pd.DataFrame, train_length: int | None = None,
     return _layout(fig, title, height=400)
 
 
-def head_ratio_maps(panels: Mapping[str, np.ndarray], reference: np.ndarray, name: str = "Pmax",
-                    title: str | None = None) -> go.Figure:
+def head_ratio_maps(
+    panels: Mapping[str, np.ndarray], reference: np.ndarray, name: str = "Pmax", title: str | None = None
+) -> go.Figure:
     """Per layer and head, a statistic over its value at L_tr (tau = 1), one heatmap per panel on one scale.
 
     Why per head: the layer means (and Algorithm 1's global mean) hide heads
@@ -622,11 +759,20 @@ def head_ratio_maps(panels: Mapping[str, np.ndarray], reference: np.ndarray, nam
             raise ValueError(f"{label}: values {v.shape} and reference {reference.shape} differ")
         ratio = v / np.where(reference > 0, reference, np.nan)
         fig.add_heatmap(
-            z=ratio, x=[f"h{h}" for h in range(v.shape[1])], y=[f"layer {l}" for l in range(v.shape[0])],
-            zmin=0.0, zmax=2.0, colorscale="RdBu", reversescale=False, showscale=i == len(panels) - 1,
-            colorbar=dict(title=f"{name} / L_tr"), text=[[f"{x:.2f}" for x in row] for row in ratio],
-            texttemplate="%{text}", hovertemplate="%{y}, %{x}: %{z:.2f} of L_tr<extra>" + label + "</extra>",
-            row=1, col=i + 1,
+            z=ratio,
+            x=[f"h{h}" for h in range(v.shape[1])],
+            y=[f"layer {l}" for l in range(v.shape[0])],
+            zmin=0.0,
+            zmax=2.0,
+            colorscale="RdBu",
+            reversescale=False,
+            showscale=i == len(panels) - 1,
+            colorbar=dict(title=f"{name} / L_tr"),
+            text=[[f"{x:.2f}" for x in row] for row in ratio],
+            texttemplate="%{text}",
+            hovertemplate="%{y}, %{x}: %{z:.2f} of L_tr<extra>" + label + "</extra>",
+            row=1,
+            col=i + 1,
         )
     fig.update_yaxes(autorange="reversed")
     return _layout(fig, title, height=120 + 40 * reference.shape[0])

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.values import positions
-from core.runs import rope_pass
-from core.values.choice import Choice
 from core.kinds import ENCODER
+from core.runs import rope_pass
 from core.runs.mlm_pass import MaskedSequence, head_logits
-
+from core.values import positions
+from core.values.choice import Choice
 
 # -- the mean logit by relative distance ---------------------------------------------------
+
 
 @dataclass(frozen=True)
 class DistanceCurves:
@@ -108,8 +108,13 @@ def layer_qk(loaded, ids: np.ndarray, layer: int, choice: Choice | None = None) 
     return tap.q.numpy(), tap.k.numpy()
 
 
-def distance_curves(loaded, ids: np.ndarray, layer: int, cosine_scale: float | None = None,
-                    scheme: positions.Scheme = positions.PLAIN_SCHEME) -> DistanceCurves:
+def distance_curves(
+    loaded,
+    ids: np.ndarray,
+    layer: int,
+    cosine_scale: float | None = None,
+    scheme: positions.Scheme = positions.PLAIN_SCHEME,
+) -> DistanceCurves:
     """:func:`mean_logit_by_distance` of ``layer`` on ``ids`` at tau = 1 (the logits do not depend on tau), under
     the position scheme ``scheme``. A frequency scheme (PI, NTK, YaRN) changes the curve; a mask does not change
     q . k (the curve is over every pair, seen or not); a scheme that rectifies distances (ReRoPE, StreamingLLM,
@@ -129,6 +134,7 @@ def shows_scheme(scheme: positions.Scheme | str) -> bool:
 
 
 # -- the masked tokens' predictions --------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MaskedPredictions:
@@ -172,9 +178,12 @@ def masked_predictions(loaded, seq: MaskedSequence, choice: Choice | None = None
     labels = torch.as_tensor(seq.labels, dtype=torch.long, device=logits.device)
     nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
     return MaskedPredictions(
-        positions=np.asarray(seq.positions), labels=np.asarray(seq.labels),
-        predicted=logits.argmax(-1).cpu().numpy(), p_true=torch.exp(-nll).double().cpu().numpy(),
-        nll=nll.double().cpu().numpy())
+        positions=np.asarray(seq.positions),
+        labels=np.asarray(seq.labels),
+        predicted=logits.argmax(-1).cpu().numpy(),
+        p_true=torch.exp(-nll).double().cpu().numpy(),
+        nll=nll.double().cpu().numpy(),
+    )
 
 
 def card(pred: MaskedPredictions, tokenizer, shown: int = 8) -> dict:
@@ -182,11 +191,22 @@ def card(pred: MaskedPredictions, tokenizer, shown: int = 8) -> dict:
     tokens as ``[position, true text, predicted text, p(true), right]``."""
     rows = []
     for i in range(min(shown, pred.masked)):
-        rows.append([int(pred.positions[i]), tokenizer.decode([int(pred.labels[i])]),
-                     tokenizer.decode([int(pred.predicted[i])]), round(float(pred.p_true[i]), 4),
-                     bool(pred.predicted[i] == pred.labels[i])])
-    return {"accuracy": pred.accuracy, "perplexity": pred.perplexity, "masked": pred.masked, "correct": pred.correct,
-            "rows": rows}
+        rows.append(
+            [
+                int(pred.positions[i]),
+                tokenizer.decode([int(pred.labels[i])]),
+                tokenizer.decode([int(pred.predicted[i])]),
+                round(float(pred.p_true[i]), 4),
+                bool(pred.predicted[i] == pred.labels[i]),
+            ]
+        )
+    return {
+        "accuracy": pred.accuracy,
+        "perplexity": pred.perplexity,
+        "masked": pred.masked,
+        "correct": pred.correct,
+        "rows": rows,
+    }
 
 
 # -- the scheme's mask, pooled like the attention map -----------------------------------------

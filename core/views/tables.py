@@ -11,18 +11,23 @@ import numpy as np
 import pandas as pd
 
 from core.kinds import CROSS
-from core.values.schedule import Schedule
 from core.runs.engine import Result
+from core.values.schedule import Schedule
 
 
 def meters_table(chosen: Result, base: Result, ref: Result) -> pd.DataFrame:
     """Per-layer mean Pmax and H: the chosen tau, tau = 1 on this document, and the L_tr reference."""
-    return pd.DataFrame({
-        "layer": range(len(chosen.probes.layer_pmax)), "pmax": chosen.probes.layer_pmax,
-        "pmax_tau1": base.probes.layer_pmax, "pmax_ref_Ltr": ref.probes.layer_pmax,
-        "entropy": chosen.probes.layer_entropy, "entropy_tau1": base.probes.layer_entropy,
-        "entropy_ref_Ltr": ref.probes.layer_entropy,
-    })
+    return pd.DataFrame(
+        {
+            "layer": range(len(chosen.probes.layer_pmax)),
+            "pmax": chosen.probes.layer_pmax,
+            "pmax_tau1": base.probes.layer_pmax,
+            "pmax_ref_Ltr": ref.probes.layer_pmax,
+            "entropy": chosen.probes.layer_entropy,
+            "entropy_tau1": base.probes.layer_entropy,
+            "entropy_ref_Ltr": ref.probes.layer_entropy,
+        }
+    )
 
 
 def heatmap_table(res: Result, pool: str = "mean") -> pd.DataFrame:

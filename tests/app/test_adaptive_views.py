@@ -17,10 +17,10 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_ok, scrubber_view  # noqa: E402
-from support.app import calibrate_at_600  # noqa: E402
 from core import cli  # noqa: E402
 from core.runs import methods  # noqa: E402
 from core.values.schedule import ADAPTIVE, ONE, RowTau, Schedule  # noqa: E402
+from support.app import calibrate_at_600  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
@@ -44,6 +44,7 @@ def _says_tau_1(text: str) -> bool:
 
 # -- the texts, without a page ---------------------------------------------------------------------------------------
 
+
 def test_the_cell_and_the_context_say_adaptive():
     from ui import calibrate_views
     from ui.page_state import PageState
@@ -59,6 +60,7 @@ def test_the_cell_and_the_context_say_adaptive():
 
 # -- Theory: the method list -----------------------------------------------------------------------------------------
 
+
 def test_theory_does_not_list_adaptive_as_tau_1(env):
     at = _page("theory.py")
     at.session_state["doc_tokens"] = 600
@@ -73,6 +75,7 @@ def test_theory_does_not_list_adaptive_as_tau_1(env):
 
 
 # -- Calibrate: the table, the 'use' box and its button --------------------------------------------------------------
+
 
 def test_calibrate_shows_adaptive_and_uses_it_as_the_method(env):
     at, table = calibrate_at_600()
@@ -95,6 +98,7 @@ def test_calibrate_shows_adaptive_and_uses_it_as_the_method(env):
 
 # -- Explore: the sidebar's line and the scrubber's note -------------------------------------------------------------
 
+
 def test_explore_says_adaptive_beside_a_slider_at_its_base(env):
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
     at.selectbox(key="tau_method").set_value(NAME).run()
@@ -109,9 +113,11 @@ def test_explore_says_adaptive_beside_a_slider_at_its_base(env):
 
 # -- run --json: tau is the base 1; the schedule beside it -----------------------------------------------------------
 
+
 def _run_json(capsys, tiny_dir, *argv) -> dict:
-    code = cli.main(["run", "--model", str(tiny_dir), "--task", "passkey", "--tokens", "300", "--json",
-                     *map(str, argv)])
+    code = cli.main(
+        ["run", "--model", str(tiny_dir), "--task", "passkey", "--tokens", "300", "--json", *map(str, argv)]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     return json.loads(out)

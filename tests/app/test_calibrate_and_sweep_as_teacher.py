@@ -23,18 +23,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from conftest import clear_app_caches
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_error_text, app_ok, build_tiny_t5, wait_until  # noqa: E402
-from core.runs import engine, methods
-from core.runs import temperature  # noqa: E402
 from core.errors import InputTooLong, ModelLoadError, UserError  # noqa: E402
+from core.runs import (
+    engine,
+    methods,
+    temperature,  # noqa: E402
+)
 from core.runs.settings import DocumentRequest  # noqa: E402
-from core.values.schedule import RowTau
 from core.values.choice import Choice
+from core.values.schedule import RowTau
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
@@ -77,8 +81,12 @@ def _calibrate(tokens: int, seed: int, **state) -> AppTest:
 
 
 def _text(at: AppTest) -> str:
-    return "\n".join([i.value for i in at.info] + [c.value for c in at.caption] + [w.value for w in at.warning]
-                     + [m.value for m in at.markdown])
+    return "\n".join(
+        [i.value for i in at.info]
+        + [c.value for c in at.caption]
+        + [w.value for w in at.warning]
+        + [m.value for m in at.markdown]
+    )
 
 
 def _keys(at: AppTest) -> set[str]:
@@ -95,7 +103,11 @@ def _stats_only_runs(loaded, req, taus) -> list[float]:
     from core.mechanics.probes import ProbeSpec
     from ui import cache
 
-    return [t for t in taus if cache.has_run(loaded, req, Choice.of(tau=t), engine.Pass(probes=ProbeSpec.stats_only(), generate=False))]
+    return [
+        t
+        for t in taus
+        if cache.has_run(loaded, req, Choice.of(tau=t), engine.Pass(probes=ProbeSpec.stats_only(), generate=False))
+    ]
 
 
 def _array(v) -> np.ndarray:
@@ -105,9 +117,8 @@ def _array(v) -> np.ndarray:
     return np.array(v, dtype=float)
 
 
-
-
 # -- 1. Calibrate shows what the shared stores already hold ----------------------------------------------------
+
 
 def test_calibrate_draws_the_background_grid_without_a_button(env):
     from ui import cache
@@ -216,6 +227,7 @@ def test_calibrate_shows_the_sidebars_bisection_then_completes_it(env):
 
 # -- 2-4. the every-method table, 'not reached' in words, and the closed form it recommends ----------------------
 
+
 def test_unreached_curve_is_said_plainly_and_log_length_is_one_click(env):
     from ui import cache
 
@@ -231,14 +243,17 @@ def test_unreached_curve_is_said_plainly_and_log_length_is_one_click(env):
         cal = cals[crit]
         side = "below" if cal.gap < 0 else "above"
         name = "Pmax" if crit == "pmax" else "entropy"
-        assert (f"The {name} curve stays {abs(cal.gap):.4f} {side} the L_tr reference all the way down to "
-                f"tau = {min(GRID):.2f} (the end of the range searched)") in " ".join(warnings), warnings
+        assert (
+            f"The {name} curve stays {abs(cal.gap):.4f} {side} the L_tr reference all the way down to "
+            f"tau = {min(GRID):.2f} (the end of the range searched)"
+        ) in " ".join(warnings), warnings
     text = _text(at)
     assert "short by" not in text and "below the grid" not in text
     assert not re.search(r"[+-]\d\.\d{4} below|[+-]\d\.\d{4} above", text)  # no signed distance in words
     # a closed form is the better bet: said, with its value, and one click away
-    ll = methods.formula("log-length", 256, int(loaded.tokenizer(req.build_for(loaded).text,
-                                                                  return_length=True)["length"]), loaded.d_kv)
+    ll = methods.formula(
+        "log-length", 256, int(loaded.tokenizer(req.build_for(loaded).text, return_length=True)["length"]), loaded.d_kv
+    )
     (advice,) = [m.value for m in at.markdown if "A closed form is the better bet here" in m.value]
     assert "log-length" in advice and "YaRN" in advice
     button = at.button(key="use_fallback")
@@ -257,7 +272,9 @@ def test_every_method_table_cells_are_never_cut(env):
     app_ok(at)
     (frame,) = [d for d in at.dataframe if "label" in d.value.columns]
     table = frame.value.set_index("method")
-    n = int(re.search(r"\*\*([\d,]+) tokens\*\*", " ".join(c.value for c in at.sidebar.caption)).group(1).replace(",", ""))
+    n = int(
+        re.search(r"\*\*([\d,]+) tokens\*\*", " ".join(c.value for c in at.sidebar.caption)).group(1).replace(",", "")
+    )
     rows = RowTau(floor_scale=256, attn_scale=methods.LLAMA4_ATTN_SCALE)
     # Llama 4's row: its mean tau and the row count, whole (it was cut at "mean 0.8861 ove")
     assert table.loc["llama4", "tau"] == f"{rows.mean(n):.4f} (mean over {n:,} rows)"
@@ -280,6 +297,7 @@ def test_every_method_table_cells_are_never_cut(env):
 
 
 # -- 5. Sweep: one naming, the lengths it runs, plurals, button states --------------------------------------------
+
 
 def _sweep(tokens: int = 256) -> AppTest:
     at = AppTest.from_file(SWEEP, default_timeout=TIMEOUT)
@@ -494,8 +512,13 @@ def test_long_schedules_are_short_in_the_table_and_whole_below_it():
     from ui import calibrate_views as cv
 
     layers = [round(0.5 + 0.02 * i, 2) for i in range(24)]  # a per-layer schedule of a 24-layer encoder
-    taus = {"per-layer": layers, "per-head": [[0.5, 0.7], [0.9, 1.0]], "prop1": "n/a (no root: sigma too large)",
-            "llama4": RowTau(floor_scale=256, attn_scale=0.1), "yarn": 0.7713}
+    taus = {
+        "per-layer": layers,
+        "per-head": [[0.5, 0.7], [0.9, 1.0]],
+        "prop1": "n/a (no root: sigma too large)",
+        "llama4": RowTau(floor_scale=256, attn_scale=0.1),
+        "yarn": 0.7713,
+    }
     table = cv.taus_table(taus, rows=2048, train_length=256).set_index("method")
     assert table.loc["per-layer", "tau"] == "per layer (24): 0.50 to 0.96, mean 0.730"
     assert table.loc["per-head", "tau"].startswith("per head (2 x 2): 0.50 to 1.00")

@@ -18,10 +18,10 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_model_of, app_ok  # noqa: E402
-from support.app import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
 from core.runs import methods
-from core.views import plots  # noqa: E402
 from core.values.schedule import RowTau
+from core.views import plots  # noqa: E402
+from support.app import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
@@ -42,6 +42,7 @@ def _panels(band=None):
 
 
 # -- pure figures ------------------------------------------------------------------------
+
 
 def test_calibration_curves_without_band_has_no_shaded_rect():
     fig = plots.calibration_curves(_panels())
@@ -70,8 +71,16 @@ def test_calibration_curves_band_is_a_shaded_rect_in_its_own_panel():
 def test_equal_curves_stay_visible_and_say_so():
     xs = [256, 512, 1024]
     log_length = [1.0, 8 / 9, 0.8]
-    fig = plots.temperature_curves({"log-length": (xs, log_length), "log-n": (xs, list(log_length)),
-                                    "SSMax": (xs, list(log_length)), "YaRN": (xs, [1.0, 0.87, 0.77])}, None, 256)
+    fig = plots.temperature_curves(
+        {
+            "log-length": (xs, log_length),
+            "log-n": (xs, list(log_length)),
+            "SSMax": (xs, list(log_length)),
+            "YaRN": (xs, [1.0, 0.87, 0.77]),
+        },
+        None,
+        256,
+    )
     names = [d.name for d in fig.data]
     assert names == ["log-length", "log-n (= log-length)", "SSMax (= log-length)", "YaRN"]
     dashes = [d.line.dash for d in fig.data]
@@ -165,7 +174,9 @@ def test_calibrate_per_head_view_and_per_head_algorithm1(env):
     text = _captions(at)
     assert "choose 'per-head' in the sidebar's Method box" in text
     per_layer = methods.get("per-head").passes(2, 4)[0] // 2  # the registry's own count: the grid per layer
-    assert "Not in the table yet: " in text and f"per-head Algorithm 1 (Pmax), about {per_layer} passes per layer" in text
+    assert (
+        "Not in the table yet: " in text and f"per-head Algorithm 1 (Pmax), about {per_layer} passes per layer" in text
+    )
 
     # compute per-head Algorithm 1 through the sidebar: its tau matrix, its unreached heads, a row in the table
     at.selectbox(key="tau_method").set_value("per-head").run()

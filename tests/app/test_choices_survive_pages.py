@@ -59,6 +59,7 @@ def cos_env(tmp_path, monkeypatch):
 
 # -- tests ---------------------------------------------------------------------------------
 
+
 def test_the_browsers_sequence_loses_nothing(env):
     """Length (sidebar), then a tau chosen by a component and a method change in the fragment, then Calibrate."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
@@ -107,8 +108,9 @@ def test_a_model_change_reaching_only_the_fragment_reruns_the_page(env):
     fragment_run(at)
     app_ok(at)
     assert at.session_state["_model_ref"] == other
-    assert any(other in c.value and "L_tr" in c.value for c in [*at.sidebar.markdown, *at.sidebar.caption]), \
+    assert any(other in c.value and "L_tr" in c.value for c in [*at.sidebar.markdown, *at.sidebar.caption]), (
         "the sidebar describes the model the box names"
+    )
 
 
 def test_a_tau_change_in_the_fragment_is_the_last_action(env):
@@ -124,8 +126,14 @@ def test_a_tau_change_in_the_fragment_is_the_last_action(env):
     fragment_run(at)
     at.session_state["tau_value"] = 0.65  # the scrubber's release (ui/scrubber.py), then its fragment rerun
     fragment_run(at)
-    want = {"model_other": str(env), "doc_mode": "Paste", "doc_text": TEXT, "doc_tokens": 320, "tgt_decoder": True,
-            "tau_method": "fixed"}
+    want = {
+        "model_other": str(env),
+        "doc_mode": "Paste",
+        "doc_text": TEXT,
+        "doc_tokens": 320,
+        "tgt_decoder": True,
+        "tau_method": "fixed",
+    }
     for page in (CALIBRATE, EXPLORE):
         nav_click(at, page)
         app_ok(at)
@@ -152,9 +160,15 @@ def test_pasted_text_needle_and_method_survive_a_fragment_change_and_a_page_chan
     app_ok(at)
     at.selectbox(key="tau_method").set_value("yarn")
     fragment_run(at)
-    want = {"doc_mode": "Paste", "doc_text": TEXT, "doc_needle_mode": "my needle + question",
-            "doc_needle": "The lantern is green.", "doc_question": "What colour is the lantern?",
-            "doc_expected": "green", "tau_method": "yarn"}
+    want = {
+        "doc_mode": "Paste",
+        "doc_text": TEXT,
+        "doc_needle_mode": "my needle + question",
+        "doc_needle": "The lantern is green.",
+        "doc_question": "What colour is the lantern?",
+        "doc_expected": "green",
+        "tau_method": "yarn",
+    }
     for page in (CALIBRATE, EXPLORE, CALIBRATE):
         nav_click(at, page)
         app_ok(at)
@@ -229,13 +243,15 @@ def test_temperature_controls_without_the_slider(env, monkeypatch):
 def test_not_reached_note_says_it_plainly():
     from ui.tau_controls import not_reached_note
 
-    text = not_reached_note({"gap": -0.0079, "grid": [1.0, 0.9, 0.8, 0.7, 0.6, 0.5], "tau": 0.5, "reached": False},
-                            "0.500")
+    text = not_reached_note(
+        {"gap": -0.0079, "grid": [1.0, 0.9, 0.8, 0.7, 0.6, 0.5], "tau": 0.5, "reached": False}, "0.500"
+    )
     assert "stays 0.0079 below the L_tr reference down to tau = 0.50, the end of the range searched" in text
     assert "log-length or YaRN" in text
     assert "-0.0079" not in text and "short by" not in text
-    above = not_reached_note({"gap": 0.012, "grid": [1.0, 0.5], "tau": 1.0, "unreached_heads": [[0, 1], [1, 2]]},
-                             "1.000")
+    above = not_reached_note(
+        {"gap": 0.012, "grid": [1.0, 0.5], "tau": 1.0, "unreached_heads": [[0, 1], [1, 2]]}, "1.000"
+    )
     assert "already 0.0120 above the L_tr reference at tau = 1.00" in above and "2 heads" in above
 
 
@@ -320,8 +336,12 @@ def test_each_pages_own_settings_survive_a_round_trip(env):
         nav_click(at, page)
         app_ok(at)
         ss = at.session_state
-        assert (ss["ex_layer"], list(ss["sw_lengths"]), ss["sw_seeds"], list(ss["th_multiples"])) == \
-            (1, [1, 16], 3, [1, 2]), page
+        assert (ss["ex_layer"], list(ss["sw_lengths"]), ss["sw_seeds"], list(ss["th_multiples"])) == (
+            1,
+            [1, 16],
+            3,
+            [1, 2],
+        ), page
     assert at.multiselect(key="th_multiples").value == [1, 2]
 
 
@@ -336,6 +356,7 @@ def _path_of(node, text: str, path: tuple = ()) -> tuple | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_panels_elements_keep_their_slots_after_a_resolve(env):
     """The run that resolves a method and the next one draw the panel's elements in the same slots. A slot drawn
     only while resolving (the estimate's) moved every later element by one in the next run, and until that run

@@ -55,8 +55,15 @@ def _clean(messages: list[str]) -> None:
 
 # -- (4) numbers that overflow in the URL ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("query", [{"tokens": "inf", "depth": "-inf", "seed": "1e400"}, {"tokens": "infx"},
-                                   {"seed": "-1e400", "tau": "inf", "depth": "nan"}])
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"tokens": "inf", "depth": "-inf", "seed": "1e400"},
+        {"tokens": "infx"},
+        {"seed": "-1e400", "tau": "inf", "depth": "nan"},
+    ],
+)
 def test_overflowing_link_values_get_the_links_one_message(env, query):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update(**query)
@@ -71,6 +78,7 @@ def test_overflowing_link_values_get_the_links_one_message(env, query):
 
 
 # -- (7) a pasted text past the token limit ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("where", ["text", "question"])
 def test_a_text_past_the_token_limit_is_one_error(env, small_memory, where):
@@ -97,12 +105,15 @@ def test_a_text_past_the_token_limit_is_one_error(env, small_memory, where):
 
 # -- (14) the app's words: no option, no server path ---------------------------------------------------------------
 
+
 def test_no_app_error_names_an_option_or_a_server_path(env, small_memory, tmp_path):
     """Several refusals, each in the app's words: an unknown name, a folder without a model, a folder with the
     wrong kind of model, a text past the limit, bad link values."""
     from transformers import BertConfig
 
-    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        tmp_path
+    )
     seen: list[str] = []
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     for ref in ("no-such-model-xyz", "/etc", str(tmp_path), str(tmp_path / "missing" / "folder")):

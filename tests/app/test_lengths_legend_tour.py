@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 import pytest
-from conftest import clear_app_caches
 
+from conftest import clear_app_caches
 from core.data import tasks
 from core.models import default_model
 from core.values.choice import Choice
@@ -36,6 +36,7 @@ def _cases():
 
 @needs_model
 @pytest.mark.parametrize("task,haystack", list(_cases()))
+@pytest.mark.slow
 def test_generated_documents_have_exactly_the_asked_tokens(loaded, task, haystack):
     tok = loaded.tokenizer
     for n in LENGTHS:
@@ -84,6 +85,7 @@ def test_exact_with_a_byte_tokenizer():
 
 # -- 3. the meters' legend ----------------------------------------------------------------------------
 
+
 def test_meters_legend_keeps_its_brackets():
     """The meters the Explore page shows are drawn by ui/scrubber.js (``buildMeter``): its legend names each mark
     once, each bracket closed."""
@@ -102,6 +104,7 @@ def test_meters_legend_keeps_its_brackets():
 
 
 # -- 4. the tour --------------------------------------------------------------------------------------
+
 
 def _sentences(text: str) -> list[str]:
     return [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip()) if s]
@@ -139,8 +142,13 @@ def test_tour_step_2_describes_what_the_default_model_shows(loaded):
         filler[intro : qa - 1] = True
         filler[a:b] = False
         prof = res.probes.profile
-        seen[mult] = dict(res=res, needle_peak=prof[:, a:b].max(1), filler_peak=prof[:, filler].max(1),
-                          filler_share=prof[:, filler].sum(1), needle_share=prof[:, a:b].sum(1))
+        seen[mult] = dict(
+            res=res,
+            needle_peak=prof[:, a:b].max(1),
+            filler_peak=prof[:, filler].max(1),
+            filler_share=prof[:, filler].sum(1),
+            needle_share=prof[:, a:b].sum(1),
+        )
     one, eight = seen[1], seen[8]
     assert one["res"].correct and not eight["res"].correct
     assert sorted(eight["res"].answer) == sorted(eight["res"].expected)  # the key's digits, wrong order
@@ -173,11 +181,16 @@ def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     tau, info = cache.resolve_tau(loaded, req, "pmax")
     assert float(tau) == 0.5 and info["reached"] is False
     more = TOUR[3]["more"]
-    run = cache.run(loaded, req, Choice.of(tau=tau), engine.Pass(probes=cache.explore_probes(loaded.n_layers - 1, None)))
+    run = cache.run(
+        loaded, req, Choice.of(tau=tau), engine.Pass(probes=cache.explore_probes(loaded.n_layers - 1, None))
+    )
     ref = cache.run_reference(loaded, req)
     assert f"{run.pmax:.4f} against {info['reference']:.4f} at L_tr" in more
     assert f"gap −{abs(info['gap']):.4f}" in more and info["gap"] < 0
-    quoted = ", ".join(f"{v:.3f}" for v in run.probes.layer_pmax) + " against " + ", ".join(
-        f"{v:.3f}" for v in ref.probes.layer_pmax)
+    quoted = (
+        ", ".join(f"{v:.3f}" for v in run.probes.layer_pmax)
+        + " against "
+        + ", ".join(f"{v:.3f}" for v in ref.probes.layer_pmax)
+    )
     assert quoted in more
     clear_app_caches()

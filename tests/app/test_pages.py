@@ -149,6 +149,7 @@ def test_theory_measures_lengths(env):
 
 # -- errors a person can act on -----------------------------------------------------------
 
+
 def test_paste_mode_opens_without_an_error(env):
     """Paste mode before anything is typed (or only blanks): a note saying what to paste, no red error, and the
     sidebar says a shared link does not carry the text (issue 50, point 6)."""
@@ -179,7 +180,9 @@ def test_unknown_model_error(env):
 def test_not_t5_model_error(env, tmp_path):
     from transformers import BertConfig
 
-    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        tmp_path
+    )
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.text_input(key="model_other").input(str(tmp_path)).run()
     assert "not T5-family" in app_error_text(at)
@@ -207,7 +210,9 @@ def test_measured_method_resolves_beside_the_cards(env):
     assert "resolves to **tau = " in shown
     meta = scrubber_view(at)[0]["meta"]
     # the scrubber's slider is disabled and shows the resolved tau, not the person's own 1.00
-    assert meta["disabled"] and meta["tau"] == pytest.approx(round(float(shown.split("resolves to **tau = ")[1][:5]), 2))
+    assert meta["disabled"] and meta["tau"] == pytest.approx(
+        round(float(shown.split("resolves to **tau = ")[1][:5]), 2)
+    )
 
 
 def test_pasted_text_with_own_needle(env):
@@ -276,7 +281,9 @@ def test_default_bundled_model(monkeypatch):
 def test_a_link_reopens_the_view(env):
     """Query parameters set model, document and temperature; the app writes the view back into the URL."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update(model=str(env), task="passkey", tokens="512", depth="30", seed="3", method="fixed", tau="0.7")
+    at.query_params.update(
+        model=str(env), task="passkey", tokens="512", depth="30", seed="3", method="fixed", tau="0.7"
+    )
     at.run()
     _ok(at)
     ss = at.session_state
@@ -373,8 +380,10 @@ def test_sweep_page_visits_leak_no_file_descriptors(env):
     assert fds() - before < 3, "each Sweep page visit left a file descriptor open"
 
 
-@pytest.mark.parametrize("card", [{"train_length": 3_000_000}, {"train_length": 1_000_000_000}, ["not", "a", "card"],
-                                  {"train_length": "512"}])
+@pytest.mark.parametrize(
+    "card",
+    [{"train_length": 3_000_000}, {"train_length": 1_000_000_000}, ["not", "a", "card"], {"train_length": "512"}],
+)
 def test_a_hostile_model_card_is_one_message(env, tmp_path, card):
     """A folder whose card.json claims a huge L_tr (the default document is L_tr long) or is malformed.
 

@@ -18,12 +18,12 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_ok, build_tiny_rope, scrubber_view, unpack_payload  # noqa: E402
-from support.app import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
-from core.runs import methods
 from core.experiments import mlm
-from core.values import positions  # noqa: E402
 from core.models import load  # noqa: E402
+from core.runs import methods
+from core.values import positions  # noqa: E402
 from core.values.choice import Choice
+from support.app import nav_click  # noqa: E402 (a page change as the browser's navigation sends it)
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
@@ -159,8 +159,10 @@ def test_sweep_scores_masked_tokens_as_the_cli(rope_env):
     app_ok(at)
     perplexity, accuracy = at.dataframe[0].value, at.dataframe[1].value
     assert list(perplexity.columns) == [L_TR, 2 * L_TR] and len(at.get("plotly_chart")) == 1
-    rows = mlm.run_mlm(load(str(rope_env), device="cpu"),
-                       mlm.MlmPlan(lengths=[L_TR, 2 * L_TR], methods=[methods.AS_TRAINED], sequences=2))
+    rows = mlm.run_mlm(
+        load(str(rope_env), device="cpu"),
+        mlm.MlmPlan(lengths=[L_TR, 2 * L_TR], methods=[methods.AS_TRAINED], sequences=2),
+    )
     for r in rows:
         assert perplexity[r["tokens"]].iloc[0] == pytest.approx(r["perplexity"], abs=0.006)
         assert accuracy[r["tokens"]].iloc[0] == pytest.approx(r["accuracy"], abs=1e-4)
@@ -232,8 +234,10 @@ def test_a_window_scheme_changes_the_cards_as_mlm_scores_it_and_is_kept(rope_env
     header, chosen = scrubber_view(at)
     windowed = _scored_scheme(rope_env, 2 * L_TR, seed, 1.0, "window", {"window": 8})
     _same(chosen["masked"], windowed)
-    assert (chosen["masked"]["correct"], chosen["masked"]["perplexity"]) != (plain["masked"]["correct"],
-                                                                            plain["masked"]["perplexity"])
+    assert (chosen["masked"]["correct"], chosen["masked"]["perplexity"]) != (
+        plain["masked"]["correct"],
+        plain["masked"]["perplexity"],
+    )
     assert chosen["pmax"] > plain["pmax"], "the maps' pass runs under the window: 17 keys a row, not 128"
     _same(header["base"]["masked"], _scored(rope_env, 2 * L_TR, seed, 1.0))  # the left column stays as trained
     assert "window" in header["meta"]["chosen_title"] and "needle" not in header["meta"]["map_note"]
@@ -268,12 +272,20 @@ def test_the_scheme_travels_in_the_url(rope_env):
     at.run()
     app_ok(at)
     assert at.session_state["pos_scheme"] == "lm-infinite"
-    assert (at.session_state["pos_window"], at.session_state["pos_sinks"], at.session_state["pos_cap"]) == (16, 2, L_TR - 1)
+    assert (at.session_state["pos_window"], at.session_state["pos_sinks"], at.session_state["pos_cap"]) == (
+        16,
+        2,
+        L_TR - 1,
+    )
     link = _query(at, "scheme")
     assert link == f"lm-infinite:window=16:sinks=2:cap={L_TR - 1}"
     header, chosen = scrubber_view(at)
-    _same(chosen["masked"], _scored_scheme(rope_env, 2 * L_TR, int(at.session_state["doc_seed"]), 1.0, "lm-infinite",
-                                           {"window": 16, "sinks": 2}))
+    _same(
+        chosen["masked"],
+        _scored_scheme(
+            rope_env, 2 * L_TR, int(at.session_state["doc_seed"]), 1.0, "lm-infinite", {"window": 16, "sinks": 2}
+        ),
+    )
     # the written link opens the same view in a new session
     again = AppTest.from_file(APP, default_timeout=TIMEOUT)
     again.query_params.update({k: (v[0] if isinstance(v, list) else v) for k, v in dict(at.query_params).items()})
@@ -311,9 +323,10 @@ def test_sweep_runs_each_chosen_position_scheme(rope_env):
     app_ok(at)
     perplexity = at.dataframe[0].value
     assert len(perplexity) == 2, perplexity
-    rows = mlm.run_mlm(load(str(rope_env), device="cpu"),
-                       mlm.MlmPlan(lengths=[2 * L_TR], methods=[methods.AS_TRAINED], sequences=2,
-                                   schemes=[positions.PLAIN, "window"]))
+    rows = mlm.run_mlm(
+        load(str(rope_env), device="cpu"),
+        mlm.MlmPlan(lengths=[2 * L_TR], methods=[methods.AS_TRAINED], sequences=2, schemes=[positions.PLAIN, "window"]),
+    )
     got = sorted(perplexity[2 * L_TR].tolist())
     assert got == pytest.approx(sorted(r["perplexity"] for r in rows), abs=0.006)
     assert rows[0]["perplexity"] != pytest.approx(rows[1]["perplexity"])  # the window does change the numbers

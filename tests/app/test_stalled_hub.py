@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core import models
-
 from conftest import HANG_S, app_error_text, app_model_of, app_ok, concurrent_sessions
+from core import models
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 120
@@ -32,6 +31,7 @@ def stalled(silent_hub, monkeypatch):
     return silent_hub
 
 
+@pytest.mark.slow
 def test_a_stalled_hub_holds_up_neither_its_session_past_the_bound_nor_another_session(env, stalled, monkeypatch):
     concurrent_sessions(monkeypatch)
     box: dict = {}

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,14 +24,17 @@ def test_the_grid_probes_are_the_explore_pages():
     assert gpu.grid_probes(3) == cache.explore_probes(3, None)
 
 
+@pytest.mark.slow
 def test_the_grid_step_builds_15_frames_on_the_cpu(tmp_path):
     sys.path.insert(0, str(ROOT))
     from bench import gpu
     from core.views import frames
 
     out = tmp_path / "gpu.json"
-    assert gpu.main(["--shape", "tiny", "--length", "300", "--device", "cpu", "--steps", "", "--grid",
-                     "--json", str(out)]) == 0
+    assert (
+        gpu.main(["--shape", "tiny", "--length", "300", "--device", "cpu", "--steps", "", "--grid", "--json", str(out)])
+        == 0
+    )
     data = json.loads(out.read_text())
     (row,) = data["rows"]
     assert row["step"] == "grid" and row["seconds"] > 0 and len(row["all"]) == 1

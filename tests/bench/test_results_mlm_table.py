@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_rope
-from core.runs import methods, temperature
 from core.experiments import mlm
-from core.values import positions
 from core.models import load
+from core.runs import methods, temperature
+from core.values import positions
 
 ROOT = Path(__file__).resolve().parents[2]
 L_TR = 32
@@ -43,7 +43,9 @@ def test_infoscale_is_the_registry_entry_asked_by_what_it_is(rb):
     name = rb.infoscale_method()
     entry = methods.get(name)
     assert entry.formula(64, 4096, 32, None) == pytest.approx(temperature.infoscale(64, 4096, 32))
-    assert entry.formula(64, 4096, 32, None) == pytest.approx(math.sqrt((1 - 64 ** (-2 / 32)) / (1 - 4096 ** (-2 / 32))))
+    assert entry.formula(64, 4096, 32, None) == pytest.approx(
+        math.sqrt((1 - 64 ** (-2 / 32)) / (1 - 4096 ** (-2 / 32)))
+    )
     assert entry.label == "InfoScale"
 
 

@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+
 from conftest import bench_module
 
 
@@ -17,6 +18,7 @@ class Stop(Exception):
     """Stands for the end of a session arriving in the middle of a cell."""
 
 
+@pytest.mark.slow
 def test_a_cell_cut_short_resumes_after_its_last_finished_run(tiny_dir, tmp_path, monkeypatch):
     rb = _results_module()
     real = rb.accuracy
@@ -59,6 +61,7 @@ def test_a_cell_cut_short_resumes_after_its_last_finished_run(tiny_dir, tmp_path
     pd.testing.assert_frame_equal(resumed.reset_index(drop=True), clean.reset_index(drop=True))
 
 
+@pytest.mark.slow
 def test_tables_computed_side_by_side_merge_into_one(tiny_dir, tmp_path, monkeypatch):
     """--merge: cells from several --out folders, and a cut cell's finished runs, land in one CSV that
     equals a single run's, and the merged folder resumes where the pieces stopped."""
@@ -85,13 +88,16 @@ def test_tables_computed_side_by_side_merge_into_one(tiny_dir, tmp_path, monkeyp
     merged = rb.merge(name, [a, b], tmp_path / "m")
     assert sorted(merged["multiple"].unique()) == [1, 2]
     partial = json.loads((tmp_path / "m" / f"{tiny_dir.name}.partial.json").read_text())
-    assert sum(k.startswith("passkey|4|3|accuracy|") for k in partial) == 2 and not any(k.startswith("passkey|2|") for k in partial)
+    assert sum(k.startswith("passkey|4|3|accuracy|") for k in partial) == 2 and not any(
+        k.startswith("passkey|2|") for k in partial
+    )
     assert "**passkey**" in (tmp_path / "m" / f"{tiny_dir.name}.md").read_text()
 
     limit = None
     single = rb.run_model(name, ["passkey"], [1, 2], 3, 3, tmp_path / "one", stats_docs=2)
-    pd.testing.assert_frame_equal(rb._read_csv(tmp_path / "m" / f"{tiny_dir.name}.csv"),
-                                  rb._read_csv(tmp_path / "one" / f"{tiny_dir.name}.csv"))
+    pd.testing.assert_frame_equal(
+        rb._read_csv(tmp_path / "m" / f"{tiny_dir.name}.csv"), rb._read_csv(tmp_path / "one" / f"{tiny_dir.name}.csv")
+    )
     assert len(single) == 2 * (len(rb.METHODS) + len(rb.FIXED))
 
     runs.clear()
@@ -100,6 +106,7 @@ def test_tables_computed_side_by_side_merge_into_one(tiny_dir, tmp_path, monkeyp
     assert len(runs) == len(distinct) - 2  # 1x and 2x merged, two runs of 4x carried over
 
 
+@pytest.mark.slow
 def test_an_older_table_grows_by_its_new_methods_only(tiny_dir, tmp_path, monkeypatch):
     """A CSV written with fewer methods (an older table) is extended: its taus, accuracies and dispersion are
     kept, only the new methods are calibrated and run, and cells outside this run's plan stay in the CSV."""
@@ -123,13 +130,17 @@ def test_an_older_table_grows_by_its_new_methods_only(tiny_dir, tmp_path, monkey
     grown = rb.run_model(name, ["passkey"], [2], 3, 3, out, stats_docs=2)
     new = grown[grown["multiple"] == 2]
     assert set(rb.METHODS) <= set(new["method"])
-    assert set(grown[grown["multiple"] == 1]["method"]) == set(old[old["multiple"] == 1]["method"])  # 1x: kept as it was
+    assert set(grown[grown["multiple"] == 1]["method"]) == set(
+        old[old["multiple"] == 1]["method"]
+    )  # 1x: kept as it was
     before = old[old["multiple"] == 2].set_index("method")
     after = new.set_index("method")
     for m in before.index:  # what the older table had is carried over, not recomputed
         assert after.loc[m, "accuracy"] == before.loc[m, "accuracy"] and after.loc[m, "tau"] == before.loc[m, "tau"]
     old_keys = {rb.tau_key(t) for t in before["tau"]}
-    new_taus = rb.taus_from_json(rb.taus_json(rb.calibrated_taus(rb.load(name), "passkey", 2, int(after["tokens"].iloc[0]))))
+    new_taus = rb.taus_from_json(
+        rb.taus_json(rb.calibrated_taus(rb.load(name), "passkey", 2, int(after["tokens"].iloc[0])))
+    )
     want = {rb.tau_key(t) for _, t in rb.tau_items(new_taus)} - {rb.tau_key(float(t)) for t in before["tau"]}
     assert len(runs) == len(want) > 0 and old_keys  # only the new methods' taus ran
     assert new.loc[new["method"] == "pmax-refined", "reached"].iloc[0] in (True, False)

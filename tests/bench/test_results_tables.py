@@ -26,9 +26,24 @@ def test_retrieval_markdown_cells_carry_count_and_se():
     rows = []
     for k, accs in ((1, (100, 100)), (8, (5, 61))):
         for method, acc in zip(("none", "llama4"), accs):
-            rows.append({"task": "passkey", "multiple": k, "tokens": 256 * k, "method": method, "tau": 1.0,
-                         "accuracy": acc, "samples": 100, "reached": "", "pmax": 0.3, "entropy": 2.0,
-                         "pmax_layers": [0.3], "entropy_layers": [2.0], "stats_docs": 20, "distinct_docs": 100})
+            rows.append(
+                {
+                    "task": "passkey",
+                    "multiple": k,
+                    "tokens": 256 * k,
+                    "method": method,
+                    "tau": 1.0,
+                    "accuracy": acc,
+                    "samples": 100,
+                    "reached": "",
+                    "pmax": 0.3,
+                    "entropy": 2.0,
+                    "pmax_layers": [0.3],
+                    "entropy_layers": [2.0],
+                    "stats_docs": 20,
+                    "distinct_docs": 100,
+                }
+            )
         for t, acc in ((1.0, accs[0]), (0.7, 100)):
             rows.append({**rows[-1], "method": f"tau={t:g}", "tau": t, "accuracy": acc})
     md = br.markdown(pd.DataFrame(rows), loaded, 100)
@@ -41,8 +56,20 @@ def test_retrieval_markdown_cells_carry_count_and_se():
 def test_mlm_cells_carry_the_se_over_masked_positions():
     dot = SimpleNamespace(train_length=64, spec=SimpleNamespace(name="dot"))
     cos = SimpleNamespace(spec=SimpleNamespace(name="cos"), cosine_scale=16.0)
-    df = pd.DataFrame([{"scheme": "window", "variant": v, "tokens": 4096, "sequences": 8, "masked": 4912,
-                        "accuracy": 0.329, "perplexity": 29.79} for v in br.MLM_VARIANTS])
+    df = pd.DataFrame(
+        [
+            {
+                "scheme": "window",
+                "variant": v,
+                "tokens": 4096,
+                "sequences": 8,
+                "masked": 4912,
+                "accuracy": 0.329,
+                "perplexity": 29.79,
+            }
+            for v in br.MLM_VARIANTS
+        ]
+    )
     md = br.mlm_markdown(df, dot, cos)
     se = math.sqrt(0.329 * 0.671 / 4912)  # 0.0067
     assert f"29.79 / 0.33 ± {se:.3f}" in md and f"{se:.3f}" == "0.007"
@@ -95,6 +122,7 @@ def test_ruler_block_resumes_and_grows(tmp_path, monkeypatch):
         def once(cell):
             on_cell(cell)
             boom()
+
         return orig(*a, on_cell=once, **k)
 
     monkeypatch.setattr(br, "ruler_rows", stop_after_first)

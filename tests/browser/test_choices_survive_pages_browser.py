@@ -56,13 +56,18 @@ def _select_text(page, key: str, deadline) -> str:
 
 
 def _radio(page, key: str, deadline) -> str:
-    return page.locator(f".st-key-{key} label").filter(has=page.locator("input:checked")).first.inner_text(
-        timeout=deadline.ms()).strip()
+    return (
+        page.locator(f".st-key-{key} label")
+        .filter(has=page.locator("input:checked"))
+        .first.inner_text(timeout=deadline.ms())
+        .strip()
+    )
 
 
 def _slider(page, key: str, deadline) -> float:
-    return float(page.locator(f'.st-key-{key} input[type="range"]').first.get_attribute("aria-valuetext",
-                                                                                         timeout=deadline.ms()))
+    return float(
+        page.locator(f'.st-key-{key} input[type="range"]').first.get_attribute("aria-valuetext", timeout=deadline.ms())
+    )
 
 
 def _url_has(page, part: str, deadline) -> None:
@@ -99,8 +104,11 @@ def _tau_in_explore(page, deadline) -> None:
         while (shown := float(thumb.get_attribute("aria-valuetext", timeout=deadline.ms()))) > TAU + 1e-9:
             thumb.focus(timeout=deadline.ms())
             thumb.press("ArrowLeft", timeout=deadline.ms())
-            page.wait_for_function("([sel, v]) => document.querySelector(sel)?.getAttribute('aria-valuetext') !== v",
-                                   arg=[PANEL_SLIDER, f"{shown:.2f}"], timeout=deadline.ms(60_000))
+            page.wait_for_function(
+                "([sel, v]) => document.querySelector(sel)?.getAttribute('aria-valuetext') !== v",
+                arg=[PANEL_SLIDER, f"{shown:.2f}"],
+                timeout=deadline.ms(60_000),
+            )
             settle(page, deadline)
     else:
         thumb = page.locator(COMPONENT_SLIDER).first
@@ -164,6 +172,8 @@ def test_pasted_text_and_needle_survive_a_page_change_after_a_fragment_method_ch
         assert _radio(page, "doc_mode", deadline) == "Paste", f"{title}: the source was reset"
         assert page.locator(".st-key-doc_text textarea").first.input_value(timeout=deadline.ms()) == TEXT, title
         assert "no needle" in _radio(page, "doc_needle_mode", deadline), title
-        assert page.locator(".st-key-doc_question input").first.input_value(
-            timeout=deadline.ms()) == "Where do the lanterns hang?", title
+        assert (
+            page.locator(".st-key-doc_question input").first.input_value(timeout=deadline.ms())
+            == "Where do the lanterns hang?"
+        ), title
         assert closed in _select_text(page, "tau_method", deadline), f"{title}: the method was reset"

@@ -16,7 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from support.browser import PAINT_LOG, SCRUBBER, TAU_SLIDER, Deadline, choose, go, scrubber, serving, settle, wait_painted
+from support.browser import (
+    PAINT_LOG,
+    SCRUBBER,
+    TAU_SLIDER,
+    Deadline,
+    choose,
+    go,
+    scrubber,
+    serving,
+    settle,
+    wait_painted,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The four bundled models, by the Model box's labels (ui.choices.model_labels), in the order a class meets them.
@@ -86,8 +97,9 @@ def test_switching_between_the_bundled_models_on_every_page(server, page, shot_o
         choose(page, "model_choice", label, deadline, wait=False)
         name = label.split()[0]
         try:  # the address bar names the model once a run has taken the switch
-            page.wait_for_function("(m) => new URLSearchParams(location.search).get('model') === m", arg=name,
-                                   timeout=deadline.ms(90_000))
+            page.wait_for_function(
+                "(m) => new URLSearchParams(location.search).get('model') === m", arg=name, timeout=deadline.ms(90_000)
+            )
         except Exception:  # noqa: BLE001 (a click lost while the app was busy: once more, as a person would)
             settle(page, deadline)
             choose(page, "model_choice", label, deadline, wait=False)
@@ -119,8 +131,9 @@ def _shot(page, name: str) -> None:
 def _grid_of(page, deadline: Deadline) -> list[float]:
     """The scrubber's grid values, from its ticks' titles ("grid tau 0.95", "grid CosScale s 16.00"), sorted."""
     page.locator(".aae .ticks span").first.wait_for(state="attached", timeout=deadline.ms())
-    titles = page.locator(SCRUBBER).evaluate("(r) => [...r.querySelectorAll('.ticks span')].map(t => t.title)",
-                                             timeout=deadline.ms())
+    titles = page.locator(SCRUBBER).evaluate(
+        "(r) => [...r.querySelectorAll('.ticks span')].map(t => t.title)", timeout=deadline.ms()
+    )
     assert titles, "the scrubber shows no grid ticks"
     return sorted(float(t.split()[-1]) for t in titles)
 
@@ -137,10 +150,13 @@ def _key(page, key: str, want: str, deadline: Deadline) -> dict:
         slider.focus(timeout=deadline.ms())
         page.keyboard.press(key)
         try:
-            page.wait_for_function("([sel, v]) => { const r = [...document.querySelectorAll('*')].map(e => "
-                                   "e.shadowRoot && e.shadowRoot.querySelector(sel)).find(Boolean); "
-                                   "return r && r.value !== v; }", arg=["input[type=range]", before],
-                                   timeout=deadline.ms(10_000))
+            page.wait_for_function(
+                "([sel, v]) => { const r = [...document.querySelectorAll('*')].map(e => "
+                "e.shadowRoot && e.shadowRoot.querySelector(sel)).find(Boolean); "
+                "return r && r.value !== v; }",
+                arg=["input[type=range]", before],
+                timeout=deadline.ms(10_000),
+            )
             break
         except Exception:  # noqa: BLE001 (the slider did not move: the press was lost)
             if attempt:
@@ -174,7 +190,8 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     # the method changed in the panel: the step's text goes (it described Algorithm 1)
     choose(page, "tau_method", "fixed tau", deadline)
     page.locator('[data-testid="stMain"]').get_by_text("closed: you changed the set-up").first.wait_for(
-        timeout=deadline.ms(120_000))  # the panel's rerun asks for a full one, which redraws the tour
+        timeout=deadline.ms(120_000)
+    )  # the panel's rerun asks for a full one, which redraws the tour
     settle(page, deadline)
     main = page.locator('[data-testid="stMain"]').inner_text(timeout=deadline.ms())
     assert "Step 4 · Algorithm 1." not in main and "closed: you changed the set-up" in main, main[:800]
@@ -194,7 +211,8 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     box.fill("4096", timeout=deadline.ms())
     box.press("Enter", timeout=deadline.ms())
     waiting = page.locator('[data-testid="stMain"] [data-testid="stAlert"]').filter(
-        has_text="This document is 4,096 tokens")
+        has_text="This document is 4,096 tokens"
+    )
     waiting.first.wait_for(timeout=deadline.ms(60_000))
     text = waiting.first.inner_text(timeout=deadline.ms())
     assert "on this machine" in text and "grid frames follow" in text, text
@@ -204,12 +222,17 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     if ask.count():  # the estimate is over the limit: the app asked first; the old views are hidden meanwhile
         ask.first.click(timeout=deadline.ms())
         page.locator('[data-testid="stMain"] [data-testid="stAlert"]').filter(
-            has_text="Computing the new document").first.wait_for(timeout=deadline.ms(60_000))
+            has_text="Computing the new document"
+        ).first.wait_for(timeout=deadline.ms(60_000))
         assert not page.locator(SCRUBBER).first.is_visible()
     page.locator('[data-testid="stProgress"]').first.wait_for(timeout=deadline.ms(60_000))
-    page.wait_for_function("() => { const r = [...document.querySelectorAll('*')].map(e => e.shadowRoot && "
-                           "e.shadowRoot.querySelector('.aae')).find(Boolean); return r && r.innerText.includes("
-                           "'4,096 tokens'); }", timeout=deadline.ms(), polling=500)
+    page.wait_for_function(
+        "() => { const r = [...document.querySelectorAll('*')].map(e => e.shadowRoot && "
+        "e.shadowRoot.querySelector('.aae')).find(Boolean); return r && r.innerText.includes("
+        "'4,096 tokens'); }",
+        timeout=deadline.ms(),
+        polling=500,
+    )
 
     # -- a cosine model: one control for s, its keys, the meters at every s -------------------------------------
     choose(page, "model_choice", "rope-mlm-cos (RoPE masked LM)", deadline)
@@ -236,5 +259,7 @@ def test_a_class_walkthrough(server, page, shot_on_failure):
     settle(page, deadline)
     _no_error(page, "paste mode")
     assert "Paste mode." in page.locator('[data-testid="stMain"]').inner_text(timeout=deadline.ms())
-    assert "does not carry the pasted text" in page.locator('[data-testid="stSidebar"]').inner_text(timeout=deadline.ms())
+    assert "does not carry the pasted text" in page.locator('[data-testid="stSidebar"]').inner_text(
+        timeout=deadline.ms()
+    )
     _shot(page, "paste_mode")

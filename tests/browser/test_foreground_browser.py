@@ -31,7 +31,15 @@ import time
 import pytest
 
 from support.browser import (
-    CHROMIUM, FIND, PAINT_LOG, SCRUBBER, TAU_SLIDER, check_server, scrubber, serving, wait_painted,
+    CHROMIUM,
+    FIND,
+    PAINT_LOG,
+    SCRUBBER,
+    TAU_SLIDER,
+    check_server,
+    scrubber,
+    serving,
+    wait_painted,
 )
 
 MODEL = "retrieval-t5"
@@ -42,8 +50,12 @@ OVERHEAD_S = 2.5
 #: A pass in the server beside Chromium (both on 2 cores) against the same pass here with nothing else running.
 LOADED = 1.5
 
-READY_NOT = """([k]) => { """ + FIND + """ const r = find('.aae'); return !!r && !!r.dataset.ready && r.dataset.ready !== k
+READY_NOT = (
+    """([k]) => { """
+    + FIND
+    + """ const r = find('.aae'); return !!r && !!r.dataset.ready && r.dataset.ready !== k
     && r.dataset.tau === '1.00' ? r.dataset.ready : false; }"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +82,10 @@ def own_pass():
     loaded = load(MODEL, device="cpu")
     req = DocumentRequest(task=DOC["task"], tokens=DOC["tokens"], depth=DOC["depth"] / 100, seed=DOC["seed"])
     doc = req.build_for(loaded)
-    settings = (Settings(method="fixed", tau=0.99, targets=("encoder",), cosine_scale=None).to_choice(),
-                engine.Pass(probes=cache.explore_probes(1, None)))
+    settings = (
+        Settings(method="fixed", tau=0.99, targets=("encoder",), cosine_scale=None).to_choice(),
+        engine.Pass(probes=cache.explore_probes(1, None)),
+    )
     engine.run(loaded, doc, *settings)  # warm: the kernel, the allocator
     stamps: list[float] = []
     with between_layers(lambda: stamps.append(time.perf_counter())):
@@ -84,10 +98,14 @@ def own_pass():
 
 #: The scrubber's first frame painted ("frame"), or the app's "Compute it" button (``ui/long_work.py``: it asks
 #: before work estimated over 30 s, which a busy machine's estimate of a 4,096-token pass can be) ("ask").
-FIRST = """() => { """ + FIND + """ const r = find('.aae');
+FIRST = (
+    """() => { """
+    + FIND
+    + """ const r = find('.aae');
     if (r && r.dataset.tau === '1.00' && r.dataset.kind === 'grid') return 'frame';
     const b = [...document.querySelectorAll('button')].find(b => b.innerText.trim().startsWith('Compute it'));
     return b ? 'ask' : false; }"""
+)
 
 
 def first_frame(page, deadline) -> dict:
@@ -103,8 +121,9 @@ def first_frame(page, deadline) -> dict:
         if seen == "frame":
             return scrubber(page, deadline)
         page.locator("button").filter(has_text="Compute it").first.click(timeout=deadline.ms())
-        page.wait_for_function(FIRST.replace("return b ? 'ask' : false;", "return false;"), polling=100,
-                               timeout=deadline.ms())
+        page.wait_for_function(
+            FIRST.replace("return b ? 'ask' : false;", "return false;"), polling=100, timeout=deadline.ms()
+        )
 
 
 def test_an_off_grid_frame_goes_before_the_background_pass(server, own_pass, page, deadline):
@@ -121,7 +140,9 @@ def test_an_off_grid_frame_goes_before_the_background_pass(server, own_pass, pag
         from playwright.sync_api import TimeoutError as PwTimeout
 
         try:
-            ready = page.wait_for_function(READY_NOT, arg=[before], polling=50, timeout=deadline.ms(15_000)).json_value()
+            ready = page.wait_for_function(
+                READY_NOT, arg=[before], polling=50, timeout=deadline.ms(15_000)
+            ).json_value()
             break
         except PwTimeout:
             check_server(page)
@@ -135,11 +156,14 @@ def test_an_off_grid_frame_goes_before_the_background_pass(server, own_pass, pag
     exact = wait_painted(page, {"tau": "0.99", "kind": "exact"}, deadline)
     served = time.perf_counter() - t0
     bound = LOADED * (own_s + layer_s) + OVERHEAD_S
-    print(f"\noff-grid frame at {TOKENS:,} tokens with the grid at {ready}: exact frame painted {served:.2f} s after "
-          f"the key (ready then {exact['ready']}); here alone: its pass {own_s:.2f} s, one layer {layer_s:.2f} s; "
-          f"bound {bound:.2f} s")
+    print(
+        f"\noff-grid frame at {TOKENS:,} tokens with the grid at {ready}: exact frame painted {served:.2f} s after "
+        f"the key (ready then {exact['ready']}); here alone: its pass {own_s:.2f} s, one layer {layer_s:.2f} s; "
+        f"bound {bound:.2f} s"
+    )
     assert near["shown"] == "1.00", near
     assert exact["ready"] == ready, (
         f"a background grid frame arrived before the person's exact frame (ready {ready} at the key press, "
-        f"{exact['ready']} with the exact frame): the person waited for the background pass")
+        f"{exact['ready']} with the exact frame): the person waited for the background pass"
+    )
     assert served <= bound, (served, own_s, layer_s)

@@ -40,7 +40,24 @@ import pytest
 
 from core.values.choice import Choice
 from support.browser import (  # noqa: E402
-    GRID, ROOT, SCRUBBER, TAU_SLIDER, go, map_layer, screenshots, url_tau, assert_frame_is_the_pass, link, open_settled, press, scrubber, serving, set_tau, settle, wait_grid, wait_painted,
+    GRID,
+    ROOT,
+    SCRUBBER,
+    TAU_SLIDER,
+    assert_frame_is_the_pass,
+    go,
+    link,
+    map_layer,
+    open_settled,
+    press,
+    screenshots,
+    scrubber,
+    serving,
+    set_tau,
+    settle,
+    url_tau,
+    wait_grid,
+    wait_painted,
 )
 
 
@@ -184,6 +201,7 @@ def test_a_link_reopens_the_view_and_back_and_navigation_work(server, page, dead
 
 # --- a rotary masked-LM model (issue 38) --------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def rope_server(model_ref, tmp_path_factory):
     """A second `streamlit run app.py`, opening a tiny random ModernBERT masked LM (L_tr 64) through AAE_MODEL: the
@@ -204,8 +222,9 @@ def test_a_rope_model_opens_and_tau_moves_its_masked_token_card(rope_server, pag
     from core.models import load
 
     url, folder = rope_server
-    open_settled(page, f"{url}/?tokens=128&seed=2&method=fixed&tau=1.0", deadline, marker="masked tokens:",
-                 scope=SCRUBBER)
+    open_settled(
+        page, f"{url}/?tokens=128&seed=2&method=fixed&tau=1.0", deadline, marker="masked tokens:", scope=SCRUBBER
+    )
     first = scrubber(page, deadline)
     assert (first["tau"], first["kind"]) == ("1.00", "grid"), first
     painted = {"1.00": first}
@@ -232,8 +251,9 @@ def test_a_cosine_rope_models_slider_moves_cosscale(rope_server, page, deadline)
 
     url, folder = rope_server
     loaded = load(folder, device="cpu")
-    open_settled(page, f"{url}/?tokens=128&seed=3&method=fixed&tau=1.0", deadline, marker="masked tokens:",
-                 scope=SCRUBBER)
+    open_settled(
+        page, f"{url}/?tokens=128&seed=3&method=fixed&tau=1.0", deadline, marker="masked tokens:", scope=SCRUBBER
+    )
     page.get_by_test_id("stRadioGroup").get_by_text("CosScale s", exact=True).click(timeout=deadline.ms())
     here = wait_painted(page, {"tau": "16.00", "kind": "grid"}, deadline)  # the slider now holds the trained s
     wait_grid(page, deadline)

@@ -22,11 +22,11 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from core import cli
-from core.kinds import KINDS
 from core.errors import ModelLoadError, UserError
+from core.kinds import KINDS
 from core.models.catalog import _folder_train_length, read_card
-from core.runs.settings import DocumentRequest, Settings
 from core.runs.methods import NAMES as METHODS
+from core.runs.settings import DocumentRequest, Settings
 from core.runs.temperature import CRITERIA
 from core.values.schedule import TAU_MAX, TAU_MIN, Schedule
 from core.values.validation import MAX_LENGTH, MAX_TEXT_CHARS
@@ -35,9 +35,14 @@ FAST = hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthC
 
 # huge whole numbers (no float holds 10**400: an OverflowError used to escape) and subnormal floats (a tau of
 # 5e-324 is 0 in float32) beside the ordinary ones (issue 36)
-json_scalars = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) \
-    | st.sampled_from([10**400, -(10**400), 10**309, 5e-324, -5e-324, 1e-310, 1e-46]) \
-    | st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True) | st.text(max_size=20)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.sampled_from([10**400, -(10**400), 10**309, 5e-324, -5e-324, 1e-310, 1e-46])
+    | st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True)
+    | st.text(max_size=20)
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
@@ -47,8 +52,11 @@ json_values = st.recursive(
 # -- valid settings, built from the documented ranges ----------------------------------
 
 positive = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)
-taus = positive | st.lists(positive, min_size=1, max_size=4) \
+taus = (
+    positive
+    | st.lists(positive, min_size=1, max_size=4)
     | st.integers(1, 4).flatmap(lambda h: st.lists(st.lists(positive, min_size=h, max_size=h), min_size=1, max_size=3))
+)
 
 
 def _request(task, tokens, depth, seed, text, needle):
@@ -95,7 +103,10 @@ def _is_valid(s: Settings) -> None:
     d = s.document
     assert 0.0 <= d.depth <= 1.0
     assert d.tokens is None or (type(d.tokens) is int and 1 <= d.tokens <= MAX_LENGTH)
-    assert all(v is None or (isinstance(v, str) and len(v) <= MAX_TEXT_CHARS) for v in (d.text, d.needle, d.question, d.expected))
+    assert all(
+        v is None or (isinstance(v, str) and len(v) <= MAX_TEXT_CHARS)
+        for v in (d.text, d.needle, d.question, d.expected)
+    )
 
 
 @FAST
@@ -154,15 +165,70 @@ def test_any_card_json_is_a_card_or_one_line_model_load_error(value):
 
 # -- the CLI's parsing layer --------------------------------------------------------------
 
-numbers = st.integers(-(10**12), 10**12).map(str) | st.floats(allow_nan=True, allow_infinity=True).map(repr) \
-    | st.sampled_from(["0", "1", "2", "-1", "nan", "inf", "-inf", "1e30", "1e30x", "infx", "nanx", "0x", "-2x", "1.5x",
-                       "", " ", ",", "3,", "1,2", "encoder", "encoder,cross", "bogus", "cuda:0", "cpu", "auto", "x"])
+numbers = (
+    st.integers(-(10**12), 10**12).map(str)
+    | st.floats(allow_nan=True, allow_infinity=True).map(repr)
+    | st.sampled_from(
+        [
+            "0",
+            "1",
+            "2",
+            "-1",
+            "nan",
+            "inf",
+            "-inf",
+            "1e30",
+            "1e30x",
+            "infx",
+            "nanx",
+            "0x",
+            "-2x",
+            "1.5x",
+            "",
+            " ",
+            ",",
+            "3,",
+            "1,2",
+            "encoder",
+            "encoder,cross",
+            "bogus",
+            "cuda:0",
+            "cpu",
+            "auto",
+            "x",
+        ]
+    )
+)
 values = numbers | st.text(max_size=12).filter(lambda t: not t.startswith("-"))
 OPTIONS = {
-    "run": ["--tokens", "--train-length", "--depth", "--seed", "--tau", "--method", "--targets", "--device",
-            "--cosine-scale", "--samples", "--task", "--model"],
-    "sweep": ["--tokens", "--train-length", "--depth", "--lengths", "--depths", "--methods", "--batch-size",
-              "--max-new-tokens", "--samples", "--tau", "--targets", "--device"],
+    "run": [
+        "--tokens",
+        "--train-length",
+        "--depth",
+        "--seed",
+        "--tau",
+        "--method",
+        "--targets",
+        "--device",
+        "--cosine-scale",
+        "--samples",
+        "--task",
+        "--model",
+    ],
+    "sweep": [
+        "--tokens",
+        "--train-length",
+        "--depth",
+        "--lengths",
+        "--depths",
+        "--methods",
+        "--batch-size",
+        "--max-new-tokens",
+        "--samples",
+        "--tau",
+        "--targets",
+        "--device",
+    ],
     "rpe": ["--train-length", "--length", "--query", "--model"],
 }
 
@@ -173,8 +239,11 @@ def _argv(cmd: str, pairs: list[tuple[str, str]]) -> list[str]:
 
 
 @FAST
-@given(st.sampled_from(sorted(OPTIONS)).flatmap(
-    lambda cmd: st.tuples(st.just(cmd), st.lists(st.tuples(st.sampled_from(OPTIONS[cmd]), values), max_size=4))))
+@given(
+    st.sampled_from(sorted(OPTIONS)).flatmap(
+        lambda cmd: st.tuples(st.just(cmd), st.lists(st.tuples(st.sampled_from(OPTIONS[cmd]), values), max_size=4))
+    )
+)
 def test_any_option_values_parse_or_are_one_line_user_errors(case):
     cmd, pairs = case
     argv = _argv(cmd, pairs)
@@ -202,8 +271,13 @@ def test_any_option_values_parse_or_are_one_line_user_errors(case):
 
 
 @hsettings(max_examples=40, deadline=None)
-@given(st.sampled_from(sorted(OPTIONS)).flatmap(
-    lambda cmd: st.tuples(st.just(cmd), st.lists(st.tuples(st.sampled_from(OPTIONS[cmd]), numbers), min_size=1, max_size=3))))
+@given(
+    st.sampled_from(sorted(OPTIONS)).flatmap(
+        lambda cmd: st.tuples(
+            st.just(cmd), st.lists(st.tuples(st.sampled_from(OPTIONS[cmd]), numbers), min_size=1, max_size=3)
+        )
+    )
+)
 def test_refused_options_make_main_exit_2_with_one_line(case):
     """Where the parsing layer refuses, ``main`` exits 2 with one line (and loads nothing: it stops there)."""
     cmd, pairs = case
@@ -223,6 +297,7 @@ def test_refused_options_make_main_exit_2_with_one_line(case):
 
 # -- explicit cases from the probes ------------------------------------------------------------
 
+
 def _main(capsys, argv) -> str:
     """Run the CLI; it must exit 2 with exactly one line on stderr, which is returned."""
     assert cli.main(argv) == 2
@@ -231,25 +306,28 @@ def _main(capsys, argv) -> str:
     return err[0]
 
 
-@pytest.mark.parametrize("content,needle", [
-    ("[1, 2]", "top level must be a JSON object, got list"),
-    ("null", "got null"),
-    ('"a string"', "got str"),
-    ('{"tau": "0.7", "method": "fixed"}', "tau:"),
-    ('{"tau": {"a": 1}}', "tau:"),
-    ('{"tau": NaN, "method": "fixed"}', "tau:"),
-    ('{"tau": [0.5, -1]}', "tau:"),
-    ('{"train_length": "512"}', "train_length:"),
-    ('{"cosine_scale": "16"}', "cosine_scale:"),
-    ('{"document": {"depth": "0.5"}}', "document.depth:"),
-    ('{"document": {"depth": Infinity}}', "document.depth:"),
-    ('{"document": {"text": 42}}', "document.text:"),
-    ('{"document": {"tokens": 0}}', "document.tokens:"),
-    ('{"targets": "enc"}', "targets: targets must be some of encoder, decoder, cross (got enc)"),  # Choice's rule
-    ('{"model": 5}', "model:"),
-    ('{"surprise": 1}', "surprise: unknown key"),
-    ("{not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("[1, 2]", "top level must be a JSON object, got list"),
+        ("null", "got null"),
+        ('"a string"', "got str"),
+        ('{"tau": "0.7", "method": "fixed"}', "tau:"),
+        ('{"tau": {"a": 1}}', "tau:"),
+        ('{"tau": NaN, "method": "fixed"}', "tau:"),
+        ('{"tau": [0.5, -1]}', "tau:"),
+        ('{"train_length": "512"}', "train_length:"),
+        ('{"cosine_scale": "16"}', "cosine_scale:"),
+        ('{"document": {"depth": "0.5"}}', "document.depth:"),
+        ('{"document": {"depth": Infinity}}', "document.depth:"),
+        ('{"document": {"text": 42}}', "document.text:"),
+        ('{"document": {"tokens": 0}}', "document.tokens:"),
+        ('{"targets": "enc"}', "targets: targets must be some of encoder, decoder, cross (got enc)"),  # Choice's rule
+        ('{"model": 5}', "model:"),
+        ('{"surprise": 1}', "surprise: unknown key"),
+        ("{not json", "not valid JSON"),
+    ],
+)
 def test_bad_settings_file_is_one_line_naming_the_field(tmp_path, capsys, content, needle):
     f = tmp_path / "x.json"
     f.write_text(content)
@@ -266,28 +344,31 @@ def test_a_string_target_is_one_target_not_its_letters():
     assert Settings.from_dict({"targets": "cross"}).targets == ("cross",)
 
 
-@pytest.mark.parametrize("argv,option", [
-    (["run", "--tokens", "0"], "--tokens"),
-    (["run", "--tokens", "1000000000"], "--tokens"),
-    (["run", "--train-length", "0"], "--train-length"),
-    (["run", "--device", "bogus"], "--device"),
-    (["run", "--tau", "nan"], "--tau"),
-    (["run", "--tau", "-1"], "--tau"),
-    (["run", "--depth", "inf"], "--depth"),
-    (["run", "--samples", "-3"], "--samples"),
-    (["run", "--targets", "encoder,enc"], "--targets"),
-    (["sweep", "--lengths", "infx"], "--lengths"),
-    (["sweep", "--lengths", "nan"], "--lengths"),
-    (["sweep", "--lengths", "300,-5"], "--lengths"),
-    (["sweep", "--lengths", "0"], "--lengths"),
-    (["sweep", "--lengths", "1e30x"], "--lengths"),
-    (["sweep", "--batch-size", "0"], "--batch-size"),
-    (["sweep", "--max-new-tokens", "0"], "--max-new-tokens"),
-    (["sweep", "--methods", "none,inf"], "--methods"),
-    (["sweep", "--depths", "0.5,nan"], "--depths"),
-    (["rpe", "--length", "0", "--out", "x.csv"], "--length"),
-    (["rpe", "--length", "2000000", "--out", "x.csv"], "--length"),
-])
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (["run", "--tokens", "0"], "--tokens"),
+        (["run", "--tokens", "1000000000"], "--tokens"),
+        (["run", "--train-length", "0"], "--train-length"),
+        (["run", "--device", "bogus"], "--device"),
+        (["run", "--tau", "nan"], "--tau"),
+        (["run", "--tau", "-1"], "--tau"),
+        (["run", "--depth", "inf"], "--depth"),
+        (["run", "--samples", "-3"], "--samples"),
+        (["run", "--targets", "encoder,enc"], "--targets"),
+        (["sweep", "--lengths", "infx"], "--lengths"),
+        (["sweep", "--lengths", "nan"], "--lengths"),
+        (["sweep", "--lengths", "300,-5"], "--lengths"),
+        (["sweep", "--lengths", "0"], "--lengths"),
+        (["sweep", "--lengths", "1e30x"], "--lengths"),
+        (["sweep", "--batch-size", "0"], "--batch-size"),
+        (["sweep", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["sweep", "--methods", "none,inf"], "--methods"),
+        (["sweep", "--depths", "0.5,nan"], "--depths"),
+        (["rpe", "--length", "0", "--out", "x.csv"], "--length"),
+        (["rpe", "--length", "2000000", "--out", "x.csv"], "--length"),
+    ],
+)
 def test_meaningless_option_is_refused_naming_it(capsys, argv, option):
     assert option in _main(capsys, argv)
 
@@ -301,10 +382,13 @@ def test_train_length_zero_is_not_taken_as_missing(tmp_path):
         cli.prepare(["run", "--settings", str(f), "--train-length", "0"])
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda d: d / "missing" / "out.csv", "does not exist"),
-    (lambda d: d, "is a folder"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda d: d / "missing" / "out.csv", "does not exist"),
+        (lambda d: d, "is a folder"),
+    ],
+)
 def test_rpe_out_is_checked_before_any_work(tmp_path, capsys, make, needle):
     assert needle in _main(capsys, ["rpe", "--model", "no-such-model", "--out", str(make(tmp_path))])
 
@@ -322,8 +406,10 @@ def test_document_request_filler(tiny):
     from core.runs.settings import DocumentRequest
 
     fixed = [DocumentRequest(task="passkey", tokens=300, seed=s).build(tiny.tokenizer, 256) for s in (1, 2)]
-    varied = [DocumentRequest(task="passkey", tokens=300, seed=s, haystack="corpus-eval").build(tiny.tokenizer, 256)
-              for s in (1, 2)]
+    varied = [
+        DocumentRequest(task="passkey", tokens=300, seed=s, haystack="corpus-eval").build(tiny.tokenizer, 256)
+        for s in (1, 2)
+    ]
     strip = lambda d: d.text.replace(d.expected, "")  # noqa: E731 - the documents without their keys
     assert strip(fixed[0]) == strip(fixed[1])  # the paper's filler: only the key differs
     assert strip(varied[0]) != strip(varied[1]) and varied[0].meta["haystack"] == "corpus-eval"

@@ -28,17 +28,22 @@ def test_run_json(tiny_dir, capsys):
     assert [l["layer"] for l in out["layers"]] == [0, 1]
     sharp = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--tokens", "400", "--seed", "3", "--tau", "0.6"])
     assert sharp["tau"] == 0.6 and sharp["pmax"] > out["pmax"]
-    ll = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--tokens", "400", "--seed", "3", "--method", "log-length"])
+    ll = _json(
+        capsys, ["run", "--json", "--model", str(tiny_dir), "--tokens", "400", "--seed", "3", "--method", "log-length"]
+    )
     assert ll["tau"] < 1.0 and ll["method"] == "log-length"
 
 
 def test_run_text_file(tiny_dir, tmp_path, capsys):
     f = tmp_path / "doc.txt"
     f.write_text("Caf\u00e9 notes. " * 40, encoding="utf-8")
-    out = _json(capsys, ["run", "--json", "--model", str(tiny_dir), "--task", "text", "--text-file", str(f), "--seed", "2"])
+    out = _json(
+        capsys, ["run", "--json", "--model", str(tiny_dir), "--task", "text", "--text-file", str(f), "--seed", "2"]
+    )
     assert out["task"] == "text" and len(out["expected"]) == 5
 
 
+@pytest.mark.slow
 def test_calibrate_json(tiny_dir, capsys):
     out = _json(capsys, ["calibrate", "--json", "--model", str(tiny_dir), "--tokens", "500"])
     assert set(out) >= {"criterion", "grid", "curve", "reference", "tau", "passes", "methods"}
@@ -52,10 +57,24 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_sweep_writes_and_resumes(tiny_dir, tmp_path, capsys):
     out = tmp_path / "s.csv"
-    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "300,1.5x", "--depths", "0.2,0.8",
-            "--methods", "none,0.7", "--samples", "2", "--out", str(out)]
+    argv = [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "300,1.5x",
+        "--depths",
+        "0.2,0.8",
+        "--methods",
+        "none,0.7",
+        "--samples",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     rows = _rows(out)
     assert len(rows) == 2 * 2 * 2 * 2
@@ -101,9 +120,15 @@ def test_bad_input_exits_2_with_one_line(tiny_dir, tmp_path, capsys, argv, needl
     assert len(err) == 1 and err[0].startswith("error:") and needle in err[0]
 
 
+@pytest.mark.slow
 def test_module_entry_point(tiny_dir):
-    p = subprocess.run([sys.executable, "-m", "core", "run", "--json", "--model", str(tiny_dir), "--tokens", "300"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "core", "run", "--json", "--model", str(tiny_dir), "--tokens", "300"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["tokens"] > 0
 
@@ -115,6 +140,7 @@ def test_train_with_a_missing_config_exits_2_with_one_line(tmp_path, capsys):
 
 
 # -- hardening (issue 25) -----------------------------------------------------------------
+
 
 def _one_error_line(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
@@ -190,8 +216,26 @@ def test_haystack_option_reaches_runs_and_sweeps(tiny_dir, tmp_path, capsys):
     varied = _json(capsys, ["run", "--json", *base, "--haystack", "corpus-eval"])
     assert fixed["expected"] == varied["expected"] and fixed["pmax"] != varied["pmax"]  # same key, another haystack
     out = tmp_path / "h.csv"
-    assert main(["sweep", "--model", str(tiny_dir), "--lengths", "300", "--methods", "none", "--samples", "2",
-                 "--haystack", "corpus-eval", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--model",
+                str(tiny_dir),
+                "--lengths",
+                "300",
+                "--methods",
+                "none",
+                "--samples",
+                "2",
+                "--haystack",
+                "corpus-eval",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = _rows(out)
     assert len(rows) == 2
     assert main(["run", *base, "--haystack", "nowhere"]) == 2
@@ -203,12 +247,24 @@ def test_dtype_option_runs_in_that_precision_and_refuses_float16(tiny_dir, tmp_p
     bf16 = _json(capsys, base + ["--dtype", "bfloat16"])
     assert (f32["device"], f32["dtype"], bf16["dtype"]) == ("cpu", "float32", "bfloat16")
     assert bf16["pmax"] != f32["pmax"] and bf16["pmax"] == pytest.approx(f32["pmax"], rel=0.05)
-    for argv, needle in ((base + ["--dtype", "float16"], "float16 is refused"),
-                         (base + ["--dtype", "int8"], "Unknown dtype")):
+    for argv, needle in (
+        (base + ["--dtype", "float16"], "float16 is refused"),
+        (base + ["--dtype", "int8"], "Unknown dtype"),
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0]
-    sweep = ["sweep", "--model", str(tiny_dir), "--out", str(tmp_path / "s.csv"), "--engine", "ray", "--dtype", "bfloat16"]
+    sweep = [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--out",
+        str(tmp_path / "s.csv"),
+        "--engine",
+        "ray",
+        "--dtype",
+        "bfloat16",
+    ]
     assert main(sweep) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--dtype is for local runs" in err[0]

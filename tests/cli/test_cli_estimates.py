@@ -8,17 +8,37 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core.runs import engine
+import pytest
+
 from core.data import tasks
+from core.runs import engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tiny_dir, tokens: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "core", "run", "--json", "--model", str(tiny_dir), "--tokens",
-                           str(tokens), "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core",
+            "run",
+            "--json",
+            "--model",
+            str(tiny_dir),
+            "--tokens",
+            str(tokens),
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
+@pytest.mark.slow
 def test_a_long_run_prints_its_estimate_first_and_its_json_stays_whole(tiny_dir):
     long = _run(tiny_dir, engine.ESTIMATE_FROM + 500)
     assert long.returncode == 0, long.stderr[-2000:]
@@ -29,6 +49,7 @@ def test_a_long_run_prints_its_estimate_first_and_its_json_stays_whole(tiny_dir)
     assert short.returncode == 0 and "-token pass:" not in short.stderr
 
 
+@pytest.mark.slow
 def test_the_estimate_grows_with_the_square_of_the_length(tiny):
     """Scaled from the same sample, a document twice as long is estimated four times as long (give or take the
     sample's own noise: each call times its sample anew)."""

@@ -27,8 +27,14 @@ _IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)\s*$")
 def _run(*argv: str) -> tuple[int, list[str], list[str]]:
     """Exit status, the modules imported and the other lines of stderr of ``python -X importtime -m core ARGV``."""
     env = {**os.environ, "AAE_DEBUG": ""}
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "core", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "core", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     modules, other = [], []
     for line in done.stderr.splitlines():
         m = _IMPORTED.match(line)
@@ -43,6 +49,7 @@ def _heavy(modules: list[str]) -> list[str]:
     return [m for m in modules if m.split(".")[0] in HEAVY]
 
 
+@pytest.mark.slow
 def test_the_import_list_is_read():
     """The check itself: a command that runs a model's code imports torch, and the reader sees it (so the
     tests below cannot pass by reading nothing)."""
@@ -57,17 +64,20 @@ def test_help_imports_no_torch():
     assert _heavy(modules) == []
 
 
-@pytest.mark.parametrize("argv, says", [
-    (("run", "--bogus"), "error: unrecognized arguments: --bogus (see python -m core --help)"),
-    (("bogus",), "error: argument cmd: invalid choice: 'bogus'"),
-    (("run", "--tokens", "0"), "error: argument --tokens: Input should be greater than or equal to 1 (got 0)"),
-    (("run", "--device", "tpu"), "error: argument --device: Unknown device 'tpu'"),
-    (("run", "--dtype", "float16"), "error: argument --dtype: float16 is refused"),
-    (("sweep", "--lengths", "infx"), "error: argument --lengths: Input should be a finite number"),
-    (("mlm", "--schemes", "bogus"), "error: argument --schemes: Unknown position scheme 'bogus'"),
-    (("perplexity", "--copy", "with,bogus", "--sequences", "0"), "error: argument --copy: unknown kind(s) 'bogus'"),
-    (("run", "--task", "code", "--haystack", "corpus-eval"), "error: --haystack: not used by --task code"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (("run", "--bogus"), "error: unrecognized arguments: --bogus (see python -m core --help)"),
+        (("bogus",), "error: argument cmd: invalid choice: 'bogus'"),
+        (("run", "--tokens", "0"), "error: argument --tokens: Input should be greater than or equal to 1 (got 0)"),
+        (("run", "--device", "tpu"), "error: argument --device: Unknown device 'tpu'"),
+        (("run", "--dtype", "float16"), "error: argument --dtype: float16 is refused"),
+        (("sweep", "--lengths", "infx"), "error: argument --lengths: Input should be a finite number"),
+        (("mlm", "--schemes", "bogus"), "error: argument --schemes: Unknown position scheme 'bogus'"),
+        (("perplexity", "--copy", "with,bogus", "--sequences", "0"), "error: argument --copy: unknown kind(s) 'bogus'"),
+        (("run", "--task", "code", "--haystack", "corpus-eval"), "error: --haystack: not used by --task code"),
+    ],
+)
 def test_a_bad_option_is_one_line_exit_2_without_torch(argv, says):
     rc, modules, other = _run(*argv)
     assert rc == 2

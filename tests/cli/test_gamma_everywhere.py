@@ -38,6 +38,7 @@ def _rows(path: Path) -> pd.DataFrame:
 
 # -- sweep --------------------------------------------------------------------------------------------------------
 
+
 def test_sweep_gamma_reaches_critical_and_names_it_in_the_rows(tiny_dir, capsys, tmp_path):
     out = tmp_path / "s.csv"
     base = ("sweep", "--model", tiny_dir, "--lengths", 300, "--methods", f"none,{CRITICAL}", "--out", out)
@@ -64,11 +65,22 @@ def test_sweep_gamma_reaches_critical_and_names_it_in_the_rows(tiny_dir, capsys,
 
 def test_sweep_data_gamma_reaches_critical(tiny_dir, capsys, tmp_path):
     data = tmp_path / "docs.jsonl"
-    data.write_text(json.dumps({"id": "a", "text": "The pass key is 12345. " * 40, "question": "What is the pass key?",
-                                "expected": "12345"}) + "\n", encoding="utf-8")
+    data.write_text(
+        json.dumps(
+            {
+                "id": "a",
+                "text": "The pass key is 12345. " * 40,
+                "question": "What is the pass key?",
+                "expected": "12345",
+            }
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     out = tmp_path / "b.csv"
-    code, _, err = _cli(capsys, "sweep", "--model", tiny_dir, "--data", data, "--methods", CRITICAL, "--gamma", 0.25,
-                        "--out", out)
+    code, _, err = _cli(
+        capsys, "sweep", "--model", tiny_dir, "--data", data, "--methods", CRITICAL, "--gamma", 0.25, "--out", out
+    )
     assert code == 0, err
     (row,) = _rows(out).to_dict("records")
     assert row["setting"] == f"{CRITICAL}:gamma=0.25" and row["method"] == CRITICAL
@@ -77,9 +89,25 @@ def test_sweep_data_gamma_reaches_critical(tiny_dir, capsys, tmp_path):
 
 # -- perplexity -----------------------------------------------------------------------------------------------------
 
+
 def test_perplexity_gamma_reaches_critical(tiny_dir, capsys):
-    code, out, err = _cli(capsys, "perplexity", "--model", tiny_dir, "--lengths", 64, "--sequences", 2,
-                          "--continuation", 8, "--methods", f"none,{CRITICAL}", "--gamma", 0.25, "--json")
+    code, out, err = _cli(
+        capsys,
+        "perplexity",
+        "--model",
+        tiny_dir,
+        "--lengths",
+        64,
+        "--sequences",
+        2,
+        "--continuation",
+        8,
+        "--methods",
+        f"none,{CRITICAL}",
+        "--gamma",
+        0.25,
+        "--json",
+    )
     assert code == 0, err
     rows = json.loads(out)["rows"]
     assert [r["method"] for r in rows] == ["none", f"{CRITICAL}:gamma=0.25"]
@@ -88,6 +116,7 @@ def test_perplexity_gamma_reaches_critical(tiny_dir, capsys):
 
 
 # -- mlm (the rotary masked-token table) ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def rope_dir(tmp_path_factory):
@@ -98,8 +127,19 @@ def rope_dir(tmp_path_factory):
 
 def test_mlm_gamma_reaches_critical_names_it_and_resumes_per_gamma(rope_dir, capsys, tmp_path):
     out = tmp_path / "m.csv"
-    base = ("mlm", "--model", rope_dir, "--lengths", "1x,2x", "--sequences", 2, "--methods", f"none,{CRITICAL}",
-            "--out", out)
+    base = (
+        "mlm",
+        "--model",
+        rope_dir,
+        "--lengths",
+        "1x,2x",
+        "--sequences",
+        2,
+        "--methods",
+        f"none,{CRITICAL}",
+        "--out",
+        out,
+    )
     code, _, err = _cli(capsys, *base, "--gamma", 0.25)
     assert code == 0, err
     rows = _rows(out)
@@ -115,6 +155,7 @@ def test_mlm_gamma_reaches_critical_names_it_and_resumes_per_gamma(rope_dir, cap
 
 
 # -- settings files ------------------------------------------------------------------------------------------------
+
 
 def _settings_file(tmp_path: Path, **fields) -> Path:
     path = tmp_path / "s.json"
@@ -147,18 +188,33 @@ def test_a_settings_files_gamma_resolves_its_method_at_any_length(tiny_dir, caps
     assert json.loads(out)["tau"] == pytest.approx(0.8)
     # a sweep of the file's document lists critical at the file's gamma
     out_csv = tmp_path / "rows.csv"
-    code, _, err = _cli(capsys, "sweep", "--model", tiny_dir, "--settings", f, "--lengths", 300,
-                        "--methods", f"none,{CRITICAL}", "--out", out_csv)
+    code, _, err = _cli(
+        capsys,
+        "sweep",
+        "--model",
+        tiny_dir,
+        "--settings",
+        f,
+        "--lengths",
+        300,
+        "--methods",
+        f"none,{CRITICAL}",
+        "--out",
+        out_csv,
+    )
     assert code == 0, err
     assert list(_rows(out_csv)["method"]) == ["none", f"{CRITICAL}:gamma=0.25"]
 
 
-@pytest.mark.parametrize("fields, says", [
-    ({"method": "fixed", "tau": 0.8}, "method_params: gamma: only critical takes it (the method here is fixed)"),
-    ({"method_params": {"gamma": -1}}, "method_params: gamma must be a number in 0.001 .. 100, got -1"),
-    ({"method_params": {"gamma": True}}, "method_params: gamma must be a number in 0.001 .. 100, got True"),
-    ({"method_params": {"beta": 1}}, "method_params: no method takes a parameter 'beta'"),
-])
+@pytest.mark.parametrize(
+    "fields, says",
+    [
+        ({"method": "fixed", "tau": 0.8}, "method_params: gamma: only critical takes it (the method here is fixed)"),
+        ({"method_params": {"gamma": -1}}, "method_params: gamma must be a number in 0.001 .. 100, got -1"),
+        ({"method_params": {"gamma": True}}, "method_params: gamma must be a number in 0.001 .. 100, got True"),
+        ({"method_params": {"beta": 1}}, "method_params: no method takes a parameter 'beta'"),
+    ],
+)
 def test_a_bad_method_param_in_a_settings_file_is_one_line(tiny_dir, capsys, tmp_path, fields, says):
     f = _settings_file(tmp_path, **fields)
     code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--settings", f)
@@ -174,20 +230,30 @@ def test_settings_files_keep_their_method_params_through_json():
 
 # -- bad values: one line, exit 2 -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv, says", [
-    (("sweep", "--methods", CRITICAL, "--gamma", "-1"), "--gamma: a number in 0.001 .. 100, got '-1'"),
-    (("sweep", "--methods", CRITICAL, "--gamma", "abc"), "--gamma: a number, got 'abc'"),
-    (("sweep", "--methods", "none,yarn", "--gamma", "0.2"),
-     f"--gamma: only --methods {CRITICAL} takes it (the methods here are none, yarn)"),
-    (("sweep", "--gamma", "0.2"), f"--gamma: only --methods {CRITICAL} takes it (the methods here are "
-                                  f"{', '.join(methods.SWEEP_DEFAULT)})"),
-    (("sweep", "--methods", "tau=0.8", "--gamma", "0.2"), "(the method here is tau=0.8)"),
-    (("perplexity", "--methods", CRITICAL, "--gamma", "nan"), "--gamma: a number in 0.001 .. 100"),
-    (("perplexity", "--gamma", "0.2"), f"--gamma: only --methods {CRITICAL} takes it"),
-    (("mlm", "--gamma", "0.2"), f"--gamma: only --methods {CRITICAL} takes it (the methods here are "
-                                f"{', '.join(methods.SWEEP_DEFAULT)})"),
-    (("mlm", "--methods", CRITICAL, "--gamma", "0"), "--gamma: a number in 0.001 .. 100"),
-])
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (("sweep", "--methods", CRITICAL, "--gamma", "-1"), "--gamma: a number in 0.001 .. 100, got '-1'"),
+        (("sweep", "--methods", CRITICAL, "--gamma", "abc"), "--gamma: a number, got 'abc'"),
+        (
+            ("sweep", "--methods", "none,yarn", "--gamma", "0.2"),
+            f"--gamma: only --methods {CRITICAL} takes it (the methods here are none, yarn)",
+        ),
+        (
+            ("sweep", "--gamma", "0.2"),
+            f"--gamma: only --methods {CRITICAL} takes it (the methods here are {', '.join(methods.SWEEP_DEFAULT)})",
+        ),
+        (("sweep", "--methods", "tau=0.8", "--gamma", "0.2"), "(the method here is tau=0.8)"),
+        (("perplexity", "--methods", CRITICAL, "--gamma", "nan"), "--gamma: a number in 0.001 .. 100"),
+        (("perplexity", "--gamma", "0.2"), f"--gamma: only --methods {CRITICAL} takes it"),
+        (
+            ("mlm", "--gamma", "0.2"),
+            f"--gamma: only --methods {CRITICAL} takes it (the methods here are {', '.join(methods.SWEEP_DEFAULT)})",
+        ),
+        (("mlm", "--methods", CRITICAL, "--gamma", "0"), "--gamma: a number in 0.001 .. 100"),
+    ],
+)
 def test_a_bad_gamma_in_a_list_is_one_line_and_exit_2(tiny_dir, capsys, argv, says):
     code, out, err = _cli(capsys, argv[0], "--model", tiny_dir, "--lengths", 300, *argv[1:])
     assert code == 2 and out == ""
@@ -220,6 +286,7 @@ def test_a_plan_refuses_a_gamma_it_would_not_use():
 
 
 # -- the app --------------------------------------------------------------------------------------------------------
+
 
 def _calibrate_page():
     pytest.importorskip("streamlit")

@@ -23,24 +23,38 @@ import pandas as pd
 import pytest
 
 from core.cli import main
-from core.runs.methods import NAMES
 from core.models import default_model
+from core.runs.methods import NAMES
 
 GOLDEN = Path(__file__).with_name("golden")
 TIMINGS = {"seconds", "timings"}
-ADDED = {"": {"reached", "gap", "band", "device", "dtype"}, ".methods": set(NAMES)}  # where new keys may appear (see the docstring)
+ADDED = {
+    "": {"reached", "gap", "band", "device", "dtype"},
+    ".methods": set(NAMES),
+}  # where new keys may appear (see the docstring)
 ADDED_COLUMNS = {"sweep.csv": ["reached", "gap"]}  # columns a CSV gained since (see the docstring)
 #: ``--device cpu``: the goldens are CPU float32 numbers; on a GPU machine the default (CUDA, bfloat16) moves them.
 CASES = {
     "run_pmax.json": ["run", "--json", "--tokens", "512", "--method", "pmax", "--device", "cpu"],
     "run_infoscale.json": ["run", "--json", "--tokens", "512", "--method", "infoscale", "--device", "cpu"],
     "calibrate.json": ["calibrate", "--json", "--tokens", "512", "--fast", "--device", "cpu"],
-    "sweep.csv": ["sweep", "--lengths", "1x,2x", "--methods", "none,log-length,prop2,0.8", "--depths", "0.5",
-                  "--device", "cpu"],
+    "sweep.csv": [
+        "sweep",
+        "--lengths",
+        "1x,2x",
+        "--methods",
+        "none,log-length,prop2,0.8",
+        "--depths",
+        "0.5",
+        "--device",
+        "cpu",
+    ],
 }
 
-pytestmark = [pytest.mark.skipif(default_model() is None, reason="no bundled model in assets/models"),
-              pytest.mark.usefixtures("one_thread")]
+pytestmark = [
+    pytest.mark.skipif(default_model() is None, reason="no bundled model in assets/models"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 def _same(got, want, where: str = "") -> None:

@@ -46,6 +46,7 @@ def _settings(tmp_path, text: str):
 
 # -- 1. a gamma no float holds ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("gamma", [10**400, -(10**400)], ids=["huge", "huge-negative"])
 def test_a_gamma_no_float_holds_is_one_line_naming_file_and_field(tmp_path, capsys, gamma):
     f = _settings(tmp_path, json.dumps({"method": "critical", "method_params": {"gamma": gamma}}))
@@ -64,12 +65,17 @@ def test_param_check_refuses_any_whole_number_out_of_bounds(gamma):
 
 # -- 2. over 4,300 digits -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("content, field", [
-    ('{"scheme": "window", "scheme_params": {"window": @}}', "scheme_params.window"),
-    ('{"method": "critical", "method_params": {"gamma": @}}', "method_params.gamma"),
-    ('{"method": "critical", "method_params": {"gamma": -@}}', "method_params.gamma"),
-    ('{"method": "fixed", "tau": [0.5, @]}', "tau[1]"),
-], ids=["window", "gamma", "gamma-negative", "tau-list"])
+
+@pytest.mark.parametrize(
+    "content, field",
+    [
+        ('{"scheme": "window", "scheme_params": {"window": @}}', "scheme_params.window"),
+        ('{"method": "critical", "method_params": {"gamma": @}}', "method_params.gamma"),
+        ('{"method": "critical", "method_params": {"gamma": -@}}', "method_params.gamma"),
+        ('{"method": "fixed", "tau": [0.5, @]}', "tau[1]"),
+    ],
+    ids=["window", "gamma", "gamma-negative", "tau-list"],
+)
 def test_a_number_of_5000_digits_in_a_settings_file_names_file_and_field(tmp_path, capsys, content, field):
     f = _settings(tmp_path, content.replace("@", DIGITS))  # the number as JSON writes it
     line = _line(capsys, ["run", "--tokens", "300", "--settings", str(f)])
@@ -83,8 +89,11 @@ def test_scheme_params_of_5000_digits_say_too_large_naming_the_option(capsys):
     assert "must be a whole number (got" not in line
 
 
-@pytest.mark.parametrize("spec", [f"window:window={DIGITS}", f"window:window=-{DIGITS}", f"pi:factor={DIGITS}"],
-                         ids=["window", "window-negative", "factor"])
+@pytest.mark.parametrize(
+    "spec",
+    [f"window:window={DIGITS}", f"window:window=-{DIGITS}", f"pi:factor={DIGITS}"],
+    ids=["window", "window-negative", "factor"],
+)
 def test_a_scheme_text_of_5000_digits_is_out_of_bounds_not_a_bad_number(capsys, spec):
     line = _line(capsys, ["mlm", "--schemes", spec])
     assert "--schemes" in line and "5,000-digit" in line and "must be a whole number (got" not in line
@@ -98,6 +107,7 @@ def test_a_scheme_given_a_huge_int_by_a_library_caller_is_a_user_error(value):
 
 
 # -- 3. a long unknown name ---------------------------------------------------------------------------------------
+
 
 def test_a_long_unknown_scheme_in_a_settings_file_is_quoted_short_then_the_choices(tmp_path, capsys):
     f = _settings(tmp_path, json.dumps({"scheme": LONG_NAME}))
@@ -124,17 +134,21 @@ def test_a_long_unrecognized_argument_is_quoted_short(capsys):
 
 # -- 6. small ------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("spec", ["yarn-rope:factor=1e9", "pi:factor=0", "ntk:factor=-3"])
 def test_the_factor_bound_is_written_out(capsys, spec):
     line = _line(capsys, ["mlm", "--schemes", spec])
     assert "at most 1,000,000" in line and "e+06" not in line
 
 
-@pytest.mark.parametrize("content, key, inside", [
-    ('{"method": "fixed", "method": "nope"}', "method", ""),
-    ('{"method": "fixed", "tau": 0.8, "tau": 0.5}', "tau", ""),
-    ('{"document": {"tokens": 300, "tokens": 0}}', "tokens", "document"),
-])
+@pytest.mark.parametrize(
+    "content, key, inside",
+    [
+        ('{"method": "fixed", "method": "nope"}', "method", ""),
+        ('{"method": "fixed", "tau": 0.8, "tau": 0.5}', "tau", ""),
+        ('{"document": {"tokens": 300, "tokens": 0}}', "tokens", "document"),
+    ],
+)
 def test_a_key_given_twice_in_a_settings_file_is_refused(tmp_path, capsys, content, key, inside):
     f = _settings(tmp_path, content)
     line = _line(capsys, ["run", "--settings", str(f)])

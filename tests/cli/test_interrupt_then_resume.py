@@ -47,9 +47,14 @@ def _rows(path: Path) -> list[dict]:
 def _interrupt(argv: list[str], out: Path, log: Path, ignored: bool) -> tuple[int, float, str]:
     """Run ``python -m core *argv``; SIGINT once ``out`` holds a row; (exit status, seconds to stop, stderr)."""
     with open(log, "wb") as err:
-        run = subprocess.Popen([sys.executable, "-m", "core", *argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               preexec_fn=_ignore_sigint if ignored else None)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "core", *argv],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            preexec_fn=_ignore_sigint if ignored else None,
+        )
     try:
         deadline = time.monotonic() + FIRST_ROW_S
         while time.monotonic() < deadline and run.poll() is None:
@@ -95,25 +100,80 @@ def _interrupt_then_resume(argv: list[str], out: Path, tmp_path: Path, ignored: 
 
 
 @pytest.mark.parametrize("ignored", [True, False], ids=["sigint-ignored-by-the-shell", "sigint-default"])
+@pytest.mark.slow
 def test_sweep_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path, ignored):
     out = tmp_path / "sweep.csv"
-    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "1x,2x", "--depths", "0.5", "--samples", "4",
-            "--methods", "none,tau=0.8", "--device", "cpu", "--out", str(out)]
-    _interrupt_then_resume(argv, out, tmp_path, ignored, total=2 * 4 * 2,
-                           key=lambda r: (r["tokens"], r["depth"], r["seed"], r["method"]))
+    argv = [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "1x,2x",
+        "--depths",
+        "0.5",
+        "--samples",
+        "4",
+        "--methods",
+        "none,tau=0.8",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
+    _interrupt_then_resume(
+        argv, out, tmp_path, ignored, total=2 * 4 * 2, key=lambda r: (r["tokens"], r["depth"], r["seed"], r["method"])
+    )
 
 
+@pytest.mark.slow
 def test_mlm_stops_on_sigint_and_resumes_to_each_row_once(tmp_path):
     folder = build_tiny_rope(tmp_path / "rope", train_length=32, seed=4)
     out = tmp_path / "mlm.csv"
-    argv = ["mlm", "--model", str(folder), "--lengths", "1x,4x", "--schemes", "none,window:window=8",
-            "--methods", "none,tau=0.7", "--sequences", "4", "--batch-size", "2", "--out", str(out)]
-    _interrupt_then_resume(argv, out, tmp_path, True, total=2 * 2 * 2,
-                           key=lambda r: (r["tokens"], r["scheme"], r["scheme_params"], r["method"]))
+    argv = [
+        "mlm",
+        "--model",
+        str(folder),
+        "--lengths",
+        "1x,4x",
+        "--schemes",
+        "none,window:window=8",
+        "--methods",
+        "none,tau=0.7",
+        "--sequences",
+        "4",
+        "--batch-size",
+        "2",
+        "--out",
+        str(out),
+    ]
+    _interrupt_then_resume(
+        argv,
+        out,
+        tmp_path,
+        True,
+        total=2 * 2 * 2,
+        key=lambda r: (r["tokens"], r["scheme"], r["scheme_params"], r["method"]),
+    )
 
 
+@pytest.mark.slow
 def test_perplexity_stops_on_sigint_and_resumes_to_each_row_once(tiny_dir, tmp_path):
     out = tmp_path / "ppl.csv"
-    argv = ["perplexity", "--model", str(tiny_dir), "--lengths", "1x,2x", "--methods", "none,tau=0.8,tau=0.6",
-            "--sequences", "4", "--samples", "1", "--device", "cpu", "--out", str(out)]
+    argv = [
+        "perplexity",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "1x,2x",
+        "--methods",
+        "none,tau=0.8,tau=0.6",
+        "--sequences",
+        "4",
+        "--samples",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     _interrupt_then_resume(argv, out, tmp_path, False, total=2 * 3, key=lambda r: (r["tokens"], r["method"]))

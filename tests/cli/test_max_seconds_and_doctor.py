@@ -27,17 +27,30 @@ def _lines(err: str) -> list[str]:
 
 # -- doctor ---------------------------------------------------------------------------------------------------------
 
+
 def test_doctor_prints_the_machine_s_facts_and_what_a_compiler_buys(capsys):
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
     facts = machine.describe()
     lines = out.splitlines()
     assert lines[0] == machine.one_line(facts)
-    for key in ("device", "dtype", "backend", "why", "vector_isa", "kernel_isa", "threads", "compiler", "torch",
-                "transformers"):
+    for key in (
+        "device",
+        "dtype",
+        "backend",
+        "why",
+        "vector_isa",
+        "kernel_isa",
+        "threads",
+        "compiler",
+        "torch",
+        "transformers",
+    ):
         assert any(ln.split()[:1] == [key] for ln in lines[1:]), key
     assert lines[-1].startswith("A C++ compiler") and "fused softmax kernel" in lines[-1]
-    assert f"{doctor.COMPILER_MEASURED['with_s']:g} s with it and {doctor.COMPILER_MEASURED['without_s']:g} s" in lines[-1]
+    assert (
+        f"{doctor.COMPILER_MEASURED['with_s']:g} s with it and {doctor.COMPILER_MEASURED['without_s']:g} s" in lines[-1]
+    )
 
 
 def test_doctor_json_is_one_object_with_every_fact(capsys):
@@ -55,6 +68,7 @@ def test_doctor_refuses_an_unknown_option_in_one_line(capsys):
 
 
 # -- --max-seconds ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9", "abc", "1e400"])
 def test_a_bad_budget_is_one_line(capsys, value):
@@ -128,8 +142,21 @@ def test_a_pass_that_overruns_stops_at_the_next_layer(capsys, monkeypatch):
 
 def test_a_sweep_that_overruns_keeps_its_rows_and_resumes(tiny_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "s.csv"
-    argv = ["sweep", "--model", str(tiny_dir), "--lengths", "1x,2x", "--samples", "3", "--methods", "none,tau=0.8",
-            "--device", "cpu", "--out", str(out)]
+    argv = [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "1x,2x",
+        "--samples",
+        "3",
+        "--methods",
+        "none,tau=0.8",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     calls = []
     real_check = timing.Budget.check
 
@@ -160,14 +187,21 @@ def test_max_seconds_with_ray_is_one_line(capsys):
 
 # -- calibrate shows that it moves ----------------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_calibrate_on_a_rope_model_shows_both_phases_and_the_layers_run(capsys):
     """Algorithm 1, then every method's tau (the per-layer and per-head searches: most of the time, which used to
     pass without a word once Algorithm 1's bar was erased), each with its bar and the layers run inside it."""
-    assert cli.main(["calibrate", "--model", "rope-mlm", "--task", "lm", "--tokens", "128", "--device", "cpu",
-                     "--json"]) == 0
+    assert (
+        cli.main(["calibrate", "--model", "rope-mlm", "--task", "lm", "--tokens", "128", "--device", "cpu", "--json"])
+        == 0
+    )
     err = capsys.readouterr().err.replace("\r", "\n")
     assert "Algorithm 1 (pmax): 100%" in err
     assert "every method's tau: 100%" in err
-    counts = [int(ln.rsplit(",", 1)[1].split()[0].replace(",", "")) for ln in err.splitlines()
-              if ln.startswith("every method's tau") and ln.endswith("layers run")]
+    counts = [
+        int(ln.rsplit(",", 1)[1].split()[0].replace(",", ""))
+        for ln in err.splitlines()
+        if ln.startswith("every method's tau") and ln.endswith("layers run")
+    ]
     assert len(counts) >= 2 and counts == sorted(counts) and counts[-1] > counts[0]

@@ -24,12 +24,37 @@ HANG_S = 240
 
 
 @pytest.mark.parametrize("gap_s", [0.005, 0.05, 0.15])
+@pytest.mark.slow
 def test_a_second_sigint_soon_after_the_first_still_exits_130_with_whole_rows(tiny_dir, tmp_path, gap_s):
     out = tmp_path / "sweep.csv"
-    argv = [sys.executable, "-m", "core", "sweep", "--model", str(tiny_dir), "--lengths", "1x,2x", "--depths", "0.5",
-            "--samples", "40", "--methods", "none,tau=0.8", "--device", "cpu", "--out", str(out)]
-    run = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    argv = [
+        sys.executable,
+        "-m",
+        "core",
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "1x,2x",
+        "--depths",
+        "0.5",
+        "--samples",
+        "40",
+        "--methods",
+        "none,tau=0.8",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
+    run = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline and run.poll() is None:

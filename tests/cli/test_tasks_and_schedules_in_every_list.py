@@ -19,17 +19,18 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from conftest import app_ok, sweep_one_cell  # noqa: E402
-from support.app import calibrate_at_600, open_page  # noqa: E402
 from core import cli  # noqa: E402
 from core.data import tasks  # noqa: E402
 from core.runs import methods, temperature  # noqa: E402
 from core.values.schedule import QWEN_LOGN, RowTau, Schedule  # noqa: E402
+from support.app import calibrate_at_600, open_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 
 
 # -- Sweep: the RULER-style tasks ------------------------------------------------------------------------------------
+
 
 def test_the_sweep_page_offers_every_generated_retrieval_task():
     from ui import sweep_views
@@ -56,6 +57,7 @@ def test_a_ruler_task_is_swept_and_scored(env):
 
 
 # -- Theory and Calibrate: every method, a per-row one's tau per row -------------------------------------------------
+
 
 def _row_methods() -> list[str]:
     return [n for n, m in methods.REGISTRY.items() if m.per == "row" and not m.measured]
@@ -136,8 +138,8 @@ def _tokens(at: AppTest) -> int:
     return int(text.split("(")[1].split(" rows")[0].replace(",", ""))
 
 
-
 # -- the CLI's --gamma: critical scaling's gamma, through the method's resolve into the run's schedule ----------------
+
 
 def _cli(capsys, *argv) -> tuple[int, str, str]:
     code = cli.main([str(a) for a in argv])
@@ -159,39 +161,71 @@ def test_gamma_sets_critical_scalings_tau(tiny_dir, capsys):
     assert got["tau"] == pytest.approx(math.log(256) / math.log(n), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_gamma_reaches_calibrates_table(tiny_dir, capsys):
-    code, out, err = _cli(capsys, "calibrate", "--model", tiny_dir, "--task", "passkey", "--tokens", 600, "--fast",
-                          "--json", "--gamma", 0.5)
+    code, out, err = _cli(
+        capsys,
+        "calibrate",
+        "--model",
+        tiny_dir,
+        "--task",
+        "passkey",
+        "--tokens",
+        600,
+        "--fast",
+        "--json",
+        "--gamma",
+        0.5,
+    )
     assert code == 0, err
     got = json.loads(out)
     assert got["methods"]["critical"] == pytest.approx(1 / (0.5 * math.log(got["tokens"])), rel=1e-6)
     assert got["methods"]["log-length"] == pytest.approx(math.log(256) / math.log(got["tokens"]), rel=1e-6)
 
 
-@pytest.mark.parametrize("argv, says", [
-    (("--method", "critical", "--gamma", "-1"), "--gamma: a number in 0.001 .. 100, got '-1'"),
-    (("--method", "critical", "--gamma", "nan"), "--gamma: a number in 0.001 .. 100"),
-    (("--method", "critical", "--gamma", "1e9"), "--gamma: a number in 0.001 .. 100"),
-    (("--method", "critical", "--gamma", "abc"), "--gamma: a number, got 'abc'"),
-    (("--method", "yarn", "--gamma", "0.2"), "--gamma: only --method critical takes it (the method here is yarn)"),
-    (("--tau", "0.8", "--gamma", "0.2"), "--gamma: only --method critical takes it (the method here is fixed)"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (("--method", "critical", "--gamma", "-1"), "--gamma: a number in 0.001 .. 100, got '-1'"),
+        (("--method", "critical", "--gamma", "nan"), "--gamma: a number in 0.001 .. 100"),
+        (("--method", "critical", "--gamma", "1e9"), "--gamma: a number in 0.001 .. 100"),
+        (("--method", "critical", "--gamma", "abc"), "--gamma: a number, got 'abc'"),
+        (("--method", "yarn", "--gamma", "0.2"), "--gamma: only --method critical takes it (the method here is yarn)"),
+        (("--tau", "0.8", "--gamma", "0.2"), "--gamma: only --method critical takes it (the method here is fixed)"),
+    ],
+)
 def test_a_bad_gamma_is_one_line_and_exit_2(tiny_dir, capsys, argv, says):
     code, out, err = _cli(capsys, "run", "--model", tiny_dir, "--task", "passkey", "--tokens", 300, *argv)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and says in err, err
 
 
-@pytest.mark.parametrize("argv", [
-    ("sweep", "--methods", "none,yarn", "--gamma", "0.2"),  # sweep takes it, for critical (tests/cli/test_gamma_everywhere.py)
-    ("mlm", "--methods", "none,yarn", "--gamma", "0.2"),  # mlm takes it, for critical (tests/cli/test_gamma_everywhere.py)
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        (
+            "sweep",
+            "--methods",
+            "none,yarn",
+            "--gamma",
+            "0.2",
+        ),  # sweep takes it, for critical (tests/cli/test_gamma_everywhere.py)
+        (
+            "mlm",
+            "--methods",
+            "none,yarn",
+            "--gamma",
+            "0.2",
+        ),  # mlm takes it, for critical (tests/cli/test_gamma_everywhere.py)
+    ],
+)
 def test_gamma_is_refused_where_a_command_would_not_use_it(tiny_dir, capsys, argv):
     code, out, err = _cli(capsys, argv[0], "--model", tiny_dir, *argv[1:])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--gamma" in err, err
 
 
 # -- every schedule in every list: the CLI's --method, the app's Method box and the Sweep's methods -----------------
+
 
 def test_every_registry_method_is_in_the_clis_method_list(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "2000")  # no line breaks inside a name (argparse wraps at hyphens)

@@ -33,8 +33,10 @@ def test_the_snapshot_is_shipped_intact_and_is_what_the_pools_use():
         assert p.isascii() and corpus.MIN_WORDS <= len(p.split()) <= corpus.MAX_WORDS
 
 
-@pytest.mark.skipif(platform.python_version() != _meta()["python"],
-                    reason="the stdlib of another Python release gives another list (that is why it is shipped)")
+@pytest.mark.skipif(
+    platform.python_version() != _meta()["python"],
+    reason="the stdlib of another Python release gives another list (that is why it is shipped)",
+)
 def test_the_snapshot_equals_this_pythons_harvest():
     """On the Python that wrote it, rebuilding gives the same list, byte for byte."""
     assert corpus._harvest() == corpus.read_snapshot(corpus.SNAPSHOT)

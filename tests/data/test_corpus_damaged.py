@@ -40,7 +40,9 @@ def _refused(path: Path) -> UserError:
         corpus.read_snapshot(path)
     e = err.value
     cli, app = str(e), e.app_text
-    assert "\n" not in cli and "damaged" in cli and str(path) in cli and "python -m core.data.corpus --write" in cli, cli
+    assert "\n" not in cli and "damaged" in cli and str(path) in cli and "python -m core.data.corpus --write" in cli, (
+        cli
+    )
     assert "\n" not in app and path.name in app and str(path.parent) not in app, app  # its name, no server path
     return e
 
@@ -60,11 +62,15 @@ def _bomb_many_members(path: Path, expands_to: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("make, expands_to, reason", [
-    (_bomb_one_member, 64 * MiB, "expands past"),         # small file: stopped by the decompressed cap
-    (_bomb_many_members, 8 << 30, "more than the"),       # 8 MB file: stopped before decompressing at all
-    (_bomb_many_members, 5 * MiB, "expands past"),        # 5 KB of members: the cap holds across members
-], ids=["64MiB-one-member", "8GiB-8MB-file", "5MiB-members"])
+@pytest.mark.parametrize(
+    "make, expands_to, reason",
+    [
+        (_bomb_one_member, 64 * MiB, "expands past"),  # small file: stopped by the decompressed cap
+        (_bomb_many_members, 8 << 30, "more than the"),  # 8 MB file: stopped before decompressing at all
+        (_bomb_many_members, 5 * MiB, "expands past"),  # 5 KB of members: the cap holds across members
+    ],
+    ids=["64MiB-one-member", "8GiB-8MB-file", "5MiB-members"],
+)
 def test_a_gzip_bomb_is_refused_in_bounded_memory_and_time(tmp_path, make, expands_to, reason):
     bomb = make(tmp_path / "paragraphs.json.gz", expands_to)
     tracemalloc.start()
@@ -88,7 +94,7 @@ def test_the_cap_leaves_room_for_the_real_snapshot_and_long_prose():
 
 
 def _changed(paras: list[str], i: int, text: str) -> list[str]:
-    return paras[:i] + [text] + paras[i + 1:]
+    return paras[:i] + [text] + paras[i + 1 :]
 
 
 def _huge_paragraph_snapshot(path: Path, words: int) -> Path:
@@ -135,16 +141,20 @@ def test_the_issues_54MB_paragraph_is_refused_by_the_cap(tmp_path):
     assert "expands past" in str(err)
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (gzip.compress(b"[" * 200_000), "nested too deeply"),
-    (gzip.compress(b"[]"), "not an object"),                                  # JSON, but a list
-    (gzip.compress(b'{"sha256": "x"}'), "no 'paragraphs' field"),
-    (gzip.compress(json.dumps({"paragraphs": ["a"]}).encode()), "no 'sha256' field"),
-    (gzip.compress(b"\xff\xfe not utf-8"), "utf-8"),
-    (gzip.compress(b'{"paragraphs": []}')[:12] + b"\x00" * 20, "CRC check failed"),  # cut and zeroed
-    (b"\x1f\x8b\x08\x00" + b"\xff" * 30, "decompressing"),                    # a gzip header, no deflate stream
-    (gzip.compress(b'{"paragraphs": []}')[:-3], "ended before"),                # cut short
-], ids=["deep-json", "json-list", "no-paragraphs", "no-sha256", "not-utf8", "zeroed-deflate", "bad-deflate", "cut"])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (gzip.compress(b"[" * 200_000), "nested too deeply"),
+        (gzip.compress(b"[]"), "not an object"),  # JSON, but a list
+        (gzip.compress(b'{"sha256": "x"}'), "no 'paragraphs' field"),
+        (gzip.compress(json.dumps({"paragraphs": ["a"]}).encode()), "no 'sha256' field"),
+        (gzip.compress(b"\xff\xfe not utf-8"), "utf-8"),
+        (gzip.compress(b'{"paragraphs": []}')[:12] + b"\x00" * 20, "CRC check failed"),  # cut and zeroed
+        (b"\x1f\x8b\x08\x00" + b"\xff" * 30, "decompressing"),  # a gzip header, no deflate stream
+        (gzip.compress(b'{"paragraphs": []}')[:-3], "ended before"),  # cut short
+    ],
+    ids=["deep-json", "json-list", "no-paragraphs", "no-sha256", "not-utf8", "zeroed-deflate", "bad-deflate", "cut"],
+)
 def test_other_damage_is_one_line(tmp_path, raw, reason):
     path = tmp_path / "paragraphs.json.gz"
     path.write_bytes(raw)

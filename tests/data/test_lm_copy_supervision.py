@@ -12,8 +12,8 @@ import torch
 from transformers import AutoTokenizer
 
 from core.data import tasks
-from core.models import ASSETS
 from core.data.tasks.lm import copy_positions
+from core.models import ASSETS
 from core.training import TrainConfig, needle_attention_loss, train
 from core.training.data import needle_targets
 from core.training.supervision import copy_needle, needle_token_mask
@@ -57,16 +57,24 @@ def test_no_copy_means_no_target_and_bad_room_is_refused(tok):
         assert d.meta["copy_span"] == (0, 0) and copy_positions(d, _offsets(tok, d)[1]) == []
     with pytest.raises(ValueError, match="copy_room"):
         tasks.make("lm", tok, 256, copy_room=0)
-    default, roomy = ([tasks.make("lm", tok, 256, seed=s, haystack="corpus-train", repeat=1.0, copy_room=r).meta["repeat"]
-                       for s in range(30)] for r in (tasks.lm.COPY_ROOM, 180))
+    default, roomy = (
+        [
+            tasks.make("lm", tok, 256, seed=s, haystack="corpus-train", repeat=1.0, copy_room=r).meta["repeat"]
+            for s in range(30)
+        ]
+        for r in (tasks.lm.COPY_ROOM, 180)
+    )
     assert all(r for d, r in zip(default, roomy) if d) and sum(roomy) > sum(default)  # more room: more copies
 
 
 def _batch(tok):
     """An lm sequence with a copy, the same seed without one, and a pass key document, padded together."""
     seed = next(s for s in range(50) if tasks.make("lm", tok, 200, seed=s, repeat=1.0).meta["repeat"])
-    docs = [tasks.make("lm", tok, 200, seed=seed, repeat=1.0), tasks.make("lm", tok, 200, seed=seed, repeat=0.0),
-            tasks.make("passkey", tok, 150, depth=0.4, seed=3)]
+    docs = [
+        tasks.make("lm", tok, 200, seed=seed, repeat=1.0),
+        tasks.make("lm", tok, 200, seed=seed, repeat=0.0),
+        tasks.make("passkey", tok, 150, depth=0.4, seed=3),
+    ]
     enc = tok([d.text for d in docs], padding=True, return_tensors="pt", return_offsets_mapping=True)
     return docs, enc
 
@@ -111,22 +119,42 @@ def test_copy_loss_is_lowest_with_attention_on_each_tokens_copy(tok):
     assert on_copy == pytest.approx(-math.log(share), rel=1e-4)
     # one span repeated on every row is the [B, S] loss exactly
     span = torch.zeros(1, S, dtype=torch.bool)
-    span[0, target[0]:target[0] + 4] = True
+    span[0, target[0] : target[0] + 4] = True
     lg = torch.randn(1, 2, T, S)
-    assert needle_attention_loss([lg], mask, span[:, None, :].expand(1, T, S), torch.ones(1), answer).item() == \
-        pytest.approx(needle_attention_loss([lg], mask, span, torch.ones(1), answer).item(), rel=1e-5)
+    assert needle_attention_loss(
+        [lg], mask, span[:, None, :].expand(1, T, S), torch.ones(1), answer
+    ).item() == pytest.approx(needle_attention_loss([lg], mask, span, torch.ones(1), answer).item(), rel=1e-5)
 
 
 def _train_briefly(out):
     """A tiny model on lm sequences with copy supervision, stopped by its time limit after its first step."""
-    cfg = TrainConfig(name="t", tasks={"lm": 1.0}, first_tasks=None, train_length=128, min_length=112, curriculum_steps=0,
-                      d_model=32, d_kv=8, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1, eval_every=0,
-                      batch_size=4, steps=50, threads=1, needle_attention={"lm": 1.0},
-                      task_options={"lm": {"repeat": 1.0, "copy_room": 180}}, max_minutes=1e-4)
-    return train(cfg, out, reuse_tokenizer=str(ASSETS / "retrieval-t5"), quiet=True, evaluate_at_end=False,
-                 device="cpu")
+    cfg = TrainConfig(
+        name="t",
+        tasks={"lm": 1.0},
+        first_tasks=None,
+        train_length=128,
+        min_length=112,
+        curriculum_steps=0,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        eval_every=0,
+        batch_size=4,
+        steps=50,
+        threads=1,
+        needle_attention={"lm": 1.0},
+        task_options={"lm": {"repeat": 1.0, "copy_room": 180}},
+        max_minutes=1e-4,
+    )
+    return train(
+        cfg, out, reuse_tokenizer=str(ASSETS / "retrieval-t5"), quiet=True, evaluate_at_end=False, device="cpu"
+    )
 
 
+@pytest.mark.slow
 def test_training_with_copy_supervision_and_a_time_limit(tmp_path):
     """A tiny model trains on lm sequences with copy supervision (the loss is recorded, finite) and stops at its
     time limit with a card that says so."""
@@ -137,6 +165,7 @@ def test_training_with_copy_supervision_and_a_time_limit(tmp_path):
     assert (tmp_path / "m" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_training_after_a_streamlit_run_leaves_the_host_script_alone(tmp_path, monkeypatch):
     """Streamlit installs each script run's module as ``__main__`` and leaves it there; a spawned data producer
     re-runs ``__main__`` first, so before the fix every producer re-ran the last app script (in CI: a Sweep page
@@ -146,10 +175,12 @@ def test_training_after_a_streamlit_run_leaves_the_host_script_alone(tmp_path, m
 
     monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # put back after the test
     script = tmp_path / "page.py"
-    script.write_text('import streamlit as st\n'
-                      'if __name__ == "__mp_main__":\n'
-                      '    raise SystemExit("a spawned producer re-ran the app script")\n'
-                      'st.write("a page")\n')
+    script.write_text(
+        "import streamlit as st\n"
+        'if __name__ == "__mp_main__":\n'
+        '    raise SystemExit("a spawned producer re-ran the app script")\n'
+        'st.write("a page")\n'
+    )
     at = AppTest.from_file(str(script)).run()
     assert not at.exception
     assert getattr(sys.modules["__main__"], "__file__", None) == str(script)  # the host as Streamlit leaves it

@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 
 from core.data import tasks
-from core.data.tasks import ruler
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -49,7 +48,7 @@ def test_exact_length_and_answer_kept_across_lengths(tok, task, n):
             d = tasks.make(task, tok, n, depth=0.4, seed=seed, haystack=haystack)
             assert d.meta["tokens"] == n and d.meta["short_by"] == 0, (task, seed, haystack)
             assert d.expected == tasks.make(task, tok, 600, depth=0.9, seed=seed, haystack=haystack).expected
-            assert d.text[d.needle_span[0]:d.needle_span[1]] in d.text and d.meta["needles"] >= 1
+            assert d.text[d.needle_span[0] : d.needle_span[1]] in d.text and d.meta["needles"] >= 1
 
 
 def test_multikey_needles_by_reading_the_text(tok):
@@ -58,7 +57,7 @@ def test_multikey_needles_by_reading_the_text(tok):
         found = dict(NIAH.findall(d.text))
         assert len(found) == 4 and len(set(found.values())) == 4  # four keys, four different numbers
         asked = d.meta["asked"][0]
-        assert asked in d.text[d.question_span[0]:] and found[asked] == d.expected
+        assert asked in d.text[d.question_span[0] :] and found[asked] == d.expected
 
 
 def test_multivalue_and_multiquery_by_reading_the_text(tok):
@@ -94,7 +93,7 @@ def test_commonwords_are_the_most_frequent_by_count(tok):
     for n in (256, 2048):
         for seed in range(5):
             d = tasks.make("commonwords", tok, n, seed=seed)
-            body = d.text[d.text.index("\n") + 1:d.question_span[0]]
+            body = d.text[d.text.index("\n") + 1 : d.question_span[0]]
             counts = Counter(body.split())
             want = d.expected.split(", ")
             top = [w for w, _ in counts.most_common(len(want))]
@@ -137,8 +136,11 @@ def test_effective_length_by_hand():
 def test_ruler_markdown_has_the_effective_length():
     import bench.results as br
 
-    rows = [{"task": "multikey", "method": m, "tokens": n, "tau": 1.0, "accuracy": a, "samples": 20}
-            for m, accs in (("none", (60, 20)), ("log-length", (60, 55))) for n, a in zip((256, 2048), accs)]
+    rows = [
+        {"task": "multikey", "method": m, "tokens": n, "tau": 1.0, "accuracy": a, "samples": 20}
+        for m, accs in (("none", (60, 20)), ("log-length", (60, 55)))
+        for n, a in zip((256, 2048), accs)
+    ]
     md = br.ruler_markdown(pd.DataFrame(rows), 256)
     assert "| none (tau = 1) | 60 (tau 1.00) | 20 (tau 1.00) | 256 (1x) |" in md
     assert "| 60 (tau 1.00) | 55 (tau 1.00) | 2048 (8x) |" in md

@@ -15,7 +15,6 @@ import pytest
 
 from core.data import corpus, tasks
 from core.data.tasks import Document, Score, from_text, make, score
-
 from core.models.tokenizer import train_tokenizer, training_texts  # noqa: E402
 
 
@@ -378,7 +377,9 @@ def test_from_text_is_seeded():
 
 
 def test_from_text_custom_needle_and_no_needle():
-    doc = from_text(USER_TEXT, needle="The secret fruit is a mango.", question="What is the secret fruit?", expected="mango")
+    doc = from_text(
+        USER_TEXT, needle="The secret fruit is a mango.", question="What is the secret fruit?", expected="mango"
+    )
     assert doc.text[slice(*doc.needle_span)] == "The secret fruit is a mango."
     assert doc.text.endswith("\nWhat is the secret fruit?") and doc.expected == "mango"
     bare = from_text(USER_TEXT, needle="", question="Where did Alice go?", expected="market")
@@ -437,8 +438,6 @@ def test_corpus_haystack_uses_its_pool(tok):
     in_eval = sum(s in evaluation for s in found)
     assert in_eval >= len(found) - 2  # all but the sentence cut to fit the length
     assert not any(s in train and s not in evaluation for s in found)
-
-
 
 
 def test_line_label_sets(tok):

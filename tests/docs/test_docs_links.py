@@ -41,7 +41,9 @@ def strip_fences(text: str) -> str:
 def strip_code(text: str) -> str:
     """The text with fenced code blocks and inline code spans blanked (line numbers kept)."""
     text = strip_fences(text)
-    return INLINE_CODE.sub(lambda m: " " * len(m.group(0)) if "\n" not in m.group(0) else "\n" * m.group(0).count("\n"), text)
+    return INLINE_CODE.sub(
+        lambda m: " " * len(m.group(0)) if "\n" not in m.group(0) else "\n" * m.group(0).count("\n"), text
+    )
 
 
 def links(text: str) -> list[tuple[int, str]]:
@@ -108,10 +110,10 @@ def test_the_checker_finds_broken_links(tmp_path):
     src = tmp_path / "index.md"
     text = (
         "[ok](there.md) [ok anchor](there.md#a-heading-with-code) [second](there.md#twice-1)\n"
-        "![img](img.png) [[nested] text](there.md \"title\") [web](https://example.com/x) [self](#local)\n"
+        '![img](img.png) [[nested] text](there.md "title") [web](https://example.com/x) [self](#local)\n'
         "# Local\n"
         "[gone](missing.md) ![gone image](nope.png)\n"
-        "[bad anchor](there.md#no-such-heading) <img src=\"absent.png\">\n"
+        '[bad anchor](there.md#no-such-heading) <img src="absent.png">\n'
         "`[in code](ignored.md)`\n"
         "```\n[in a fence](ignored-too.md)\n```\n"
     )

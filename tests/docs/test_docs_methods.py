@@ -35,8 +35,8 @@ def section(text: str, title: str = SECTION) -> str:
     for i, m in enumerate(heads):
         if m.group(2).strip() == title:
             level = len(m.group(1))
-            end = next((h.start() for h in heads[i + 1:] if len(h.group(1)) <= level), len(text))
-            return text[m.end():end]
+            end = next((h.start() for h in heads[i + 1 :] if len(h.group(1)) <= level), len(text))
+            return text[m.end() : end]
     raise AssertionError(f"no heading '{title}'")
 
 

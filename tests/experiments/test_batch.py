@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from core.cli import main as cli
 from core.experiments import batch
 from core.runs import temperature
-from core.cli import main as cli
 from core.runs.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,11 +28,26 @@ def _docs(n: int, start: int = 0) -> list[dict]:
     out = []
     for i in range(start, start + n):
         if i % 3 == 0:
-            out.append({"id": f"doc-{i}", "text": f"Note {i}: the code word is tulip{i % 7}. " * (1 + i % 4), "expected": f"tulip{i % 7}"})
+            out.append(
+                {
+                    "id": f"doc-{i}",
+                    "text": f"Note {i}: the code word is tulip{i % 7}. " * (1 + i % 4),
+                    "expected": f"tulip{i % 7}",
+                }
+            )
         elif i % 3 == 1:
-            out.append({"id": i, "context": f"Item {i} costs {100 + i} coins. " * (1 + i % 5), "question": "How much?", "expected": 100 + i})
+            out.append(
+                {
+                    "id": i,
+                    "context": f"Item {i} costs {100 + i} coins. " * (1 + i % 5),
+                    "question": "How much?",
+                    "expected": 100 + i,
+                }
+            )
         else:
-            out.append({"id": f"doc-{i}", "context": "Rain fell on the quiet town. " * (1 + i % 6), "question": "What fell?"})
+            out.append(
+                {"id": f"doc-{i}", "context": "Rain fell on the quiet town. " * (1 + i % 6), "question": "What fell?"}
+            )
     return out
 
 
@@ -58,7 +73,10 @@ def test_sweep_200_documents(tiny_dir, tmp_path, capsys):
     """200 short documents with the bundled model, within CI time (speed itself lives in bench/batch.py)."""
     data = _write(tmp_path / "docs.jsonl", _docs(200))
     out = tmp_path / "rows.csv"
-    assert cli(["sweep", "--model", _bundled_or_tiny(tiny_dir), "--data", str(data), "--out", str(out), "--tau", "0.7"]) == 0
+    assert (
+        cli(["sweep", "--model", _bundled_or_tiny(tiny_dir), "--data", str(data), "--out", str(out), "--tau", "0.7"])
+        == 0
+    )
     rows = _rows(out)
     assert len(rows) == 200
     assert list(rows[0]) == batch.COLUMNS
@@ -86,15 +104,28 @@ def test_batched_equals_one_by_one(tiny_dir, tmp_path):
         assert float(ra[k]["pmax"]) == pytest.approx(float(rb[k]["pmax"]), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_killed_then_resumed_has_one_row_per_document_and_setting(tiny_dir, tmp_path):
     n_docs = 40
     data = _write(tmp_path / "docs.jsonl", _docs(n_docs))
     out = tmp_path / "rows.csv"
-    argv = ["sweep", "--model", str(tiny_dir), "--data", str(data), "--out", str(out),
-            "--methods", "none,0.7", "--batch-size", "1"]
+    argv = [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--methods",
+        "none,0.7",
+        "--batch-size",
+        "1",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "core", *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "core", *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 180
     try:
         while time.time() < deadline and proc.poll() is None:
@@ -111,7 +142,7 @@ def test_killed_then_resumed_has_one_row_per_document_and_setting(tiny_dir, tmp_
     assert 5 <= len(partial) < 2 * n_docs
     # as if the kill had cut a row in half: resume must drop it and redo that row
     with open(out, "a", encoding="utf-8") as f:
-        f.write('999,half-writ')
+        f.write("999,half-writ")
 
     assert cli(argv + ["--resume"]) == 0
     rows = _rows(out)
@@ -128,12 +159,12 @@ def test_killed_then_resumed_has_one_row_per_document_and_setting(tiny_dir, tmp_
 def test_bad_lines_are_reported_and_skipped(tiny_dir, tmp_path, capsys):
     good = _docs(3)
     extra = [
-        "{not json",                                 # line 4
-        json.dumps({"question": "What?"}),           # line 5: no text
-        json.dumps({"text": "   "}),                 # line 6: empty text
-        json.dumps(["a", "list"]),                   # line 7: not an object
+        "{not json",  # line 4
+        json.dumps({"question": "What?"}),  # line 5: no text
+        json.dumps({"text": "   "}),  # line 6: empty text
+        json.dumps(["a", "list"]),  # line 7: not an object
         json.dumps({"id": "doc-0", "text": "dup"}),  # line 8: duplicate id
-        "",                                          # line 9: blank, ignored silently
+        "",  # line 9: blank, ignored silently
         json.dumps({"text": "fine again", "id": "x"}),  # line 10
         json.dumps({"context": "ctx", "question": ""}),  # line 11: empty question
     ]
@@ -145,8 +176,15 @@ def test_bad_lines_are_reported_and_skipped(tiny_dir, tmp_path, capsys):
     capsys.readouterr()
     assert cli(["sweep", "--model", str(tiny_dir), "--data", str(data), "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    for line, why in [(4, "not valid JSON"), (5, 'no "text"'), (6, 'empty "text"'), (7, "not a JSON object"),
-                      (8, "duplicate id 'doc-0' (first on line 1)"), (11, '"question"'), (12, "not UTF-8")]:
+    for line, why in [
+        (4, "not valid JSON"),
+        (5, 'no "text"'),
+        (6, 'empty "text"'),
+        (7, "not a JSON object"),
+        (8, "duplicate id 'doc-0' (first on line 1)"),
+        (11, '"question"'),
+        (12, "not UTF-8"),
+    ]:
         assert f"line {line}: {why}" in err, (line, err)
     assert "line 9" not in err and "line 10" not in err
     rows = _rows(out)
@@ -160,7 +198,10 @@ def test_bad_lines_are_reported_and_skipped(tiny_dir, tmp_path, capsys):
 
 def test_settings_file_and_per_document_resolution(tiny, tiny_dir, tmp_path, capsys):
     lt = tiny.train_length
-    docs = [{"id": f"d{i}", "context": "Blue birds sing. " * (lt // 8 * (i + 1)), "question": "Who sings?"} for i in range(4)]
+    docs = [
+        {"id": f"d{i}", "context": "Blue birds sing. " * (lt // 8 * (i + 1)), "question": "Who sings?"}
+        for i in range(4)
+    ]
     data = _write(tmp_path / "docs.jsonl", docs)
     lengths = {d["id"]: len(tiny.tokenizer(batch.parse_line(json.dumps(d))[1].text).input_ids) for d in docs}
     out = tmp_path / "rows.csv"

@@ -97,8 +97,7 @@ class GrpcServer:
     """A real ``grpc.server`` on 127.0.0.1: with the standard health service (answering ``status``) or without
     it (a call to it gets UNIMPLEMENTED, as from a GCS that lacks it); ``stall``: every other method hangs."""
 
-    def __init__(self, health_service: bool = True, stall: bool = False,
-                 status=health_pb2.HealthCheckResponse.SERVING):
+    def __init__(self, health_service: bool = True, stall: bool = False, status=health_pb2.HealthCheckResponse.SERVING):
         self.release = threading.Event()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         self.checks = 0
@@ -181,8 +180,24 @@ def stalled():
 
 
 def _sweep(tiny_dir, out: Path, *more: str) -> list[str]:
-    return ["sweep", "--model", str(tiny_dir), "--lengths", "300", "--depths", "0.5", "--samples", "1",
-            "--methods", "none", "--out", str(out), "--engine", "ray", *more]
+    return [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "300",
+        "--depths",
+        "0.5",
+        "--samples",
+        "1",
+        "--methods",
+        "none",
+        "--out",
+        str(out),
+        "--engine",
+        "ray",
+        *more,
+    ]
 
 
 def _env(**extra: str) -> dict:
@@ -192,7 +207,9 @@ def _env(**extra: str) -> dict:
 
 # -- cause 1: a port that accepts and never answers; what answers there (issue 46: grpcio's health stub) ----------
 
+
 @pytest.mark.parametrize("scheme", ["ray://"])  # the probe is the same for a GCS address (host:port)
+@pytest.mark.slow
 def test_a_port_that_accepts_and_never_answers_is_named_within_the_bound(tiny_dir, tmp_path, capsys, stalled, scheme):
     """The CLI gives up after PROBE_TIMEOUT seconds, in one line naming the address and the cause, exit 2, the
     CSV untouched; the server did get a connection (so the wait was the answer's, not a refused connection's)."""
@@ -221,6 +238,7 @@ def test_a_silent_port_is_refused_within_the_bound_given(stalled):
     assert stalled.accepted >= 2
 
 
+@pytest.mark.slow
 def test_the_probe_is_one_deadline_however_many_addresses_a_name_has(stalled):
     """``localhost`` may resolve to ::1 and 127.0.0.1: the probe's bound is for all of them together."""
     why, took = _probe(f"localhost:{stalled.port}", timeout=10.0)
@@ -374,10 +392,13 @@ def test_without_grpcio_an_address_is_one_line_naming_what_to_install(monkeypatc
 
 def test_the_cli_does_not_import_grpc_until_an_address_is_checked():
     """``python -m core`` and a check of ``auto`` stay light: grpc is imported by the network check only."""
-    script = ("import sys; from core import cli; from core.experiments import cluster; cluster.check_address('auto'); "
-              "print('grpc' in sys.modules, 'grpc_health' in sys.modules)")
-    child = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                           timeout=120)
+    script = (
+        "import sys; from core import cli; from core.experiments import cluster; cluster.check_address('auto'); "
+        "print('grpc' in sys.modules, 'grpc_health' in sys.modules)"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.split() == ["False", "False"], child.stdout
 
@@ -404,8 +425,9 @@ def test_a_cluster_that_answers_its_health_check_and_then_stalls_ray_init_is_aba
                 sys.exit(2)
             print("joined?", flush=True)
         """)
-        child = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                               timeout=120)
+        child = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120
+        )
     finally:
         server.close()
     lines = child.stdout.strip().splitlines()
@@ -418,15 +440,19 @@ def test_a_cluster_that_answers_its_health_check_and_then_stalls_ray_init_is_aba
 
 # -- cause 4: ports that overflow or wrap ------------------------------------------------------------
 
-@pytest.mark.parametrize("port,why", [
-    ("99999999999999999999", "1 to 65535"),
-    ("9" * 5000, "1 to 65535"),  # int() of more than 4,300 digits raises ValueError in Python 3.11
-    ("65536", "1 to 65535"),
-    ("0", "1 to 65535"),
-    ("-1", "must be a number"),
-    ("\u00b2", "must be a number"),  # a superscript two: str.isdigit() says yes, int() says no
-    ("", "must be a number"),
-])
+
+@pytest.mark.parametrize(
+    "port,why",
+    [
+        ("99999999999999999999", "1 to 65535"),
+        ("9" * 5000, "1 to 65535"),  # int() of more than 4,300 digits raises ValueError in Python 3.11
+        ("65536", "1 to 65535"),
+        ("0", "1 to 65535"),
+        ("-1", "must be a number"),
+        ("\u00b2", "must be a number"),  # a superscript two: str.isdigit() says yes, int() says no
+        ("", "must be a number"),
+    ],
+)
 @pytest.mark.parametrize("scheme", ["", "ray://"])
 def test_bad_ports_exit_2_in_one_line(tiny_dir, tmp_path, capsys, port, why, scheme):
     out = tmp_path / "s.csv"
@@ -448,14 +474,17 @@ def test_a_port_over_65535_does_not_wrap_around_to_one_that_answers(tiny_dir, tm
     assert stalled.accepted == 0
 
 
-@pytest.mark.parametrize("address,why", [
-    ("http://127.0.0.1:6379", "scheme must be ray:// or none"),
-    ("::1:6379", "IPv6 host goes in brackets"),
-    ("[not-v6]:6379", "not an IPv6 address"),
-    ("a b:6379", "not a host name"),
-    ("x" * 300 + ":6379", "not a host name"),  # idna would raise UnicodeError ("label too long") in getaddrinfo
-    ("\u00e9t\u00e9.example:6379", "not a host name"),
-])
+@pytest.mark.parametrize(
+    "address,why",
+    [
+        ("http://127.0.0.1:6379", "scheme must be ray:// or none"),
+        ("::1:6379", "IPv6 host goes in brackets"),
+        ("[not-v6]:6379", "not an IPv6 address"),
+        ("a b:6379", "not a host name"),
+        ("x" * 300 + ":6379", "not a host name"),  # idna would raise UnicodeError ("label too long") in getaddrinfo
+        ("\u00e9t\u00e9.example:6379", "not a host name"),
+    ],
+)
 def test_addresses_that_are_not_host_port_exit_2_in_one_line(tiny_dir, tmp_path, capsys, address, why):
     capsys.readouterr()
     assert main(_sweep(tiny_dir, tmp_path / "s.csv", "--address", address)) == 2
@@ -472,6 +501,7 @@ def test_an_address_is_parsed_once_into_scheme_host_and_port():
 
 # -- cause 10: a local Ray under an address-space cap --------------------------------------------------
 
+
 def _capped(gib: float, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     cap = int(gib * GIB)
 
@@ -480,10 +510,18 @@ def _capped(gib: float, argv: list[str], timeout: float) -> subprocess.Completed
 
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    return subprocess.run([sys.executable, "-m", "core", *argv], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=timeout, preexec_fn=limit)
+    return subprocess.run(
+        [sys.executable, "-m", "core", *argv],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+    )
 
 
+@pytest.mark.slow
 def test_too_small_an_address_space_is_refused_in_one_line_before_ray_starts(tiny_dir, tmp_path):
     """Under 1.5 GiB the driver (torch, the model) leaves too little for Ray's processes and a store: one line
     naming ulimit -v, exit 2, no Ray started (Ray's start-up would write its own lines), no CSV."""
@@ -495,6 +533,7 @@ def test_too_small_an_address_space_is_refused_in_one_line_before_ray_starts(tin
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_local_ray_under_ulimit_v_runs_with_a_store_it_can_map(tiny_dir, tmp_path):
     """Under 4 GiB (Ray's default store here is 6.6 GiB, mapped into every Ray process) the sweep used to exit 1
     after 35 s ("The current node timed out during startup"; under 8 GiB it hung); with the store sized to the
@@ -525,8 +564,9 @@ def test_the_store_is_sized_to_the_room_under_the_cap_or_refused():
     """)
     seen = {}
     for gib in (1.2, 4.0):
-        child = subprocess.run([sys.executable, "-c", script, str(gib)], cwd=ROOT, env=_env(), capture_output=True,
-                               text=True, timeout=60)
+        child = subprocess.run(
+            [sys.executable, "-c", script, str(gib)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60
+        )
         assert child.returncode == 0, child.stderr[-2000:]
         seen[gib] = child.stdout.split()
     room, store = int(seen[4.0][0]), int(seen[4.0][1])

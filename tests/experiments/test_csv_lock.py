@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core.experiments import csvio
 from core.cli import main
 from core.errors import UserError
+from core.experiments import csvio
 from core.experiments.sweep import KEY, SweepPlan, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,17 +137,35 @@ def test_rpe_out_onto_a_running_sweep_is_refused_by_every_name(tiny, tiny_dir, t
 
 def _cli(argv: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "core", *argv], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "core", *argv],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="pauses the running sweep with SIGSTOP")
+@pytest.mark.slow
 def test_cli_sweeps_through_a_symlink_and_a_hard_link_are_refused_by_a_running_cli_sweep(tiny_dir, tmp_path):
     """``python -m core sweep --out X`` runs; once it has written a row it is paused (SIGSTOP: it keeps its
     locks), so the second writers meet it mid-sweep on any machine, however slow; then it finishes."""
     real, link, hard, _ = _names(tmp_path)
-    sweep = ["sweep", "--model", str(tiny_dir), "--lengths", "300", "--depths", "0.1,0.5,0.9", "--samples", "2",
-             "--methods", "none,0.7"]
+    sweep = [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "300",
+        "--depths",
+        "0.1,0.5,0.9",
+        "--samples",
+        "2",
+        "--methods",
+        "none,0.7",
+    ]
     total = 3 * 2 * 2
     first = _cli(sweep + ["--out", str(real)])
     others: list[subprocess.Popen] = []
@@ -161,8 +179,10 @@ def test_cli_sweeps_through_a_symlink_and_a_hard_link_are_refused_by_a_running_c
         first.send_signal(signal.SIGSTOP)
         time.sleep(0.2)  # a row being written when the signal came is out by now
         before = real.read_bytes()
-        others = [_cli(sweep + ["--out", str(link)]),  # rpe --out: the test above (in this process: faster)
-                  _cli(sweep + ["--out", str(hard), "--resume"])]
+        others = [
+            _cli(sweep + ["--out", str(link)]),  # rpe --out: the test above (in this process: faster)
+            _cli(sweep + ["--out", str(hard), "--resume"]),
+        ]
         results = [p.communicate(timeout=180) for p in others]
         assert real.read_bytes() == before  # while paused, nobody else touched its rows
     finally:

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from core.experiments import batch, csvio
-from core.views import tables
 from core.experiments.sweep import SweepPlan, run_sweep
+from core.views import tables
 
-HOSTILE = ["=HYPERLINK(\"http://x\",\"y\")", "=1+1", "+1+cmd", "-2+3", "@SUM(A1)", "\tx", "\rx", "'=1+1"]
+HOSTILE = ['=HYPERLINK("http://x","y")', "=1+1", "+1+cmd", "-2+3", "@SUM(A1)", "\tx", "\rx", "'=1+1"]
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -64,15 +64,20 @@ def test_batch_csv_neutralises_ids_and_expected_and_resume_recognises_them(tiny,
     neg = next(r for r in cells[1:] if r[col["id"]] == "neg")
     assert neg[col["expected"]] == "-5"
     # every row is recognised as done, the neutralised ids included
-    assert batch.run_items(tiny, items, setting, out=out, resume=True) == {"written": 0, "skipped": len(docs), "failed": 0}
+    assert batch.run_items(tiny, items, setting, out=out, resume=True) == {
+        "written": 0,
+        "skipped": len(docs),
+        "failed": 0,
+    }
     assert len(_cells(out.read_bytes())) == len(docs) + 1
 
 
 def test_sweep_csv_neutralises_text_and_resume_recognises_it(tiny, tmp_path):
     """The model label is the one text cell of a sweep row we choose here; floats stay numbers."""
     out = tmp_path / "s.csv"
-    plan = SweepPlan(model="=HYPERLINK(\"http://evil\")", task="passkey", lengths=[300], depths=[0.5], seeds=[0, 1],
-                     methods=["0.7"])
+    plan = SweepPlan(
+        model='=HYPERLINK("http://evil")', task="passkey", lengths=[300], depths=[0.5], seeds=[0, 1], methods=["0.7"]
+    )
     df = run_sweep(tiny, plan, out=out)
     cells = _cells(out.read_bytes())
     _assert_safe(cells)
@@ -93,8 +98,10 @@ def test_app_downloads_are_neutralised_and_keep_negative_floats(tiny):
     got = pd.read_csv(io.BytesIO(csv_of(lambda: tables.rpe_table(curves))()))
     assert np.array_equal(got.to_numpy(), curves.T) and got.dtypes.map(pd.api.types.is_float_dtype).all()
 
-    df = pd.DataFrame({"label": HOSTILE, "value": -np.arange(len(HOSTILE), dtype=float) - 0.5},
-                      index=pd.Index([f"=r{i}" for i in range(len(HOSTILE))], name="row"))
+    df = pd.DataFrame(
+        {"label": HOSTILE, "value": -np.arange(len(HOSTILE), dtype=float) - 0.5},
+        index=pd.Index([f"=r{i}" for i in range(len(HOSTILE))], name="row"),
+    )
     data = csv_of(lambda: df)()
     cells = _cells(data)
     _assert_safe(cells)

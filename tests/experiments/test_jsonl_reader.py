@@ -10,16 +10,17 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.experiments import batch
-from core.data import tasks
 from core.cli import main
+from core.data import tasks
 from core.errors import UserError
+from core.experiments import batch
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BRACKETY = st.text(alphabet=st.sampled_from('[]{}"\\ab:,\u00e9\ud800'), max_size=12) | st.text(max_size=12)
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | BRACKETY
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(BRACKETY, inner, max_size=3),
-                    max_leaves=12)
+JSON = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(BRACKETY, inner, max_size=3), max_leaves=12
+)
 FIELDS = st.sampled_from(["text", "context", "question", "expected", "id", "other"])
 
 
@@ -68,13 +69,14 @@ def test_any_object_with_our_fields(obj):
 
 
 @FAST
-@given(JSON, st.integers(0, 130).flatmap(lambda n: st.lists(st.sampled_from("[{"), min_size=n, max_size=n)),
-       st.booleans())
+@given(
+    JSON, st.integers(0, 130).flatmap(lambda n: st.lists(st.sampled_from("[{"), min_size=n, max_size=n)), st.booleans()
+)
 def test_nesting_bound_matches_the_true_depth(inner, wrappers, as_field):
     """Brackets and escaped quotes inside strings do not count; the bound is exact on real JSON."""
     value = inner
     for w in reversed(wrappers):
-        value = [value] if w == "[" else {"k\\\"[": value}
+        value = [value] if w == "[" else {'k\\"[': value}
     if as_field:
         value = {"text": "doc", "meta": value}
     got = _outcome(json.dumps(value))
@@ -110,8 +112,17 @@ def test_read_jsonl_reports_each_bad_line_once(tiny, lines):
 def test_a_100000_deep_line_is_one_bad_line_and_the_rest_runs(tiny_dir, tmp_path, capsys):
     data = tmp_path / "docs.jsonl"
     deep = '{"text": "x", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}"
-    data.write_text("\n".join([json.dumps({"id": "a", "text": "First document."}), deep, "[" * 100_000,
-                               json.dumps({"id": "b", "text": "Last document."})]) + "\n")
+    data.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "a", "text": "First document."}),
+                deep,
+                "[" * 100_000,
+                json.dumps({"id": "b", "text": "Last document."}),
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "rows.csv"
     capsys.readouterr()
     assert main(["sweep", "--model", str(tiny_dir), "--data", str(data), "--out", str(out)]) == 0

@@ -13,11 +13,11 @@ from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
 from core import cli
-from core.experiments import mlm
-from core.runs import methods
 from core.data import tasks
 from core.errors import UserError
+from core.experiments import mlm
 from core.models import load
+from core.runs import methods
 from core.values.choice import Choice
 
 L_TR = 64
@@ -79,8 +79,9 @@ def test_metric_equals_hand_computation(rope, rope_dir, tau):
     assert got.masked == masked == round(0.15 * 95) + round(0.15 * 79)
     assert got.correct == correct
     assert math.isclose(got.nll, nll, rel_tol=1e-5)
-    rows = mlm.run_mlm(rope, mlm.MlmPlan(lengths=[96], methods=[methods.spell(methods.FIXED, tau)], sequences=1,
-                                         seed=11))
+    rows = mlm.run_mlm(
+        rope, mlm.MlmPlan(lengths=[96], methods=[methods.spell(methods.FIXED, tau)], sequences=1, seed=11)
+    )
     one = _hand(ref(input_ids=torch.as_tensor(seqs[0].ids)[None]).logits[0].detach(), seqs[0].positions, seqs[0].labels)
     assert rows[0]["masked"] == len(seqs[0].labels)
     assert rows[0]["accuracy"] == one[0] / rows[0]["masked"]
@@ -95,14 +96,27 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_cli_json_rows(rope_dir, capsys):
     infoscale = "infoscale"
-    rc, out, _ = _cli(capsys, "--model", str(rope_dir), "--lengths", "1x,2x", "--methods",
-                      f"{methods.AS_TRAINED},{infoscale},tau=0.8", "--sequences", "3", "--seed", "2", "--json")
+    rc, out, _ = _cli(
+        capsys,
+        "--model",
+        str(rope_dir),
+        "--lengths",
+        "1x,2x",
+        "--methods",
+        f"{methods.AS_TRAINED},{infoscale},tau=0.8",
+        "--sequences",
+        "3",
+        "--seed",
+        "2",
+        "--json",
+    )
     assert rc == 0
     doc = json.loads(out)
     assert doc["family"] == "rope" and doc["train_length"] == L_TR
     rows = doc["rows"]
     assert [(r["tokens"], r["method"]) for r in rows] == [
-        (n, m) for n in (64, 128) for m in (methods.AS_TRAINED, infoscale, "tau=0.8")]
+        (n, m) for n in (64, 128) for m in (methods.AS_TRAINED, infoscale, "tau=0.8")
+    ]
     for r in rows:
         assert {"tokens", "train_length", "scheme", "method", "tau", "accuracy", "perplexity", "masked"} <= set(r)
         assert r["scheme"] == "none" and r["train_length"] == L_TR and r["actual_tokens"] == r["tokens"]
@@ -111,8 +125,20 @@ def test_cli_json_rows(rope_dir, capsys):
     taus = {(r["tokens"], r["method"]): r["tau"] for r in rows}
     assert taus[(64, infoscale)] == 1.0 and taus[(128, infoscale)] < 1.0 and taus[(128, "tau=0.8")] == 0.8
     # the same seeds give the same rows
-    rc, again, _ = _cli(capsys, "--model", str(rope_dir), "--lengths", "1x,2x", "--methods",
-                        f"{methods.AS_TRAINED},{infoscale},tau=0.8", "--sequences", "3", "--seed", "2", "--json")
+    rc, again, _ = _cli(
+        capsys,
+        "--model",
+        str(rope_dir),
+        "--lengths",
+        "1x,2x",
+        "--methods",
+        f"{methods.AS_TRAINED},{infoscale},tau=0.8",
+        "--sequences",
+        "3",
+        "--seed",
+        "2",
+        "--json",
+    )
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
     assert strip(json.loads(again)["rows"]) == strip(rows)
 
@@ -120,24 +146,39 @@ def test_cli_json_rows(rope_dir, capsys):
 def test_cli_measured_method_and_cosine_scale(tmp_path, capsys):
     folder = build_tiny_rope(tmp_path, cosine=16.0, seed=6, train_length=L_TR)
     pmax = methods.ALGORITHM1["pmax"]
-    rc, out, _ = _cli(capsys, "--model", str(folder), "--lengths", "2x", "--methods", pmax, "--sequences", "2",
-                      "--cosine-scale", "32", "--json")
+    rc, out, _ = _cli(
+        capsys,
+        "--model",
+        str(folder),
+        "--lengths",
+        "2x",
+        "--methods",
+        pmax,
+        "--sequences",
+        "2",
+        "--cosine-scale",
+        "32",
+        "--json",
+    )
     assert rc == 0
     (row,) = json.loads(out)["rows"]
     assert row["method"] == pmax and row["cosine_scale"] == 32.0 and isinstance(row["reached"], bool)
     assert 0 < row["tau"] <= 1.0
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--lengths", "0x"], "--lengths"),
-    (["--lengths", "1x,,2x"], "--lengths"),
-    (["--lengths", "abc"], "--lengths"),
-    (["--lengths", "4"], "at least 8"),
-    (["--methods", "no-such-method"], "Unknown method"),
-    (["--methods", "tau=0"], "--methods"),
-    (["--sequences", "0"], "--sequences"),
-    (["--cosine-scale", "8"], "dot-product attention"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--lengths", "0x"], "--lengths"),
+        (["--lengths", "1x,,2x"], "--lengths"),
+        (["--lengths", "abc"], "--lengths"),
+        (["--lengths", "4"], "at least 8"),
+        (["--methods", "no-such-method"], "Unknown method"),
+        (["--methods", "tau=0"], "--methods"),
+        (["--sequences", "0"], "--sequences"),
+        (["--cosine-scale", "8"], "dot-product attention"),
+    ],
+)
 def test_cli_bad_input_is_one_line(rope_dir, capsys, args, says):
     rc, out, err = _cli(capsys, "--model", str(rope_dir), "--sequences", "1", *args, "--json")
     assert rc == 2 and out == ""

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny_rope
-from core.experiments import cluster, mlm
-from core.values import positions
 from core.cli import main
 from core.errors import UserError
+from core.experiments import cluster, mlm
 from core.models import load
+from core.values import positions
 
 ROOT = Path(__file__).resolve().parents[2]
 L_TR = 32
@@ -43,8 +43,13 @@ def rope(rope_dir):
 
 
 def _plan(**kw) -> mlm.MlmPlan:
-    base = dict(lengths=[32, 64], methods=["none", "tau=0.7", "pmax"], schemes=("none", "window:window=8"),
-                sequences=3, batch_size=2)  # 12 cells
+    base = dict(
+        lengths=[32, 64],
+        methods=["none", "tau=0.7", "pmax"],
+        schemes=("none", "window:window=8"),
+        sequences=3,
+        batch_size=2,
+    )  # 12 cells
     return mlm.MlmPlan(**{**base, **kw})
 
 
@@ -64,13 +69,18 @@ def _as_csv(value) -> str:
 
 # -- one row per cell, and the CSV is the run's rows -------------------------------------------------------
 
+
 def test_a_run_writes_one_row_per_cell_in_plan_order_and_returns_them(rope, tmp_path):
     plan = _plan()
     out = tmp_path / "m.csv"
     rows = mlm.run_mlm_sweep(rope, plan, out=out)
     written = _rows(out)
-    cells = [(n, positions.Scheme.of(s).name, positions.Scheme.of(s).params_text(), m)
-             for n in plan.lengths for s in plan.schemes for m in plan.methods]
+    cells = [
+        (n, positions.Scheme.of(s).name, positions.Scheme.of(s).params_text(), m)
+        for n in plan.lengths
+        for s in plan.schemes
+        for m in plan.methods
+    ]
     assert len(rows) == len(written) == len(cells) == 12
     assert [(r["tokens"], r["scheme"], r["scheme_params"], r["method"]) for r in rows] == cells
     assert [{k: _as_csv(r[k]) for k in mlm.COLUMNS} for r in rows] == written
@@ -81,23 +91,42 @@ def test_a_run_writes_one_row_per_cell_in_plan_order_and_returns_them(rope, tmp_
 
 def test_the_csv_equals_the_json_rows(rope_dir, tmp_path, capsys):
     out = tmp_path / "cli.csv"
-    argv = ["mlm", "--model", str(rope_dir), "--lengths", "1x,2x", "--schemes", "none,rerope", "--methods", "none,infoscale",
-            "--sequences", "2", "--out", str(out), "--json"]
+    argv = [
+        "mlm",
+        "--model",
+        str(rope_dir),
+        "--lengths",
+        "1x,2x",
+        "--schemes",
+        "none,rerope",
+        "--methods",
+        "none,infoscale",
+        "--sequences",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     written = _rows(out)
     assert len(rows) == len(written) == 8
-    assert [{k: _as_csv(r[k]) for k in mlm.ROW_KEYS} for r in rows] == [{k: w[k] for k in mlm.ROW_KEYS} for w in written]
+    assert [{k: _as_csv(r[k]) for k in mlm.ROW_KEYS} for r in rows] == [
+        {k: w[k] for k in mlm.ROW_KEYS} for w in written
+    ]
     assert {w["model"] for w in written} == {load(str(rope_dir)).spec.name}
     # --resume with nothing left: the same rows, the file untouched
     before = out.read_bytes()
     assert main(argv + ["--resume"]) == 0
     again = json.loads(capsys.readouterr().out)["rows"]
     assert out.read_bytes() == before
-    assert [{k: _as_csv(r[k]) for k in mlm.ROW_KEYS} for r in again] == [{k: w[k] for k in mlm.ROW_KEYS} for w in written]
+    assert [{k: _as_csv(r[k]) for k in mlm.ROW_KEYS} for r in again] == [
+        {k: w[k] for k in mlm.ROW_KEYS} for w in written
+    ]
 
 
 # -- resume ----------------------------------------------------------------------------------------------
+
 
 def test_a_torn_last_row_is_dropped_and_every_missing_cell_run_once(rope, tmp_path):
     plan = _plan()
@@ -114,16 +143,37 @@ def test_a_torn_last_row_is_dropped_and_every_missing_cell_run_once(rope, tmp_pa
     assert _keyed(got) == _keyed(_rows(whole))  # the redone cells are the cells a whole run wrote
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_way_resumes_to_exactly_one_row_per_cell(rope, rope_dir, tmp_path):
     """kill -9 of a CLI run after its first row: --resume keeps its whole rows and adds each missing one once."""
     out = tmp_path / "k.csv"
-    argv = ["mlm", "--model", str(rope_dir), "--lengths", "1x,2x,4x", "--schemes", "none,window:window=8",
-            "--methods", "none,tau=0.7", "--sequences", "4", "--batch-size", "2", "--out", str(out)]
+    argv = [
+        "mlm",
+        "--model",
+        str(rope_dir),
+        "--lengths",
+        "1x,2x,4x",
+        "--schemes",
+        "none,window:window=8",
+        "--methods",
+        "none,tau=0.7",
+        "--sequences",
+        "4",
+        "--batch-size",
+        "2",
+        "--out",
+        str(out),
+    ]
     total = 3 * 2 * 2
     log = tmp_path / "run.log"
     with open(log, "wb") as err:
-        run = subprocess.Popen([sys.executable, "-m", "core", *argv], cwd=ROOT,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=err)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "core", *argv],
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and run.poll() is None:
@@ -169,6 +219,7 @@ def test_bad_engine_options_are_one_line(rope_dir, tmp_path, capsys):
 
 # -- Ray -------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
@@ -183,6 +234,7 @@ def pool(ray_cluster):
         yield p
 
 
+@pytest.mark.slow
 def test_ray_with_one_actor_gives_the_rows_of_a_local_run(rope, pool, tmp_path):
     plan = _plan()
     local = mlm.run_mlm_sweep(rope, plan, out=tmp_path / "local.csv")

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from core.runs import engine
 from core.data import tasks
 from core.experiments.perplexity import PerplexityPlan, run_perplexity, score
+from core.runs import engine
 from core.values.choice import TRAINED, Choice
 
 
@@ -85,9 +85,22 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "core", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_json_contract(tiny_dir):
-    p = _cli("perplexity", "--model", str(tiny_dir), "--lengths", "64,512", "--methods", "none,log-length,0.8",
-             "--sequences", "2", "--continuation", "6", "--json")
+    p = _cli(
+        "perplexity",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "64,512",
+        "--methods",
+        "none,log-length,0.8",
+        "--sequences",
+        "2",
+        "--continuation",
+        "6",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["train_length"] == 256 and len(out["rows"]) == 6
@@ -95,12 +108,15 @@ def test_cli_json_contract(tiny_dir):
         assert {"tokens", "train_length", "method", "tau", "perplexity", "sequences"} <= set(row)
         assert row["sequences"] == 2 and row["perplexity"] > 1
     tau = {(r["tokens"], r["method"]): r["tau"] for r in out["rows"]}
-    assert tau[(512, "log-length")] == pytest.approx(math.log(256) / math.log(512), abs=0.005)  # of the sequence's own length
+    assert tau[(512, "log-length")] == pytest.approx(
+        math.log(256) / math.log(512), abs=0.005
+    )  # of the sequence's own length
     assert tau[(64, "tau=0.8")] == 0.8
 
 
-@pytest.mark.parametrize("args", [("--sequences", "0"), ("--methods", "bogus"), ("--lengths", "0x"),
-                                  ("--calib-seed", "0")])
+@pytest.mark.parametrize(
+    "args", [("--sequences", "0"), ("--methods", "bogus"), ("--lengths", "0x"), ("--calib-seed", "0")]
+)
 def test_cli_bad_input_is_one_line(tiny_dir, args, capsys):
     from core.cli import main
 

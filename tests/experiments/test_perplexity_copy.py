@@ -9,13 +9,20 @@ import sys
 
 import pandas as pd
 import pytest
-from conftest import bench_module
 
-from core.runs import methods
+from conftest import bench_module
 from core.errors import UserError
+from core.experiments.perplexity import (
+    COPY_MIXED,
+    COPY_WITH,
+    COPY_WITHOUT,
+    PerplexityPlan,
+    perplexity_table,
+    run_perplexity,
+    sequences,
+)
 from core.models import load
-from core.experiments.perplexity import (COPY_MIXED, COPY_WITH, COPY_WITHOUT, PerplexityPlan, perplexity_table, run_perplexity,
-                             sequences)
+from core.runs import methods
 
 
 @pytest.fixture(scope="module")
@@ -44,24 +51,53 @@ def test_with_and_without_are_the_same_seeds_with_and_without_the_copy(bundled):
 
 def test_rows_per_copy_kind_in_csv_table_and_json(bundled, tmp_path):
     out = tmp_path / "p.csv"
-    plan = PerplexityPlan(model="m", lengths=[128, 256], methods=[methods.AS_TRAINED, methods.BASELINE], sequences=2,
-                          continuation=8, copies=(COPY_WITH, COPY_WITHOUT))
+    plan = PerplexityPlan(
+        model="m",
+        lengths=[128, 256],
+        methods=[methods.AS_TRAINED, methods.BASELINE],
+        sequences=2,
+        continuation=8,
+        copies=(COPY_WITH, COPY_WITHOUT),
+    )
     df = run_perplexity(bundled, plan, out=out)
     assert len(df) == 8 and set(df["copy"]) == {COPY_WITH, COPY_WITHOUT}
     assert (df["last_seed"] >= df["first_seed"]).all()
     a = df.set_index(["tokens", "method", "copy"])["perplexity"]
     assert a[(256, methods.AS_TRAINED, COPY_WITH)] != a[(256, methods.AS_TRAINED, COPY_WITHOUT)]
     table = perplexity_table(df)
-    assert table.index.names == ["copy", "method"] and table.loc[(COPY_WITH, methods.BASELINE), 256] == \
-        pytest.approx(a[(256, methods.BASELINE, COPY_WITH)], abs=0.01)
+    assert table.index.names == ["copy", "method"] and table.loc[(COPY_WITH, methods.BASELINE), 256] == pytest.approx(
+        a[(256, methods.BASELINE, COPY_WITH)], abs=0.01
+    )
     again = run_perplexity(bundled, plan, out=out, resume=True)  # every cell done: nothing rerun
     assert len(again) == 8 and len(out.read_text().splitlines()) == 9
 
 
+@pytest.mark.slow
 def test_cli_copy_split_json(bundled):
-    p = subprocess.run([sys.executable, "-m", "core", "perplexity", "--model", "retrieval-t5", "--lengths", "1x",
-                        "--methods", methods.AS_TRAINED, "--sequences", "2", "--continuation", "8", "--copy",
-                        "split,mixed", "--json"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core",
+            "perplexity",
+            "--model",
+            "retrieval-t5",
+            "--lengths",
+            "1x",
+            "--methods",
+            methods.AS_TRAINED,
+            "--sequences",
+            "2",
+            "--continuation",
+            "8",
+            "--copy",
+            "split,mixed",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["rows"]
     assert sorted(str(r["copy"]) for r in rows) == ["False", "None", "True"]
@@ -80,14 +116,22 @@ def test_cli_bad_copy_is_one_line(args, capsys):
 
 def test_plan_refuses_unknown_kinds_and_lengths_too_short_for_a_copy(bundled):
     with pytest.raises(UserError, match="copies"):
-        run_perplexity(bundled, PerplexityPlan(model="m", lengths=[128], methods=[methods.AS_TRAINED], sequences=2,
-                                               copies=("sometimes",)))
+        run_perplexity(
+            bundled,
+            PerplexityPlan(model="m", lengths=[128], methods=[methods.AS_TRAINED], sequences=2, copies=("sometimes",)),
+        )
     with pytest.raises(UserError, match="earlier copy at 40 tokens"):
-        run_perplexity(bundled, PerplexityPlan(model="m", lengths=[40], methods=[methods.AS_TRAINED], sequences=2,
-                                               copies=(COPY_WITH,)))
+        run_perplexity(
+            bundled,
+            PerplexityPlan(model="m", lengths=[40], methods=[methods.AS_TRAINED], sequences=2, copies=(COPY_WITH,)),
+        )
     with pytest.raises(UserError, match="overlap"):
-        run_perplexity(bundled, PerplexityPlan(model="m", lengths=[128], methods=[methods.AS_TRAINED], sequences=10,
-                                               calib_seed=30, copies=(COPY_WITH,)))
+        run_perplexity(
+            bundled,
+            PerplexityPlan(
+                model="m", lengths=[128], methods=[methods.AS_TRAINED], sequences=10, calib_seed=30, copies=(COPY_WITH,)
+            ),
+        )
 
 
 def test_old_rows_without_a_copy_column_read_as_mixed():
@@ -102,8 +146,14 @@ def _results_bench():
 def test_bench_table_has_a_block_per_copy_kind_and_an_oracle_each(bundled):
     bench = _results_bench()
     fixed = [methods.spell(methods.FIXED, t) for t in (0.9, 0.7)]
-    plan = PerplexityPlan(model="m", lengths=[256, 512], methods=[methods.AS_TRAINED, *fixed], sequences=2,
-                          continuation=8, copies=(COPY_WITH, COPY_WITHOUT))
+    plan = PerplexityPlan(
+        model="m",
+        lengths=[256, 512],
+        methods=[methods.AS_TRAINED, *fixed],
+        sequences=2,
+        continuation=8,
+        copies=(COPY_WITH, COPY_WITHOUT),
+    )
     df = run_perplexity(bundled, plan)
     text = bench.lm_markdown(df, "m", 256, 8, 2)
     blocks = text.split("## copy: ")[1:]

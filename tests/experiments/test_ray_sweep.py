@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from core.experiments import batch, cluster, csvio
-from core.cli import main
-from core.experiments.sweep import KEY, SweepPlan, run_sweep
-
 from conftest import build_tiny_t5
+from core.cli import main
+from core.experiments import batch, cluster, csvio
+from core.experiments.sweep import KEY, SweepPlan, run_sweep
 
 ray = pytest.importorskip("ray")
 
@@ -65,13 +64,22 @@ def _sweep_key(r: dict) -> tuple:
 
 
 def _plan(**kw) -> SweepPlan:
-    base = dict(model="tiny", task="passkey", lengths=[300, 400], depths=[0.2, 0.8], seeds=[0, 1],
-                methods=["none", "0.7", "pmax"], calib_samples=2)  # 24 rows
+    base = dict(
+        model="tiny",
+        task="passkey",
+        lengths=[300, 400],
+        depths=[0.2, 0.8],
+        seeds=[0, 1],
+        methods=["none", "0.7", "pmax"],
+        calib_samples=2,
+    )  # 24 rows
     return SweepPlan(**{**base, **kw})
 
 
 # -- a killed driver ---------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_a_driver_killed_mid_run_resumes_to_exactly_one_row_per_cell(tiny, tiny_dir, pool, ray_cluster, tmp_path):
     """kill -9 of a CLI driver on the cluster: its actor dies with it, the resumed sweep adds each missing row once.
 
@@ -79,14 +87,37 @@ def test_a_driver_killed_mid_run_resumes_to_exactly_one_row_per_cell(tiny, tiny_
     one use) starts its own meanwhile on the other CPU."""
     out = tmp_path / "s.csv"
     lengths, depths, samples, methods = [300], [0.1, 0.3, 0.5, 0.7, 0.9], 2, ["none", "0.7"]
-    argv = ["sweep", "--model", str(tiny_dir), "--lengths", ",".join(map(str, lengths)),
-            "--depths", ",".join(map(str, depths)), "--samples", str(samples), "--methods", ",".join(methods),
-            "--engine", "ray", "--address", ray_cluster, "--actors", "1", "--out", str(out)]
+    argv = [
+        "sweep",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        ",".join(map(str, lengths)),
+        "--depths",
+        ",".join(map(str, depths)),
+        "--samples",
+        str(samples),
+        "--methods",
+        ",".join(methods),
+        "--engine",
+        "ray",
+        "--address",
+        ray_cluster,
+        "--actors",
+        "1",
+        "--out",
+        str(out),
+    ]
     total = len(lengths) * len(depths) * samples * len(methods)  # 20 rows: 4 jobs of 5 on one actor
     log = tmp_path / "driver.log"
     with open(log, "wb") as err:
-        driver = subprocess.Popen([sys.executable, "-m", "core", *argv], cwd=ROOT,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=err)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "core", *argv],
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     starting = threading.Thread(target=pool.prepare, args=(pool.model_ref(tiny),))
     starting.start()
     try:
@@ -106,8 +137,14 @@ def test_a_driver_killed_mid_run_resumes_to_exactly_one_row_per_cell(tiny, tiny_
         starting.join(120)
     killed = _rows(out)
     assert 1 <= len(killed) < total
-    plan = SweepPlan(model=tiny.spec.name, task="passkey", lengths=lengths, depths=depths, seeds=list(range(samples)),
-                     methods=methods)
+    plan = SweepPlan(
+        model=tiny.spec.name,
+        task="passkey",
+        lengths=lengths,
+        depths=depths,
+        seeds=list(range(samples)),
+        methods=methods,
+    )
     df = run_sweep(tiny, plan, out=out, resume=True, pool=pool)
     rows = _rows(out)
     assert rows[: len(killed) - 1] == killed[:-1]  # whole rows kept (the last may have been torn and redone)
@@ -115,6 +152,7 @@ def test_a_driver_killed_mid_run_resumes_to_exactly_one_row_per_cell(tiny, tiny_
 
 
 # -- the same rows ----------------------------------------------------------------------------
+
 
 def test_a_generated_sweep_on_ray_gives_the_rows_of_a_local_one(tiny, pool, tmp_path):
     plan = _plan(seeds=[0])
@@ -148,11 +186,17 @@ def _docs(n: int) -> list[dict]:
     out = []
     for i in range(n):
         if i % 2:
-            out.append({"id": f"d{i}", "text": f"Note {i}: the code word is tulip{i}. " * (2 + i % 5),
-                        "expected": f"tulip{i}"})
+            out.append(
+                {"id": f"d{i}", "text": f"Note {i}: the code word is tulip{i}. " * (2 + i % 5), "expected": f"tulip{i}"}
+            )
         else:
-            out.append({"context": f"Item {i} costs {100 + i} coins. " * (1 + i % 4), "question": "How much?",
-                        "expected": 100 + i})
+            out.append(
+                {
+                    "context": f"Item {i} costs {100 + i} coins. " * (1 + i % 4),
+                    "question": "How much?",
+                    "expected": 100 + i,
+                }
+            )
     return out
 
 
@@ -160,8 +204,12 @@ def test_a_jsonl_sweep_on_ray_gives_the_rows_of_a_local_one(tiny, pool, tmp_path
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in _docs(6)), encoding="utf-8")
     items = batch.read_jsonl(data, tiny.tokenizer, report=pytest.fail)
-    settings = [batch.Setting("none", "none"), batch.Setting("tau=0.7", "fixed", 0.7),
-                batch.Setting("log-length", "log-length"), batch.Setting("pmax", "pmax")]
+    settings = [
+        batch.Setting("none", "none"),
+        batch.Setting("tau=0.7", "fixed", 0.7),
+        batch.Setting("log-length", "log-length"),
+        batch.Setting("pmax", "pmax"),
+    ]
     a, b = tmp_path / "local.csv", tmp_path / "ray.csv"
     ca = batch.run_items(tiny, items, settings, out=a, batch_size=4)
     cb = batch.run_items(tiny, items, settings, out=b, batch_size=4, pool=pool)
@@ -183,10 +231,14 @@ def test_the_results_table_on_ray_is_the_local_one(tiny_dir, pool, tmp_path):
     remote = rb.run_model(*args, tmp_path / "ray", stats_docs=2, pool=pool)
     name = f"{tiny_dir.name}.csv"
     assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
-    assert len(remote) == len(local) == len(rb.METHODS) + len(rb.FIXED) and not (tmp_path / "ray" / f"{tiny_dir.name}.partial.json").exists()
+    assert (
+        len(remote) == len(local) == len(rb.METHODS) + len(rb.FIXED)
+        and not (tmp_path / "ray" / f"{tiny_dir.name}.partial.json").exists()
+    )
 
 
 # -- a stopped driver -----------------------------------------------------------------------------
+
 
 def test_ctrl_c_cancels_outstanding_jobs_and_keeps_finished_rows(tiny, pool, tmp_path):
     """Ctrl-C while a job is out (raised where the driver waits): the job is cancelled between two documents,
@@ -201,8 +253,9 @@ def test_ctrl_c_cancels_outstanding_jobs_and_keeps_finished_rows(tiny, pool, tmp
         return False
 
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(tiny, plan, out=out, pool=pool, progress=lambda d, t, row: row and rows_seen.append(row),
-                  should_stop=ctrl_c)
+        run_sweep(
+            tiny, plan, out=out, pool=pool, progress=lambda d, t, row: row and rows_seen.append(row), should_stop=ctrl_c
+        )
     kept = _rows(out)
     assert 1 <= len(kept) < plan.total and not csvio.lock_path(out).exists()
     actor = pool._pool[0]
@@ -214,6 +267,7 @@ def test_ctrl_c_cancels_outstanding_jobs_and_keeps_finished_rows(tiny, pool, tmp
 
 
 # -- failures --------------------------------------------------------------------------------------
+
 
 def test_a_failing_job_is_reported_with_its_cells_and_the_rest_finish(pool, tmp_path):
     """A model whose layer-0 logits are ~1e36 runs at tau = 1, and overflows float32 at tau = 0.001 (NaN): every
@@ -252,8 +306,10 @@ def _job(loaded, payload):
 
 def test_a_job_whose_actor_dies_is_retried_and_one_that_raises_is_reported_after_two_tries(pool, tmp_path):
     names = ["a", "b", "die-once", "raise", "c", "d"]
-    jobs = [cluster.Job(_job, (w, str(tmp_path / f"{w}.tries")), f"job {w}", passes=((1, 100 + i),))
-            for i, w in enumerate(names)]
+    jobs = [
+        cluster.Job(_job, (w, str(tmp_path / f"{w}.tries")), f"job {w}", passes=((1, 100 + i),))
+        for i, w in enumerate(names)
+    ]
     done, failed = [], []
     assert pool.run(jobs, lambda job, result: done.append(result), lambda job, why: failed.append((job.label, why)))
     assert sorted(done) == sorted(w for w in names if w != "raise")
@@ -264,35 +320,42 @@ def test_a_job_whose_actor_dies_is_retried_and_one_that_raises_is_reported_after
 
 # -- the scheduler ----------------------------------------------------------------------------------
 
+
 def _sized(tokens: int, unlocks: float = 0.0) -> cluster.Job:
     return cluster.Job(_job, None, f"{tokens}", passes=((1, tokens),), unlocks=unlocks)
 
 
 def test_the_queue_gives_the_heaviest_first_and_counts_what_a_job_unlocks():
-    q = cluster.Queue([_sized(256), _sized(4096), _sized(1024), _sized(512, unlocks=4096.0 ** 2)])
+    q = cluster.Queue([_sized(256), _sized(4096), _sized(1024), _sized(512, unlocks=4096.0**2)])
     assert [q.pop().label for _ in range(len(q))] == ["512", "4096", "1024", "256"]
 
 
 def test_heaviest_first_ends_sooner_than_in_order_and_the_simulation_adds_up():
     jobs = [_sized(n) for n in [256] * 20 + [4096]]  # the big one last, as a plan lists it
-    seconds = lambda job: job.cost / 256.0 ** 2  # noqa: E731
+    seconds = lambda job: job.cost / 256.0**2  # noqa: E731
     heavy = cluster.simulate(jobs, 2, seconds)
     assert heavy.makespan == 256 and heavy.work == 20 + 256 and heavy.jobs == 21
     fifo_end = 10 + 256  # in order, the 4096-token job starts after ten short ones on each worker
     assert heavy.makespan < fifo_end
-    follow = cluster.simulate([_sized(1024, unlocks=1.0)], 4, seconds, follow=lambda j: [_sized(256)] * 8 if j.label == "1024" else [])
+    follow = cluster.simulate(
+        [_sized(1024, unlocks=1.0)], 4, seconds, follow=lambda j: [_sized(256)] * 8 if j.label == "1024" else []
+    )
     assert follow.makespan == 16 + 2 and follow.jobs == 9
 
 
 # -- bad options: one line, exit 2, before anything starts -----------------------------------------
 
-@pytest.mark.parametrize("argv,why", [
-    (["--address", "auto"], "only with --engine ray"),
-    (["--actors", "2"], "only with --engine ray"),
-    (["--engine", "ray", "--address", "127.0.0.1:9"], "cannot reach a Ray cluster"),
-    (["--engine", "ray", "--address", "nonsense"], "not host:port"),
-    (["--engine", "ray", "--actors", "0"], "--actors must be"),
-])
+
+@pytest.mark.parametrize(
+    "argv,why",
+    [
+        (["--address", "auto"], "only with --engine ray"),
+        (["--actors", "2"], "only with --engine ray"),
+        (["--engine", "ray", "--address", "127.0.0.1:9"], "cannot reach a Ray cluster"),
+        (["--engine", "ray", "--address", "nonsense"], "not host:port"),
+        (["--engine", "ray", "--actors", "0"], "--actors must be"),
+    ],
+)
 def test_bad_cluster_options_exit_2_in_one_line(tiny_dir, tmp_path, capsys, argv, why):
     out = tmp_path / "s.csv"
     out.write_bytes(b"precious\r\n")

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from core.experiments import batch, csvio
 from core.cli import main
 from core.errors import UserError
+from core.experiments import batch, csvio
 from core.experiments.sweep import COLUMNS, KEY, SweepPlan, run_sweep
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,6 +52,7 @@ def _cut_last_row(path: Path, keep_newline_r: bool) -> bytes:
 
 
 # -- two writers -----------------------------------------------------------------------
+
 
 def test_second_sweep_on_the_same_out_is_refused_and_rows_stay_intact(tiny, tiny_dir, tmp_path, capsys):
     out = tmp_path / "results.csv"
@@ -100,8 +100,10 @@ def test_lock_is_released_when_a_sweep_is_interrupted(tiny, tmp_path):
 
 
 def _items(tiny, tmp_path: Path, n: int = 6, extra: list[dict] = ()) -> list[batch.Item]:
-    docs = [{"id": f"d{i}", "text": f"Note {i}: the code word is tulip{i}. " * (1 + i % 3), "expected": f"tulip{i}"}
-            for i in range(n)] + list(extra)
+    docs = [
+        {"id": f"d{i}", "text": f"Note {i}: the code word is tulip{i}. " * (1 + i % 3), "expected": f"tulip{i}"}
+        for i in range(n)
+    ] + list(extra)
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
     return batch.read_jsonl(data, tiny.tokenizer, report=pytest.fail)
@@ -129,6 +131,7 @@ def test_second_batch_run_on_the_same_out_is_refused_and_rows_stay_intact(tiny, 
 
 
 # -- a torn last row ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("keep_newline_r", [False, True], ids=["mid-row", "newline-missing"])
 def test_sweep_resume_redoes_a_torn_last_row_once(tiny, tmp_path, keep_newline_r):
@@ -184,11 +187,17 @@ def test_resume_drops_a_row_cut_inside_a_quoted_multiline_cell(tmp_path):
     assert out.read_bytes() == data
 
 
-@pytest.mark.parametrize("content,why", [
-    (b"a,b\r\n1,2\r\n", "not a sweep CSV"),
-    (b"\xff\xfe junk", "not UTF-8"),
-    (",".join(COLUMNS).encode() + b"\r\n1,2,3\r\n" + b"x," * (len(COLUMNS) - 1) + b"x\r\n", "record 2 has 3 fields"),
-])
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        (b"a,b\r\n1,2\r\n", "not a sweep CSV"),
+        (b"\xff\xfe junk", "not UTF-8"),
+        (
+            ",".join(COLUMNS).encode() + b"\r\n1,2,3\r\n" + b"x," * (len(COLUMNS) - 1) + b"x\r\n",
+            "record 2 has 3 fields",
+        ),
+    ],
+)
 def test_resume_refuses_a_file_that_is_not_a_whole_sweep_csv(tiny, tmp_path, content, why):
     out = tmp_path / "s.csv"
     out.write_bytes(content)
@@ -199,11 +208,23 @@ def test_resume_refuses_a_file_that_is_not_a_whole_sweep_csv(tiny, tmp_path, con
 
 # -- options checked before anything is deleted ------------------------------------------------
 
-@pytest.mark.parametrize("bad", [
-    {"depths": [1.5]}, {"depths": [float("nan")]}, {"lengths": [0]}, {"lengths": [300.5]}, {"lengths": [5]},
-    {"seeds": [0.5]}, {"methods": ["bogus"]}, {"methods": ["-1"]}, {"methods": ["inf"]}, {"task": "nope"},
-    {"calib_samples": 0},
-])
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"depths": [1.5]},
+        {"depths": [float("nan")]},
+        {"lengths": [0]},
+        {"lengths": [300.5]},
+        {"lengths": [5]},
+        {"seeds": [0.5]},
+        {"methods": ["bogus"]},
+        {"methods": ["-1"]},
+        {"methods": ["inf"]},
+        {"task": "nope"},
+        {"calib_samples": 0},
+    ],
+)
 def test_bad_sweep_option_leaves_an_existing_csv_untouched(tiny, tmp_path, bad):
     out = tmp_path / "existing.csv"
     out.write_bytes(b"precious,rows\r\n1,2\r\n")
@@ -276,8 +297,9 @@ def test_the_guard_makes_a_sweep_take_turns_with_other_passes(tiny, tmp_path):
     t = threading.Thread(target=other_session)
     t.start()
     holding.wait(5)
-    s = threading.Thread(target=lambda: run_sweep(tiny, _plan(), progress=lambda d, n, r: r and rows.append(r),
-                                                  guard=gate.foreground))
+    s = threading.Thread(
+        target=lambda: run_sweep(tiny, _plan(), progress=lambda d, n, r: r and rows.append(r), guard=gate.foreground)
+    )
     s.start()
     time.sleep(1.0)
     assert rows == []  # waiting for the gate

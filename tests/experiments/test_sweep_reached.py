@@ -6,15 +6,22 @@ import csv
 
 import pytest
 
-from core.runs import methods
 from core.data import tasks
 from core.errors import UserError
 from core.experiments.sweep import COLUMNS, SweepPlan, run_sweep
+from core.runs import methods
 
 
 def _plan(tiny, **kw) -> SweepPlan:
-    base = dict(model=tiny.spec.name, task="passkey", lengths=[tiny.train_length, 4 * tiny.train_length],
-                depths=[0.5], seeds=[0, 1], methods=["none", "pmax", "log-length"], calib_samples=2)
+    base = dict(
+        model=tiny.spec.name,
+        task="passkey",
+        lengths=[tiny.train_length, 4 * tiny.train_length],
+        depths=[0.5],
+        seeds=[0, 1],
+        methods=["none", "pmax", "log-length"],
+        calib_samples=2,
+    )
     return SweepPlan(**{**base, **kw})
 
 

@@ -14,12 +14,12 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from conftest import adaptive_beta, adaptive_softmax
 from core.mechanics import attention, softmax_block
 from core.mechanics.attention import aligned_attention, attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
-from core.values.schedule import ADAPTIVE
-from conftest import adaptive_beta, adaptive_softmax
 from core.values.choice import TRAINED, Choice
+from core.values.schedule import ADAPTIVE
 from support.reference import REF, adaptive_reference
 
 
@@ -30,8 +30,9 @@ def _poly(h: float) -> float:
 def _attend(q, k, v, bias=None, mask=None, **settings):
     """Our attention function on bare tensors (an encoder self-attention: a module with no flags)."""
     with torch.no_grad(), attention_call(Choice.of(**settings)):
-        out, weights = aligned_attention(torch.nn.Module(), q, k, v, mask, scaling=1.0, position_bias=bias,
-                                         output_attentions=True)
+        out, weights = aligned_attention(
+            torch.nn.Module(), q, k, v, mask, scaling=1.0, position_bias=bias, output_attentions=True
+        )
     return out, weights
 
 
@@ -97,6 +98,7 @@ def test_it_touches_only_the_targeted_attentions():
 
 class _Decoderish(torch.nn.Module):
     """A cross-attention as the attention function tells kinds apart (``is_decoder``, not causal)."""
+
     is_decoder, is_causal = True, False
 
 
@@ -115,7 +117,6 @@ def test_every_other_backend_declines_it():
 
 
 # -- a real small model -------------------------------------------------------------------------------------------
-
 
 
 def test_a_real_model_pass_matches_an_independent_reference(tiny):

@@ -10,10 +10,10 @@ import torch
 from transformers import T5ForConditionalGeneration
 
 from core.mechanics.attention import attention_call
-from core.values.schedule import RowTau, Schedule
 from core.mechanics.probes import ProbeSpec, Recorder
-from core.values.choice import TRAINED, Choice
 from core.mechanics.run_pass import Pass
+from core.values.choice import TRAINED, Choice
+from core.values.schedule import RowTau, Schedule
 
 
 def _batch(seed=0, n=60, pad_from=45):
@@ -45,8 +45,10 @@ def test_generate_equals_transformers(tiny, tiny_dir):
     ids, mask = _batch(3)
     kw = dict(max_new_tokens=6, do_sample=False, num_beams=1)
     with torch.no_grad():
-        assert torch.equal(ref.generate(input_ids=ids, attention_mask=mask, **kw),
-                           tiny.model.generate(input_ids=ids, attention_mask=mask, **kw))
+        assert torch.equal(
+            ref.generate(input_ids=ids, attention_mask=mask, **kw),
+            tiny.model.generate(input_ids=ids, attention_mask=mask, **kw),
+        )
 
 
 def _stats(model, ids, mask, tau=1.0, chunk_bytes=256 * 2**20, spec=None, targets=("encoder",)):
@@ -87,8 +89,9 @@ def test_chunked_equals_unchunked(tiny):
     np.testing.assert_allclose(r_big.sorted_logits, r_small.sorted_logits, atol=1e-4)
 
 
-@pytest.mark.parametrize("tau", [1.0, 0.6, [[0.5, 0.7, 0.9, 1.0], [0.8, 0.6, 1.0, 0.55]]],
-                         ids=["tau-1", "tau-0.6", "per-head"])
+@pytest.mark.parametrize(
+    "tau", [1.0, 0.6, [[0.5, 0.7, 0.9, 1.0], [0.8, 0.6, 1.0, 0.55]]], ids=["tau-1", "tau-0.6", "per-head"]
+)
 @pytest.mark.parametrize("chunk_bytes", [1, 2000, 256 * 2**20], ids=["row-blocks", "small-blocks", "one-block"])
 def test_fused_path_equals_the_probed_path(tiny, tau, chunk_bytes):
     """Without a recorder the blocks go through torch's fused kernel, the bias divided into a
@@ -172,6 +175,7 @@ def test_block_budget_is_checked():
 
 # -- a tau per query row (Llama 4's attention temperature tuning) ---------------------------------------------
 
+
 class _EncoderModule(torch.nn.Module):
     """What aligned_attention reads of a T5 attention module: not a decoder, layer 0, no cosine config."""
 
@@ -224,13 +228,20 @@ def test_row_tau_in_a_model_and_its_keys(tiny):
     want = float(np.mean([1 / (0.1 * np.log1p((p + 1) // 16) + 1) for p in range(90)]))
     assert s.mean(90) == pytest.approx(want, rel=1e-12)
     assert np.unique(s.matrix(2, 4, rows=90)).item() == pytest.approx(want)
-    for bad in (dict(floor_scale=0), dict(floor_scale=2.5), dict(floor_scale=4, attn_scale=float("nan")),
-                dict(floor_scale=4, scheme="qwen"), dict(floor_scale=10**400), dict(floor_scale=4, attn_scale=1e300)):
+    for bad in (
+        dict(floor_scale=0),
+        dict(floor_scale=2.5),
+        dict(floor_scale=4, attn_scale=float("nan")),
+        dict(floor_scale=4, scheme="qwen"),
+        dict(floor_scale=10**400),
+        dict(floor_scale=4, attn_scale=1e300),
+    ):
         with pytest.raises(ValueError):
             RowTau(**bad)
 
 
 # -- one softmax block: the backends and their choice ---------------------------------------------------------
+
 
 def _block_inputs(tau="head", **kw):
     """A call's inputs as aligned_attention makes them: 2 items x 3 heads x 37 rows, a RelativeBias, item 1's
@@ -243,10 +254,14 @@ def _block_inputs(tau="head", **kw):
     q, k, v = (torch.randn(b, h, n, d, generator=g) * 2 for _ in range(3))
     mask = torch.ones(b, 1, 1, n, dtype=torch.bool)
     mask[1, ..., 29:] = False
-    t = {"head": torch.tensor([0.5, 0.8, 1.3]).view(h, 1, 1), "row": torch.linspace(0.6, 1.2, n).view(1, n, 1),
-         None: None}[tau]
-    args = dict(query=q, key=k, value=v, mask=mask, bias=RelativeBias(torch.randn(h, 2 * n - 1, generator=g), n, n),
-                tau=t)
+    t = {
+        "head": torch.tensor([0.5, 0.8, 1.3]).view(h, 1, 1),
+        "row": torch.linspace(0.6, 1.2, n).view(1, n, 1),
+        None: None,
+    }[tau]
+    args = dict(
+        query=q, key=k, value=v, mask=mask, bias=RelativeBias(torch.randn(h, 2 * n - 1, generator=g), n, n), tau=t
+    )
     return Inputs(**{**args, **kw})
 
 
@@ -261,22 +276,33 @@ def test_choose_backend_is_the_one_place_with_the_rules(monkeypatch):
     kernel = sb.CPU_KERNEL if fused_softmax.available() else sb.SDPA
     assert sb.choose_backend(x) == kernel
     assert sb.choose_backend(dataclasses.replace(x, needs=probed)) == (
-        sb.CPU_KERNEL if fused_softmax.available() else sb.TORCH)
+        sb.CPU_KERNEL if fused_softmax.available() else sb.TORCH
+    )
     # what only the torch backend does: the decoder's causal mask, whole weights, dropout, autograd with probes
     for change in (dict(causal=True, mask=None), dict(weights=True), dict(dropout=0.1), dict(grad=True, needs=probed)):
         assert sb.choose_backend(dataclasses.replace(x, **change)) == sb.TORCH, change
     assert sb.choose_backend(dataclasses.replace(x, grad=True)) == sb.SDPA  # autograd, nothing probed
-    assert sb.choose_backend(dataclasses.replace(x, query=x.query.double(), key=x.key.double(),
-                                                 value=x.value.double())) == sb.SDPA
+    assert (
+        sb.choose_backend(dataclasses.replace(x, query=x.query.double(), key=x.key.double(), value=x.value.double()))
+        == sb.SDPA
+    )
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "0")
     assert sb.choose_backend(x) == sb.SDPA
     assert sb.choose_backend(dataclasses.replace(x, needs=probed)) == sb.TORCH
     # the CUDA kernel: registered, available only with a GPU and Triton, never chosen for a CPU tensor
-    assert sb.CUDA in sb.BACKENDS and sb.BACKENDS[sb.CUDA].available == torch.cuda.is_available() and \
-        sb.BACKENDS[sb.CUDA].available == sb._cuda_usable()
+    assert (
+        sb.CUDA in sb.BACKENDS
+        and sb.BACKENDS[sb.CUDA].available == torch.cuda.is_available()
+        and sb.BACKENDS[sb.CUDA].available == sb._cuda_usable()
+    )
     assert sb.cuda_serves(x) and sb.cuda_serves(dataclasses.replace(x, needs=probed))
-    for change in (dict(causal=True, mask=None), dict(weights=True), dict(grad=True),
-                   dict(needs=sb.Needs(stats=True, probs=True)), dict(needs=sb.Needs(raw_rows=lambda a, b: None))):
+    for change in (
+        dict(causal=True, mask=None),
+        dict(weights=True),
+        dict(grad=True),
+        dict(needs=sb.Needs(stats=True, probs=True)),
+        dict(needs=sb.Needs(raw_rows=lambda a, b: None)),
+    ):
         assert not sb.cuda_serves(dataclasses.replace(x, **change)), change
 
 
@@ -286,10 +312,8 @@ def test_every_backend_gives_the_same_block(tau):
     dots and raw-logit rows, and every backend (sdpa included) the same output rows."""
     import dataclasses
 
-    from core.mechanics import fused_softmax
+    from core.mechanics import flash_attention, fused_softmax
     from core.mechanics import softmax_block as sb
-
-    from core.mechanics import flash_attention
 
     x = _block_inputs(tau, needs=sb.Needs(stats=True, raw_rows=lambda r0, r1: torch.arange(0, r1 - r0, 3)))
     names = [sb.TORCH, sb.SDPA] + ([sb.CPU_KERNEL] if fused_softmax.available() else [])
@@ -297,8 +321,13 @@ def test_every_backend_gives_the_same_block(tau):
     names += [sb.CUDA] if flash_attention.has_triton() and flash_attention.interpreted() else []
     blocks = {}
     for name in names:
-        given = dataclasses.replace(x, needs=None) if name == sb.SDPA else dataclasses.replace(
-            x, needs=sb.Needs(stats=True)) if name == sb.CUDA else x
+        given = (
+            dataclasses.replace(x, needs=None)
+            if name == sb.SDPA
+            else dataclasses.replace(x, needs=sb.Needs(stats=True))
+            if name == sb.CUDA
+            else x
+        )
         rows = sb.open_backend(name, given, 10)
         blocks[name] = []
         for r0 in range(0, 37, 10):
@@ -322,8 +351,14 @@ def test_every_backend_gives_the_same_block(tau):
             torch.testing.assert_close(a.total, b.total, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(a.dot, b.dot, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(a.raw, b.raw, atol=1e-5, rtol=1e-5)
-    want = torch.softmax((x.query @ x.key.transpose(-1, -2) + x.bias.full()) / (1 if x.tau is None else x.tau)
-                         + torch.where(x.mask, 0.0, torch.finfo(torch.float32).min), -1) @ x.value
+    want = (
+        torch.softmax(
+            (x.query @ x.key.transpose(-1, -2) + x.bias.full()) / (1 if x.tau is None else x.tau)
+            + torch.where(x.mask, 0.0, torch.finfo(torch.float32).min),
+            -1,
+        )
+        @ x.value
+    )
     torch.testing.assert_close(torch.cat([b.out for b in ref], 2), want, atol=1e-4, rtol=1e-4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ref[0].r0 = 1
@@ -344,8 +379,9 @@ def test_training_with_probes_and_weights(dropout):
     for grad in (True, False):
         rec = Recorder(ProbeSpec.stats_only(), x.mask[:, 0, 0])
         with torch.set_grad_enabled(grad), attention_call(Choice.of(tau=0.7), None, rec):
-            out, w = aligned_attention(module, q, k, v, mask, scaling=1.0, dropout=dropout,
-                                       position_bias=x.bias.full(), output_attentions=True)
+            out, w = aligned_attention(
+                module, q, k, v, mask, scaling=1.0, dropout=dropout, position_bias=x.bias.full(), output_attentions=True
+            )
         runs[grad] = out, w, rec.finish()
     out, w, r = runs[True]
     out.square().sum().backward()

@@ -50,8 +50,13 @@ def _sleeping_compiler(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _env(tmp_path: Path, bin_folder: Path) -> dict:
-    env = {**os.environ, "PATH": f"{bin_folder}:{os.environ['PATH']}", "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_folder}:{os.environ['PATH']}",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop(fused_softmax.ENV_SWITCH, None)
     return env
 
@@ -88,10 +93,17 @@ def _kill_all(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_build_stops_the_compiler(tmp_path):
     bin_folder, pids_file = _sleeping_compiler(tmp_path)
-    run = subprocess.Popen([sys.executable, "-m", "core", "run", "--tokens", "300", "--device", "cpu"], cwd=ROOT,
-                           env=_env(tmp_path, bin_folder), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "core", "run", "--tokens", "300", "--device", "cpu"],
+        cwd=ROOT,
+        env=_env(tmp_path, bin_folder),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pids: list[int] = []
     try:
         pids = _wait_for_pids(pids_file, run)
@@ -109,8 +121,14 @@ def test_ctrl_c_during_the_build_stops_the_compiler(tmp_path):
 
 def test_a_killed_build_takes_its_compiler_along_and_its_file_goes_at_the_next_build(tmp_path):
     bin_folder, pids_file = _sleeping_compiler(tmp_path)
-    run = subprocess.Popen([sys.executable, "-c", ASK], cwd=ROOT, env=_env(tmp_path, bin_folder),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-c", ASK],
+        cwd=ROOT,
+        env=_env(tmp_path, bin_folder),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pids: list[int] = []
     try:
         pids = _wait_for_pids(pids_file, run)
@@ -127,8 +145,14 @@ def test_a_killed_build_takes_its_compiler_along_and_its_file_goes_at_the_next_b
     assert left, "the killed build left no file: nothing to check"
     # the next build (a compiler that fails at once here) removes the dead process's file, young as it is
     failing = _fake_compiler(tmp_path / "second", "echo 'no compiler today' >&2\nexit 1\n")
-    done = subprocess.run([sys.executable, "-c", ASK], cwd=ROOT, env=_env(tmp_path, failing), capture_output=True,
-                          text=True, timeout=HANG_S)
+    done = subprocess.run(
+        [sys.executable, "-c", ASK],
+        cwd=ROOT,
+        env=_env(tmp_path, failing),
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
     assert done.stdout.startswith("False") and "no compiler today" in done.stdout, done.stderr[-1500:]
     assert list(folder.glob("build-*")) == [], "a dead build's file stayed"
 
@@ -153,16 +177,19 @@ def test_a_planted_library_with_its_digest_is_named_removed_and_rebuilt_by_the_n
     folder = tmp_path / "cache" / "attention-explorer"
     folder.mkdir(mode=0o700, parents=True)
     lib = folder / fused_softmax.library_name()
-    subprocess.run(["g++", *fused_softmax.flags(), str(tmp_path / "wrong.cpp"), "-o", str(lib)], check=True,
-                   timeout=HANG_S)
+    subprocess.run(
+        ["g++", *fused_softmax.flags(), str(tmp_path / "wrong.cpp"), "-o", str(lib)], check=True, timeout=HANG_S
+    )
     (folder / (lib.name + ".sha256")).write_text(fused_softmax._sha256(lib) + "\n")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
     env.pop(fused_softmax.ENV_SWITCH, None)
-    first = subprocess.run([sys.executable, "-c", ASK], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=HANG_S)
+    first = subprocess.run(
+        [sys.executable, "-c", ASK], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S
+    )
     assert first.stdout.startswith("False"), first.stdout + first.stderr
     assert str(lib) in first.stderr and "self-test" in first.stderr and first.stderr.count("\n") == 1, first.stderr
     assert not lib.exists()
-    second = subprocess.run([sys.executable, "-c", ASK], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=HANG_S)
+    second = subprocess.run(
+        [sys.executable, "-c", ASK], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S
+    )
     assert second.stdout.startswith("True"), second.stdout + second.stderr

@@ -30,9 +30,18 @@ TAU = 0.7
 #: the sdpa and kernel backends' other order of sums shows up at 1e-5 of them after two layers).
 TOL = 1e-5
 VOCAB = 128
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.2,
-              tie_word_embeddings=False)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+    tie_word_embeddings=False,
+)
 
 
 def _config(family: str):
@@ -48,13 +57,23 @@ def _config(family: str):
     if family == "qwen3":
         return transformers.Qwen3Config(**COMMON)
     if family == "gemma2":
-        return transformers.Gemma2Config(**COMMON, sliding_window=8, attn_logit_softcapping=1.0,
-                                         final_logit_softcapping=None, query_pre_attn_scalar=24)
+        return transformers.Gemma2Config(
+            **COMMON,
+            sliding_window=8,
+            attn_logit_softcapping=1.0,
+            final_logit_softcapping=None,
+            query_pre_attn_scalar=24,
+        )
     if family == "phi3":
         return transformers.Phi3Config(**{k: v for k, v in COMMON.items() if k != "head_dim"}, pad_token_id=0)
     if family == "gpt_oss":
-        return transformers.GptOssConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
-                                         layer_types=["sliding_attention", "full_attention"])
+        return transformers.GptOssConfig(
+            **COMMON,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+        )
     raise AssertionError(family)
 
 
@@ -63,8 +82,9 @@ FAMILIES = attention.FAMILIES[attention.CAUSAL_LM]
 
 def _model(family: str, seed: int = 0):
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager",
-                                                          dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(
+        _config(family), attn_implementation="eager", dtype=torch.float32
+    )
     if family == "gpt_oss":  # sinks start at 0 here: random ones, so the sink column matters
         with torch.no_grad():
             for m in model.modules():
@@ -171,8 +191,7 @@ def test_generate_with_cache_equals_eager(family, kernel_path):
     model = _model(family)
     ids, mask = _inputs(padded=True)
     steps = 4
-    kw = dict(max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True,
-              pad_token_id=0)
+    kw = dict(max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
     for tau, ref in ((1.0, model), (TAU, _tempered_eager(model, TAU))):
         expect = ref.generate(input_ids=ids, attention_mask=mask, **kw)
         with _Served() as served, apply(model, tau=tau):
@@ -259,12 +278,24 @@ def test_every_backend_serves_grouped_causal_rows(backend, case, monkeypatch):
         kwargs["softcap"] = 1.5
     if case == "sinks":
         kwargs["s_aux"] = torch.randn(8, generator=g)
-    unsupported = ((backend == softmax_block.SDPA and case in ("causal", "softcap", "softcap-step", "sinks"))
-                   or (backend == softmax_block.CPU_KERNEL and case in ("causal", "window", "chunk", "softcap", "sinks")))
+    unsupported = (backend == softmax_block.SDPA and case in ("causal", "softcap", "softcap-step", "sinks")) or (
+        backend == softmax_block.CPU_KERNEL and case in ("causal", "window", "chunk", "softcap", "sinks")
+    )
     if unsupported:
-        assert softmax_block.choose_backend(softmax_block.Inputs(
-            q, k, v, mask, causal=mask is None and q_len > 1, softcap=kwargs.get("softcap"),
-            sinks=kwargs.get("s_aux"))) != backend
+        assert (
+            softmax_block.choose_backend(
+                softmax_block.Inputs(
+                    q,
+                    k,
+                    v,
+                    mask,
+                    causal=mask is None and q_len > 1,
+                    softcap=kwargs.get("softcap"),
+                    sinks=kwargs.get("s_aux"),
+                )
+            )
+            != backend
+        )
         pytest.skip(f"{backend} is not chosen for {case}")
     monkeypatch.setattr(softmax_block, "choose_backend", lambda x: backend)
     choice = Choice.of(tau=TAU, targets=(DECODER,))
@@ -295,7 +326,7 @@ class _Largest(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
         return out
@@ -338,10 +369,12 @@ def test_probes_on_a_decoder_give_pmax_and_entropy(kernel_path):
         w = w.double()
         pmax = w.amax(-1).mean(-1).numpy()
         ent = (-torch.special.xlogy(w, w).sum(-1)).mean(-1).numpy()
-        torch.testing.assert_close(torch.as_tensor(got[f"decoder.{layer}.pmax"]).double(), torch.as_tensor(pmax),
-                                   rtol=0, atol=1e-5)
-        torch.testing.assert_close(torch.as_tensor(got[f"decoder.{layer}.entropy"]).double(), torch.as_tensor(ent),
-                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(
+            torch.as_tensor(got[f"decoder.{layer}.pmax"]).double(), torch.as_tensor(pmax), rtol=0, atol=1e-5
+        )
+        torch.testing.assert_close(
+            torch.as_tensor(got[f"decoder.{layer}.entropy"]).double(), torch.as_tensor(ent), rtol=0, atol=1e-4
+        )
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])

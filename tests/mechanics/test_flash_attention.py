@@ -67,7 +67,7 @@ def test_kernel_equals_torch(bias_kind, tau_kind, shape):
         tau = torch.linspace(0.5, 1.2, m)
         ref_tau = tau.view(1, 1, m, 1)
     keymask = torch.ones(b, n, dtype=torch.bool)
-    keymask[-1, n // 2:] = False
+    keymask[-1, n // 2 :] = False
     got = flash_attention.attend(q, k, v, bias, strides, tau, tau_kind or "head", keymask)
     want = _reference(q, k, v, dense, ref_tau, keymask)
     for name, x, y in zip(("out", "total", "dot", "top"), got, want):
@@ -142,5 +142,6 @@ def test_a_layer_whose_map_is_asked_is_not_served_by_the_cuda_kernel(tiny, monke
 def test_the_cuda_backend_is_chosen_only_on_a_gpu_with_triton():
     """Here (no GPU) it is registered but never available, so no CPU pass can take it."""
     assert softmax_block.BACKENDS[softmax_block.CUDA].open is not None
-    assert softmax_block.BACKENDS[softmax_block.CUDA].available == (torch.cuda.is_available()
-                                                                    and flash_attention.usable())
+    assert softmax_block.BACKENDS[softmax_block.CUDA].available == (
+        torch.cuda.is_available() and flash_attention.usable()
+    )

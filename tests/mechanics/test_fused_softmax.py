@@ -10,14 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from core.runs import engine
-from core.mechanics import fused_softmax
 from core.data import tasks
+from core.mechanics import fused_softmax
 from core.mechanics.attention import attention_call
 from core.mechanics.probes import SORTED_ROWS, ProbeSpec, Recorder, pool_edges
 from core.mechanics.relative_bias import RelativeBias
+from core.runs import engine
 from core.values.choice import Choice
 
 pytestmark = pytest.mark.skipif(not fused_softmax.available(), reason="no C++ compiler here: the kernel is off")
@@ -38,8 +39,15 @@ def _reference(s, bias_dense, tau, keymask):
 
 
 @settings(max_examples=30, deadline=None)
-@given(b=st.integers(1, 3), h=st.integers(1, 5), c=st.integers(1, 40), k=st.integers(1, 300),
-       tau_kind=st.sampled_from(["none", "head", "row"]), masked=st.booleans(), seed=st.integers(0, 10**6))
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 5),
+    c=st.integers(1, 40),
+    k=st.integers(1, 300),
+    tau_kind=st.sampled_from(["none", "head", "row"]),
+    masked=st.booleans(),
+    seed=st.integers(0, 10**6),
+)
 def test_softmax_rows_equals_torch(b, h, c, k, tau_kind, masked, seed):
     """Bias read in place from a RelativeBias vector, tau per head or per row, a padding mask (a row
     with every key masked included): exp, its row sums and sum(exp * shifted) as torch computes them."""
@@ -61,8 +69,9 @@ def test_softmax_rows_equals_torch(b, h, c, k, tau_kind, masked, seed):
     tau_b = None if tau is None else tau.view(1, h, 1, 1) if tau_kind == "head" else tau.view(1, 1, c, 1)
     e, total, dot = _reference(s, dense, tau_b, keymask)
     x = s.clone()
-    t, d = fused_softmax.softmax_rows(x, vec, RelativeBias(vec, q_len, k).strides(r0), tau,
-                                      tau_kind if tau is not None else "head", keymask)
+    t, d = fused_softmax.softmax_rows(
+        x, vec, RelativeBias(vec, q_len, k).strides(r0), tau, tau_kind if tau is not None else "head", keymask
+    )
     torch.testing.assert_close(x, e, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(t, total, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(d, dot, atol=1e-4, rtol=1e-4)
@@ -146,8 +155,12 @@ def test_padded_batch_with_and_without_the_kernel(tiny, monkeypatch):
     choose = softmax_block.choose_backend
 
     def spy(x):
-        chosen.append((choose(x), x.mask is not None and not x.causal and x.query.shape[2] > 1
-                       and x.query.shape[2] == x.key.shape[2]))
+        chosen.append(
+            (
+                choose(x),
+                x.mask is not None and not x.causal and x.query.shape[2] > 1 and x.query.shape[2] == x.key.shape[2],
+            )
+        )
         return chosen[-1][0]
 
     monkeypatch.setattr(softmax_block, "choose_backend", spy)
@@ -173,8 +186,10 @@ def test_sorted_logits_past_the_cap_sort_an_even_sample(tiny):
     ids = torch.randint(5, 250, (1, n))
     att = tiny.model.encoder.block[0].layer[0].SelfAttention
     got = {}
-    hooks = [att.q.register_forward_hook(lambda m, i, o: got.setdefault("q", o)),
-             att.k.register_forward_hook(lambda m, i, o: got.setdefault("k", o))]
+    hooks = [
+        att.q.register_forward_hook(lambda m, i, o: got.setdefault("q", o)),
+        att.k.register_forward_hook(lambda m, i, o: got.setdefault("k", o)),
+    ]
     rec = Recorder(ProbeSpec(heatmap=False, cosine_hist_bins=0), torch.ones(1, n, dtype=torch.bool))
     with torch.no_grad(), attention_call(Choice.of(tau=0.8), None, rec):
         tiny.model.encoder(input_ids=ids)

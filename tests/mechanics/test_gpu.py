@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.runs import engine
 from core.data import tasks
-from core.models import load
 from core.mechanics.probes import ProbeSpec
+from core.models import load
+from core.runs import engine
 from core.values.choice import Choice
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -50,8 +50,9 @@ print(json.dumps(out))
 def _ask(cache: Path, env: dict | None = None, timeout: float = 120) -> tuple[dict, str, int]:
     full = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": str(ROOT), **(env or {})}
     full.pop(fused_softmax.ENV_SWITCH, None)
-    done = subprocess.run([sys.executable, "-c", ASK], capture_output=True, text=True, env=full, timeout=timeout,
-                          cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", ASK], capture_output=True, text=True, env=full, timeout=timeout, cwd=ROOT
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     return (json.loads(lines[-1]) if lines else {}), done.stderr, done.returncode
 
@@ -81,6 +82,7 @@ def test_a_fresh_folder_gets_a_library_with_its_digest_and_a_private_mode(tmp_pa
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
+@pytest.mark.slow
 def test_a_damaged_library_is_rebuilt_not_loaded(tmp_path, damage):
     good = _good_library(tmp_path)
     folder = _folder(tmp_path / "c")
@@ -91,7 +93,9 @@ def test_a_damaged_library_is_rebuilt_not_loaded(tmp_path, damage):
     assert rc == 0, f"the process died (exit {rc}): {err[-400:]}"
     assert got["available"] and got["right"]
     assert "rebuilding" in err and err.count("\n") == 1, err
-    assert lib.read_bytes() == good or fused_softmax._sha256(lib) == (folder / (lib.name + ".sha256")).read_text().strip()
+    assert (
+        lib.read_bytes() == good or fused_softmax._sha256(lib) == (folder / (lib.name + ".sha256")).read_text().strip()
+    )
 
 
 def test_a_foreign_library_never_runs_its_constructor(tmp_path):
@@ -99,9 +103,11 @@ def test_a_foreign_library_never_runs_its_constructor(tmp_path):
     which writes a marker file, never runs; it is replaced by a build of our own."""
     marker = tmp_path / "constructor-ran"
     src = tmp_path / "planted.cpp"
-    src.write_text('#include <cstdio>\n__attribute__((constructor)) static void planted() {'
-                   f' FILE* f = std::fopen("{marker}", "w"); if (f) std::fclose(f); }}\n'
-                   'extern "C" void aae_softmax_rows() {}\n')
+    src.write_text(
+        "#include <cstdio>\n__attribute__((constructor)) static void planted() {"
+        f' FILE* f = std::fopen("{marker}", "w"); if (f) std::fclose(f); }}\n'
+        'extern "C" void aae_softmax_rows() {}\n'
+    )
     folder = _folder(tmp_path / "c")
     lib = folder / fused_softmax.library_name()
     subprocess.run(["g++", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True, timeout=120)
@@ -144,8 +150,9 @@ def test_a_hanging_compiler_is_stopped_and_torchs_path_taken(tmp_path):
     gxx.write_text("#!/bin/sh\nsleep 300\n")
     gxx.chmod(0o755)
     env = {"PATH": f"{fake}:{os.environ['PATH']}"}
-    code = ASK.replace("import json, sys", "import json, sys\nimport core.mechanics.fused_softmax as _f; "
-                       "_f.BUILD_TIMEOUT_S = 2")
+    code = ASK.replace(
+        "import json, sys", "import json, sys\nimport core.mechanics.fused_softmax as _f; _f.BUILD_TIMEOUT_S = 2"
+    )
     full = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c"), "PYTHONPATH": str(ROOT), **env}
     full.pop(fused_softmax.ENV_SWITCH, None)
     t0 = time.monotonic()

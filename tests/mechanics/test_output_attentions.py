@@ -21,11 +21,11 @@ import pytest
 import torch
 from transformers import T5ForConditionalGeneration
 
-from core.mechanics import attention
-from core.runs.apply import apply
-from core.mechanics.attention import attention_call
 from core.errors import UserError
+from core.mechanics import attention
+from core.mechanics.attention import attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
+from core.runs.apply import apply
 from core.values.choice import TRAINED
 
 TEXT = "The keeper counted 4182 boats in the harbour that spring."
@@ -199,8 +199,9 @@ def test_config_output_attentions_is_honoured_under_apply(tiny_dir, tiny):
     """transformers lets an eager model carry output_attentions=True in its config (no kwarg then); its
     collector still waits for weights after apply() switches the model to ours, and must get them,
     not an empty tuple. An explicit output_attentions=False still wins."""
-    model = T5ForConditionalGeneration.from_pretrained(str(tiny_dir), attn_implementation="eager",
-                                                       output_attentions=True).eval()
+    model = T5ForConditionalGeneration.from_pretrained(
+        str(tiny_dir), attn_implementation="eager", output_attentions=True
+    ).eval()
     enc = _enc(tiny, TEXT)
     with torch.no_grad():
         want = model(**enc, decoder_input_ids=DECODER_IDS)

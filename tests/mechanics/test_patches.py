@@ -34,20 +34,46 @@ KNOWN = {"implementation", "lazy-bias", "rotary", "registry", "hold"}
 
 def _t5(attn: str = "eager") -> T5ForConditionalGeneration:
     torch.manual_seed(0)
-    cfg = T5Config(vocab_size=120, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                   relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.0,
-                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cfg = T5Config(
+        vocab_size=120,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     cfg._attn_implementation = attn
     return T5ForConditionalGeneration(cfg).eval()
 
 
 def _modernbert(attn: str = "eager") -> ModernBertForMaskedLM:
     torch.manual_seed(0)
-    cfg = ModernBertConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, global_attn_every_n_layers=1, local_attention=16,
-                           max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=1,
-                           cls_token_id=1, sep_token_id=1, mask_token_id=2, attention_dropout=0.0,
-                           embedding_dropout=0.0, mlp_dropout=0.0)
+    cfg = ModernBertConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        global_attn_every_n_layers=1,
+        local_attention=16,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+        cls_token_id=1,
+        sep_token_id=1,
+        mask_token_id=2,
+        attention_dropout=0.0,
+        embedding_dropout=0.0,
+        mlp_dropout=0.0,
+    )
     cfg._attn_implementation = attn
     return ModernBertForMaskedLM(cfg).eval()
 
@@ -60,8 +86,9 @@ def _state(model) -> dict:
     and the model's own attributes."""
     return {
         "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "configs": [(id(c), c.to_dict(), c.__dict__.get(FIELD), c._attn_implementation)
-                    for c in patches.configs(model)],
+        "configs": [
+            (id(c), c.to_dict(), c.__dict__.get(FIELD), c._attn_implementation) for c in patches.configs(model)
+        ],
         "classes": [(name, type(m)) for name, m in model.named_modules()],
         "attributes": {name: sorted(m.__dict__) for name, m in model.named_modules()},
     }
@@ -184,8 +211,10 @@ PATCH_PATTERNS = {
     "registry write": re.compile(r"\b\w*(?:Interface|ATTENTION_FUNCTIONS)\s*\.\s*register\s*\(|_global_mapping"),
     "private config field": re.compile(r"_attn_implementation_internal"),
     "a model's implementation": re.compile(r"\.config\._attn_implementation\s*=(?!=)|\bset_attn_implementation\s*\("),
-    "__dict__ write": re.compile(r"__dict__\s*\[[^\]]*\]\s*=(?!=)|__dict__\s*\.\s*(?:setdefault|update|pop|clear)\s*\("
-                                 r"|\bdel\s+[\w.]*__dict__\s*\["),
+    "__dict__ write": re.compile(
+        r"__dict__\s*\[[^\]]*\]\s*=(?!=)|__dict__\s*\.\s*(?:setdefault|update|pop|clear)\s*\("
+        r"|\bdel\s+[\w.]*__dict__\s*\["
+    ),
 }
 PATCHES_MODULE = ROOT / "core" / "mechanics" / "patches.py"
 
@@ -207,16 +236,19 @@ def test_no_patch_is_made_outside_the_patches_module():
     assert _patch_sites() == []
 
 
-@pytest.mark.parametrize("line", [
-    "    module.__class__ = Sub",
-    "    AttentionInterface.register(name, fn)",
-    "    AttentionMaskInterface.register(name, mask)",
-    "    cfg.__dict__['_attn_implementation_internal'] = name",
-    "    model.__dict__[_HOLD] = hold",
-    "    m.__dict__.pop(_ORIGINAL, None)",
-    "    model.config._attn_implementation = ATTN_NAME",
-    "    model.set_attn_implementation(name)",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "    module.__class__ = Sub",
+        "    AttentionInterface.register(name, fn)",
+        "    AttentionMaskInterface.register(name, mask)",
+        "    cfg.__dict__['_attn_implementation_internal'] = name",
+        "    model.__dict__[_HOLD] = hold",
+        "    m.__dict__.pop(_ORIGINAL, None)",
+        "    model.config._attn_implementation = ATTN_NAME",
+        "    model.set_attn_implementation(name)",
+    ],
+)
 def test_the_scan_sees_each_kind_of_patch(line):
     assert any(p.search(line) for p in PATCH_PATTERNS.values())
 

@@ -158,6 +158,7 @@ def test_probed_attention_far_keys_do_not_change_the_numbers():
 
 # --------------------------------------------------------------------------- probes by name
 
+
 def test_probe_names_parse_and_unknown_ones_are_refused():
     from core.errors import UserError
     from core.mechanics.probes import PROBES, ProbeName, parse
@@ -183,8 +184,14 @@ def test_probe_names_parse_and_unknown_ones_are_refused():
 
 def test_the_switches_stand_for_names():
     names = {str(p) for p in ProbeSpec(heatmap_layer=2, profile_rows=(3, 5)).probes}
-    assert names == {"encoder.*.pmax", "encoder.*.entropy", "encoder.2.map", "encoder.*.profile",
-                     "encoder.0.sorted_logits", "encoder.0.cosine_hist"}
+    assert names == {
+        "encoder.*.pmax",
+        "encoder.*.entropy",
+        "encoder.2.map",
+        "encoder.*.profile",
+        "encoder.0.sorted_logits",
+        "encoder.0.cosine_hist",
+    }
     assert {str(p) for p in ProbeSpec.stats_only().probes} == {"encoder.*.pmax", "encoder.*.entropy"}
     assert not ProbeSpec.off().wanted and ProbeSpec.of("cross.1.map").wanted
     assert ProbeSpec.of("cross.1.map").asks("decoder", "cross") and not ProbeSpec().asks("decoder", "cross")
@@ -196,9 +203,21 @@ def test_encoder_probes_by_name_equal_the_switches(tiny):
     mask = torch.ones_like(ids)
     mask[1, 50:] = 0
     old = _record(tiny.model, ids, mask, ProbeSpec(heatmap_layer=1, heatmap_size=32, profile_rows=(60, 70)), 0.7)
-    new = _record(tiny.model, ids, mask, ProbeSpec.of("encoder.*.pmax", "encoder.*.entropy", "encoder.1.map",
-                                                      "encoder.*.profile", "encoder.0.sorted_logits",
-                                                      heatmap_size=32, profile_rows=(60, 70)), 0.7)
+    new = _record(
+        tiny.model,
+        ids,
+        mask,
+        ProbeSpec.of(
+            "encoder.*.pmax",
+            "encoder.*.entropy",
+            "encoder.1.map",
+            "encoder.*.profile",
+            "encoder.0.sorted_logits",
+            heatmap_size=32,
+            profile_rows=(60, 70),
+        ),
+        0.7,
+    )
     for f in ("pmax", "entropy", "profile", "sorted_logits"):
         np.testing.assert_array_equal(getattr(new, f), getattr(old, f))
     np.testing.assert_array_equal(new["encoder.1.map"], old.heatmap_mean)
@@ -220,9 +239,9 @@ def test_encoder_probes_by_name_equal_the_switches(tiny):
 def _eager_and_ours(tmp_path, names, heatmap_size=4096):
     """A tiny T5 with two decoder layers, run teacher-forced by transformers' eager attention
     (output_attentions) and by ours with a recorder asking for ``names``."""
-    from conftest import build_tiny_t5
     from transformers import T5ForConditionalGeneration
 
+    from conftest import build_tiny_t5
     from core.models import load
 
     path = build_tiny_t5(tmp_path / "m", decoder_layers=2)
@@ -276,8 +295,8 @@ def test_cross_map_rows_sum_to_one_before_pooling(tmp_path):
 def test_generation_appends_one_answer_row_per_step(tmp_path):
     """engine.run generates token by token with a key/value cache: the recorded decoder and cross maps
     must equal what transformers' eager generate reports step by step."""
-    from core.runs import engine
     from core.data import tasks
+    from core.runs import engine
 
     ours, eager = _eager_and_ours(tmp_path, ["cross.*.map"])[:2]
     doc = tasks.make("passkey", ours.tokenizer, 300, depth=0.5, seed=1)
@@ -285,8 +304,14 @@ def test_generation_appends_one_answer_row_per_step(tmp_path):
     res = engine.run(ours, doc, TRAINED, engine.Pass(probes=spec, max_new_tokens=5))
     ids = torch.from_numpy(engine.encode(ours, doc).input_ids)[None]
     with torch.no_grad():
-        out = eager.generate(input_ids=ids, max_new_tokens=5, do_sample=False, num_beams=1, output_attentions=True,
-                             return_dict_in_generate=True)
+        out = eager.generate(
+            input_ids=ids,
+            max_new_tokens=5,
+            do_sample=False,
+            num_beams=1,
+            output_attentions=True,
+            return_dict_in_generate=True,
+        )
     steps = len(out.cross_attentions)
     assert len(res.answer_tokens) == steps == out.sequences.shape[1] - 1
     for layer in (0, 1):
@@ -303,6 +328,7 @@ def test_generation_appends_one_answer_row_per_step(tmp_path):
 
 
 # --------------------------------------------------------------------------- the training tap
+
 
 def _hooked_cross_logits(model):
     """The training tap as it was before probes had names (forward hooks on each cross-attention's q and k):
@@ -337,7 +363,6 @@ def test_training_tap_equals_the_hooked_tap(tmp_path, cosine):
     needle-attention loss and the same gradients as the forward hooks it replaced, and the model's own
     loss is what it is untapped."""
     from conftest import build_tiny_t5
-
     from core.models import load
     from core.training import CrossAttentionTap, needle_attention_loss
 

@@ -13,22 +13,35 @@ import textwrap
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import T5Config, T5ForConditionalGeneration, UMT5Config, UMT5ForConditionalGeneration
 
-from core.runs import apply as apply_mod
 from core.mechanics import patches, relative_bias
 from core.mechanics.attention import attention_call
 from core.mechanics.probes import ProbeSpec, Recorder
 from core.mechanics.relative_bias import RelativeBias, bias_vector
+from core.runs import apply as apply_mod
 from core.values.choice import TRAINED
 
 
 def _t5(attn: str = "aligned", seed: int = 0, layers: int = 2, heads: int = 4) -> T5ForConditionalGeneration:
     torch.manual_seed(seed)
-    cfg = T5Config(vocab_size=120, d_model=32, d_kv=8, d_ff=64, num_layers=layers, num_decoder_layers=2,
-                   num_heads=heads, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cfg = T5Config(
+        vocab_size=120,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=layers,
+        num_decoder_layers=2,
+        num_heads=heads,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     cfg._attn_implementation = attn
     model = T5ForConditionalGeneration(cfg).eval()
     with torch.no_grad():
@@ -71,15 +84,26 @@ def test_rows_with_a_per_head_scale(t5):
 def test_umt5_buckets_come_from_the_module():
     """UMT5 keeps its bucket settings on the module and a table in every layer: each layer's vector is its own."""
     torch.manual_seed(1)
-    cfg = UMT5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=1, num_heads=2,
-                     relative_attention_num_buckets=16, relative_attention_max_distance=64, decoder_start_token_id=0)
+    cfg = UMT5Config(
+        vocab_size=100,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=1,
+        num_heads=2,
+        relative_attention_num_buckets=16,
+        relative_attention_max_distance=64,
+        decoder_start_token_id=0,
+    )
     model = UMT5ForConditionalGeneration(cfg).eval()
     owners = relative_bias.bias_owners(model)
     assert len(owners) == 3  # every layer's self-attention owns a table
     for m in owners:
         for q, k, past in [(9, 9, 0), (1, 12, 11), (40, 40, 0)]:
-            assert torch.equal(RelativeBias(bias_vector(m, q, k, past), q, k).full(),
-                               m.compute_bias(q, k, past_seen_tokens=past))
+            assert torch.equal(
+                RelativeBias(bias_vector(m, q, k, past), q, k).full(), m.compute_bias(q, k, past_seen_tokens=past)
+            )
 
 
 def test_install_hands_out_the_vector_only_to_our_attention():
@@ -119,8 +143,10 @@ def test_forward_generation_and_gradients_equal_eager():
         m.train()
         m.zero_grad()
         m(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, labels=dec).loss.backward()
-    for name in ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                 "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"):
+    for name in (
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+    ):
         torch.testing.assert_close(ours.get_parameter(name).grad, eager.get_parameter(name).grad, atol=1e-5, rtol=1e-4)
 
 
@@ -161,6 +187,7 @@ def test_apply_puts_it_in_and_takes_it_out():
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_long_pass_never_holds_the_dense_bias(tmp_path):
     """8,192 tokens, 8 heads: the dense bias alone is 2 GiB of float32 (plus int64 buckets on the way);
     the whole probed pass, model and process included, stays far below it."""

@@ -63,8 +63,9 @@ def test_method_params_are_part_of_the_choice():
 
 
 def test_settings_convert_to_one_choice_in_one_place():
-    chosen = Settings(method="fixed", tau=0.8, targets=["encoder", "cross"], scheme="window",
-                      scheme_params={"window": 16})
+    chosen = Settings(
+        method="fixed", tau=0.8, targets=["encoder", "cross"], scheme="window", scheme_params={"window": 16}
+    )
     c = chosen.to_choice()
     assert c is chosen.to_choice() and c is chosen.to_choice(0.8)  # the stored tau: the one object, handed on
     assert float(chosen.to_choice(0.5).tau) == 0.5 and chosen.to_choice(0.5).scheme is c.scheme

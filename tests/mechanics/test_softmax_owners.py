@@ -14,7 +14,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKENDS = {ROOT / "core" / "mechanics" / name for name in ("softmax_block.py", "fused_softmax.py", "flash_attention.py")}
+BACKENDS = {
+    ROOT / "core" / "mechanics" / name for name in ("softmax_block.py", "fused_softmax.py", "flash_attention.py")
+}
 #: A call of a softmax (torch.softmax, x.softmax, F.softmax, a softmax of one's own), not in a comment or docstring
 #: line, and not a log-softmax.
 SOFTMAX_CALL = re.compile(r"(?<![\w.])(?:torch\.|F\.|functional\.)?softmax_?\(|\.softmax_?\(")
@@ -33,9 +35,14 @@ def _code_lines(path: Path):
 
 
 def test_no_softmax_outside_the_backends():
-    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
-             for top in ("core", "ui") for p in sorted((ROOT / top).rglob("*.py")) if p not in BACKENDS
-             for n, line in _code_lines(p) if SOFTMAX_CALL.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for top in ("core", "ui")
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if p not in BACKENDS
+        for n, line in _code_lines(p)
+        if SOFTMAX_CALL.search(line)
+    ]
     assert found == []
 
 

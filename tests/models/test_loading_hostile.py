@@ -25,7 +25,6 @@ from core.cli import main
 from core.errors import ModelLoadError
 
 
-
 def _one_line(err: BaseException) -> str:
     msg = str(err)
     assert "\n" not in msg and "Traceback" not in msg and "\n" not in err.app_text, msg
@@ -50,6 +49,7 @@ def _in_thread(fn, *args, **kwargs):
 
 # --- 1. a hub that accepts and never answers ---------------------------------------------------------------
 
+
 def test_the_stated_bound():
     assert models.hub.HUB_WAIT_S == 20.0 and "HUB_WAIT_S" in models.hub.__doc__ and "20 s" in models.hub.__doc__
 
@@ -69,8 +69,10 @@ def test_a_silent_hub_fails_within_the_bound_in_one_line(silent_hub, monkeypatch
 
 def test_loads_of_one_silent_repo_share_one_download(silent_hub, monkeypatch):
     monkeypatch.setattr(models.hub, "HUB_WAIT_S", 2.0)
-    runs = [_in_thread(models.load, "someorg/shared-t5", device="cpu"),
-            _in_thread(models.load, "someorg/shared-t5", device="cpu", dtype="bfloat16")]  # two cache keys, one repo
+    runs = [
+        _in_thread(models.load, "someorg/shared-t5", device="cpu"),
+        _in_thread(models.load, "someorg/shared-t5", device="cpu", dtype="bfloat16"),
+    ]  # two cache keys, one repo
     t0 = time.monotonic()
     for t, _ in runs:
         t.join(2.0 + 5.0)
@@ -81,6 +83,7 @@ def test_loads_of_one_silent_repo_share_one_download(silent_hub, monkeypatch):
     assert silent_hub.requests == 1  # one request: the second load joined the first one's download
 
 
+@pytest.mark.slow
 def test_a_silent_hub_does_not_hold_up_a_local_folder(silent_hub, monkeypatch, tiny_dir):
     """The issue's two sessions: one loads from a hub that never answers, the other opens a folder meanwhile."""
     monkeypatch.setattr(models.hub, "HUB_WAIT_S", 6.0)
@@ -130,16 +133,23 @@ class _FakeHubHandler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         hub.asked.append(path)
         if path.startswith(f"/api/models/{hub.repo_id}"):
-            info = {"id": hub.repo_id, "modelId": hub.repo_id, "sha": hub.sha, "private": False,
-                    "siblings": [{"rfilename": p.name} for p in sorted(hub.folder.iterdir())]}
+            info = {
+                "id": hub.repo_id,
+                "modelId": hub.repo_id,
+                "sha": hub.sha,
+                "private": False,
+                "siblings": [{"rfilename": p.name} for p in sorted(hub.folder.iterdir())],
+            }
             return self._send(json.dumps(info).encode(), {"Content-Type": "application/json"}, head)
         prefix = f"/{hub.repo_id}/resolve/"
         if path.startswith(prefix):
-            name = path[len(prefix):].split("/", 1)[1]
+            name = path[len(prefix) :].split("/", 1)[1]
             file = hub.folder / name
             if file.is_file():
                 body = file.read_bytes()
-                return self._send(body, {"X-Repo-Commit": hub.sha, "ETag": f'"{hashlib.sha256(body).hexdigest()}"'}, head)
+                return self._send(
+                    body, {"X-Repo-Commit": hub.sha, "ETag": f'"{hashlib.sha256(body).hexdigest()}"'}, head
+                )
         self.send_response(404)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -197,6 +207,7 @@ def test_a_hub_download_fetches_only_what_a_load_reads(hub_env, monkeypatch, tmp
 
 # --- 2. no pickle is ever unpickled --------------------------------------------------------------------------
 
+
 def _folder_without_weights(tmp_path: Path, tiny_dir: Path) -> Path:
     d = tmp_path / "model"
     d.mkdir()
@@ -211,21 +222,30 @@ def _index(d: Path, name: str, shard: str) -> None:
 
 
 LAYOUTS = {
-    "safetensors index -> .bin": lambda d, m: (_malicious_pickle(d / "pytorch_model.bin", m),
-                                               _index(d, "model.safetensors.index.json", "pytorch_model.bin")),
+    "safetensors index -> .bin": lambda d, m: (
+        _malicious_pickle(d / "pytorch_model.bin", m),
+        _index(d, "model.safetensors.index.json", "pytorch_model.bin"),
+    ),
     "safetensors index -> ../x.safetensors": lambda d, m: _index(d, "model.safetensors.index.json", "../x.safetensors"),
     "pytorch_model.bin alone": lambda d, m: _malicious_pickle(d / "pytorch_model.bin", m),
-    "bin index and shards": lambda d, m: (_malicious_pickle(d / "pytorch_model-00001-of-00001.bin", m),
-                                          _index(d, "pytorch_model.bin.index.json", "pytorch_model-00001-of-00001.bin")),
+    "bin index and shards": lambda d, m: (
+        _malicious_pickle(d / "pytorch_model-00001-of-00001.bin", m),
+        _index(d, "pytorch_model.bin.index.json", "pytorch_model-00001-of-00001.bin"),
+    ),
     "config transformers_weights -> adapter_model.bin": lambda d, m: (
         _malicious_pickle(d / "adapter_model.bin", m),
-        (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
-                                                   "transformers_weights": "adapter_model.bin"}))),
+        (d / "config.json").write_text(
+            json.dumps({**json.loads((d / "config.json").read_text()), "transformers_weights": "adapter_model.bin"})
+        ),
+    ),
     "a pickle named model.safetensors": lambda d, m: _malicious_pickle(d / "model.safetensors", m),
-    "a pickle named as a shard": lambda d, m: (_malicious_pickle(d / "model-00001-of-00001.safetensors", m),
-                                               _index(d, "model.safetensors.index.json", "model-00001-of-00001.safetensors")),
-    ".pt .ckpt .pth .msgpack .h5": lambda d, m: [_malicious_pickle(d / f"weights{ext}", m)
-                                                  for ext in (".pt", ".ckpt", ".pth", ".msgpack", ".h5")],
+    "a pickle named as a shard": lambda d, m: (
+        _malicious_pickle(d / "model-00001-of-00001.safetensors", m),
+        _index(d, "model.safetensors.index.json", "model-00001-of-00001.safetensors"),
+    ),
+    ".pt .ckpt .pth .msgpack .h5": lambda d, m: [
+        _malicious_pickle(d / f"weights{ext}", m) for ext in (".pt", ".ckpt", ".pth", ".msgpack", ".h5")
+    ],
 }
 
 
@@ -267,9 +287,25 @@ def test_sharded_safetensors_load(tmp_path, monkeypatch):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shard=st.one_of(st.text(max_size=40), st.integers(), st.none(), st.lists(st.text(max_size=5), max_size=2),
-                       st.sampled_from(["x.bin", "../model.safetensors", "/etc/model.safetensors", "a/b.safetensors",
-                                        "model.safetensors\x00.bin", ".safetensors", "ok.safetensors"])))
+@given(
+    shard=st.one_of(
+        st.text(max_size=40),
+        st.integers(),
+        st.none(),
+        st.lists(st.text(max_size=5), max_size=2),
+        st.sampled_from(
+            [
+                "x.bin",
+                "../model.safetensors",
+                "/etc/model.safetensors",
+                "a/b.safetensors",
+                "model.safetensors\x00.bin",
+                ".safetensors",
+                "ok.safetensors",
+            ]
+        ),
+    )
+)
 def test_any_index_is_refused_in_one_line_or_names_a_real_safetensors_file(tmp_path, tiny_dir, shard):
     d = tmp_path / "prop"
     if d.exists():
@@ -287,10 +323,14 @@ def test_any_index_is_refused_in_one_line_or_names_a_real_safetensors_file(tmp_p
 
 # --- 6. names the OS cannot look up ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["a" * 260, "org/" + "a" * 260, "./" + "a" * 260, "x/" + "b" * 300 + "/c", "a\x00b"])
 def test_a_name_the_os_cannot_look_up_is_one_line(name, capfd):
-    for call in (lambda: models.resolve(name), lambda: models.load(name, device="cpu"),
-                 lambda: models.load(str(Path(__file__).parent), device="cpu", tokenizer=name)):
+    for call in (
+        lambda: models.resolve(name),
+        lambda: models.load(name, device="cpu"),
+        lambda: models.load(str(Path(__file__).parent), device="cpu", tokenizer=name),
+    ):
         with pytest.raises(ModelLoadError) as err:
             call()
         assert len(_one_line(err.value)) < 400  # the name is shortened, not repeated in full
@@ -301,6 +341,7 @@ def test_a_name_the_os_cannot_look_up_is_one_line(name, capfd):
 
 # --- 8. a config that does not fit its weights ---------------------------------------------------------------
 
+
 def _with_config(tmp_path: Path, tiny_dir: Path, **changes) -> Path:
     d = tmp_path / "model"
     shutil.copytree(tiny_dir, d)
@@ -310,18 +351,21 @@ def _with_config(tmp_path: Path, tiny_dir: Path, **changes) -> Path:
     return d
 
 
-@pytest.mark.parametrize("changes,needle", [
-    ({"num_layers": 3}, "declares 3 encoder layers (num_layers) and the weights hold 2"),
-    ({"num_layers": 1}, "declares 1 encoder layers (num_layers) and the weights hold 2"),
-    ({"num_decoder_layers": 2}, "declares 2 decoder layers"),
-    ({"num_layers": 0}, "num_layers is 0"),
-    ({"num_layers": -1}, "num_layers is -1"),
-    ({"num_heads": 0}, "num_heads is 0"),
-    ({"num_decoder_layers": 0}, "num_decoder_layers is 0"),
-    ({"d_ff": 256}, "DenseReluDense"),
-    ({"d_ff": 10**9}, "DenseReluDense"),  # refused on the headers: nothing of that size is ever allocated
-    ({"d_kv": 8}, "SelfAttention"),
-])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        ({"num_layers": 3}, "declares 3 encoder layers (num_layers) and the weights hold 2"),
+        ({"num_layers": 1}, "declares 1 encoder layers (num_layers) and the weights hold 2"),
+        ({"num_decoder_layers": 2}, "declares 2 decoder layers"),
+        ({"num_layers": 0}, "num_layers is 0"),
+        ({"num_layers": -1}, "num_layers is -1"),
+        ({"num_heads": 0}, "num_heads is 0"),
+        ({"num_decoder_layers": 0}, "num_decoder_layers is 0"),
+        ({"d_ff": 256}, "DenseReluDense"),
+        ({"d_ff": 10**9}, "DenseReluDense"),  # refused on the headers: nothing of that size is ever allocated
+        ({"d_kv": 8}, "SelfAttention"),
+    ],
+)
 def test_a_config_that_does_not_fit_the_weights_is_one_line(tmp_path, tiny_dir, capfd, monkeypatch, changes, needle):
     monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     d = _with_config(tmp_path, tiny_dir, **changes)
@@ -344,11 +388,16 @@ def _rewrite_weights(d: Path, drop: str | None = None, add: str | None = None) -
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
 
 
-@pytest.mark.parametrize("drop,add,needle", [
-    ("encoder.final_layer_norm.weight", None, "1 missing (encoder.final_layer_norm.weight)"),
-    (None, "encoder.extra.weight", "1 unexpected (encoder.extra.weight)"),
-])
-def test_missing_or_unexpected_weights_are_one_line_and_no_report(tmp_path, tiny_dir, capfd, monkeypatch, drop, add, needle):
+@pytest.mark.parametrize(
+    "drop,add,needle",
+    [
+        ("encoder.final_layer_norm.weight", None, "1 missing (encoder.final_layer_norm.weight)"),
+        (None, "encoder.extra.weight", "1 unexpected (encoder.extra.weight)"),
+    ],
+)
+def test_missing_or_unexpected_weights_are_one_line_and_no_report(
+    tmp_path, tiny_dir, capfd, monkeypatch, drop, add, needle
+):
     monkeypatch.setattr(models.loading, "_CACHE", OrderedDict())
     d = _with_config(tmp_path, tiny_dir)
     _rewrite_weights(d, drop, add)

@@ -28,8 +28,9 @@ CAP = 2 * 2**30  # bytes of address space for the child
 # A CUDA build of torch maps its GPU libraries at import, which a 2 GiB address space cannot hold (seen on an
 # H100 machine: "libtorch_python.so: failed to map segment"): the cap that proves the refusals comes before any
 # allocation only works with the CPU build this project pins.
-pytestmark = pytest.mark.skipif(torch.version.cuda is not None,
-                                reason="a CUDA build of torch cannot import under the 2 GiB cap")
+pytestmark = pytest.mark.skipif(
+    torch.version.cuda is not None, reason="a CUDA build of torch cannot import under the 2 GiB cap"
+)
 
 
 def _capped() -> None:
@@ -38,8 +39,9 @@ def _capped() -> None:
 
 def _refuse(argv: list[str]) -> str:
     """Run the CLI under the cap; it must exit 2 in time with one error line (returned) and no traceback."""
-    p = subprocess.run([sys.executable, "-m", "core", *argv], cwd=ROOT, preexec_fn=_capped,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "core", *argv], cwd=ROOT, preexec_fn=_capped, capture_output=True, text=True, timeout=300
+    )
     errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert p.returncode == 2, p.stderr[-2000:]
     assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
@@ -61,6 +63,7 @@ def test_billion_tokens_is_refused_by_its_option(tiny_dir):
     assert "--tokens" in _refuse(["run", "--json", "--model", str(tiny_dir), "--tokens", "1000000000"])
 
 
+@pytest.mark.slow
 def test_card_with_a_billion_token_train_length_is_refused(tiny_dir, tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
@@ -70,32 +73,38 @@ def test_card_with_a_billion_token_train_length_is_refused(tiny_dir, tmp_path):
     assert "train_length" in _refuse(["run", "--json", "--model", str(folder)])
 
 
+@pytest.mark.slow
 def test_default_length_from_a_huge_card_is_refused_before_it_is_built(huge_card):
     line = _refuse(["run", "--json", "--model", str(huge_card)])
     assert "3,000,000 tokens" in line and "at most about" in line
 
 
+@pytest.mark.slow
 def test_tokens_past_memory_are_refused_before_the_document_is_built(tiny_dir):
     assert "at most about" in _refuse(["run", "--json", "--model", str(tiny_dir), "--tokens", "3000000"])
 
 
+@pytest.mark.slow
 def test_measured_method_on_a_huge_card_is_refused(huge_card):
     """A short document, but pmax measures documents at L_tr: that length is checked too."""
     assert "L_tr" in _refuse(["run", "--model", str(huge_card), "--tokens", "300", "--method", "pmax"])
 
 
+@pytest.mark.slow
 def test_long_pasted_text_is_refused_before_tokenising(tiny_dir, tmp_path):
     f = tmp_path / "long.txt"
     f.write_text("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 100_000)  # ~5.7 MB
     assert "characters" in _refuse(["run", "--model", str(tiny_dir), "--text-file", str(f)])
 
 
+@pytest.mark.slow
 def test_sweep_length_past_memory_is_refused_before_any_row(tiny_dir, tmp_path):
     out = tmp_path / "rows.csv"
     assert "--lengths" in _refuse(["sweep", "--model", str(tiny_dir), "--lengths", "300,10000x", "--out", str(out)])
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_memory_check_sees_the_address_space_cap(tiny_dir):
     """400,000 tokens fit this machine's free memory but not the cap: refused by the check, not by running out.
 

@@ -23,11 +23,11 @@ from transformers import ModernBertConfig, ModernBertForMaskedLM
 from conftest import build_tiny_rope
 from core import cli
 from core.errors import UserError
+from core.mechanics.run_pass import Pass
 from core.models import load
 from core.runs import methods, rope_pass
 from core.values import positions
 from core.values.choice import Choice
-from core.mechanics.run_pass import Pass
 
 L_TR = 16
 N = 40
@@ -133,13 +133,28 @@ def test_every_other_scheme_equals_the_same_weights_without_the_factor(partial, 
     params = {"window": 5} if "window" in positions.get(name).params else {}
     scheme = positions.Scheme.of(name, params)
     for probed in (False, True):
-        torch.testing.assert_close(_ours(partial, scheme, ids, probed), _ours(whole, scheme, ids, probed),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            _ours(partial, scheme, ids, probed), _ours(whole, scheme, ids, probed), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_cli_mlm_every_scheme_on_the_partial_model(dirs, capsys):
-    rc = cli.main(["mlm", "--model", str(dirs[0]), "--lengths", "1x,2x", "--schemes", ",".join(positions.AVAILABLE),
-                   "--methods", methods.AS_TRAINED, "--sequences", "1", "--json"])
+    rc = cli.main(
+        [
+            "mlm",
+            "--model",
+            str(dirs[0]),
+            "--lengths",
+            "1x,2x",
+            "--schemes",
+            ",".join(positions.AVAILABLE),
+            "--methods",
+            methods.AS_TRAINED,
+            "--sequences",
+            "1",
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     rows = json.loads(out.out)["rows"]
@@ -147,15 +162,32 @@ def test_cli_mlm_every_scheme_on_the_partial_model(dirs, capsys):
     assert all(math.isfinite(r["nll"]) for r in rows)
 
 
-@pytest.mark.parametrize("extra", [
-    {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
-    {"rope_type": "yarn", "factor": 2.0, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 16},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+        {"rope_type": "yarn", "factor": 2.0, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 16},
+    ],
+)
 def test_a_config_transformers_cannot_run_is_one_line(tmp_path, capsys, extra):
     folder = build_tiny_rope(tmp_path / "m", train_length=L_TR, seed=6)
     _with_rope(folder, **extra)
-    rc = cli.main(["mlm", "--model", str(folder), "--lengths", "1x", "--schemes", "none,ntk",
-                   "--methods", methods.AS_TRAINED, "--sequences", "1", "--json"])
+    rc = cli.main(
+        [
+            "mlm",
+            "--model",
+            str(folder),
+            "--lengths",
+            "1x",
+            "--schemes",
+            "none,ntk",
+            "--methods",
+            methods.AS_TRAINED,
+            "--sequences",
+            "1",
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     lines = [line for line in out.err.splitlines() if line.strip()]
     assert rc == 2 and out.out == "", out.err

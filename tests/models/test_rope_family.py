@@ -12,15 +12,15 @@ import torch
 from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
-from core.runs import engine, methods
 from core.data import tasks
-from core.runs import apply as ap
-from core.mechanics.attention import attention_call, attention_modules
 from core.errors import ModelLoadError, UserError
-from core.models import load
+from core.mechanics.attention import attention_call, attention_modules
 from core.mechanics.probes import ProbeSpec, Recorder
-from core.values.choice import TRAINED, Choice
 from core.mechanics.run_pass import Pass
+from core.models import load
+from core.runs import apply as ap
+from core.runs import engine, methods
+from core.values.choice import TRAINED, Choice
 
 L_TR = 64
 
@@ -126,8 +126,9 @@ def test_probes_equal_eager_weights(rope, rope_dir):
     """Pmax, entropy, map and profile from the engine's pass equal the same numbers computed from transformers'
     eager attention weights (one document, 64 tokens: the map is not pooled)."""
     doc = tasks.make(tasks.LM, rope.tokenizer, L_TR, seed=5)
-    spec = ProbeSpec(stats=True, heatmap=True, heatmap_layer=1, profile_rows=(10, 20), sorted_logits=False,
-                     cosine_hist_bins=0)
+    spec = ProbeSpec(
+        stats=True, heatmap=True, heatmap_layer=1, profile_rows=(10, 20), sorted_logits=False, cosine_hist_bins=0
+    )
     res = engine.run(rope, doc, TRAINED, engine.Pass(probes=spec, generate=False))
     ids = torch.tensor([rope.tokenizer(doc.text).input_ids])
     weights = _eager_weights(rope_dir, ids, torch.ones_like(ids))  # per layer [1, heads, L, L]
@@ -249,7 +250,9 @@ def test_measured_method_resolves_on_the_rope_model(rope):
     assert info["source"] == "resolved" and "reached" in info
     # the schedule it found does move Pmax toward the L_tr reference
     stats = ProbeSpec.stats_only()
-    ref = engine.run(rope, tasks.make(tasks.LM, rope.tokenizer, L_TR, seed=7), TRAINED, engine.Pass(probes=stats, generate=False))
+    ref = engine.run(
+        rope, tasks.make(tasks.LM, rope.tokenizer, L_TR, seed=7), TRAINED, engine.Pass(probes=stats, generate=False)
+    )
     at1 = engine.run(rope, doc, TRAINED, engine.Pass(probes=stats, generate=False))
     at_tau = engine.run(rope, doc, Choice.of(tau=tau), engine.Pass(probes=stats, generate=False))
     assert abs(at_tau.pmax - ref.pmax) < abs(at1.pmax - ref.pmax)

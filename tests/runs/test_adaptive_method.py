@@ -37,6 +37,7 @@ TOKENS = 600  # past the tiny model's L_tr (256): dispersed rows, which adaptive
 
 # -- the schedule ------------------------------------------------------------------------------------------------
 
+
 def test_the_adaptive_schedule_is_one_value_with_its_own_key():
     assert Schedule.of({"scheme": "adaptive"}) is ADAPTIVE and Schedule.of(ADAPTIVE) is ADAPTIVE
     assert ADAPTIVE.to_json() == {"scheme": "adaptive"} and ADAPTIVE.adaptive and not ONE.adaptive
@@ -85,6 +86,7 @@ def test_a_settings_file_carries_it(tmp_path):
 
 # -- the CLI against an independent reference ---------------------------------------------------------------------
 
+
 def _cli_json(capsys, *argv) -> dict:
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -128,6 +130,7 @@ def test_run_method_adaptive_matches_an_independent_reference(tiny_dir, tiny, ca
 
 # -- the app's stores ---------------------------------------------------------------------------------------------
 
+
 def test_the_apps_run_store_keeps_adaptive_apart_from_tau_1(tiny):
     pytest.importorskip("streamlit")
     from ui import cache
@@ -139,13 +142,17 @@ def test_the_apps_run_store_keeps_adaptive_apart_from_tau_1(tiny):
     ada = Choice.of(NAME, methods.resolve(tiny, None, NAME)[0])
     assert cache.run_key(tiny, req, one, how) != cache.run_key(tiny, req, ada, how)
     assert cache.attention_key(one) != cache.attention_key(ada)
-    first = cache.run(tiny, req, one, how)  # tau = 1 first: a store keyed by the name-less schedule would serve it again
+    first = cache.run(
+        tiny, req, one, how
+    )  # tau = 1 first: a store keyed by the name-less schedule would serve it again
     second = cache.run(tiny, req, ada, how)
     assert second.method == NAME
     assert second.pmax > first.pmax * 1.05 and second.entropy < first.entropy * 0.95
     # the same numbers as a pass of the engine itself with the adaptive schedule (not the stored tau = 1 pass)
     direct = engine.run(tiny, cache.document(tiny, req), ada, how)
-    assert second.pmax == pytest.approx(direct.pmax, rel=1e-6) and second.entropy == pytest.approx(direct.entropy, rel=1e-6)
+    assert second.pmax == pytest.approx(direct.pmax, rel=1e-6) and second.entropy == pytest.approx(
+        direct.entropy, rel=1e-6
+    )
 
 
 def test_a_reference_pass_of_an_adaptive_choice_runs_at_tau_1(tiny):
@@ -167,10 +174,24 @@ def test_a_reference_pass_of_an_adaptive_choice_runs_at_tau_1(tiny):
 
 # -- sweeps and batch runs ----------------------------------------------------------------------------------------
 
+
 def test_a_sweep_runs_it_beside_tau_1(tiny_dir, tmp_path):
     out = tmp_path / "sweep.csv"
-    code = cli.main(["sweep", "--model", str(tiny_dir), "--task", "passkey", "--lengths", str(TOKENS),
-                     "--methods", f"{methods.AS_TRAINED},{NAME}", "--out", str(out)])
+    code = cli.main(
+        [
+            "sweep",
+            "--model",
+            str(tiny_dir),
+            "--task",
+            "passkey",
+            "--lengths",
+            str(TOKENS),
+            "--methods",
+            f"{methods.AS_TRAINED},{NAME}",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     with open(out, newline="", encoding="utf-8") as f:
         rows = {r["method"]: r for r in csv.DictReader(f)}
@@ -181,13 +202,21 @@ def test_a_sweep_runs_it_beside_tau_1(tiny_dir, tmp_path):
 
 def test_a_batch_run_carries_it(tiny_dir, tmp_path):
     data = tmp_path / "docs.jsonl"
-    data.write_text("\n".join(json.dumps({"id": i, "text": f"Note {i}: the code word is tulip{i}. " * 40,
-                                          "expected": f"tulip{i}"}) for i in range(3)) + "\n", encoding="utf-8")
+    data.write_text(
+        "\n".join(
+            json.dumps({"id": i, "text": f"Note {i}: the code word is tulip{i}. " * 40, "expected": f"tulip{i}"})
+            for i in range(3)
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     rows = {}
     for method in (methods.AS_TRAINED, NAME, methods.PER_ROW):  # a position's per-row schedule: a JSON cell too
         out = tmp_path / f"{method}.csv"
-        assert cli.main(["sweep", "--model", str(tiny_dir), "--data", str(data), "--out", str(out),
-                         "--method", method]) == 0
+        assert (
+            cli.main(["sweep", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--method", method])
+            == 0
+        )
         with open(out, newline="", encoding="utf-8") as f:
             rows[method] = list(csv.DictReader(f))
     assert {r["setting"] for r in rows[NAME]} == {NAME}

@@ -17,17 +17,17 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer, T5Config, T5ForConditionalGeneration, pipeline
 
-from core.runs import apply as ap
-from core.mechanics import attention
-from core.runs import temperature
-from core.mechanics.attention import ATTN_NAME, attention_modules
-from core.kinds import is_aligned
 from core.cli import main as cli
-from core.errors import UserError
-from core.runs.settings import DocumentRequest, Settings
 from core.data.tasks import MAX_ANSWER_TOKENS
-from core.values.schedule import RowTau, Schedule
+from core.errors import UserError
+from core.kinds import is_aligned
+from core.mechanics import attention
+from core.mechanics.attention import ATTN_NAME, attention_modules
+from core.runs import apply as ap
+from core.runs import temperature
+from core.runs.settings import DocumentRequest, Settings
 from core.values.choice import Choice
+from core.values.schedule import RowTau, Schedule
 
 CONTEXT = (
     "The harbour town kept its records in a stone tower. Every spring the keepers counted the boats, "
@@ -47,9 +47,20 @@ def build_chatty_t5(folder, seed: int = 0, train_length: int = 64):
     """
     torch.manual_seed(seed)
     cfg = T5Config(
-        vocab_size=384, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=1, num_heads=4,
-        relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+        vocab_size=384,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
     )
     model = T5ForConditionalGeneration(cfg)
     with torch.no_grad():
@@ -109,8 +120,25 @@ def _cli_json(capsys, argv) -> dict:
 def test_pipeline_inside_apply_equals_cli_and_restores_exactly(chatty_dir, user_model, tok, tmp_path, capsys):
     text_file = tmp_path / "doc.txt"
     text_file.write_text(CONTEXT, encoding="utf-8")
-    got_cli = _cli_json(capsys, ["run", "--tau", "0.7", "--json", "--model", str(chatty_dir), "--task", "text",
-                                 "--text-file", str(text_file), "--needle", "", "--question", QUESTION])
+    got_cli = _cli_json(
+        capsys,
+        [
+            "run",
+            "--tau",
+            "0.7",
+            "--json",
+            "--model",
+            str(chatty_dir),
+            "--task",
+            "text",
+            "--text-file",
+            str(text_file),
+            "--needle",
+            "",
+            "--question",
+            QUESTION,
+        ],
+    )
     assert got_cli["tau"] == 0.7 and got_cli["method"] == "fixed"
 
     impls_before, state_before = _impls(user_model), _state(user_model)
@@ -251,9 +279,19 @@ def test_refuses_other_architectures(arch):
     if arch == "bart":
         from transformers import BartConfig, BartForConditionalGeneration
 
-        model = BartForConditionalGeneration(BartConfig(
-            vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=64))
+        model = BartForConditionalGeneration(
+            BartConfig(
+                vocab_size=64,
+                d_model=16,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=16,
+                decoder_ffn_dim=16,
+                max_position_embeddings=64,
+            )
+        )
         name = "BartForConditionalGeneration"
     else:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -266,7 +304,12 @@ def test_refuses_other_architectures(arch):
             pass
     msg = str(err.value)
     assert name in msg and f"'{arch}'" in msg
-    for works in ("T5ForConditionalGeneration", "T5EncoderModel", "MT5ForConditionalGeneration", "UMT5ForConditionalGeneration"):
+    for works in (
+        "T5ForConditionalGeneration",
+        "T5EncoderModel",
+        "MT5ForConditionalGeneration",
+        "UMT5ForConditionalGeneration",
+    ):
         assert works in msg
     with pytest.raises(UserError, match=name):
         ap.install(model, tau=0.7)
@@ -274,11 +317,29 @@ def test_refuses_other_architectures(arch):
 
 
 def _tiny_family(kind: str):
-    from transformers import MT5Config, MT5ForConditionalGeneration, T5EncoderModel, UMT5Config, UMT5ForConditionalGeneration
+    from transformers import (
+        MT5Config,
+        MT5ForConditionalGeneration,
+        T5EncoderModel,
+        UMT5Config,
+        UMT5ForConditionalGeneration,
+    )
 
-    common = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=1, num_heads=4,
-                  relative_attention_num_buckets=16, relative_attention_max_distance=64, dropout_rate=0.0,
-                  decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    common = dict(
+        vocab_size=128,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=16,
+        relative_attention_max_distance=64,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     torch.manual_seed(1)
     if kind == "mt5":
         return MT5ForConditionalGeneration(MT5Config(**common)).eval()
@@ -368,8 +429,9 @@ def test_install_inside_apply_survives_the_block_and_uninstall_restores(chatty_d
     assert _impls(a) == impls and _state(a) == state
 
 
-@pytest.mark.parametrize("bad", ["0.5", True, [True, 0.5], {"tau": 0.5}, None, [[0.5, "x"], [0.5, 0.5]],
-                                 float("nan"), -1.0, [0.5, [0.6]]])
+@pytest.mark.parametrize(
+    "bad", ["0.5", True, [True, 0.5], {"tau": 0.5}, None, [[0.5, "x"], [0.5, 0.5]], float("nan"), -1.0, [0.5, [0.6]]]
+)
 def test_tau_of_the_wrong_type_is_refused(user_model, bad):
     with pytest.raises(UserError):
         with ap.apply(user_model, schedule=bad) if isinstance(bad, list) else ap.apply(user_model, tau=bad):
@@ -379,8 +441,18 @@ def test_tau_of_the_wrong_type_is_refused(user_model, bad):
     assert user_model.config._attn_implementation == "sdpa" and ap.installed(user_model) is None
 
 
-@pytest.mark.parametrize("kw", [dict(cosine_scale="2"), dict(cosine_scale=float("inf")), dict(cosine_scale=True),
-                                dict(chunk_bytes=0), dict(chunk_bytes="1k"), dict(targets="enc"), dict(targets=["encoder", 3])])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(cosine_scale="2"),
+        dict(cosine_scale=float("inf")),
+        dict(cosine_scale=True),
+        dict(chunk_bytes=0),
+        dict(chunk_bytes="1k"),
+        dict(targets="enc"),
+        dict(targets=["encoder", 3]),
+    ],
+)
 def test_other_bad_arguments_are_refused(user_model, kw):
     with pytest.raises(UserError):
         with ap.apply(user_model, tau=0.7, **kw):

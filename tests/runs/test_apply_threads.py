@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import T5ForConditionalGeneration
 
-from core.runs import apply as ap
+from core.errors import UserError
 from core.mechanics import attention
 from core.mechanics.attention import ATTN_NAME
-from core.errors import UserError
+from core.runs import apply as ap
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -216,8 +216,10 @@ def test_a_fraction_is_a_number(model, refs):
     assert model.config._attn_implementation == "sdpa"
 
 
-@pytest.mark.parametrize("bad", [torch.tensor(0.5, device="meta"), torch.full((2,), 0.5, device="meta"),
-                                 [torch.tensor(0.5, device="meta")] * 2])
+@pytest.mark.parametrize(
+    "bad",
+    [torch.tensor(0.5, device="meta"), torch.full((2,), 0.5, device="meta"), [torch.tensor(0.5, device="meta")] * 2],
+)
 def test_a_meta_tensor_tau_is_a_one_line_user_error(model, bad):
     """A meta tensor has no value to divide by: refused in one line (issue 36 saw a RuntimeError), model untouched."""
     impls, state = _impls(model), _state(model)
@@ -232,8 +234,15 @@ def test_a_meta_tensor_tau_is_a_one_line_user_error(model, bad):
 
 #: (thread, action, tau index): open a block, close this thread's innermost, try the other thread's innermost
 #: from here, try this thread's outermost (out of order), or install / uninstall a standing tau.
-_OPS = st.lists(st.tuples(st.integers(0, 1), st.sampled_from(["open", "open", "close", "close", "steal", "outer"]),
-                          st.integers(0, len(TAUS) - 1)), min_size=1, max_size=14)
+_OPS = st.lists(
+    st.tuples(
+        st.integers(0, 1),
+        st.sampled_from(["open", "open", "close", "close", "steal", "outer"]),
+        st.integers(0, len(TAUS) - 1),
+    ),
+    min_size=1,
+    max_size=14,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

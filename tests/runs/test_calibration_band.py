@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.runs import calibration
 from core.data import tasks
+from core.runs import calibration
 from core.runs import temperature as T
 from core.runs.temperature import LayerStats, algorithm1, bootstrap_band
 

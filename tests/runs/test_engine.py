@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from core.runs import calibration, engine, methods
-from core.models import memory
 from core.data import tasks
 from core.errors import InputTooLong, NumericalError, UserError
 from core.mechanics.probes import ProbeSpec
+from core.models import memory
+from core.runs import calibration, engine, methods
 from core.values.choice import TRAINED, Choice
 
 
@@ -112,7 +112,9 @@ def test_probes_off_takes_the_fused_path_with_the_same_answers(tiny, tiny_dir, d
     """Accuracy-only sweeps run without a recorder; tau and padding must still apply."""
     docs = [tasks.make("passkey", tiny.tokenizer, n, seed=s) for n, s in [(290, 1), (340, 2)]]
     for tau in (1.0, 0.6):
-        probed = engine.run_batch(tiny, docs, Choice.of(tau=tau), engine.Pass(probes=ProbeSpec.stats_only()), batch_size=2)
+        probed = engine.run_batch(
+            tiny, docs, Choice.of(tau=tau), engine.Pass(probes=ProbeSpec.stats_only()), batch_size=2
+        )
         off = engine.run_batch(tiny, docs, Choice.of(tau=tau), engine.Pass(probes=ProbeSpec.off()), batch_size=2)
         assert [r.answer for r in off] == [r.answer for r in probed]
         assert all(r.probes is None for r in off)
@@ -130,7 +132,6 @@ def test_more_decoder_than_encoder_layers_still_generates(tmp_path, doc):
     """generate sizes its own cache from T5's num_layers (the encoder depth); a model a training
     stage grew to more decoder layers must still answer (the engine hands generate a growing cache)."""
     from conftest import build_tiny_t5
-
     from core.models import load
 
     deep = load(str(build_tiny_t5(tmp_path / "deep", layers=1, decoder_layers=3)), device="cpu")
@@ -144,8 +145,10 @@ def test_runs_build_no_autograd_graph(tiny, doc):
     """Inference must not record autograd history: with it, a batch of ten 4,096-token documents
     kept ~2 GB of saved activations per document (22 GB instead of 1.7 GB), enough to get killed."""
     seen = []
-    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(torch.is_grad_enabled()))
-             for m in (tiny.model.get_encoder(), tiny.model.get_decoder())]
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out: seen.append(torch.is_grad_enabled()))
+        for m in (tiny.model.get_encoder(), tiny.model.get_decoder())
+    ]
     try:
         engine.run(tiny, doc, TRAINED, engine.Pass(max_new_tokens=2, probes=ProbeSpec.off()))
     finally:
@@ -158,10 +161,8 @@ def test_where_the_answer_looks(tmp_path, doc):
     """Explore's cross-attention view from one run: answer tokens x document bins, a layer or the mean,
     the needle's share, the table and the figure (token labels that survive plotly's markup)."""
     from conftest import build_tiny_t5
-
-    from core.views import plots
-    from core.views import tables
     from core.models import load
+    from core.views import plots, tables
 
     two = load(str(build_tiny_t5(tmp_path / "two", decoder_layers=2)), device="cpu")
     spec = ProbeSpec(heatmap_size=64, names=("cross.*.map", "cross.*.profile"))
@@ -176,6 +177,8 @@ def test_where_the_answer_looks(tmp_path, doc):
     assert share == pytest.approx(float(res.probes["cross.0.profile"][a:b].sum())) and 0 < share < 1
     table = tables.answer_attention_table(res, 1)
     assert table.shape == z.shape and table.columns[0] == "key_0"
-    fig = plots.answer_attention(z, res.probes.heatmap_edges, res.needle_tokens, ["</s>", " 4", "x", "<pad>"][: len(tokens)])
+    fig = plots.answer_attention(
+        z, res.probes.heatmap_edges, res.needle_tokens, ["</s>", " 4", "x", "<pad>"][: len(tokens)]
+    )
     assert fig.layout.yaxis.ticktext[0] == "0: &lt;/s&gt;" and fig.layout.yaxis.title.text == "answer token"
     assert tables.answer_attention(engine.run(two, doc, TRAINED, engine.Pass(max_new_tokens=2))) is None  # not asked

@@ -33,9 +33,20 @@ def build_tiny_llama(folder, *, kv_heads: int = 4, seed: int = 0, layers: int = 
     """Save a random tiny LlamaForCausalLM (4 query heads of 16), ByT5's tokenizer and a card.json to ``folder``."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=kv_heads, head_dim=16, max_position_embeddings=1024, initializer_range=0.2,
-        tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(folder, safe_serialization=True)
     ByT5Tokenizer().save_pretrained(folder)
@@ -90,7 +101,7 @@ def test_run_answers_and_probes(llama, doc):
     assert isinstance(r.answer, str) and r.answer_tokens
     assert r.tokens == len(llama.tokenizer(doc.text).input_ids) - 1  # the trailing end token dropped
     qa, qb = r.question_tokens
-    assert "What is the pass key?" in doc.text[r.offsets[qa][0]: r.offsets[qb - 1][1]]
+    assert "What is the pass key?" in doc.text[r.offsets[qa][0] : r.offsets[qb - 1][1]]
     assert qb == r.tokens  # the question is last
     p = r.probes
     assert p.pmax.shape == p.entropy.shape == (1, llama.n_layers, llama.n_heads)
@@ -131,13 +142,19 @@ def test_answer_equals_eager_greedy_generate(llama, llama_dir, doc):
     """At tau 1 the engine's answer is transformers' own: the same folder on its eager attention, greedy
     ``generate`` on the same prompt ids, the same new tokens."""
     r = engine.run(llama, doc, TRAINED, ANSWER)
-    eager = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager",
-                                                              dtype=torch.float32).eval()
+    eager = transformers.AutoModelForCausalLM.from_pretrained(
+        llama_dir, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     ids = torch.as_tensor(engine.encode(llama, doc).input_ids)[None]
     with torch.no_grad():
-        out = eager.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=ANSWER.max_new_tokens,
-                             do_sample=False, pad_token_id=0)
-    new = out[0, ids.shape[1]:].tolist()
+        out = eager.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=ANSWER.max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    new = out[0, ids.shape[1] :].tolist()
     assert r.answer_tokens == engine._pieces(llama.tokenizer, new)
     assert r.answer == llama.tokenizer.decode(new, skip_special_tokens=True).strip()
 
@@ -147,16 +164,22 @@ def test_tau_reaches_every_decoding_step(llama, llama_dir, doc):
     reached the prefill and each cached step (and the answer differs from tau 1's)."""
     tau = 0.3
     r = engine.run(llama, doc, Choice.of(tau=tau), ANSWER)
-    eager = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager",
-                                                              dtype=torch.float32).eval()
+    eager = transformers.AutoModelForCausalLM.from_pretrained(
+        llama_dir, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     for m in eager.modules():
         if hasattr(m, "scaling") and hasattr(m, "layer_idx"):
             m.scaling = m.scaling / tau
     ids = torch.as_tensor(engine.encode(llama, doc).input_ids)[None]
     with torch.no_grad():
-        out = eager.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=ANSWER.max_new_tokens,
-                             do_sample=False, pad_token_id=0)
-    assert r.answer_tokens == engine._pieces(llama.tokenizer, out[0, ids.shape[1]:].tolist())
+        out = eager.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=ANSWER.max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    assert r.answer_tokens == engine._pieces(llama.tokenizer, out[0, ids.shape[1] :].tolist())
     assert r.answer_tokens != engine.run(llama, doc, TRAINED, ANSWER).answer_tokens
 
 
@@ -197,7 +220,6 @@ def test_position_scheme_refused(llama, doc):
         engine.run(llama, doc, Choice.of(scheme="pi:factor=2"), ANSWER)
 
 
-
 @pytest.mark.parametrize("probes", [ProbeSpec(), ProbeSpec.off()], ids=["probed", "unprobed"])
 def test_estimate_and_nan(llama_dir, doc, probes):
     """The estimate before a long pass times the prefill alone; NaN weights are one NumericalError naming float32's
@@ -220,14 +242,15 @@ def test_lm_perplexity_equals_eager(llama, llama_dir):
     docs = [tasks.make("lm", llama.tokenizer, n, seed=s, continuation=c) for n, s, c in ((260, 1, 24), (300, 2, 16))]
     how = engine.Pass(probes=ProbeSpec.off(), generate=False)
     singles = [engine.run(llama, d, TRAINED, how) for d in docs]
-    eager = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager",
-                                                              dtype=torch.float32).eval()
+    eager = transformers.AutoModelForCausalLM.from_pretrained(
+        llama_dir, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     for d, r in zip(docs, singles):
         prompt = list(engine.encode(llama, d).input_ids)
         cont = tasks.continuation_ids(d)
         with torch.no_grad():
             logits = eager(input_ids=torch.tensor([prompt + cont])).logits[0]
-        want = torch.nn.functional.cross_entropy(logits[len(prompt) - 1: -1], torch.tensor(cont), reduction="sum")
+        want = torch.nn.functional.cross_entropy(logits[len(prompt) - 1 : -1], torch.tensor(cont), reduction="sum")
         assert r.scored_tokens == len(cont) and r.perplexity is not None
         assert r.nll == pytest.approx(float(want), rel=1e-4)
     batch = engine.run_batch(llama, docs, TRAINED, how)

@@ -20,15 +20,20 @@ from pathlib import Path
 import pytest
 
 from core.runs import methods
-from core.values.schedule import ADAPTIVE_SCHEME, RowTau
 from core.runs.temperature import CRITERIA
+from core.values.schedule import ADAPTIVE_SCHEME, RowTau
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAM = [p for d in ("core", "ui", "app_pages", "bench", "research") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
+PROGRAM = [p for d in ("core", "ui", "app_pages", "bench", "research") for p in sorted((ROOT / d).rglob("*.py"))] + [
+    ROOT / "app.py"
+]
 OWNER = ROOT / "core" / "runs" / "methods.py"
 #: names that are also other words of the program: flagged only where a method is meant
-SHARED = {n for n in methods.NAMES
-          if n in CRITERIA or n in ("none", RowTau.__dataclass_fields__["scheme"].default, ADAPTIVE_SCHEME)}
+SHARED = {
+    n
+    for n in methods.NAMES
+    if n in CRITERIA or n in ("none", RowTau.__dataclass_fields__["scheme"].default, ADAPTIVE_SCHEME)
+}
 
 
 def _about_methods(node: ast.AST) -> bool:
@@ -46,9 +51,13 @@ def _rope_types(tree: ast.AST) -> set[int]:
     """The constants that are transformers' ``rope_type`` keys, assigned to a name that says so (``YARN_ROPE =
     "yarn"``): data in transformers' vocabulary, not a method of ours (the issue's rule: a name that is data is fine
     where it is data)."""
-    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-            and all(isinstance(t, ast.Name) and t.id.endswith("_ROPE") for t in node.targets)
-            and isinstance(node.value, ast.Constant)}
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and all(isinstance(t, ast.Name) and t.id.endswith("_ROPE") for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+    }
 
 
 def offences(tree: ast.AST) -> list[tuple[int, str]]:
@@ -62,7 +71,7 @@ def offences(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             for i, side in enumerate(sides):
-                others = sides[:i] + sides[i + 1:]
+                others = sides[:i] + sides[i + 1 :]
                 for name in _names_in(side):
                     if name in SHARED and any(_about_methods(o) for o in others):
                         out.append((node.lineno, name))
@@ -74,7 +83,7 @@ def offences(tree: ast.AST) -> list[tuple[int, str]]:
                 out += [(node.lineno, n) for n in _names_in(node.value) if n in SHARED]
         elif isinstance(node, ast.arguments):
             args = node.posonlyargs + node.args
-            pairs = list(zip(args[len(args) - len(node.defaults):], node.defaults))
+            pairs = list(zip(args[len(args) - len(node.defaults) :], node.defaults))
             pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
             out += [(d.lineno, n) for a, d in pairs if "method" in a.arg.lower() for n in _names_in(d) if n in SHARED]
     return sorted(set(out))
@@ -90,27 +99,33 @@ def test_only_the_registry_names_a_method():
     assert not found, "method names outside core/runs/methods.py (ask the registry instead):\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("source", [
-    'if method == "per-head": pass',
-    'x = ("log-length", "yarn")',
-    'if m.method in ("none", "fixed"): pass',
-    'if chosen_method == "pmax": pass',
-    'run(method="none")',
-    'def f(method="entropy"): pass',
-    'default_method = "none"',
-    'YARN = "yarn"',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'if method == "per-head": pass',
+        'x = ("log-length", "yarn")',
+        'if m.method in ("none", "fixed"): pass',
+        'if chosen_method == "pmax": pass',
+        'run(method="none")',
+        'def f(method="entropy"): pass',
+        'default_method = "none"',
+        'YARN = "yarn"',
+    ],
+)
 def test_the_check_sees_each_kind_of_naming(source):
     """The check can fail: each way of naming a method is caught (and the shared words elsewhere are not)."""
     assert offences(ast.parse(source))
 
 
-@pytest.mark.parametrize("source", [
-    'stats = {"pmax": 0.5, "entropy": 2.0}',
-    'if criterion == "pmax": pass',
-    'loss(reduction="none")',
-    'if m.takes_value: pass',
-    'YARN_ROPE = "yarn"',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'stats = {"pmax": 0.5, "entropy": 2.0}',
+        'if criterion == "pmax": pass',
+        'loss(reduction="none")',
+        "if m.takes_value: pass",
+        'YARN_ROPE = "yarn"',
+    ],
+)
 def test_shared_words_are_left_alone(source):
     assert not offences(ast.parse(source))

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from core.runs import methods, temperature
 from core.data import tasks
 from core.errors import UserError
+from core.runs import methods, temperature
 from core.values.schedule import RowTau, Schedule
 
 
@@ -28,8 +28,17 @@ def test_every_entry_is_complete_and_the_flags_agree():
             assert m.length_dependent, m.name  # a pass at one length says nothing at another
         if m.stats:
             assert m.measured and m.formula is not None, m.name
-    assert set(methods.FORMULAS) == {"log-length", "yarn", "log-n", "ssmax", "infoscale", "longrope", "critical",
-                                     "prop1", "prop2"}
+    assert set(methods.FORMULAS) == {
+        "log-length",
+        "yarn",
+        "log-n",
+        "ssmax",
+        "infoscale",
+        "longrope",
+        "critical",
+        "prop1",
+        "prop2",
+    }
     assert methods.label("tau=0.7") == "tau=0.7"
     with pytest.raises(UserError, match="Unknown method 'nope'"):
         methods.get("nope")
@@ -61,9 +70,19 @@ def test_llama4_rows_are_the_inverse_of_transformers_own_query_scale():
 
     AttentionInterface.register("capture_llama4_q", capture)
     floor_scale, attn_scale, n = 16, 0.3, 100
-    cfg = Llama4TextConfig(hidden_size=4, num_attention_heads=1, num_key_value_heads=1, head_dim=4,
-                           intermediate_size=8, intermediate_size_mlp=8, num_hidden_layers=1, no_rope_layers=[0],
-                           attn_temperature_tuning=True, floor_scale=floor_scale, attn_scale=attn_scale)
+    cfg = Llama4TextConfig(
+        hidden_size=4,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=4,
+        intermediate_size=8,
+        intermediate_size_mlp=8,
+        num_hidden_layers=1,
+        no_rope_layers=[0],
+        attn_temperature_tuning=True,
+        floor_scale=floor_scale,
+        attn_scale=attn_scale,
+    )
     cfg._attn_implementation = "capture_llama4_q"
     attn = llama4.Llama4TextAttention(cfg, 0)
     assert not attn.use_rope and attn.attn_temperature_tuning  # the layer where Llama 4 tunes the temperature
@@ -72,7 +91,9 @@ def test_llama4_rows_are_the_inverse_of_transformers_own_query_scale():
         attn.forward(torch.ones(1, n, 4), None, None)
     factor = seen["q"][0, 0, :, 0].double().numpy()  # every query is all ones before the scale
     np.testing.assert_allclose(RowTau(floor_scale, attn_scale).taus(np.arange(n)), 1 / factor, rtol=1e-6)
-    assert factor[floor_scale - 2] == 1.0 and factor[floor_scale - 1] > 1.0  # the first sharpened row: p = floor_scale - 1
+    assert (
+        factor[floor_scale - 2] == 1.0 and factor[floor_scale - 1] > 1.0
+    )  # the first sharpened row: p = floor_scale - 1
 
 
 def test_log_n_and_ssmax_equal_log_length_in_an_encoder():
@@ -87,8 +108,10 @@ def test_log_n_and_ssmax_equal_log_length_in_an_encoder():
 def test_llama4_rows_by_hand():
     r = RowTau(floor_scale=256)
     # row 4 L_tr - 1 (the 4 L_tr-th token): tau = 1 / (1 + 0.1 ln 5); rows before L_tr - 1: 1
-    np.testing.assert_allclose(r.taus([0, 254, 255, 1023, 2047]),
-                               [1, 1, 1 / (1 + 0.1 * math.log(2)), 1 / (1 + 0.1 * math.log(5)), 1 / (1 + 0.1 * math.log(9))])
+    np.testing.assert_allclose(
+        r.taus([0, 254, 255, 1023, 2047]),
+        [1, 1, 1 / (1 + 0.1 * math.log(2)), 1 / (1 + 0.1 * math.log(5)), 1 / (1 + 0.1 * math.log(9))],
+    )
     assert r.mean(256) == pytest.approx((255 + 1 / (1 + 0.1 * math.log(2))) / 256)
 
 
@@ -138,7 +161,9 @@ def test_every_method_resolves_through_its_entry(tiny, doc):
             assert info["source"] == "resolved" and info["length"] == n, name
             # a stored schedule is reused only at the length it was chosen at
             assert methods.resolve(tiny, doc, name, tau=0.9, chosen_at=n) == (
-                Schedule.of(0.9), {"source": "stored", "chosen_at": n, "length": n})
+                Schedule.of(0.9),
+                {"source": "stored", "chosen_at": n, "length": n},
+            )
 
 
 def test_a_fixed_tau_has_one_text():
@@ -173,11 +198,25 @@ def test_costs_come_from_the_entries():
 
 def test_a_new_entry_is_all_it_takes(tiny, doc, monkeypatch):
     """Adding a method is one registry entry: resolve, label and formula dispatch through it."""
-    new = methods.Method("half-log", "half log-length", "½ log", "Half way between 1 and log-length.",
-                         measured=False, length_dependent=True, resolve=None,
-                         formula=lambda lt, n, d, st: (1 + temperature.log_length(lt, n)) / 2)
-    new = methods.Method(**{**new.__dict__, "resolve": lambda loaded, document, tokens, **_: (
-        methods.formula("half-log", loaded.train_length, tokens, 0), {})})
+    new = methods.Method(
+        "half-log",
+        "half log-length",
+        "½ log",
+        "Half way between 1 and log-length.",
+        measured=False,
+        length_dependent=True,
+        resolve=None,
+        formula=lambda lt, n, d, st: (1 + temperature.log_length(lt, n)) / 2,
+    )
+    new = methods.Method(
+        **{
+            **new.__dict__,
+            "resolve": lambda loaded, document, tokens, **_: (
+                methods.formula("half-log", loaded.train_length, tokens, 0),
+                {},
+            ),
+        }
+    )
     monkeypatch.setitem(methods.REGISTRY, "half-log", new)
     n = len(tiny.tokenizer(doc.text).input_ids)
     tau, info = methods.resolve(tiny, doc, "half-log")
@@ -188,8 +227,12 @@ def test_a_new_entry_is_all_it_takes(tiny, doc, monkeypatch):
 def test_the_cli_and_the_app_list_the_registry():
     from core import cli
 
-    action = next(a for g in cli.build_parser()._subparsers._group_actions
-                  for a in g.choices["run"]._actions if a.dest == "method")
+    action = next(
+        a
+        for g in cli.build_parser()._subparsers._group_actions
+        for a in g.choices["run"]._actions
+        if a.dest == "method"
+    )
     listed = action.help.split("}")[0].removeprefix("{").split(",")
     assert tuple(listed) == tuple(n for n in methods.NAMES if not methods.REGISTRY[n].takes_value)  # a fixed tau: tau=X
     for name in listed + ["tau=0.8"]:

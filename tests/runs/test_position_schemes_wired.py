@@ -23,15 +23,15 @@ from transformers import ModernBertForMaskedLM
 
 from conftest import build_tiny_rope
 from core import cli
-from core.runs import engine, methods, rope_pass
-from core.experiments import mlm
-from core.values import positions
 from core.data import tasks
 from core.errors import UserError
-from core.models import load
+from core.experiments import mlm
 from core.mechanics.probes import ProbeSpec, Recorder
-from core.values.choice import Choice
 from core.mechanics.run_pass import Pass
+from core.models import load
+from core.runs import engine, methods, rope_pass
+from core.values import positions
+from core.values.choice import Choice
 
 L_TR = 16
 N = 40  # 2.5 x L_TR: every scheme changes something
@@ -62,8 +62,15 @@ def _ids(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
     return torch.randint(10, 2000, (batch, n), generator=torch.Generator().manual_seed(seed))
 
 
-def _ours(loaded, scheme: str, ids: torch.Tensor, tau: float = 1.0, probed: bool = False,
-          attention_mask: torch.Tensor | None = None, **params) -> torch.Tensor:
+def _ours(
+    loaded,
+    scheme: str,
+    ids: torch.Tensor,
+    tau: float = 1.0,
+    probed: bool = False,
+    attention_mask: torch.Tensor | None = None,
+    **params,
+) -> torch.Tensor:
     """The masked-LM logits of our pass under ``scheme`` (through core.runs.rope_pass, in several blocks of rows);
     ``probed``: a recorder asks for Pmax and entropy, so the blocked softmax runs instead of torch's kernel."""
     rec = Recorder(ProbeSpec.stats_only(), torch.ones(ids.shape, dtype=torch.bool)) if probed else None
@@ -114,7 +121,9 @@ def test_mask_schemes_equal_eager_attention_given_the_same_mask(rope, rope_dir, 
     bound = positions.get(name).bind(L_TR, N, window=5)
     additive = _additive(bound.mask(N, N))[None, None]
     with torch.no_grad():
-        want = _reference(rope_dir)(input_ids=ids, attention_mask={FULL: additive, "sliding_attention": additive}).logits
+        want = _reference(rope_dir)(
+            input_ids=ids, attention_mask={FULL: additive, "sliding_attention": additive}
+        ).logits
     got = _ours(rope, name, ids, probed=probed, window=5)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert (got - _ours(rope, positions.PLAIN, ids)).abs().max() > 2e-4
@@ -132,7 +141,9 @@ def test_a_mask_scheme_on_a_padded_batch(rope, rope_dir, probed):
     allowed = bound.mask(N, N)[None, None] & pad.bool()[:, None, None, :]
     additive = _additive(allowed)
     with torch.no_grad():
-        want = _reference(rope_dir)(input_ids=ids, attention_mask={FULL: additive, "sliding_attention": additive}).logits
+        want = _reference(rope_dir)(
+            input_ids=ids, attention_mask={FULL: additive, "sliding_attention": additive}
+        ).logits
     got = _ours(rope, "window", ids, probed=probed, attention_mask=pad, window=3)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
@@ -144,8 +155,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., d:], x[..., :d]), dim=-1)
 
 
-def _hand_layer(attn_module, hidden: torch.Tensor, inv: torch.Tensor, distances: torch.Tensor,
-                allowed: torch.Tensor | None, tau: float) -> torch.Tensor:
+def _hand_layer(
+    attn_module,
+    hidden: torch.Tensor,
+    inv: torch.Tensor,
+    distances: torch.Tensor,
+    allowed: torch.Tensor | None,
+    tau: float,
+) -> torch.Tensor:
     """One ModernBERT attention written out in float64 from its unrotated q, k, v: logit(i, j) = rot(q_i, d_ij) .
     k_j x scaling / tau (q turned by the capped distance, k by none: RoPE's logit at that distance), the mask,
     softmax, values, W_o."""
@@ -157,7 +174,7 @@ def _hand_layer(attn_module, hidden: torch.Tensor, inv: torch.Tensor, distances:
     angle = distances.double()[..., None] * inv.double()  # [n, n, d/2]
     cos, sin = torch.cat((angle, angle), -1).cos(), torch.cat((angle, angle), -1).sin()  # [n, n, d]
     q_at = q[:, :, :, None, :] * cos + _rotate_half(q)[:, :, :, None, :] * sin  # [b, h, i, j, d]
-    logits = (q_at * k[:, :, None, :, :]).sum(-1) * (dh ** -0.5) / tau
+    logits = (q_at * k[:, :, None, :, :]).sum(-1) * (dh**-0.5) / tau
     if allowed is not None:
         logits = logits.masked_fill(~allowed, -math.inf)
     out = torch.softmax(logits, -1) @ v  # [b, h, n, d]
@@ -187,8 +204,14 @@ def _layer_io(loaded, layer: int, run) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("tau", [1.0, 0.7])
 @pytest.mark.parametrize("probed", [False, True])
-@pytest.mark.parametrize("name, params", [("rerope", {"window": 4}), ("streaming-llm", {"window": 5, "sinks": 3}),
-                                          ("lm-infinite", {"window": 6, "sinks": 2, "cap": 4})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("rerope", {"window": 4}),
+        ("streaming-llm", {"window": 5, "sinks": 3}),
+        ("lm-infinite", {"window": 6, "sinks": 2, "cap": 4}),
+    ],
+)
 def test_rectified_schemes_equal_attention_written_out_from_unrotated_q_and_k(rope, name, params, probed, tau):
     ids = _ids(N)
     bound = positions.get(name).bind(L_TR, N, **params)
@@ -210,10 +233,10 @@ def test_a_scheme_with_a_tau_is_the_scheme_s_reference_with_logits_over_tau(rope
     # window + tau: eager with the band and W_q / tau
     additive = _additive(positions.get("window").bind(L_TR, N, window=5).mask(N, N))[None, None]
     with torch.no_grad():
-        want = _reference(rope_dir, tau=tau)(input_ids=ids, attention_mask={FULL: additive,
-                                                                           "sliding_attention": additive}).logits
-    torch.testing.assert_close(_ours(rope, "window", ids, tau=tau, probed=probed, window=5), want,
-                               rtol=1e-5, atol=1e-5)
+        want = _reference(rope_dir, tau=tau)(
+            input_ids=ids, attention_mask={FULL: additive, "sliding_attention": additive}
+        ).logits
+    torch.testing.assert_close(_ours(rope, "window", ids, tau=tau, probed=probed, window=5), want, rtol=1e-5, atol=1e-5)
     # PI + tau: transformers' model with PI's config and W_q / tau
     ref = _reference(rope_dir, positions.configured(rope.model.config, positions.get("pi").bind(L_TR, N)), tau=tau)
     with torch.no_grad():
@@ -247,8 +270,9 @@ def test_yarn_rope_with_the_yarn_method_counts_the_factor_twice_unless_bound_wit
 def test_a_cosine_model_cancels_yarn_s_attention_factor(tmp_path):
     cos = load(str(build_tiny_rope(tmp_path, cosine=12.0, seed=8, train_length=L_TR)), device="cpu")
     ids = _ids(N, seed=6)
-    torch.testing.assert_close(_ours(cos, "yarn-rope", ids), _ours(cos, "yarn-rope", ids, attention_factor=1.0),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        _ours(cos, "yarn-rope", ids), _ours(cos, "yarn-rope", ids, attention_factor=1.0), rtol=1e-5, atol=1e-5
+    )
     assert rope_pass.attention_factor(cos, positions.get("yarn-rope").bind(L_TR, N)) == 1.0
 
 
@@ -265,7 +289,9 @@ def _state(model) -> list:
 
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(
-        ka == kb and (torch.equal(va, vb) if isinstance(va, torch.Tensor) else va == vb) for (ka, va), (kb, vb) in zip(a, b))
+        ka == kb and (torch.equal(va, vb) if isinstance(va, torch.Tensor) else va == vb)
+        for (ka, va), (kb, vb) in zip(a, b)
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in positions.AVAILABLE if n != positions.PLAIN])
@@ -341,8 +367,7 @@ def test_measured_methods_calibrate_under_the_scheme(rope, monkeypatch):
 
     monkeypatch.setattr(engine, "run_encoded", spy)
     pmax = methods.ALGORITHM1["pmax"]
-    rows = mlm.run_mlm(rope, mlm.MlmPlan(lengths=[2 * L_TR], methods=[pmax], sequences=1,
-                                         schemes=("window:window=5",)))
+    rows = mlm.run_mlm(rope, mlm.MlmPlan(lengths=[2 * L_TR], methods=[pmax], sequences=1, schemes=("window:window=5",)))
     assert seen and all((s, p) == ("window", {"window": 5}) for s, p, _ in seen)
     assert {n for _, _, n in seen} == {2 * L_TR, L_TR}  # passes at L and the L_tr reference, both under it
     assert rows[0]["scheme"] == "window" and rows[0]["scheme_params"] == "window=5"
@@ -363,19 +388,34 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_cli_every_available_scheme_at_two_lengths(rope_dir, capsys):
     schemes = list(positions.AVAILABLE) + ["yarn-rope:attention_factor=1"]
-    rc, out, err = _cli(capsys, "--model", str(rope_dir), "--lengths", "1x,3x", "--schemes", ",".join(schemes),
-                        "--methods", f"{methods.AS_TRAINED},tau=0.7", "--sequences", "2", "--json")
+    rc, out, err = _cli(
+        capsys,
+        "--model",
+        str(rope_dir),
+        "--lengths",
+        "1x,3x",
+        "--schemes",
+        ",".join(schemes),
+        "--methods",
+        f"{methods.AS_TRAINED},tau=0.7",
+        "--sequences",
+        "2",
+        "--json",
+    )
     assert rc == 0, err
     rows = json.loads(out)["rows"]
     keys = [(r["tokens"], r["scheme"], r["scheme_params"], r["method"]) for r in rows]
     want_schemes = [(n, "") for n in positions.AVAILABLE] + [("yarn-rope", "attention_factor=1")]
-    assert keys == [(n, s, p, m) for n in (L_TR, 3 * L_TR) for s, p in want_schemes
-                    for m in (methods.AS_TRAINED, "tau=0.7")]
+    assert keys == [
+        (n, s, p, m) for n in (L_TR, 3 * L_TR) for s, p in want_schemes for m in (methods.AS_TRAINED, "tau=0.7")
+    ]
     for r in rows:
         assert set(mlm.ROW_KEYS) == set(r)
         assert 0 <= r["accuracy"] <= 1 and r["perplexity"] > 1 and math.isfinite(r["nll"])
     cell = {(r["tokens"], r["scheme"], r["scheme_params"], r["method"]): r for r in rows}
-    plain = {(n, m): cell[(n, positions.PLAIN, "", m)] for n in (L_TR, 3 * L_TR) for m in (methods.AS_TRAINED, "tau=0.7")}
+    plain = {
+        (n, m): cell[(n, positions.PLAIN, "", m)] for n in (L_TR, 3 * L_TR) for m in (methods.AS_TRAINED, "tau=0.7")
+    }
     # at L = L_tr every scheme at its defaults is plain RoPE but ReRoPE (its window is L_tr / 2) and StreamingLLM
     # (its band, L_tr - 1 - sinks, hides the keys that far after a row: the sinks cover only the start)
     for (n, s, p, m), r in cell.items():
@@ -390,25 +430,45 @@ def test_cli_every_available_scheme_at_two_lengths(rope_dir, capsys):
 
 
 def test_cli_scheme_params_reach_the_schemes_that_take_them(rope_dir, capsys):
-    rc, out, err = _cli(capsys, "--model", str(rope_dir), "--lengths", "2x", "--schemes", "window,rerope,pi",
-                        "--scheme-params", "window=3", "--methods", methods.AS_TRAINED, "--sequences", "1", "--json")
+    rc, out, err = _cli(
+        capsys,
+        "--model",
+        str(rope_dir),
+        "--lengths",
+        "2x",
+        "--schemes",
+        "window,rerope,pi",
+        "--scheme-params",
+        "window=3",
+        "--methods",
+        methods.AS_TRAINED,
+        "--sequences",
+        "1",
+        "--json",
+    )
     assert rc == 0, err
     assert [(r["scheme"], r["scheme_params"]) for r in json.loads(out)["rows"]] == [
-        ("window", "window=3"), ("rerope", "window=3"), ("pi", "")]
+        ("window", "window=3"),
+        ("rerope", "window=3"),
+        ("pi", ""),
+    ]
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--schemes", "alibi"], "needs a model trained with ALiBi"),
-    (["--schemes", "pose"], "not available"),
-    (["--schemes", "no-such"], "Unknown position scheme"),
-    (["--schemes", "none,,pi"], "--schemes"),
-    (["--schemes", "window:factor=2"], "takes window"),
-    (["--schemes", "window:window=x"], "whole number"),
-    (["--schemes", "pi:factor=0.5"], "factor must be a number >= 1"),
-    (["--schemes", "window,window"], "twice"),
-    (["--schemes", "pi", "--scheme-params", "cap=3"], "no listed scheme takes cap"),
-    (["--scheme-params", "window"], "key=value"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--schemes", "alibi"], "needs a model trained with ALiBi"),
+        (["--schemes", "pose"], "not available"),
+        (["--schemes", "no-such"], "Unknown position scheme"),
+        (["--schemes", "none,,pi"], "--schemes"),
+        (["--schemes", "window:factor=2"], "takes window"),
+        (["--schemes", "window:window=x"], "whole number"),
+        (["--schemes", "pi:factor=0.5"], "factor must be a number >= 1"),
+        (["--schemes", "window,window"], "twice"),
+        (["--schemes", "pi", "--scheme-params", "cap=3"], "no listed scheme takes cap"),
+        (["--scheme-params", "window"], "key=value"),
+    ],
+)
 def test_cli_bad_schemes_are_one_line(rope_dir, capsys, args, says):
     rc, out, err = _cli(capsys, "--model", str(rope_dir), "--lengths", "1x", "--sequences", "1", *args, "--json")
     assert rc == 2 and out == ""

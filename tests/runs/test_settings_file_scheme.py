@@ -9,20 +9,23 @@ import json
 import pytest
 
 from conftest import build_tiny_rope
-from core.values import positions
 from core.cli import main
 from core.errors import UserError
 from core.models import load
 from core.runs.settings import Settings
+from core.values import positions
 
 
-@pytest.mark.parametrize("scheme, params", [
-    ("window", {"window": 32}),
-    ("lm-infinite", {"window": 8, "sinks": 2, "cap": 16}),
-    ("yarn-rope", {"attention_factor": 1.0}),
-    ("pi", {"factor": 4}),
-    ("rerope", {}),
-])
+@pytest.mark.parametrize(
+    "scheme, params",
+    [
+        ("window", {"window": 32}),
+        ("lm-infinite", {"window": 8, "sinks": 2, "cap": 16}),
+        ("yarn-rope", {"attention_factor": 1.0}),
+        ("pi", {"factor": 4}),
+        ("rerope", {}),
+    ],
+)
 def test_the_scheme_round_trips_through_the_exported_json(scheme, params):
     s = Settings(train_length=64, scheme=scheme, scheme_params=params)
     d = json.loads(s.to_json())
@@ -54,22 +57,40 @@ def test_an_old_file_without_a_scheme_reads_as_the_plain_scheme(tmp_path):
     assert s.to_dict()["scheme"] == positions.PLAIN and s.to_dict()["scheme_params"] == {}
 
 
-@pytest.mark.parametrize("fields, needle", [
-    ({"scheme": "nope"}, "scheme: Unknown position scheme 'nope'"),
-    ({"scheme": "pose"}, "scheme: Position scheme 'pose' is not available"),
-    ({"scheme": "alibi"}, "scheme: Position scheme 'alibi' is not available"),
-    ({"scheme": 5}, "scheme:"),
-    ({"scheme": "window", "scheme_params": {"factor": 2}}, "scheme_params: Position scheme 'window' takes window; not factor"),
-    ({"scheme_params": {"window": 4}}, "scheme_params: Position scheme 'none' takes no parameters"),
-    ({"scheme": "window", "scheme_params": {"window": True}}, "scheme_params: window: window must be a finite number"),
-    ({"scheme": "pi", "scheme_params": {"factor": "2"}}, "scheme_params: pi: factor must be a finite number"),
-    ({"scheme": "pi", "scheme_params": {"factor": float("nan")}}, "scheme_params: pi: factor must be a finite"),
-    ({"scheme": "window", "scheme_params": {"window": 10**400}}, "scheme_params: window: window must be a whole number from 0 to"),
-    ({"scheme": "window", "scheme_params": {"window": 4_000_001}}, "scheme_params: window: window must be a whole number from 0 to"),
-    ({"scheme": "pi", "scheme_params": {"factor": 0.5}}, "scheme_params: pi: factor must be a number >= 1"),
-    ({"scheme": "window", "scheme_params": {"window": 3.5}}, "scheme_params: window: window must be a whole number"),
-    ({"scheme": "window", "scheme_params": [32]}, "scheme_params: Input should be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "fields, needle",
+    [
+        ({"scheme": "nope"}, "scheme: Unknown position scheme 'nope'"),
+        ({"scheme": "pose"}, "scheme: Position scheme 'pose' is not available"),
+        ({"scheme": "alibi"}, "scheme: Position scheme 'alibi' is not available"),
+        ({"scheme": 5}, "scheme:"),
+        (
+            {"scheme": "window", "scheme_params": {"factor": 2}},
+            "scheme_params: Position scheme 'window' takes window; not factor",
+        ),
+        ({"scheme_params": {"window": 4}}, "scheme_params: Position scheme 'none' takes no parameters"),
+        (
+            {"scheme": "window", "scheme_params": {"window": True}},
+            "scheme_params: window: window must be a finite number",
+        ),
+        ({"scheme": "pi", "scheme_params": {"factor": "2"}}, "scheme_params: pi: factor must be a finite number"),
+        ({"scheme": "pi", "scheme_params": {"factor": float("nan")}}, "scheme_params: pi: factor must be a finite"),
+        (
+            {"scheme": "window", "scheme_params": {"window": 10**400}},
+            "scheme_params: window: window must be a whole number from 0 to",
+        ),
+        (
+            {"scheme": "window", "scheme_params": {"window": 4_000_001}},
+            "scheme_params: window: window must be a whole number from 0 to",
+        ),
+        ({"scheme": "pi", "scheme_params": {"factor": 0.5}}, "scheme_params: pi: factor must be a number >= 1"),
+        (
+            {"scheme": "window", "scheme_params": {"window": 3.5}},
+            "scheme_params: window: window must be a whole number",
+        ),
+        ({"scheme": "window", "scheme_params": [32]}, "scheme_params: Input should be a JSON object"),
+    ],
+)
 def test_bad_schemes_and_parameters_are_one_line_naming_the_field(fields, needle):
     with pytest.raises(UserError) as err:
         Settings(**fields)

@@ -12,7 +12,14 @@ from core.runs import temperature as T
 
 @pytest.mark.parametrize(
     "lt,lx,want",
-    [(512, 1024, 0.90), (512, 2048, 0.82), (512, 4096, 0.75), (512, 8192, 0.69), (512, 15000, 0.65), (768, 16000, 0.69)],
+    [
+        (512, 1024, 0.90),
+        (512, 2048, 0.82),
+        (512, 4096, 0.75),
+        (512, 8192, 0.69),
+        (512, 15000, 0.65),
+        (768, 16000, 0.69),
+    ],
 )
 def test_log_length_matches_paper(lt, lx, want):
     assert round(T.log_length(lt, lx), 2) == want
@@ -127,6 +134,7 @@ def test_per_layer_alignment_finds_each_layer():
 
 # -- Algorithm 1 honest at the edges (reached, gap, refined search) --------------------------
 
+
 def _linear_measure(slope: float, offset: float):
     """A fake model whose mean Pmax falls linearly in tau: S(tau) = offset - slope * tau (monotone, as Pmax is)."""
     from core.runs.temperature import LayerStats
@@ -202,8 +210,8 @@ def test_per_head_matches_each_head_and_lists_the_unreachable():
 
 
 def test_per_head_through_the_registry_on_a_tiny_model(tiny):
-    from core.runs import methods
     from core.data import tasks
+    from core.runs import methods
 
     doc = tasks.make("passkey", tiny.tokenizer, 600, seed=1)
     sched, info = methods.resolve(tiny, doc, "per-head")

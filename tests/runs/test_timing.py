@@ -48,6 +48,7 @@ def test_nearest_length_is_used():
 
 def timing_exponent(a, ta, b, tb):
     import math
+
     return min(2.0, max(1.0, math.log(tb / ta) / math.log(b / a)))
 
 
@@ -106,12 +107,15 @@ def test_describe():
 def test_plan_note_says_count_and_time():
     assert timing.plan_note("Algorithm 1", KEY, [(12, 2045)]) == (
         "Algorithm 1 will run 12 encoder passes at 2,045 tokens; no pass has been timed on this model yet, "
-        "so there is no time estimate.")
+        "so there is no time estimate."
+    )
     timing.record(KEY, 2045, 0.75)
     timing.record(KEY, 256, 0.01)
     note = timing.plan_note("Algorithm 1", KEY, [(12, 2045), (1, 256)])
-    assert note == ("Algorithm 1 will run 12 encoder passes at 2,045 tokens (plus 1 more): about 9 s on "
-                    "this machine (measured 0.75 s per pass here).")
+    assert note == (
+        "Algorithm 1 will run 12 encoder passes at 2,045 tokens (plus 1 more): about 9 s on "
+        "this machine (measured 0.75 s per pass here)."
+    )
     assert "scaled from a 2,045-token pass" in timing.plan_note("x", KEY, [(1, 4000)])
 
 
@@ -124,8 +128,8 @@ def test_model_key_ignores_train_length():
 
 
 def test_engine_records_each_pass(tiny):
-    from core.runs import engine
     from core.data import tasks
+    from core.runs import engine
 
     key = timing.model_key(tiny)
     timing.clear(key)
@@ -157,8 +161,12 @@ def test_algorithm1_pass_counts():
 
 
 def test_sweep_passes():
-    got = timing.sweep_passes([512, 1024], cells_per_length=6, costs=methods.costs(["pmax", "prop1", "tau=0.8"], 4, 8, samples=2, grid_size=11),
-                              train_length=256)
+    got = timing.sweep_passes(
+        [512, 1024],
+        cells_per_length=6,
+        costs=methods.costs(["pmax", "prop1", "tau=0.8"], 4, 8, samples=2, grid_size=11),
+        train_length=256,
+    )
     # per length: 6 cells + 6*2 (Alg. 1 bisection on 2 docs) + 1 (Prop. 1); L_tr: (2 + 1) per length
     assert got == [(19, 1024), (19, 512), (6, 256)]
 

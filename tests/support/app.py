@@ -65,5 +65,3 @@ def calibrate_at_600() -> tuple[AppTest, "pd.DataFrame"]:
     tables = [d.value for d in at.dataframe if "label" in d.value.columns and "note" in d.value.columns]
     assert tables, "Calibrate's every-method table"
     return at, tables[0]
-
-

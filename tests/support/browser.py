@@ -18,8 +18,8 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -27,8 +27,15 @@ from conftest import build_tiny_t5
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 PAGES = ("explore", "calibrate", "sweep", "theory")
 SCRUBBER = ".aae"  # the scrubber's root, inside the component's open shadow root (Playwright's CSS pierces it)
 TAU_SLIDER = ".aae input[type=range]"
@@ -107,9 +114,28 @@ def serving(model: str | None) -> Iterator[str]:
     if model is not None:
         env["AAE_MODEL"] = model
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     _SERVERS[url] = proc
@@ -140,8 +166,8 @@ def engine_at(model_ref):
     ``ctx.pair(tau=t, method="fixed", probes=cache.explore_probes(layer, head))``) and the document
     the sidebar builds from the link.
     """
-    from core.runs import engine
     from core.models import load
+    from core.runs import engine
     from core.runs.settings import DocumentRequest, Settings
     from ui import cache
 
@@ -155,7 +181,9 @@ def engine_at(model_ref):
         if key not in memo:
             t = round(tau, 2)
             chosen = Settings(method="fixed", tau=t, targets=("encoder",), cosine_scale=None)
-            memo[key] = engine.run(loaded, doc, chosen.to_choice(), engine.Pass(probes=cache.explore_probes(layer, head)))
+            memo[key] = engine.run(
+                loaded, doc, chosen.to_choice(), engine.Pass(probes=cache.explore_probes(layer, head))
+            )
         return memo[key]
 
     return at
@@ -199,8 +227,11 @@ FIND = """const find = sel => { const e = document.querySelector(sel); if (e || 
 #: plotly's, is still loading: seen for 7 s on a busy machine after the run had ended), and every
 #: plotly chart has drawn its svg. While the scrubber's grid is still coming, its polls rerun the
 #: fragment every 600 ms, so the app settles once the grid is complete.
-SETTLED = """([token, marker, scope, quiet]) => {
-    """ + FIND + """
+SETTLED = (
+    """([token, marker, scope, quiet]) => {
+    """
+    + FIND
+    + """
     const exc = document.querySelector('[data-testid="stException"]');
     if (exc) return 'exception: ' + exc.innerText.slice(0, 600);
     const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
@@ -217,9 +248,13 @@ SETTLED = """([token, marker, scope, quiet]) => {
     if (window.__aaeQuiet.since === null) window.__aaeQuiet.since = now;
     return now - window.__aaeQuiet.since >= quiet ? 'ok' : false;
 }"""
+)
 
-STATE = """([scope]) => {
-    """ + FIND + """
+STATE = (
+    """([scope]) => {
+    """
+    + FIND
+    + """
     const root = scope ? find(scope) : document.body;
     const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
     return {status_widget: !!document.querySelector('[data-testid="stStatusWidget"]'),
@@ -229,6 +264,7 @@ STATE = """([scope]) => {
             scope_found: !!root, scrubber: root && root.dataset ? Object.assign({}, root.dataset) : null,
             text: root ? root.innerText.slice(0, 400) : null};
 }"""
+)
 
 _tokens = iter(range(1, 1 << 30))
 
@@ -258,11 +294,14 @@ def settle(page, deadline: Deadline, marker: str | None = None, scope: str | Non
         left_ms = deadline.left() * 1000
         if left_ms <= 0:
             state = page.evaluate(STATE, [scope])
-            raise AssertionError(f"app not settled with {marker!r} in {scope or 'the page'} "
-                                 f"within the {deadline.seconds:.0f} s deadline: {state}")
+            raise AssertionError(
+                f"app not settled with {marker!r} in {scope or 'the page'} "
+                f"within the {deadline.seconds:.0f} s deadline: {state}"
+            )
         try:
-            handle = page.wait_for_function(SETTLED, arg=[token, marker, scope, QUIET_MS], polling=150,
-                                            timeout=max(1.0, min(left_ms, CHUNK_MS)))
+            handle = page.wait_for_function(
+                SETTLED, arg=[token, marker, scope, QUIET_MS], polling=150, timeout=max(1.0, min(left_ms, CHUNK_MS))
+            )
         except PwTimeout:
             check_server(page)
             continue
@@ -295,8 +334,11 @@ PAINT_LOG = """(r) => {
 
 #: The first paint logged since the last :data:`PAINT_LOG` call whose fields equal ``want``, else the present state if it
 #: does; "exception: ..." when the page shows one.
-FIND_PAINT = """([want]) => {
-    """ + FIND + """
+FIND_PAINT = (
+    """([want]) => {
+    """
+    + FIND
+    + """
     const exc = document.querySelector('[data-testid="stException"]');
     if (exc) return {exception: exc.innerText.slice(0, 600)};
     const fits = e => Object.entries(want).every(([k, v]) => e[k] === v);
@@ -305,6 +347,7 @@ FIND_PAINT = """([want]) => {
     const r = find('.aae');
     return r && fits(r.dataset) ? Object.assign({}, r.dataset) : false;
 }"""
+)
 
 
 def scrubber(page, deadline: Deadline) -> dict:
@@ -315,13 +358,17 @@ def scrubber(page, deadline: Deadline) -> dict:
 def stuck_state(page) -> str:
     """What the page shows when a wait ran out (bounded on its own: the test's deadline has passed already)."""
     try:
-        got = page.evaluate("""() => { """ + FIND + """
+        got = page.evaluate(
+            """() => { """
+            + FIND
+            + """
             const r = find('.aae'), S = window.__scrub;
             return {dataset: r ? Object.assign({}, r.dataset) : null, connected: !!(S && S.root && S.root.isConnected),
                     log: S ? S.log.slice(-6) : null, url: location.href,
                     status: !!document.querySelector('[data-testid="stStatusWidget"]'),
                     stale: document.querySelectorAll('[data-stale="true"]').length,
-                    text: r ? r.innerText.slice(0, 400) : null}; }""")
+                    text: r ? r.innerText.slice(0, 400) : null}; }"""
+        )
     except Exception as err:  # noqa: BLE001 - a diagnostic must not hide the failure it describes
         return f"(the page could not be read: {err})"
     return f"it shows {got}"
@@ -377,8 +424,9 @@ def set_tau(page, tau: float, deadline: Deadline) -> None:
         page.keyboard.press("ArrowRight" if steps > 0 else "ArrowLeft")
     kind = "grid" if want in GRID else "exact"
     wait_painted(page, {"tau": want, "kind": kind}, deadline)
-    page.wait_for_function("v => new URLSearchParams(location.search).get('tau') === v", arg=want,
-                           timeout=deadline.ms())
+    page.wait_for_function(
+        "v => new URLSearchParams(location.search).get('tau') === v", arg=want, timeout=deadline.ms()
+    )
     settle(page, deadline)
 
 
@@ -398,6 +446,7 @@ def assert_frame_is_the_pass(frame: dict, res, where: str) -> None:
 
 
 # --- actions -----------------------------------------------------------------------------
+
 
 def click_if_there(page, key: str, deadline: Deadline) -> None:
     button = page.locator(f".st-key-{key} button")
@@ -438,7 +487,9 @@ def shoot(page, path: Path, deadline: Deadline) -> None:
     size = 1000
     for _ in range(5):  # until the content stops growing (a rerun may still be adding elements)
         settle(page, deadline)
-        height = min(int(page.evaluate("""() => document.querySelector('[data-testid="stMain"]').scrollHeight""")) + 40, 9000)
+        height = min(
+            int(page.evaluate("""() => document.querySelector('[data-testid="stMain"]').scrollHeight""")) + 40, 9000
+        )
         if height <= size:
             break
         size = height

@@ -17,9 +17,24 @@ from core.training import TrainConfig, load_stages, mlm, train
 
 BPE = Path(__file__).resolve().parents[2] / "assets" / "models" / "retrieval-t5"
 # Small enough for seconds on one thread; the stdlib train pool loads at once (the shipped recipes use "lm-train").
-TINY = dict(name="tiny-rope", family="rope", train_length=64, batch_size=8, steps=40, lr=3e-3, warmup=5,
-            encoder_layers=2, d_model=32, d_ff=64, num_heads=2, eval_every=0, eval_docs=4, threads=1, seed=0,
-            mlm={"pool": "corpus-train"})
+TINY = dict(
+    name="tiny-rope",
+    family="rope",
+    train_length=64,
+    batch_size=8,
+    steps=40,
+    lr=3e-3,
+    warmup=5,
+    encoder_layers=2,
+    d_model=32,
+    d_ff=64,
+    num_heads=2,
+    eval_every=0,
+    eval_docs=4,
+    threads=1,
+    seed=0,
+    mlm={"pool": "corpus-train"},
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +89,9 @@ def test_masking_takes_the_rate_of_ordinary_tokens_and_never_a_special_one(tok, 
     assert (inputs[special] == ids[special]).all()  # ... nor changed
     assert (inputs[~asked] == ids[~asked]).all()  # only chosen positions change
     assert (labels[asked] == ids[asked]).all()  # the label is the true token
-    assert not np.isin(inputs[asked & (inputs != tok.mask_token_id)], mlm.special_ids(tok)).any()  # random ones are ordinary
+    assert not np.isin(
+        inputs[asked & (inputs != tok.mask_token_id)], mlm.special_ids(tok)
+    ).any()  # random ones are ordinary
 
 
 def test_masking_is_bert_80_10_10(tok):
@@ -83,8 +100,7 @@ def test_masking_is_bert_80_10_10(tok):
     inputs, labels = mlm.mask_batch(ids, tok, np.random.default_rng(1), 0.15)
     asked = labels != -100
     assert asked.sum() == 1000 * 10  # round(0.15 x 64) per row
-    share = {"mask": (inputs[asked] == tok.mask_token_id).mean(),
-             "kept": (inputs[asked] == ids[asked]).mean()}
+    share = {"mask": (inputs[asked] == tok.mask_token_id).mean(), "kept": (inputs[asked] == ids[asked]).mean()}
     share["random"] = 1 - share["mask"] - share["kept"]
     assert abs(share["mask"] - 0.8) < 0.015 and abs(share["kept"] - 0.1) < 0.015 and abs(share["random"] - 0.1) < 0.015
 
@@ -115,8 +131,14 @@ def test_the_saved_folder_is_a_complete_modernbert_masked_lm(trained):
     from core.models import load
 
     out, card = trained
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "card.json",
-            "train_config.json"} <= {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "card.json",
+        "train_config.json",
+    } <= {p.name for p in out.iterdir()}
     saved = json.loads((out / "card.json").read_text())
     assert saved["family"] == "rope" and saved["train_length"] == 64 and saved["tasks"] == ["mlm"]
     assert saved["finished"] and saved["steps_done"] == 40 and saved["seed"] == 0 and saved["threads"] == 1
@@ -140,8 +162,16 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another(tmp_path):
     from safetensors.torch import load_file
 
     short = {**TINY, "steps": 3}
-    runs = [train(TrainConfig(**{**short, "seed": s}), tmp_path / f"r{k}", reuse_tokenizer=BPE, quiet=True,
-                  evaluate_at_end=False) for k, s in enumerate((5, 5, 6))]
+    runs = [
+        train(
+            TrainConfig(**{**short, "seed": s}),
+            tmp_path / f"r{k}",
+            reuse_tokenizer=BPE,
+            quiet=True,
+            evaluate_at_end=False,
+        )
+        for k, s in enumerate((5, 5, 6))
+    ]
     assert runs[0]["loss_curve"] == runs[1]["loss_curve"] and runs[0]["loss_curve"][0] != runs[2]["loss_curve"][0]
     a, b = load_file(str(tmp_path / "r0" / "model.safetensors")), load_file(str(tmp_path / "r1" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -151,8 +181,13 @@ def test_the_cosine_variant_trains_with_its_s(tmp_path):
     """cosine_scale in the recipe: the saved config says cosine attention at that s, and core.models reads it."""
     from core.models import load
 
-    card = train(TrainConfig(**{**TINY, "steps": 2, "cosine_scale": 16.0}), tmp_path / "cos", reuse_tokenizer=BPE,
-                 quiet=True, evaluate_at_end=False)
+    card = train(
+        TrainConfig(**{**TINY, "steps": 2, "cosine_scale": 16.0}),
+        tmp_path / "cos",
+        reuse_tokenizer=BPE,
+        quiet=True,
+        evaluate_at_end=False,
+    )
     loaded = load(str(tmp_path / "cos"), device="cpu")
     assert loaded.cosine and loaded.cosine_scale == 16.0 == card["config"]["cosine_scale"]
     assert "cosine attention s=16" in card["summary"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import clear_app_caches
 
+from conftest import clear_app_caches
 from core.views import plots
 
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import clear_app_caches
 
+from conftest import clear_app_caches, wait_until
 from core.mechanics.attention import between_layers
 from core.runs import engine, methods
 from core.runs.settings import DocumentRequest
-
-from conftest import wait_until
 from core.values.choice import Choice
 
 #: The long document: 16 x the default model's L_tr (a pass takes a few seconds on this 2-core machine).
@@ -81,6 +79,7 @@ def background_stamps(monkeypatch):
     stamps: list[tuple[float, float]] = []
     original = getattr(prefetch.Prefetcher, "_between_layers", None)
     if original is not None:
+
         def stamped(self, gate, job, settings):
             fn = original(self, gate, job, settings)
 
@@ -135,6 +134,7 @@ def background_pass_s(loaded, job, done: int, paused_before: float) -> float:
 SHARE = 0.65
 
 
+@pytest.mark.slow
 def test_a_person_waits_for_a_layer_not_the_background_pass(default, layer, background_stamps):
     """An off-grid frame and Calibrate, each asked just after a background grid pass began, wait for at most one
     layer; the paused pass resumes and its numbers are those of the same pass alone; a length change stops the pass
@@ -161,9 +161,11 @@ def test_a_person_waits_for_a_layer_not_the_background_pass(default, layer, back
         waited, own = gate.last_wait_s, res.seconds["total"]
         bound = bound_s(layer_s, background_stamps)
         bg = background_pass_s(default, job, 1, paused_s)  # the paused pass resumes and lands
-        print(f"off-grid frame at {TOKENS} tokens: waited {waited:.2f} s, its own pass {own:.2f} s, "
-              f"served in {total:.2f} s; one layer {layer_s:.2f} s, the background pass {bg:.2f} s, "
-              f"a pass alone {alone.seconds['total']:.2f} s")
+        print(
+            f"off-grid frame at {TOKENS} tokens: waited {waited:.2f} s, its own pass {own:.2f} s, "
+            f"served in {total:.2f} s; one layer {layer_s:.2f} s, the background pass {bg:.2f} s, "
+            f"a pass alone {alone.seconds['total']:.2f} s"
+        )
         assert waited <= SHARE * bg, (waited, bg)
         assert waited <= bound, (waited, bound, alone.seconds["total"])
         assert total <= own + bound + SLACK_S, (total, own, bound)
@@ -184,8 +186,10 @@ def test_a_person_waits_for_a_layer_not_the_background_pass(default, layer, back
         waited = gate.last_wait_s
         bound = bound_s(layer_s, background_stamps)
         bg = background_pass_s(default, job, 2, paused_s)
-        print(f"Calibrate at 1,024 tokens beside the grid: waited {waited:.2f} s, served in {total:.2f} s; "
-              f"the background pass {bg:.2f} s")
+        print(
+            f"Calibrate at 1,024 tokens beside the grid: waited {waited:.2f} s, served in {total:.2f} s; "
+            f"the background pass {bg:.2f} s"
+        )
         assert set(cals) == {"pmax", "entropy"}
         assert waited <= SHARE * bg, (waited, bg)
         assert waited <= bound, (waited, bound)
@@ -225,7 +229,9 @@ def test_a_person_who_asks_for_the_grid_pass_under_way_waits_for_its_rest(defaul
         t0 = time.perf_counter()
         res = cache.run(default, req, *under_way)
         total = time.perf_counter() - t0
-        print(f"the grid pass under way, asked for: served in {total:.2f} s (its own pass {res.seconds['total']:.2f} s)")
+        print(
+            f"the grid pass under way, asked for: served in {total:.2f} s (its own pass {res.seconds['total']:.2f} s)"
+        )
         assert gate.pauses == pauses and pf.gave_way == gave_way, (gate.pauses - pauses, pf.gave_way - gave_way)
         assert res is stores.stores()["run"].peek(cache.run_key(default, req, *under_way))
         assert total <= res.seconds["total"] + SLACK_S, (total, res.seconds)  # its rest, not a pass of its own
@@ -233,6 +239,7 @@ def test_a_person_who_asks_for_the_grid_pass_under_way_waits_for_its_rest(defaul
         pf.want("rest-session", None)
 
 
+@pytest.mark.slow
 def test_without_room_to_pause_the_background_pass_is_abandoned_and_redone(default, layer, background_stamps):
     """With no memory to spare for a paused pass (``pause_share`` 0), the background pass stops at the layer, the
     person waits for no more than that layer, and the pass is computed again afterwards."""

@@ -11,12 +11,10 @@ import threading
 import time
 
 import pytest
-from conftest import clear_app_caches
 
+from conftest import clear_app_caches, wait_until
 from core.runs import engine, methods, temperature
 from core.runs.settings import DocumentRequest
-
-from conftest import wait_until
 from core.values.choice import Choice
 
 
@@ -127,7 +125,8 @@ def test_foreground_goes_first():
 
 def test_a_second_session_queues_behind_the_first_and_is_told(cache_mod):
     """Two sessions' passes never run at once (the app's memory budget), and the one waiting sees why."""
-    from ui.pass_gate import gate as pass_gate, queue_note
+    from ui.pass_gate import gate as pass_gate
+    from ui.pass_gate import queue_note
 
     gate = pass_gate()
     assert queue_note() == ""

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import clear_app_caches, memory_bounds
 
-from core.runs import engine
-from core.views import plots
+from conftest import clear_app_caches, memory_bounds
 from core.models import default_model
+from core.runs import engine
 from core.runs.settings import DocumentRequest
 from core.values.choice import Choice
+from core.views import plots
 
 
 @pytest.fixture
@@ -39,6 +39,7 @@ def _array(nbytes: int) -> np.ndarray:
 
 
 # -- the LRU ------------------------------------------------------------------------------
+
 
 def test_lru_evicts_least_recently_used_until_under_the_byte_bound(stores_mod):
     lru = stores_mod.LRU(maxsize=100, maxbytes=10_000)
@@ -82,6 +83,7 @@ def test_replacing_a_key_does_not_count_it_twice(stores_mod):
 
 
 # -- sizeof ---------------------------------------------------------------------------------
+
 
 @dataclass
 class _Holder:
@@ -127,6 +129,7 @@ def test_sizeof_of_a_figure_is_near_what_it_allocates(stores_mod):
 
 # -- the stores together ---------------------------------------------------------------------------
 
+
 def test_every_store_has_both_bounds_and_the_total_is_their_sum(stores_mod):
     b = memory_bounds()
     assert set(b["stores"]) == set(stores_mod.SIZES) == set(stores_mod.BYTES)
@@ -150,6 +153,7 @@ def _rss() -> int:
 
 @pytest.mark.skipif(default_model() is None, reason="no bundled model in assets/models")
 @pytest.mark.usefixtures("one_thread")
+@pytest.mark.slow
 def test_many_documents_stay_under_every_bound(stores_mod, monkeypatch):
     """40 distinct pass key documents of the default model, each run with Explore's probes and drawn as two
     figures, under byte budgets small enough that both stores must evict: every store stays under its
@@ -169,8 +173,15 @@ def test_many_documents_stay_under_every_bound(stores_mod, monkeypatch):
         lengths = (256, 384, 512, 640)
         for n in lengths:  # warm: torch's buffers for each length, plotly's validators
             res = cache.run(loaded, DocumentRequest(task="passkey", tokens=n, depth=0.5, seed=10_000 + n), *settings)
-            figure_cache.figure(plots.heatmap, res.probes.heatmap_mean, res.probes.heatmap_edges, res.needle_tokens,
-                         res.question_tokens, title="warm", zrange=(0.0, 1.0))
+            figure_cache.figure(
+                plots.heatmap,
+                res.probes.heatmap_mean,
+                res.probes.heatmap_edges,
+                res.needle_tokens,
+                res.question_tokens,
+                title="warm",
+                zrange=(0.0, 1.0),
+            )
         gc.collect()
         before = _rss()
         stores = S.stores()
@@ -179,8 +190,15 @@ def test_many_documents_stay_under_every_bound(stores_mod, monkeypatch):
             req = DocumentRequest(task="passkey", tokens=lengths[i % len(lengths)], depth=(i % 11) / 10, seed=i)
             res = cache.run(loaded, req, *settings)
             assert res.tokens == req.tokens
-            figure_cache.figure(plots.heatmap, res.probes.heatmap_mean, res.probes.heatmap_edges, res.needle_tokens,
-                         res.question_tokens, title=f"run {i}", zrange=(0.0, 1.0))
+            figure_cache.figure(
+                plots.heatmap,
+                res.probes.heatmap_mean,
+                res.probes.heatmap_edges,
+                res.needle_tokens,
+                res.question_tokens,
+                title=f"run {i}",
+                zrange=(0.0, 1.0),
+            )
             figure_cache.figure(plots.question_profile, res.probes.profile, res.needle_tokens, res.question_tokens)
             for name, store in stores.items():
                 u = store.usage()

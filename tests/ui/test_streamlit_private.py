@@ -60,22 +60,27 @@ def test_private_streamlit_imports_live_in_one_module():
 
 def test_the_listing_catches_a_private_import(tmp_path):
     f = tmp_path / "x.py"
-    f.write_text("import streamlit as st\nimport streamlit.components.v2\n"
-                 "def g():\n    from streamlit.runtime.scriptrunner import get_script_run_ctx\n"
-                 "from streamlit import runtime\n")
+    f.write_text(
+        "import streamlit as st\nimport streamlit.components.v2\n"
+        "def g():\n    from streamlit.runtime.scriptrunner import get_script_run_ctx\n"
+        "from streamlit import runtime\n"
+    )
     mods = [m for _, m in streamlit_imports(f)]
     assert mods == ["streamlit", "streamlit.components.v2", "streamlit.runtime.scriptrunner", "streamlit.runtime"]
     assert [m for m in mods if not PUBLIC.match(m)] == ["streamlit.runtime.scriptrunner", "streamlit.runtime"]
 
 
 #: Submodules of the streamlit package ("from streamlit import runtime" imports one of them, not a public name).
-_SUBMODULES = {p.stem if p.is_file() else p.name for p in Path(__import__("streamlit").__file__).parent.iterdir()
-               if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+_SUBMODULES = {
+    p.stem if p.is_file() else p.name
+    for p in Path(__import__("streamlit").__file__).parent.iterdir()
+    if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+}
 
 
 # -- the functions, inside a real run ----------------------------------------------------------
 
-APP = '''
+APP = """
 import streamlit as st
 from ui import streamlit_private as sp
 
@@ -88,7 +93,7 @@ def part():
 
 st.session_state["log"].append(("full", sp.in_fragment_rerun(), sp.session_id(), sp.history_navigation()))
 part()
-'''
+"""
 
 
 def test_each_private_function_answers_as_the_app_needs(monkeypatch):
@@ -104,8 +109,13 @@ def test_each_private_function_answers_as_the_app_needs(monkeypatch):
     assert not at.exception, [e.value for e in at.exception]
     log = at.session_state["log"]
     kinds = [(kind, frag, back) for kind, frag, _, back in log]
-    assert kinds == [("full", False, False), ("fragment", False, False), ("fragment", True, False),
-                     ("full", False, True), ("fragment", False, True)], log
+    assert kinds == [
+        ("full", False, False),
+        ("fragment", False, False),
+        ("fragment", True, False),
+        ("full", False, True),
+        ("fragment", False, True),
+    ], log
     ids = {sid for _, _, sid, _ in log}
     assert len(ids) == 1 and isinstance(next(iter(ids)), str) and next(iter(ids)), "one session, one non-empty id"
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from core.data import tasks
 from core.runs import methods
 from core.values import positions
-from core.data import tasks
 from ui import choices, url
 
 #: Number-like text: what a person (or a probe) writes for a number, overflowing ones included.
@@ -26,10 +26,39 @@ _NUMBERS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(lambda x: f"{x:g}"),
     st.integers(min_value=-(10**400), max_value=10**400).map(str),
     st.builds(lambda m, e: f"{m}e{e}", st.integers(-99, 99), st.integers(-500, 500)),
-    st.sampled_from(["inf", "-inf", "+inf", "Infinity", "nan", "-nan", "NaN", "1e400", "-1e400", "1e-400", "1_000",
-                     " 512 ", "0x10", "١٢", "", " ", "x", "8x", "infx", "nanx", "1e400x", "-1x", "65x", "\x00", "1\x00"]),
+    st.sampled_from(
+        [
+            "inf",
+            "-inf",
+            "+inf",
+            "Infinity",
+            "nan",
+            "-nan",
+            "NaN",
+            "1e400",
+            "-1e400",
+            "1e-400",
+            "1_000",
+            " 512 ",
+            "0x10",
+            "١٢",
+            "",
+            " ",
+            "x",
+            "8x",
+            "infx",
+            "nanx",
+            "1e400x",
+            "-1x",
+            "65x",
+            "\x00",
+            "1\x00",
+        ]
+    ),
 )
-_VALUES = st.one_of(_NUMBERS, _NUMBERS.map(lambda v: v + "x"), st.text(max_size=60), st.text(min_size=280, max_size=320))
+_VALUES = st.one_of(
+    _NUMBERS, _NUMBERS.map(lambda v: v + "x"), st.text(max_size=60), st.text(min_size=280, max_size=320)
+)
 
 
 def _in_range(name: str, value) -> bool:
@@ -51,10 +80,16 @@ def _in_range(name: str, value) -> bool:
     if name == "method":
         return value in methods.NAMES
     if name == "tau":
-        return isinstance(value, float) and choices.SLIDER_MIN <= value <= choices.SLIDER_MAX and value == round(value, 2)
+        return (
+            isinstance(value, float) and choices.SLIDER_MIN <= value <= choices.SLIDER_MAX and value == round(value, 2)
+        )
     if name == "s":
-        return (isinstance(value, float) and math.isfinite(value) and value >= choices.COS_MIN
-                and (value / choices.COS_STEP).is_integer())
+        return (
+            isinstance(value, float)
+            and math.isfinite(value)
+            and value >= choices.COS_MIN
+            and (value / choices.COS_STEP).is_integer()
+        )
     if name == "scheme":  # an available scheme's one text, read back to itself, its numbers finite
         if not isinstance(value, str):
             return False
@@ -67,8 +102,19 @@ def _in_range(name: str, value) -> bool:
 
 
 def test_every_parameter_is_covered():
-    assert set(url.PARAMS) == {"model", "task", "tokens", "depth", "seed", "filler", "method", "tau", "s",
-                                "scheme", "gamma"}
+    assert set(url.PARAMS) == {
+        "model",
+        "task",
+        "tokens",
+        "depth",
+        "seed",
+        "filler",
+        "method",
+        "tau",
+        "s",
+        "scheme",
+        "gamma",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(url.PARAMS))
@@ -89,23 +135,46 @@ def test_a_parser_returns_a_value_in_range_or_refuses(name, raw):
     assert _in_range(name, value), (name, raw, value)
 
 
-@pytest.mark.parametrize("name, raw", [("tokens", "inf"), ("depth", "-inf"), ("seed", "1e400"), ("tokens", "infx"),
-                                       ("s", "1e308"), ("tau", "nan"), ("model", "a\x00b")])
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("tokens", "inf"),
+        ("depth", "-inf"),
+        ("seed", "1e400"),
+        ("tokens", "infx"),
+        ("s", "1e308"),
+        ("tau", "nan"),
+        ("model", "a\x00b"),
+    ],
+)
 def test_the_issues_values_are_refused(name, raw):
     with pytest.raises(ValueError):
         url.PARAMS[name][1](raw)
 
 
-@pytest.mark.parametrize("name, raw, value", [("tokens", "2048", 2048), ("tokens", "8x", "8x"), ("depth", "33", 35),
-                                              ("seed", "1e3", 1000), ("tau", "0.704", 0.7), ("s", "24.3", 24.5)])
+@pytest.mark.parametrize(
+    "name, raw, value",
+    [
+        ("tokens", "2048", 2048),
+        ("tokens", "8x", "8x"),
+        ("depth", "33", 35),
+        ("seed", "1e3", 1000),
+        ("tau", "0.704", 0.7),
+        ("s", "24.3", 24.5),
+    ],
+)
 def test_ordinary_values_still_parse(name, raw, value):
     assert url.PARAMS[name][1](raw) == value
 
 
 _SCHEME_TEXT = st.one_of(
     st.sampled_from(positions.NAMES + ("Window", "window ", "win", "none:window=2", "alibi:window=2", "")),
-    st.builds(lambda n, k, v: f"{n}:{k}={v}", st.sampled_from(positions.NAMES),
-              st.sampled_from(["window", "sinks", "cap", "factor", "attention_factor", "bogus", ""]), _NUMBERS),
+    st.builds(
+        lambda n, k, v: f"{n}:{k}={v}",
+        st.sampled_from(positions.NAMES),
+        st.sampled_from(["window", "sinks", "cap", "factor", "attention_factor", "bogus", ""]),
+        _NUMBERS,
+    ),
     st.builds(lambda a, b: f"{a}:{b}", st.text(max_size=20), st.text(max_size=20)),
 )
 
@@ -126,16 +195,34 @@ def test_a_scheme_in_a_link_is_one_known_scheme_or_one_reason(raw):
     value.bind(64, 256)  # runs on a model
 
 
-@pytest.mark.parametrize("raw, value", [("window", "window"), ("window:window=32", "window:window=32"),
-                                        ("lm-infinite:sinks=2:window=8", "lm-infinite:window=8:sinks=2"),
-                                        ("yarn-rope:attention_factor=1", "yarn-rope:attention_factor=1")])
+@pytest.mark.parametrize(
+    "raw, value",
+    [
+        ("window", "window"),
+        ("window:window=32", "window:window=32"),
+        ("lm-infinite:sinks=2:window=8", "lm-infinite:window=8:sinks=2"),
+        ("yarn-rope:attention_factor=1", "yarn-rope:attention_factor=1"),
+    ],
+)
 def test_schemes_parse_to_their_one_text(raw, value):
     scheme = url.PARAMS["scheme"][1](raw)
     assert scheme.spell() == value and scheme == positions.Scheme.of(value)  # the one value, whatever the spelling
 
 
-@pytest.mark.parametrize("raw", ["bogus", "alibi", "pose", "pi:factor=0.5", "lm-infinite:cap=0", "window:sinks=2",
-                                 "window:window=-1", "pi:factor=inf", "window\n"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "bogus",
+        "alibi",
+        "pose",
+        "pi:factor=0.5",
+        "lm-infinite:cap=0",
+        "window:sinks=2",
+        "window:window=-1",
+        "pi:factor=inf",
+        "window\n",
+    ],
+)
 def test_bad_schemes_are_refused(raw):
     with pytest.raises(ValueError):
         url.PARAMS["scheme"][1](raw)

@@ -20,11 +20,11 @@ import pytest
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conftest import app_ok
-from core.mechanics import attention
-from core.values.choice import Choice
 from core.kinds import ATTN_NAME
-from core.values.schedule import Schedule
+from core.mechanics import attention
 from core.runs.settings import Settings
+from core.values.choice import Choice
+from core.values.schedule import Schedule
 
 
 @pytest.fixture
@@ -38,8 +38,11 @@ def arrived(monkeypatch):
 
     def spy(module, *args, **kwargs):
         call = attention.current_call()
-        if call is not None and attention.attention_kind(module) == "encoder" \
-                and threading.current_thread().name != "aae-prefetch":
+        if (
+            call is not None
+            and attention.attention_kind(module) == "encoder"
+            and threading.current_thread().name != "aae-prefetch"
+        ):
             seen.append(call.choice)
         return real(module, *args, **kwargs)
 
@@ -130,6 +133,7 @@ def test_from_a_link_and_from_the_slider(env, arrived, contexts):
     """A link's ``tau=`` and then the slider (what the scrubber's release writes), each off the grid so Explore
     computes the exact frame: the pass's choice is the one the sidebar made, not a copy."""
     from streamlit.testing.v1 import AppTest
+
     from support.app import APP, fragment_run
 
     at = AppTest.from_file(APP, default_timeout=180)

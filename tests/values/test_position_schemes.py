@@ -17,14 +17,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AttentionInterface, ModernBertConfig, ModernBertForMaskedLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
 
+from core.errors import UserError
 from core.mechanics import patches
 from core.values import positions as P
-from core.errors import UserError
 
 FULL = "full_attention"
 #: (d, rope_theta, L_tr, L): head sizes, bases and length ratios (s = 4, 64, 2.34, 7.19)
@@ -34,11 +35,26 @@ CASES = [(16, 10_000.0, 64, 256), (32, 160_000.0, 64, 4096), (64, 10_000.0, 128,
 def config(d: int, theta: float, heads: int = 2, layers: int = 1, max_pos: int = 64) -> ModernBertConfig:
     """A ModernBERT config with global attention everywhere and head size ``d``."""
     return ModernBertConfig(
-        vocab_size=64, hidden_size=d * heads, intermediate_size=32, num_hidden_layers=layers, num_attention_heads=heads,
-        global_attn_every_n_layers=1, max_position_embeddings=max_pos, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        cls_token_id=1, sep_token_id=2, attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0,
-        rope_parameters={FULL: {"rope_type": "default", "rope_theta": theta},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
+        vocab_size=64,
+        hidden_size=d * heads,
+        intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        global_attn_every_n_layers=1,
+        max_position_embeddings=max_pos,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        attention_dropout=0.0,
+        embedding_dropout=0.0,
+        mlp_dropout=0.0,
+        rope_parameters={
+            FULL: {"rope_type": "default", "rope_theta": theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+    )
 
 
 def plain(theta: float, d: int) -> np.ndarray:
@@ -63,11 +79,16 @@ def freqs(name: str, d: int, theta: float, lt: int, n: int, **values) -> tuple[n
 
 #: which test covers each registry entry (a new entry without its test fails test_every_scheme_is_tested)
 TESTED = {
-    "none": "test_plain_rope_is_the_model_s_own", "pi": "test_pi_divides_the_angles",
-    "ntk": "test_ntk_base_by_hand", "dynamic-ntk": "test_dynamic_ntk_by_hand_and_its_stale_cache_in_transformers",
-    "yarn-rope": "test_yarn_frequencies_by_hand", "rerope": "test_rerope_distances_drawn_out",
-    "window": "test_window_mask_drawn_out", "streaming-llm": "test_streaming_llm_drawn_out",
-    "lm-infinite": "test_lm_infinite_drawn_out", "alibi": "test_unavailable_schemes_say_why",
+    "none": "test_plain_rope_is_the_model_s_own",
+    "pi": "test_pi_divides_the_angles",
+    "ntk": "test_ntk_base_by_hand",
+    "dynamic-ntk": "test_dynamic_ntk_by_hand_and_its_stale_cache_in_transformers",
+    "yarn-rope": "test_yarn_frequencies_by_hand",
+    "rerope": "test_rerope_distances_drawn_out",
+    "window": "test_window_mask_drawn_out",
+    "streaming-llm": "test_streaming_llm_drawn_out",
+    "lm-infinite": "test_lm_infinite_drawn_out",
+    "alibi": "test_unavailable_schemes_say_why",
     "pose": "test_unavailable_schemes_say_why",
 }
 
@@ -187,6 +208,7 @@ def yarn_by_hand(theta: float, d: int, lt: int, s: float, fast: float = 32, slow
     dimension where a frequency turns ``r`` times over L_tr, ``d ln(L_tr / (2 pi r)) / (2 ln theta)``, floored
     (r = beta_fast) and ceiled (r = beta_slow); a linear ramp over dimension indices between them: 0 keeps the
     frequency (extrapolation), 1 divides it by s (interpolation)."""
+
     def dim_of(r):
         return d * math.log(lt / (r * 2 * math.pi)) / (2 * math.log(theta))
 
@@ -217,11 +239,7 @@ def test_yarn_frequencies_by_hand(d, theta, lt, n):
 
 
 def test_window_mask_drawn_out():
-    want = np.array([[1, 1, 0, 0, 0],
-                     [1, 1, 1, 0, 0],
-                     [0, 1, 1, 1, 0],
-                     [0, 0, 1, 1, 1],
-                     [0, 0, 0, 1, 1]], bool)
+    want = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]], bool)
     b = P.get("window").bind(64, 5, window=1)
     np.testing.assert_array_equal(b.mask(5, 5).numpy(), want)
     assert b.capped_positions(0, 5, 5) is None and not b.rectified
@@ -230,21 +248,28 @@ def test_window_mask_drawn_out():
 
 def test_streaming_llm_drawn_out():
     b = P.get("streaming-llm").bind(64, 7, window=1, sinks=2)
-    want = np.array([[1, 1, 0, 0, 0, 0, 0],
-                      [1, 1, 1, 0, 0, 0, 0],
-                      [1, 1, 1, 1, 0, 0, 0],
-                      [1, 1, 1, 1, 1, 0, 0],
-                      [1, 1, 0, 1, 1, 1, 0],
-                      [1, 1, 0, 0, 1, 1, 1],
-                      [1, 1, 0, 0, 0, 1, 1]], bool)
+    want = np.array(
+        [
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0],
+            [1, 1, 0, 1, 1, 1, 0],
+            [1, 1, 0, 0, 1, 1, 1],
+            [1, 1, 0, 0, 0, 1, 1],
+        ],
+        bool,
+    )
     np.testing.assert_array_equal(b.mask(7, 7).numpy(), want)
     # positions in the cache [sinks][i - 1 .. i + 1]: sink j beyond the band sits at distance w + k - j = 3 - j
     dist = b.capped_positions(0, 7, 7).numpy()
     assert dist[6, 0] == 3 and dist[6, 1] == 2 and dist[3, 0] == 3 and dist[3, 1] == 2
     assert dist[2, 1] == 1  # within the band: the true distance
     assert dist[2, 0] == 2  # beyond the band, but the band [1, 3] still overlaps the sinks: cache = text here
-    np.testing.assert_array_equal(dist[want & (np.arange(7)[None] >= 2)],
-                                  (np.arange(7)[:, None] - np.arange(7)[None])[want & (np.arange(7)[None] >= 2)])
+    np.testing.assert_array_equal(
+        dist[want & (np.arange(7)[None] >= 2)],
+        (np.arange(7)[:, None] - np.arange(7)[None])[want & (np.arange(7)[None] >= 2)],
+    )
     d = P.get("streaming-llm").bind(64, 4096)
     assert (d.sinks, d.window) == (4, 59)  # the largest cache distance, w + k, is L_tr - 1
     assert int(d.capped_positions(4000, 4001, 4096).abs().max()) > 63  # masked keys keep their true distance...
@@ -254,36 +279,51 @@ def test_streaming_llm_drawn_out():
 
 def test_lm_infinite_drawn_out():
     b = P.get("lm-infinite").bind(64, 6, window=1, sinks=1, cap=2)
-    want = np.array([[1, 1, 0, 0, 0, 0],
-                     [1, 1, 1, 0, 0, 0],
-                     [1, 1, 1, 1, 0, 0],
-                     [1, 0, 1, 1, 1, 0],
-                     [1, 0, 0, 1, 1, 1],
-                     [1, 0, 0, 0, 1, 1]], bool)
+    want = np.array(
+        [
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 0, 1, 1, 1, 0],
+            [1, 0, 0, 1, 1, 1],
+            [1, 0, 0, 0, 1, 1],
+        ],
+        bool,
+    )
     np.testing.assert_array_equal(b.mask(6, 6).numpy(), want)
-    np.testing.assert_array_equal(b.capped_positions(0, 6, 6).numpy(), [[0, -1, -2, -2, -2, -2],
-                                                                          [1, 0, -1, -2, -2, -2],
-                                                                          [2, 1, 0, -1, -2, -2],
-                                                                          [2, 2, 1, 0, -1, -2],
-                                                                          [2, 2, 2, 1, 0, -1],
-                                                                          [2, 2, 2, 2, 1, 0]])
+    np.testing.assert_array_equal(
+        b.capped_positions(0, 6, 6).numpy(),
+        [
+            [0, -1, -2, -2, -2, -2],
+            [1, 0, -1, -2, -2, -2],
+            [2, 1, 0, -1, -2, -2],
+            [2, 2, 1, 0, -1, -2],
+            [2, 2, 2, 1, 0, -1],
+            [2, 2, 2, 2, 1, 0],
+        ],
+    )
     d = P.get("lm-infinite").bind(64, 4096)
     assert (d.sinks, d.window, d.cap) == (5, 63, 63)
 
 
 def test_rerope_distances_drawn_out():
     b = P.get("rerope").bind(64, 5, window=2)
-    np.testing.assert_array_equal(b.capped_positions(0, 5, 5).numpy(), [[0, -1, -2, -2, -2],
-                                                                          [1, 0, -1, -2, -2],
-                                                                          [2, 1, 0, -1, -2],
-                                                                          [2, 2, 1, 0, -1],
-                                                                          [2, 2, 2, 1, 0]])
+    np.testing.assert_array_equal(
+        b.capped_positions(0, 5, 5).numpy(),
+        [[0, -1, -2, -2, -2], [1, 0, -1, -2, -2], [2, 1, 0, -1, -2], [2, 2, 1, 0, -1], [2, 2, 2, 1, 0]],
+    )
     assert b.mask(5, 5) is None and b.rectified and P.get("rerope").bind(64, 5).window == 32
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["window", "streaming-llm", "lm-infinite", "rerope"]), st.integers(1, 40), st.integers(0, 12),
-       st.integers(0, 6), st.integers(1, 12), st.data())
+@given(
+    st.sampled_from(["window", "streaming-llm", "lm-infinite", "rerope"]),
+    st.integers(1, 40),
+    st.integers(0, 12),
+    st.integers(0, 6),
+    st.integers(1, 12),
+    st.data(),
+)
 def test_block_rows_are_the_rows_of_the_whole(name, n, window, sinks, cap, data):
     """A block of query rows r0..r1 is exactly those rows of the whole matrix, and the whole matrix is the hand
     rule at every (i, j): |i - j| <= w or j < sinks (mask); the scheme's distance (rectified)."""
@@ -334,8 +374,11 @@ def test_rectified_logits_by_hand():
     plain_logits = P.rotate(q0, ar, inv) @ P.rotate(k0, ar, inv).transpose(-1, -2)
     true = P.relative_positions(0, n, n)
     torch.testing.assert_close(P.rectified_logits(q0, k0, inv, true, 0), plain_logits)
-    for name, values in (("rerope", {"window": 2}), ("lm-infinite", {"window": 2, "sinks": 2, "cap": 3}),
-                         ("streaming-llm", {"window": 2, "sinks": 2})):
+    for name, values in (
+        ("rerope", {"window": 2}),
+        ("lm-infinite", {"window": 2, "sinks": 2, "cap": 3}),
+        ("streaming-llm", {"window": 2, "sinks": 2}),
+    ):
         b = P.get(name).bind(64, n, **values)
         dist = b.capped_positions(0, n, n)
         hand = torch.empty(1, 2, n, n)
@@ -348,12 +391,17 @@ def test_rectified_logits_by_hand():
             torch.testing.assert_close(got, hand[..., r0:r1, :], rtol=1e-5, atol=1e-5)
             if allowed is not None:
                 got = P.rectified_logits(q0, k0, inv, b.capped_positions(r0, r1, n), r0, allowed=allowed[r0:r1])
-                torch.testing.assert_close(got[..., allowed[r0:r1]], hand[..., r0:r1, :][..., allowed[r0:r1]],
-                                           rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(
+                    got[..., allowed[r0:r1]], hand[..., r0:r1, :][..., allowed[r0:r1]], rtol=1e-5, atol=1e-5
+                )
     # the attention factor on cos and sin multiplies every logit by its square
     dist = P.capped_distances(0, n, n, 2)
-    torch.testing.assert_close(P.rectified_logits(q0, k0, inv, dist, 0, scale=1.5),
-                               P.rectified_logits(q0, k0, inv, dist, 0) * 2.25, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        P.rectified_logits(q0, k0, inv, dist, 0, scale=1.5),
+        P.rectified_logits(q0, k0, inv, dist, 0) * 2.25,
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 # ---- reaching a model -------------------------------------------------------------------------------------------
@@ -427,8 +475,11 @@ def _scheme_attention(module, query, key, value, attention_mask, scaling=None, d
         logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
     if attention_mask is not None:
         floor = torch.finfo(logits.dtype).min
-        logits = (logits.masked_fill(~attention_mask, floor) if attention_mask.dtype == torch.bool
-                  else logits + attention_mask)
+        logits = (
+            logits.masked_fill(~attention_mask, floor)
+            if attention_mask.dtype == torch.bool
+            else logits + attention_mask
+        )
     return (torch.softmax(logits, -1).to(value.dtype) @ value).transpose(1, 2).contiguous(), None
 
 

@@ -15,17 +15,22 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st_
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
-from core.runs import engine
-from core.mechanics import attention
 from core.data import tasks
-from core.values.schedule import MAX_ATTN_SCALE, ONE, TAU_MAX, TAU_MIN, RowTau, Schedule
+from core.mechanics import attention
+from core.runs import engine
 from core.values.choice import Choice
+from core.values.schedule import MAX_ATTN_SCALE, ONE, TAU_MAX, TAU_MIN, RowTau, Schedule
 
 finite_tau = st_.floats(min_value=TAU_MIN, max_value=TAU_MAX, allow_nan=False)
 anything = st_.recursive(
-    st_.none() | st_.booleans() | st_.integers(min_value=-10**400, max_value=10**400) | st_.floats() | st_.text(max_size=5),
+    st_.none()
+    | st_.booleans()
+    | st_.integers(min_value=-(10**400), max_value=10**400)
+    | st_.floats()
+    | st_.text(max_size=5),
     lambda inner: st_.lists(inner, max_size=4) | st_.dictionaries(st_.text(max_size=12), inner, max_size=3),
     max_leaves=12,
 )
@@ -46,9 +51,15 @@ def test_anything_is_a_schedule_or_one_value_error(value):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st_.one_of(finite_tau, st_.lists(finite_tau, min_size=1, max_size=6),
-                  st_.integers(1, 4).flatmap(lambda h: st_.lists(st_.lists(finite_tau, min_size=h, max_size=h),
-                                                                 min_size=1, max_size=5))))
+@given(
+    st_.one_of(
+        finite_tau,
+        st_.lists(finite_tau, min_size=1, max_size=6),
+        st_.integers(1, 4).flatmap(
+            lambda h: st_.lists(st_.lists(finite_tau, min_size=h, max_size=h), min_size=1, max_size=5)
+        ),
+    )
+)
 def test_valid_schedules_round_trip_and_key_by_value(value):
     s = Schedule.of(value)
     again = Schedule.of(s.to_json())
@@ -57,10 +68,32 @@ def test_valid_schedules_round_trip_and_key_by_value(value):
     assert s.mean() == pytest.approx(float(np.mean(value)))
 
 
-@pytest.mark.parametrize("bad", [0.0, -0.5, 1e-46, 1e-300, TAU_MIN / 2, TAU_MAX * 2, math.inf, math.nan, 10**400,
-                                 True, "0.5", None, [], [[]], [[0.5], [0.5, 0.5]], [[[0.5]]],
-                                 {"floor_scale": 10**400}, {"floor_scale": 8, "attn_scale": MAX_ATTN_SCALE * 2},
-                                 {"floor_scale": 8, "extra": 1}, torch.tensor([True]), np.array(["a"])])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        0.0,
+        -0.5,
+        1e-46,
+        1e-300,
+        TAU_MIN / 2,
+        TAU_MAX * 2,
+        math.inf,
+        math.nan,
+        10**400,
+        True,
+        "0.5",
+        None,
+        [],
+        [[]],
+        [[0.5], [0.5, 0.5]],
+        [[[0.5]]],
+        {"floor_scale": 10**400},
+        {"floor_scale": 8, "attn_scale": MAX_ATTN_SCALE * 2},
+        {"floor_scale": 8, "extra": 1},
+        torch.tensor([True]),
+        np.array(["a"]),
+    ],
+)
 def test_bad_values_are_refused_in_one_line(bad):
     with pytest.raises(ValueError) as err:
         Schedule.of(bad)
@@ -118,8 +151,8 @@ def test_a_pass_builds_its_tau_matrix_once(tiny, monkeypatch):
 def test_the_apps_context_hands_its_schedule_on_unchanged(tiny):
     """The slider's tau is made a Schedule once (ui.cache.resolve_tau) and the page's run settings carry that
     very object; a tau a page passes on (the grid's) becomes one there, once."""
-    from core.values.choice import Choice
     from core.runs.settings import DocumentRequest
+    from core.values.choice import Choice
     from ui import cache
     from ui.page_state import PageState
 
@@ -127,15 +160,30 @@ def test_the_apps_context_hands_its_schedule_on_unchanged(tiny):
     schedule, _ = cache.resolve_tau(tiny, req, "fixed", tau=0.65)
     assert isinstance(schedule, Schedule) and float(schedule) == 0.65
     choice = Choice("fixed", schedule)
-    ctx = PageState(loaded=tiny, model_ref="tiny", request=req, document=cache.document(tiny, req), tokens=300,
-                  choice=choice, tau_input=0.65)
+    ctx = PageState(
+        loaded=tiny,
+        model_ref="tiny",
+        request=req,
+        document=cache.document(tiny, req),
+        tokens=300,
+        choice=choice,
+        tau_input=0.65,
+    )
     got, _ = ctx.pair()
     assert got is choice and got.tau is schedule
     assert ctx.pair(tau=0.5)[0].tau == Schedule.of(0.5)
 
 
-@pytest.mark.parametrize("tau", [{"scheme": "llama4", "floor_scale": 256, "attn_scale": 1e300},
-                                 {"scheme": "llama4", "floor_scale": 10**400}, 1e-46, 10**400, [0.5, 1e-300]])
+@pytest.mark.parametrize(
+    "tau",
+    [
+        {"scheme": "llama4", "floor_scale": 256, "attn_scale": 1e300},
+        {"scheme": "llama4", "floor_scale": 10**400},
+        1e-46,
+        10**400,
+        [0.5, 1e-300],
+    ],
+)
 def test_a_settings_file_with_a_tau_out_of_bounds_is_one_line(tmp_path, capsys, tau):
     """Issue 36 (causes 4, 5, 12): no OverflowError, no ZeroDivisionError, no numpy warning with a server path
     before the error, no word of float16: one line naming the field, exit 2, before any model is loaded."""
@@ -149,4 +197,3 @@ def test_a_settings_file_with_a_tau_out_of_bounds_is_one_line(tmp_path, capsys, 
         assert main(["run", "--settings", str(f), "--json"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ") and "tau" in err and "float16" not in err, err
-

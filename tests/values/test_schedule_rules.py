@@ -9,21 +9,22 @@ import math
 import numpy as np
 import pytest
 
-from core.runs import methods, temperature
+from conftest import adaptive_beta, adaptive_softmax
 from core.data import tasks
 from core.errors import UserError
+from core.runs import methods, temperature
 from core.values.schedule import QWEN_LOGN, RowTau, Schedule
-from conftest import adaptive_beta, adaptive_softmax
-
 
 # -- Qwen's log-n by query position -------------------------------------------------------------------------------
+
 
 def test_qwen_rows_by_hand():
     r = RowTau(floor_scale=256, scheme=QWEN_LOGN)
     # row p's query x log_256(p + 1) once p + 1 > 256: rows 0..255 keep 1; row 256 (p + 1 = 257) gets ln 256 / ln 257;
     # row 2,047 (p + 1 = 2,048 = 2^11, 256 = 2^8) gets 8 / 11; row 65,535 gets 8 / 16
-    np.testing.assert_allclose(r.taus([0, 100, 255, 256, 2047, 65535]),
-                               [1, 1, 1, math.log(256) / math.log(257), 8 / 11, 0.5], rtol=1e-12)
+    np.testing.assert_allclose(
+        r.taus([0, 100, 255, 256, 2047, 65535]), [1, 1, 1, math.log(256) / math.log(257), 8 / 11, 0.5], rtol=1e-12
+    )
     # the mean over a 512-token input's rows: 256 ones and rows p = 256..511 at ln 256 / ln(p + 1)
     want = (256 + sum(math.log(256) / math.log(p + 1) for p in range(256, 512))) / 512
     assert r.mean(512) == pytest.approx(want, rel=1e-12)
@@ -59,8 +60,11 @@ def doc(tiny):
 
 
 def test_qwen_rows_resolve_through_the_registry(tiny, doc):
-    name = next(n for n, m in methods.REGISTRY.items() if m.resolve is not None and m.per == "row"
-                and methods.resolve(tiny, doc, n)[0].rows.scheme == QWEN_LOGN)
+    name = next(
+        n
+        for n, m in methods.REGISTRY.items()
+        if m.resolve is not None and m.per == "row" and methods.resolve(tiny, doc, n)[0].rows.scheme == QWEN_LOGN
+    )
     tau, info = methods.resolve(tiny, doc, name)
     n = info["length"]
     assert tau == Schedule.of(RowTau(tiny.train_length, scheme=QWEN_LOGN))
@@ -71,13 +75,19 @@ def test_qwen_rows_resolve_through_the_registry(tiny, doc):
 
 # -- LongRoPE -----------------------------------------------------------------------------------------------------
 
+
 def test_longrope_by_hand_and_equal_to_log_length():
     # 8x L_tr = 256: logits x (1 + ln 8 / ln 256) = 1 + 3/8 = 11/8, tau = 8/11
     assert temperature.longrope(256, 2048) == pytest.approx(8 / 11, rel=1e-12)
     assert temperature.longrope(256, 2048, factor=32) == pytest.approx(1 / (1 + 5 / 8), rel=1e-12)  # a fixed s = 32
     assert temperature.longrope(256, 200) == 1.0 and temperature.longrope(256, 256) == 1.0
-    name = next(n for n in methods.FORMULAS if methods.get(n).same_as == "log-length"
-                and methods.formula(n, 256, 2048, 32) == temperature.longrope(256, 2048) and n != "log-n")
+    name = next(
+        n
+        for n in methods.FORMULAS
+        if methods.get(n).same_as == "log-length"
+        and methods.formula(n, 256, 2048, 32) == temperature.longrope(256, 2048)
+        and n != "log-n"
+    )
     for n in (100, 256, 257, 1000, 4096, 100_000):
         assert methods.formula(name, 256, n, 32) == pytest.approx(methods.formula("log-length", 256, n, 32), rel=1e-12)
 
@@ -90,15 +100,24 @@ def test_longrope_is_transformers_own_attention_factor():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     for mult in (2, 8, 32):
-        cfg = Phi3Config(hidden_size=32, num_attention_heads=2, max_position_embeddings=256 * mult,
-                         original_max_position_embeddings=256,
-                         rope_scaling={"rope_type": "longrope", "long_factor": [1.0] * 8, "short_factor": [1.0] * 8,
-                                       "original_max_position_embeddings": 256})
+        cfg = Phi3Config(
+            hidden_size=32,
+            num_attention_heads=2,
+            max_position_embeddings=256 * mult,
+            original_max_position_embeddings=256,
+            rope_scaling={
+                "rope_type": "longrope",
+                "long_factor": [1.0] * 8,
+                "short_factor": [1.0] * 8,
+                "original_max_position_embeddings": 256,
+            },
+        )
         _, factor = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu")
         assert temperature.longrope(256, 256 * mult) == pytest.approx(1 / factor**2, rel=1e-9)
 
 
 # -- critical attention scaling -------------------------------------------------------------------------------------
+
 
 def test_critical_by_hand():
     # tau = 1 / (gamma ln L): gamma 0.2 at 2,048 tokens: 1 / (0.2 x 7.62462) = 0.65577
@@ -153,6 +172,7 @@ def test_every_closed_form_answers_the_four_argument_call():
 
 # -- adaptive temperature -------------------------------------------------------------------------------------------
 
+
 def _poly(h: float) -> float:
     return -0.037 * h**4 + 0.481 * h**3 - 2.3 * h**2 + 4.917 * h - 1.791
 
@@ -185,7 +205,10 @@ def test_the_new_entries_are_in_the_registry_and_library_docs():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "library.md").read_text(encoding="utf-8")
     labels = {m.label for m in methods.REGISTRY.values()}
-    assert {"log-n (Qwen) per query position", "LongRoPE attention factor",
-            "critical attention scaling, gamma log n"} <= labels
+    assert {
+        "log-n (Qwen) per query position",
+        "LongRoPE attention factor",
+        "critical attention scaling, gamma log n",
+    } <= labels
     for name in methods.NAMES:
         assert f"`{name}`" in text, name

@@ -8,22 +8,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import unpack_payload
-from core.runs import engine
-from core.views import frames, tables
 from core.mechanics.probes import ProbeSpec
+from core.runs import engine
 from core.runs.settings import DocumentRequest
 from core.values.choice import Choice
+from core.views import frames, tables
 
 
 def test_grid_covers_the_slider_and_orders_nearest_first():
     assert frames.SCRUB_GRID[0] == 1.0 and frames.SCRUB_GRID[-1] == pytest.approx(0.30)
-    assert len(frames.SCRUB_GRID) == 15 and all(round(a - b, 2) == 0.05 for a, b in zip(frames.SCRUB_GRID, frames.SCRUB_GRID[1:]))
+    assert len(frames.SCRUB_GRID) == 15 and all(
+        round(a - b, 2) == 0.05 for a, b in zip(frames.SCRUB_GRID, frames.SCRUB_GRID[1:])
+    )
     order = frames.grid_order(0.62)
     assert order[0] == 1.0 and order[1] == 0.6 and order[2] == 0.65 and sorted(order) == sorted(frames.SCRUB_GRID)
 
 
-@given(st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=1, max_size=50),
-       st.integers(min_value=16, max_value=20000))
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=1, max_size=50),
+    st.integers(min_value=16, max_value=20000),
+)
 @settings(max_examples=60, deadline=None)
 def test_log_scale_round_trip(values, n):
     scale = frames.LogScale.for_length(n)
@@ -68,9 +72,18 @@ def runs(tiny):
     loaded = tiny
     req = DocumentRequest(task="passkey", tokens=2 * loaded.train_length, depth=0.5, seed=0)
     doc = req.build_for(loaded)
-    probes = ProbeSpec(heatmap_layer=loaded.n_layers - 1, heatmap_head=None, heatmap_size=64, sorted_logits=False,
-                       cosine_hist_bins=0, names=("cross.*.map", "cross.*.profile"))
-    out = {t: engine.run(loaded, doc, Choice.of(tau=t, method="fixed"), engine.Pass(probes=probes)) for t in (1.0, 0.7, 0.5)}
+    probes = ProbeSpec(
+        heatmap_layer=loaded.n_layers - 1,
+        heatmap_head=None,
+        heatmap_size=64,
+        sorted_logits=False,
+        cosine_hist_bins=0,
+        names=("cross.*.map", "cross.*.profile"),
+    )
+    out = {
+        t: engine.run(loaded, doc, Choice.of(tau=t, method="fixed"), engine.Pass(probes=probes))
+        for t in (1.0, 0.7, 0.5)
+    }
     ref_doc = DocumentRequest(task="passkey", tokens=loaded.train_length, depth=0.5, seed=0).build_for(loaded)
     ref = engine.run(loaded, ref_doc, Choice.of(tau=1.0, method="none"), engine.Pass(generate=False))
     exact = engine.run(loaded, doc, Choice.of(tau=0.73, method="fixed"), engine.Pass(probes=probes))
@@ -79,8 +92,9 @@ def runs(tiny):
 
 def test_payload_carries_each_runs_own_numbers(runs):
     doc, out, ref, exact = runs
-    payload = frames.payload(out[1.0], ref, {0.7: out[0.7], 0.5: out[0.5]}, exact, doc.text,
-                             frames.ViewSpec(window=40), meta={"tau": 0.73})
+    payload = frames.payload(
+        out[1.0], ref, {0.7: out[0.7], 0.5: out[0.5]}, exact, doc.text, frames.ViewSpec(window=40), meta={"tau": 0.73}
+    )
     header, arrays = unpack_payload(payload)
     assert header["grid"] == list(frames.SCRUB_GRID) and set(header["frames"]) == {"0.70", "0.50"}
     assert header["meta"] == {"tau": 0.73} and header["exact"]["tau"] == pytest.approx(0.73)

@@ -97,10 +97,12 @@ def test_token_shading_html_escapes_zooms_and_shades():
 
 def test_calibration_curves_two_panels_with_gaps():
     grid = [1.0, 0.9, 0.8]
-    fig = plots.calibration_curves({
-        "pmax": {"grid": grid, "curve": [0.2, None, 0.4], "reference": 0.35, "tau": 0.8},
-        "entropy": {"grid": grid, "curve": [3.0, 2.5, 2.0], "reference": 2.6, "tau": 0.9},
-    })
+    fig = plots.calibration_curves(
+        {
+            "pmax": {"grid": grid, "curve": [0.2, None, 0.4], "reference": 0.35, "tau": 0.8},
+            "entropy": {"grid": grid, "curve": [3.0, 2.5, 2.0], "reference": 2.6, "tau": 0.9},
+        }
+    )
     assert len(fig.data) == 2
     assert list(fig.data[0].x) == [1.0, 0.8]  # the unevaluated point is skipped
     hlines = [s for s in _shapes(fig, "line") if s.y0 == s.y1 and s.xref.endswith("domain")]
@@ -150,8 +152,13 @@ def test_cosine_hist_normalises():
 def test_accuracy_heatmap_from_table():
     from core.experiments.sweep import accuracy_table
 
-    df = pd.DataFrame({"method": ["none", "none", "pmax", "pmax"], "tokens": [256, 512, 256, 512],
-                       "correct": [True, False, True, True]})
+    df = pd.DataFrame(
+        {
+            "method": ["none", "none", "pmax", "pmax"],
+            "tokens": [256, 512, 256, 512],
+            "correct": [True, False, True, True],
+        }
+    )
     table = accuracy_table(df, "method", "tokens")
     fig = plots.accuracy_heatmap(table)
     hm = fig.data[0]
@@ -164,12 +171,15 @@ def test_accuracy_heatmap_from_table():
 
 # -- labels that never sit on each other (issue 24) ------------------------------------------
 
+
 def test_calibration_curves_labels_apart():
     grid = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]
-    fig = plots.calibration_curves({
-        "pmax": {"grid": grid, "curve": [0.2, 0.25, 0.3, 0.33, 0.36, 0.38], "reference": 0.39, "tau": 0.5},
-        "entropy": {"grid": grid, "curve": [4.8, 4.5, 4.2, 3.9, 3.5, 3.2], "reference": 2.6, "tau": 0.5},
-    })
+    fig = plots.calibration_curves(
+        {
+            "pmax": {"grid": grid, "curve": [0.2, 0.25, 0.3, 0.33, 0.36, 0.38], "reference": 0.39, "tau": 0.5},
+            "entropy": {"grid": grid, "curve": [4.8, 4.5, 4.2, 3.9, 3.5, 3.2], "reference": 2.6, "tau": 0.5},
+        }
+    )
     texts = [a.text for a in fig.layout.annotations]
     # the pick is named in each panel's title, not beside the dotted line where S_tr(1)'s label can be
     assert texts[:2] == ["pmax: Algorithm 1 picks tau = 0.50", "entropy: Algorithm 1 picks tau = 0.50"]
@@ -187,7 +197,7 @@ def _overlaps(notes, width_px=700.0):
     lo, hi = min(xs + [0]), max(xs)
     out = []
     for i, a in enumerate(notes):
-        for b in notes[i + 1:]:
+        for b in notes[i + 1 :]:
             if a["yshift"] != b["yshift"]:
                 continue
             half = lambda n: (len(n["text"]) * 6.5 + 8) / 2 / width_px * (hi - lo)  # noqa: E731

@@ -9,11 +9,11 @@ import torch
 
 from conftest import build_tiny_rope
 from core.experiments import mlm
-from core.views import rope_view
 from core.mechanics.attention import attention_call
-from core.models import load
 from core.mechanics.probes import ProbeSpec, Recorder
+from core.models import load
 from core.values.choice import TRAINED, Choice
+from core.views import rope_view
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +86,9 @@ def test_mask_cells_pool_the_schemes_mask(spec):
     edges = np.array([0, 3, 4, 8, 11])
     got = rope_view.mask_cells(bound, edges)
     full = bound.mask(11, 11).numpy()
-    want = np.array([[1.0 - full[edges[a]:edges[a + 1], edges[b]:edges[b + 1]].mean() for b in range(4)]
-                     for a in range(4)])
+    want = np.array(
+        [[1.0 - full[edges[a] : edges[a + 1], edges[b] : edges[b + 1]].mean() for b in range(4)] for a in range(4)]
+    )
     np.testing.assert_allclose(got, want, atol=1e-7)
     assert got.shape == (4, 4) and 0 < got.max() <= 1 and got.min() == 0  # something masked, the diagonal seen
 

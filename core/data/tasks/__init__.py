@@ -76,8 +76,8 @@ from core.data.tasks.document import GENERATED, RULER_TASKS, TASKS, Document
 from core.data.tasks.filler import HAYSTACKS
 from core.data.tasks.generate import HAYSTACK_TASKS, make
 from core.data.tasks.layout import count_tokens
-from core.data.tasks.lm import CONTINUATION, LM, continuation_ids
 from core.data.tasks.line import LINE_INTRO, LINE_LABELS
+from core.data.tasks.lm import CONTINUATION, LM, continuation_ids
 from core.data.tasks.multidoc import MULTIDOC_INTRO
 from core.data.tasks.passkey import PASSKEY_FILLER, PASSKEY_INTRO, PASSKEY_QUESTION, passkey_needle
 from core.data.tasks.scoring import (
@@ -113,4 +113,13 @@ __all__ = [
     "PASSKEY_FILLER",
     "PASSKEY_QUESTION",
     "TOPICS",
+    "TOPIC_INTRO",
+    "TOPIC_QUESTION",
+    "LINE_INTRO",
+    "LINE_LABELS",
+    "LINE_ANSWERS",
+    "MULTIDOC_INTRO",
+    "MAX_ANSWER_TOKENS",
+    "check_line_answer",
+    "target",
 ]

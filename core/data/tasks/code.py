@@ -11,7 +11,6 @@ from typing import Any
 from core.data.tasks.draws import _key, _unique_ints
 from core.data.tasks.layout import _Layout, _Stream
 
-
 _CODE_HEADER = '"""Small helper functions used by the data pipeline."""'
 _CODE_QUESTION = "# What does get_key() return? The key is"
 _CODE_COMMENT = (

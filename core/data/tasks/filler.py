@@ -18,7 +18,6 @@ import random
 import re
 from collections.abc import Callable, Iterator
 
-
 HAYSTACKS: tuple[str, ...] = ("default", "corpus-train", "corpus-eval")
 
 
@@ -61,9 +60,7 @@ def _check_haystack(haystack: str) -> None:
         raise ValueError(f"unknown haystack {haystack!r}; expected one of {HAYSTACKS}")
 
 
-def _filler_sources(
-    task: str, seed: int, haystack: str, max_words: int
-) -> tuple[random.Random, Iterator[str] | None]:
+def _filler_sources(task: str, seed: int, haystack: str, max_words: int) -> tuple[random.Random, Iterator[str] | None]:
     """The seeded sources of a record's filler units (topic, multidoc).
 
     Returns the rng that draws the task's own filler (templates, turn counts,

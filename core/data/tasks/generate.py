@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from core.data.tasks import ruler
 from core.data.tasks.code import _code
 from core.data.tasks.document import TASKS, Document, _check_depth, _check_seed
 from core.data.tasks.filler import _check_haystack
@@ -23,9 +24,7 @@ from core.data.tasks.line import _line
 from core.data.tasks.lm import LM, make_lm
 from core.data.tasks.multidoc import _multidoc
 from core.data.tasks.passkey import _passkey
-from core.data.tasks import ruler
 from core.data.tasks.topic import _topic
-
 
 _BUILDERS: dict[str, Callable[..., tuple[_Layout, dict]]] = {
     "passkey": _passkey,

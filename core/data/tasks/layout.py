@@ -264,8 +264,7 @@ def _close_gap(count: Callable[[str], int], source: str, target: int, base: int)
     def g(w: int) -> int:
         return base if w == 0 else count(source[: ends[w - 1]])
 
-    w, tokens = _max_feasible(g, target, 0, base, len(ends), lambda lo, g_lo: lo + max(1, target - g_lo),
-                              lambda _w: 1)
+    w, tokens = _max_feasible(g, target, 0, base, len(ends), lambda lo, g_lo: lo + max(1, target - g_lo), lambda _w: 1)
     if tokens == target and w:
         return source[: ends[w - 1]]
     if w >= len(ends):
@@ -351,8 +350,14 @@ def _fit_layout(layout: _Layout, tokenizer: Any, target: int, depth: float, task
     return _render(layout, n, cut, depth), tokens
 
 
-def _exact(layout: _Layout, g: Callable[..., int], target: int, n: int, cut: int,
-           fine: Callable[[int, int, int], tuple[int, int]]) -> tuple[int, int, str] | None:
+def _exact(
+    layout: _Layout,
+    g: Callable[..., int],
+    target: int,
+    n: int,
+    cut: int,
+    fine: Callable[[int, int, int], tuple[int, int]],
+) -> tuple[int, int, str] | None:
     """(n, cut, pad) of a rendering with exactly ``target`` tokens near the fitted (n, cut), or None.
 
     The pad replaces a word extension (its words, without the closing

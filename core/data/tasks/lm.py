@@ -102,8 +102,15 @@ def copy_positions(document: Document, offsets: Any) -> list[int]:
     return inside[:n] if len(inside) >= n else []
 
 
-def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-eval",
-            continuation: int = CONTINUATION, repeat: float = REPEAT, copy_room: int = COPY_ROOM) -> Document:
+def make_lm(
+    tokenizer: Any,
+    tokens: int,
+    seed: int = 0,
+    haystack: str = "corpus-eval",
+    continuation: int = CONTINUATION,
+    repeat: float = REPEAT,
+    copy_room: int = COPY_ROOM,
+) -> Document:
     """One LM sequence: a prefix of at most ``tokens`` tokens (end-of-sequence included, as every
     document is counted) and its ``continuation`` tokens; ValueError for bad arguments."""
     if haystack == "default":
@@ -171,7 +178,7 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
             break
         sw += 1
     while count < tokens and sw > 0:  # the estimate started late (pieces and text count apart): go back
-        longer = " ".join(words[sw - 1:cw])
+        longer = " ".join(words[sw - 1 : cw])
         n = len(tokenizer(longer).input_ids)
         if n > tokens:
             break
@@ -190,20 +197,36 @@ def make_lm(tokenizer: Any, tokens: int, seed: int = 0, haystack: str = "corpus-
                 break
         if count < tokens and len(tokenizer(" " + prefix).input_ids) == tokens:
             prefix, count = " " + prefix, tokens  # bytes: the first word keeps its space
-    cont_ids = ids[c:c + continuation]
+    cont_ids = ids[c : c + continuation]
     expected = tokenizer.decode(cont_ids)
     copy_span = (0, 0)
     if has_copy and copy_word > sw:  # the copy's continuation part inside the window (it always is: tested)
         last_word = int(np.searchsorted(starts, c + len(cont_ids) - 1, side="right")) - 1
         first = len(prefix) - len(" ".join(words[copy_word:cw])) - 1  # with its space: a token of its own at times
-        end = len(prefix) - len(" ".join(words[copy_word + (last_word - cw):cw])) + len(words[copy_word + (last_word - cw)])
+        end = (
+            len(prefix)
+            - len(" ".join(words[copy_word + (last_word - cw) : cw]))
+            + len(words[copy_word + (last_word - cw)])
+        )
         copy_span = (first, end)
     return Document(
-        task=LM, text=prefix, expected=expected.strip(), needle_span=(0, 0), question_span=(len(prefix), len(prefix)),
-        depth=1.0, seed=seed,
-        meta={"tokens": count, "target": tokens, "short_by": tokens - count, "haystack": haystack,
-              "continuation_ids": tuple(int(i) for i in cont_ids), "continuation": continuation, "repeat": has_copy,
-              "copy_span": copy_span},
+        task=LM,
+        text=prefix,
+        expected=expected.strip(),
+        needle_span=(0, 0),
+        question_span=(len(prefix), len(prefix)),
+        depth=1.0,
+        seed=seed,
+        meta={
+            "tokens": count,
+            "target": tokens,
+            "short_by": tokens - count,
+            "haystack": haystack,
+            "continuation_ids": tuple(int(i) for i in cont_ids),
+            "continuation": continuation,
+            "repeat": has_copy,
+            "copy_span": copy_span,
+        },
     )
 
 
@@ -223,7 +246,7 @@ def _pieces(tokenizer: Any, pool: str) -> list[tuple[list[str], list[list[int]]]
         flat = tokenizer([" " + w for p in paragraphs for w in p], add_special_tokens=False)["input_ids"]
         out, k = [], 0
         for p in paragraphs:
-            out.append((p, [list(x) for x in flat[k:k + len(p)]]))
+            out.append((p, [list(x) for x in flat[k : k + len(p)]]))
             k += len(p)
         per_tok[pool] = out
     return per_tok[pool]

@@ -15,7 +15,6 @@ from typing import Any
 from core.data.tasks.filler import _cut_sentence, _filler_sources
 from core.data.tasks.layout import _Layout, _Stream
 
-
 _MULTIDOC_EXTRA = (
     "It is also mentioned in several travel guides, school books and local newspapers, usually "
     "in passing and without much detail, which makes it hard to learn more about it."
@@ -25,16 +24,76 @@ MULTIDOC_INTRO = (
     "Write a high-quality answer for the given question using only the provided search results "
     "(some of which might be irrelevant)."
 )
-_COUNTRY_HEADS = ("Var", "Quen", "Tal", "Mor", "Zel", "Bran", "Kest", "Lum", "Dor", "Fen",
-                  "Gal", "Hes", "Ist", "Jor", "Nal", "Pel", "Ros", "Sar", "Tev", "Ul")
+_COUNTRY_HEADS = (
+    "Var",
+    "Quen",
+    "Tal",
+    "Mor",
+    "Zel",
+    "Bran",
+    "Kest",
+    "Lum",
+    "Dor",
+    "Fen",
+    "Gal",
+    "Hes",
+    "Ist",
+    "Jor",
+    "Nal",
+    "Pel",
+    "Ros",
+    "Sar",
+    "Tev",
+    "Ul",
+)
 _COUNTRY_MIDS = ("no", "ma", "ri", "ve", "lo", "da", "be", "si", "tu", "ka", "", "ne")
 _COUNTRY_TAILS = ("lia", "ria", "stan", "land", "mar", "dor", "via", "nia")
-_CITY_HEADS = ("Trel", "Els", "Bram", "Cor", "Dun", "Ash", "Hol", "Kin", "Mar", "Nor",
-               "Os", "Pen", "Quar", "Red", "Sil", "Thorn", "Wex", "Yar", "Brig", "Cal")
+_CITY_HEADS = (
+    "Trel",
+    "Els",
+    "Bram",
+    "Cor",
+    "Dun",
+    "Ash",
+    "Hol",
+    "Kin",
+    "Mar",
+    "Nor",
+    "Os",
+    "Pen",
+    "Quar",
+    "Red",
+    "Sil",
+    "Thorn",
+    "Wex",
+    "Yar",
+    "Brig",
+    "Cal",
+)
 _CITY_MIDS = ("", "er", "en", "a", "il")
 _CITY_TAILS = ("mont", "ford", "haven", "burg", "ton", "wick", "field", "port", "gate", "moor")
-_FIRST_NAMES = ("Mira", "Oskar", "Lena", "Tomas", "Ilse", "Piotr", "Ada", "Rune", "Nora", "Emil",
-                "Vera", "Anton", "Greta", "Felix", "Ines", "Jonas", "Clara", "Hugo", "Maren", "Viktor")
+_FIRST_NAMES = (
+    "Mira",
+    "Oskar",
+    "Lena",
+    "Tomas",
+    "Ilse",
+    "Piotr",
+    "Ada",
+    "Rune",
+    "Nora",
+    "Emil",
+    "Vera",
+    "Anton",
+    "Greta",
+    "Felix",
+    "Ines",
+    "Jonas",
+    "Clara",
+    "Hugo",
+    "Maren",
+    "Viktor",
+)
 _SURNAME_HEADS = ("Tol", "Brek", "Hal", "Mor", "Ves", "Kar", "Lind", "Ost", "Fal", "Dre")
 _SURNAME_TAILS = ("sen", "berg", "vik", "mann", "ard", "strom", "holt", "wen", "ley", "dahl")
 _COUNTRY_FILLER: tuple[str, ...] = (

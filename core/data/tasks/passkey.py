@@ -15,7 +15,6 @@ from core.data.tasks.draws import _key
 from core.data.tasks.filler import _corpus_sentences, _cut_sentence
 from core.data.tasks.layout import _Layout, _Stream
 
-
 PASSKEY_INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. "
     "Find it and memorize them. I will quiz you about the important information there."

@@ -54,8 +54,10 @@ NIAH_INTRO = (
     "I will quiz you about the numbers afterwards."
 )
 VT_INTRO = "Memorize and track the chain of variable assignments hidden in the following text."
-CWE_INTRO = ("Below is a list of words. In these words, some appear more often than others. "
-             "Memorize the ones that appear most often.")
+CWE_INTRO = (
+    "Below is a list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often."
+)
 
 _ADJ, _NOUN = LINE_LABELS["classic"]
 #: commonwords' vocabulary: the line task's word lists (distinct words; the common ones are drawn from it too).
@@ -104,17 +106,30 @@ def _spec(task: str, rng: random.Random, options: dict) -> dict:
         values = _distinct_values(rng, keys, _key(rng, options))
         needles = [niah_needle(k, v) for k, v in zip(names, values)]
         q = f"What is the special magic number for {names[0]}? The special magic number for {names[0]} is"
-        return {"intro": NIAH_INTRO, "needle": needles[0], "core": str(values[0]), "extras": needles[1:],
-                "question": q, "expected": str(values[0]), "info": {"key": values[0], "asked": [names[0]],
-                                                                     "keys": names}}
+        return {
+            "intro": NIAH_INTRO,
+            "needle": needles[0],
+            "core": str(values[0]),
+            "extras": needles[1:],
+            "question": q,
+            "expected": str(values[0]),
+            "info": {"key": values[0], "asked": [names[0]], "keys": names},
+        }
     if task == "multivalue":
         n = _int_option(options, "values", 2, 2, 8)
         name = _distinct_keys(rng, 1)[0]
         values = _distinct_values(rng, n, _key(rng, options))
         needles = [niah_needle(name, v) for v in values]
         q = f"What are all the special magic numbers for {name}? The special magic numbers for {name} are"
-        return {"intro": NIAH_INTRO, "needle": needles[0], "core": str(values[0]), "extras": needles[1:],
-                "question": q, "expected": ", ".join(map(str, values)), "info": {"values": values, "asked": [name]}}
+        return {
+            "intro": NIAH_INTRO,
+            "needle": needles[0],
+            "core": str(values[0]),
+            "extras": needles[1:],
+            "question": q,
+            "expected": ", ".join(map(str, values)),
+            "info": {"values": values, "asked": [name]},
+        }
     if task == "multiquery":
         n = _int_option(options, "queries", 2, 2, 8)
         keys = _int_option(options, "keys", 4, n, 16)
@@ -123,9 +138,15 @@ def _spec(task: str, rng: random.Random, options: dict) -> dict:
         needles = [niah_needle(k, v) for k, v in zip(names, values)]
         asked = " and ".join(names[:n]) if n == 2 else ", ".join(names[: n - 1]) + f" and {names[n - 1]}"
         q = f"What are the special magic numbers for {asked}? The special magic numbers for {asked} are"
-        return {"intro": NIAH_INTRO, "needle": needles[0], "core": str(values[0]), "extras": needles[1:],
-                "question": q, "expected": ", ".join(map(str, values[:n])),
-                "info": {"values": values[:n], "asked": names[:n], "keys": names}}
+        return {
+            "intro": NIAH_INTRO,
+            "needle": needles[0],
+            "core": str(values[0]),
+            "extras": needles[1:],
+            "question": q,
+            "expected": ", ".join(map(str, values[:n])),
+            "info": {"values": values[:n], "asked": names[:n], "keys": names},
+        }
     if task == "vartrack":
         hops = _int_option(options, "hops", 2, 1, 10)
         chains = _int_option(options, "chains", 2, 1, 4)
@@ -137,27 +158,43 @@ def _spec(task: str, rng: random.Random, options: dict) -> dict:
         values = _distinct_values(rng, chains, _key(rng, options))
         links = []
         for c in range(chains):
-            chain = names[c * (hops + 1):(c + 1) * (hops + 1)]
-            links.append([f"VAR {chain[0]} = {values[c]}."]
-                         + [f"VAR {b} = VAR {a}." for a, b in zip(chain, chain[1:])])
+            chain = names[c * (hops + 1) : (c + 1) * (hops + 1)]
+            links.append([f"VAR {chain[0]} = {values[c]}."] + [f"VAR {b} = VAR {a}." for a, b in zip(chain, chain[1:])])
         asked = names[hops]  # the last variable of the first chain
         # the asked chain's value statement is the needle (the answer's place); its hops and the other chains are
         # extras, interleaved so that each chain keeps its order among the extras
         extras = [s for group in itertools.zip_longest(*([links[0][1:]] + links[1:])) for s in group if s]
         q = f"What is the value of VAR {asked}? The value of VAR {asked} is"
-        return {"intro": VT_INTRO, "needle": links[0][0], "core": str(values[0]), "extras": extras, "question": q,
-                "expected": str(values[0]), "info": {"key": values[0], "asked": [asked], "hops": hops,
-                                                     "chain": names[: hops + 1]}}
+        return {
+            "intro": VT_INTRO,
+            "needle": links[0][0],
+            "core": str(values[0]),
+            "extras": extras,
+            "question": q,
+            "expected": str(values[0]),
+            "info": {"key": values[0], "asked": [asked], "hops": hops, "chain": names[: hops + 1]},
+        }
     if task == "commonwords":
         n = _int_option(options, "common", 3, 1, 10)
         words = list(CWE_WORDS)
         rng.shuffle(words)
         common, rare = words[:n], words[n:]
-        q = (f"What are the {n} most common words in the list above? The {n} most common words are"
-             if n > 1 else "What is the most common word in the list above? The most common word is")
-        return {"intro": CWE_INTRO, "needle": common[0], "core": common[0], "extras": [], "question": q,
-                "expected": ", ".join(common), "info": {"common": common, "rare_words": len(rare)},
-                "common": common, "rare": rare}
+        q = (
+            f"What are the {n} most common words in the list above? The {n} most common words are"
+            if n > 1
+            else "What is the most common word in the list above? The most common word is"
+        )
+        return {
+            "intro": CWE_INTRO,
+            "needle": common[0],
+            "core": common[0],
+            "extras": [],
+            "question": q,
+            "expected": ", ".join(common),
+            "info": {"common": common, "rare_words": len(rare)},
+            "common": common,
+            "rare": rare,
+        }
     raise ValueError(f"unknown RULER task {task!r}; expected one of {RULER_TASKS}")
 
 
@@ -189,8 +226,7 @@ def _words(spec: dict, seed: int) -> Iterator[str]:
             yield word
 
 
-def _layout(spec: dict, task: str, tokenizer: Any, haystack: str, seed: int,
-            placed: dict[int, str]) -> _Layout:
+def _layout(spec: dict, task: str, tokenizer: Any, haystack: str, seed: int, placed: dict[int, str]) -> _Layout:
     """The shared layout, the extra needles ``placed`` at these unit indices of the filler stream."""
     if task == "commonwords":
         base, min_gap = _words(spec, seed), 1
@@ -222,8 +258,9 @@ def _layout(spec: dict, task: str, tokenizer: Any, haystack: str, seed: int,
     )
 
 
-def build(task: str, tokenizer: Any, tokens: int, depth: float, seed: int, haystack: str,
-          options: dict) -> tuple[_Draft, int, dict]:
+def build(
+    task: str, tokenizer: Any, tokens: int, depth: float, seed: int, haystack: str, options: dict
+) -> tuple[_Draft, int, dict]:
     """One RULER-style document: ``(draft, token count, info)``; ``info["expected"]`` is the gold answer.
     Consumes the options it knows from ``options`` (the caller refuses what is left)."""
     rng = random.Random(f"{task}:{seed}")
@@ -232,8 +269,9 @@ def build(task: str, tokenizer: Any, tokens: int, depth: float, seed: int, hayst
     place = random.Random(f"{task}:{seed}:places")
     fractions = sorted(place.uniform(0.0, 1.0) for _ in extras)
     # the first fit holds the extras at the start: its unit count (extras included) is what they are spread over
-    draft, count = _fit_layout(_layout(spec, task, tokenizer, haystack, seed, dict(enumerate(extras))), tokenizer,
-                               tokens, depth, task)
+    draft, count = _fit_layout(
+        _layout(spec, task, tokenizer, haystack, seed, dict(enumerate(extras))), tokenizer, tokens, depth, task
+    )
     units = draft.n_items - 1
     scale = 1.0
     for _ in range(MAX_FITS):
@@ -242,8 +280,10 @@ def build(task: str, tokenizer: Any, tokens: int, depth: float, seed: int, hayst
         room = int(units * scale)  # indices 0 .. room - 1; the unit after the last one (which the fine adjustment
         # and the gap closer cut words from) must never be an extra: checked after the fit
         if room < len(extras):
-            raise ValueError(f"tokens={tokens} is too small for task {task!r}: its {len(extras) + 1} needles "
-                             f"and the question leave room for {max(units, 0)} filler units; ask for more tokens")
+            raise ValueError(
+                f"tokens={tokens} is too small for task {task!r}: its {len(extras) + 1} needles "
+                f"and the question leave room for {max(units, 0)} filler units; ask for more tokens"
+            )
         positions: list[int] = []
         for f in fractions:  # distinct, increasing, in 0 .. room - 1
             p = min(room - 1, max(int(f * room), positions[-1] + 1 if positions else 0))
@@ -251,8 +291,9 @@ def build(task: str, tokenizer: Any, tokens: int, depth: float, seed: int, hayst
         if positions[-1] >= room or len(set(positions)) < len(positions):
             positions = list(range(room - len(extras), room))
         placed = dict(zip(positions, extras))
-        draft, count = _fit_layout(_layout(spec, task, tokenizer, haystack, seed, placed), tokenizer, tokens,
-                                   depth, task)
+        draft, count = _fit_layout(
+            _layout(spec, task, tokenizer, haystack, seed, placed), tokenizer, tokens, depth, task
+        )
         if positions[-1] < draft.n_items - 1:  # every extra among the units used, the next unit a filler one
             break
         scale *= max(0.5, 0.95 * (draft.n_items - 1) / max(units, 1))
@@ -269,16 +310,18 @@ def build(task: str, tokenizer: Any, tokens: int, depth: float, seed: int, hayst
             spans.append((at, at + len(str(v))))
         info["answer_spans"] = spans
     if task == "commonwords":
-        body = draft.text[len(spec["intro"]) + 1: draft.question_span[0]]
+        body = draft.text[len(spec["intro"]) + 1 : draft.question_span[0]]
         counts = Counter(w.strip(".,") for w in body.split())
         top = sorted(counts.values(), reverse=True)
         n = len(spec["common"])
         least_common = min(counts[w] for w in spec["common"])
         rare_most = max([c for w, c in counts.items() if w not in spec["common"]] or [0])
         if least_common <= rare_most:
-            raise ValueError(f"tokens={tokens} is too small for task {task!r}: its {n} common words do not yet "
-                             f"stand out (each at least {least_common} times, a rare word {rare_most}); "
-                             "ask for more tokens")
+            raise ValueError(
+                f"tokens={tokens} is too small for task {task!r}: its {n} common words do not yet "
+                f"stand out (each at least {least_common} times, a rare word {rare_most}); "
+                "ask for more tokens"
+            )
         info["counts"] = {w: counts[w] for w in spec["common"]}
         info["rare_max"] = rare_most
         del top

@@ -17,7 +17,6 @@ from core.data.tasks.document import Document, _check_depth, _check_seed
 from core.data.tasks.layout import count_tokens
 from core.data.tasks.passkey import PASSKEY_QUESTION, passkey_needle
 
-
 _BOUNDARY = re.compile(r"[.!?][\"')\]]*(?=\s)")
 
 
