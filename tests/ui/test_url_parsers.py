@@ -90,11 +90,14 @@ def _in_range(name: str, value) -> bool:
             and value >= choices.COS_MIN
             and (value / choices.COS_STEP).is_integer()
         )
-    if name == "scheme":  # an available scheme's one text, read back to itself, its numbers finite
-        if not isinstance(value, str):
+    if name == "scheme":  # an available Scheme, its one text read back to itself, its numbers finite
+        if not isinstance(value, positions.Scheme):
             return False
-        scheme = positions.Scheme.of(value)
-        return scheme.entry.available and scheme.spell() == value and all(math.isfinite(v) for _, v in scheme.params)
+        return (
+            value.entry.available
+            and positions.Scheme.of(value.spell()) == value
+            and all(math.isfinite(v) for _, v in value.params)
+        )
     if name in choices.METHOD_PARAM_KEYS:  # a method's own number (gamma): a finite float in its Param's bounds
         param = methods.get(methods.takers(name)[0]).param
         return isinstance(value, float) and math.isfinite(value) and param.low <= value <= param.high
@@ -191,7 +194,7 @@ def test_a_scheme_in_a_link_is_one_known_scheme_or_one_reason(raw):
     except ValueError as err:
         assert str(err) and "\n" not in str(err)
         return
-    assert isinstance(value, positions.Scheme) and _in_range("scheme", value.spell()), (raw, value)
+    assert isinstance(value, positions.Scheme) and _in_range("scheme", value), (raw, value)
     value.bind(64, 256)  # runs on a model
 
 
