@@ -72,6 +72,13 @@ def _no_error(page, where: str) -> None:
     assert errors.count() == 0, (where, [errors.nth(i).inner_text()[:300] for i in range(errors.count())])
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="quarantined: intermittent, cause not established. It ran past its 900 s deadline in 1 of 3 whole-suite "
+    "runs on 2026-11-29 (AVX2 machine, quiet) after passing in 55-68 s in the other two; before, the lost model "
+    "switch (the box names the new model, the page stays on the old one) was seen 1 of 45 runs. Still run and "
+    "reported (XPASS when it passes); take the mark off once the cause is found.",
+)
 def test_switching_between_the_bundled_models_on_every_page(server, page, shot_on_failure):
     """Every bundled model on every page, switched in the sidebar as a teacher would: no exception, no error line;
     on Explore the scrubber is drawn for each model, also when the switch comes while the grid is still filling
