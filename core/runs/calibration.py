@@ -6,6 +6,13 @@ module builds the callables from :mod:`core.runs.engine` and
 chooses the L_tr reference documents: the same task, depth and seeds at the
 model's training length (for pasted text: a window of the same text around
 the needle, cut to L_tr tokens).
+
+On a decoder-only LM (``Loaded.decoder_only``) a ``measure`` reads the question's rows only
+(:func:`decoder_records`): a causal row ``i`` sees ``i + 1`` keys, so the rows before ``L_tr`` of a long document
+are exactly as at ``L_tr`` and a mean over every row would hide the dispersion past it; the question is the row
+that must find the needle, and its rows at ``L_ex`` are compared with the same question's rows at ``L_tr`` (the
+reference document ends in the same question). A document without a question (a language-modelling prefix) is
+read on all its rows.
 """
 
 from __future__ import annotations
@@ -14,10 +21,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+import torch
 
 from core.data import tasks
-from core.errors import UserError
-from core.mechanics.probes import ProbeSpec
+from core.errors import NumericalError, UserError
+from core.kinds import DECODER
+from core.mechanics.probes import ProbeRecord, ProbeSpec, Recorder
 from core.mechanics.run_pass import Pass
 from core.models import Loaded
 from core.runs import engine, temperature
@@ -88,20 +97,70 @@ def measure(
     def fn(tau) -> LayerStats:
         key = Schedule.of(tau).key()
         if key not in cache:
-            res = engine.run_encoded(loaded, documents, encoded, base.with_(tau=tau), how)
-            doc_pmax = np.stack([np.asarray(r.probes.layer_pmax, dtype=float) for r in res])  # [documents, layers]
-            doc_entropy = np.stack([np.asarray(r.probes.layer_entropy, dtype=float) for r in res])
+            if loaded.decoder_only:  # the question's rows (see the module docstring)
+                recs = decoder_records(loaded, encoded, base.with_(tau=tau))
+            else:
+                recs = [r.probes for r in engine.run_encoded(loaded, documents, encoded, base.with_(tau=tau), how)]
+            doc_pmax = np.stack([np.asarray(r.layer_pmax, dtype=float) for r in recs])  # [documents, layers]
+            doc_entropy = np.stack([np.asarray(r.layer_entropy, dtype=float) for r in recs])
             cache[key] = LayerStats(
-                pmax=np.mean([r.probes.layer_pmax for r in res], axis=0),
-                entropy=np.mean([r.probes.layer_entropy for r in res], axis=0),
-                head_pmax=np.mean([r.probes.pmax[0] for r in res], axis=0),  # [layers, heads]
-                head_entropy=np.mean([r.probes.entropy[0] for r in res], axis=0),
+                pmax=np.mean([r.layer_pmax for r in recs], axis=0),
+                entropy=np.mean([r.layer_entropy for r in recs], axis=0),
+                head_pmax=np.mean([r.pmax[0] for r in recs], axis=0),  # [layers, heads]
+                head_entropy=np.mean([r.entropy[0] for r in recs], axis=0),
                 doc_pmax=doc_pmax,
                 doc_entropy=doc_entropy,
             )
         return cache[key]
 
     return fn
+
+
+#: The probes a decoder's question-row pass records: Pmax and H per layer and head, nothing else.
+_ROW_STATS = ProbeSpec(heatmap=False, sorted_logits=False, cosine_hist_bins=0, kind=DECODER)
+
+
+def question_rows(enc: engine.Encoded) -> tuple[int, int]:
+    """The rows a decoder-only LM's statistics are read on: the question's tokens, or every token when the
+    document has no question (a language-modelling prefix)."""
+    q = enc.question_tokens
+    return (q[0], q[1]) if q is not None and q[1] > q[0] else (0, enc.n)
+
+
+def decoder_records(
+    loaded: Loaded, encoded: list[engine.Encoded], choice: Choice, rows: list[tuple[int, int]] | None = None
+) -> list[ProbeRecord]:
+    """One prefill per document (no answer) of a decoder-only LM under ``choice`` (its tau, scheme and targets,
+    read for the model by :func:`core.runs.engine.choice_for`), Pmax and H recorded on ``rows`` only (default:
+    :func:`question_rows`), through the same attention call and position-scheme pass as the engine's.
+
+    Why not :func:`core.runs.engine.run_encoded`: its recorder averages over every real row of the prompt, and a
+    recorder weighing only some rows is this module's concern (the question's rows against the same rows at L_tr);
+    the pass itself is the engine's (``base_model`` under :func:`core.runs.rope_pass.scheme_pass`). One document
+    per pass: a padded batch would move the question's rows, and long documents run one at a time anyway."""
+    from core.runs import rope_pass
+
+    choice = engine.choice_for(loaded, choice)
+    how = Pass(probes=_ROW_STATS, generate=False)
+    out = []
+    for i, enc in enumerate(encoded):
+        a, b = rows[i] if rows is not None else question_rows(enc)
+        mask = torch.zeros(1, enc.n, dtype=torch.bool)
+        mask[0, a:b] = True
+        recorder = Recorder(_ROW_STATS, mask)
+        ids = torch.as_tensor(enc.input_ids, dtype=torch.long)[None].to(loaded.device)
+        engine.check_length(loaded, enc.n)
+        with torch.inference_mode(), rope_pass.scheme_pass(loaded, choice, how, recorder, enc.n):
+            hidden = loaded.model.base_model(input_ids=ids).last_hidden_state
+        bad = recorder.nonfinite(DECODER)
+        if bad or not bool(torch.isfinite(hidden).all()):
+            raise NumericalError(
+                f"NaN/inf appeared in the attention (layer(s) {bad}) with dtype "
+                f"{str(loaded.dtype).replace('torch.', '')}: the logits divided by tau left its range, or the "
+                "weights hold NaN/inf."
+            )
+        out.append(recorder.finish())
+    return out
 
 
 def siblings(document: tasks.Document, loaded: Loaded, samples: int) -> list[tasks.Document]:
