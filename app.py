@@ -11,11 +11,24 @@ because their widgets are drawn with ``persist_state="session"`` (docs/app.md,
 "Pages and how choices are kept").
 """
 
+import sys
+
 import streamlit as st
 
-from ui.sidebar import about_machine
-
 st.set_page_config(page_title="Attention Alignment Explorer", layout="wide")
+# The page's first element, before the heavy imports: Streamlit shows a blank page until a run's first element, and
+# the first run of a fresh server imports torch and transformers (~10-20 s on a busy 2-core CPU: issue 59 point 3, a
+# cold start showed a white page for ~20 s). The slot is drawn in every run, empty once the imports are done.
+_starting = st.empty()
+if "ui.sidebar" not in sys.modules:
+    _starting.info(
+        "**Starting the Attention Alignment Explorer.** The first page after the server starts loads PyTorch, "
+        "transformers and a model once; on a small CPU that takes a while. It appears here by itself."
+    )
+
+from ui.sidebar import about_machine  # noqa: E402 (after the first element, on purpose: see above)
+
+_starting.empty()
 nav = st.navigation(
     [
         st.Page("app_pages/explore.py", title="Explore", icon=":material/search:", default=True),

@@ -24,6 +24,8 @@ import streamlit as st
 
 from core.mechanics import attention
 from core.runs import timing
+from ui import pass_gate
+from ui.streamlit_private import session_alive, session_id
 
 #: The app asks before it starts work on its own (Explore's first passes of a document, the passes that resolve
 #: a measured method there) whose estimate is over this many seconds (docs/app.md).
@@ -74,16 +76,29 @@ def ask(key: Hashable, seconds: float | None, what: str, where=st) -> bool:
     return False
 
 
+def stop_if_gone(session: str) -> None:
+    """End this script run when its browser tab has closed (:func:`ui.streamlit_private.session_alive`).
+
+    Called between two layers of a person's pass (:func:`layer_progress`), so a closed tab's long pass stops at
+    its next layer, as ``--max-seconds`` stops a command's (:meth:`core.runs.timing.Budget.check` through the same
+    hook, :func:`core.mechanics.attention.between_layers`); its partial results are dropped (issue 59 point 9:
+    the server computed on for minutes after a 64x tab was closed, slowing the next person)."""
+    if session and not session_alive(session):
+        st.stop()  # raises Streamlit's StopException: the run ends quietly, nothing is stored
+
+
 @contextlib.contextmanager
 def layer_progress(bar, label: str, seconds: float | None, layers: int) -> Iterator[None]:
-    """Move ``bar`` (an ``st.progress``) while the enclosed passes run in this thread: at each attention call
-    (once per layer), at most every 0.25 s, the share of the estimate ``seconds`` spent and the time left (without
-    an estimate: the encoder layers reached)."""
+    """Move ``bar`` (an ``st.progress``) while the enclosed passes run: at each attention call of the pass in this
+    thread (once per layer), and every quarter second while it waits for the background grid's identical pass
+    (:func:`ui.pass_gate.while_waiting`), at most every 0.25 s: the share of the estimate ``seconds`` spent and
+    the time left (without an estimate: the encoder layers reached). Past the estimate it says so. A closed tab's
+    pass stops at its next layer (:func:`stop_if_gone`)."""
     t0 = time.perf_counter()
     state = {"calls": 0, "shown": 0.0}
+    session = session_id()
 
-    def tick() -> None:
-        state["calls"] += 1
+    def show(calls: int) -> None:
         now = time.perf_counter()
         if now - state["shown"] < 0.25:
             return
@@ -97,9 +112,18 @@ def layer_progress(bar, label: str, seconds: float | None, layers: int) -> Itera
                 else f"{label} taking longer than estimated ({elapsed:.0f} s so far)"
             )
         else:
-            frac = min(0.95, state["calls"] / max(1, layers) * 0.9)
+            frac = min(0.95, calls / max(1, layers) * 0.9)
             text = f"{label} {elapsed:.0f} s so far"
         bar.progress(frac, text=text)
 
-    with attention.between_layers(tick):
+    def tick() -> None:
+        stop_if_gone(session)
+        state["calls"] += 1
+        show(state["calls"])
+
+    def waiting(background_calls: int) -> None:
+        stop_if_gone(session)
+        show(background_calls)
+
+    with attention.between_layers(tick), pass_gate.while_waiting(waiting):
         yield

@@ -6,7 +6,7 @@ import streamlit as st
 
 from core.errors import UserError
 from core.models import Loaded
-from ui import cache, choices, fail, user_errors
+from ui import cache, choices, fail, long_work, user_errors
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
 
@@ -53,6 +53,20 @@ def offer_fetch(ref: str) -> None:
     st.stop()
 
 
+def _keep_multiple(ref: str) -> None:
+    """A model switch keeps the document's length as a multiple of L_tr (8x stays 8x of the new model's L_tr).
+
+    Why: the document box starts a new model at its own L_tr (1x), so 8x T5 -> rope-mlm -> T5 landed at 256 tokens,
+    where tau = 1 is already right (issue 59 point 6). The document box reads the multiple a link gives
+    (``_url_multiple``, as ``?tokens=8x``) after its reset; a switch hands it the old length's multiple the same way,
+    rounded to a whole multiple of at least 1 (the length buttons' multiples)."""
+    ss = st.session_state
+    old = ss.get("_ltr")  # (model ref, L_tr) of the last run's document (ui.document_controls.document_section)
+    if not old or old[0] == ref or ss.get("_url_multiple") or not ss.get("doc_tokens"):
+        return
+    ss["_url_multiple"] = max(1, round(int(ss["doc_tokens"]) / max(1, int(old[1]))))
+
+
 def model_section() -> Loaded:
     """Draw the Model box and load its model (a user error stops the page)."""
     sb = st.sidebar
@@ -72,6 +86,14 @@ def model_section() -> Loaded:
         OTHER_HINT, key="model_other", persist_state=choices.KEEP, placeholder="google/flan-t5-base or ./my-t5-folder"
     )
     ref = chosen_model_ref()
+    switch = sb.empty()  # drawn in every run (an element drawn in some runs only shifts those after it)
+    _keep_multiple(ref)
+    if st.session_state.get("_model_ref") not in (None, ref):
+        # A model switch: the old model's views (cards, maps, export) stay on screen as stale elements until this run
+        # replaces them, and Explore's panel keeps its stale elements at full brightness (its polls must not grey
+        # it out): hidden until redrawn (issue 59 point 5: 1-2 s of the old cards under the new model's name).
+        with switch.container():
+            long_work.hide_stale()
     st.session_state["_model_ref"] = ref
     offer_fetch(ref)
     try:

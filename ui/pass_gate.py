@@ -17,6 +17,7 @@ small next to free memory, and abandons the pass at the layer otherwise.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -38,6 +39,25 @@ class GaveWay(Exception):
 #: test failed now and then; the cause was found later (grid frames lost on their way to the browser, fixed in
 #: ui/scrubber.py), and the option was not measured again.
 RESUME_AFTER_S = 0.0
+
+#: What a person's pass calls while it waits for the background pass that makes the very same pass
+#: (:meth:`PassGate.wait_for_background`), every :data:`WAIT_TICK_S`: the app's progress bar
+#: (:func:`ui.long_work.layer_progress`). Why: the person's first pass of a new document is usually the background
+#: grid's own tau = 1 pass, already under way; its layers run in the background thread, where the person's
+#: per-layer hook never runs, so the bar stayed at "starting..." for the whole pass (issue 59 point 2).
+_WAITING: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("aae_waiting", default=None)
+WAIT_TICK_S = 0.25
+
+
+@contextlib.contextmanager
+def while_waiting(fn: Callable[[int], None] | None) -> Iterator[None]:
+    """Call ``fn(layers)`` every :data:`WAIT_TICK_S` while a pass in this block waits for the background pass that
+    makes it (``layers``: the attention calls that pass has made so far)."""
+    token = _WAITING.set(fn)
+    try:
+        yield
+    finally:
+        _WAITING.reset(token)
 
 
 class PassGate:
@@ -74,6 +94,7 @@ class PassGate:
         self.last_wait_s = 0.0  # how long the last foreground work (outermost) waited for the gate
         self._depth = threading.local()
         self._making: Hashable | None = None  # what the background pass under way makes (its run store key)
+        self.layers = 0  # attention calls of the background pass under way (its progress, for a person waiting on it)
 
     @property
     def busy(self) -> bool:
@@ -137,6 +158,7 @@ class PassGate:
         """The background pass in this block makes ``key`` (what :meth:`wait_for_background` waits on)."""
         with self._cond:
             self._making = key
+            self.layers = 0
         try:
             yield
         finally:
@@ -151,6 +173,7 @@ class PassGate:
         if getattr(self._depth, "n", 0):
             return False  # this thread holds the gate: the background pass is paused for it, and would never end
         end = time.monotonic() + timeout
+        tick = _WAITING.get()
         with self._cond:
             if self._making != key:
                 return False
@@ -158,8 +181,19 @@ class PassGate:
                 left = end - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(left)
+                self._cond.wait(min(left, WAIT_TICK_S) if tick is not None else left)
+                if tick is not None and self._making == key:
+                    layers = self.layers
+                    self._cond.release()  # the tick draws (and may stop the run): never while holding the condition
+                    try:
+                        tick(layers)
+                    finally:
+                        self._cond.acquire()
         return True
+
+    def layer_done(self) -> None:
+        """The background pass under way reached its next attention call (:mod:`ui.prefetch` calls it per layer)."""
+        self.layers += 1
 
     def release_background(self) -> None:
         """Give back the gate taken with :meth:`background` (nothing if :meth:`give_way` left it released)."""

@@ -248,7 +248,12 @@ class Prefetcher:
         return None
 
     def _still_wanted(self, job: Job) -> bool:
+        """Whether a session still connected wants ``job``. Asked between two layers of every background pass, so a
+        closed tab's grid stops at the next layer (issue 59 point 9: a 64x tab's grid ran on ~2.5 min after it
+        closed, when only the next pass's :meth:`_next` looked at which sessions were still there)."""
         with self._lock:
+            for session in [s for s in self._wanted if not session_alive(s)]:
+                del self._wanted[session]
             return any(j.key == job.key for _, j in self._wanted.values())
 
     def _loop(self) -> None:
@@ -291,6 +296,7 @@ class Prefetcher:
             return not self._stop.is_set() and self._still_wanted(job)
 
         def between() -> None:
+            gate.layer_done()  # a person waiting on this very pass sees its progress (ui.long_work.layer_progress)
             if not alive():
                 raise pass_gate.GaveWay("the pass is no longer wanted")
             if not gate.busy:

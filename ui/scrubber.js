@@ -148,6 +148,7 @@ function build(root, st) {
     c.dataset.side = i ? "chosen" : "base";
     const badge = el("span", "badge", c, "updating");
     const title = el("div", "title", c);
+    const note = el("div", "approx-note", c);
     const ans = el("div", "ans", c);
     const metrics = el("div", "metrics", c);
     const mk = () => {
@@ -156,7 +157,7 @@ function build(root, st) {
     };
     const pm = mk(), en = mk();
     const foot = el("div", "cap", c);
-    return { c, badge, title, ans, pm, en, foot };
+    return { c, badge, title, note, ans, pm, en, foot };
   });
   el("div", "cap", root, `The document is ${d.tokens.toLocaleString("en")} tokens, ${(d.tokens / d.train_length).toFixed(2)} × `
     + `the training length L_tr = ${d.train_length.toLocaleString("en")}. Left: ${meta.base_label || "tau = 1"}; right: the `
@@ -475,6 +476,15 @@ function paintCard(st, card, f, tau, kind) {
   };
   put(card.pm, "mean Pmax", f.pmax, ref.pmax, 4);
   put(card.en, "mean entropy H", f.entropy, ref.entropy, 3);
+  // A frame of another value than the chosen one (the nearest grid frame while the exact one or the grid frame is
+  // computed) is never shown as if it were the chosen one: faded, and said in the card's first line (issue 59
+  // point 7: after a method change the card showed tau = 1's wrong answer under the new method's title for ~3 s).
+  // Not during a drag, whose in-between frames are the point of the scrubber.
+  const approx = chosen && !st.dragging && (kind === "nearest" || kind === "missing");
+  card.c.classList.toggle("approx", approx);
+  card.c.dataset.approx = approx ? "1" : "";
+  if (card.note) card.note.textContent = approx ? `Not the answer at ${ax.label} = ${fmt(tau, 2)} yet: the grid frame `
+    + `${ax.label} = ${fmt(on, 2)} is shown, faded, ` + (kind === "missing" ? "while this grid frame is computed." : "until the exact frame arrives.") : "";
   card.foot.textContent = chosen && kind === "nearest" ? `showing the grid frame ${ax.label} = ${fmt(on, 2)}`
     : chosen && kind === "missing" ? "this grid frame is still being computed"
     : `${d.tokens.toLocaleString("en")} tokens` + (f.seconds ? ` · computed in ${fmt(f.seconds, 2)} s` : "");

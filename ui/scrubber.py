@@ -30,7 +30,7 @@ from core.runs import methods, temperature, timing
 from core.values.choice import Choice
 from core.values.schedule import Schedule
 from core.views import frames
-from ui import cache, choices, long_work, message, prefetch
+from ui import cache, choices, long_work, message, prefetch, url
 from ui.streamlit_private import in_fragment_rerun, session_id
 
 KEY = "scrubber"
@@ -211,8 +211,15 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     # Above the component: while a new document's first passes run, what they are and how far (empty otherwise).
     # One container per run at most: a second .container() of the same placeholder would remount the component.
     slot = st.empty()
+    # A new document (its tau = 1 pass not made yet): its first passes run here, the old views hidden meanwhile.
+    # A grid frame still coming on a known document is not a new document: the views stay (and keep the slider's
+    # keyboard focus: hiding them mid-grid sent a clicker's PageDown to the page body, issue 59 point 1); the
+    # browser shows the nearest frame marked "still being computed", and the pass runs after the component.
+    new_document = not cache.has_run(loaded, req, *base_settings)
     first = [
-        s for s in (base_settings, None if g is None else at(g)) if s is not None and not cache.has_run(loaded, req, *s)
+        s
+        for s in (base_settings, None if g is None or not new_document else at(g))
+        if s is not None and not cache.has_run(loaded, req, *s)
     ]
     first = [
         s
@@ -246,16 +253,20 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     base = cache.run(loaded, req, *base_settings)
     ref = cache.run_reference(loaded, req, Choice(targets=ctx.choice.targets))
     grid = {v: cache.run(loaded, req, *at(v)) for v in values if cache.has_run(loaded, req, *at(v))}
-    if g is not None and g not in grid:  # the person is waiting on this very frame: compute it now
-        grid[g] = cache.run(loaded, req, *at(g))
+    # The frame the person is on, when it is not here yet: drawn after the component (below), so the page answers
+    # at once (the browser marks the nearest frame it holds) and the component's poll brings the frame.
+    later = None
+    if g is not None and g not in grid:
+        later = at(g)
     exact = pending = None
     if g is None:
-        if cache.has_run(loaded, req, *chosen_settings) or in_fragment_rerun():
-            # A release between grid marks: the browser already shows the nearest grid frame, marked as such,
-            # and keeps it while this pass runs; then one payload carries the exact frame.
+        if cache.has_run(loaded, req, *chosen_settings):
             exact = cache.run(loaded, req, *chosen_settings)
         else:
+            # A release between grid marks or a method's schedule: the browser shows the nearest grid frame, marked
+            # "exact frame coming", and the URL already names the choice (issue 59 point 7: it waited for the pass).
             pending = round(here if axis == "s" else ctx.tau_mean, 4)
+            later = chosen_settings
     missing = len(values) - len(grid)
     base_label = (
         "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
@@ -310,11 +321,12 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     _component(data=data, key=KEY, on_value_change=_released, on_poll_change=_polled, width="stretch")
     _handed(meta["doc_id"], grid)
     chosen = grid.get(g) if g is not None else exact
-    if pending is not None:
-        # A full run (a page opened on a method's schedule, a sidebar change): the page is drawn first, with
-        # the nearest grid frame marked "exact frame coming"; the component's poll fetches the exact frame.
+    if later is not None:
+        # The page is drawn first, the nearest grid frame marked ("exact frame coming" or "still being computed");
+        # the component's poll fetches the frame this pass makes.
+        url.sync(ctx)  # the address bar names the choice now, not once the pass is over
         try:
-            cache.run(loaded, req, *chosen_settings)
+            cache.run(loaded, req, *later)
         except UserError as err:
             st.error(message(err))
     return {"base": base, "chosen": chosen, "ref": ref}
