@@ -87,31 +87,39 @@ const char* aae_isa() {
 #endif
 }
 
-// rows [row_lo, row_hi) of the block S [B, H, c, K] (contiguous).
+// rows [row_lo, row_hi) of the block S [B, H, c, K] (row r at S + r * lds, K contiguous values).
+// E: where exp goes (row r at E + r * lde; E may be S with lde = lds: in place); its values past K in a row are
+// never touched (a caller laying rows of K keys into longer rows keeps the rest zero).
+// diag: < 0 for no causal mask, else row i of the block sees keys j <= diag + i only: the others are neither read
+// nor computed, exp there is written 0 (a causal block's diagonal; the keys past the block's last row are not in S).
 // bias: NULL, or float32 with row (h, i) at bias + h * bias_hs + i * bias_rs + bias_base (keys contiguous).
 // tau: NULL, or per head (tau_mode 1, [H]) or per block row (tau_mode 2, [c]).
 // keymask: NULL, or [B, K] bytes, nonzero = attend.
-void aae_softmax_rows(float* S, int64_t B, int64_t H, int64_t c, int64_t K,
-                      const float* bias, int64_t bias_hs, int64_t bias_rs, int64_t bias_base,
-                      const float* tau, int32_t tau_mode, const uint8_t* keymask,
+void aae_softmax_rows(const float* S, int64_t lds, float* E, int64_t lde, int64_t B, int64_t H, int64_t c,
+                      int64_t K, int64_t diag, const float* bias, int64_t bias_hs, int64_t bias_rs,
+                      int64_t bias_base, const float* tau, int32_t tau_mode, const uint8_t* keymask,
                       int64_t row_lo, int64_t row_hi, float* total, float* dot) {
     const vf neg = splat(-FLT_MAX), floor_ = splat(EXP_FLOOR), zero = splat(0.0f);
-    const int64_t Kv = K - K % W;
     (void)B;
     for (int64_t r = row_lo; r < row_hi; ++r) {
         const int64_t b = r / (H * c), h = (r / c) % H, i = r % c;
-        float* s = S + r * K;
+        const float* src = S + r * lds;
+        float* s = E + r * lde;
+        // the keys this row sees: all K, or up to its place on the causal diagonal
+        int64_t n = K;
+        if (diag >= 0 && diag + i + 1 < K) n = diag + i + 1 > 0 ? diag + i + 1 : 0;
+        const int64_t Kv = n - n % W;
         const float* br = bias ? bias + h * bias_hs + i * bias_rs + bias_base : nullptr;
         const uint8_t* km = keymask ? keymask + b * K : nullptr;
         const float t = tau_mode == 1 ? tau[h] : tau_mode == 2 ? tau[i] : 1.0f;
         const bool divide = tau_mode != 0;
         const vf tv = splat(t);
-        // pass 1: x = (s + bias) / tau, masked -> -FLT_MAX, written back; the row max
+        // pass 1: x = (s + bias) / tau, masked -> -FLT_MAX, written to E; the row max
         vf vm = neg;
         float m = -FLT_MAX;
         int64_t j = 0;
         for (; j < Kv; j += W) {
-            vf x = load(s + j);
+            vf x = load(src + j);
             if (br) x = x + load(br + j);
             if (divide) x = x / tv;
             if (km) {
@@ -124,15 +132,15 @@ void aae_softmax_rows(float* S, int64_t B, int64_t H, int64_t c, int64_t K,
             vm = x > vm ? x : vm;
         }
         for (int k = 0; k < W; ++k) m = vm[k] > m ? vm[k] : m;
-        for (; j < K; ++j) {
-            float x = s[j];
+        for (; j < n; ++j) {
+            float x = src[j];
             if (br) x += br[j];
             if (divide) x /= t;
             if (km && !km[j]) x = -FLT_MAX;
             s[j] = x;
             m = x > m ? x : m;
         }
-        // pass 2: e = exp(x - m) over S, its sum and sum(e * d)
+        // pass 2: e = exp(x - m) over E, its sum and sum(e * d)
         const vf mv = splat(m);
         vf vt = zero, vd = zero;
         for (j = 0; j < Kv; j += W) {
@@ -145,13 +153,14 @@ void aae_softmax_rows(float* S, int64_t B, int64_t H, int64_t c, int64_t K,
         }
         float T = 0.0f, D = 0.0f;
         for (int k = 0; k < W; ++k) { T += vt[k]; D += vd[k]; }
-        for (; j < K; ++j) {
+        for (; j < n; ++j) {
             float d = s[j] - m;
             float e = d < EXP_FLOOR ? 0.0f : sexp(d);
             s[j] = e;
             T += e;
             D += d < EXP_FLOOR ? 0.0f : e * d;
         }
+        if (n < K) std::memset(s + n, 0, (K - n) * sizeof(float));  // the keys past the diagonal: weight 0
         total[r] = T;
         dot[r] = D;
     }

@@ -253,7 +253,7 @@ def _verified(out: Path) -> str | None:
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.aae_softmax_rows
     fn.restype = None
-    fn.argtypes = [_P, _I, _I, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int32, _P, _I, _I, _P, _P]
+    fn.argtypes = [_P, _I, _P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int32, _P, _I, _I, _P, _P]
     lib.aae_pool_rows.restype = None
     lib.aae_pool_rows.argtypes = [_P, _I, _I, _I, _P, _I, ctypes.c_int32, _P, _I, _I, _I, _P, _P, _P]
     lib.aae_isa.restype = ctypes.c_char_p
@@ -275,8 +275,9 @@ def _self_test(lib: ctypes.CDLL) -> None:
     got = s.clone()
     total = torch.empty(1, 2, 3, 1)
     dot = torch.empty(1, 2, 3, 1)
+    p = got.data_ptr()
     lib.aae_softmax_rows(
-        got.data_ptr(), 1, 2, 3, 37, None, 0, 0, 0, tau.data_ptr(), 1, None, 0, 6, total.data_ptr(), dot.data_ptr()
+        p, 37, p, 37, 1, 2, 3, 37, -1, None, 0, 0, 0, tau.data_ptr(), 1, None, 0, 6, total.data_ptr(), dot.data_ptr()
     )
     ok = (
         torch.allclose(got, e, rtol=1e-5, atol=1e-7)
@@ -475,20 +476,39 @@ def softmax_rows(
     tau: torch.Tensor | None = None,
     tau_per: str = "head",
     keymask: torch.Tensor | None = None,
+    *,
+    diagonal: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn ``scores`` (``[B, H, c, K]`` float32 q.k, contiguous, CPU) into ``exp(x - max)`` in place.
+    """Turn ``scores`` (``[B, H, c, K]`` float32 q.k, contiguous, CPU) into ``exp(x - max)``, in place or in ``out``.
 
     ``bias``: a float32 tensor whose element ``bias_strides = (per head, per row, base)`` away
     from its start begins a row's keys (contiguous keys): for a
     :class:`~core.mechanics.relative_bias.RelativeBias` vector ``(len, -1, start of the block's first row)``.
     ``tau``: ``[H]`` (``tau_per="head"``) or ``[c]`` (``tau_per="row"``: the block's rows), or None.
     ``keymask``: bool or uint8 ``[B, K]`` (True: attend), or None.
+    ``diagonal``: causal rows: row ``i`` of the block sees keys ``0 .. diagonal + i`` only (a causal prefill's
+    block of rows ``[r0, r1)`` with ``K = start + r1`` keys: ``diagonal = start + r0``); the keys past a row's
+    place are never read nor computed and get exp 0 (no mask tensor). None: every key.
+    ``out``: where exp goes instead of ``scores``, a contiguous float32 ``[B, H, c, K']`` with ``K' >= K`` (rows
+    of all the call's keys while ``scores`` holds only those the block sees): its first ``K`` values of each row are
+    written, the rest left as they are (zero, as the caller made them). None: in place.
     Returns ``(total, dot)``, each ``[B, H, c, 1]`` float32.
     """
     _need()
     B, H, c, K = scores.shape
     if scores.dtype != torch.float32 or not scores.is_contiguous() or scores.device.type != "cpu":
         raise ValueError("scores must be a contiguous float32 CPU tensor [B, H, c, K]")
+    if out is None:
+        out = scores
+    elif (
+        out.dtype != torch.float32
+        or not out.is_contiguous()
+        or out.device.type != "cpu"
+        or tuple(out.shape[:3]) != (B, H, c)
+        or out.shape[-1] < K
+    ):
+        raise ValueError(f"out must be a contiguous float32 CPU tensor [{B}, {H}, {c}, >= {K}]")
     mode = 0
     if tau is not None:
         tau = tau.to(torch.float32).contiguous().view(-1)
@@ -504,11 +524,14 @@ def softmax_rows(
         keymask = keymask.to(torch.uint8).contiguous()
         if tuple(keymask.shape) != (B, K):
             raise ValueError(f"keymask must be [batch, keys] = [{B}, {K}], got {tuple(keymask.shape)}")
+    if diagonal is not None and diagonal < 0:
+        raise ValueError(f"diagonal must be at least 0 (a row sees its own key), got {diagonal}")
     total = torch.empty(B, H, c, 1, dtype=torch.float32)
     dot = torch.empty(B, H, c, 1, dtype=torch.float32)
     hs, rs, base = bias_strides
     fn = _LIB.aae_softmax_rows
     rows = B * H * c
-    args = (scores.data_ptr(), B, H, c, K, _ptr(bias), hs, rs, base, _ptr(tau), mode, _ptr(keymask))
+    args = (scores.data_ptr(), K, out.data_ptr(), out.shape[-1], B, H, c, K, -1 if diagonal is None else diagonal)
+    args = (*args, _ptr(bias), hs, rs, base, _ptr(tau), mode, _ptr(keymask))
     _split(fn, rows, lambda k, lo, hi: (*args, lo, hi, total.data_ptr(), dot.data_ptr()))
     return total, dot

@@ -218,9 +218,10 @@ def choose_backend(x: Inputs) -> str:
        read in place, nothing that needs a block's probabilities or raw logits) on a machine with Triton
        (:func:`core.mechanics.flash_attention.usable`; ``AAE_FLASH_ATTENTION=0`` switches it off). A layer whose
        map, profile or sorted logits are asked takes ``torch`` (one layer of a probed pass).
-    2. ``cpu-kernel``: inference on the CPU in float32 (no autograd, dropout or whole weights), no causal
-       mask, no position scheme, a bias and padding mask it can read in place (:func:`_kernel_view`), and
-       the kernel built here (:func:`core.mechanics.fused_softmax.available`; ``AAE_FUSED_SOFTMAX=0`` switches it off).
+    2. ``cpu-kernel``: inference on the CPU in float32 (no autograd, dropout or whole weights), no position
+       scheme, a bias and padding mask it can read in place (:func:`_kernel_view`) or causal rows (masked inside
+       the kernel, the key blocks no row sees skipped), and the kernel built here
+       (:func:`core.mechanics.fused_softmax.available`; ``AAE_FUSED_SOFTMAX=0`` switches it off).
     3. ``sdpa``: nothing probed and nothing that needs the probabilities or a mask torch cannot be handed:
        no causal mask, dropout, whole weights or rectified logits.
     4. ``torch``: the rest, and every call with adaptive temperature (:func:`adaptive_rows`): it needs each row's
@@ -228,12 +229,16 @@ def choose_backend(x: Inputs) -> str:
        C++ and Triton kernels compute one softmax per row in their passes; sdpa takes the logits' scale per call,
        not per row from the row itself), and every call with gpt-oss's sink logits (one more softmax column).
 
-    A decoder-only model's calls follow the same rules: a prefill (causal rows, or a causal or windowed mask
-    with rows of its own) takes ``sdpa`` when nothing is probed and no ``softcap`` applies, else ``torch``; a
-    cached decoding step (one query row, a key mask or none) may take the C++ kernel. Grouped K/V
-    (:attr:`Inputs.grouped`) is served by ``torch``, ``cpu-kernel`` and ``sdpa`` (:func:`grouped_matmul`), not by
-    ``cuda`` (such a call takes ``torch`` or ``sdpa`` on a GPU), and Gemma 2's ``softcap`` by ``torch`` and
-    ``cpu-kernel`` (capped in place before the kernel's pass).
+    A decoder-only model's calls follow the same rules. An unpadded prefill arrives as causal rows (transformers'
+    mask function hands over no mask then, so nothing ``L x L`` exists): on the CPU it takes the C++ kernel,
+    probed or not (half the work: :func:`_open_kernel`), on a GPU the Triton kernel (:func:`cuda_serves`: causal
+    rows and grouped K/V too), else ``torch`` (``sdpa`` is not handed a causal call: the rows' own mask would have
+    to be made). A prefill with a mask of rows of its own (a padded batch, Mistral's or Gemma 2's sliding window
+    once the input is longer than the window, a chunk after cached keys) takes ``sdpa`` when nothing is probed
+    and no ``softcap`` applies, else ``torch``. A cached decoding step (one query row, a key mask or none) takes
+    the C++ kernel. Grouped K/V (:attr:`Inputs.grouped`) is read in place by every backend
+    (:func:`grouped_matmul`; the Triton kernel maps each query head to its key head), and Gemma 2's ``softcap`` is
+    applied by ``torch``, ``cpu-kernel`` (capped in place before the kernel's pass) and ``cuda``.
     """
     if x.adaptive or x.sinks is not None:
         return TORCH
@@ -243,7 +248,7 @@ def choose_backend(x: Inputs) -> str:
         x.query.device.type == "cpu"
         and x.query.dtype == torch.float32
         and x.value.dtype == torch.float32
-        and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
+        and not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.adaptive)
         and x.scheme is None
         and _kernel_view(x) is not None
         and fused_softmax.available()
@@ -566,29 +571,63 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
     """Per block: one matmul into a buffer every block of the call reuses, the kernel (bias read in place,
     tau, mask, max, exp and the two row sums in two passes over each row while it is in cache), and
     ``(exp @ v) / total``. Raw logits are copied out before the kernel overwrites the block, only for the rows
-    :attr:`Needs.raw_rows` names."""
+    :attr:`Needs.raw_rows` names.
+
+    Causal rows (:attr:`Inputs.causal`, a decoder's prefill; row ``i`` sees keys ``0 .. start + i`` with
+    ``start = k_len - q_len``): a block of rows ``[r0, r1)`` multiplies only the ``start + r1`` keys its last row
+    sees, q.k and exp @ v alike (the key blocks no row of it sees are never computed: about half the work of a
+    long prefill), and the kernel masks the block's diagonal itself (``diagonal``: no mask tensor). The scores are
+    then ``[B, H, c, start + r1]``, contiguous (a matmul writing into rows of all the keys ran 2x slower here). A
+    layer whose probabilities a view reads (:attr:`Needs.probs`: a map, the question's rows) gets its ``exp`` laid
+    out over all the keys, as every backend hands it over: the kernel writes it into a second buffer of
+    ``[B, H, c, k_len]`` rows, zeroed once per call; blocks come in order, each seeing more keys than the one
+    before, so the keys past a block's own stay zero without being written. Elsewhere ``exp`` is None and the
+    block carries ``total`` and ``dot`` (Pmax and H need nothing more), as the ``cuda`` backend's do. The raw
+    logits a probe asks for are those of every key, as the ``torch`` backend gives them (a product of the few
+    rows asked)."""
     view = _kernel_view(x)
     batch, heads, q_len, k_len = x.shape
     keyT = x.key.transpose(-1, -2)
     tau = x.tau
     per_row = tau is not None and tau.shape[-2] != 1
     tau_heads = None if tau is None or per_row else tau.reshape(heads)
-    buf = torch.empty(batch * heads * min(step, q_len) * k_len, dtype=torch.float32)
+    size = batch * heads * min(step, q_len) * k_len
+    buf = torch.empty(size, dtype=torch.float32)
+    start = k_len - q_len
+    causal = x.causal and q_len > 1
+    wide = torch.zeros(size, dtype=torch.float32) if causal and x.needs is not None and x.needs.probs else None
 
     def rows(r0: int, r1: int) -> Block:
-        scores = buf[: batch * heads * (r1 - r0) * k_len].view(batch, heads, r1 - r0, k_len)
-        grouped_matmul(x.query[:, :, r0:r1], keyT, out=scores)
+        c = r1 - r0
+        seen = start + r1 if causal else k_len  # the keys the block's last row sees
+        scores = buf[: batch * heads * c * seen].view(batch, heads, c, seen)
+        grouped_matmul(x.query[:, :, r0:r1], keyT[..., :seen], out=scores)
         softcapped(scores, x.softcap)
         want = None if x.needs is None or x.needs.raw_rows is None else x.needs.raw_rows(r0, r1)
         raw = None
         if want is not None:
-            raw = scores[:, :, want]  # an indexing copy: index_select along rows is 20x slower here (issue 49)
+            if seen == k_len:
+                raw = scores[:, :, want]  # an indexing copy: index_select along rows is 20x slower here (issue 49)
+            else:  # every key's logit, the ones past the diagonal included, as the torch backend's raw rows
+                raw = softcapped(grouped_matmul(x.query[:, :, r0:r1][:, :, want], keyT), x.softcap)
             if view.bias is not None:
                 raw.add_(_bias_rows(view, r0, want, heads, k_len))
         t, per = (tau[0, r0:r1, 0], "row") if per_row else (tau_heads, "head")
-        total, dot = fused_softmax.softmax_rows(scores, view.bias, view.strides(r0), t, per, view.keymask)
-        out = grouped_matmul(scores, x.value).div_(total)
-        return Block(r0, r1, out=out, exp=scores, total=total, dot=dot, raw=raw)
+        into = None if wide is None else wide[: batch * heads * c * k_len].view(batch, heads, c, k_len)
+        total, dot = fused_softmax.softmax_rows(
+            scores,
+            view.bias,
+            view.strides(r0),
+            t,
+            per,
+            view.keymask,
+            diagonal=start + r0 if causal else None,
+            out=into,
+        )
+        exp = scores if into is None else into[..., :seen]
+        out = grouped_matmul(exp, x.value[:, :, :seen]).div_(total)
+        exp = scores if not causal else into
+        return Block(r0, r1, out=out, exp=exp, total=total, dot=dot, raw=raw)
 
     return rows
 
