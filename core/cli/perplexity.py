@@ -1,5 +1,6 @@
-"""``python -m core perplexity``: language-modelling perplexity over lengths x methods (the paper's Table 3), one
-CSV row per length x method x copy kind (``--copy``).
+"""``python -m core perplexity``: language-modelling perplexity over lengths x position schemes x methods (the paper's
+Table 3), one CSV row per length x scheme x method x copy kind (``--copy``): perplexity, mean per-token NLL with its
+bootstrap SE over sequences, and on a decoder-only LM the NLL by position bucket (:mod:`core.experiments.perplexity`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def command(args) -> int:
     token_counts = lengths(args.lengths, loaded.train_length)
     check_fits(loaded, max(token_counts), "--lengths asks for sequences of", batch=args.batch_size)
     check_reference(loaded, names, args.samples)
+    schemes = _schemes(args)
     plan = PerplexityPlan(
         model=loaded.spec.name,
         lengths=token_counts,
@@ -34,6 +36,7 @@ def command(args) -> int:
         targets=args.targets or ("encoder",),
         params=args.params_,
         **({"copies": args.copy} if args.copy else {}),
+        **({"schemes": tuple(schemes)} if schemes else {}),
     )
     bars: list = []
 
@@ -55,7 +58,23 @@ def command(args) -> int:
 
         print(csvio.to_csv_text(df), end="")
     else:
-        from core.experiments.perplexity import perplexity_table
+        from core.experiments.perplexity import nll_table, perplexity_table
 
-        print(perplexity_table(df).to_string() if len(df) else "nothing new to run")
+        if not len(df):
+            print("nothing new to run")
+        else:
+            print(perplexity_table(df).to_string())
+            print("\nmean per-token NLL ± bootstrap SE over sequences")
+            print(nll_table(df).to_string())
     return 0
+
+
+def _schemes(args) -> list:
+    """``--schemes`` with ``--scheme-params``, spelt as ``mlm``'s (:func:`core.cli.mlm.with_params`); none when the
+    parser gives this command no such option (the plain scheme)."""
+    given = getattr(args, "schemes", None)
+    if not given:
+        return []
+    from core.cli.mlm import with_params
+
+    return with_params(given, getattr(args, "scheme_params", None))

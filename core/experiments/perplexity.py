@@ -29,6 +29,21 @@ kind of past, paired seed by seed, so the two rows differ only in the copy);
 ``"mixed"`` (the default) is seeds ``seed ..`` as held out, about half with a
 copy. A row's ``first_seed`` and ``last_seed`` bound the seeds it scored.
 
+On a decoder-only LM (``Loaded.decoder_only``: SmolLM2 and the other causal families) a cell scores *every*
+token of each held-out sequence of ``tokens`` tokens (the same prefix a T5 encoder would read; no continuation
+is needed), teacher-forced, each token predicted from all before it (:func:`token_nll`: one pass per sequence,
+since a left-padded batch would shift a causal LM's positions). That is how long-context LM papers measure
+perplexity past L_tr, and it lets a row say *where* the loss grows: ``nll_0-0.5x`` ... ``nll_16x-`` are the
+mean per-token NLL of the tokens at positions ``[0, L_tr/2)``, ``[L_tr/2, L_tr)``, ``[L_tr, 2 L_tr)`` ... of
+the sequence (:data:`BUCKETS`; empty where the sequence has no such tokens, and on T5, whose scored tokens
+all follow the prefix). Every row, either family, gives ``nll_per_token`` (the mean over its sequences of each
+sequence's mean per-token NLL) and ``nll_se``, a bootstrap standard error of that mean over sequences
+(:data:`BOOTSTRAP` resamples, seeded: the same rows give the same SE).
+
+A plan's ``schemes`` (position schemes, :class:`core.values.positions.Scheme`, as ``mlm --schemes`` names them)
+are a second axis beside the methods: every cell runs under its scheme's :class:`~core.values.choice.Choice`
+(``scheme`` and ``scheme_params`` columns), a measured method resolved under the same scheme.
+
 Rows are written as they finish to a CSV through :class:`core.experiments.csvio.ResultCSV`
 (lock, ``resume``, spreadsheet-safe cells), one row per length x method. A
 method's own number (critical scaling's gamma, ``params``) goes to the methods
@@ -48,10 +63,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from core.data import tasks
 from core.data.tasks.lm import COPY_KINDS, COPY_MIXED, COPY_ROOM, COPY_WITH, COPY_WITHOUT  # the kinds: the CLI's too
-from core.errors import UserError
+from core.errors import NumericalError, UserError
 from core.experiments import csvio
 from core.experiments.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
 from core.kinds import ENCODER
@@ -61,6 +77,7 @@ from core.models import Loaded
 from core.runs import engine, methods
 from core.runs.methods import method_label
 from core.values.choice import Choice
+from core.values.positions import PLAIN_SCHEME, Scheme
 from core.values.validation import NewTokens, held_out_plan
 
 COLUMNS = [
@@ -69,12 +86,16 @@ COLUMNS = [
     "tokens",
     "actual_tokens",
     "train_length",
+    "scheme",
+    "scheme_params",
     "method",
     "copy",
     "tau",
     "perplexity",
     "nll",
     "scored_tokens",
+    "nll_per_token",
+    "nll_se",
     "sequences",
     "first_seed",
     "last_seed",
@@ -82,7 +103,23 @@ COLUMNS = [
     "reached",
     "gap",
 ]
-KEY = ("model", "tokens", "method", "copy")
+#: Position buckets of a decoder-only LM's scored tokens, in units of L_tr: ``[lo, hi)`` (None: no end).
+BUCKETS: tuple[tuple[float, float | None], ...] = ((0, 0.5), (0.5, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, None))
+
+
+def bucket_column(lo: float, hi: float | None) -> str:
+    """A bucket's CSV column: ``nll_0-0.5x``, ``nll_1-2x``, ``nll_16x-``."""
+    return f"nll_{lo:g}-{hi:g}x" if hi is not None else f"nll_{lo:g}x-"
+
+
+BUCKET_COLUMNS: list[str] = [bucket_column(lo, hi) for lo, hi in BUCKETS]
+COLUMNS += BUCKET_COLUMNS
+KEY = ("model", "tokens", "scheme", "scheme_params", "method", "copy")
+#: Bootstrap resamples of a cell's sequences for ``nll_se`` (seeded, :func:`bootstrap_se`).
+BOOTSTRAP = 2000
+#: Rows of the vocabulary's logits made at once when a decoder's tokens are scored (a 32k-token pass would
+#: otherwise hold 32k x vocabulary floats: 6 GiB for SmolLM2).
+LOGIT_ROWS = 1024
 #: The ``copy`` field of ``perplexity --json`` rows: null (mixed), true, false.
 COPY_JSON = {COPY_MIXED: None, COPY_WITH: True, COPY_WITHOUT: False}
 #: Seeds searched per sequence asked for with a copy (about 3 in 4 held-out seeds have one from ~110 tokens on).
@@ -106,13 +143,15 @@ class PerplexityPlan:
     haystack: str = "corpus-eval"
     task: str = tasks.LM  # what core.experiments.sweep.resolve_for builds calibration documents of
     copies: tuple[str, ...] = (COPY_MIXED,)  # COPY_KINDS: which sequences each length x method scores
+    #: position schemes (Scheme, or texts such as ``yarn-rope`` that :meth:`validated` makes into them)
+    schemes: tuple[Scheme | str, ...] = (PLAIN_SCHEME,)
     #: the value of a method's :class:`core.runs.methods.Param` by name (``{"gamma": 0.2}``), for the methods that take it
     params: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
         """Sequences to run in all (the progress unit: a 16x cell is many times a 1x one)."""
-        return len(self.lengths) * len(self.methods) * self.sequences * len(self.copies)
+        return len(self.lengths) * len(self.methods) * self.sequences * len(self.copies) * len(self.schemes)
 
     def validated(self) -> PerplexityPlan:
         """This plan with methods as labels and every bound checked, or a :class:`UserError` naming the option."""
@@ -122,8 +161,14 @@ class PerplexityPlan:
                 f"Bad perplexity option: copies wants some of {', '.join(COPY_KINDS)}, got {list(self.copies)!r}"
             )
         plan = held_out_plan(self, "Bad perplexity option", method_label, continuation=NewTokens)
+        if not self.schemes:
+            raise UserError("Bad perplexity option: at least one position scheme")
+        schemes = tuple(Scheme.of(t) for t in self.schemes)
+        if len(set(schemes)) != len(schemes):
+            raise UserError(f"Bad perplexity option: schemes: {', '.join(map(str, schemes))} lists one scheme twice")
         plan = replace(
             plan,
+            schemes=schemes,
             copies=tuple(dict.fromkeys(self.copies)),
             params=methods.check_params(self.params, plan.methods, "Bad perplexity option"),
         )
@@ -168,6 +213,72 @@ def sequences(loaded: Loaded, tokens: int, plan: PerplexityPlan, copy: str = COP
     return found if copy == COPY_WITH else [make(d.seed, repeat=0.0) for d in found]
 
 
+def bootstrap_se(values: list[float] | np.ndarray, resamples: int = BOOTSTRAP, seed: int = 0) -> float:
+    """The bootstrap standard error of the mean of ``values`` (one per sequence): the standard deviation of the
+    means of ``resamples`` resamples with replacement, seeded (0.0 for a single value, which says nothing)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return 0.0
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(resamples, len(v)))].mean(axis=1)
+    return float(means.std(ddof=1))
+
+
+@torch.inference_mode()
+def token_nll(loaded: Loaded, ids: np.ndarray, choice: Choice) -> np.ndarray:
+    """A decoder-only LM's -log p of each token of ``ids`` after the ones before it (``len(ids) - 1`` values: the
+    first token has no prediction), teacher-forced in one pass under ``choice`` (its tau, targets read for the model
+    by :func:`core.runs.engine.choice_for`, and position scheme, through the same
+    :func:`core.runs.rope_pass.scheme_pass` as every pass), the vocabulary's logits made :data:`LOGIT_ROWS` rows at
+    a time.
+
+    Why here and not :func:`core.runs.engine.run_encoded`: the engine's language-modelling score sums a
+    continuation after a prompt (the T5 layout) in a second pass; a causal LM's table wants every token's loss
+    from the one pass, by position."""
+    from core.runs import rope_pass
+
+    n = len(ids)
+    engine.check_length(loaded, n)
+    choice = engine.choice_for(loaded, choice)
+    how = Pass(generate=False, probes=ProbeSpec.off())
+    x = torch.as_tensor(np.asarray(ids), dtype=torch.long)[None].to(loaded.device)
+    with rope_pass.scheme_pass(loaded, choice, how, None, n):
+        hidden = loaded.model.base_model(input_ids=x).last_hidden_state[0]
+    head = loaded.model.get_output_embeddings()
+    cap = getattr(loaded.config, "final_logit_softcapping", None)  # Gemma 2's logits pass through a tanh cap
+    target = x[0, 1:]
+    out = []
+    for r0 in range(0, n - 1, LOGIT_ROWS):
+        r1 = min(n - 1, r0 + LOGIT_ROWS)
+        logits = head(hidden[r0:r1]).float()
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        out.append(torch.nn.functional.cross_entropy(logits, target[r0:r1], reduction="none"))
+    lost = torch.cat(out).cpu().numpy().astype(np.float64)
+    if not np.all(np.isfinite(lost)):
+        raise NumericalError(
+            f"NaN/inf appeared in the scores with dtype {str(loaded.dtype).replace('torch.', '')}: the logits divided "
+            f"by tau (smallest {float(np.min(choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=n))):g}) left "
+            "its range, or the weights hold NaN/inf."
+        )
+    return lost
+
+
+def buckets(losses: list[np.ndarray], train_length: int) -> dict[str, float | str]:
+    """Mean per-token NLL of the tokens in each position bucket (:data:`BUCKETS`), pooled over sequences; a token
+    predicted at index ``i`` of ``losses`` is the sequence's token ``i + 1``. "" for a bucket no token falls in."""
+    out: dict[str, float | str] = {}
+    for (lo, hi), col in zip(BUCKETS, BUCKET_COLUMNS):
+        total, count = 0.0, 0
+        for lost in losses:
+            pos = np.arange(1, len(lost) + 1)
+            sel = (pos >= lo * train_length) & (pos < (hi * train_length if hi is not None else np.inf))
+            total += float(lost[sel].sum())
+            count += int(sel.sum())
+        out[col] = round(total / count, 4) if count else ""
+    return out
+
+
 def score(
     loaded: Loaded,
     docs: list[tasks.Document],
@@ -176,30 +287,48 @@ def score(
     encoded: list[engine.Encoded] | None = None,
     step: Callable[[int], None] | None = None,
 ) -> dict:
-    """Perplexity of ``docs`` under ``choice`` (no probes, no generation: the teacher-forced continuation only):
-    ``{"perplexity", "nll", "scored_tokens", "actual_tokens", "seconds"}``.
+    """Perplexity of ``docs`` under ``choice`` (no probes, no generation): ``{"perplexity", "nll",
+    "scored_tokens", "nll_per_token", "nll_se", "actual_tokens", "seconds"}`` plus, on a decoder-only LM, the
+    position buckets (:func:`buckets`).
 
-    ``nll`` is the summed -log p over every scored token; perplexity is
-    ``exp(nll / scored_tokens)``. ``step(k)`` is called after each batch of
-    ``k`` sequences (progress)."""
-    how = Pass(generate=False, probes=ProbeSpec.off())
+    T5: the teacher-forced continuation after each prefix; a decoder-only LM: every token of each sequence
+    (:func:`token_nll`). ``nll`` is the summed -log p over every scored token; perplexity is
+    ``exp(nll / scored_tokens)``; ``nll_per_token`` the mean over sequences of each one's mean, ``nll_se`` its
+    bootstrap standard error over sequences. ``step(k)`` is called after each batch of ``k`` sequences."""
     encs = encoded or [engine.encode(loaded, d) for d in docs]
     t0 = time.perf_counter()
-    nll, count = 0.0, 0
-    for b in range(0, len(docs), batch_size):
-        for r in engine.run_encoded(loaded, docs[b : b + batch_size], encs[b : b + batch_size], choice, how):
-            nll += r.nll
-            count += r.scored_tokens
-        if step:
-            step(len(docs[b : b + batch_size]))
+    per_doc: list[tuple[float, int]] = []
+    extra: dict = {}
+    if loaded.decoder_only:
+        losses = []
+        for enc in encs:
+            lost = token_nll(loaded, enc.input_ids, choice)
+            losses.append(lost)
+            per_doc.append((float(lost.sum()), len(lost)))
+            if step:
+                step(1)
+        extra = buckets(losses, loaded.train_length)
+    else:
+        how = Pass(generate=False, probes=ProbeSpec.off())
+        for b in range(0, len(docs), batch_size):
+            for r in engine.run_encoded(loaded, docs[b : b + batch_size], encs[b : b + batch_size], choice, how):
+                per_doc.append((r.nll, r.scored_tokens))
+            if step:
+                step(len(docs[b : b + batch_size]))
+    nll = sum(v for v, _ in per_doc)
+    count = sum(k for _, k in per_doc)
     if not count:
-        raise UserError("no continuation tokens were scored")
+        raise UserError("no tokens were scored")
+    means = [v / k for v, k in per_doc if k]
     return {
         "perplexity": math.exp(nll / count),
         "nll": nll,
         "scored_tokens": count,
+        "nll_per_token": float(np.mean(means)),
+        "nll_se": bootstrap_se(means),
         "actual_tokens": int(round(np.mean([e.n for e in encs]))),
         "seconds": time.perf_counter() - t0,
+        **extra,
     }
 
 
@@ -220,11 +349,22 @@ def run_perplexity(
 
     plan = plan.validated()
     if plan.lengths and plan.methods:
-        engine.check_length(loaded, max(plan.lengths), plan.batch_size)
+        engine.check_length(loaded, max(plan.lengths), 1 if loaded.decoder_only else plan.batch_size)
+        for scheme in plan.schemes:
+            rope_bound_check(loaded, scheme)
     path = Path(out) if out else None
+    per_cell = plan.sequences
     with csvio.ResultCSV(path, COLUMNS, "perplexity", resume=resume) as sink:
         done_keys = {
-            (r["model"], str(int(float(r["tokens"]))), r["method"], r.get("copy") or COPY_MIXED) for r in sink.rows
+            (
+                r["model"],
+                str(int(float(r["tokens"]))),
+                r.get("scheme") or PLAIN_SCHEME.name,
+                r.get("scheme_params") or "",
+                r["method"],
+                r.get("copy") or COPY_MIXED,
+            )
+            for r in sink.rows
         }
         rows: list[dict] = typed_rows(path) if sink.rows else []
         taus: dict = {}
@@ -233,16 +373,18 @@ def run_perplexity(
             progress(0, plan.total, None)
         for n, copy in ((n, c) for n in plan.lengths for c in plan.copies):
             todo = [
-                m
+                (scheme, m)
+                for scheme in plan.schemes
                 for m in plan.methods
-                if (plan.model, str(n), methods.cell_text(m, plan.params), copy) not in done_keys
+                if (plan.model, str(n), scheme.name, scheme.params_text(), methods.cell_text(m, plan.params), copy)
+                not in done_keys
             ]
-            done += (len(plan.methods) - len(todo)) * plan.sequences
+            done += (len(plan.methods) * len(plan.schemes) - len(todo)) * per_cell
             if not todo:
                 continue
             docs = sequences(loaded, n, plan, copy)
             encs = [engine.encode(loaded, d) for d in docs]
-            for m in todo:
+            for scheme, m in todo:
                 if should_stop and should_stop():
                     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -252,28 +394,32 @@ def run_perplexity(
                     if progress:
                         progress(done, plan.total, None)
 
+                base = Choice.of(targets=plan.targets, scheme=scheme)
                 with guard():
-                    tau, outcome = resolve_for(loaded, plan, n, m, docs[0], taus)
-                    cell = score(
-                        loaded, docs, Choice.of(tau=tau, method=m, targets=plan.targets), plan.batch_size, encs, step
-                    )
+                    tau, outcome = resolve_for(loaded, plan, n, m, docs[0], taus, None if scheme.is_plain else base)
+                    cell = score(loaded, docs, base.with_(tau=tau, method=m), plan.batch_size, encs, step)
                 row = {
                     "model": plan.model,
                     "task": tasks.LM,
                     "tokens": n,
                     "actual_tokens": cell["actual_tokens"],
                     "train_length": loaded.train_length,
+                    "scheme": scheme.name,
+                    "scheme_params": scheme.params_text(),
                     "method": methods.cell_text(m, plan.params),
                     "copy": copy,
                     "tau": round(tau.mean(n), 6),
                     "perplexity": round(cell["perplexity"], 4),
                     "nll": round(cell["nll"], 4),
                     "scored_tokens": cell["scored_tokens"],
+                    "nll_per_token": round(cell["nll_per_token"], 5),
+                    "nll_se": round(cell["nll_se"], 5),
                     "sequences": len(docs),
                     "first_seed": docs[0].seed,
                     "last_seed": docs[-1].seed,
                     "seconds": round(cell["seconds"], 3),
                     **outcome,
+                    **{c: cell.get(c, "") for c in BUCKET_COLUMNS},
                 }
                 rows.append(row)
                 sink.write(row)
@@ -282,10 +428,38 @@ def run_perplexity(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def perplexity_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:
-    """Perplexity pivot, method x length: the layout of the paper's Table 3. Rows of more than one kind of
-    sequence (the ``copy`` column) are indexed by (copy, method), never averaged together."""
+def rope_bound_check(loaded: Loaded, scheme: Scheme) -> None:
+    """Refuse, in one line and before any pass, a position scheme this model cannot run (the scheme pass's own
+    check, :func:`core.runs.rope_pass.check`)."""
+    from core.runs import rope_pass
+
+    rope_pass.check(loaded, scheme)
+
+
+def cell_label(scheme: str, scheme_params: str, method: str) -> str:
+    """A row's name in a table: the method, after its position scheme when that is not the plain one
+    (``yarn-rope + log-length``, ``lm-infinite:window=32 + none``)."""
+    if (scheme or PLAIN_SCHEME.name) == PLAIN_SCHEME.name and not scheme_params:
+        return method
+    return f"{scheme}{':' + scheme_params if scheme_params else ''} + {method}"
+
+
+def _labelled(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows with their table name (:func:`cell_label`) in ``method``: a scheme's rows apart from the plain ones."""
     d = df.copy()
+    if "scheme" in d:
+        d["method"] = [
+            cell_label(str(sc) if isinstance(sc, str) else "", str(sp) if isinstance(sp, str) else "", str(m))
+            for sc, sp, m in zip(d["scheme"], d.get("scheme_params", [""] * len(d)), d["method"])
+        ]
+    return d
+
+
+def perplexity_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:
+    """Perplexity pivot, method x length: the layout of the paper's Table 3 (a position scheme's rows named
+    ``scheme + method``). Rows of more than one kind of sequence (the ``copy`` column) are indexed by (copy,
+    method), never averaged together."""
+    d = _labelled(df)
     d["perplexity"] = pd.to_numeric(d["perplexity"])
     index: str | list[str] = rows
     if "copy" in d and d["copy"].nunique() > 1 and rows != "copy":
@@ -293,6 +467,20 @@ def perplexity_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens
     table = d.pivot_table(index=index, columns=cols, values="perplexity", aggfunc="mean").round(2)
     order = list(dict.fromkeys(zip(d["copy"], d[rows]) if isinstance(index, list) else d[rows]))
     return table.reindex(order)  # the plan's order, not the alphabet's
+
+
+def nll_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean per-token NLL ``± bootstrap SE`` over sequences, method (or scheme + method) x length, as text cells:
+    Table 3 with its error bars (one kind of sequence per table: the ``copy`` column's first)."""
+    d = _labelled(df)
+    if "copy" in d and len(d):
+        d = d[d["copy"] == d["copy"].iloc[0]]
+    d["cell"] = [
+        f"{float(m):.3f} ± {float(e):.3f}"
+        for m, e in zip(pd.to_numeric(d["nll_per_token"]), pd.to_numeric(d["nll_se"]))
+    ]
+    table = d.pivot_table(index="method", columns="tokens", values="cell", aggfunc="first")
+    return table.reindex(list(dict.fromkeys(d["method"])))
 
 
 def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
@@ -303,11 +491,15 @@ def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
         "tokens",
         "actual_tokens",
         "train_length",
+        "scheme",
+        "scheme_params",
         "method",
         "tau",
         "perplexity",
         "nll",
         "scored_tokens",
+        "nll_per_token",
+        "nll_se",
         "sequences",
         "first_seed",
         "last_seed",
@@ -318,6 +510,9 @@ def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
     out = []
     for r in df.to_dict("records"):
         row = {k: (r[k].item() if hasattr(r[k], "item") else r[k]) for k in keep}
+        row["by_position"] = {  # a decoder's mean NLL per position bucket (empty on T5)
+            c.removeprefix("nll_"): float(r[c]) for c in BUCKET_COLUMNS if r.get(c) not in ("", None) and r[c] == r[c]
+        }
         row["copy"] = COPY_JSON[r.get("copy") or COPY_MIXED]  # true / false; null: the held-out mix
         out.append(row)
     return {"model": loaded.spec.name, "train_length": loaded.train_length, "rows": out}

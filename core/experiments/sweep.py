@@ -394,26 +394,39 @@ def typed_rows(path: Path) -> list[dict]:
 
 
 def resolve_for(
-    loaded: Loaded, plan, n: int, method: str, doc: tasks.Document | None, cache: dict
+    loaded: Loaded,
+    plan,
+    n: int,
+    method: str,
+    doc: tasks.Document | None,
+    cache: dict,
+    base: Choice | None = None,
 ) -> tuple[Schedule, dict]:
     """``(schedule, {"reached", "gap"})`` of a method at length n; a measured one resolved once per length on
     calibration documents (seeds disjoint from the test seeds) and cached as that pair. ``reached`` / ``gap``
     are those of its search (:meth:`core.runs.temperature.Calibration.to_dict`), empty strings for a method that
     is not a search (none, a fixed tau, closed forms, Prop. 1/2). ``plan.params``: a method's own number (gamma),
-    given to the methods that take it."""
+    given to the methods that take it. ``base``: the choice a measured method's passes run under (a position
+    scheme: its tau is then matched under that scheme, and cached apart)."""
     name, value = methods.parse(method)
     if not methods.get(name).measured:
         tau, info = methods.resolve(loaded, doc, name, value, params=methods.own_params(name, plan.params))
         return tau, _outcome(info)
-    if (n, method) not in cache:
+    key = (n, method) if base is None else (n, method, base.scheme)
+    if key not in cache:
         calib_doc = tasks.make(
             plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack
         )
         tau, info = methods.resolve(
-            loaded, calib_doc, method, samples=plan.calib_samples, params=methods.own_params(name, plan.params)
+            loaded,
+            calib_doc,
+            method,
+            samples=plan.calib_samples,
+            base=base,
+            params=methods.own_params(name, plan.params),
         )
-        cache[(n, method)] = (tau, _outcome(info))
-    return cache[(n, method)]
+        cache[key] = (tau, _outcome(info))
+    return cache[key]
 
 
 def _outcome(info: dict) -> dict:
