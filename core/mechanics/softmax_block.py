@@ -582,7 +582,8 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
     out over all the keys, as every backend hands it over: the kernel writes it into a second buffer of
     ``[B, H, c, k_len]`` rows, zeroed once per call; blocks come in order, each seeing more keys than the one
     before, so the keys past a block's own stay zero without being written. Elsewhere ``exp`` is None and the
-    block carries ``total`` and ``dot`` (Pmax and H need nothing more), as the ``cuda`` backend's do. The raw
+    block carries ``total`` and ``dot`` (Pmax and H need nothing more) and ``probs_rows`` for a profile's few
+    rows, as the ``cuda`` backend's do. The raw
     logits a probe asks for are those of every key, as the ``torch`` backend gives them (a product of the few
     rows asked)."""
     view = _kernel_view(x)
@@ -626,8 +627,16 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
         )
         exp = scores if into is None else into[..., :seen]
         out = grouped_matmul(exp, x.value[:, :, :seen]).div_(total)
-        exp = scores if not causal else into
-        return Block(r0, r1, out=out, exp=exp, total=total, dot=dot, raw=raw)
+        if not causal or into is not None:
+            return Block(r0, r1, out=out, exp=scores if into is None else into, total=total, dot=dot, raw=raw)
+
+        def probs_rows(a: int, b: int, k: int | None) -> torch.Tensor:
+            """Item 0's rows ``[a, b)`` over the first ``k`` keys (a profile's few rows), from the block's exp."""
+            k = k_len if k is None else k
+            p = scores[0, :, a - r0 : b - r0, : min(k, seen)] / total[0, :, a - r0 : b - r0]
+            return torch.nn.functional.pad(p, (0, k - p.shape[-1])) if k > p.shape[-1] else p
+
+        return Block(r0, r1, out=out, total=total, dot=dot, raw=raw, probs_rows=probs_rows)
 
     return rows
 
