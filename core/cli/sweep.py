@@ -46,6 +46,9 @@ def command(args) -> int:
     check_fits(loaded, max(token_counts), "--lengths asks for documents of")
     check_reference(loaded, names, 1)
     task = chosen.document.task if chosen.document.task != "text" else "passkey"
+    from core.cli.perplexity import _schemes
+
+    schemes = _schemes(args)
     try:
         plan = SweepPlan(
             model=loaded.spec.name,
@@ -56,6 +59,7 @@ def command(args) -> int:
             methods=names,
             haystack=chosen.document.haystack,
             params=args.params_,
+            **({"schemes": tuple(schemes)} if schemes else {}),
         )
     except ValueError as err:
         raise UserError(f"Bad sweep option: {err}") from None
@@ -85,7 +89,7 @@ def command(args) -> int:
 
         print(csvio.to_csv_text(df), end="")
     else:
-        from core.experiments.sweep import accuracy_table
+        from core.experiments.sweep import accuracy_se_table
 
-        print(accuracy_table(df).to_string() if len(df) else "nothing new to run")
+        print(accuracy_se_table(df).to_string() if len(df) else "nothing new to run")
     return 0

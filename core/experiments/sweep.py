@@ -41,6 +41,7 @@ from core.models import Loaded
 from core.runs import engine, methods, timing
 from core.runs.methods import method_label
 from core.values.choice import Choice
+from core.values.positions import PLAIN_SCHEME, Scheme
 from core.values.schedule import Schedule
 from core.values.validation import Depth, Samples, Seed, Tokens, validate
 
@@ -69,6 +70,15 @@ COLUMNS = [
 #: L_tr reference, and S_ex - S_tr at the pick, both from the calibration documents); empty for other methods.
 SEARCH_COLUMNS = ("reached", "gap")
 KEY = ("model", "task", "tokens", "depth", "seed", "method")
+#: The columns a sweep with position schemes adds (after ``method``'s row): a plain sweep's CSV keeps
+#: :data:`COLUMNS` exactly, so its rows and the golden outputs stay as they were.
+SCHEME_COLUMNS = ["scheme", "scheme_params"]
+
+
+def columns(plan: SweepPlan) -> list[str]:
+    """The CSV's columns for this plan: :data:`COLUMNS`, plus :data:`SCHEME_COLUMNS` when it names a scheme other
+    than the plain one."""
+    return COLUMNS + SCHEME_COLUMNS if plan.has_schemes else COLUMNS
 
 
 @dataclass
@@ -84,17 +94,27 @@ class SweepPlan:
     haystack: str = "default"
     #: the value of a method's :class:`core.runs.methods.Param` by name (``{"gamma": 0.2}``), for the methods that take it
     params: dict[str, float] = field(default_factory=dict)
+    #: position schemes (Scheme, or texts ``mlm --schemes`` takes, e.g. ``yarn-rope``): each method runs under each
+    schemes: tuple = (PLAIN_SCHEME,)
+
+    @property
+    def has_schemes(self) -> bool:
+        """Whether a scheme other than the plain one is asked (the rows then carry ``scheme`` columns)."""
+        return any(not Scheme.of(s).is_plain for s in self.schemes)
 
     def cells(self) -> Iterable[tuple[int, float, int, str]]:
+        """``(length, depth, seed, method)`` per cell; with schemes, ``method`` is ``(scheme, method)`` text
+        joined by :data:`SCHEME_JOIN` (:func:`split_cell` reads it back)."""
         for n in self.lengths:
             for d in self.depths:
                 for s in self.seeds:
-                    for m in self.methods:
-                        yield n, d, s, m
+                    for sc in self.schemes:
+                        for m in self.methods:
+                            yield n, d, s, join_cell(Scheme.of(sc), m) if self.has_schemes else m
 
     @property
     def total(self) -> int:
-        return len(self.lengths) * len(self.depths) * len(self.seeds) * len(self.methods)
+        return len(self.lengths) * len(self.depths) * len(self.seeds) * len(self.methods) * len(self.schemes)
 
     def validated(self) -> SweepPlan:
         """This plan with methods as labels, or a :class:`UserError` naming the first bad option.
@@ -116,13 +136,41 @@ class SweepPlan:
             calib_samples=validate(Samples, self.calib_samples, f"{where}: calib_samples"),
             calib_seed=validate(Seed, self.calib_seed, f"{where}: calib_seed"),
             params=methods.check_params(self.params, names, where),
+            schemes=_schemes(self.schemes, where),
         )
 
 
-def _done_keys(rows: list[dict[str, str]], path: Path | None) -> set[tuple]:
+def _schemes(given, where: str) -> tuple[Scheme, ...]:
+    """The plan's schemes made into :class:`Scheme` values, at least one, none twice."""
+    if not given:
+        raise UserError(f"{where}: at least one position scheme")
+    schemes = tuple(Scheme.of(s) for s in given)
+    if len(set(schemes)) != len(schemes):
+        raise UserError(f"{where}: schemes: {', '.join(map(str, schemes))} lists one scheme twice")
+    return schemes
+
+
+#: Between a cell's scheme and its method inside a sweep's job (never written: rows carry them in two columns).
+SCHEME_JOIN = "\x1f"
+
+
+def join_cell(scheme: Scheme, method: str) -> str:
+    return f"{scheme.spell()}{SCHEME_JOIN}{method}"
+
+
+def split_cell(cell: str) -> tuple[Scheme, str]:
+    """A cell's ``(scheme, method)``: the plain scheme for a cell without one."""
+    if SCHEME_JOIN not in cell:
+        return PLAIN_SCHEME, cell
+    scheme, method = cell.split(SCHEME_JOIN, 1)
+    return Scheme.of(scheme), method
+
+
+def _done_keys(rows: list[dict[str, str]], path: Path | None, plan: SweepPlan | None = None) -> set[tuple]:
     """Keys of the rows a resumed CSV already holds (cells as written, restored by csvio)."""
+    extra = SCHEME_COLUMNS if plan is not None and plan.has_schemes else []
     try:
-        return {tuple(_norm(k, r[k]) for k in KEY) for r in rows}
+        return {tuple(_norm(k, r[k]) for k in (*KEY, *extra)) for r in rows}
     except ValueError as err:
         raise UserError(
             f"{path} holds a row that is not a sweep row ({err}); use another --out or drop --resume"
@@ -180,8 +228,8 @@ def run_sweep(
     track = tracker or cluster.NO_TRACKER
     say = report or (lambda msg: print(msg, file=sys.stderr))
     path = Path(out) if out else None
-    with csvio.ResultCSV(path, COLUMNS, "sweep", resume=resume) as sink:
-        done = _done_keys(sink.rows, path)
+    with csvio.ResultCSV(path, columns(plan), "sweep", resume=resume) as sink:
+        done = _done_keys(sink.rows, path, plan)
         rows: list[dict] = typed_rows(path) if sink.rows else []
         cells = list(enumerate(plan.cells()))
         todo = [(i, c) for i, c in cells if _key(plan, *c) not in done]
@@ -224,7 +272,7 @@ def run_sweep(
                 track.advance(1, len(result))
 
             cluster.run_local(local_jobs(), loaded, on_local, should_stop, guard)
-            return pd.DataFrame(rows + [r for _, r in new], columns=COLUMNS)
+            return pd.DataFrame(rows + [r for _, r in new], columns=columns(plan))
 
         waiting = {j.tag: j for j in jobs if j.kind == "calibrate"}
         held: dict[tuple[int, str], list[cluster.Job]] = {}
@@ -257,12 +305,14 @@ def run_sweep(
 
         pool.run(ready, on_done, on_fail, should_stop)
     new.sort(key=lambda t: t[0])  # plan order, as a local sweep returns them (the CSV keeps arrival order)
-    return pd.DataFrame(rows + [r for _, r in new], columns=COLUMNS)
+    return pd.DataFrame(rows + [r for _, r in new], columns=columns(plan))
 
 
 def _key(plan: SweepPlan, n: int, depth: float, seed: int, m: str) -> tuple:
+    scheme, m = split_cell(m)
     row = (plan.model, plan.task, n, depth, seed, methods.cell_text(m, plan.params))  # as its row names it
-    return tuple(_norm(k, v) for k, v in zip(KEY, row))
+    key = tuple(_norm(k, v) for k, v in zip(KEY, row))
+    return (*key, scheme.name, scheme.params_text()) if plan.has_schemes else key
 
 
 def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]]) -> str:
@@ -271,9 +321,15 @@ def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]])
     seeds = sorted({s for _, _, s in cells})
     span = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
     return (
-        f"{plan.task} at {n:,} tokens, method {methods.cell_text(m, plan.params)}, depth{'s' if len(depths) > 1 else ''} "
+        f"{plan.task} at {n:,} tokens, method {_cell_words(plan, m)}, depth{'s' if len(depths) > 1 else ''} "
         f"{','.join(f'{d:g}' for d in depths)}, {span} ({len(cells)} row{'s' if len(cells) != 1 else ''})"
     )
+
+
+def _cell_words(plan: SweepPlan, cell: str) -> str:
+    scheme, m = split_cell(cell)
+    text = methods.cell_text(m, plan.params)
+    return text if scheme.is_plain else f"{text} under {scheme.spell()}"
 
 
 def _jobs(
@@ -303,17 +359,20 @@ def _jobs(
             )
             for part in cluster.chunks(cells, size)
         ]
-        if m in methods.MEASURED:
+        if split_cell(m)[1] in methods.MEASURED:
             passes = tuple(
                 timing.sweep_passes(
-                    [n], 0, methods.costs([m], loaded.n_layers, loaded.n_heads, plan.calib_samples), loaded.train_length
+                    [n],
+                    0,
+                    methods.costs([split_cell(m)[1]], loaded.n_layers, loaded.n_heads, plan.calib_samples),
+                    loaded.train_length,
                 )
             )
             jobs.append(
                 cluster.Job(
                     _calibrate_job,
                     (plan, n, m),
-                    f"calibrating {m} at {n:,} tokens",
+                    f"calibrating {_cell_words(plan, m)} at {n:,} tokens",
                     passes=passes,
                     unlocks=sum(j.cost for j in slices),
                     model=model,
@@ -328,8 +387,9 @@ def _jobs(
 def _calibrate_job(loaded: Loaded, payload: tuple) -> tuple[float | list, dict]:
     """A measured method's tau at one length and its search outcome (``reached``, ``gap``): a job of its own on
     Ray, whose result its cells wait for (it becomes their cache entry, so their rows equal local ones)."""
-    plan, n, m = payload
-    return resolve_for(loaded, plan, n, m, None, {})
+    plan, n, cell = payload
+    scheme, m = split_cell(cell)
+    return resolve_for(loaded, plan, n, m, None, {}, None if scheme.is_plain else Choice.of(scheme=scheme))
 
 
 def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
@@ -339,14 +399,17 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
     cache) and on an actor (a slice; the calibration job's (tau, outcome) in the cache)."""
     from core.experiments.cluster import Cancelled, cancelled
 
-    plan, n, m, cells, cache = payload
+    plan, n, cell, cells, cache = payload
+    scheme, m = split_cell(cell)
+    base = None if scheme.is_plain else Choice.of(scheme=scheme)
     out = []
     for index, depth, seed in cells:
         if cancelled():  # the driver was stopped: free this actor for its next run
             raise Cancelled
         doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
-        tau, outcome = resolve_for(loaded, plan, n, m, doc, cache)
-        res = engine.run(loaded, doc, Choice.of(tau=tau, method=m), engine.Pass(probes=ProbeSpec.stats_only()))
+        tau, outcome = resolve_for(loaded, plan, n, m, doc, cache, base)
+        choice = Choice.of(tau=tau, method=m, scheme=scheme)
+        res = engine.run(loaded, doc, choice, engine.Pass(probes=ProbeSpec.stats_only()))
         out.append(
             (
                 index,
@@ -366,6 +429,7 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
                     "entropy": round(res.entropy, 5),
                     "seconds": round(res.seconds["total"], 4),
                     **outcome,
+                    **({"scheme": scheme.name, "scheme_params": scheme.params_text()} if plan.has_schemes else {}),
                 },
             )
         )
@@ -436,8 +500,30 @@ def _outcome(info: dict) -> dict:
     return {"reached": bool(info["reached"]), "gap": round(float(info["gap"]), 6)}
 
 
+def _labelled(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a scheme's name before their method (``yarn-rope + none``) when they carry one."""
+    d = df.copy()
+    if "scheme" in d:
+        d["method"] = [
+            m if (not sc or sc == PLAIN_SCHEME.name) and not sp else f"{sc}{':' + sp if sp else ''} + {m}"
+            for sc, sp, m in zip(d["scheme"].astype(str), d["scheme_params"].fillna("").astype(str), d["method"])
+        ]
+    return d
+
+
 def accuracy_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:
     """Accuracy (%) pivot, e.g. method x length (the paper's Table 4) or depth x length (needle heatmap)."""
-    d = df.copy()
+    d = _labelled(df)
     d["correct"] = d["correct"].astype(str).str.lower().isin(["true", "1"])
     return (d.pivot_table(index=rows, columns=cols, values="correct", aggfunc="mean") * 100).round(1)
+
+
+def accuracy_se_table(df: pd.DataFrame, rows: str = "method", cols: str = "tokens") -> pd.DataFrame:
+    """Accuracy (%) ± its binomial standard error in points (sqrt(p (1 - p) / n)) and the count of documents, as
+    text cells ``62.5 ± 17.1 (8)``: the pass-key table with its error bars."""
+    d = _labelled(df)
+    d["correct"] = d["correct"].astype(str).str.lower().isin(["true", "1"])
+    g = d.groupby([rows, cols], sort=False)["correct"].agg(["mean", "count"]).reset_index()
+    g["cell"] = [f"{100 * p:.1f} ± {100 * (p * (1 - p) / k) ** 0.5:.1f} ({k})" for p, k in zip(g["mean"], g["count"])]
+    table = g.pivot(index=rows, columns=cols, values="cell")
+    return table.reindex(list(dict.fromkeys(d[rows])))
