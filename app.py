@@ -26,9 +26,18 @@ if "ui.sidebar" not in sys.modules:
         "transformers and a model once; on a small CPU that takes a while. It appears here by itself."
     )
 
-from ui.sidebar import about_machine  # noqa: E402 (after the first element, on purpose: see above)
+from ui import long_work  # noqa: E402 (after the first element, on purpose: see above)
+from ui.model_box import SWITCHING, chosen_model_ref  # noqa: E402
+from ui.sidebar import about_machine  # noqa: E402
 
-_starting.empty()
+_ss = st.session_state
+if _ss.get("model_choice") is not None and (_ss.get(SWITCHING) or chosen_model_ref() != _ss.get("_model_ref")):
+    # A model switch, from this run's first element on: the last model's views are hidden until redrawn
+    # (ui.model_box says why; this slot is the earliest place a run can say it, before the page's own elements).
+    with _starting.container():
+        long_work.hide_stale()
+else:
+    _starting.empty()
 nav = st.navigation(
     [
         st.Page("app_pages/explore.py", title="Explore", icon=":material/search:", default=True),
@@ -38,5 +47,7 @@ nav = st.navigation(
     ]
 )
 nav.run()
+# A run that got here drew the chosen model's views: a model switch no longer hides the old ones (ui.model_box).
+_ss.pop(SWITCHING, None)
 # Last, so that a first call that builds the attention kernel never holds up a page's views.
 about_machine()

@@ -9,6 +9,8 @@ from core.models import Loaded
 from ui import cache, choices, fail, long_work, user_errors
 
 OTHER_HINT = "…or a hub id / local folder (overrides the list)"
+#: Session key: full runs left that hide the last model's views (set by a switch; app.py clears it once a run ends).
+SWITCHING = "_model_switching"
 
 
 def chosen_model_ref() -> str:
@@ -88,10 +90,16 @@ def model_section() -> Loaded:
     ref = chosen_model_ref()
     switch = sb.empty()  # drawn in every run (an element drawn in some runs only shifts those after it)
     _keep_multiple(ref)
-    if st.session_state.get("_model_ref") not in (None, ref):
-        # A model switch: the old model's views (cards, maps, export) stay on screen as stale elements until this run
+    ss = st.session_state
+    if ss.get("_model_ref") not in (None, ref):
+        ss[SWITCHING] = 3  # full runs at most (a page that stops early never clears it: bounded)
+    if ss.get(SWITCHING):
+        # A model switch: the old model's views (cards, maps, export) stay on screen as stale elements until a run
         # replaces them, and Explore's panel keeps its stale elements at full brightness (its polls must not grey
-        # it out): hidden until redrawn (issue 59 point 5: 1-2 s of the old cards under the new model's name).
+        # it out): hidden until redrawn (issue 59 point 5: 1-2 s of the old cards under the new model's name). In
+        # every full run until one completes (app.py clears it): the switch's own run is often cut short by the
+        # next rerun, and the old views came back in that one, for seconds.
+        ss[SWITCHING] -= 1
         with switch.container():
             long_work.hide_stale()
     st.session_state["_model_ref"] = ref

@@ -739,6 +739,24 @@ export default function (component) {
   }
   const meta = doc.meta || {};
   const same = st.doc && st.doc.meta && st.doc.meta.doc_id === meta.doc_id;
+  // A payload that brings nothing to draw (a release's echo onto a frame the browser holds, a poll with no new
+  // frame): no repaint. Each such payload repainted the tau = 1 column (its map twice) and rebuilt the profile's
+  // svg, on the browser's main thread, while the next clicker press waited for it (issue 59 point 11).
+  const lastMeta = same ? st.doc.meta : null;
+  const idle = same && doc.delta && !doc.exact && !Object.keys(doc.frames).length && lastMeta
+    && meta.tau_version === st.tauVersion && meta.pending_exact === lastMeta.pending_exact
+    && meta.note === lastMeta.note && !!meta.disabled === !!lastMeta.disabled && meta.chosen_title === lastMeta.chosen_title
+    && !(doc.held || []).some((k) => !(k in st.doc.frames));
+  const redraw = !doc.delta || !!doc.exact;  // a full payload of the same document (a remount, a heal), an exact frame
+  if (idle) {
+    st.doc.meta = meta;
+    heal(st, false);
+    if (!meta.poll_ms && st.pollTimer) { clearInterval(st.pollTimer); st.pollTimer = 0; }
+    if (!meta.poll_ms) paint(st);  // the status line says the grid is complete
+    return () => {
+      clearInterval(st.pollTimer); st.pollTimer = 0; clearTimeout(st.commitTimer); clearInterval(st.healTimer); st.healTimer = 0;
+    };
+  }
   if (doc.delta) {
     // Only what is new since the last payload (a poll while the grid fills, a release): merge it in. A delta for
     // a document this element does not hold (it was mounted anew) asks the server for everything.
@@ -756,8 +774,8 @@ export default function (component) {
   if (!same) {
     st.profileAxis = null; st._lut = null; st._baseLutKey = null; st.lastGrid = undefined; st._low = undefined;
     build(root, st);
-  } else {
-    st.profileAxis = null;
+  } else if (redraw) {
+    st.profileAxis = null;  // (new grid frames rebuild the profile's axis by their count, paintProfile)
     st._baseLutKey = null;
   }
   // The server's tau wins when it changed there (a method, the tour, a link); a drag under way keeps its place.
@@ -769,10 +787,12 @@ export default function (component) {
   }
   st.range.disabled = !!meta.disabled;
   st.range.title = meta.disabled ? "The method chooses tau; pick 'fixed' to move it by hand." : "";
-  paintCard(st, st.cards[0], doc.base, 1, "grid");
-  paintHeads(st, 0, doc.base);
-  if (st.maps) paintMap(st, 0, doc.base);
-  if (st.cross) paintCross(st, 0, doc.base);
+  if (!same || redraw) {  // the tau = 1 column never changes within a document (its map follows the colour scale)
+    paintCard(st, st.cards[0], doc.base, 1, "grid");
+    paintHeads(st, 0, doc.base);
+    if (st.maps) paintMap(st, 0, doc.base);
+    if (st.cross) paintCross(st, 0, doc.base);
+  }
   paint(st);
   // Frames still coming: ask the server again every poll_ms (one light rerun of the fragment each) until a
   // payload says nothing is pending. An interval, not a timeout: a poll that finds nothing new sends the same
