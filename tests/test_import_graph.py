@@ -202,7 +202,7 @@ def test_core_imports_no_private_name_of_another_module():
 #: (re-exports of core.runs); ``core.cli`` (a module or a package of commands, ``core.__main__`` with it) is the
 #: top of core; ui is the app above all of core.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("core", "core.errors", "core.kinds"),
+    ("core", "core.errors", "core.kinds", "core.lazy"),
     ("core.values", "core.data"),
     ("core.mechanics",),
     ("core.models",),

@@ -12,10 +12,10 @@ reading: a test that changes one (``HUB_WAIT_S``, ``MAX_MODELS``) patches the mo
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from core.errors import ModelLoadError
+from core.lazy import lazy_exports
 
 #: Each name re-exported here, by the module that owns it. They are imported on first use (PEP 562's module
 #: ``__getattr__``), not with this package: ``core.models.device``'s name checks are what the CLI's ``--device`` and
@@ -80,19 +80,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time the same na
 _SUBMODULES = ("catalog", "device", "hub", "hub_cache", "loaded", "loading", "memory", "names", "safety", "tokenizer")
 
 
-def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")  # sets the attribute itself
-    owner = _OWNERS.get(name)
-    if owner is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{owner}"), name)
-    globals()[name] = value  # once: later reads are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_OWNERS})
+__getattr__, __dir__ = lazy_exports(__name__, _OWNERS, _SUBMODULES)
 
 
 __all__ = [  # written out (not built from _OWNERS) so that readers and linters see the names

@@ -33,8 +33,9 @@ The public names of all of them are importable from here (``from core.training i
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from core.lazy import lazy_exports
 
 #: Each public name, by the module that owns it, imported on first use (PEP 562's module ``__getattr__``): the
 #: trainer's modules import torch and transformers (seconds), and ``python -m core train --help`` or a bad train
@@ -81,19 +82,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time the same na
 _SUBMODULES = ("cli", "config", "data", "loop", "mlm", "model", "optim", "stages", "supervision")
 
 
-def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")  # sets the attribute itself
-    owner = _OWNERS.get(name)
-    if owner is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{owner}"), name)
-    globals()[name] = value  # once: later reads are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_OWNERS})
+__getattr__, __dir__ = lazy_exports(__name__, _OWNERS, _SUBMODULES)
 
 
 __all__ = [  # written out (not built from _OWNERS) so that readers and linters see the names
