@@ -23,8 +23,12 @@ language-modelling document's continuation is scored teacher-forced after its pr
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,11 +43,13 @@ from transformers.modeling_outputs import BaseModelOutput
 from core.data import tasks
 from core.errors import InputTooLong, NumericalError, UserError
 from core.kinds import CROSS, DECODER, ENCODER
+from core.mechanics import attention
 from core.mechanics.attention import KERNEL_CHUNK_BYTES, attention_call, default_chunk_bytes
 from core.mechanics.probes import ProbeRecord, ProbeSpec, Recorder
 from core.mechanics.run_pass import DEFAULT_PASS, Pass  # noqa: F401  engine.Pass: the run's second value, named here too
 from core.models import Loaded, memory
 from core.runs import rope_pass, timing
+from core.values import positions
 from core.values.choice import TRAINED, Choice
 
 
@@ -491,7 +497,7 @@ def run_encoded(
     # Decoder and cross-attention probes ride along with generation, one answer row per step.
     listening = recorder if recorder is not None and how.probes.asks(DECODER, CROSS) else None
     if how.generate and loaded.seq2seq:  # a masked-LM encoder has no decoder: its pass is stats only
-        with attention_call(choice, how, listening):
+        with attention_call(choice, how, listening), quiet_length_reminder():
             out = loaded.model.generate(
                 encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
                 attention_mask=mask,
@@ -565,11 +571,10 @@ def _run_decoder(
 ) -> list[Result]:
     """:func:`run_encoded` on a decoder-only LM (see the module docstring): one ``generate`` call per batch (or,
     with ``how.generate`` off, the base model's pass alone), the document's probes read on the prefill."""
-    if not choice.scheme.is_plain:
-        raise UserError(
-            f"Position scheme '{choice.scheme.name}' on a decoder-only model ('{loaded.spec.name}') is not "
-            "there yet: run it with the plain scheme"
-        )
+    check_decoder_scheme(loaded, choice.scheme)
+    if len({e.n for e in encs}) > 1 and _sinks(loaded, choice, max(e.n for e in encs)):
+        # sinks are the first tokens of each prompt: a left-padded item's sit past its padding, so each alone
+        return [r for d, e in zip(docs, encs) for r in _run_decoder(loaded, [d], [e], choice, how)]
     choice = choice_for(loaded, choice)
     if how.probes.kind != DECODER:
         how = replace(how, probes=replace(how.probes, kind=DECODER))
@@ -587,7 +592,7 @@ def _run_decoder(
     mark = _Prefill()
     finite = True
     t0 = time.perf_counter()
-    with rope_pass.scheme_pass(loaded, choice, how, recorder, n):
+    with rope_pass.scheme_pass(loaded, choice, how, recorder, n), quiet_length_reminder():
         if generating:
             out = loaded.model.generate(
                 input_ids=ids,
@@ -661,6 +666,68 @@ def _run_decoder(
     return results
 
 
+def check_decoder_scheme(loaded: Loaded, scheme: positions.Scheme) -> None:
+    """Refuse, in one line, a position scheme a decoder-only LM cannot run here: one whose mask or distances the
+    attention does not apply to a decoder's causal rows (:data:`core.mechanics.attention.SCHEME_KINDS`; without
+    that, a rectified scheme's rotary modules would hand over unrotated q and k and the model would run with no
+    positions at all). Frequency schemes (PI, NTK, dynamic NTK, YaRN) reach the model's rotary module, always."""
+    if (
+        not loaded.decoder_only
+        or scheme.is_plain
+        or not ({positions.MASK, positions.DISTANCES} & set(scheme.entry.changes))
+    ):
+        return
+    if DECODER not in getattr(attention, "SCHEME_KINDS", (ENCODER,)):
+        raise UserError(
+            f"Position scheme '{scheme.name}' on a decoder-only model ('{loaded.spec.name}') is not there yet: its "
+            "mask and distances need the attention's decoder rows; run a frequency scheme (pi, ntk, dynamic-ntk, "
+            "yarn-rope) or the plain one"
+        )
+
+
+def _sinks(loaded: Loaded, choice: Choice, tokens: int) -> bool:
+    """Whether the choice's scheme keeps sink tokens (StreamingLLM, LM-Infinite): the first keys of the input, so a
+    left-padded batch item's sinks would be padding (what :func:`_run_decoder` runs one document at a time)."""
+    return not choice.scheme.is_plain and choice.scheme.bind(loaded.train_length, tokens).sinks > 0
+
+
+#: The text of transformers' reminder that a generate call went past ``max_position_embeddings``
+#: (``generation.stopping_criteria.MaxLengthCriteria``): going past L_tr is what this tool studies.
+_REMINDER = "This is a friendly reminder - the current text generation call has exceeded"
+_QUIET_LOCK = threading.Lock()
+_QUIET_CALLS = [0]
+
+
+class _NoLengthReminder(logging.Filter):
+    """Drops transformers' length reminder (:data:`_REMINDER`), nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(_REMINDER)
+
+
+_QUIET = _NoLengthReminder()
+
+
+@contextlib.contextmanager
+def quiet_length_reminder() -> Iterator[None]:
+    """Silence transformers' "friendly reminder" that a generate call exceeded the model's maximum length, for the
+    enclosed calls only: a filter on the logger that emits it (transformers' own ``logging.get_logger``), added by
+    the first call under way and removed when the last one ends, so nothing of it outlives them. Why: every answer
+    past L_tr (the point of this tool) printed it."""
+    logger = transformers.utils.logging.get_logger("transformers.generation.stopping_criteria")
+    with _QUIET_LOCK:
+        if _QUIET_CALLS[0] == 0:
+            logger.addFilter(_QUIET)
+        _QUIET_CALLS[0] += 1
+    try:
+        yield
+    finally:
+        with _QUIET_LOCK:
+            _QUIET_CALLS[0] -= 1
+            if _QUIET_CALLS[0] == 0:
+                logger.removeFilter(_QUIET)
+
+
 def _decoder_nll(
     loaded: Loaded, docs: list[tasks.Document], encs: list[Encoded], choice: Choice, how: Pass
 ) -> list[tuple[float, int] | None] | None:
@@ -671,6 +738,12 @@ def _decoder_nll(
     if not lm:
         return None
     conts = [tasks.continuation_ids(docs[i]) for i in lm]
+    sizes = [encs[i].n + len(c) for i, c in zip(lm, conts)]
+    if len(set(sizes)) > 1 and _sinks(loaded, choice, max(sizes)):  # each alone: see _run_decoder
+        out: list[tuple[float, int] | None] = [None] * len(docs)
+        for i in lm:
+            out[i] = _decoder_nll(loaded, [docs[i]], [encs[i]], choice, how)[0]  # type: ignore[index]
+        return out
     ids, mask = padded(
         loaded,
         [np.concatenate([encs[i].input_ids, np.asarray(c, dtype=np.int64)]) for i, c in zip(lm, conts)],
@@ -683,7 +756,7 @@ def _decoder_nll(
     for j, c in enumerate(conts):
         labels[j, width - len(c) : width] = torch.tensor(c)
     labels = labels.to(loaded.device)
-    with attention_call(choice, how, None):
+    with rope_pass.scheme_pass(loaded, choice, how, None, ids.shape[1]):  # the prompt and continuation's length
         logits = loaded.model(
             input_ids=ids, attention_mask=None if bool(mask.all()) else mask, logits_to_keep=width + 1
         ).logits

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import UserError
 from core.mechanics import attention, patches
-from core.mechanics.attention import ROPE, attention_call
+from core.mechanics.attention import CAUSAL_LM, ROPE, attention_call
 from core.mechanics.run_pass import Pass
 from core.values import positions
 from core.values.choice import TRAINED, Choice
@@ -44,12 +44,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from core.models import Loaded
 
 
+#: The families whose models rotate q and k (:data:`core.mechanics.attention.FAMILIES`): the rotary encoders and the
+#: decoder-only LMs (Llama, Mistral, Qwen, Gemma 2, Phi-3, gpt-oss), every one of which holds a rotary module.
+ROTARY_FAMILIES: tuple[str, ...] = (ROPE, CAUSAL_LM)
+
+
+def rotary(loaded: "Loaded") -> bool:
+    """Whether ``loaded`` rotates q and k: a rotary encoder or a decoder-only LM (T5 has its own relative bias)."""
+    return loaded.family in ROTARY_FAMILIES
+
+
 def check(loaded: "Loaded", scheme: positions.Scheme) -> None:
     """Refuse, in one line, a scheme this model cannot run: any scheme but the plain one on a non-rotary model.
     (The scheme's own values were checked when it was made, :meth:`core.values.positions.Scheme.of`.)"""
     if scheme.is_plain:
         return
-    if loaded.family != ROPE:
+    if not rotary(loaded):
         raise UserError(
             f"Position scheme '{scheme.name}' needs a rotary (RoPE) model; '{loaded.spec.name}' is a "
             f"{loaded.family} model with its own relative positions"
@@ -60,7 +70,7 @@ def bound(loaded: "Loaded", scheme: positions.Scheme, tokens: int) -> positions.
     """The scheme bound for a pass of ``tokens`` tokens, or None for a model without rotary positions (checked:
     a non-plain scheme there is refused)."""
     check(loaded, scheme)
-    if loaded.family != ROPE:
+    if not rotary(loaded):
         return None
     check_rotation(loaded)
     return scheme.bind(loaded.train_length, tokens)

@@ -273,6 +273,7 @@ def rectified_logits(
     scale: float = 1.0,
     allowed: "torch.Tensor | None" = None,
     k_rotated: "torch.Tensor | None" = None,
+    shift: int = 0,
 ) -> "torch.Tensor":
     """Logits of query rows ``[r0, r0 + distances.shape[0])`` at the given relative ``distances`` (float32).
 
@@ -282,6 +283,13 @@ def rectified_logits(
     logits and one per distinct capped value, on the columns where it occurs (ReRoPE: 2, +-w; StreamingLLM: one
     per sink), and only where ``allowed`` (the scheme's mask) is True. ``scale``: the attention factor on cos and
     sin (logits x scale^2). ``k_rotated``: rot(k0, j), when the caller has it for all blocks already.
+
+    ``shift``: where row 0 of ``q0`` sits among the keys (a decoder's cached step: ``k_len - q_len``, its rows at
+    the end of the keys); ``distances`` are then those of positions ``[shift + r0, ...)`` (what
+    :meth:`Bound.capped_positions` gives for them). 0 for a whole pass.
+
+    Grouped K/V (a decoder-only model's: fewer key heads than query heads) are read in place: each key head's
+    query heads are folded into its rows for the matmuls (:func:`_grouped_logits`), never repeated in memory.
     """
     import torch
 
@@ -292,9 +300,10 @@ def rectified_logits(
     distances = distances.to(device)
     if k_rotated is None:
         k_rotated = rotate(k0, torch.arange(k_len, device=device), inv_freq, scale)
-    q_rot = rotate(qb, torch.arange(r0, r0 + rows, device=device), inv_freq, scale)
-    out = torch.matmul(q_rot, k_rotated.transpose(-1, -2)).float()
-    moved = distances != relative_positions(r0, r0 + rows, k_len, device)
+    p0 = shift + r0
+    q_rot = rotate(qb, torch.arange(p0, p0 + rows, device=device), inv_freq, scale)
+    out = _grouped_logits(q_rot, k_rotated).float()
+    moved = distances != relative_positions(p0, p0 + rows, k_len, device)
     if allowed is not None:
         moved &= allowed.to(device)
     if not bool(moved.any()):
@@ -312,14 +321,25 @@ def rectified_logits(
         cols = sel.any(0).nonzero().squeeze(1)
         qv = rotate(qb, torch.tensor(v, device=device), inv_freq, scale)  # q at v, k at 0 (k0 times scale)
         if 2 * cols.numel() > k_len:  # most columns (ReRoPE: every key past the window): no gather and scatter
-            part = torch.matmul(qv, k0.transpose(-1, -2)).float()
+            part = _grouped_logits(qv, k0).float()
             if scale != 1.0:
                 part.mul_(scale)
             out = torch.where(sel, part, out)
             continue
-        part = torch.matmul(qv, (k0[:, :, cols] * scale).transpose(-1, -2)).float()
+        part = _grouped_logits(qv, k0[:, :, cols] * scale).float()
         out[..., cols] = torch.where(sel[:, cols], part, out[..., cols])
     return out
+
+
+def _grouped_logits(q: "torch.Tensor", k: "torch.Tensor") -> "torch.Tensor":
+    """``q @ k.T`` per head, ``q [b, h, r, d]`` and ``k [b, h_kv, K, d]`` with ``h`` a multiple of ``h_kv`` (query head
+    ``g x h_kv + i`` reads key head ``g``, as transformers' ``repeat_kv`` pairs them): each key head's query heads
+    folded into its rows, so grouped keys are read in place, never repeated."""
+    b, h, r, d = q.shape
+    hk, k_len = k.shape[1], k.shape[-2]
+    if hk == h:
+        return q @ k.transpose(-1, -2)
+    return (q.reshape(b, hk, (h // hk) * r, d) @ k.transpose(-1, -2)).view(b, h, r, k_len)
 
 
 # ---- the registry ----------------------------------------------------------------------------------------------

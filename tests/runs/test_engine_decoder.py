@@ -215,11 +215,6 @@ def test_pass_without_answer(llama, doc):
     np.testing.assert_allclose(r.probes.pmax, full.probes.pmax, rtol=1e-5, atol=1e-6)
 
 
-def test_position_scheme_refused(llama, doc):
-    with pytest.raises(UserError, match="not there yet"):
-        engine.run(llama, doc, Choice.of(scheme="pi:factor=2"), ANSWER)
-
-
 @pytest.mark.parametrize("probes", [ProbeSpec(), ProbeSpec.off()], ids=["probed", "unprobed"])
 def test_estimate_and_nan(llama_dir, doc, probes):
     """The estimate before a long pass times the prefill alone; NaN weights are one NumericalError naming float32's
