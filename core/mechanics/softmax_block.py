@@ -641,6 +641,23 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
     return rows
 
 
+#: A causal call on the ``cpu-kernel`` backend is cut into at least this many blocks of rows (while a block keeps
+#: :data:`CAUSAL_MIN_ROWS` rows): a block multiplies the keys its last row sees, so one block of all the rows would
+#: compute the whole square; with n blocks the keys past the diagonal computed anyway are ``1 / (2 n)`` of the work.
+CAUSAL_BLOCKS = 16
+CAUSAL_MIN_ROWS = 32
+
+
+def _kernel_budget(x: Inputs, asked: int | None) -> int:
+    """Bytes of scores per block on the ``cpu-kernel`` backend: the call's budget, or :data:`KERNEL_CHUNK_BYTES`;
+    causal rows get at most a :data:`CAUSAL_BLOCKS`-th of the call's rows per block (see there)."""
+    budget = asked or KERNEL_CHUNK_BYTES
+    b, h, q, k = x.shape
+    if x.causal and q > 1:
+        budget = min(budget, b * h * k * 4 * max(CAUSAL_MIN_ROWS, -(-q // CAUSAL_BLOCKS)))
+    return budget
+
+
 # -- cuda ----------------------------------------------------------------------------------------------------
 
 
@@ -822,7 +839,7 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             CPU_KERNEL,
             _open_kernel,
-            lambda x, asked: asked or KERNEL_CHUNK_BYTES,
+            _kernel_budget,
             "core.mechanics.fused_softmax's C++ kernel: CPU float32 inference, probed or not",
         ),
         Backend(SDPA, _open_sdpa, _sdpa_budget, "torch's scaled_dot_product_attention: output only, nothing probed"),
