@@ -356,13 +356,31 @@ def estimate_pass(
     takes" needs a measurement of this machine now, which costs under a second. It errs long: measured
     on the default model (2026-11-26, quiet) 27 s for a 16,384-token pass of 16-18 s, 107 s for a
     32,768-token one of 91 s (a fit of ``a L + b L^2`` through two samples said 8 s and 44 s: the short
-    samples cannot see the long pass's cache misses)."""
+    samples cannot see the long pass's cache misses).
+
+    A decoder-only LM longer than the samples: ``a + b n + c n^2`` (:mod:`core.runs.timing`): ``c`` from one causal
+    attention call of its shape timed here (:func:`core.runs.timing.attention_per_pair`), ``a + b n`` the line
+    through two short prefills (:data:`core.runs.timing.DECODER_SAMPLES`, after an untimed one) once ``c n^2`` is
+    taken off. Its linear layers dominate to about 8k tokens, which a square law overshoots."""
     how = replace(how, generate=False)
+
+    def timed(m: int) -> float:
+        head = replace(
+            encoded,
+            input_ids=encoded.input_ids[:m],
+            offsets=encoded.offsets[:m],
+            needle_tokens=None,
+            question_tokens=None,
+        )
+        return run(loaded, document, choice, how, encoded=head).seconds["encode"]
+
+    if loaded.decoder_only and encoded.n > timing.DECODER_SAMPLES[-1]:
+        c = timing.attention_per_pair(loaded.config, how.probes.wanted, device=str(loaded.device))
+        timed(timing.DECODER_SAMPLES[0])  # what a process does once: the kernel library, the allocator
+        samples = [(m, timed(m)) for m in timing.DECODER_SAMPLES]
+        return timing.quadratic_estimate(samples, c, encoded.n)
     m = min(SAMPLE_TOKENS, encoded.n)
-    head = replace(
-        encoded, input_ids=encoded.input_ids[:m], offsets=encoded.offsets[:m], needle_tokens=None, question_tokens=None
-    )
-    seconds = [run(loaded, document, choice, how, encoded=head).seconds["encode"] for _ in range(2)]
+    seconds = [timed(m) for _ in range(2)]
     return seconds[-1] * (encoded.n / m) ** 2
 
 

@@ -8,7 +8,14 @@ keyed by the model and the document's token count); pages ask
 The record is process-wide and thread-safe: Streamlit runs each session's
 script in its own thread, and background work may run passes too.
 
-Estimates come from the measured length nearest to the one asked for,
+Before a long pass (:func:`core.runs.engine.estimate_pass`) a T5 or encoder model's time is a short sample's
+scaled by the square of the length; a decoder-only LM's is ``a + b n + c n^2``: its linear layers (``b n``)
+dominate short and mid lengths (at 8k they are half of SmolLM2's pass), so a square law from 2k tokens said
+"about 3 min" for an 8k pass. ``c`` is one causal attention call of the model's shape timed here
+(:func:`attention_per_pair`), ``a`` and ``b`` the line through two short timed passes once ``c n^2`` is taken
+off (:func:`quadratic_fit`); bench/README.md gives how close it came.
+
+Estimates from recorded passes come from the measured length nearest to the one asked for,
 scaled by ``(tokens / measured) ** k``. ``k`` is 2 (attention's cost grows
 with the square of the length) when one length has been measured; with two
 or more, ``k`` is read off the two measured lengths nearest the asked one and
@@ -282,3 +289,85 @@ class Budget:
                 f"{self.option} {self.seconds:g} reached after {self.elapsed():.1f} s; "
                 "the pass under way was stopped at its next layer"
             )
+
+
+# -- a decoder's pass: a + b n + c n^2 ----------------------------------------------------------------------------
+
+#: Tokens of the two short passes a decoder-only LM's estimate fits its ``a + b n`` to (after one untimed pass at
+#: the first length): its linear layers dominate a short pass, so these see them and little else.
+DECODER_SAMPLES = (512, 1024)
+#: Rows (and keys) of the one causal attention call timed for a decoder's ``c n^2`` (see :func:`attention_per_pair`).
+ATTENTION_SAMPLE = 2048
+
+
+def decoder_shape(config) -> tuple[int, int, int, int]:
+    """``(query heads, key/value heads, head dim, layers)`` of a decoder-only LM's config."""
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return heads, kv, dim, int(config.num_hidden_layers)
+
+
+def attention_per_pair(config, probed: bool, tokens: int = ATTENTION_SAMPLE, device: str = "cpu") -> float:
+    """Seconds per (row, key) pair squared of a decoder pass's attention: ``c`` of ``a + b n + c n^2``.
+
+    One causal call of the model's shape (its query and grouped key/value heads, head dim) over ``tokens`` rows,
+    through the backend the pass's attention takes for it (:func:`core.mechanics.softmax_block.choose_backend`:
+    the C++ kernel on the CPU; with ``probed``, the row statistics asked as a probed pass asks them), timed the
+    second time it runs, times the layers, over ``tokens ** 2``. Why measured apart: in a short pass the
+    attention is a small share of the time (a fifth at 1,024 tokens on SmolLM2), so two short passes cannot tell
+    its growth from their noise, while at 8k it is half of the pass and at 32k most of it."""
+    import torch
+
+    from core.mechanics import softmax_block as sb
+
+    heads, kv, dim, layers = decoder_shape(config)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, tokens, dim, generator=g).to(device)
+    k = torch.randn(1, kv, tokens, dim, generator=g).to(device)
+    v = torch.randn(1, kv, tokens, dim, generator=g).to(device)
+    needs = sb.Needs(stats=True) if probed else None
+    x = sb.Inputs(q, k, v, tau=torch.full((heads, 1, 1), 0.7, device=device), causal=True, needs=needs)
+    name = sb.choose_backend(x)
+    step = sb.rows_per_block(name, x, None)
+    seconds = []
+    with torch.inference_mode():
+        for _ in range(2):
+            t0 = _now()
+            rows = sb.open_backend(name, x, step)
+            for r0 in range(0, tokens, step):
+                rows(r0, min(tokens, r0 + step))
+            if device != "cpu":
+                torch.cuda.synchronize()
+            seconds.append(_now() - t0)
+    return layers * seconds[-1] / tokens**2
+
+
+def quadratic_fit(samples: list[tuple[int, float]], c: float) -> tuple[float, float, float]:
+    """``(a, b, c)`` of ``seconds = a + b n + c n^2`` through ``samples`` ((tokens, seconds) pairs), ``c`` given:
+    the least-squares line through ``seconds - c n^2`` (``a`` kept at 0 or above, ``b`` above 0: a fixed cost
+    cannot be negative, nor a token's)."""
+    if not samples:
+        raise ValueError("quadratic_fit needs at least one (tokens, seconds) sample")
+    xs = [float(n) for n, _ in samples]
+    ys = [float(t) - c * float(n) ** 2 for n, t in samples]
+    if len(set(xs)) < 2:
+        return 0.0, max(0.0, statistics.fmean(ys) / xs[0]), c
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    a = my - b * mx
+    if a < 0 or b <= 0:  # noise made the line cross zero: through the origin instead
+        a, b = 0.0, max(1e-12, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return a, b, c
+
+
+def quadratic_estimate(samples: list[tuple[int, float]], c: float, tokens: int) -> float:
+    """Seconds of a pass over ``tokens`` tokens: :func:`quadratic_fit` through ``samples`` with ``c``, at ``tokens``."""
+    a, b, c = quadratic_fit(samples, c)
+    return a + b * tokens + c * tokens**2
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
