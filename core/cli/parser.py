@@ -216,6 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="answer one document and report attention statistics")
     _common(r)
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument(
+        "--scheme",
+        type=_scheme_item,
+        default=None,
+        metavar="NAME[:k=v...]",
+        help="position scheme of a rotary model (RoPE encoders, decoder LLMs), e.g. yarn-rope, pi:factor=2, "
+        "streaming-llm:window=1024:sinks=4 (default: none, as trained; overrides a --settings file's); "
+        "see docs/positions.md",
+    )
     _param_options(r)
     _budget_option(r, _REFUSED_OR_STOPPED)
     c = sub.add_parser("calibrate", help="Algorithm 1 (grid) plus every method's tau for one document")

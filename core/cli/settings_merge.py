@@ -119,6 +119,7 @@ def merge_settings(args):
         base = replace(base, document=base.document.for_task(over["task"]))
     doc = replace(base.document, **over) if over else base.document
     method, tau = base.method, base.tau
+    scheme = getattr(args, "scheme", None)
     if args.tau is not None:
         method, tau = methods.FIXED, args.tau
     elif args.method:
@@ -133,8 +134,9 @@ def merge_settings(args):
         cosine_scale=args.cosine_scale if args.cosine_scale is not None else base.cosine_scale,
         chosen_at=base.chosen_at,
         document=doc,
-        scheme=base.scheme,
-        scheme_params=dict(base.scheme_params),
+        # --scheme (run's; a Scheme its one parser made) replaces the file's scheme and its parameters whole
+        scheme=scheme.name if scheme is not None else base.scheme,
+        scheme_params=scheme.param_dict if scheme is not None else dict(base.scheme_params),
         # the file's gamma belongs to the file's method: kept while that method runs, dropped with --tau/--method
         method_params=dict(base.method_params) if method == base.method else {},
     )
