@@ -214,7 +214,13 @@ def both_criteria(
 
 def logit_stats(loaded: Loaded, document: tasks.Document, base: Choice | None = None) -> dict:
     """sigma (std of layer 0's average sorted logit vector) at L_ex and L_tr, and Pmax at L_tr, tau = 1 (under
-    ``base``'s scheme, targets and CosScale; None: as trained)."""
+    ``base``'s scheme, targets and CosScale; None: as trained). Refused in one line on a decoder-only LM, whose
+    causal rows give no sorted logits over all keys (:class:`core.mechanics.probes.ProbeSpec`)."""
+    if loaded.decoder_only:
+        raise UserError(
+            "Prop. 1 and 2 read layer 0's sorted logits over every key, which a decoder-only LM's causal rows do "
+            "not give: use Algorithm 1 (pmax, entropy) on it"
+        )
     spec = ProbeSpec(heatmap=False, sorted_logits=True, cosine_hist_bins=0)
     choice = (TRAINED if base is None else base).with_(tau=1.0)
     how = Pass(probes=spec, generate=False)

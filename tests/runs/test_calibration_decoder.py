@@ -100,3 +100,12 @@ def test_per_layer_and_per_head_on_a_decoder(llama, doc, name):
     m = tau.matrix(llama.n_layers, llama.n_heads)
     assert m.shape == (llama.n_layers, llama.n_heads) and np.all(m > 0)
     assert info["source"] == "resolved"
+
+
+def test_prop1_and_prop2_are_refused_in_one_line(llama, doc):
+    from core.errors import UserError
+
+    for name in (methods.PROP1, "prop2"):
+        with pytest.raises(UserError, match="decoder-only") as err:
+            methods.resolve(llama, doc, name)
+        assert "\n" not in str(err.value)
