@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from core.data import tasks
-from ui import PAPER, page_setup
+from ui import PAPER, choices, page_setup
 from ui import sidebar as sb
 from ui import sweep_views as sv
 
@@ -14,7 +14,9 @@ def main() -> None:
     page_setup("Sweep")
     title, what = st.empty(), st.empty()  # filled once the sidebar says which kind of document this is
     ctx = sb.sidebar()
-    if not ctx.loaded.seq2seq:  # a masked-LM encoder: accuracy and perplexity of masked tokens (InfoScale's Table 1)
+    if choices.masked_lm(
+        ctx.loaded
+    ):  # a masked-LM encoder: accuracy and perplexity of masked tokens (InfoScale's Table 1)
         title.title("Sweep: masked tokens over length and method")
         what.caption(
             "Scores held-out sequences with 15 % of their tokens masked at several lengths with each method: "

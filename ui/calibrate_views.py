@@ -71,6 +71,15 @@ def prop1_note(value, stats: dict) -> str:
     )
 
 
+#: Why Prop. 1/2 read "n/a" on a decoder-only LM (said beside the table that shows it).
+DECODER_PROP_NOTE = (
+    "**Prop. 1/2 on a decoder.** Both solve for tau from the spread sigma of layer 0's sorted logits over rows that "
+    "see every key (an encoder's). A causal row sees only the keys before it, and its raw logits over the rest are "
+    "not attention, so this model has no such sigma: they read 'n/a'. Algorithm 1 measures the question's rows "
+    "(the prompt's last, which see nearly every key) and needs no model of the logits."
+)
+
+
 class _NotKnown(Exception):
     """A pass :func:`known` would need is not in the shared stores."""
 
@@ -552,7 +561,13 @@ def every_method(ctx: PageState, cals: dict) -> dict:
             + pass_gate.queue_note()
         ),
     ):
-        taus = cache.closed_forms(ctx.loaded, ctx.request, ctx.choice, ctx.choice.params)
+        taus = (
+            # a causal row has no sorted logits of its own (its raw logits include the keys it may not see): Prop. 1/2
+            # have no sigma on a decoder and read "n/a"; the forms over L alone need no pass
+            methods.closed_forms(ctx.train_length, ctx.tokens, ctx.loaded.d_kv, None, ctx.choice.params)
+            if ctx.loaded.decoder_only
+            else cache.closed_forms(ctx.loaded, ctx.request, ctx.choice, ctx.choice.params)
+        )
     taus = {**taus, **{n: cals[m.grid_criterion].tau for n, m in methods.REGISTRY.items() if m.grid_criterion}}
     taus, missing = _the_rest(ctx, taus)
     table = taus_table(taus, ctx.tokens, ctx.train_length)
@@ -568,7 +583,11 @@ def every_method(ctx: PageState, cals: dict) -> dict:
     theory_views.per_row_chart(
         ctx, {n: t for n, t in taus.items() if not isinstance(t, str) and Schedule.of(t).rows is not None}
     )
-    st.caption(prop1_note(taus.get(methods.PROP1), cache.logit_stats(ctx.loaded, ctx.request, ctx.choice)))
+    st.caption(
+        DECODER_PROP_NOTE
+        if ctx.loaded.decoder_only
+        else prop1_note(taus.get(methods.PROP1), cache.logit_stats(ctx.loaded, ctx.request, ctx.choice))
+    )
     if missing:
         st.caption(
             "Not in the table yet: "

@@ -102,6 +102,25 @@ def model_labels() -> dict[str, str]:
     return out
 
 
+def masked_lm(loaded: Loaded) -> bool:
+    """Whether the model is a rotary masked-LM encoder: its document is held-out prose with masked tokens, its
+    score the masked tokens' accuracy and perplexity. Not a decoder-only LM (also rotary, but it reads a prompt and
+    answers it, as T5 does): the one test the app's views use to tell the two rotary families apart."""
+    return loaded.family == ROPE
+
+
+def answers_free_questions(loaded: Loaded) -> bool:
+    """Whether the model can answer a question of the person's own on pasted text: a real LLM (a decoder-only LM
+    such as SmolLM2-135M) or an instruction-tuned hub T5 (Flan-T5). The bundled T5 models were trained by this
+    project on its generated tasks only (a pass key, a line, a topic...): asked anything else, they answer with
+    words of the text, confidently and wrongly (issue 59, point 4)."""
+    return loaded.decoder_only or loaded.spec.kind == "flan-t5"
+
+
+#: The real LLM the app offers for free questions (:data:`core.models.install.FETCHABLE`: installed on first use).
+REAL_LLM = "smollm2-135m"
+
+
 def put(key: str, value: Any) -> None:
     """Set a choice (its widget key, before its widget is drawn in this run)."""
     st.session_state[key] = value

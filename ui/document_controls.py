@@ -49,8 +49,50 @@ PASTE_NOT_IN_LINK = (
 
 
 def reads_prose(loaded: Loaded) -> bool:
-    """Whether the model's document is held-out prose (task ``lm``): a T5 language model, or a masked-LM encoder."""
-    return loaded.language_model or not loaded.seq2seq
+    """Whether the model's document is held-out prose (task ``lm``): a T5 language model, or a masked-LM encoder.
+    A decoder-only LM starts on a pass key, as T5 does: it answers the question at the prompt's end."""
+    return loaded.language_model or choices.masked_lm(loaded)
+
+
+#: Paste mode on a model trained on the generated tasks only (issue 59, point 4): what it can answer.
+PASS_KEYS_ONLY = (
+    "**{name} was trained on this project's generated tasks only**: it finds a pass key (or a line, a topic) "
+    "and answers nothing else. A question of your own gets words of your text back, right or not. Free questions "
+    "need a real LLM: **SmolLM2-135M** (a decoder-only LLM, L_tr = 8,192) or an instruction-tuned T5 "
+    "(flan-t5-*, from the hub)."
+)
+#: Paste mode on a model that answers free questions.
+FREE_QUESTIONS = (
+    "**{name}** answers questions of your own on your text (a real LLM): the question goes last in its prompt, and "
+    "Explore's maps show where its rows look."
+)
+
+
+def _use_real_llm() -> None:
+    choices.set_state(model_choice=choices.REAL_LLM, model_other="")
+
+
+def _free_question_note(loaded: Loaded, mode: str) -> None:
+    """Paste mode's word on questions: which models can answer one of the person's own, and (when this one cannot)
+    a button to the real LLM: it switches to it when installed, else the Model box offers its fetch (size and time
+    said there, nothing downloaded until pressed)."""
+    from core.models import install
+
+    sb = st.sidebar
+    name = loaded.spec.name
+    if choices.answers_free_questions(loaded):
+        sb.caption(FREE_QUESTIONS.format(name=name))
+        return
+    own_question = mode != choices.NEEDLE_MODES[0]
+    (sb.warning if own_question else sb.caption)(PASS_KEYS_ONLY.format(name=name))
+    have = install.installed(choices.REAL_LLM)
+    sb.button(
+        "Use SmolLM2-135M for my question" if have else "Get SmolLM2-135M (93 MB, once) for my question",
+        key="paste_real_llm",
+        on_click=_use_real_llm,
+        help="Switches the Model box to SmolLM2-135M-Instruct"
+        + ("." if have else ", which then offers to fetch it (its size and time said before anything downloads)."),
+    )
 
 
 def document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, int]:
@@ -67,7 +109,7 @@ def document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, i
     if ss.get("_url_multiple"):
         choices.put("doc_tokens", int(ss.pop("_url_multiple")) * lt)
     sb.subheader("Document")
-    if not loaded.seq2seq:  # a masked-LM encoder: held-out prose with masked tokens, nothing else to choose
+    if choices.masked_lm(loaded):  # a masked-LM encoder: held-out prose with masked tokens, nothing else to choose
         choices.put("doc_mode", "Generate")
         choices.put("doc_task", tasks.LM)
         sb.caption(MASKED_DOC)
@@ -76,7 +118,7 @@ def document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, i
     if ss["doc_mode"] == "Generate":
         if ss.get("doc_task") not in tasks.GENERATED:
             choices.put("doc_task", tasks.LM if reads_prose(loaded) else "passkey")
-        if loaded.seq2seq:
+        if not choices.masked_lm(loaded):  # T5 and a decoder-only LM read every task as a prompt and answer it
             sb.selectbox(
                 "Task",
                 tasks.GENERATED,
@@ -137,6 +179,7 @@ def document_section(loaded: Loaded) -> tuple[DocumentRequest, tasks.Document, i
             st.stop()
         sb.radio("Needle", choices.NEEDLE_MODES, key="doc_needle_mode", persist_state=choices.KEEP)
         mode = ss["doc_needle_mode"]
+        _free_question_note(loaded, mode)
         needle = question = expected = None
         if mode == choices.NEEDLE_MODES[1]:
             sb.text_input(

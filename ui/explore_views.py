@@ -9,6 +9,8 @@ figures from :mod:`core.views.plots` through :func:`ui.figure_cache.figure`, tab
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -83,7 +85,8 @@ def view_controls(ctx: PageState) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
         list(range(L)),
         key="ex_layer",
         persist_state=choices.KEEP,
-        help="The encoder layer of the attention map.",
+        help="The layer of the attention map (the decoder's causal self-attention on a decoder-only LM, else the "
+        "encoder's).",
     )
     c[1].selectbox(
         "Map head",
@@ -118,7 +121,7 @@ def view_controls(ctx: PageState) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
             format_func=lambda l: "mean" if l == "mean" else f"layer {l}",
             help="Where the answer looks: one decoder layer's cross-attention, or their mean.",
         )
-    if ctx.loaded.seq2seq:  # a masked-LM model has no needle to centre a shaded text on: nothing to choose
+    if not choices.masked_lm(ctx.loaded):  # a masked-LM model has no needle to centre a shaded text on
         c[5].slider(
             "Text: tokens either side",
             20,
@@ -142,6 +145,8 @@ def view_controls(ctx: PageState) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
             "sharpens a cosine model's attention. Each has its grid of frames, drawn in your browser.",
         )
     probes = cache.explore_probes(ss["ex_layer"], None if ss["ex_head"] == "mean" else int(ss["ex_head"]))
+    if ctx.loaded.decoder_only:  # one attention, its causal self-attention: no cross-attention to record
+        probes = replace(probes, names=())
     spec = frames.ViewSpec(
         pool=ss["ex_pool"],
         cross_layer=None if ss["ex_cross_layer"] == "mean" else int(ss["ex_cross_layer"]),
@@ -155,7 +160,7 @@ def view_controls(ctx: PageState) -> tuple[ProbeSpec, frames.ViewSpec, bool]:
 def export(ctx: PageState, base, chosen, ref) -> None:
     """CSV of the chosen tau's views and the settings JSON the CLI accepts (the released tau, not a frame in passing)."""
     st.subheader("Export")
-    if ctx.loaded.seq2seq:
+    if not choices.masked_lm(ctx.loaded):
         st.caption(
             "The data behind the views at the chosen tau as CSV, and these settings as a JSON file the command "
             "line accepts."
@@ -210,7 +215,7 @@ def export(ctx: PageState, base, chosen, ref) -> None:
         )
     # Inline code, not st.code: st.code makes the browser fetch and parse a 1.6 MB syntax highlighter,
     # which on the landing page cost seconds in a fresh tab (bench/browser_latency.py).
-    if not ctx.loaded.seq2seq:  # a masked-LM model: the mlm command (the settings JSON has no position scheme)
+    if choices.masked_lm(ctx.loaded):  # a masked-LM model: the mlm command (the settings JSON has no position scheme)
         st.markdown(f"Then run: `{ui_export.mlm_command(ctx)}`")
         return
     e[4].download_button(
@@ -269,6 +274,12 @@ def distance_section(ctx: PageState) -> None:
         "meets distances it never saw in training: where a head's curve drifts or oscillates there, its attention "
         "there is untrained. The rotary counterpart of the paper's Fig. 1 (T5's bias)."
     )
+    if ctx.loaded.decoder_only:
+        st.caption(
+            "This model is causal: a row sees only the keys before it (n - m ≤ 0, the left half). The right half is q·k "
+            "of pairs the mask hides, drawn for the rotation's symmetry; the question's rows, the prompt's last, read "
+            "the whole left half, out to -L."
+        )
     if not ctx.choice.scheme.is_plain:
         entry = ctx.choice.scheme.entry
         st.caption(

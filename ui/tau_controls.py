@@ -261,16 +261,19 @@ def temperature_controls(
     row = targets_at.container(horizontal=True, gap="small", vertical_alignment="center")
     row.caption("tau applies to:")
     row.checkbox(
-        "encoder",
+        "self-attention" if loaded.decoder_only else "encoder",
         key="tgt_encoder",
         persist_state=choices.KEEP,
-        help="encoder self-attention (where dispersion happens; the probes measure it)",
+        help="the decoder's causal self-attention: its one attention, which reads the prompt and writes the answer "
+        "(where dispersion happens; the probes measure the prompt's rows)"
+        if loaded.decoder_only
+        else "encoder self-attention (where dispersion happens; the probes measure it)",
     )
     if loaded.seq2seq:
         row.checkbox("decoder", key="tgt_decoder", persist_state=choices.KEEP, help="decoder self-attention")
         row.checkbox("cross", key="tgt_cross", persist_state=choices.KEEP, help="decoder -> encoder cross-attention")
         kinds = ((ENCODER, ss["tgt_encoder"]), (DECODER, ss["tgt_decoder"]), (CROSS, ss["tgt_cross"]))
-    else:  # a masked-LM encoder has no decoder: its one attention is the encoder's
+    else:  # a masked-LM encoder or a decoder-only LM: one attention (the engine reads "encoder" as a decoder's own)
         kinds = ((ENCODER, ss["tgt_encoder"]),)
     targets = tuple(k for k, on in kinds if on)
     cos = None

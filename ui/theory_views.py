@@ -192,11 +192,18 @@ def per_row_chart(ctx: PageState, schedules: dict | None = None) -> None:
         return
     frame = row_tau_frame(schedules, ctx.tokens, ctx.train_length)
     st.markdown(f"**tau per query row** ({ctx.tokens:,} rows, L_tr = {ctx.train_length:,})")
-    st.line_chart(frame, x="query row", y=[c for c in frame.columns if c != "query row"], height=260)
+    st.altair_chart(plots.row_taus(frame, ctx.train_length), width="stretch", key="row_taus")
     st.caption(
         "Methods with a tau per query row, by the row's position: rows up to L_tr keep tau = 1, later rows get "
-        "smaller taus (Llama 4 in steps of L_tr, Qwen's log-n by position smoothly). In this encoder every row sees "
-        "all keys, so the early rows of a long input stay as dispersed as at tau = 1."
+        "smaller taus (Llama 4 in steps of L_tr, Qwen's log-n by position smoothly). "
+        + (
+            "In this causal decoder row n sees n keys, so these schedules follow each row's own length: the rows "
+            "past L_tr, the question's among them (the prompt's last), are the ones sharpened, which is what they "
+            "were made for."
+            if ctx.loaded.decoder_only
+            else "In this encoder every row sees all keys, so the early rows of a long input stay as dispersed as at "
+            "tau = 1."
+        )
     )
 
 
@@ -217,7 +224,7 @@ def method_list(ctx: PageState) -> pd.DataFrame:
         if m.per == "row" and not m.measured:
             return "a tau per query row: its mean over the rows (line) and each row's tau (chart below)"
         if m.formula is not None:
-            same = f" (equal to {methods.get(m.same_as).short} in this encoder)" if m.same_as else ""
+            same = f" (equal to {methods.get(m.same_as).short} when a row sees every key)" if m.same_as else ""
             return ("a line where sigma was measured (Lengths above)" if m.stats else "a line over L") + same
         if m.grid_criterion is not None:
             return "diamonds: Algorithm 1's grid picks at the measured lengths"
@@ -237,6 +244,13 @@ _EQUAL_NOTE = (
     "attention factor with s = L / L_tr is log-length too, and so is critical scaling at its default gamma from L_tr "
     "up. Llama 4's line is a mean: its rows before L_tr keep tau = 1 and later rows get 1 / (0.1 ln(1 + floor((pos + 1) / L_tr)) "
     "+ 1), so the document's mean row tau stays closer to 1 than log-length's."
+)
+
+
+_CAUSAL_NOTE = (
+    " **This model is such a causal decoder.** Its lines above are a row's tau when it sees all L keys: the "
+    "question's rows (the prompt's last, where the answer is read) see nearly L, so the lines are theirs; log-n and "
+    "Scalable-Softmax give the earlier rows taus nearer 1."
 )
 
 
@@ -306,9 +320,12 @@ def tau_curves(ctx: PageState, ref, reqs: dict, stats: pd.DataFrame) -> None:
     """tau over length: the registry's closed forms and Algorithm 1's dots (paper Fig. 3/4), with its CSV."""
     curves = _formula_curves(ctx, ref, stats)
     dots = _algorithm1_dots(ctx, reqs)
-    chart(plots.temperature_curves(curves, dots, ctx.train_length), "taus")
-    st.caption(_EQUAL_NOTE)
-    _prop1_note(curves, stats, ref.probes.sigma)
+    fig = plots.temperature_curves(curves, dots, ctx.train_length)
+    if "Prop. 1" in curves:
+        plots.mark_above_one(fig, *curves["Prop. 1"], "Prop. 1", "its Gaussian model does not fit (the note below)")
+    chart(fig, "taus")
+    _prop1_note(curves, stats, ref.probes.sigma)  # right below the chart whose line it explains
+    st.caption(_EQUAL_NOTE + (_CAUSAL_NOTE if ctx.loaded.decoder_only else ""))
     per_row_chart(ctx)
     with st.expander("Every method, and where this page shows it"):
         st.dataframe(method_list(ctx), hide_index=True, width="stretch")

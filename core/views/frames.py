@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from core.kinds import DECODER, ENCODER
 from core.runs import temperature
 from core.runs.engine import Result
 from core.views import tables
@@ -165,6 +166,57 @@ def text_window(
     return lo, hi, pieces
 
 
+def causal(res: Result) -> bool:
+    """Whether the run's document rows are a decoder-only LM's causal self-attention (its probes are named
+    ``decoder.*`` and no encoder read the document): each row sees itself and the tokens before it only."""
+    p = res.probes
+    return p is not None and bool(p.layers(DECODER, "pmax")) and not p.layers(ENCODER, "pmax")
+
+
+def causal_cells(edges: Sequence[int]) -> np.ndarray:
+    """The share of each map cell's (query, key) pairs a causal row cannot see (key after query): ``[bins, bins]``
+    in 0..1 on the maps' own cells (``edges``: the token where each bin starts, the last = n). 1 above the diagonal,
+    about one half on it, 0 below. The browser veils these so the empty upper triangle does not read as "no
+    attention there": nothing is there to attend (issue 56, item 3)."""
+    e = np.asarray(edges, dtype=np.int64)
+    n, bins = int(e[-1]), len(e) - 1
+    starts, ends = e[:-1], e[1:]
+    i = np.arange(n)[:, None]  # one query row each
+    unseen = np.clip(ends[None, :] - np.maximum(starts[None, :], i + 1), 0, None)  # keys of each bin after row i
+    per_row_bin = np.add.reduceat(unseen, starts, axis=0)[:bins] if n else np.zeros((bins, bins))
+    size = (ends - starts)[:, None] * (ends - starts)[None, :]
+    return np.where(size > 0, per_row_bin / np.maximum(size, 1), 0.0)
+
+
+#: The maps' caption for a decoder-only LM (what the rows are, why the upper triangle is empty).
+CAUSAL_MAP_NOTE = (
+    "Rows are queries, columns keys, every token of the prompt (the document, then the question last). The model "
+    "is causal: each row sees itself and the tokens before it only, so the upper triangle (veiled grey) is not weak "
+    "attention but nothing to attend. {marks} Below each map, the question's rows (the prompt's last, where the "
+    "answer is read from) one token each: dispersed, their mass spreads over the whole row{sharper}."
+)
+#: The maps' caption when nothing is marked as the needle (pasted text, "no needle, my question").
+NO_NEEDLE_MAP_NOTE = (
+    "Rows are queries, columns keys. Blue dotted lines: your question (no needle is marked in this text). Below "
+    "each map, the question's own rows, one token each: dispersed, their mass spreads over the whole row; a sharper "
+    "tau gathers it on fewer keys again."
+)
+
+
+def map_note(res: Result) -> str | None:
+    """The maps' caption for a run whose maps the default caption (a T5 pass key: needle red, question blue) does
+    not describe: a decoder-only LM's causal maps, or a text with no needle marked; None otherwise."""
+    needle = bool(res.needle_tokens)
+    if causal(res):
+        return CAUSAL_MAP_NOTE.format(
+            marks="Red dotted lines: the needle; blue: the question."
+            if needle
+            else "Blue dotted lines: the question (no needle is marked in this text).",
+            sharper="; a sharper tau brings back a bright cell at the needle column" if needle else "",
+        )
+    return None if needle else NO_NEEDLE_MAP_NOTE
+
+
 def _num(x: Any, digits: int = 6) -> float | None:
     if x is None:
         return None
@@ -256,11 +308,18 @@ def payload(
     (:func:`core.views.rope_view.card`) by ``"base"``, ``"ref"`` (the L_tr reference), ``"exact"`` and the grid value
     as ``f"{t:.2f}"``; a frame without one shows no card. None for T5, whose frames carry the answer instead.
 
+    A decoder-only LM's run (:func:`causal`) adds ``causal``: the share of each map cell no causal row can see
+    (:func:`causal_cells`, uint8 0..255, with the document), for the browser to veil on both maps, and the maps'
+    caption (:func:`map_note`, also for a text without a needle) as ``meta["map_note"]`` unless ``meta`` has one.
+
     ``mask``: the masked share of each map cell under the chosen position scheme (:func:`core.views.rope_view.mask_cells`,
     ``[bins, bins]`` in 0..1 on the maps' own cells), drawn over the chosen map; sent as uint8 (0..255) with the
     document (it does not depend on tau). None: no scheme mask.
     """
     cards = cards or {}
+    note = map_note(base)
+    if note is not None:  # a decoder-only LM's causal maps, or no needle: their own caption unless the caller gave one
+        meta = {"map_note": note, **(meta or {})}
     n = base.tokens
     scale = LogScale.for_length(n)
     packer = Packer()
@@ -315,6 +374,8 @@ def payload(
                 "meta": meta or {},
             }
         )
+    if causal(base) and doc["edges"] is not None:
+        doc["causal"] = packer.add(np.rint(causal_cells(doc["edges"]) * 255.0), "u8")
     if mask is not None:
         doc["mask"] = packer.add(np.rint(np.clip(np.asarray(mask, dtype=np.float64), 0.0, 1.0) * 255.0), "u8")
     if cards.get("ref") is not None:

@@ -676,6 +676,55 @@ def temperature_curves(
     return _layout(fig, title, height=420)
 
 
+def mark_above_one(fig: go.Figure, xs: Sequence[int], ys: Sequence[float | None], name: str, why: str) -> bool:
+    """Say on the figure where the curve ``name`` reads tau > 1 (a temperature that flattens instead of sharpening):
+    an arrow at its highest such point with ``why``, and a dotted line at tau = 1. Returns whether it marked one.
+
+    Why on the figure: a reader of the chart sees the line above 1 before any caption below it (issue 59, point
+    12: Theory's Prop. 1 line sat at 2.07 at L_tr with its explanation only on another page)."""
+    above = [(float(y), x) for x, y in zip(xs, ys) if y is not None and np.isfinite(y) and float(y) > 1]
+    if not above:
+        return False
+    y, x = max(above)
+    fig.add_hline(y=1.0, line=dict(color="grey", dash="dot", width=1))
+    fig.add_annotation(
+        x=float(np.log10(x)) if fig.layout.xaxis.type == "log" else x,
+        y=y,
+        text=f"{name} = {y:.2f} > 1 at {int(x):,} tokens: {why}",
+        showarrow=True,
+        arrowhead=2,
+        ax=0,
+        ay=-30,
+        xanchor="center",
+        bgcolor="rgba(255,255,255,0.85)",
+        font=dict(size=11),
+    )
+    return True
+
+
+def row_taus(frame: pd.DataFrame, train_length: int, x: str = "query row"):
+    """Each per-row method's tau against the query row (one line per column of ``frame`` besides ``x``), L_tr marked:
+    a Vega-Lite chart (altair), as Streamlit's line chart draws, with the legend below the plot and every name in
+    full: the line chart's legend cut long names ("Llama 4 attention tempe...", issue 59 point 12)."""
+    import altair as alt
+
+    long = frame.melt(id_vars=[x], var_name="method", value_name="tau")
+    lines = (
+        alt.Chart(long)
+        .mark_line()
+        .encode(
+            x=alt.X(f"{x}:Q", title=x),
+            y=alt.Y("tau:Q", title="tau", scale=alt.Scale(zero=False)),
+            color=alt.Color(
+                "method:N", legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title=None)
+            ),
+            tooltip=[f"{x}:Q", "method:N", alt.Tooltip("tau:Q", format=".4f")],
+        )
+    )
+    rule = alt.Chart(pd.DataFrame({x: [train_length]})).mark_rule(strokeDash=[4, 4], color="black").encode(x=f"{x}:Q")
+    return (lines + rule).properties(height=260)
+
+
 def cosine_hist(counts: np.ndarray, edges: np.ndarray, title: str | None = None) -> go.Figure:
     """Histogram of cos(q, k) in layer 0 for a cosine-attention model."""
     counts, edges = np.asarray(counts, dtype=float), np.asarray(edges, dtype=float)

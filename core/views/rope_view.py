@@ -1,4 +1,5 @@
-"""What Explore shows of a rotary masked-LM model (``Loaded.family`` "rope"), as plain arrays.
+"""What Explore shows of a rotary model (a masked-LM encoder, ``Loaded.family`` "rope", or a decoder-only LM), as
+plain arrays.
 
 Two views, each in place of a T5 one:
 
@@ -13,7 +14,9 @@ Two views, each in place of a T5 one:
   from an ``L x L`` matrix, so a 64x document costs what its q and k cost.
   :func:`layer_qk` takes q and k from a pass through our attention function
   (a listener that reads the one layer and asks for nothing else, so every
-  layer still runs its fastest, output-only backend).
+  layer still runs its fastest, output-only backend). On a decoder-only LM the
+  curve is the same sum over every pair, also those its causal rows do not see
+  (d > 0): q . k exists there, the mask only hides it.
 - **The masked tokens' predictions** (instead of T5's retrieval answer): per
   masked position the true token, the model's top prediction, the
   probability of the true token and its -log p; accuracy and perplexity over
@@ -29,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.kinds import ENCODER
+from core.kinds import DECODER, ENCODER
+from core.mechanics.probes import ProbeSpec
 from core.runs import rope_pass
 from core.runs.mlm_pass import MaskedSequence, head_logits
 from core.values import positions
@@ -80,13 +84,17 @@ class _QKTap:
     as the logits are made from them (:func:`core.mechanics.attention.logit_operands`: scaled, or normalised and times s for
     a cosine model) and asks for nothing else, so the attention stays on its fastest, output-only backend."""
 
-    def __init__(self, layer: int) -> None:
+    #: What it records (nothing): a decoder-only model's attention checks a listener asks for no attention it lacks.
+    spec = ProbeSpec.off()
+
+    def __init__(self, layer: int, kind: str = ENCODER) -> None:
         self.layer = int(layer)
+        self.kind = kind  # the attention whose rows are the document's: a decoder-only LM's causal self-attention
         self.q: torch.Tensor | None = None
         self.k: torch.Tensor | None = None
 
     def begin_layer(self, layer, query, key, attention_mask=None, **kw) -> bool:
-        if kw.get("kind", ENCODER) == ENCODER and int(layer) == self.layer:
+        if kw.get("kind", ENCODER) == self.kind and int(layer) == self.layer and self.q is None:
             self.q, self.k = query[0].detach().float().cpu(), key[0].detach().float().cpu()
         return False
 
@@ -99,13 +107,16 @@ def layer_qk(loaded, ids: np.ndarray, layer: int, choice: Choice | None = None) 
     that rectifies distances hands the attention unrotated q and k: its curve is then not the scheme's logits."""
     if not 0 <= int(layer) < loaded.n_layers:
         raise ValueError(f"layer {layer} is outside 0..{loaded.n_layers - 1}")
-    tap = _QKTap(layer)
+    tap = _QKTap(layer, DECODER if loaded.decoder_only else ENCODER)  # a decoder's rows: its causal self-attention
     x = torch.as_tensor(np.asarray(ids, dtype=np.int64))[None].to(loaded.device)
     with rope_pass.scheme_pass(loaded, choice, None, tap, x.shape[1]):  # type: ignore[arg-type]  (a listener)
         loaded.encoder(input_ids=x)
     if tap.q is None:
         raise ValueError(f"layer {layer}'s attention was not seen in the pass")
-    return tap.q.numpy(), tap.k.numpy()
+    q, k = tap.q, tap.k
+    if k.shape[0] != q.shape[0]:  # grouped K/V (a decoder's): each query head reads its group's key head
+        k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
+    return q.numpy(), k.numpy()
 
 
 def distance_curves(
