@@ -127,7 +127,11 @@ def default_model() -> str | None:
 
 
 def _folder_train_length(path: Path) -> int | None:
-    """L_tr from ``card.json`` next to the weights, else the config's ``n_positions``; None if neither says."""
+    """L_tr from ``card.json`` next to the weights, else the config: T5's ``n_positions``; a rotary encoder's
+    ``max_position_embeddings`` (its positions are not learned: the longest it was trained at); a decoder-only LM's
+    original context before any rope scaling its config ships (``original_max_position_embeddings`` of its
+    ``rope_parameters`` / ``rope_scaling``, as Llama 3.1 stretches 8,192 to 131,072), else its
+    ``max_position_embeddings``. None if none of them says."""
     card = read_card(path)
     if card is not None and card.train_length is not None:
         return card.train_length
@@ -135,12 +139,19 @@ def _folder_train_length(path: Path) -> int | None:
     if not config.is_file():
         return None
     raw = read_json(config, "Model config")
-    lt = raw.get("n_positions") if isinstance(raw, dict) else None
-    if lt is None and isinstance(raw, dict) and raw.get("model_type") in ROPE_FAMILY:
-        # a rotary encoder's positions are not learned: the longest it was trained at is its max_position_embeddings
-        lt = raw.get("max_position_embeddings")
-        return None if lt is None else validate(TrainLength, lt, f"Model config {config}: max_position_embeddings")
-    return None if lt is None else validate(TrainLength, lt, f"Model config {config}: n_positions")
+    if not isinstance(raw, dict):
+        return None
+    family = attention.family_of(raw.get("model_type"))
+    field, lt = "n_positions", raw.get("n_positions")
+    if lt is None and family == attention.CAUSAL_LM:
+        for key in ("rope_parameters", "rope_scaling"):
+            scaling = raw.get(key)
+            if isinstance(scaling, dict) and scaling.get("original_max_position_embeddings") is not None:
+                field, lt = f"{key}.original_max_position_embeddings", scaling["original_max_position_embeddings"]
+                break
+    if lt is None and family in (attention.ROPE, attention.CAUSAL_LM):
+        field, lt = "max_position_embeddings", raw.get("max_position_embeddings")
+    return None if lt is None else validate(TrainLength, lt, f"Model config {config}: {field}")
 
 
 def resolve(name: str, train_length: int | None = None) -> ModelSpec:
