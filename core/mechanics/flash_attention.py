@@ -17,6 +17,10 @@ and ``acc = sum exp(x - m) v``; a new block's max ``m'`` rescales them by ``a = 
 ``l' = a l + ...``, ``u' = a (u + (m - m') l) + ...``, ``acc' = a acc + ...``. At the end ``out = acc / l``,
 ``total = l``, ``dot = u``: Pmax = 1 / total, H = log(total) - dot / total (:class:`~core.mechanics.softmax_block.Block`).
 
+A decoder-only LM's prefill: causal rows (key j of row i kept where ``j <= diagonal + i``; a program stops at the
+last key its last row sees, so the blocks above the diagonal cost nothing: half a long prefill's work), grouped
+K/V (query head h reads key head ``h // (H / H_kv)`` where it lies, never repeated) and Gemma 2's soft-cap.
+
 The bias is read where it lies: T5's lazy bias (:class:`~core.mechanics.relative_bias.RelativeBias`) is one vector
 of ``q + k - 1`` values per head, row i of head h starting at ``base + h * hs + i * rs`` (``rs = -1``), and a
 dense ``[1, H, q, k]`` bias has the same form with its own strides.
@@ -92,12 +96,17 @@ def _build(interpret: bool):
         H,
         M,
         N,
+        groups,
+        diag,
+        cap,
         bias_hs,
         bias_rs,
         bias_base,
         TAU_MODE: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         HAS_MASK: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         BM: tl.constexpr,
         BN: tl.constexpr,
         D: tl.constexpr,
@@ -107,6 +116,7 @@ def _build(interpret: bool):
         pid_bh = tl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
+        hk = h // groups  # grouped K/V: the key/value head of this query head (repeat_kv's order), read in place
         rows = pid_m * BM + tl.arange(0, BM)
         row_ok = rows < M
         dq = tl.arange(0, D)
@@ -123,13 +133,18 @@ def _build(interpret: bool):
         l_i = tl.zeros([BM], tl.float32)
         u_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DV], tl.float32)
-        for start in range(0, N, BN):
+        hi = N
+        if CAUSAL:  # the keys this program's last row sees: the key blocks past them are never loaded
+            hi = tl.minimum(N, diag + (pid_m + 1) * BM)
+        for start in range(0, hi, BN):
             cols = start + tl.arange(0, BN)
             col_ok = cols < N
             k = tl.load(
-                K + b * skb + h * skh + cols[None, :] * skn + dq[:, None] * skd, mask=col_ok[None, :], other=0.0
+                K + b * skb + hk * skh + cols[None, :] * skn + dq[:, None] * skd, mask=col_ok[None, :], other=0.0
             )
             s = tl.dot(q, k).to(tl.float32)
+            if SOFTCAP:  # Gemma 2: cap * tanh(s / cap), tanh written with exp (the interpreter has no tanh)
+                s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
             if HAS_BIAS:
                 s += tl.load(
                     Bias + bias_base + h * bias_hs + rows[:, None] * bias_rs + cols[None, :],
@@ -138,6 +153,8 @@ def _build(interpret: bool):
                 )
             x = s * inv[:, None]
             keep = col_ok[None, :] & row_ok[:, None]
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= diag + rows[:, None])
             if HAS_MASK:
                 km = tl.load(KeyMask + b * N + cols, mask=col_ok, other=0)
                 x = tl.where((km != 0)[None, :], x, neg)
@@ -149,7 +166,7 @@ def _build(interpret: bool):
             u_i = a * (u_i + tl.where(l_i > 0, (m_i - m_new) * l_i, 0.0)) + tl.sum(e * d, 1)
             l_i = a * l_i + tl.sum(e, 1)
             v = tl.load(
-                V + b * svb + h * svh + cols[:, None] * svn + dv[None, :] * svd, mask=col_ok[:, None], other=0.0
+                V + b * svb + hk * svh + cols[:, None] * svn + dv[None, :] * svd, mask=col_ok[:, None], other=0.0
             )
             acc = acc * a[:, None] + tl.dot(e.to(v.dtype), v).to(tl.float32)
             m_i = m_new
@@ -185,6 +202,8 @@ def attend(
     tau: torch.Tensor | None = None,
     tau_per: str = "head",
     keymask: torch.Tensor | None = None,
+    diagonal: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """softmax((q.k + bias) / tau, masked) @ v for ``query`` ``[B, H, M, D]`` and ``key``/``value`` ``[B, H, N, D]``,
     with each row's statistics: ``(out [B, H, M, Dv], total, dot, top)``, the last three ``[B, H, M, 1]`` float32
@@ -193,9 +212,19 @@ def attend(
     ``bias``: float32, row (h, i) at ``bias_strides = (per head, per row, base)`` from its start, keys
     contiguous (as :func:`core.mechanics.fused_softmax.softmax_rows` takes it). ``tau``: ``[H]`` per head or
     ``[M]`` per row (``tau_per``), or None. ``keymask``: ``[B, N]`` (True: attend) or None. A head dim that
-    is not a power of two (at least 16) is zero-padded, which changes no dot product."""
+    is not a power of two (at least 16) is zero-padded, which changes no dot product.
+
+    ``key``/``value`` may have fewer heads than ``query`` (grouped-query attention, ``H`` a multiple of theirs):
+    query head ``h`` reads key head ``h // (H / H_kv)``, in place. ``diagonal``: causal rows, row ``i`` sees keys
+    ``0 .. diagonal + i`` only (a decoder's prefill: ``k_len - q_len`` plus the first row's index), and the key
+    blocks past a program's last row are never loaded; None: every key. ``softcap``: Gemma 2's
+    ``c * tanh(q.k / c)`` before the bias, tau and mask, or None."""
     B, H, M, D = query.shape
     N, DV = key.shape[-2], value.shape[-1]
+    if H % key.shape[1] or key.shape[1] != value.shape[1]:
+        raise ValueError(f"{H} query heads cannot share {key.shape[1]} key and {value.shape[1]} value heads")
+    if diagonal is not None and diagonal < 0:
+        raise ValueError(f"diagonal must be at least 0 (a row sees its own key), got {diagonal}")
     Dp, DVp = _pow2(D), _pow2(DV)
     if Dp != D:
         query = torch.nn.functional.pad(query, (0, Dp - D))
@@ -235,12 +264,17 @@ def attend(
         H,
         M,
         N,
+        H // key.shape[1],
+        0 if diagonal is None else int(diagonal),
+        1.0 if softcap is None else float(softcap),
         hs,
         rs,
         base,
         TAU_MODE=mode,
         HAS_BIAS=bias is not None,
         HAS_MASK=keymask is not None,
+        CAUSAL=diagonal is not None,
+        SOFTCAP=softcap is not None,
         BM=BLOCK_M,
         BN=BLOCK_N,
         D=Dp,

@@ -214,8 +214,9 @@ class Backend:
 def choose_backend(x: Inputs) -> str:
     """The backend (:data:`BACKENDS`) for one attention call: the one place with the rules.
 
-    1. ``cuda``: a CUDA pass :func:`cuda_serves` (inference, no causal mask or scheme, a bias and padding mask
-       read in place, nothing that needs a block's probabilities or raw logits) on a machine with Triton
+    1. ``cuda``: a CUDA pass :func:`cuda_serves` (inference, no scheme or sinks, a bias and padding mask read in
+       place or causal rows, grouped K/V and soft-cap included, nothing that needs a block's probabilities or raw
+       logits) on a machine with Triton
        (:func:`core.mechanics.flash_attention.usable`; ``AAE_FLASH_ATTENTION=0`` switches it off). A layer whose
        map, profile or sorted logits are asked takes ``torch`` (one layer of a probed pass).
     2. ``cpu-kernel``: inference on the CPU in float32 (no autograd, dropout or whole weights), no position
@@ -304,10 +305,8 @@ def cuda_serves(x: Inputs) -> bool:
     """Whether the ``cuda`` kernel computes this call exactly as asked (its device aside): see :func:`choose_backend`."""
     needs = x.needs
     return (
-        not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.causal or x.adaptive)
+        not (x.grad or x.query.requires_grad or x.dropout or x.weights or x.adaptive)
         and x.scheme is None
-        and not x.grouped
-        and x.softcap is None
         and x.sinks is None
         and (needs is None or (needs.raw_rows is None and not needs.probs))
         and _kernel_view(x) is not None
@@ -664,20 +663,31 @@ def _kernel_budget(x: Inputs, asked: int | None) -> int:
 def _open_cuda(x: Inputs, step: int) -> Rows:
     """The Triton kernel (:func:`core.mechanics.flash_attention.attend`): the whole call in one block (nothing
     ``L x L`` is ever held), its output and each row's ``total``, ``dot`` and max, with the bias and padding mask
-    read in place as the CPU kernel reads them (:func:`_kernel_view`)."""
+    read in place as the CPU kernel reads them (:func:`_kernel_view`); a decoder's causal rows masked and their
+    unseen key blocks skipped inside the kernel, grouped K/V read in place, Gemma 2's soft-cap applied there."""
     from core.mechanics import flash_attention
 
     view = _kernel_view(x)
     tau = x.tau
     per_row = tau is not None and tau.shape[-2] != 1
-    heads = x.shape[1]
+    _, heads, q_len, k_len = x.shape
+    causal, start = x.causal and q_len > 1, k_len - q_len
 
     def rows(r0: int, r1: int) -> Block:
         t, per = (
             (None, "head") if tau is None else (tau[0, r0:r1, 0], "row") if per_row else (tau.reshape(heads), "head")
         )
         out, total, dot, top = flash_attention.attend(
-            x.query[:, :, r0:r1], x.key, x.value, view.bias, view.strides(r0), t, per, view.keymask
+            x.query[:, :, r0:r1],
+            x.key,
+            x.value,
+            view.bias,
+            view.strides(r0),
+            t,
+            per,
+            view.keymask,
+            diagonal=start + r0 if causal else None,
+            softcap=x.softcap,
         )
 
         def probs_rows(a: int, b: int, k: int | None) -> torch.Tensor:
