@@ -79,6 +79,7 @@ def command(args) -> int:
         print(
             f"model {loaded.spec.name}  tokens {res.tokens} ({res.tokens / res.train_length:.1f}x L_tr={res.train_length})  "
             f"method {chosen.method}  tau {np.round(res.tau.mean(1), 3).tolist()}"
+            + ("" if choice.scheme.is_plain else f"  scheme {choice.scheme.spell()}")
         )
         print(
             f"answer: {res.answer!r}  expected: {res.expected!r}  [{mark}]  {res.seconds['total']:.3f}s  "
