@@ -214,7 +214,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     # A new document (its tau = 1 pass not made yet): its first passes run here, the old views hidden meanwhile.
     # A grid frame still coming on a known document is not a new document: the views stay (and keep the slider's
     # keyboard focus: hiding them mid-grid sent a clicker's PageDown to the page body, issue 59 point 1); the
-    # browser shows the nearest frame marked "still being computed", and the pass runs after the component.
+    # browser shows the nearest frame marked "still being computed" until the pass below is over.
     new_document = not cache.has_run(loaded, req, *base_settings)
     first = [
         s
@@ -253,11 +253,9 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     base = cache.run(loaded, req, *base_settings)
     ref = cache.run_reference(loaded, req, Choice(targets=ctx.choice.targets))
     grid = {v: cache.run(loaded, req, *at(v)) for v in values if cache.has_run(loaded, req, *at(v))}
-    # The frame the person is on, when it is not here yet: drawn after the component (below), so the page answers
-    # at once (the browser marks the nearest frame it holds) and the component's poll brings the frame.
+    if g is not None and g not in grid:  # the person is waiting on this very frame: compute it now (the component
+        grid[g] = cache.run(loaded, req, *at(g))  # stays on screen meanwhile, and the slider keeps its focus)
     later = None
-    if g is not None and g not in grid:
-        later = at(g)
     exact = pending = None
     if g is None:
         if cache.has_run(loaded, req, *chosen_settings):
@@ -322,8 +320,8 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     _handed(meta["doc_id"], grid)
     chosen = grid.get(g) if g is not None else exact
     if later is not None:
-        # The page is drawn first, the nearest grid frame marked ("exact frame coming" or "still being computed");
-        # the component's poll fetches the frame this pass makes.
+        # The page is drawn first, the nearest grid frame marked "exact frame coming"; the component's poll fetches
+        # the frame this pass makes.
         url.sync(ctx)  # the address bar names the choice now, not once the pass is over
         try:
             cache.run(loaded, req, *later)
