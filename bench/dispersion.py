@@ -20,14 +20,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # core, also without an installed package
 
-from core.data import tasks
-from core.errors import UserError
-from core.experiments import csvio
-from core.experiments.sweep import SweepPlan, resolve_for
-from core.models import load
-from core.runs import calibration, methods
+import numpy as np  # noqa: E402
+
+from core.data import tasks  # noqa: E402
+from core.errors import UserError  # noqa: E402
+from core.experiments import csvio  # noqa: E402
+from core.experiments.sweep import SweepPlan, resolve_for  # noqa: E402
+from core.models import load  # noqa: E402
+from core.runs import calibration, methods  # noqa: E402
 
 COLUMNS = [
     "model",
