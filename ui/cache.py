@@ -35,6 +35,7 @@ import streamlit as st
 from core.data import tasks
 from core.errors import UserError
 from core.experiments import mlm
+from core.mechanics.attention import ROPE
 from core.mechanics.probes import ProbeSpec
 from core.mechanics.run_pass import DEFAULT_PASS, Pass
 from core.models import Loaded, load
@@ -99,7 +100,7 @@ def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:
 
     def work() -> engine.Encoded:
         enc = engine.encode(loaded, doc)
-        if loaded.seq2seq:
+        if loaded.family != ROPE:  # T5 and a decoder-only LM read the text as it is
             return enc
         return replace(enc, input_ids=masked(loaded, doc_key, doc).ids)
 

@@ -41,6 +41,7 @@ function unpack(bytes) {
   });
   if (header.base) header.base = resolve(header.base);
   if (header.mask) header.mask = view(header.mask);
+  if (header.causal) header.causal = view(header.causal);
   header.exact = resolve(header.exact);
   for (const k of Object.keys(header.frames)) header.frames[k] = resolve(header.frames[k]);
   return header;
@@ -215,7 +216,8 @@ function build(root, st) {
     el("h4", "", root, "Where the question looks");
     el("div", "cap", root, "Attention from the question's tokens to every document position (head mean, averaged over the "
       + "question rows; each point the largest in its range of tokens), one line per layer at the chosen tau, grey lines "
-      + "at tau = 1; the needle is shaded red. Retrieval works when some layer puts a clear peak inside the red band.");
+      + "at tau = 1" + (d.needle ? "; the needle is shaded red. Retrieval works when some layer puts a clear peak "
+      + "inside the red band." : ". No needle is marked in this text: the peaks are what the question reads."));
     const leg = el("div", "legend", root);
     st.profileOn = st.profileOn || Array.from({ length: d.layers }, () => true);
     for (let l = 0; l < d.layers; l++) {
@@ -238,7 +240,8 @@ function build(root, st) {
   if (d.text && d.base.text_weights) {
     el("h4", "", root, "The text, shaded by the question's attention");
     el("div", "cap", root, "Each token's background is the attention the question gives it at the chosen tau, relative to "
-      + "the largest in view; the needle is underlined. Zoomed around the needle.");
+      + "the largest in view" + (d.needle ? "; the needle is underlined. Zoomed around the needle." : ". Zoomed "
+      + "around the question (no needle is marked in this text)."));
     const leg = el("div", "legend", root);
     const lab = el("label", "", leg, "attention of ");
     const sel = el("select", "", lab);
@@ -592,6 +595,7 @@ function paintMap(st, i, f) {
   const table = tables(st, d.base.map, f.map);
   if (i === 1 && st._baseLutKey !== st._lutKey) { st._baseLutKey = st._lutKey; paintMap(st, 0, d.base); }
   drawCodes(m.cv, f.map, table);
+  if (d.causal) shade(m.cv, d.causal);  // a causal model: the keys no row sees
   if (i === 1 && d.mask) shade(m.cv, d.mask);
   const bins = f.map.shape[1];
   for (const [span, colour] of [[d.needle, "#ff2b2b"], [d.question, "#3b7dff"]]) {

@@ -303,13 +303,14 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
     }
     mask = None
     if not loaded.seq2seq:
-        meta["map_note"] = map_note(ctx)
+        if choices.masked_lm(loaded):
+            meta["map_note"] = map_note(ctx)
         edges = base.probes.heatmap_edges
         if edges is not None:
             mask = cache.scheme_mask(loaded, ctx.choice.scheme, int(base.tokens), edges)
     only = _delta(meta["doc_id"], grid, exact)
     cards = None
-    if not loaded.seq2seq:  # a masked-LM model: each frame's masked-token card in place of an answer
+    if choices.masked_lm(loaded):  # a masked-LM model: each frame's masked-token card in place of an answer
         cards = masked_cards(
             ctx, base_settings, {f"{v:.2f}": at(v) for v in grid}, chosen_settings if exact is not None else None
         )

@@ -25,14 +25,6 @@ from core.values.choice import TRAINED  # noqa: E402
 from support.app import APP, TIMEOUT, nav_click  # noqa: E402
 from ui import cache, choices  # noqa: E402
 
-#: Until ui/cache.py reads a decoder's prompt unmasked (only a masked-LM encoder's ids are masked) and ui/scrubber.py
-#: gives the masked-token cards and map note to the masked-LM encoder only (changes in files this test's author does
-#: not own, described in its report), Explore on a decoder fails with "This tokenizer has no mask token". Remove this
-#: marker with those changes.
-NEEDS_APP = pytest.mark.xfail(
-    reason="needs ui/cache.py's encoded() and ui/scrubber.py's masked cards to tell a decoder from a masked-LM encoder",
-    strict=False,
-)
 PAGES = ("app_pages/explore.py", "app_pages/calibrate.py", "app_pages/sweep.py", "app_pages/theory.py")
 
 
@@ -57,7 +49,6 @@ def _explore(tokens: int | None = None) -> AppTest:
 
 
 @pytest.mark.parametrize("page", PAGES)
-@NEEDS_APP
 def test_every_page_opens_alone_on_a_decoder(llama_env, page):
     """Each page on its own: no exception, no error, a pass-key document (not a masked-LM's prose)."""
     at = AppTest.from_file(str(APP).replace("app.py", page), default_timeout=TIMEOUT).run()
@@ -66,7 +57,6 @@ def test_every_page_opens_alone_on_a_decoder(llama_env, page):
     assert not any("Masked tokens" in c.value for c in at.sidebar.caption), "a decoder is not a masked-LM encoder"
 
 
-@NEEDS_APP
 def test_explore_reads_the_question_rows_causally(llama_env, llama_dir):
     """Explore's payload on a decoder: the question's rows are the prompt's last; the maps are causal and the
     payload veils their upper triangle; the left card's meters per layer are the library's run of the same document
@@ -116,7 +106,6 @@ def header_probes(at: AppTest):
     )
 
 
-@NEEDS_APP
 def test_explore_past_ltr_tau_sharpens_and_the_distance_curves_replace_the_bias(llama_env):
     """At 2x L_tr a release at tau = 0.5 raises Pmax (the chosen card is the run at 0.5); the view controls
     offer no decoder layer of a cross-attention but the text window around the needle; the distance curves (the
@@ -154,7 +143,6 @@ def test_calibrate_runs_algorithm_1_on_the_question_rows(llama_env):
     assert {"Algorithm 1 (pmax)", "Algorithm 1 (entropy)"} <= labels or len(at.error) == 1, (labels, at.error)
 
 
-@NEEDS_APP
 def test_sweep_scores_pass_keys_and_theory_draws(llama_env):
     """Sweep on a decoder is the pass-key grid (not the masked-LM table); Theory draws its curves."""
     at = _explore()
@@ -189,7 +177,6 @@ def test_paste_mode_says_which_models_answer_free_questions(env):
     assert at.session_state["model_choice"] == choices.REAL_LLM
 
 
-@NEEDS_APP
 def test_paste_mode_on_a_decoder_says_it_answers(llama_env):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.sidebar.radio(key="doc_mode").set_value("Paste").run()

@@ -33,11 +33,6 @@ def smollm2() -> str:
     return str(install.folder("smollm2-135m"))
 
 
-@pytest.mark.xfail(
-    reason="needs ui/cache.py's encoded() and ui/scrubber.py's masked cards to tell a decoder from a masked-LM encoder "
-    "(as tests/app/test_decoder_pages.py's NEEDS_APP); remove with those changes",
-    strict=False,
-)
 def test_smollm2_explore_at_4k_paints_its_grid(smollm2, tmp_path):
     from playwright.sync_api import sync_playwright
 
