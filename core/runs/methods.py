@@ -152,6 +152,9 @@ def formula(
         raise UserError(f"Method '{name}' has no closed form")
     if m.stats and stats is None:
         raise UserError(f"{m.short} needs layer 0's logit statistics at L_tr and at this length")
+    if m.stats and any(stats.get(k, 0.0) is None for k in ("pmax_tr", "sigma_tr", "sigma_ex")):
+        # a causal model's rows see different numbers of keys: no one spread of sorted logits per length
+        raise UserError(f"{m.short} needs the spread (sigma) of the sorted logits, which this model's rows do not have")
     extra = {} if m.param is None else {m.param.name: m.param.value(train_length, params)}
     try:
         return float(m.formula(train_length, length, d_kv, stats, **extra))

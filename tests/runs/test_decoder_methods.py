@@ -188,3 +188,16 @@ def test_llama4_tuning_equals_transformers_llama4(llama):
         )
         np.testing.assert_allclose(theirs, 1.0 / rule.taus(np.arange(past, past + n)), rtol=1e-6)
     assert methods.LLAMA4_ATTN_SCALE == 0.1  # the method's attn_scale is the one tested here
+
+
+def test_a_closed_form_without_its_statistics_is_one_line():
+    """Prop. 1/2 read the sorted logits' spread, which a decoder's causal rows do not give (None): one line, not a
+    TypeError from arithmetic on None, wherever the formula is asked (Theory's lines, Calibrate's list)."""
+    from core.errors import UserError
+    from core.runs import methods
+
+    stats = {"pmax_tr": 0.5, "sigma_tr": None, "sigma_ex": None}
+    for name in ("prop1", "prop2"):
+        with pytest.raises(UserError, match="spread"):
+            methods.formula(name, 256, 1024, 64, stats)
+    assert "n/a" in str(methods.closed_forms(256, 1024, 64, stats)["prop1"])
