@@ -23,7 +23,7 @@ def main() -> None:
         f"redraws every view below in your browser. Paper: {PAPER}."
     )
     ctx = sb.sidebar(temperature=False)
-    tour(ctx.train_length, ctx.loaded.seq2seq)
+    tour(ctx.train_length, ctx.loaded.family)
     with user_errors():  # a document this machine cannot hold: one message, and none of the views that need it
         views.check_length(ctx)
     views.page_state(ctx.loaded.n_layers, ctx.loaded.n_heads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from core.mechanics import attention
 from core.runs import methods
 from ui import choices
 
@@ -91,21 +92,33 @@ def still_on_step(lt: int) -> bool:
     return False
 
 
-#: What the tour says on a model it is not for (a masked-LM encoder has no pass key to find).
-NOT_FOR = (
-    "The guided tour is for the T5 pass-key models (a bundled `retrieval-t5`, say): it hides a pass key in "
-    "filler and asks for it back. This model is a masked-LM encoder, so it reads held-out prose with masked "
-    "tokens instead. The same lesson here: open the document at 1× L_tr, then 8× with no correction (the "
-    "cards' accuracy falls, Pmax falls and entropy rises against the L_tr ticks), then choose log-length or "
-    "InfoScale in the Method box."
-)
+#: What the tour says on a model it is not for, by family (:data:`core.mechanics.attention.FAMILIES`): a masked-LM
+#: encoder has no pass key to find; a decoder-only LLM does, but the steps' 8 x L_tr is 65,536 tokens on SmolLM2,
+#: many minutes a pass on a CPU (a 4,096-token pass took 110 s on the project's 2-core machine).
+NOT_FOR = {
+    attention.ROPE: (
+        "The guided tour is for the T5 pass-key models (a bundled `retrieval-t5`, say): it hides a pass key in "
+        "filler and asks for it back. This model is a masked-LM encoder, so it reads held-out prose with masked "
+        "tokens instead. The same lesson here: open the document at 1× L_tr, then 8× with no correction (the "
+        "cards' accuracy falls, Pmax falls and entropy rises against the L_tr ticks), then choose log-length or "
+        "InfoScale in the Method box."
+    ),
+    attention.CAUSAL_LM: (
+        "The guided tour's steps run at 8× L_tr, which on this decoder-only LLM is many times its L_tr in tokens: "
+        "minutes to hours a pass on a CPU. The same lesson at a size a CPU can show: the Document box's pass key at "
+        "1× L_tr, then 2× with no correction (Pmax falls and entropy rises against the L_tr ticks in the meters; "
+        "watch the answer), then log-length or a position scheme (YaRN) in the Method box. On a GPU the tour's "
+        "lengths are a few seconds a pass."
+    ),
+}
 
 
-def tour(lt: int, seq2seq: bool = True) -> None:
-    """The tour's expander; for a model that is not T5 (``seq2seq`` False) one paragraph saying what it is for."""
-    if not seq2seq:
+def tour(lt: int, family: str = attention.T5) -> None:
+    """The tour's expander; for a model that is not T5 (``family`` another of
+    :data:`core.mechanics.attention.FAMILIES`) one paragraph saying what it is for and how to see the same lesson."""
+    if family != attention.T5:
         with st.expander("Guided tour: dispersion and its fix in four steps"):
-            st.info(NOT_FOR)
+            st.info(NOT_FOR.get(family, NOT_FOR[attention.ROPE]))
         return
     still_on_step(lt)
     ss = st.session_state

@@ -184,3 +184,12 @@ def test_paste_mode_on_a_decoder_says_it_answers(llama_env):
     app_ok(at)
     assert any("answers questions of your own" in c.value for c in at.sidebar.caption)
     assert not any(b.key == "paste_real_llm" for b in at.button)
+
+
+def test_the_tour_speaks_of_a_decoder_as_a_decoder(llama_env):
+    """The guided tour on a decoder-only LLM: not the masked-LM paragraph (it has a pass key to find) and not the
+    T5 steps (their 8 x L_tr is hours a pass on a CPU for a real LLM), but the same lesson at a size a CPU shows."""
+    at = _explore()
+    said = " ".join(i.value for i in at.info)
+    assert "decoder-only LLM" in said and "masked-LM encoder" not in said
+    assert not any(b.key and b.key.startswith("tour_") for b in at.button)
