@@ -16,6 +16,11 @@
 // so Pmax = 1 / total and H = log(total) - dot / total (core.probes), and the output is
 // (e @ v) / total. NaN or infinite logits give NaN totals, as torch's path does: the probes
 // count them.
+//
+// A decoder's causal prefill (diag >= 0): the caller multiplies only the keys the block's last
+// row sees (S holds start + r1 keys for rows [r0, r1)), and row i of the block reads and computes
+// keys 0 .. diag + i only, writing exp 0 past them: the diagonal is masked here, with no mask
+// tensor, and no key past a row's place is ever read (keys there may hold anything, NaN included).
 
 #include <cfloat>
 #include <cstdint>

@@ -248,3 +248,28 @@ def test_the_causal_kernel_makes_no_tensor_of_every_row_and_key(monkeypatch):
         out, _ = attention.aligned_attention(Module(), q, k, v, None, scaling=0.25)
     assert Largest.largest <= q.numel() < 128 * 128
     assert torch.isfinite(out).all()
+
+
+def test_no_mask_of_every_row_and_key_reaches_the_attention(chosen):
+    """An unpadded prefill, with an attention mask of ones as ``generate`` hands one over or with none: transformers'
+    mask function (ours, through ``compact_mask``) hands over no mask, so no ``L x L`` mask is ever made and the
+    kernel takes causal rows; a padded batch's mask (rows of its own) is not the kernel's."""
+    model = _model("llama")
+    ids = _ids()
+    seen: list = []
+    real = attention.aligned_attention
+
+    def spy(module, query, key, value, attention_mask, *args, **kwargs):
+        seen.append(attention_mask)
+        return real(module, query, key, value, attention_mask, *args, **kwargs)
+
+    attention.patches.register_name(attention.ATTN_NAME, spy, attention.compact_mask)
+    try:
+        with torch.no_grad(), apply(model, tau=0.7):
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            model(input_ids=ids)
+    finally:
+        attention.register()
+    layers = model.config.num_hidden_layers
+    assert seen == [None] * (2 * layers)
+    assert chosen == [softmax_block.CPU_KERNEL] * (2 * layers)
