@@ -244,12 +244,17 @@ def decoder_floor_child(model: str, length: int, layers_kept: int | None) -> dic
     }
     scale = {"qk": scores / per_block, "pv": scores / per_block, "exp": scores / per_block}
     scale["linear"] = layers * lin_per_layer / lin_timed
+    cpu = {k: cpu_parts[k] * scale[k] for k in scale}
     return {
         "variant": "floor",
         "length": length,
         "seconds": sum(parts.values()),
-        "cpu_seconds": sum(cpu_parts[k] * scale[k] for k in scale),
+        "cpu_seconds": sum(cpu.values()),
+        # the floor as issue 56 words it: the linear layers and half of q.k and p.v, no exp (a lower floor)
+        "matmul_seconds": sum(v for k, v in parts.items() if k != "exp"),
+        "matmul_cpu_seconds": sum(v for k, v in cpu.items() if k != "exp"),
         "parts": parts,
+        "cpu_parts": cpu,
         "rates": {
             "qk_gflops": rate_qk / 1e9,
             "pv_gflops": rate_pv / 1e9,
@@ -548,6 +553,18 @@ def main(argv=None) -> int:
                 f"  rates at L={r['length']}: q.k {rt['qk_gflops']:.0f} GFLOP/s, p.v {rt['pv_gflops']:.0f} GFLOP/s, "
                 f"exp {rt['exp_g_per_s']:.2f} G/s, linear {rt['linear_gflops']:.0f} GFLOP/s; parts (s): "
                 + ", ".join(f"{k} {v:.1f}" for k, v in r["parts"].items())
+            )
+        if r.get("variant") == "floor" and "matmul_seconds" in r:
+            probed = next((p for p in rows if p.get("variant") == "probes" and p["length"] == r["length"]), None)
+            ratio = ""
+            if probed is not None and "seconds" in probed:
+                ratio = (
+                    f"; probes {probed['seconds'] / r['matmul_seconds']:.2f}x it "
+                    f"({probed['cpu_seconds'] / r['matmul_cpu_seconds']:.2f}x in cpu s)"
+                )
+            print(
+                f"  floor without the exps at L={r['length']} (matmuls only): {r['matmul_seconds']:.1f} s, "
+                f"cpu {r['matmul_cpu_seconds']:.1f} s{ratio}"
             )
         if r.get("backends"):
             print(f"  {r['variant']} at L={r['length']}: attention served by {', '.join(r['backends'])}")
