@@ -57,6 +57,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import ctypes.util
+import logging
 import threading
 import time
 from collections.abc import Hashable
@@ -75,6 +76,8 @@ from core.values.choice import Choice
 from core.views import frames
 from ui import cache, pass_gate
 from ui.streamlit_private import session_alive
+
+_log = logging.getLogger(__name__)
 
 #: The taus computed ahead: the scrubber's grid (Algorithm 1's 1.00 ... 0.50 by 0.05, on to the slider's floor 0.30).
 GRID = frames.SCRUB_GRID
@@ -256,7 +259,22 @@ class Prefetcher:
                 del self._wanted[session]
             return any(j.key == job.key for _, j in self._wanted.values())
 
+    def failure(self, job: Job) -> str | None:
+        """Why ``job``'s grid stopped (its pass raised), or None: the scrubber stops asking for its frames then."""
+        return self.failed.get(job.key)
+
     def _loop(self) -> None:
+        """The thread: :meth:`_work` until stopped. An error it did not expect is logged with its traceback and the
+        thread goes on: before, any exception but a UserError, ValueError or RuntimeError ended the thread without a
+        word, and a document's grid stalled until some session's next request started a new thread."""
+        while not self._stop.is_set():
+            try:
+                self._work()
+            except Exception:  # noqa: BLE001 (this thread serves every session: it must outlive one bad pass)
+                _log.exception("the background grid's thread hit an unexpected error; it goes on")
+                self._stop.wait(1.0)  # not a hot loop when the same error comes back at once
+
+    def _work(self) -> None:
         gate = pass_gate.gate()
         while not self._stop.is_set():
             nxt = self._next()
@@ -280,8 +298,12 @@ class Prefetcher:
                     self.passes += 1
             except pass_gate.GaveWay:
                 self.gave_way += 1  # stopped at a layer: pending again (if still wanted), redone later
-            except (UserError, ValueError, RuntimeError) as err:  # too long, out of memory: stop this grid
-                self.failed[job.key] = str(err)
+            except Exception as err:  # noqa: BLE001 (too long, out of memory, or a bug): stop this grid, say why
+                # The scrubber reads it (failure) and stops polling for frames that will not come: before, a grid
+                # that failed left the page polling every POLL_MS for good (a browser test never settled).
+                self.failed[job.key] = str(err) or type(err).__name__
+                if not isinstance(err, (UserError, ValueError, RuntimeError)):
+                    _log.exception("a background grid pass failed; that document's grid stops here")
             finally:
                 gate.release_background()
 

@@ -19,6 +19,7 @@ rerun every ``POLL_MS`` until the grid is complete.
 from __future__ import annotations
 
 import hashlib
+import html
 from pathlib import Path
 
 import numpy as np
@@ -266,6 +267,10 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
             pending = round(here if axis == "s" else ctx.tau_mean, 4)
             later = chosen_settings
     missing = len(values) - len(grid)
+    # A grid whose background pass failed (too long, out of memory) brings no more frames: stop polling for them
+    # and say why (each poll is a rerun; a page that polls for good never settles). A release onto a missing grid
+    # value still computes its frame above.
+    stalled = prefetch.prefetcher().failure(job) if missing else None
     base_label = (
         "tau = 1 (no alignment)" if not loaded.cosine else f"as trained: s = {float(loaded.cosine_scale):g}, tau = 1"
     )
@@ -296,10 +301,20 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         "base_label": base_label,
         "log": bool(log),
         "pending_exact": pending,
-        "poll_ms": POLL_MS if (missing or pending is not None) else 0,
-        "note": ""
-        if methods.get(ctx.choice.method).takes_value
-        else f"{methods.label(ctx.choice.method)} resolves to tau = {ctx.tau_text()}",
+        "poll_ms": POLL_MS if ((missing and stalled is None) or pending is not None) else 0,
+        "note": "; ".join(
+            n
+            for n in (
+                ""
+                if methods.get(ctx.choice.method).takes_value
+                else f"{methods.label(ctx.choice.method)} resolves to tau = {ctx.tau_text()}",
+                ""
+                if stalled is None
+                else f"the background grid stopped ({html.escape(stalled)}): release the slider on a grid value to "
+                "compute it",
+            )
+            if n
+        ),
     }
     mask = None
     if not loaded.seq2seq:
