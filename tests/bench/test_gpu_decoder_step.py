@@ -26,7 +26,7 @@ def test_the_decoder_steps_run_on_the_tiny_shape(tmp_path):
     assert gpu.main([*args, "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert [r["step"] for r in data["rows"]] == steps.split(",")
-    assert all(r["seconds"] > 0 for r in data["rows"]) and data["tokens"] == 300
+    assert all(r["seconds"] > 0 for r in data["rows"]) and 250 < data["tokens"] <= 300
 
 
 def test_a_decoder_shape_refuses_the_t5_steps(capsys):
