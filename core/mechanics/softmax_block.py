@@ -566,6 +566,12 @@ def _bias_rows(view: _KernelView, r0: int, rows: torch.Tensor, heads: int, k_len
     return (picked.expand(heads, -1, -1) if hs == 0 else picked).unsqueeze(0)
 
 
+def _head_tau(tau: torch.Tensor, heads: int) -> torch.Tensor:
+    """A tau that is not per row as one value per head ``[H]``: a per-head ``[H, 1, 1]``, or a per-row tau of a
+    single row ``[1, 1, 1]`` (a decoder's cached step under a row schedule: one tau for every head)."""
+    return tau.reshape(-1).repeat(heads) if tau.numel() == 1 else tau.reshape(heads)
+
+
 def _open_kernel(x: Inputs, step: int) -> Rows:
     """Per block: one matmul into a buffer every block of the call reuses, the kernel (bias read in place,
     tau, mask, max, exp and the two row sums in two passes over each row while it is in cache), and
@@ -590,7 +596,7 @@ def _open_kernel(x: Inputs, step: int) -> Rows:
     keyT = x.key.transpose(-1, -2)
     tau = x.tau
     per_row = tau is not None and tau.shape[-2] != 1
-    tau_heads = None if tau is None or per_row else tau.reshape(heads)
+    tau_heads = None if tau is None or per_row else _head_tau(tau, heads)
     size = batch * heads * min(step, q_len) * k_len
     buf = torch.empty(size, dtype=torch.float32)
     start = k_len - q_len
@@ -675,7 +681,7 @@ def _open_cuda(x: Inputs, step: int) -> Rows:
 
     def rows(r0: int, r1: int) -> Block:
         t, per = (
-            (None, "head") if tau is None else (tau[0, r0:r1, 0], "row") if per_row else (tau.reshape(heads), "head")
+            (None, "head") if tau is None else (tau[0, r0:r1, 0], "row") if per_row else (_head_tau(tau, heads), "head")
         )
         out, total, dot, top = flash_attention.attend(
             x.query[:, :, r0:r1],
