@@ -215,7 +215,8 @@ INIT_JS = r"""
     const m = foot && foot.textContent.match(/(\d[\d,]*) tokens/);
     return {tau: d.tau, kind: d.kind, shown: d.shown, answer: d.answer, correct: d.correct, pmax: d.pmax,
             entropy: d.entropy, mapSum: d.mapSum, ready: d.ready, paints: Number(d.paints || 0),
-            tokens: m ? Number(m[1].replace(/,/g, '')) : null};
+            paintJsMs: d.paintJsMs ? Number(d.paintJsMs) : null, payloads: Number(d.payloads || 0),
+            releases: Number(d.releases || 0), tokens: m ? Number(m[1].replace(/,/g, '')) : null};
   };
   A.watch = () => {
     const r = A.findRoot();
@@ -227,7 +228,9 @@ INIT_JS = r"""
         A.log.push(e);
         if (A.log.length > 4000) A.log.splice(0, 2000);
         requestAnimationFrame(() => requestAnimationFrame(() => {
-          e.painted = performance.now(); e.paintMs = r.dataset.paintMs ? Number(r.dataset.paintMs) : null; }));
+          e.painted = performance.now(); e.paintMs = r.dataset.paintMs ? Number(r.dataset.paintMs) : null;
+          // what reached the page between the action and this paint: websocket frames, scrubber payloads
+          e.frames = A.frames; e.bytes = A.bytes; e.payloadsBetween = Number(r.dataset.payloads || 0) - A.payloads0; }));
       });
       A.obs.observe(r, {attributes: true, attributeFilter: ['data-paints']});
     }
@@ -269,8 +272,9 @@ INIT_JS = r"""
 })();
 """
 
-ARM_JS = """() => { const A = window.__aae; A.watch(); Object.assign(A, {armed: true, first: null, last: null, frames: 0,
-    bytes: 0, finished: null, gen: A.gen + 1, okGen: -1, ok: null, paint: null, marks: {}, log: [], pointer: {}}); }"""
+ARM_JS = """() => { const A = window.__aae, r = A.watch(); Object.assign(A, {armed: true, first: null, last: null,
+    frames: 0, bytes: 0, finished: null, gen: A.gen + 1, okGen: -1, ok: null, paint: null, marks: {}, log: [],
+    pointer: {}, payloads0: r ? Number(r.dataset.payloads || 0) : 0}); }"""
 
 # The "settled" predicate (polled every 50 ms; the paint time itself is taken two animation frames after it holds).
 # Returns the paint time, or an error object. A selector starting with ".aae" is looked up inside the scrubber.
@@ -377,6 +381,8 @@ class Timing:
     cpu_server: float | None = None  # CPU seconds the server process used meanwhile (all its threads)
     cpu_browser: float | None = None  # ... and Chromium's processes together
     paint_ms: float | None = None  # the scrubber's own data-paint-ms for this paint, when it has one
+    paint_js_ms: float | None = None  # the JavaScript of that paint alone (the scrubber's data-paint-js-ms)
+    payloads: int | None = None  # scrubber payloads handled between the action and the paint
 
 
 @dataclass
@@ -783,7 +789,20 @@ def key_to(browser: Browser, page, key: str, want: dict, name: str | None, resul
     e = browser.wait_paint(page, want)
     if name is not None and results is not None:
         t0 = browser.t0(page)
-        results.add(name, Timing((e["painted"] - t0) / 1000, None, None, None, 0, 0, paint_ms=e.get("paintMs")))
+        results.add(
+            name,
+            Timing(
+                (e["painted"] - t0) / 1000,
+                None,
+                None,
+                None,
+                int(e.get("frames") or 0),
+                int(e.get("bytes") or 0),
+                paint_ms=e.get("paintMs"),
+                paint_js_ms=e.get("paintJsMs"),
+                payloads=e.get("payloadsBetween"),
+            ),
+        )
     return e
 
 
@@ -800,6 +819,7 @@ def scrub(browser: Browser, page, results: Results, gap: float) -> dict:
         key_to(browser, page, "PageUp", {"kind": "grid"}, None, None)
     browser.quiet(page)
     seen: dict[str, tuple] = {}
+    before = scrubber_state(page)
     for key, path in (("PageDown", grid[1:]), ("PageUp", grid[-2::-1])):
         for tau in path:
             start = time.perf_counter()
@@ -807,6 +827,11 @@ def scrub(browser: Browser, page, results: Results, gap: float) -> dict:
             seen.setdefault(tau, (e["answer"], e["pmax"], e["entropy"], e["mapSum"]))
             time.sleep(max(0.0, gap - (time.perf_counter() - start)))
     browser.quiet(page)
+    after = scrubber_state(page)
+    # Where the moves' time went: the values the scrubber sent to the server (each one rerun of Explore's panel,
+    # rendered by Streamlit on the browser's main thread) and the payloads it handled, over the whole scrub
+    results.notes.setdefault("scrub_releases", []).append(after["releases"] - before["releases"])
+    results.notes.setdefault("scrub_payloads", []).append(after["payloads"] - before["payloads"])
     browser.shot(page, "scrub_s", results)
     return seen
 
@@ -1180,6 +1205,18 @@ def summary(results: Results, info: dict, args: argparse.Namespace, mach: dict) 
         if any(t.paint_ms is not None for t in ts):
             pm = [t.paint_ms / 1000 for t in ts if t.paint_ms is not None]
             s["component_paint_ms"] = {"median": statistics.median(pm), "p95": p95(pm), "n": len(pm)}
+        js = [t.paint_js_ms for t in ts if t.paint_js_ms is not None]
+        if js:
+            s["paint_js_ms"] = {"median": statistics.median(js), "p95": p95(js), "max": max(js), "n": len(js)}
+        if any(t.payloads is not None for t in ts):
+            hit = [t for t in ts if t.payloads]
+            s["moves_with_a_payload"] = {
+                "n": len(hit),
+                "of": len(ts),
+                "their_median_s": _median([t.total for t in hit]),
+                "the_others_median_s": _median([t.total for t in ts if not t.payloads]),
+            }
+            s["moves_with_ws_frames"] = sum(1 for t in ts if t.frames)
         detail[name] = s
         out[name] = s["median"]
     for name in (*ORDER, "scrub_fps"):
@@ -1276,6 +1313,20 @@ def print_table(s: dict) -> None:
             f"  scrubbing: {d['scrub_s']['n']} PageDown/PageUp moves between grid values, one every "
             f"{s['scrub_gap_s']:g} s; distinct values over the grid: {s['scrub_distinct']}"
         )
+        r = d["scrub_s"]
+        if r.get("paint_js_ms"):
+            print(
+                f"  scrub_s, where the time went: the paint's own JavaScript {r['paint_js_ms']['median']:.1f} ms "
+                f"median (max {r['paint_js_ms']['max']:.1f}); values sent to the server over the scrub "
+                f"{s['notes'].get('scrub_releases')}, payloads handled {s['notes'].get('scrub_payloads')}; moves "
+                f"with websocket frames before their paint {r.get('moves_with_ws_frames')} of {r['n']}"
+            )
+        hit = r.get("moves_with_a_payload")
+        if hit and hit["n"]:
+            print(
+                f"  scrub_s: {hit['n']} of {hit['of']} moves handled a payload before their paint (median "
+                f"{_f(hit['their_median_s'])} s, the others {_f(hit['the_others_median_s'])} s)"
+            )
     shown = s["notes"].get("drag_grid_frames_shown")
     if shown:
         print(

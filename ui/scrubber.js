@@ -9,13 +9,24 @@
 // Test hooks: the root element carries data-tau, data-kind (grid | nearest |
 // exact | missing), data-answer, data-correct, data-pmax, data-entropy,
 // data-map-sum, data-ready ("k/n"), data-paints and data-paint-ms (input event
-// to the second animation frame after the draw).
+// to the second animation frame after the draw). Where a move's time goes
+// (bench/browser_latency.py reads them): data-paint-js-ms (the last paint's own
+// JavaScript), data-payloads (payloads handled), data-payload-ms and
+// data-payload-bytes (the last one's handling and size), data-releases (values
+// sent to the server, each one rerun of Explore's panel).
 
 const STATE = new WeakMap();
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const LAYER_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
   "#d62728", "#7f7f7f", "#aec7e8", "#ffbb78"];
 const SVGNS = "http://www.w3.org/2000/svg";
+// Keys wait for a pause before their value goes to the server (one rerun of Explore's panel: the URL, the export, an
+// exact frame off the grid): LONE_KEY_MS after a single press, BURST_KEY_MS after a press that came within
+// BURST_KEY_MS of the one before (PageDown pressed in a row, a presentation clicker). Why: each rerun's answer is
+// rendered by Streamlit on the browser's main thread, 40-100 ms on the 2-core machine under load, and the answer to
+// press n landed just as press n + 1 was to be drawn (bench/browser_latency.py's scrub, a press every 0.3 s: one
+// rerun per press, its median 44-49 ms; issue 59 point 11). A row of presses now sends its last value only.
+const LONE_KEY_MS = 200, BURST_KEY_MS = 700;
 
 // -- payload -------------------------------------------------------------------------------
 
@@ -287,8 +298,12 @@ function build(root, st) {
   range.addEventListener("pointerup", up);
   range.addEventListener("pointercancel", up);
   // A pointer release goes to the server at once; keys wait for a pause (a held arrow key sends many changes).
-  range.addEventListener("change", () => commit(st, st.why === "input" && !st.keyed ? 0 : 200));
-  range.addEventListener("keydown", () => { st.keyed = true; });
+  range.addEventListener("change", () => commit(st, st.why === "input" && !st.keyed ? 0 : keyPause(st)));
+  range.addEventListener("keydown", () => {
+    st.keyed = true;
+    st.prevKey = st.lastKey;
+    st.lastKey = performance.now();
+  });
   range.addEventListener("pointerdown", () => { st.keyed = false; });
   range.addEventListener("keydown", (e) => {
     // PageUp / PageDown (and shift + arrows): the next grid value, the paper's 0.05 steps.
@@ -302,7 +317,7 @@ function build(root, st) {
     const next = dir > 0 ? Math.min(...above) : Math.max(...below);
     range.value = tauKey(next);
     move("key");
-    commit(st);
+    commit(st, keyPause(st));
   });
 }
 
@@ -371,7 +386,13 @@ function schedule(st) {
   });
 }
 
+// How long a key press waits before its value goes to the server (see LONE_KEY_MS).
+function keyPause(st) {
+  return st.prevKey !== undefined && st.lastKey - st.prevKey < BURST_KEY_MS ? BURST_KEY_MS : LONE_KEY_MS;
+}
+
 function paint(st) {
+  const p0 = performance.now();
   const d = st.doc, meta = d.meta || {};
   let cur = currentFrame(st);
   // A drag paints every grid frame it crosses: step one grid frame per animation frame toward the pointer.
@@ -429,6 +450,7 @@ function paint(st) {
   r.mapSum = f && f.map ? String(f.map.data.reduce((a, b) => a + b, 0)) : "";
   r.ready = `${ready}/${d.grid.length}`;
   r.paints = String((Number(r.paints) || 0) + 1);
+  r.paintJsMs = (performance.now() - p0).toFixed(2);
   const t0 = st.t0;
   if (t0 !== undefined) {
     st.t0 = undefined;
@@ -719,6 +741,7 @@ function commit(st, delay = 200) {
     const v = Number(Number(st.range.value).toFixed(2));
     if (v === st.committed) return;
     st.committed = v;
+    st.root.dataset.releases = String((Number(st.root.dataset.releases) || 0) + 1);
     st.setStateValue("value", v);
     paint(st);  // "exact frame coming"
   }, delay);
@@ -734,6 +757,19 @@ export default function (component) {
   if (!st) { st = { root }; STATE.set(root, st); }
   Object.assign(st, { setStateValue, setTriggerValue });
   if (!data) return;
+  const h0 = performance.now();
+  try {
+    return receive(st, root, data);
+  } finally {
+    const r = root.dataset;
+    r.payloads = String((Number(r.payloads) || 0) + 1);
+    r.payloadMs = (performance.now() - h0).toFixed(2);
+    r.payloadBytes = String(data.byteLength !== undefined ? data.byteLength : data.length || 0);
+  }
+}
+
+// One payload from the server: merge it into what the browser holds and draw what it changes.
+function receive(st, root, data) {
   let doc;
   try {
     doc = unpack(data);
