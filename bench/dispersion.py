@@ -111,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-length", type=int, default=None, help="override the model's L_tr")
     p.add_argument("--multiples", type=float, nargs="+", default=[0.5, 1, 2, 4], help="lengths as multiples of L_tr")
     p.add_argument("--documents", type=int, default=4, help="pass-key documents per length")
-    p.add_argument("--methods", nargs="+", default=["none", "log-length", "pmax"], help="method names or tau=X")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=[methods.AS_TRAINED, methods.BASELINE, methods.ALGORITHM1["pmax"]],
+        help="method names or tau=X",
+    )
     p.add_argument("--samples", type=int, default=2, help="calibration documents of a measured method")
     p.add_argument("--out", required=True, help="CSV written as each length x method ends")
     p.add_argument("--resume", action="store_true", help="skip the length x method cells already in --out")
