@@ -209,6 +209,24 @@ def _held_out_options(p, sequences: int, seed_more: str, samples: int) -> None:
 # -- the commands -----------------------------------------------------------------------------
 
 
+def _scheme_options(p: argparse.ArgumentParser) -> None:
+    """``--schemes`` and ``--scheme-params``: one spelling for every command that runs a grid of position schemes
+    (a rotary model's; T5 refuses any but the plain one)."""
+    p.add_argument(
+        "--schemes",
+        type=_comma_list(_scheme_item, "--schemes"),
+        default=None,
+        help="comma list of position schemes, each a name or name:key=value[:key=value] (e.g. "
+        "none,pi,yarn-rope:attention_factor=1,window; default: none); see docs/positions.md",
+    )
+    p.add_argument(
+        "--scheme-params",
+        type=_comma_list(_scheme_param_item, "--scheme-params"),
+        default=None,
+        help="comma list of key=value given to every listed scheme that takes the key (e.g. window=32)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole tree of ``python -m core``."""
     p = _Parser(prog="python -m core", description="Attention Alignment Explorer, headless.")
@@ -241,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     _methods_option(s, methods.SWEEP_DEFAULT, "; with --data: the --settings/--tau/--method choice")
     s.add_argument("--out", help="CSV written row by row")
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
+    _scheme_options(s)
     _budget_option(s, _ROWS_STAY)
     s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")
     s.add_argument("--batch-size", type=_batch_size, default=8, help="--data: documents per padded batch")
@@ -269,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pp.add_argument("--out", help="CSV written row by row (one row per length x method x copy)")
     pp.add_argument("--resume", action="store_true", help="skip rows already in --out")
+    _scheme_options(pp)
     pp.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     _param_options(pp)
     _budget_option(pp, _ROWS_STAY)
@@ -286,19 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument(
         "--cosine-scale", type=_positive, help="CosScale s for cosine-attention models (default: the trained s)"
     )
-    ml.add_argument(
-        "--schemes",
-        type=_comma_list(_scheme_item, "--schemes"),
-        default=None,
-        help="comma list of position schemes, each a name or name:key=value[:key=value] (e.g. "
-        "none,pi,yarn-rope:attention_factor=1,window; default: none); see docs/positions.md",
-    )
-    ml.add_argument(
-        "--scheme-params",
-        type=_comma_list(_scheme_param_item, "--scheme-params"),
-        default=None,
-        help="comma list of key=value given to every listed scheme that takes the key (e.g. window=32)",
-    )
+    _scheme_options(ml)
     ml.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     ml.add_argument("--out", help="CSV written row by row (one row per length x scheme x method)")
     ml.add_argument("--resume", action="store_true", help="skip the cells already in --out")

@@ -66,3 +66,23 @@ def test_perplexity_writes_buckets_and_resumes(llama_dir, tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {"nll_per_token", "nll_se", "by_position", "scheme"} <= set(rows[0])
     assert set(rows[-1]["by_position"]) == {"0-0.5x", "0.5-1x", "1-2x"}
+
+
+def test_sweep_and_perplexity_take_schemes_as_mlm_does(llama_dir, tmp_path, capsys):
+    """``--schemes`` (and ``--scheme-params``) on sweep and perplexity, spelt as mlm's: the rows name each scheme; a
+    bad scheme is one line, exit 2."""
+    out = tmp_path / "ppl.csv"
+    args = ["perplexity", "--model", str(llama_dir), "--train-length", "128", "--lengths", "2x"]
+    args += ["--methods", "none", "--sequences", "3", "--schemes", "none,yarn-rope", "--out", str(out)]
+    assert main(args) == 0
+    df = pd.read_csv(out, keep_default_na=False)
+    assert sorted(df["scheme"]) == ["none", "yarn-rope"], df["scheme"]
+    assert df["nll_per_token"].nunique() == 2  # the scheme reached the pass
+    sweep = tmp_path / "passkey.csv"
+    args = ["sweep", "--model", str(llama_dir), "--train-length", "260", "--lengths", "2x", "--depths", "0.5"]
+    args += ["--methods", "none", "--schemes", "pi,ntk", "--out", str(sweep)]
+    assert main(args) == 0
+    assert set(pd.read_csv(sweep)["scheme"]) == {"pi", "ntk"}
+    capsys.readouterr()
+    assert main([*args[:-2], "--schemes", "no-such-scheme"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
