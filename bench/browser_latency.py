@@ -27,9 +27,10 @@ them in the browser on each slider event, issue 41):
     from the same click until its grid is complete (``data-ready`` 15/15,
     computed in the background nearest the slider first) -> ``grid_ready_s``;
 (c) scrubbing with the keyboard over the grid: PageDown from 1.00 to 0.30 and
-    PageUp back (28 moves, one every ``--scrub-gap`` s: longer than the
-    component's 200 ms pause before it sends a key's release, so each step
-    reaches the server and its light rerun lands while the next steps are
+    PageUp back (28 moves, one every ``--scrub-gap`` s; a press within 700 ms
+    of the one before waits that long before the component sends its value, so
+    at the default 0.3 s the row sends its last value only, and a gap over
+    0.7 s reruns Explore's panel after every press while the next steps are
     drawn), each
     from the keydown event to the frame of the new grid tau painted ->
     ``scrub_s`` (median) and ``scrub_p95_s``;
@@ -1438,8 +1439,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.3,
         metavar="SECONDS",
-        help="seconds from one scrubbing key press to the next (default 0.3: each step's release, "
-        "sent after a 200 ms pause, reaches the server while the next steps are drawn)",
+        help="seconds from one scrubbing key press to the next (default 0.3: a row of presses, whose last value "
+        "alone reaches the server; over 0.7: each press's value does, 200 ms after it)",
     )
     p.add_argument("--drag-steps", type=int, default=60, help="mouse moves of one drag across the slider (default 60)")
     p.add_argument(
