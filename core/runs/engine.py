@@ -534,11 +534,36 @@ def run_encoded(
         if how.generate and loaded.seq2seq:
             timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
 
+    scored = how.generate and loaded.seq2seq
+    return _results(loaded, docs, encs, choice, answers, pieces, record, nll, t_enc, t_gen, scored)
+
+
+def _results(
+    loaded: Loaded,
+    docs: list[tasks.Document],
+    encs: list[Encoded],
+    choice: Choice,
+    answers: list[str],
+    pieces: list,
+    record: ProbeRecord | None,
+    nll: list | None,
+    t_read: float,
+    t_gen: float,
+    scored: bool,
+    order: list[int] | None = None,
+) -> list[Result]:
+    """One :class:`Result` per document, for both model shapes (an encoder-decoder and a decoder-only LM): the answer
+    scored where one was generated, the document's own probes (batch item ``order.index(i)`` when the batch was
+    reordered, longest first), seconds shared evenly over the batch. ``t_read``: the encoder pass or the prefill."""
+    at = {i: k for k, i in enumerate(order)} if order is not None else {i: i for i in range(len(encs))}
     results = []
     for i, (doc, enc) in enumerate(zip(docs, encs)):
-        scored = how.generate and loaded.seq2seq and doc.expected and doc.task != tasks.LM
-        sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
-        rec = record if (record is None or len(encs) == 1) else record.item(i)
+        sc = (
+            tasks.score(doc.task, answers[i], doc.expected)
+            if scored and doc.expected and doc.task != tasks.LM
+            else None
+        )
+        rec = record if (record is None or len(encs) == 1) else record.item(at[i])
         results.append(
             Result(
                 task=doc.task,
@@ -554,9 +579,9 @@ def run_encoded(
                 question_tokens=enc.question_tokens,
                 probes=rec,
                 seconds={
-                    "encode": t_enc / len(encs),
+                    "encode": t_read / len(encs),
                     "generate": t_gen / len(encs),
-                    "total": (t_enc + t_gen) / len(encs),
+                    "total": (t_read + t_gen) / len(encs),
                 },
                 cosine_scale=choice.cosine_scale if loaded.cosine else None,
                 nll=None if nll is None or nll[i] is None else nll[i][0],
@@ -650,38 +675,7 @@ def _run_decoder(
         timing.record(timing.model_key(loaded), e.n, t_pre / len(encs))
         if generating:
             timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
-    at = {i: k for k, i in enumerate(order)}  # document -> its batch item
-    results = []
-    for i, (doc, enc) in enumerate(zip(docs, encs)):
-        scored = generating and doc.expected and doc.task != tasks.LM
-        sc = tasks.score(doc.task, answers[i], doc.expected) if scored else None
-        rec = record if (record is None or len(encs) == 1) else record.item(at[i])
-        results.append(
-            Result(
-                task=doc.task,
-                answer=answers[i],
-                expected=doc.expected,
-                correct=None if sc is None else sc.correct,
-                parsed=None if sc is None else sc.parsed,
-                method=choice.method,
-                tau=choice.tau.matrix(loaded.n_layers, loaded.n_heads, rows=enc.n),
-                tokens=enc.n,
-                train_length=loaded.train_length,
-                needle_tokens=enc.needle_tokens,
-                question_tokens=enc.question_tokens,
-                probes=rec,
-                seconds={
-                    "encode": t_pre / len(encs),
-                    "generate": t_gen / len(encs),
-                    "total": (t_pre + t_gen) / len(encs),
-                },
-                nll=None if nll is None or nll[i] is None else nll[i][0],
-                scored_tokens=None if nll is None or nll[i] is None else nll[i][1],
-                answer_tokens=pieces[i],
-                schedule=choice.tau,
-            )
-        )
-    return results
+    return _results(loaded, docs, encs, choice, answers, pieces, record, nll, t_pre, t_gen, generating, order)
 
 
 def check_decoder_scheme(loaded: Loaded, scheme: positions.Scheme) -> None:
