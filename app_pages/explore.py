@@ -10,7 +10,7 @@ from ui import explore_views as views
 from ui import sidebar as sb
 from ui.page_state import PageState
 from ui.scrubber import AXIS_KEY, scrubber
-from ui.tour import still_on_step, tour
+from ui.tour import land, still_on_step, tour
 
 
 def main() -> None:
@@ -22,6 +22,7 @@ def main() -> None:
         "attention thin (Pmax down, entropy up); dividing the logits by tau < 1 sharpens it again. The slider "
         f"redraws every view below in your browser. Paper: {PAPER}."
     )
+    land()  # a new session without a link: the tour's first step open (before the sidebar draws its widgets)
     ctx = sb.sidebar(temperature=False)
     tour(ctx.train_length, ctx.loaded.family)
     with user_errors():  # a document this machine cannot hold: one message, and none of the views that need it

@@ -7,7 +7,7 @@ import streamlit as st
 
 from core.mechanics import attention
 from core.runs import methods
-from ui import choices
+from ui import choices, url
 
 # The numbers in "more" are the default model's (retrieval-t5), pass key, seed 0, depth 50 %, CPU float32,
 # measured with core.runs.engine.run and Explore's probes (tests/app/test_lengths_legend_tour.py checks them).
@@ -85,12 +85,17 @@ def still_on_step(lt: int) -> bool:
     i = ss.get("tour_step")
     if i is None:
         return True
-    if all(ss.get(k) == v for k, v in _step_state(i, lt).items()):
+    want = _step_state(i, lt)
+    if TOUR[i]["method"] == methods.AS_TRAINED and ss.get("tau_method") == "fixed" and ss.get("tau_value") == 1.0:
+        want.pop("tau_method")  # tau = 1 typed as a fixed tau is the same view as "as trained"
+    if all(ss.get(k) == v for k, v in want.items()):
         return True
     ss["tour_step"] = None
     ss["_tour_left"] = TOUR[i]["title"]
     return False
 
+
+_LANDED = "_tour_landed"  # this session's first Explore run has been read (a link's or the landing's)
 
 #: What the tour says on a model it is not for, by family (:data:`core.mechanics.attention.FAMILIES`): a masked-LM
 #: encoder has no pass key to find; a decoder-only LLM does, but the steps' 8 x L_tr is 65,536 tokens on SmolLM2,
@@ -111,6 +116,19 @@ NOT_FOR = {
         "lengths are a few seconds a pass."
     ),
 }
+
+
+def land() -> None:
+    """A new session opened on Explore without a link lands with step 1 open: the first page then says what to look
+    at and where to click next (issue 59: the landing showed 1x with nothing to read, where both cards agree). Step 1
+    is the default view (a pass key at L_tr, tau = 1), so nothing on the page changes but the open step. Called
+    by the Explore page before the sidebar draws its widgets; once per session, never over a link's own view."""
+    ss = st.session_state
+    if ss.get(_LANDED):
+        return
+    ss[_LANDED] = True
+    if not st.query_params and ss.get(url.WRITTEN) is None:
+        choices.set_state(tour_step=0)  # the default view is step 1's (still_on_step reads tau = 1 either way)
 
 
 def tour(lt: int, family: str = attention.T5) -> None:

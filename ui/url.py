@@ -51,7 +51,7 @@ from core.values import positions
 from ui import choices
 from ui.streamlit_private import history_navigation
 
-_WRITTEN = "_url_written"  # the view this session last wrote or applied (a changed URL is a link or back/forward)
+WRITTEN = "_url_written"  # the view this session last wrote or applied (a changed URL is a link or back/forward)
 
 
 def _finite(v: str, what: str) -> float:
@@ -180,9 +180,9 @@ def apply() -> list[str]:
     """Copy a newly opened URL's view into session state; returns one message per unusable parameter."""
     ss = st.session_state
     url = _current()
-    if not url or url == ss.get(_WRITTEN):
+    if not url or url == ss.get(WRITTEN):
         return []
-    if ss.get(_WRITTEN) is not None and not history_navigation():
+    if ss.get(WRITTEN) is not None and not history_navigation():
         return []  # an echo of an older view (see the module docstring), not a link or back/forward
 
     problems = []
@@ -208,7 +208,7 @@ def apply() -> list[str]:
         ss[key] = value
     if "task" in url or "tokens" in url:
         ss["doc_mode"] = "Generate"
-    ss[_WRITTEN] = url  # applied once; the next sync() writes the resolved view
+    ss[WRITTEN] = url  # applied once; the next sync() writes the resolved view
     return problems
 
 
@@ -237,4 +237,4 @@ def sync(ctx) -> None:
     v = view(ctx)
     if _current() != v:
         st.query_params.from_dict(v)
-    st.session_state[_WRITTEN] = v
+    st.session_state[WRITTEN] = v

@@ -194,3 +194,21 @@ def test_tour_step_4_numbers_are_algorithm_1s(loaded):
     )
     assert quoted in more
     clear_app_caches()
+
+
+@needs_model
+def test_a_new_session_lands_with_the_tour_open_at_its_first_step():
+    """Issue 59: the first page spoke of nothing (1x, both cards agree). A session opened without a link lands with
+    step 1 open, its sentence on the page; a link's own settings keep their view (no step opened over them)."""
+    from streamlit.testing.v1 import AppTest
+
+    from support.app import APP, TIMEOUT
+    from ui.tour import TOUR
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert at.session_state["tour_step"] == 0
+    assert any(TOUR[0]["title"] in i.value for i in at.info)
+    linked = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    linked.query_params.update(tokens="8x")
+    linked.run()
+    assert "tour_step" not in linked.session_state or linked.session_state["tour_step"] is None
