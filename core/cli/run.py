@@ -60,9 +60,13 @@ def command(args) -> int:
     if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
         if est is None:
             est = engine.estimate_pass(loaded, doc, enc, choice)
+        how = (
+            "two short passes and one attention call timed: a + b n + c n^2"
+            if loaded.decoder_only
+            else f"its first {engine.SAMPLE_TOKENS:,} tokens timed, scaled by the square of the length"
+        )
         print(
-            f"a {enc.n:,}-token pass: {timing.describe(est)} here (its first {engine.SAMPLE_TOKENS:,} tokens "
-            "timed, scaled by the square of the length)",
+            f"a {enc.n:,}-token pass: {timing.describe(est)} here ({how})",
             file=sys.stderr,
             flush=True,
         )
@@ -78,7 +82,7 @@ def command(args) -> int:
         mark = {True: "correct", False: "wrong", None: "-"}[res.correct]
         print(
             f"model {loaded.spec.name}  tokens {res.tokens} ({res.tokens / res.train_length:.1f}x L_tr={res.train_length})  "
-            f"method {chosen.method}  tau {np.round(res.tau.mean(1), 3).tolist()}"
+            f"method {chosen.method}  {_tau_text(res.tau)}"
             + ("" if choice.scheme.is_plain else f"  scheme {choice.scheme.spell()}")
         )
         print(
@@ -88,3 +92,11 @@ def command(args) -> int:
         for layer in res.layers():
             print(f"  layer {layer['layer']}: Pmax {layer['pmax']:.4f}  H {layer['entropy']:.4f}")
     return 0
+
+
+def _tau_text(tau: "np.ndarray") -> str:
+    """The run's tau in words: one value when every layer and head has it ("tau 1 (every layer and head)"), else
+    its mean per layer, said as such (a list of 30 ones printed bare read as noise, issue 59)."""
+    if np.allclose(tau, tau.flat[0]):
+        return f"tau {float(tau.flat[0]):.4g} (every layer and head)"
+    return f"tau by layer (mean over heads) {np.round(tau.mean(1), 3).tolist()}"

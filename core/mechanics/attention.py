@@ -637,22 +637,32 @@ def _layer_type(config, layer: int) -> str | None:
     return config.layer_types[layer]
 
 
+#: The attentions a bound scheme's mask and distances reach: a rotary encoder's self-attention, and a decoder-only
+#: LM's causal self-attention (:func:`_decoder_only`; its rows are causal, a cached step's at the end of its keys).
+SCHEME_KINDS: tuple[str, ...] = (ENCODER, DECODER)
+
+
 def _scheme_of(
     call: _Call | None, kind: str, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
 ) -> _SchemeOps | None:
-    """The call's position scheme for this attention (encoder self-attention only), or None when it changes
-    nothing here (no scheme, the plain one, or one that only changes frequencies: the rotary module did that).
+    """The call's position scheme for this attention (a rotary encoder's self-attention, a decoder-only LM's causal
+    self-attention: :data:`SCHEME_KINDS`), or None when it changes nothing here (no scheme, the plain one, or one
+    that only changes frequencies: the rotary module did that).
 
     ``query`` and ``key`` are the logit operands (:func:`logit_operands`: scaled, or normalised for CosScale; both
     commute with a rotation). A rectified scheme rotates k once per call here, every block's q in
-    :func:`core.values.positions.rectified_logits`."""
-    bound = None if call is None or kind != ENCODER else call.positions
+    :func:`core.values.positions.rectified_logits`. A decoder's rows sit at the end of its keys (``shift`` = k_len -
+    q_len: 0 for a prefill, the cache's length for a decoding step), so its mask rows and distances are those of
+    positions ``shift + r``; the causal mask is the block's own, ANDed with the scheme's."""
+    decoder = kind == DECODER and _decoder_only(module)
+    bound = None if call is None or not (kind == ENCODER or decoder) else call.positions
     if bound is None or not ({rope_positions.MASK, rope_positions.DISTANCES} & set(bound.scheme.changes)):
         return None
     k_len, device = key.shape[-2], query.device
+    shift = k_len - query.shape[-2] if decoder else 0
 
     def mask(r0: int, r1: int) -> torch.Tensor | None:
-        return bound.mask_rows(r0, r1, k_len, device)
+        return bound.mask_rows(shift + r0, shift + r1, k_len, device)
 
     if not bound.rectified:
         return _SchemeOps(bound, mask, None, lambda q, k: (q, k))
@@ -661,12 +671,13 @@ def _scheme_of(
     k_rot = rope_positions.rotate(key, torch.arange(k_len, device=device), inv, a)
 
     def logits(r0: int, r1: int, allowed: torch.Tensor | None) -> torch.Tensor:
+        distances = bound.capped_positions(shift + r0, shift + r1, k_len, device)
         return rope_positions.rectified_logits(
-            query, key, inv, bound.capped_positions(r0, r1, k_len, device), r0, a, allowed=allowed, k_rotated=k_rot
+            query, key, inv, distances, r0, a, allowed=allowed, k_rotated=k_rot, shift=shift
         )
 
     def rotated(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_positions.rotate(q, torch.arange(q.shape[-2], device=device), inv, a), k_rot
+        return rope_positions.rotate(q, torch.arange(shift, shift + q.shape[-2], device=device), inv, a), k_rot
 
     return _SchemeOps(bound, mask, logits, rotated)
 

@@ -278,9 +278,14 @@ def test_choose_backend_is_the_one_place_with_the_rules(monkeypatch):
     assert sb.choose_backend(dataclasses.replace(x, needs=probed)) == (
         sb.CPU_KERNEL if fused_softmax.available() else sb.TORCH
     )
-    # what only the torch backend does: the decoder's causal mask, whole weights, dropout, autograd with probes
-    for change in (dict(causal=True, mask=None), dict(weights=True), dict(dropout=0.1), dict(grad=True, needs=probed)):
+    # what only the torch backend does: whole weights, dropout, autograd with probes
+    for change in (dict(weights=True), dict(dropout=0.1), dict(grad=True, needs=probed)):
         assert sb.choose_backend(dataclasses.replace(x, **change)) == sb.TORCH, change
+    # causal rows (a decoder's prefill): the C++ kernel where it is built, probed or not
+    for needs in (None, probed):
+        assert sb.choose_backend(dataclasses.replace(x, causal=True, mask=None, needs=needs)) == (
+            sb.CPU_KERNEL if fused_softmax.available() else sb.TORCH
+        )
     assert sb.choose_backend(dataclasses.replace(x, grad=True)) == sb.SDPA  # autograd, nothing probed
     assert (
         sb.choose_backend(dataclasses.replace(x, query=x.query.double(), key=x.key.double(), value=x.value.double()))
@@ -297,7 +302,6 @@ def test_choose_backend_is_the_one_place_with_the_rules(monkeypatch):
     )
     assert sb.cuda_serves(x) and sb.cuda_serves(dataclasses.replace(x, needs=probed))
     for change in (
-        dict(causal=True, mask=None),
         dict(weights=True),
         dict(grad=True),
         dict(needs=sb.Needs(stats=True, probs=True)),

@@ -217,7 +217,7 @@ def test_config_output_attentions_is_honoured_under_apply(tiny_dir, tiny):
 
 def test_without_the_request_nothing_changes(tiny, monkeypatch):
     """No output_attentions: no weights, and a fused path (torch's sdpa, or on the CPU our fused softmax kernel)
-    still serves every non-causal attention; asking for weights is what moves a pass off it."""
+    still serves every attention; asking for weights is what moves a pass off it."""
     calls = []
     for name in ("_fused", "_kernel_blocks"):
         fused = getattr(attention, name)
@@ -228,6 +228,7 @@ def test_without_the_request_nothing_changes(tiny, monkeypatch):
         n_plain = len(calls)
         asked = tiny.model(**enc, decoder_input_ids=DECODER_IDS, output_attentions=True)
     assert plain.encoder_attentions is None and plain.cross_attentions is None
-    assert n_plain == tiny.model.config.num_layers + tiny.model.config.num_decoder_layers  # encoder + cross
+    # encoder, decoder self (its causal rows, served too) and cross
+    assert n_plain == tiny.model.config.num_layers + 2 * tiny.model.config.num_decoder_layers
     assert len(calls) == n_plain  # the asking pass added none
     torch.testing.assert_close(asked.logits, plain.logits, atol=1e-5, rtol=1e-5)
