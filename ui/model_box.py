@@ -116,6 +116,8 @@ def model_section() -> Loaded:
         + (
             "T5: learned relative bias, encoder-decoder"
             if loaded.seq2seq
+            else f"decoder-only LLM: causal self-attention, rotary positions, {loaded.n_kv_heads} key/value heads"
+            if loaded.decoder_only
             else "RoPE: rotary positions, masked-LM encoder (fills masked tokens; no decoder)"
         )
     )

@@ -193,3 +193,11 @@ def test_the_tour_speaks_of_a_decoder_as_a_decoder(llama_env):
     said = " ".join(i.value for i in at.info)
     assert "decoder-only LLM" in said and "masked-LM encoder" not in said
     assert not any(b.key and b.key.startswith("tour_") for b in at.button)
+
+
+def test_the_model_box_names_a_decoder_as_one(llama_env):
+    """The Model box's caption on a decoder-only LLM: causal self-attention and its key/value heads, not the
+    masked-LM encoder's line."""
+    at = _explore()
+    said = " ".join(c.value for c in at.sidebar.caption)
+    assert "decoder-only LLM" in said and "2 key/value heads" in said and "masked-LM encoder" not in said

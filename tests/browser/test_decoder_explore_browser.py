@@ -30,7 +30,7 @@ def smollm2() -> str:
 
     if not install.installed("smollm2-135m"):
         pytest.skip("SmolLM2-135M is not installed here: python -m core models fetch smollm2-135m")
-    return str(install.folder("smollm2-135m"))
+    return "smollm2-135m"  # by its catalog name, as a person picks it (the Model box shows the name, not a path)
 
 
 def test_smollm2_explore_at_4k_paints_its_grid(smollm2, tmp_path):
