@@ -24,24 +24,14 @@ from core.mechanics import attention, fused_softmax, softmax_block
 from core.mechanics.probes import ProbeSpec, Recorder
 from core.runs.apply import apply, check_supported
 from core.values.choice import Choice
+from support.decoders import tiny_decoder_fields
 
 TAU = 0.7
 #: Logits of ours and eager's agree to 1e-5, absolute and relative (float32; the logits are a few units, so
 #: the sdpa and kernel backends' other order of sums shows up at 1e-5 of them after two layers).
 TOL = 1e-5
 VOCAB = 128
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-    initializer_range=0.2,
-    tie_word_embeddings=False,
-)
+COMMON = tiny_decoder_fields(vocab_size=VOCAB)
 
 
 def _config(family: str):

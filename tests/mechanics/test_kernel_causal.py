@@ -24,6 +24,7 @@ from core.mechanics import attention, fused_softmax, softmax_block
 from core.mechanics.probes import ProbeSpec, Recorder
 from core.runs.apply import apply
 from core.values.choice import Choice
+from support.decoders import tiny_decoder_fields
 
 pytestmark = pytest.mark.skipif(not fused_softmax.available(), reason="the fused kernel does not build here")
 
@@ -32,17 +33,13 @@ VOCAB = 96
 TOKENS = 40
 #: A block budget of 7 rows of the tiny models' calls (1 item x 6 heads x 40 keys x 4 bytes each): 6 blocks a call.
 CHUNK = 7 * 6 * TOKENS * 4
-COMMON = dict(
+COMMON = tiny_decoder_fields(
     vocab_size=VOCAB,
     hidden_size=48,
     intermediate_size=96,
     num_hidden_layers=3,
     num_attention_heads=6,
-    num_key_value_heads=2,
-    head_dim=16,
     max_position_embeddings=128,
-    initializer_range=0.2,
-    tie_word_embeddings=False,
 )
 
 

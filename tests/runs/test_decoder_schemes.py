@@ -34,6 +34,7 @@ from core.models import load
 from core.runs import engine, rope_pass
 from core.values.choice import TRAINED, Choice
 from core.values.positions import Scheme, ntk_theta
+from support.decoders import tiny_decoder_fields
 
 VOCAB = 384  # ByT5's tokenizer serves any model with at least 384 tokens
 TRAIN_LENGTH = 64
@@ -48,17 +49,9 @@ needs_rows = pytest.mark.skipif(
 
 
 def _config(family: str, **extra):
-    common = dict(
+    common = tiny_decoder_fields(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         max_position_embeddings=TRAIN_LENGTH,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=None,
