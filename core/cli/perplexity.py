@@ -20,7 +20,9 @@ def command(args) -> int:
     loaded = load_model(args.model, args.train_length, args.device, args.tokenizer, args.dtype)
     names = args.methods.split(",") if args.methods else list(methods.PERPLEXITY_DEFAULT)
     token_counts = lengths(args.lengths, loaded.train_length)
-    check_fits(loaded, max(token_counts), "--lengths asks for sequences of", batch=args.batch_size)
+    # a decoder-only LM scores one sequence per pass whatever --batch-size says (core.experiments.perplexity.score)
+    batch = 1 if loaded.decoder_only else args.batch_size
+    check_fits(loaded, max(token_counts), "--lengths asks for sequences of", batch=batch)
     check_reference(loaded, names, args.samples)
     schemes = _schemes(args)
     plan = PerplexityPlan(

@@ -86,3 +86,27 @@ def test_sweep_and_perplexity_take_schemes_as_mlm_does(llama_dir, tmp_path, caps
     capsys.readouterr()
     assert main([*args[:-2], "--schemes", "no-such-scheme"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_perplexity_on_a_decoder_checks_memory_for_one_sequence(llama_dir, tmp_path, monkeypatch, capsys):
+    """A decoder-only LM scores one sequence per pass, so the memory check before a perplexity table asks room
+    for one sequence, not --batch-size of them (16,384 tokens x 8 was refused on SmolLM2 although it runs)."""
+    from core.models import load, memory
+    from core.runs import engine
+
+    loaded = load(str(llama_dir), device="cpu")
+    free = 1e6
+    while engine_tokens(engine, loaded, memory, monkeypatch, free) < 300:  # room for one 256-token sequence ...
+        free *= 1.2
+    monkeypatch.setattr(memory, "free_bytes", lambda device: free)
+    assert engine.max_tokens(loaded, batch=8) < 256  # ... and not for 8 of them
+    out = tmp_path / "ppl.csv"
+    args = ["perplexity", "--model", str(llama_dir), "--train-length", "128", "--lengths", "2x"]
+    args += ["--methods", "none", "--sequences", "3", "--batch-size", "8", "--out", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+
+
+def engine_tokens(engine, loaded, memory, monkeypatch, free: float) -> int:
+    """The longest sequence ``engine.max_tokens`` allows one at a time with ``free`` bytes free."""
+    monkeypatch.setattr(memory, "free_bytes", lambda device: free)
+    return engine.max_tokens(loaded)
