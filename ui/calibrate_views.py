@@ -168,12 +168,13 @@ def run(ctx: PageState, button_col) -> dict | None:
     label = "Run Algorithm 1" if shown is None else "Complete the curves"
     if button_col.button(label, type="primary", key="cal_run"):
         text = "Algorithm 1: forward passes over its range of tau…"
-        bar = st.progress(0.0, text=timing.progress_text(text, 0.0, 0.0, planned))
+        left = timing.Countdown(planned)  # a time left that never jumps back up (issue 59 point 8)
+        bar = st.progress(0.0, text=left.text(text, 0.0, 0.0))
         t0 = time.perf_counter()
 
         def progress(f: float) -> None:
             f = min(1.0, f)
-            bar.progress(f, text=timing.progress_text(text, f, time.perf_counter() - t0, planned))
+            bar.progress(f, text=left.text(text, f, time.perf_counter() - t0))
 
         with user_errors(bar):
             cache.calibrate_both(ctx.loaded, ctx.request, ctx.choice, fast=fast, samples=samples, progress=progress)

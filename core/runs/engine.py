@@ -349,19 +349,19 @@ SAMPLE_TOKENS = 2048
 def estimate_pass(
     loaded: Loaded, document: tasks.Document, encoded: Encoded, choice: Choice = TRAINED, how: Pass = DEFAULT_PASS
 ) -> float:
-    """Seconds the pass over ``encoded`` should take here: a pass over its first :data:`SAMPLE_TOKENS`
-    tokens (same settings, no answer), timed the second time it runs (the first pays for what a process
-    does once: the kernel library, the allocator), scaled by the square of the length (attention's cost).
-    Why a sample: a long document's pass can take minutes, and "before it starts, about how long it
-    takes" needs a measurement of this machine now, which costs under a second. It errs long: measured
-    on the default model (2026-11-26, quiet) 27 s for a 16,384-token pass of 16-18 s, 107 s for a
-    32,768-token one of 91 s (a fit of ``a L + b L^2`` through two samples said 8 s and 44 s: the short
-    samples cannot see the long pass's cache misses).
+    """Seconds the pass over ``encoded`` should take here, measured on this machine now (under a few seconds): a
+    long document's pass can take minutes, and "before it starts, about how long it takes" needs this machine's
+    speed, not a table's.
 
-    A decoder-only LM longer than the samples: ``a + b n + c n^2`` (:mod:`core.runs.timing`): ``c`` from one causal
-    attention call of its shape timed here (:func:`core.runs.timing.attention_per_pair`), ``a + b n`` the line
-    through two short prefills (:data:`core.runs.timing.DECODER_SAMPLES`, after an untimed one) once ``c n^2`` is
-    taken off. Its linear layers dominate to about 8k tokens, which a square law overshoots."""
+    Longer than the short samples: ``a + b n + c n^2`` (:mod:`core.runs.timing`), the encoder's (or a T5's) as the
+    decoder-only LM's: ``c`` from one attention call of the model's shape timed here
+    (:func:`core.runs.timing.attention_per_pair`: causal rows for a decoder, all-pairs rows with T5's relative
+    bias for an encoder), ``a + b n`` the line through two short passes (same settings, no answer;
+    :data:`core.runs.timing.ENCODER_SAMPLES` or :data:`~core.runs.timing.DECODER_SAMPLES`, after an untimed one
+    that pays for what a process does once: the kernel library, the allocator) once ``c n^2`` is taken off. Why
+    not the square of one sample's time: the linear layers are a quarter of the default T5's 2,048-token pass
+    and half of SmolLM2's 8k pass, so the square law overshot (22 s said for a 16 s T5 pass at 8k;
+    bench/estimates.py, bench/estimate_decoder.py). Up to the samples' length: the pass itself, timed twice."""
     how = replace(how, generate=False)
 
     def timed(m: int) -> float:
@@ -374,14 +374,16 @@ def estimate_pass(
         )
         return run(loaded, document, choice, how, encoded=head).seconds["encode"]
 
-    if loaded.decoder_only and encoded.n > timing.DECODER_SAMPLES[-1]:
-        c = timing.attention_per_pair(loaded.config, how.probes.wanted, device=str(loaded.device))
-        timed(timing.DECODER_SAMPLES[0])  # what a process does once: the kernel library, the allocator
-        samples = [(m, timed(m)) for m in timing.DECODER_SAMPLES]
+    sizes = timing.DECODER_SAMPLES if loaded.decoder_only else timing.ENCODER_SAMPLES
+    if encoded.n > sizes[-1]:
+        c = timing.attention_per_pair(
+            loaded.config, how.probes.wanted, device=str(loaded.device), causal=loaded.decoder_only
+        )
+        timed(sizes[0])  # what a process does once: the kernel library, the allocator
+        samples = [(m, timed(m)) for m in sizes]
         return timing.quadratic_estimate(samples, c, encoded.n)
-    m = min(SAMPLE_TOKENS, encoded.n)
-    seconds = [timed(m) for _ in range(2)]
-    return seconds[-1] * (encoded.n / m) ** 2
+    seconds = [timed(encoded.n) for _ in range(2)]
+    return seconds[-1]
 
 
 def run_batch(

@@ -8,19 +8,23 @@ keyed by the model and the document's token count); pages ask
 The record is process-wide and thread-safe: Streamlit runs each session's
 script in its own thread, and background work may run passes too.
 
-Before a long pass (:func:`core.runs.engine.estimate_pass`) a T5 or encoder model's time is a short sample's
-scaled by the square of the length; a decoder-only LM's is ``a + b n + c n^2``: its linear layers (``b n``)
-dominate short and mid lengths (at 8k they are half of SmolLM2's pass), so a square law from 2k tokens said
-"about 3 min" for an 8k pass. ``c`` is one causal attention call of the model's shape timed here
-(:func:`attention_per_pair`), ``a`` and ``b`` the line through two short timed passes once ``c n^2`` is taken
-off (:func:`quadratic_fit`); bench/README.md gives how close it came.
+Before a long pass (:func:`core.runs.engine.estimate_pass`) a model's time is ``a + b n + c n^2``, the encoder's
+as the decoder-only LM's: ``c`` is one attention call of the model's shape timed here (:func:`attention_per_pair`:
+causal rows for a decoder, all-pairs rows with T5's relative bias for an encoder), ``a`` and ``b`` the line through
+two short timed passes once ``c n^2`` is taken off (:func:`quadratic_fit`). Why not a short sample's time scaled by
+the square of the length: the linear layers (projections, feed-forward, a T5's decoder reading the encoder) are a
+quarter of the default T5's 2,048-token pass and half of SmolLM2's 8k pass, so the square law said 22 s for a
+16 s pass at 8k (T5) and "about 3 min" for SmolLM2's 8k; bench/README.md gives how close the fit comes.
 
-Estimates from recorded passes come from the measured length nearest to the one asked for,
-scaled by ``(tokens / measured) ** k``. ``k`` is 2 (attention's cost grows
-with the square of the length) when one length has been measured; with two
-or more, ``k`` is read off the two measured lengths nearest the asked one and
-kept within [1, 2], because at short lengths the linear parts of the model
-(feed-forward, projections) dominate and a pure square law overshoots.
+Estimates from recorded passes: between and below the measured lengths, the measured length nearest to the
+one asked for, scaled by ``(tokens / measured) ** k``, ``k`` read off the two measured lengths nearest the asked
+one and kept within [1, 2] (2 with one length measured). Past the longest measured length, ``b n + c n^2``
+through the two longest (:func:`_extrapolate`): a power law read off two short lengths keeps their mostly
+linear growth, and said 12 s for a 16 s pass at 8k.
+
+A progress bar's time left (:class:`Countdown`) never rises: the larger of the plan's and the rate's remainder,
+held to a countdown, and "taking longer than estimated" once the countdown is spent (Calibrate's bar said
+"18 % - under 1 s left", then "41 % - about 19 s left": its first steps were passes already made).
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ def estimate(model_key: Hashable, tokens: int, kind: str = ENCODE) -> float | No
     nearest = min(lengths, key=lambda n: (abs(math.log(n / tokens)), -n))
     if nearest == tokens:
         return m[nearest]
+    if len(lengths) >= 2 and tokens > lengths[-1]:
+        p, q = lengths[-2], lengths[-1]
+        return _extrapolate(p, m[p], q, m[q], tokens)
     exponent = 2.0
     if len(lengths) >= 2:
         # the two measured lengths nearest the asked one (on a log scale), for the local growth
@@ -80,6 +87,19 @@ def estimate(model_key: Hashable, tokens: int, kind: str = ENCODE) -> float | No
         if m[a] > 0 and m[b] > 0:
             exponent = min(2.0, max(1.0, math.log(m[b] / m[a]) / math.log(b / a)))
     return m[nearest] * (tokens / nearest) ** exponent
+
+
+def _extrapolate(p: int, tp: float, q: int, tq: float, tokens: int) -> float:
+    """Seconds at ``tokens`` (past ``q``) of ``b n + c n^2`` through ``(p, tp)`` and ``(q, tq)``, ``p < q``, with
+    ``b, c >= 0``: a negative ``c`` (noise, or a longer pass that ran on a quieter machine) keeps the line through
+    the longest, a negative ``b`` the square law from it."""
+    c = (tq / q - tp / p) / (q - p)
+    b = tp / p - c * p
+    if c < 0:
+        b, c = tq / q, 0.0
+    elif b < 0:
+        b, c = 0.0, tq / q**2
+    return b * tokens + c * tokens**2
 
 
 def clear(model_key: Hashable | None = None) -> None:
@@ -188,6 +208,48 @@ def progress_text(label: str, fraction: float, elapsed: float, planned: float | 
     if left is not None and fraction < 1:
         text += f" · {describe(left)} left"
     return text
+
+
+class Countdown:
+    """A progress bar's time left that never rises (Calibrate's said "under 1 s left", then "about 19 s left").
+
+    Each :meth:`left` takes the larger of two remainders: the plan's (``planned`` seconds, from passes timed
+    here, times the share still to do) and the rate's (the time so far over the share done, times the share
+    left). The rate alone is wrong when the first steps were free (passes another page already made) and the
+    plan alone when this machine is busier than when the passes were timed; the larger errs long, not short.
+    Then it is held to a countdown: never more than the last time left less the time since, so it falls with
+    the clock and does not jump back up; once it is spent with work left, :meth:`text` says the work is taking
+    longer than estimated instead of "under 1 s left"."""
+
+    def __init__(self, planned: float | None = None) -> None:
+        self.planned = planned if planned is not None and math.isfinite(planned) and planned > 0 else None
+        self._last: tuple[float, float] | None = None  # (elapsed, seconds left) last said
+
+    def left(self, fraction: float, elapsed: float) -> float | None:
+        """Seconds left when ``fraction`` of the work is done after ``elapsed`` seconds (None: no way to know)."""
+        fraction = max(0.0, min(1.0, fraction))
+        if fraction >= 1:
+            return 0.0
+        candidates = [v for v in (remaining(elapsed, fraction),) if v is not None]
+        if self.planned is not None:
+            candidates.append(self.planned * (1 - fraction))
+        if not candidates:
+            return None
+        left = max(candidates)
+        if self._last is not None:
+            left = min(left, max(0.0, self._last[1] - max(0.0, elapsed - self._last[0])))
+        self._last = (elapsed, left)
+        return left
+
+    def text(self, label: str, fraction: float, elapsed: float) -> str:
+        """The bar's text: the label, the share done, and the time left or that it runs past its estimate."""
+        left = self.left(fraction, elapsed)
+        text = f"{label} {max(0.0, min(1.0, fraction)):.0%}"
+        if fraction >= 1 or left is None:
+            return text
+        if left <= 0:
+            return text + f" · taking longer than estimated ({elapsed:.0f} s so far)"
+        return text + f" · {describe(left)} left"
 
 
 def algorithm1_passes(grid_size: int, fast: bool, criteria: int = 2) -> int:
@@ -308,26 +370,48 @@ def decoder_shape(config) -> tuple[int, int, int, int]:
     return heads, kv, dim, int(config.num_hidden_layers)
 
 
-def attention_per_pair(config, probed: bool, tokens: int = ATTENTION_SAMPLE, device: str = "cpu") -> float:
-    """Seconds per (row, key) pair squared of a decoder pass's attention: ``c`` of ``a + b n + c n^2``.
+#: Tokens of the two short passes an encoder's (or a T5's) estimate fits its ``a + b n`` to (after one untimed pass
+#: at the first length): long enough that the attention's share is measured in them, not only guessed.
+ENCODER_SAMPLES = (1024, 2048)
 
-    One causal call of the model's shape (its query and grouped key/value heads, head dim) over ``tokens`` rows,
-    through the backend the pass's attention takes for it (:func:`core.mechanics.softmax_block.choose_backend`:
-    the C++ kernel on the CPU; with ``probed``, the row statistics asked as a probed pass asks them), timed the
-    second time it runs, times the layers, over ``tokens ** 2``. Why measured apart: in a short pass the
+
+def encoder_shape(config) -> tuple[int, int, int, int]:
+    """``(heads, heads, head dim, encoder layers)`` of an encoder's or a T5's config (T5's head dim is ``d_kv``,
+    not ``d_model / heads``)."""
+    heads = int(config.num_attention_heads)
+    dim = int(getattr(config, "d_kv", None) or getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return heads, heads, dim, int(config.num_hidden_layers)
+
+
+def attention_per_pair(
+    config, probed: bool, tokens: int = ATTENTION_SAMPLE, device: str = "cpu", causal: bool = True
+) -> float:
+    """Seconds per (row, key) pair squared of a pass's attention: ``c`` of ``a + b n + c n^2``.
+
+    One call of the model's shape over ``tokens`` rows (``causal``: a decoder-only LM's causal rows with its
+    query and grouped key/value heads, :func:`decoder_shape`; otherwise an encoder's all-pairs rows,
+    :func:`encoder_shape`, with a relative position bias read in place when the model has one, as T5's), through
+    the backend the pass's attention takes for it (:func:`core.mechanics.softmax_block.choose_backend`: the C++
+    kernel on the CPU; with ``probed``, the row statistics asked as a probed pass asks them), timed the second
+    time it runs, times the layers, over ``tokens ** 2``. Why measured apart: in a decoder's short pass the
     attention is a small share of the time (a fifth at 1,024 tokens on SmolLM2), so two short passes cannot tell
     its growth from their noise, while at 8k it is half of the pass and at 32k most of it."""
     import torch
 
     from core.mechanics import softmax_block as sb
 
-    heads, kv, dim, layers = decoder_shape(config)
+    heads, kv, dim, layers = decoder_shape(config) if causal else encoder_shape(config)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, tokens, dim, generator=g).to(device)
     k = torch.randn(1, kv, tokens, dim, generator=g).to(device)
     v = torch.randn(1, kv, tokens, dim, generator=g).to(device)
+    bias = None
+    if not causal and getattr(config, "relative_attention_num_buckets", None):
+        from core.mechanics.relative_bias import RelativeBias
+
+        bias = RelativeBias(torch.randn(heads, 2 * tokens - 1, generator=g).to(device), tokens, tokens)
     needs = sb.Needs(stats=True) if probed else None
-    x = sb.Inputs(q, k, v, tau=torch.full((heads, 1, 1), 0.7, device=device), causal=True, needs=needs)
+    x = sb.Inputs(q, k, v, bias=bias, tau=torch.full((heads, 1, 1), 0.7, device=device), causal=causal, needs=needs)
     name = sb.choose_backend(x)
     step = sb.rows_per_block(name, x, None)
     seconds = []
