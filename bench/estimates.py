@@ -9,7 +9,8 @@ For each multiple of L_tr, a pass key document, then:
   and two short passes (:mod:`core.runs.timing`), and what it cost to make;
 * the recorded-pass estimate the app's pages give (``timing.estimate``), from the passes this script already
   timed at the shorter multiples (none before the first: the app then has the lengths the person visited);
-* the pass itself, timed (probed, no answer: what both estimates are of), and each estimate / measured.
+* the square law this replaced (a 2,048-token pass's time, timed twice here, scaled by the square of the length);
+* the pass itself, timed (probed, no answer: what the estimates are of), and each estimate / measured.
 
 One line per multiple, with the machine (CPU, ISA), torch's threads and the load average before and after: every
 wall time here includes other processes' work, so a number means nothing without the load beside it.
@@ -22,6 +23,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +71,11 @@ def main(argv=None) -> int:
     how = engine.Pass(generate=False)
     key = timing.model_key(loaded)
     print(f"{args.model} (L_tr {loaded.train_length:,}) on {machine()}", flush=True)
-    print("multiple  tokens  estimate_pass (cost)  recorded-pass est.  measured  est/meas  rec/meas  load", flush=True)
+    print(
+        "multiple  tokens  estimate_pass (cost)  recorded-pass est.  old square law  measured  est/meas  rec/meas  "
+        "square/meas  load",
+        flush=True,
+    )
     done: list[tuple[int, float]] = []
     for k in multiples:
         n = k * loaded.train_length
@@ -84,13 +90,18 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         est = engine.estimate_pass(loaded, doc, enc)
         cost = time.perf_counter() - t
+        head = replace(
+            enc, input_ids=enc.input_ids[:2048], offsets=enc.offsets[:2048], needle_tokens=None, question_tokens=None
+        )
+        square = [engine.run(loaded, doc, how=how, encoded=head).seconds["encode"] for _ in range(2)][-1]
+        square *= (enc.n / 2048) ** 2
         measured = engine.run(loaded, doc, how=how, encoded=enc).seconds["encode"]
         done.append((enc.n, measured))
         rec = "         -" if recorded is None else f"{recorded:9.1f} s"
         rec_ratio = "   -" if recorded is None else f"{recorded / measured:4.2f}"
         print(
-            f"{k:>6}x  {enc.n:>6}  {est:8.1f} s ({cost:4.1f} s)   {rec}        {measured:6.1f} s  "
-            f"{est / measured:6.2f}    {rec_ratio}    {before} -> {load()}",
+            f"{k:>6}x  {enc.n:>6}  {est:8.1f} s ({cost:4.1f} s)   {rec}        {square:8.1f} s  {measured:6.1f} s  "
+            f"{est / measured:6.2f}    {rec_ratio}    {square / measured:6.2f}    {before} -> {load()}",
             flush=True,
         )
     return 0
