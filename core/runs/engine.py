@@ -381,7 +381,9 @@ def estimate_pass(
         )
         timed(sizes[0])  # what a process does once: the kernel library, the allocator
         samples = [(m, timed(m)) for m in sizes]
-        return timing.quadratic_estimate(samples, c, encoded.n)
+        a, b, c = timing.quadratic_fit(samples, c)
+        timing.remember_law(timing.model_key(loaded), a, b, c)  # the pages' estimates past the passes made so far
+        return a + b * encoded.n + c * encoded.n**2
     seconds = [timed(encoded.n) for _ in range(2)]
     return seconds[-1]
 

@@ -20,7 +20,8 @@ Estimates from recorded passes: between and below the measured lengths, the meas
 one asked for, scaled by ``(tokens / measured) ** k``, ``k`` read off the two measured lengths nearest the asked
 one and kept within [1, 2] (2 with one length measured). Past the longest measured length, ``b n + c n^2``
 through the two longest (:func:`_extrapolate`): a power law read off two short lengths keeps their mostly
-linear growth, and said 12 s for a 16 s pass at 8k.
+linear growth, and said 12 s for a 16 s pass at 8k. When :func:`core.runs.engine.estimate_pass` has fitted
+``a + b n + c n^2`` for the model (:func:`remember_law`), that law answers past the longest recorded pass.
 
 A progress bar's time left (:class:`Countdown`) never rises: the larger of the plan's and the rate's remainder,
 held to a countdown, and "taking longer than estimated" once the countdown is spent (Calibrate's bar said
@@ -42,6 +43,8 @@ KEEP = 5
 
 _lock = threading.Lock()
 _times: dict[tuple[Hashable, str], dict[int, deque]] = {}
+#: model key -> ``(a, b, c)`` of the last ``a + b n + c n^2`` fitted here (:func:`remember_law`).
+_laws: dict[Hashable, tuple[float, float, float]] = {}
 
 
 def model_key(loaded) -> tuple:
@@ -77,6 +80,11 @@ def estimate(model_key: Hashable, tokens: int, kind: str = ENCODE) -> float | No
     nearest = min(lengths, key=lambda n: (abs(math.log(n / tokens)), -n))
     if nearest == tokens:
         return m[nearest]
+    if tokens > lengths[-1] and kind == ENCODE:
+        fitted = law(model_key)
+        if fitted is not None:  # measured here for this model: better than scaling short passes up
+            a, b, c = fitted
+            return a + b * tokens + c * tokens**2
     if len(lengths) >= 2 and tokens > lengths[-1]:
         p, q = lengths[-2], lengths[-1]
         return _extrapolate(p, m[p], q, m[q], tokens)
@@ -87,6 +95,22 @@ def estimate(model_key: Hashable, tokens: int, kind: str = ENCODE) -> float | No
         if m[a] > 0 and m[b] > 0:
             exponent = min(2.0, max(1.0, math.log(m[b] / m[a]) / math.log(b / a)))
     return m[nearest] * (tokens / nearest) ** exponent
+
+
+def remember_law(model_key: Hashable, a: float, b: float, c: float) -> None:
+    """Keep the ``a + b n + c n^2`` that :func:`core.runs.engine.estimate_pass` fitted for this model: past the
+    longest recorded pass, :func:`estimate` answers with it. Why: the pages' estimates otherwise scale the passes
+    recorded so far, and a person who goes from 1x to 32x has only 256-token passes recorded, whose time is
+    mostly fixed and linear costs; their square said 34 s for a 9 s pass at 8k (135 s at 16k for 35 s)."""
+    if all(math.isfinite(x) and x >= 0 for x in (a, b, c)):
+        with _lock:
+            _laws[model_key] = (float(a), float(b), float(c))
+
+
+def law(model_key: Hashable) -> tuple[float, float, float] | None:
+    """``(a, b, c)`` remembered for this model (:func:`remember_law`), or None."""
+    with _lock:
+        return _laws.get(model_key)
 
 
 def _extrapolate(p: int, tp: float, q: int, tq: float, tokens: int) -> float:
@@ -107,9 +131,11 @@ def clear(model_key: Hashable | None = None) -> None:
     with _lock:
         if model_key is None:
             _times.clear()
+            _laws.clear()
         else:
             for k in [k for k in _times if k[0] == model_key]:
                 del _times[k]
+            _laws.pop(model_key, None)
 
 
 def describe(seconds: float | None) -> str:

@@ -99,3 +99,36 @@ def test_the_estimate_at_four_times_the_sample_is_within_30_percent(tiny):
         if 0.7 <= ratios[-1] <= 1.3:
             break
     assert 0.7 <= ratios[-1] <= 1.3, f"estimate / measured {ratios} (load {os.getloadavg()})"
+
+
+def test_a_fitted_law_answers_past_the_passes_recorded_so_far():
+    """Only 256-token passes recorded (a person at 1x who asks for 32x): their square overshoots a pass that is
+    mostly linear there; once ``estimate_pass`` has fitted ``a + b n + c n^2`` for the model, that law answers
+    past the longest recorded pass, and the recorded lengths still answer for themselves."""
+    key = ("synthetic-law", "cpu", "float32")
+    a, b, c = 0.01, 8e-5, 1.3e-7
+    timing.clear(key)
+    try:
+        timing.record(key, 256, a + b * 256 + c * 256**2)
+        square = timing.estimate(key, 8192)
+        truth = a + b * 8192 + c * 8192**2
+        assert square > 2 * truth  # the square of a short pass's mostly fixed and linear time
+        timing.remember_law(key, a, b, c)
+        assert timing.estimate(key, 8192) == pytest.approx(truth)
+        assert timing.estimate(key, 256) == pytest.approx(a + b * 256 + c * 256**2)
+        timing.clear(key)
+        assert timing.law(key) is None
+    finally:
+        timing.clear(key)
+
+
+@pytest.mark.slow
+def test_estimate_pass_leaves_its_law_for_the_pages(tiny):
+    """After ``estimate_pass`` on a long document, the pages' estimate at that length is the same law's."""
+    key = timing.model_key(tiny)
+    timing.clear(key)
+    doc = tasks.make("passkey", tiny.tokenizer, 3000, seed=4)
+    enc = engine.encode(tiny, doc)
+    est = engine.estimate_pass(tiny, doc, enc)
+    assert timing.law(key) is not None
+    assert timing.estimate(key, enc.n) == pytest.approx(est)
