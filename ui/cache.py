@@ -39,7 +39,7 @@ from core.mechanics.attention import ROPE
 from core.mechanics.probes import ProbeSpec
 from core.mechanics.run_pass import DEFAULT_PASS, Pass
 from core.models import Loaded, load
-from core.runs import calibration, engine, methods, temperature
+from core.runs import calibration, engine, methods, temperature, timing
 from core.runs.settings import DocumentRequest
 from core.values import positions
 from core.values.choice import TRAINED, Choice
@@ -90,6 +90,21 @@ def token_count(loaded: Loaded, req: DocumentRequest) -> int:
     doc = document(loaded, req)
     n = doc.meta.get("tokens")
     return int(n) if n is not None else len(loaded.tokenizer(doc.text).input_ids)
+
+
+def pass_estimate(loaded: Loaded, req: DocumentRequest) -> float | None:
+    """Seconds one pass over the request's document should take here, for "about N s" before a long document's first
+    passes. Longer than the law's own samples, far past every pass this model has made (more than 4x the longest),
+    and with no fitted law yet, it first
+    measures one (:func:`core.runs.engine.estimate_pass`: two short passes and one attention call, a few seconds):
+    without it a move from 1x to 32x squared a 256-token pass's time, and said "about 2 min" for 68 s (issue 59)."""
+    key = timing.model_key(loaded)
+    n = token_count(loaded, req)
+    if n > engine.SAMPLE_TOKENS and timing.law(key) is None and n > 4 * max(timing.measured(key), default=0):
+        doc = document(loaded, req)
+        with gate().foreground():
+            engine.estimate_pass(loaded, doc, encoded(loaded, req, doc))
+    return timing.estimate(key, n)
 
 
 def encoded(loaded: Loaded, doc_key: Hashable, doc) -> engine.Encoded:

@@ -228,7 +228,7 @@ def scrubber(ctx, probes, spec: frames.ViewSpec, log: bool) -> dict:
         if all(cache.attention_key(s[0]) != cache.attention_key(o[0]) or s[1].probes != o[1].probes for o in first[:i])
     ]
     if first:
-        per = timing.estimate(timing.model_key(loaded), ctx.tokens)
+        per = cache.pass_estimate(loaded, req)
         total = None if per is None else per * len(first)
         n_pass = f"{len(first)} pass{'es' if len(first) > 1 else ''}"
         what = (

@@ -53,7 +53,7 @@ def layers_ticker(prog, budget):
 
 def refuse_over_budget(budget, loaded, doc, enc, choice, measured: list[str], samples: int, what: str) -> float:
     """Refuse (one line, exit 2) work whose estimate is over ``--max-seconds``: the pass over the document
-    (:func:`core.runs.engine.estimate_pass`: a timed pass over its first tokens, scaled by the square of the length)
+    (:func:`core.runs.engine.estimate_pass`: a + b n + c n^2 from two short passes and one attention call timed here)
     plus the passes the ``measured`` methods run to resolve (:func:`core.runs.methods.costs`, upper bounds), each
     scaled from the same timing. Returns the pass's estimate (seconds)."""
     from core.mechanics import attention

@@ -60,13 +60,9 @@ def command(args) -> int:
     if enc.n >= engine.ESTIMATE_FROM:  # long work says first about how long it takes
         if est is None:
             est = engine.estimate_pass(loaded, doc, enc, choice)
-        how = (
-            "two short passes and one attention call timed: a + b n + c n^2"
-            if loaded.decoder_only
-            else f"its first {engine.SAMPLE_TOKENS:,} tokens timed, scaled by the square of the length"
-        )
         print(
-            f"a {enc.n:,}-token pass: {timing.describe(est)} here ({how})",
+            f"a {enc.n:,}-token pass: {timing.describe(est)} here (two short passes and one attention call timed: "
+            "a + b n + c n^2)",
             file=sys.stderr,
             flush=True,
         )
