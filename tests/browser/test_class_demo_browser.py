@@ -24,6 +24,7 @@ from support.browser import (
     Deadline,
     choose,
     go,
+    open_tour,
     scrubber,
     serving,
     settle,
@@ -209,8 +210,12 @@ def _walkthrough(page, server: str) -> None:
     page.wait_for_selector('h1:has-text("Explore")', timeout=deadline.ms())
     settle(page, deadline)
 
+    # -- the landing: the tour open at its first step, with nothing clicked -----------------------------------
+    main = page.locator('[data-testid="stMain"]')
+    assert "Step 1 · At L_tr" in main.inner_text(timeout=deadline.ms()), "the first page lands on the tour's step 1"
+
     # -- the tour: step 4 open, the cards in view at 1400 x 1000 --------------------------------------------
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Guided tour").click(timeout=deadline.ms())
+    open_tour(page, deadline)
     page.locator(".st-key-tour_3 button").click(timeout=deadline.ms())
     settle(page, deadline, marker="Answer:", scope=SCRUBBER)
     assert "Step 4 · Algorithm 1" in page.locator('[data-testid="stMain"]').inner_text(timeout=deadline.ms())

@@ -498,6 +498,15 @@ def shoot(page, path: Path, deadline: Deadline) -> None:
     page.set_viewport_size({"width": 1400, "height": 1000})
 
 
+def open_tour(page, deadline: Deadline) -> None:
+    """The guided tour's expander open. A new session lands with it open at step 1 (ui.tour.land), so a click on
+    its summary would close it: click only when it is closed."""
+    details = page.locator('[data-testid="stExpander"] details').filter(has_text="Guided tour")
+    details.wait_for(timeout=deadline.ms())
+    if details.get_attribute("open", timeout=deadline.ms()) is None:
+        details.locator("summary").click(timeout=deadline.ms())
+
+
 def screenshots(page, server: str, out: Path, deadline: Deadline) -> None:
     """Every page in one session, after its 'compute' buttons, for the README.
 
@@ -507,7 +516,7 @@ def screenshots(page, server: str, out: Path, deadline: Deadline) -> None:
     """
     out.mkdir(parents=True, exist_ok=True)
     open_settled(page, server, deadline, marker="Answer:", scope=SCRUBBER)
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Guided tour").click(timeout=deadline.ms())
+    open_tour(page, deadline)
     settle(page, deadline)
     click_if_there(page, "tour_3", deadline)
     settle(page, deadline, marker="Answer:", scope=SCRUBBER)
