@@ -86,7 +86,7 @@ def still_on_step(lt: int) -> bool:
     if i is None:
         return True
     want = _step_state(i, lt)
-    if TOUR[i]["method"] == methods.AS_TRAINED and ss.get("tau_method") == "fixed" and ss.get("tau_value") == 1.0:
+    if TOUR[i]["method"] == methods.AS_TRAINED and ss.get("tau_method") == methods.FIXED and ss.get("tau_value") == 1.0:
         want.pop("tau_method")  # tau = 1 typed as a fixed tau is the same view as "as trained"
     if all(ss.get(k) == v for k, v in want.items()):
         return True
