@@ -255,15 +255,7 @@ def decoder_floor_child(model: str, length: int, layers_kept: int | None) -> dic
         "matmul_cpu_seconds": sum(v for k, v in cpu.items() if k != "exp"),
         "parts": parts,
         "cpu_parts": cpu,
-        "rates": {
-            "qk_gflops": rate_qk / 1e9,
-            "pv_gflops": rate_pv / 1e9,
-            "exp_g_per_s": rate_exp / 1e9,
-            "linear_gflops": rate_lin / 1e9,
-        },
-        "threads": torch.get_num_threads(),
-        "rss_before": rss_now(),
-        "rss_peak": max_rss(),
+        **_machine_rates(rate_qk, rate_pv, rate_exp, rate_lin),
     }
 
 
@@ -324,6 +316,23 @@ def decoder_pass_child(model: str, variant: str, length: int, reps: int, layers_
         "rss_peak": max_rss(),
         "threads": torch.get_num_threads(),
         "backends": sorted(set(chosen)),
+    }
+
+
+def _machine_rates(rate_qk: float, rate_pv: float, rate_exp: float, rate_lin: float) -> dict:
+    """The rates a floor was timed at, the threads and memory of the process: one record for every floor."""
+    import torch
+
+    return {
+        "rates": {
+            "qk_gflops": rate_qk / 1e9,
+            "pv_gflops": rate_pv / 1e9,
+            "exp_g_per_s": rate_exp / 1e9,
+            "linear_gflops": rate_lin / 1e9,
+        },
+        "threads": torch.get_num_threads(),
+        "rss_before": rss_now(),
+        "rss_peak": max_rss(),
     }
 
 
@@ -390,15 +399,7 @@ def floor_child(length: int, reps: int) -> dict:
         "seconds": sum(parts.values()),
         "cpu_seconds": cpu_seconds,
         "parts": parts,
-        "rates": {
-            "qk_gflops": rate_qk / 1e9,
-            "pv_gflops": rate_pv / 1e9,
-            "exp_g_per_s": rate_exp / 1e9,
-            "linear_gflops": rate_lin / 1e9,
-        },
-        "threads": torch.get_num_threads(),
-        "rss_before": rss_now(),
-        "rss_peak": max_rss(),
+        **_machine_rates(rate_qk, rate_pv, rate_exp, rate_lin),
     }
 
 
