@@ -69,7 +69,11 @@ from core.data import tasks
 from core.data.tasks.lm import COPY_KINDS, COPY_MIXED, COPY_ROOM, COPY_WITH, COPY_WITHOUT  # the kinds: the CLI's too
 from core.errors import NumericalError, UserError
 from core.experiments import csvio
-from core.experiments.sweep import resolve_for, typed_rows  # a method at a length, resumed rows: as retrieval sweeps do
+from core.experiments.sweep import (  # a method at a length, resumed rows: as retrieval sweeps do
+    acts_plain_cell,
+    resolve_for,
+    typed_rows,
+)
 from core.kinds import ENCODER
 from core.mechanics.probes import ProbeSpec
 from core.mechanics.run_pass import Pass
@@ -77,7 +81,7 @@ from core.models import Loaded
 from core.runs import engine, methods
 from core.runs.methods import method_label
 from core.values.choice import Choice
-from core.values.positions import PLAIN_SCHEME, Scheme
+from core.values.positions import PLAIN_SCHEME, SPEC_SEP, Scheme
 from core.values.validation import NewTokens, held_out_plan
 
 COLUMNS = [
@@ -397,7 +401,15 @@ def run_perplexity(
                 base = Choice.of(targets=plan.targets, scheme=scheme)
                 with guard():
                     tau, outcome = resolve_for(loaded, plan, n, m, docs[0], taus, None if scheme.is_plain else base)
-                    cell = score(loaded, docs, base.with_(tau=tau, method=m), plan.batch_size, encs, step)
+                    choice = base.with_(tau=tau, method=m)
+                    lengths = sorted({e.n for e in encs})  # each sequence's pass binds its scheme to its length
+                    plain = all(choice.acts_plain(loaded.config, loaded.train_length, k) for k in lengths)
+                    shared = _plain_cell(loaded, plan, rows, n, copy, docs, lengths) if plain else None
+                    if shared is not None:  # the model's own attention, already scored on these sequences
+                        cell = shared
+                        step(len(docs))
+                    else:
+                        cell = score(loaded, docs, choice, plan.batch_size, encs, step)
                 row = {
                     "model": plan.model,
                     "task": tasks.LM,
@@ -426,6 +438,45 @@ def run_perplexity(
                 if progress:
                     progress(done, plan.total, row)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+#: A row's fields that its passes made (what a cell that acts plain copies from an earlier such cell's row).
+PASS_FIELDS = ("actual_tokens", "perplexity", "nll", "scored_tokens", "nll_per_token", "nll_se", *BUCKET_COLUMNS)
+
+
+def _plain_cell(
+    loaded: Loaded,
+    plan: PerplexityPlan,
+    rows: list[dict],
+    n: int,
+    copy: str,
+    docs: list[tasks.Document],
+    lengths: list[int],
+) -> dict | None:
+    """An earlier row's scores (``seconds`` 0) when its cell was the model's own attention at ``n`` tokens on these
+    very sequences (:meth:`Choice.acts_plain`, checked again from its scheme and method); None: score them.
+
+    Why: at or below L_tr, tau = 1, log-length, log-n, YaRN and dynamic NTK all compute the model's own pass, bit
+    for bit; a table at 1x runs it once, not once per name (a resumed table reads the earlier row)."""
+    for r in rows:
+        if (
+            str(r.get("model")) != plan.model
+            or int(float(r["tokens"])) != n
+            or str(r.get("copy") or COPY_MIXED) != copy
+            or int(r["sequences"]) != len(docs)
+            or int(r["first_seed"]) != docs[0].seed
+            or int(r["last_seed"]) != docs[-1].seed
+        ):
+            continue
+        params = str(r.get("scheme_params") or "")
+        try:
+            scheme = Scheme.of(str(r.get("scheme") or PLAIN_SCHEME.name) + (SPEC_SEP + params if params else ""))
+            plain = acts_plain_cell(loaded, plan, lengths, scheme, str(r["method"]))
+        except (UserError, ValueError):
+            plain = False
+        if plain:
+            return {**{f: r[f] for f in PASS_FIELDS}, "seconds": 0.0}
+    return None
 
 
 def rope_bound_check(loaded: Loaded, scheme: Scheme) -> None:

@@ -24,6 +24,7 @@ the other's as done.
 from __future__ import annotations
 
 import contextlib
+import csv
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager as ContextManager
@@ -41,7 +42,7 @@ from core.models import Loaded
 from core.runs import engine, methods, timing
 from core.runs.methods import method_label
 from core.values.choice import Choice
-from core.values.positions import PLAIN_SCHEME, Scheme
+from core.values.positions import PLAIN_SCHEME, SPEC_SEP, Scheme
 from core.values.schedule import Schedule
 from core.values.validation import Depth, Samples, Seed, Tokens, validate
 
@@ -78,7 +79,7 @@ SCHEME_COLUMNS = ["scheme", "scheme_params"]
 def columns(plan: SweepPlan) -> list[str]:
     """The CSV's columns for this plan: :data:`COLUMNS`, plus :data:`SCHEME_COLUMNS` when it names a scheme other
     than the plain one."""
-    return COLUMNS + SCHEME_COLUMNS if plan.has_schemes else COLUMNS
+    return COLUMNS + SCHEME_COLUMNS if plan.scheme_columns else COLUMNS
 
 
 @dataclass
@@ -96,11 +97,19 @@ class SweepPlan:
     params: dict[str, float] = field(default_factory=dict)
     #: position schemes (Scheme, or texts ``mlm --schemes`` takes, e.g. ``yarn-rope``): each method runs under each
     schemes: tuple = (PLAIN_SCHEME,)
+    #: rows carry ``scheme`` columns although every scheme is plain: a plain plan resumed into a CSV that has them
+    #: (one table of methods and schemes, :func:`run_sweep`)
+    keep_scheme_columns: bool = False
 
     @property
     def has_schemes(self) -> bool:
         """Whether a scheme other than the plain one is asked (the rows then carry ``scheme`` columns)."""
         return any(not Scheme.of(s).is_plain for s in self.schemes)
+
+    @property
+    def scheme_columns(self) -> bool:
+        """Whether the rows carry ``scheme`` and ``scheme_params`` (:data:`SCHEME_COLUMNS`)."""
+        return self.has_schemes or self.keep_scheme_columns
 
     def cells(self) -> Iterable[tuple[int, float, int, str]]:
         """``(length, depth, seed, method)`` per cell; with schemes, ``method`` is ``(scheme, method)`` text
@@ -168,13 +177,22 @@ def split_cell(cell: str) -> tuple[Scheme, str]:
 
 def _done_keys(rows: list[dict[str, str]], path: Path | None, plan: SweepPlan | None = None) -> set[tuple]:
     """Keys of the rows a resumed CSV already holds (cells as written, restored by csvio)."""
-    extra = SCHEME_COLUMNS if plan is not None and plan.has_schemes else []
+    extra = SCHEME_COLUMNS if plan is not None and plan.scheme_columns else []
     try:
         return {tuple(_norm(k, r[k]) for k in (*KEY, *extra)) for r in rows}
     except ValueError as err:
         raise UserError(
             f"{path} holds a row that is not a sweep row ({err}); use another --out or drop --resume"
         ) from None
+
+
+def _header(path: Path | None) -> list[str] | None:
+    """The column names of an existing CSV's first line (None: no such file, or unreadable)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return next(csv.reader(f), None)
+    except (OSError, TypeError, UnicodeDecodeError, csv.Error):
+        return None
 
 
 def _norm(k: str, v) -> str:
@@ -221,13 +239,15 @@ def run_sweep(
     if plan.total:
         engine.check_length(loaded, max(plan.lengths))  # before a huge document is built, or the CSV touched
         _check_task(loaded, plan)
+    path = Path(out) if out else None
+    if resume and not plan.scheme_columns and _header(path) == COLUMNS + SCHEME_COLUMNS:
+        plan = replace(plan, keep_scheme_columns=True)  # plain cells beside the schemes' in one table
     model = None
     if pool is not None:
         model = pool.model_ref(loaded)
         pool.prepare(model)  # every actor loads the model before the CSV is touched
     track = tracker or cluster.NO_TRACKER
     say = report or (lambda msg: print(msg, file=sys.stderr))
-    path = Path(out) if out else None
     with csvio.ResultCSV(path, columns(plan), "sweep", resume=resume) as sink:
         done = _done_keys(sink.rows, path, plan)
         rows: list[dict] = typed_rows(path) if sink.rows else []
@@ -254,7 +274,8 @@ def run_sweep(
                 progress(index + 1 if pool is None else written, plan.total, row)
 
         if pool is None:
-            taus: dict[tuple[int, str], tuple] = {}  # (length, method) -> (schedule, search outcome)
+            # (length, method) -> (schedule, search outcome); ("plain", length, depth, seed) -> a pass's fields
+            taus: dict[tuple, tuple | dict] = dict(_plain_rows(loaded, plan, rows))
 
             def local_jobs() -> Iterator[cluster.Job]:
                 for i, (n, depth, seed, m) in cells:
@@ -312,7 +333,7 @@ def _key(plan: SweepPlan, n: int, depth: float, seed: int, m: str) -> tuple:
     scheme, m = split_cell(m)
     row = (plan.model, plan.task, n, depth, seed, methods.cell_text(m, plan.params))  # as its row names it
     key = tuple(_norm(k, v) for k, v in zip(KEY, row))
-    return (*key, scheme.name, scheme.params_text()) if plan.has_schemes else key
+    return (*key, scheme.name, scheme.params_text()) if plan.scheme_columns else key
 
 
 def _label(plan: SweepPlan, n: int, m: str, cells: list[tuple[int, float, int]]) -> str:
@@ -409,7 +430,24 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         doc = tasks.make(plan.task, loaded.tokenizer, n, depth=depth, seed=seed, haystack=plan.haystack)
         tau, outcome = resolve_for(loaded, plan, n, m, doc, cache, base)
         choice = Choice.of(tau=tau, method=m, scheme=scheme)
-        res = engine.run(loaded, doc, choice, engine.Pass(probes=ProbeSpec.stats_only()))
+        plain_key = ("plain", n, float(depth), int(seed))
+        tokens = len(engine.encode(loaded, doc).input_ids)  # the pass binds its scheme to the prompt's length
+        plain = choice.acts_plain(loaded.config, loaded.train_length, tokens, tokens + answer_rows(loaded))
+        if plain and plain_key in cache:  # the model's own attention, already run on this document: the same pass
+            made, seconds = cache[plain_key], 0.0
+        else:
+            res = engine.run(loaded, doc, choice, engine.Pass(probes=ProbeSpec.stats_only()))
+            made = {
+                "actual_tokens": res.tokens,
+                "answer": res.answer,
+                "expected": res.expected,
+                "correct": bool(res.correct),
+                "pmax": round(res.pmax, 5),
+                "entropy": round(res.entropy, 5),
+            }
+            seconds = round(res.seconds["total"], 4)
+            if plain:
+                cache[plain_key] = made
         out.append(
             (
                 index,
@@ -417,19 +455,19 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
                     "model": plan.model,
                     "task": plan.task,
                     "tokens": n,
-                    "actual_tokens": res.tokens,
+                    "actual_tokens": made["actual_tokens"],
                     "depth": depth,
                     "seed": seed,
                     "method": methods.cell_text(m, plan.params),
-                    "tau": tau.mean(res.tokens),
-                    "answer": res.answer,
-                    "expected": res.expected,
-                    "correct": bool(res.correct),
-                    "pmax": round(res.pmax, 5),
-                    "entropy": round(res.entropy, 5),
-                    "seconds": round(res.seconds["total"], 4),
+                    "tau": tau.mean(made["actual_tokens"]),
+                    "answer": made["answer"],
+                    "expected": made["expected"],
+                    "correct": bool(made["correct"]),
+                    "pmax": made["pmax"],
+                    "entropy": made["entropy"],
+                    "seconds": seconds,
                     **outcome,
-                    **({"scheme": scheme.name, "scheme_params": scheme.params_text()} if plan.has_schemes else {}),
+                    **({"scheme": scheme.name, "scheme_params": scheme.params_text()} if plan.scheme_columns else {}),
                 },
             )
         )
@@ -491,6 +529,55 @@ def resolve_for(
         )
         cache[key] = (tau, _outcome(info))
     return cache[key]
+
+
+def acts_plain_cell(loaded: Loaded, plan, lengths: Iterable[int], scheme: Scheme, method: str, new: int = 0) -> bool:
+    """Whether a done row's cell (``scheme``, ``method`` as its CSV spells it) was the model's own attention on
+    inputs of each of ``lengths`` tokens (:meth:`Choice.acts_plain`; ``new``: rows an answer adds past the
+    prompt), answered without a pass: only a method that needs none (not a search, no logit statistics); any
+    other is taken as not plain (its row is then never shared)."""
+    name, value = methods.parse(method)
+    m = methods.get(name)
+    if m.measured or m.stats:
+        return False
+    params = methods.own_params(name, plan.params)
+    for n in set(lengths):
+        tau, _ = methods.resolve(loaded, None, name, value, tokens=n, params=params)
+        if not Choice.of(tau=tau, scheme=scheme).acts_plain(loaded.config, loaded.train_length, n, n + new):
+            return False
+    return True
+
+
+def answer_rows(loaded: Loaded) -> int:
+    """Query rows a sweep's answer adds after the prompt: a decoder-only LM's new tokens attend as rows of the same
+    attention (an encoder-decoder's are the decoder's, which no tau of the encoder touches)."""
+    return engine.Pass().max_new_tokens if loaded.decoder_only else 0
+
+
+#: A row's fields that its pass made (what a cell that acts plain copies from the first such cell's row).
+PASS_FIELDS = ("actual_tokens", "answer", "expected", "correct", "pmax", "entropy")
+
+
+def _plain_rows(loaded: Loaded, plan: SweepPlan, rows: list[dict]) -> dict[tuple, dict]:
+    """The done rows whose cell was the model's own attention at its length, by ``("plain", n, depth, seed)``:
+    what later cells that act plain on the same document share (:func:`_cells_job`), across a resume too."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        if str(r.get("model")) != plan.model or str(r.get("task")) != plan.task:
+            continue
+        key = ("plain", int(r["tokens"]), float(r["depth"]), int(r["seed"]))
+        if key in out:
+            continue
+        try:
+            params = str(r.get("scheme_params") or "")
+            scheme = Scheme.of(str(r.get("scheme") or PLAIN_SCHEME.name) + (SPEC_SEP + params if params else ""))
+            tokens = [int(r["actual_tokens"])]
+            plain = acts_plain_cell(loaded, plan, tokens, scheme, str(r["method"]), answer_rows(loaded))
+        except (UserError, ValueError):
+            plain = False
+        if plain:
+            out[key] = {f: r[f] for f in PASS_FIELDS}
+    return out
 
 
 def _outcome(info: dict) -> dict:

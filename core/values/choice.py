@@ -114,6 +114,17 @@ class Choice:
             method, schedule, targets_of(targets), _cosine(cosine_scale), Scheme.of(scheme), _params(method_params)
         )
 
+    def acts_plain(self, config: Any, train_length: int, length: int, rows: int | None = None) -> bool:
+        """Whether this choice, on a model with ``config`` trained at ``train_length``, computes the model's own
+        attention on an input of ``length`` tokens: tau 1 on every one of ``rows`` query rows (default ``length``;
+        a decoder's answer adds its new tokens' rows), no CosScale, and a position scheme that is the identity
+        there (:meth:`core.values.positions.Bound.is_identity`, bound to ``length`` as a pass binds it). Two such
+        choices give the same pass bit for bit, so tables share it (:mod:`core.experiments.perplexity`,
+        :mod:`core.experiments.sweep`)."""
+        if self.cosine_scale is not None or not self.tau.is_one_over(length if rows is None else rows):
+            return False
+        return self.scheme.is_plain or self.scheme.bind(train_length, length).is_identity(config)
+
     def with_(self, **parts: Any) -> "Choice":
         """This choice with some parts changed, each new part checked as :meth:`of` checks it (the one way to
         change a part: a copy, never a mutation)."""

@@ -483,6 +483,27 @@ class Bound:
             return self.frequencies(config, layer_type)
         return None
 
+    def is_identity(self, config: Any) -> bool:
+        """Whether this scheme at this input changes nothing of ``config``'s attention: no mask, no capped
+        distances, and for every layer type the very frequencies (bit for bit) and an attention factor of 1.
+
+        Why: at or below L_tr, YaRN, PI, NTK and dynamic NTK fitted to the input are the model's own rotary
+        (factor 1); a table of methods at 1x L_tr need not run the same pass once per name (a sweep's or
+        perplexity's cells then share it). A mask or distance scheme is never called the identity here, even
+        where its window covers the input: it computes the logits another way."""
+        if self.scheme.mask is not None or self.scheme.distances is not None or self.rectified:
+            return False
+        if FREQUENCIES not in self.scheme.changes:
+            return True
+        import torch
+
+        for lt in layer_types(config):
+            inv, factor = self.frequencies(config, lt)
+            inv0, _ = model_frequencies(config, lt)
+            if factor != 1.0 or inv.shape != inv0.shape or not torch.equal(inv.float(), inv0.float()):
+                return False
+        return True
+
     # -- masks and distances --
     def mask_rows(self, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor | None":
         """The scheme's mask for query rows ``[r0, r1)`` (bool ``[r1 - r0, k_len]``, True = attend), or None."""

@@ -283,6 +283,13 @@ class Schedule:
         """True when it divides nothing (tau = 1 everywhere): the model as trained (not adaptive temperature)."""
         return self._values is not None and not self._adaptive and bool((self._values == 1.0).all())
 
+    def is_one_over(self, rows: int) -> bool:
+        """True when an input of ``rows`` tokens sees tau = 1 on every row: :attr:`is_one`, or a row schedule whose
+        first ``rows`` rows keep 1 (Qwen's log-n at or below its base; not Llama 4 at L_tr, whose last row moves)."""
+        if self.is_one:
+            return True
+        return self._rows is not None and self.row_taus(0, max(1, int(rows))) is None
+
     def matrix(self, n_layers: int, n_heads: int, rows: int | None = None) -> np.ndarray:
         """The float64 ``[layers, heads]`` matrix for a model of this shape (read-only, computed once per shape).
 
