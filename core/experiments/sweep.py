@@ -519,6 +519,9 @@ def resolve_for(
         calib_doc = tasks.make(
             plan.task, loaded.tokenizer, n, depth=0.5, seed=plan.calib_seed + n, haystack=plan.haystack
         )
+        if _own_reference(loaded, calib_doc, plan.calib_samples, base):
+            cache[key] = (Schedule.of(1.0), {"reached": True, "gap": 0.0})
+            return cache[key]
         tau, info = methods.resolve(
             loaded,
             calib_doc,
@@ -578,6 +581,23 @@ def _plain_rows(loaded: Loaded, plan: SweepPlan, rows: list[dict]) -> dict[tuple
         if plain:
             out[key] = {f: r[f] for f in PASS_FIELDS}
     return out
+
+
+def _own_reference(loaded: Loaded, document: tasks.Document, samples: int, base: Choice | None) -> bool:
+    """Whether a search's calibration documents are their own L_tr references (a table's cell at L_tr) under the
+    model's own attention: its answer is then tau = 1 with no gap, with no pass run (the statistics at tau = 1 are
+    the reference's, bit for bit; a search over the grid finds the same, tests/experiments/test_shared_plain_cells.py).
+    At 1x L_tr that saves a bisection of passes per measured method."""
+    from core.runs import calibration
+
+    docs = calibration.siblings(document, loaded, samples)
+    lengths = {len(engine.encode(loaded, d).input_ids) for d in docs}
+    if base is not None and not all(base.acts_plain(loaded.config, loaded.train_length, k) for k in lengths):
+        return False
+    try:
+        return all(calibration.reference_document(loaded, d).text == d.text for d in docs)
+    except UserError:
+        return False
 
 
 def _outcome(info: dict) -> dict:

@@ -11,7 +11,7 @@ from core.experiments import sweep
 from core.experiments.perplexity import PerplexityPlan, run_perplexity, score, sequences
 from core.experiments.sweep import SweepPlan, run_sweep
 from core.models import load
-from core.runs import engine, methods
+from core.runs import calibration, engine, methods
 from core.values.choice import Choice
 from tests.runs.test_engine_decoder import TRAIN_LENGTH, build_tiny_llama
 
@@ -115,3 +115,22 @@ def test_a_plain_plan_resumed_into_a_scheme_table(llama, tmp_path):
     got = df.set_index(["scheme", "method"])
     assert len(got) == 3 and got.loc[("none", "none"), "seconds"] == 0.0 and got.loc[("none", "tau=0.8"), "seconds"] > 0
     assert got.loc[("none", "none"), "answer"] == got.loc[("yarn-rope", "none"), "answer"]
+
+
+@pytest.mark.parametrize("method", ["pmax", "entropy", "per-layer"])
+def test_a_search_at_l_tr_on_its_own_reference_is_tau_1_without_passes(llama, method, monkeypatch):
+    """At L_tr a table's calibration documents are their own references: the search's answer is tau = 1, reached,
+    no gap: the shortcut gives what the search over the grid gives, and runs no pass."""
+    n = TRAIN_LENGTH
+    plan = SweepPlan(model="tiny", task="passkey", lengths=[n], depths=[0.5], seeds=[0], methods=[method])
+    plan = plan.validated()
+    doc = sweep.tasks.make("passkey", llama.tokenizer, n, depth=0.5, seed=plan.calib_seed + n)
+    searched, info = methods.resolve(llama, doc, method, samples=plan.calib_samples)
+    assert searched.mean(n) == 1.0 and info["reached"] and info["gap"] == 0.0
+    calls = []
+    measures = calibration.measures
+    monkeypatch.setattr(calibration, "measures", lambda *a, **k: calls.append(a) or measures(*a, **k))
+    tau, outcome = sweep.resolve_for(llama, plan, n, method, None, {})
+    assert tau.is_one and outcome == {"reached": True, "gap": 0.0} and not calls
+    sweep.resolve_for(llama, plan, 2 * n, method, None, {})  # past L_tr the search runs
+    assert len(calls) == 1
