@@ -97,6 +97,7 @@ def layer_progress(bar, label: str, seconds: float | None, layers: int) -> Itera
     t0 = time.perf_counter()
     state = {"calls": 0, "shown": 0.0}
     session = session_id()
+    left = timing.Countdown(seconds)
 
     def show(calls: int) -> None:
         now = time.perf_counter()
@@ -106,11 +107,7 @@ def layer_progress(bar, label: str, seconds: float | None, layers: int) -> Itera
         elapsed = now - t0
         if seconds:
             frac = min(0.97, elapsed / seconds)
-            text = (
-                timing.progress_text(label, frac, elapsed, seconds)
-                if elapsed < seconds
-                else f"{label} taking longer than estimated ({elapsed:.0f} s so far)"
-            )
+            text = left.text(label, frac, elapsed)
         else:
             frac = min(0.95, calls / max(1, layers) * 0.9)
             text = f"{label} {elapsed:.0f} s so far"

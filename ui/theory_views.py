@@ -81,15 +81,15 @@ def across_lengths(ctx: PageState) -> tuple[dict, pd.DataFrame]:
         work = [(1, k * lt) for k in sorted(missing, reverse=True)]
         st.caption(timing.plan_note("Measuring", mk, work, name_all=True))
     if missing and st.button(f"Measure {', '.join(f'{k}×' for k in missing)}", key="th_measure", type="primary"):
-        planned = timing.total(mk, work)
-        bar = st.progress(0.0, text=timing.progress_text("Measuring…", 0.0, 0.0, planned))
+        left = timing.Countdown(timing.total(mk, work))  # a time left that never jumps back up
+        bar = st.progress(0.0, text=left.text("Measuring…", 0.0, 0.0))
         t0 = time.perf_counter()
         with user_errors(bar):
             for i, k in enumerate(missing):
                 label = f"Measuring {k}× L_tr = {k * lt:,} tokens…"
                 bar.progress(
                     i / len(missing),
-                    text=timing.progress_text(label, i / len(missing), time.perf_counter() - t0, planned),
+                    text=left.text(label, i / len(missing), time.perf_counter() - t0),
                 )
                 cache.length_stats(ctx.loaded, reqs[k])
         st.rerun()  # redraw from the cache, without the button
@@ -270,8 +270,8 @@ def _algorithm1_dots(ctx: PageState, reqs: dict) -> dict[str, tuple]:
             + f" Bisection: at most {per} passes per length plus one at L_tr for the reference, often fewer."
         )
     if need and st.button("Add Algorithm 1 dots (bisection)", key="th_alg1"):
-        planned = timing.total(mk, dots_work)
-        bar = st.progress(0.0, text=timing.progress_text("Algorithm 1…", 0.0, 0.0, planned))
+        left = timing.Countdown(timing.total(mk, dots_work))  # a time left that never jumps back up
+        bar = st.progress(0.0, text=left.text("Algorithm 1…", 0.0, 0.0))
         t0 = time.perf_counter()
         with user_errors(bar):
             for i, k in enumerate(need):
@@ -280,9 +280,7 @@ def _algorithm1_dots(ctx: PageState, reqs: dict) -> dict[str, tuple]:
                     done = (i + min(1.0, f)) / len(need)
                     bar.progress(
                         done,
-                        text=timing.progress_text(
-                            f"Algorithm 1 at {k}× L_tr…", done, time.perf_counter() - t0, planned
-                        ),
+                        text=left.text(f"Algorithm 1 at {k}× L_tr…", done, time.perf_counter() - t0),
                     )
 
                 step(0.0)

@@ -225,17 +225,6 @@ def remaining_weighted(elapsed: float, done_weight: float, left_weight: float) -
     return elapsed * max(0.0, left_weight) / done_weight
 
 
-def progress_text(label: str, fraction: float, elapsed: float, planned: float | None = None) -> str:
-    """A progress bar's text: the label, the share done and the time left (from the rate so far, or the plan)."""
-    left = remaining(elapsed, fraction)
-    if left is None and planned is not None:
-        left = max(0.0, planned - elapsed)
-    text = f"{label} {max(0.0, min(1.0, fraction)):.0%}"
-    if left is not None and fraction < 1:
-        text += f" · {describe(left)} left"
-    return text
-
-
 class Countdown:
     """A progress bar's time left that never rises (Calibrate's said "under 1 s left", then "about 19 s left").
 

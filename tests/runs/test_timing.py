@@ -147,13 +147,6 @@ def test_plan_note_can_name_every_length():
     assert note.startswith("Measuring will run 3 encoder passes at 512, 1,024 and 2,048 tokens: about 2 s")
 
 
-def test_progress_text_counts_down():
-    assert timing.progress_text("Algorithm 1", 0.5, 10.0) == "Algorithm 1 50% · about 10 s left"
-    assert timing.progress_text("Algorithm 1", 0.0, 0.0, planned=120.0) == "Algorithm 1 0% · about 2 min left"
-    assert timing.progress_text("x", 1.0, 5.0) == "x 100%"
-    assert timing.remaining(3.0, 0.0) is None
-
-
 def test_algorithm1_pass_counts():
     assert timing.algorithm1_passes(11, fast=False) == 11
     assert timing.algorithm1_passes(11, fast=True, criteria=1) == 6  # ends + ceil(log2 10) midpoints
@@ -175,3 +168,9 @@ def test_remaining_weighted_rescales_the_plan():
     # 10 s for work planned at 2 units; 6 units left -> 30 s, whatever the plan's absolute scale was
     assert timing.remaining_weighted(10.0, 2.0, 6.0) == pytest.approx(30.0)
     assert timing.remaining_weighted(10.0, 0.0, 6.0) is None
+
+
+def test_a_bar_text_before_any_progress():
+    assert timing.remaining(3.0, 0.0) is None
+    assert timing.Countdown(120.0).text("Algorithm 1", 0.0, 0.0) == "Algorithm 1 0% · about 2 min left"
+    assert timing.Countdown().text("x", 0.0, 0.0) == "x 0%" and timing.Countdown().text("x", 1.0, 5.0) == "x 100%"
