@@ -1,0 +1,28 @@
+#!/bin/bash
+# Issue 57's tables on SmolLM2-135M (L_tr 8,192): the exact commands that wrote assets/results/smollm2-*.csv,
+# cheapest first. Every command resumes (--resume skips finished cells), so this can be stopped and run again;
+# it runs niced, so other work on the machine goes first. docs/real-llm.md says what each table holds.
+#   bash bench/smollm2_tables.sh > smollm2-tables.log 2>&1 &
+# At 1x L_tr every method but Algorithm 1 is the model's own pass, and Algorithm 1 there is tau = 1: the cells
+# share one pass per document (seconds 0 in their rows). 2x cells are ~3.5 min a document on the 2-core AVX2 CPU.
+cd "$(dirname "$0")/.."
+M=smollm2-135m
+P=assets/results/smollm2-perplexity.csv
+K=assets/results/smollm2-passkey.csv
+R="nice -n 19 python -m core"
+PP="--model $M --sequences 3 --samples 2 --batch-size 1 --out $P --resume"
+KP="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 2 --out $K --resume"
+step() { echo "=== $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg): $*"; "$@"; echo "=== rc $? at $(date -u +%H:%M:%S)"; }
+step $R perplexity $PP --lengths 1x --methods none,log-length,pmax
+step $R perplexity $PP --lengths 1x --methods none,log-n --schemes yarn-rope
+step $R perplexity $PP --lengths 1x --methods none --schemes dynamic-ntk
+step $R sweep $KP --lengths 1x --methods none,log-n --schemes none,yarn-rope,dynamic-ntk
+step $R sweep $KP --lengths 1x --methods log-length,pmax
+step $R perplexity $PP --lengths 2x --methods none,log-length
+step $R perplexity $PP --lengths 2x --methods none,log-n --schemes yarn-rope
+step $R perplexity $PP --lengths 2x --methods none --schemes dynamic-ntk
+step $R perplexity $PP --lengths 2x --methods pmax
+step $R sweep $KP --lengths 2x --methods none --schemes none,yarn-rope,dynamic-ntk
+step $R sweep $KP --lengths 2x --methods log-length
+step $R sweep $KP --lengths 2x --methods log-n --schemes yarn-rope
+echo "=== all done $(date -u +%H:%M:%S)"
