@@ -11,18 +11,27 @@ P=assets/results/smollm2-perplexity.csv
 K=assets/results/smollm2-passkey.csv
 R="nice -n 19 python -m core"
 PP="--model $M --sequences 3 --samples 2 --batch-size 1 --out $P --resume"
-KP="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 2 --out $K --resume"
+# pass key: 5 depths x 1 seed first (5 documents a cell), then the second seed (10 a cell)
+K1="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 1 --out $K --resume"
+K2="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 2 --out $K --resume"
 step() { echo "=== $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg): $*"; "$@"; echo "=== rc $? at $(date -u +%H:%M:%S)"; }
+# 1x L_tr: one pass per document for all six methods (they share it)
 step $R perplexity $PP --lengths 1x --methods none,log-length,pmax
 step $R perplexity $PP --lengths 1x --methods none,log-n --schemes yarn-rope
 step $R perplexity $PP --lengths 1x --methods none --schemes dynamic-ntk
-step $R sweep $KP --lengths 1x --methods none,log-n --schemes none,yarn-rope,dynamic-ntk
-step $R sweep $KP --lengths 1x --methods log-length,pmax
+step $R sweep $K2 --lengths 1x --methods none,log-n --schemes none,yarn-rope,dynamic-ntk
+step $R sweep $K2 --lengths 1x --methods log-length,pmax
+# 2x L_tr
 step $R perplexity $PP --lengths 2x --methods none,log-length
+step $R sweep $K1 --lengths 2x --methods none --schemes none,yarn-rope
 step $R perplexity $PP --lengths 2x --methods none,log-n --schemes yarn-rope
 step $R perplexity $PP --lengths 2x --methods none --schemes dynamic-ntk
+step $R sweep $K1 --lengths 2x --methods none --schemes dynamic-ntk
+step $R sweep $K1 --lengths 2x --methods log-length
+step $R sweep $K1 --lengths 2x --methods log-n --schemes yarn-rope
+step $R sweep $K2 --lengths 2x --methods none --schemes none,yarn-rope,dynamic-ntk
+step $R sweep $K2 --lengths 2x --methods log-length
+step $R sweep $K2 --lengths 2x --methods log-n --schemes yarn-rope
 step $R perplexity $PP --lengths 2x --methods pmax
-step $R sweep $KP --lengths 2x --methods none --schemes none,yarn-rope,dynamic-ntk
-step $R sweep $KP --lengths 2x --methods log-length
-step $R sweep $KP --lengths 2x --methods log-n --schemes yarn-rope
+step $R sweep $K2 --lengths 2x --methods pmax
 echo "=== all done $(date -u +%H:%M:%S)"
