@@ -538,26 +538,7 @@ def summary(loaded: Loaded, df: pd.DataFrame) -> dict:
     """The CLI's ``perplexity --json`` object (a stable contract): the model, L_tr and the rows; each row's
     ``copy`` says which sequences it scored (true: with an earlier copy, false: the same seeds without, null:
     the held-out mix)."""
-    keep = [
-        "tokens",
-        "actual_tokens",
-        "train_length",
-        "scheme",
-        "scheme_params",
-        "method",
-        "tau",
-        "perplexity",
-        "nll",
-        "scored_tokens",
-        "nll_per_token",
-        "nll_se",
-        "sequences",
-        "first_seed",
-        "last_seed",
-        "seconds",
-        "reached",
-        "gap",
-    ]
+    keep = [c for c in COLUMNS if c not in ("model", "task", "copy", *BUCKET_COLUMNS)]  # copy: its JSON form below
     out = []
     for r in df.to_dict("records"):
         row = {k: (r[k].item() if hasattr(r[k], "item") else r[k]) for k in keep}
