@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import ModernBertConfig, ModernBertForMaskedLM, T5Config, T5ForConditionalGeneration
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -29,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIELD = "_attn_implementation_internal"
 
 #: Every patch these tests know how to check; a kind added to the module without a check here fails.
-KNOWN = {"implementation", "lazy-bias", "rotary", "registry", "hold"}
+KNOWN = {"implementation", "lazy-bias", "rotary", "registry", "hold", "mlp-rows"}
 
 
 def _t5(attn: str = "eager") -> T5ForConditionalGeneration:
@@ -78,7 +85,24 @@ def _modernbert(attn: str = "eager") -> ModernBertForMaskedLM:
     return ModernBertForMaskedLM(cfg).eval()
 
 
-BUILDERS = {"t5": _t5, "modernbert": _modernbert}
+def _llama(attn: str = "eager") -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    cfg._attn_implementation = attn
+    return LlamaForCausalLM(cfg).eval()
+
+
+BUILDERS = {"t5": _t5, "modernbert": _modernbert, "llama": _llama}
+WANT = {"t5": {"implementation", "lazy-bias"}, "modernbert": {"implementation", "rotary"}}
+WANT["llama"] = {"implementation", "rotary", "mlp-rows"}
 
 
 def _state(model) -> dict:
@@ -122,8 +146,7 @@ def test_patch_then_undo_gives_the_model_back(kind):
     model = BUILDERS[kind]()
     before = _state(model)
     done = patches.patch(model, implementation=ATTN_NAME, rotary=attention.current_positions)
-    want = {"implementation", "lazy-bias"} if kind == "t5" else {"implementation", "rotary"}
-    assert done.kinds == want and done.changed
+    assert done.kinds == WANT[kind] and done.changed
     assert all(c._attn_implementation == ATTN_NAME for c in patches.configs(model))
     assert attention.served_by_us(model)
     if kind == "t5":
@@ -145,7 +168,7 @@ def test_unpatch_undoes_every_patch_of_a_model(kind):
     """Two patches on one model (the load's, then a switch of implementation), undone together, newest first."""
     model = BUILDERS[kind]()
     before = _state(model)
-    patches.patch(model, rotary=attention.current_positions if kind == "modernbert" else None)
+    patches.patch(model, rotary=attention.current_positions if kind != "t5" else None)
     patches.patch(model, implementation=ATTN_NAME)
     assert len(patches.patched(model)) == 2
     patches.unpatch(model)
@@ -256,3 +279,31 @@ def test_the_scan_sees_each_kind_of_patch(line):
 def test_the_scan_leaves_reads_alone():
     for line in ("if type(m).__class__ == x:", "x = cfg.__dict__.get('a')", "atexit.register(stop)"):
         assert not any(p.search(line) for p in PATCH_PATTERNS.values()), line
+
+
+def test_a_decoders_feed_forward_runs_in_blocks_of_rows_as_it_ran_whole(monkeypatch):
+    """mlp-rows: a long input's feed-forward output, position by position, is the module's own (blocks of 7 rows
+    here); a short input, or another shape, goes to the module as it is."""
+    model = _llama()
+    mlps = patches.feed_forwards(model)
+    assert len(mlps) == 2 and patches.feed_forwards(_t5()) == [] and patches.feed_forwards(_modernbert()) == []
+    own = [type(m) for m in mlps]
+    x = torch.randn(2, 23, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = [m(x) for m in mlps]
+    patches.patch(model)
+    monkeypatch.setattr(patches, "MLP_ROWS", 7)
+    calls = []
+    cls = own[0]
+    assert own == [cls, cls] and all(type(m) is not cls and isinstance(m, cls) for m in mlps)
+    forward = cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, h: calls.append(h.shape[1]) or forward(self, h))
+    for m, w in zip(mlps, want):
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), w, rtol=1e-6, atol=1e-6)
+    assert calls == [7, 7, 7, 2] * 2
+    with torch.no_grad():
+        mlps[0](x[:, :5])
+    assert calls[-1] == 5
+    patches.unpatch(model)
+    assert [type(m) for m in mlps] == own
