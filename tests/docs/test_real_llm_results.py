@@ -72,6 +72,32 @@ def test_the_sections_tables_are_the_csvs():
     assert _check(ppl, *tables[0]) >= 6 and _check(key, *tables[1]) >= 6
 
 
+#: The README's real-model rows: which table and which cell each is.
+README_ROWS = {
+    "NLL, tau = 1": ("perplexity", "none"),
+    "pass key, tau = 1": ("passkey", "none"),
+    "pass key, YaRN": ("passkey", "yarn-rope + none"),
+}
+
+
+def test_the_readmes_real_model_rows_are_the_csvs():
+    text = (ROOT / "README.md").read_text()
+    lines = text[text.index("| SmolLM2-135M |") :].splitlines()
+    lengths = [int(re.sub(r"\D", "", c.split("tokens")[0])) for c in lines[0].strip().strip("|").split("|")[1:]]
+    tables = {
+        "perplexity": perplexity.nll_table(pd.read_csv(RESULTS / "smollm2-perplexity.csv", keep_default_na=False)),
+        "passkey": sweep.accuracy_se_table(pd.read_csv(RESULTS / "smollm2-passkey.csv", keep_default_na=False)),
+    }
+    rows = [[c.strip() for c in r.strip().strip("|").split("|")] for r in lines[2:] if r.startswith("| ")]
+    rows = rows[: next((i for i, r in enumerate(rows) if r[0] not in README_ROWS), len(rows))]
+    assert {r[0] for r in rows} == set(README_ROWS)
+    for r in rows:
+        which, label = README_ROWS[r[0]]
+        t = tables[which]
+        one = t.loc[[label]].rename(index={label: "none"}) if label in t.index else t.iloc[:0]
+        _check(one, lengths, [["tau = 1", *r[1:]]])  # the one row, under the name _check reads
+
+
 def test_the_position_figures_are_the_csvs():
     """The NLL by position the text quotes: tau = 1's buckets at 1x, and at 2x once its row exists."""
     df = pd.read_csv(RESULTS / "smollm2-perplexity.csv", keep_default_na=False)
