@@ -15,23 +15,25 @@ PP="--model $M --sequences 3 --samples 2 --batch-size 1 --out $P --resume"
 K1="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 1 --out $K --resume"
 K2="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 2 --out $K --resume"
 step() { echo "=== $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg): $*"; "$@"; echo "=== rc $? at $(date -u +%H:%M:%S)"; }
-# 1x L_tr: one pass per document for all six methods (they share it)
+# 1x L_tr: one pass per document for all six methods (they share it; Qwen's log-n by position, log-n-rows, moves the
+# answer's rows past L_tr, so its pass-key cells at 1x run their own passes)
 step $R perplexity $PP --lengths 1x --methods none,log-length,pmax
-step $R perplexity $PP --lengths 1x --methods none,log-n --schemes yarn-rope
+step $R perplexity $PP --lengths 1x --methods none,log-n-rows --schemes yarn-rope
 step $R perplexity $PP --lengths 1x --methods none --schemes dynamic-ntk
-step $R sweep $K2 --lengths 1x --methods none,log-n --schemes none,yarn-rope,dynamic-ntk
+step $R sweep $K2 --lengths 1x --methods none --schemes none,yarn-rope,dynamic-ntk
 step $R sweep $K2 --lengths 1x --methods log-length,pmax
+step $R sweep $K2 --lengths 1x --methods log-n-rows --schemes yarn-rope
 # 2x L_tr
 step $R perplexity $PP --lengths 2x --methods none,log-length
 step $R sweep $K1 --lengths 2x --methods none --schemes none,yarn-rope
-step $R perplexity $PP --lengths 2x --methods none,log-n --schemes yarn-rope
+step $R perplexity $PP --lengths 2x --methods none,log-n-rows --schemes yarn-rope
 step $R perplexity $PP --lengths 2x --methods none --schemes dynamic-ntk
 step $R sweep $K1 --lengths 2x --methods none --schemes dynamic-ntk
 step $R sweep $K1 --lengths 2x --methods log-length
-step $R sweep $K1 --lengths 2x --methods log-n --schemes yarn-rope
+step $R sweep $K1 --lengths 2x --methods log-n-rows --schemes yarn-rope
 step $R sweep $K2 --lengths 2x --methods none --schemes none,yarn-rope,dynamic-ntk
 step $R sweep $K2 --lengths 2x --methods log-length
-step $R sweep $K2 --lengths 2x --methods log-n --schemes yarn-rope
+step $R sweep $K2 --lengths 2x --methods log-n-rows --schemes yarn-rope
 step $R perplexity $PP --lengths 2x --methods pmax
 step $R sweep $K2 --lengths 2x --methods pmax
 echo "=== all done $(date -u +%H:%M:%S)"

@@ -21,7 +21,7 @@ NAMES = {
     "log-length": "log-length",
     "Algorithm 1 (Pmax)": "pmax",
     "YaRN": "yarn-rope + none",
-    "YaRN + log-n": "yarn-rope + log-n",
+    "YaRN + log-n": "yarn-rope + log-n-rows",  # Qwen's log-n by query position, as a causal decoder applies it
     "dynamic NTK": "dynamic-ntk + none",
 }
 NOT_RUN = "not run"
