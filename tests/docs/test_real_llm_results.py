@@ -69,7 +69,7 @@ def test_the_sections_tables_are_the_csvs():
     assert len(tables) == 2, "the section has its perplexity and pass-key tables"
     ppl = perplexity.nll_table(pd.read_csv(RESULTS / "smollm2-perplexity.csv", keep_default_na=False))
     key = sweep.accuracy_se_table(pd.read_csv(RESULTS / "smollm2-passkey.csv", keep_default_na=False))
-    assert _check(ppl, *tables[0]) >= 6 and _check(key, *tables[1]) >= 6
+    assert _check(ppl, *tables[0]) >= 6 and _check(key, *tables[1]) >= 5  # cells the CSVs hold, checked
 
 
 #: The README's real-model rows: which table and which cell each is.
