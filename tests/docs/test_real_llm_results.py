@@ -114,3 +114,17 @@ def test_a_wrong_cell_is_caught(bad):
     ppl = perplexity.nll_table(pd.read_csv(RESULTS / "smollm2-perplexity.csv", keep_default_na=False))
     with pytest.raises(AssertionError):
         _check(ppl, [8192], [["tau = 1", bad]])
+
+
+def test_the_rerun_figures_are_the_csvs():
+    """The re-run paragraph: each cell's NLL ± SE on the other sequences and on the first ones, and how many SE of
+    their difference apart they are, to the digits shown."""
+    first = pd.read_csv(RESULTS / "smollm2-perplexity.csv", keep_default_na=False)
+    again = pd.read_csv(RESULTS / "smollm2-perplexity-rerun.csv", keep_default_na=False)
+    section = " ".join(_section().split())  # the prose wraps anywhere
+    for r in again.itertuples():
+        o = first[(first["tokens"] == r.tokens) & (first["method"] == r.method) & (first["scheme"] == "none")].iloc[0]
+        apart = abs(r.nll_per_token - o["nll_per_token"]) / (r.nll_se**2 + o["nll_se"] ** 2) ** 0.5
+        said = f"{r.nll_per_token:.3f} ± {r.nll_se:.3f} against {o['nll_per_token']:.3f} ± {o['nll_se']:.3f}"
+        assert said in section, said
+        assert f"{apart:.1f} SE" in section, apart
