@@ -3,6 +3,8 @@
 # cheapest first. Every command resumes (--resume skips finished cells), so this can be stopped and run again;
 # it runs niced, so other work on the machine goes first. docs/real-llm.md says what each table holds.
 #   bash bench/smollm2_tables.sh > smollm2-tables.log 2>&1 &
+# Started in a session of its own (setsid, nohup under some shells), Linux's autogroup scheduler gives it a whole
+# share whatever its nice: then also `echo 19 > /proc/<its pid>/autogroup` (each of its python processes).
 # At 1x L_tr every method but Algorithm 1 is the model's own pass, and Algorithm 1 there is tau = 1: the cells
 # share one pass per document (seconds 0 in their rows). 2x cells are ~3.5 min a document on the 2-core AVX2 CPU.
 cd "$(dirname "$0")/.."
