@@ -128,3 +128,19 @@ def test_the_rerun_figures_are_the_csvs():
         said = f"{r.nll_per_token:.3f} ± {r.nll_se:.3f} against {o['nll_per_token']:.3f} ± {o['nll_se']:.3f}"
         assert said in section, said
         assert f"{apart:.1f} SE" in section, apart
+
+
+def test_the_dispersion_figures_are_the_csvs():
+    """The dispersion table (the mean over layers of the question rows' Pmax and H at each length, tau = 1) and the
+    growth of H the text quotes (the layers' mean, and in how many layers), from bench/dispersion.py's CSV."""
+    d = pd.read_csv(RESULTS / "smollm2-dispersion.csv")
+    d = d[d["method"] == "none"]
+    section = " ".join(_section().split())
+    mean = d.groupby("tokens")[["pmax", "entropy"]].mean()
+    for tokens, r in mean.iterrows():
+        assert f"| {tokens:,} (" in section and f"| {r['pmax']:.3f} | {r['entropy']:.3f} |" in section, tokens
+    h = d.pivot(index="layer", columns="tokens", values="entropy")
+    for a, b in ((4096, 8192), (8192, 16384)):
+        grow = h[b] - h[a]
+        assert f"H grows by {grow.mean():.2f} nats on the layers' mean" in section, (a, b)
+        assert f"{int((grow > 0).sum())} of {len(grow)} layers" in section, (a, b)
