@@ -91,6 +91,9 @@ def test_the_readmes_real_model_rows_are_the_csvs():
     rows = [[c.strip() for c in r.strip().strip("|").split("|")] for r in lines[2:] if r.startswith("| ")]
     rows = rows[: next((i for i, r in enumerate(rows) if r[0] not in README_ROWS), len(rows))]
     assert {r[0] for r in rows} == set(README_ROWS)
+    h = pd.read_csv(RESULTS / "smollm2-dispersion.csv").query("method == 'none'")
+    h = h.pivot(index="layer", columns="tokens", values="entropy")
+    assert f"entropy grows {(h[16384] - h[8192]).mean():.2f} nats from 1x to 2x" in " ".join(text.split())
     for r in rows:
         which, label = README_ROWS[r[0]]
         t = tables[which]
