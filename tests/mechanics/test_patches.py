@@ -31,6 +31,7 @@ from core.kinds import ATTN_NAME
 from core.mechanics import attention, patches, relative_bias
 from core.runs import apply as apply_mod
 from core.values import positions
+from support.decoders import tiny_decoder_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELD = "_attn_implementation_internal"
@@ -87,15 +88,7 @@ def _modernbert(attn: str = "eager") -> ModernBertForMaskedLM:
 
 def _llama(attn: str = "eager") -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
+    cfg = LlamaConfig(**tiny_decoder_fields())
     cfg._attn_implementation = attn
     return LlamaForCausalLM(cfg).eval()
 
@@ -288,7 +281,7 @@ def test_a_decoders_feed_forward_runs_in_blocks_of_rows_as_it_ran_whole(monkeypa
     mlps = patches.feed_forwards(model)
     assert len(mlps) == 2 and patches.feed_forwards(_t5()) == [] and patches.feed_forwards(_modernbert()) == []
     own = [type(m) for m in mlps]
-    x = torch.randn(2, 23, 32, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(2, 23, 64, generator=torch.Generator().manual_seed(3))  # hidden_size of tiny_decoder_fields
     with torch.no_grad():
         want = [m(x) for m in mlps]
     patches.patch(model)
