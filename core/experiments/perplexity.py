@@ -72,6 +72,7 @@ from core.experiments import csvio
 from core.experiments.sweep import (  # a method at a length, resumed rows: as retrieval sweeps do
     acts_plain_cell,
     resolve_for,
+    row_scheme,
     typed_rows,
 )
 from core.kinds import ENCODER
@@ -81,7 +82,7 @@ from core.models import Loaded
 from core.runs import engine, methods
 from core.runs.methods import method_label
 from core.values.choice import Choice
-from core.values.positions import PLAIN_SCHEME, SPEC_SEP, Scheme
+from core.values.positions import PLAIN_SCHEME, Scheme
 from core.values.validation import NewTokens, held_out_plan
 
 COLUMNS = [
@@ -468,10 +469,8 @@ def _plain_cell(
             or int(r["last_seed"]) != docs[-1].seed
         ):
             continue
-        params = str(r.get("scheme_params") or "")
         try:
-            scheme = Scheme.of(str(r.get("scheme") or PLAIN_SCHEME.name) + (SPEC_SEP + params if params else ""))
-            plain = acts_plain_cell(loaded, plan, lengths, scheme, str(r["method"]))
+            plain = acts_plain_cell(loaded, plan, lengths, row_scheme(r), str(r["method"]))
         except (UserError, ValueError):
             plain = False
         if plain:

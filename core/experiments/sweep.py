@@ -431,12 +431,12 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         tau, outcome = resolve_for(loaded, plan, n, m, doc, cache, base)
         choice = Choice.of(tau=tau, method=m, scheme=scheme)
         plain_key = ("plain", n, float(depth), int(seed))
-        tokens = len(engine.encode(loaded, doc).input_ids)  # the pass binds its scheme to the prompt's length
-        plain = choice.acts_plain(loaded.config, loaded.train_length, tokens, tokens + answer_rows(loaded))
+        enc = engine.encode(loaded, doc)  # once: the pass binds its scheme to the prompt's length, and runs on it
+        plain = choice.acts_plain(loaded.config, loaded.train_length, enc.n, enc.n + answer_rows(loaded))
         if plain and plain_key in cache:  # the model's own attention, already run on this document: the same pass
             made, seconds = cache[plain_key], 0.0
         else:
-            res = engine.run(loaded, doc, choice, engine.Pass(probes=ProbeSpec.stats_only()))
+            res = engine.run(loaded, doc, choice, engine.Pass(probes=ProbeSpec.stats_only()), encoded=enc)
             made = {
                 "actual_tokens": res.tokens,
                 "answer": res.answer,
@@ -551,6 +551,12 @@ def acts_plain_cell(loaded: Loaded, plan, lengths: Iterable[int], scheme: Scheme
     return True
 
 
+def row_scheme(row: dict) -> Scheme:
+    """The position scheme a CSV row names in its ``scheme`` and ``scheme_params`` columns (plain without them)."""
+    params = str(row.get("scheme_params") or "")
+    return Scheme.of(str(row.get("scheme") or PLAIN_SCHEME.name) + (SPEC_SEP + params if params else ""))
+
+
 def answer_rows(loaded: Loaded) -> int:
     """Query rows a sweep's answer adds after the prompt: a decoder-only LM's new tokens attend as rows of the same
     attention (an encoder-decoder's are the decoder's, which no tau of the encoder touches)."""
@@ -572,10 +578,8 @@ def _plain_rows(loaded: Loaded, plan: SweepPlan, rows: list[dict]) -> dict[tuple
         if key in out:
             continue
         try:
-            params = str(r.get("scheme_params") or "")
-            scheme = Scheme.of(str(r.get("scheme") or PLAIN_SCHEME.name) + (SPEC_SEP + params if params else ""))
             tokens = [int(r["actual_tokens"])]
-            plain = acts_plain_cell(loaded, plan, tokens, scheme, str(r["method"]), answer_rows(loaded))
+            plain = acts_plain_cell(loaded, plan, tokens, row_scheme(r), str(r["method"]), answer_rows(loaded))
         except (UserError, ValueError):
             plain = False
         if plain:

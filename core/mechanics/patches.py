@@ -210,6 +210,8 @@ def _rows_mlp_class(base: type) -> type:
     :data:`MLP_ROWS` positions in blocks of that many (``[batch, positions, hidden]``; any other shape, and short
     inputs, go to the parent's forward as they are). Each position's output is the parent's on that position: the
     module mixes no positions (tests/mechanics/test_patches.py holds the outputs to the parent's)."""
+    if base in _ROWS:
+        return _ROWS[base]
 
     def forward(self, x, *args, **kwargs):
         if args or kwargs or x.dim() != 3 or x.shape[1] <= MLP_ROWS:
@@ -218,8 +220,7 @@ def _rows_mlp_class(base: type) -> type:
 
         return torch.cat([base.forward(self, part) for part in x.split(MLP_ROWS, dim=1)], dim=1)
 
-    if base not in _ROWS:
-        _ROWS[base] = type(f"Rows{base.__name__}", (base,), {"forward": forward, "_rows_base": base})
+    _ROWS[base] = type(f"Rows{base.__name__}", (base,), {"forward": forward, "_rows_base": base})
     return _ROWS[base]
 
 
