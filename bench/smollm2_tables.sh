@@ -25,12 +25,12 @@ step $R perplexity $PP --lengths 1x --methods none --schemes dynamic-ntk
 step $R sweep $K2 --lengths 1x --methods none --schemes none,yarn-rope,dynamic-ntk
 step $R sweep $K2 --lengths 1x --methods log-length,pmax
 step $R sweep $K2 --lengths 1x --methods log-n-rows --schemes yarn-rope
-# 2x L_tr
+# 2x L_tr: the six methods' perplexity, then pass key 5 documents a cell for all, then 10; Algorithm 1 last (its
+# calibration at 2x is ~20 prefills of 16k tokens)
 step $R perplexity $PP --lengths 2x --methods none,log-length
-step $R sweep $K1 --lengths 2x --methods none --schemes none,yarn-rope
 step $R perplexity $PP --lengths 2x --methods none,log-n-rows --schemes yarn-rope
 step $R perplexity $PP --lengths 2x --methods none --schemes dynamic-ntk
-step $R sweep $K1 --lengths 2x --methods none --schemes dynamic-ntk
+step $R sweep $K1 --lengths 2x --methods none --schemes none,yarn-rope,dynamic-ntk
 step $R sweep $K1 --lengths 2x --methods log-length
 step $R sweep $K1 --lengths 2x --methods log-n-rows --schemes yarn-rope
 step $R sweep $K2 --lengths 2x --methods none --schemes none,yarn-rope,dynamic-ntk
