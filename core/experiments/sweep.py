@@ -436,7 +436,8 @@ def _cells_job(loaded: Loaded, payload: tuple) -> list[tuple[int, dict]]:
         if plain and plain_key in cache:  # the model's own attention, already run on this document: the same pass
             made, seconds = cache[plain_key], 0.0
         else:
-            res = engine.run(loaded, doc, choice, engine.Pass(probes=ProbeSpec.stats_only()), encoded=enc)
+            how = engine.Pass(probes=ProbeSpec.stats_only(question_rows=loaded.decoder_only))
+            res = engine.run(loaded, doc, choice, how, encoded=enc)
             made = {
                 "actual_tokens": res.tokens,
                 "answer": res.answer,

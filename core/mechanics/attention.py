@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import itertools
 import math
@@ -581,11 +582,15 @@ def aligned_attention(
         softcap=None if softcap is None else float(softcap),
         sinks=kwargs.get("s_aux"),
     )
+    out, weights = [], []
+    first = _unread_prefix(x)
+    if first:  # rows no probe reads, before the ones it does: computed as nobody probed them (one block)
+        prefix = dataclasses.replace(x, needs=None)
+        out.append(_open(softmax_block.SDPA, prefix, first)(0, first).out)
     backend = softmax_block.choose_backend(x)
     step = softmax_block.rows_per_block(backend, x, call.how.chunk_bytes if call is not None else None)
     rows = _open(backend, x, step)
-    out, weights = [], []
-    for r0 in range(0, q_len, step):
+    for r0 in range(first, q_len, step):
         block = rows(r0, min(q_len, r0 + step))
         if recorder is not None:
             recorder.observe(layer, block, kind=kind)
@@ -598,6 +603,22 @@ def aligned_attention(
     attn = out[0] if len(out) == 1 else torch.cat(out, dim=2)
     probs = None if not want_weights else weights[0] if len(weights) == 1 else torch.cat(weights, dim=2)
     return attn.transpose(1, 2).contiguous(), probs
+
+
+def _unread_prefix(x: softmax_block.Inputs) -> int:
+    """How many of a causal prefill's first rows no probe reads and ``sdpa`` can serve (0: none): the rows before
+    :attr:`~core.mechanics.softmax_block.Needs.rows`, when nothing but the output is needed of them.
+
+    Why: a decoder's Pmax and H are read on its question's rows (:mod:`core.runs.calibration`), the last few dozen
+    of thousands; the rows before them then cost what an unprobed prefill costs (:func:`softmax_block.sdpa_prefill`),
+    not what a probed one does. Their output is the same rows' output (the tests compare them)."""
+    needs = x.needs
+    if needs is None or needs.rows is None or needs.raw_rows is not None or needs.probs:
+        return 0
+    first = min(needs.rows[0], x.shape[2])
+    if first <= 0 or not softmax_block.sdpa_prefill(dataclasses.replace(x, needs=None)):
+        return 0
+    return first
 
 
 def _open(backend: str, x: softmax_block.Inputs, step: int) -> softmax_block.Rows:

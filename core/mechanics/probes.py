@@ -95,6 +95,8 @@ _STATS = ("pmax", "entropy")
 #: Probes that read every row of a block's probabilities (a profile reads a few rows, which a backend keeping
 #: only row statistics computes on demand: :attr:`Block.probs_rows <core.mechanics.softmax_block.Block>`).
 _PROB_VIEWS = frozenset({"map"})
+#: What a recorder may ask with only some rows' blocks computed by it (:attr:`Needs.rows`): the two statistics.
+_ROW_STATS = frozenset(_STATS)
 COSINE_BINS = 60
 #: Most rows of item 0 the sorted-logits probe sorts per layer (see :meth:`Recorder._sorted_rows`).
 SORTED_ROWS = 1024  # cosine_hist bins when asked by name with ProbeSpec.cosine_hist_bins = 0
@@ -156,10 +158,17 @@ class ProbeSpec:
     cosine_hist_bins: int = 60  # encoder.0.cosine_hist when > 0
     names: tuple[str, ...] = ()  # more probes by name, e.g. ("cross.*.map",)
     kind: str = ENCODER  # the document's attention (see above): encoder, or decoder on a decoder-only LM
+    # decoder-only LM: Pmax and H weighed on the question's rows alone (as Algorithm 1 reads them there), not on
+    # every row; the rows before the question then cost an unprobed prefill (Needs.rows). Stats only.
+    question_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (ENCODER, DECODER):
             raise UserError(f"ProbeSpec.kind is the attention that reads the document: {ENCODER} or {DECODER}")
+        if self.question_rows and (
+            self.heatmap or self.profile_rows or self.sorted_logits or self.cosine_hist_bins or self.names
+        ):
+            raise UserError("ProbeSpec.question_rows weighs Pmax and H only: ask no map, profile or other probe")
         if isinstance(self.names, str):
             raise UserError(f"ProbeSpec.names takes a list of names, got the string {self.names!r}")
         # canonical and sorted, so two specs asking for the same probes are equal (the app's cache keys)
@@ -171,8 +180,9 @@ class ProbeSpec:
         return cls(stats=False, heatmap=False, sorted_logits=False, cosine_hist_bins=0, names=names, **options)
 
     @classmethod
-    def stats_only(cls) -> "ProbeSpec":
-        return cls(heatmap=False, sorted_logits=False, cosine_hist_bins=0)
+    def stats_only(cls, question_rows: bool = False) -> "ProbeSpec":
+        """Pmax and H per layer and head, nothing else (``question_rows``: on a decoder's question's rows)."""
+        return cls(heatmap=False, sorted_logits=False, cosine_hist_bins=0, question_rows=question_rows)
 
     @classmethod
     def off(cls) -> "ProbeSpec":
@@ -303,6 +313,7 @@ class Recorder:
         self._asked = spec.probes
         self._of: dict[Key, frozenset[str]] = {}
         self.mask = None
+        self._read_rows: tuple[int, int] | None = None
         if token_mask is not None:
             self._set_mask(token_mask.bool())
         self._pmax: dict[Key, torch.Tensor] = {}
@@ -327,6 +338,11 @@ class Recorder:
 
     def _set_mask(self, mask: torch.Tensor) -> None:
         self.mask = mask
+        # the rows whose statistics count, as one span (Needs.rows): one document's, when it is not all of them
+        where = torch.nonzero(mask[0]).view(-1) if mask.shape[0] == 1 else None
+        self._read_rows = (
+            (int(where[0]), int(where[-1]) + 1) if where is not None and len(where) and int(where[0]) > 0 else None
+        )
         self.n0 = int(mask[0].sum())
         self.batch = mask.shape[0]
         edges = pool_edges(self.n0, self.spec.heatmap_size)
@@ -382,7 +398,10 @@ class Recorder:
             def raw_rows(r0: int, r1: int) -> torch.Tensor | None:
                 return self._sorted_rows(r0, r1, kind)
 
-        return Needs(stats=not want.isdisjoint(_STATS), raw_rows=raw_rows, probs=not want.isdisjoint(_PROB_VIEWS))
+        probs = not want.isdisjoint(_PROB_VIEWS)
+        # only Pmax and H, weighed on some rows of one document (a decoder's question): the blocks of those rows
+        rows = self._read_rows if kind == self.doc and raw_rows is None and not probs and want <= _ROW_STATS else None
+        return Needs(stats=not want.isdisjoint(_STATS), raw_rows=raw_rows, probs=probs, rows=rows)
 
     def end_layer(self, layer: int, kind: str = ENCODER) -> None:
         self._layer_qk = None

@@ -90,11 +90,15 @@ class Needs:
     (q.k + bias, before tau and masks) the block must carry (:attr:`Block.raw`), or None for none of them;
     None: no raw logits at all. ``probs``: a view reads the block's probabilities (``exp``/``total`` or
     ``probs``: a map, a profile); without it a backend may hand over only each row's ``total`` and ``dot``
-    (the ``cuda`` kernel). Any ``Needs`` also means: more than the block's output."""
+    (the ``cuda`` kernel). ``rows``: ``(a, b)``, the only query rows whose blocks the recorder reads (a decoder's
+    question rows: Pmax and H weighed on them alone), or None: every row. The rows before ``a`` may then be computed
+    by a backend that probes nothing (:func:`core.mechanics.attention.aligned_attention`). Any ``Needs`` also
+    means: more than the block's output."""
 
     stats: bool = False
     raw_rows: Callable[[int, int], torch.Tensor | None] | None = None
     probs: bool = False
+    rows: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -219,22 +223,25 @@ def choose_backend(x: Inputs) -> str:
        logits) on a machine with Triton
        (:func:`core.mechanics.flash_attention.usable`; ``AAE_FLASH_ATTENTION=0`` switches it off). A layer whose
        map, profile or sorted logits are asked takes ``torch`` (one layer of a probed pass).
-    2. ``cpu-kernel``: inference on the CPU in float32 (no autograd, dropout or whole weights), no position
+    2. ``sdpa``, for a causal prefill nobody probes (:func:`sdpa_prefill`): torch's fused kernel, which never
+       holds a block of scores, took 2.8 s where ours took 5.3 s for one of SmolLM2's layers at 16k tokens on the
+       2-core AVX2 CPU (bench/README.md); the rows' own temperature goes into q.
+    3. ``cpu-kernel``: inference on the CPU in float32 (no autograd, dropout or whole weights), no position
        scheme, a bias and padding mask it can read in place (:func:`_kernel_view`) or causal rows (masked inside
        the kernel, the key blocks no row sees skipped), and the kernel built here
        (:func:`core.mechanics.fused_softmax.available`; ``AAE_FUSED_SOFTMAX=0`` switches it off).
-    3. ``sdpa``: nothing probed and nothing that needs the probabilities or a mask torch cannot be handed:
+    4. ``sdpa``: nothing probed and nothing that needs the probabilities or a mask torch cannot be handed:
        no causal mask, dropout, whole weights or rectified logits.
-    4. ``torch``: the rest, and every call with adaptive temperature (:func:`adaptive_rows`): it needs each row's
+    5. ``torch``: the rest, and every call with adaptive temperature (:func:`adaptive_rows`): it needs each row's
        entropy before the row's softmax, a second softmax over the same logits that only this backend runs (the
        C++ and Triton kernels compute one softmax per row in their passes; sdpa takes the logits' scale per call,
        not per row from the row itself), and every call with gpt-oss's sink logits (one more softmax column).
 
     A decoder-only model's calls follow the same rules. An unpadded prefill arrives as causal rows (transformers'
-    mask function hands over no mask then, so nothing ``L x L`` exists): on the CPU it takes the C++ kernel,
-    probed or not (half the work: :func:`_open_kernel`), on a GPU the Triton kernel (:func:`cuda_serves`: causal
-    rows and grouped K/V too), else ``torch`` (``sdpa`` is not handed a causal call: the rows' own mask would have
-    to be made). A prefill with a mask of rows of its own (a padded batch, Mistral's or Gemma 2's sliding window
+    mask function hands over no mask then, so nothing ``L x L`` exists): on a GPU it takes the Triton kernel
+    (:func:`cuda_serves`: causal rows and grouped K/V too); nobody probing it, ``sdpa`` (``is_causal``); probed,
+    on the CPU the C++ kernel (half the work: :func:`_open_kernel`), else ``torch``. A recorder that reads only
+    some rows (:attr:`Needs.rows`) has the rows before them computed by ``sdpa`` too. A prefill with a mask of rows of its own (a padded batch, Mistral's or Gemma 2's sliding window
     once the input is longer than the window, a chunk after cached keys) takes ``sdpa`` when nothing is probed
     and no ``softcap`` applies, else ``torch``. A cached decoding step (one query row, a key mask or none) takes
     the C++ kernel. Grouped K/V (:attr:`Inputs.grouped`) is read in place by every backend
@@ -245,6 +252,8 @@ def choose_backend(x: Inputs) -> str:
         return TORCH
     if x.query.device.type == "cuda" and cuda_serves(x) and BACKENDS[CUDA].available:  # pragma: no cover (GPU)
         return CUDA
+    if sdpa_prefill(x):
+        return SDPA
     if (
         x.query.device.type == "cpu"
         and x.query.dtype == torch.float32
@@ -260,6 +269,23 @@ def choose_backend(x: Inputs) -> str:
     ):
         return SDPA
     return TORCH
+
+
+def sdpa_prefill(x: Inputs) -> bool:
+    """Whether ``sdpa`` serves this call as a causal prefill: causal rows over as many keys (``q_len == k_len``,
+    nothing cached before them), nothing probed, and nothing ``sdpa`` cannot be handed as it is (autograd is fine;
+    dropout, whole weights, a position scheme's mask or logits, soft-capping, sinks and adaptive rows are not).
+    Its rows' temperature (one value, per head or per row) is an exact rewriting: q over tau."""
+    b, h, q, k = x.shape
+    return (
+        x.causal
+        and q == k
+        and x.needs is None
+        and x.mask is None
+        and x.bias is None
+        and x.scheme is None
+        and not (x.dropout or x.weights or x.adaptive or x.sinks is not None or x.softcap is not None)
+    )
 
 
 def grouped_matmul(a: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -347,7 +373,7 @@ def _torch_budget(x: Inputs, asked: int | None) -> int:
 
 
 def _sdpa_budget(x: Inputs, asked: int | None) -> int:
-    if x.bias is None and x.mask is None and x.scheme is None:
+    if x.causal or (x.bias is None and x.mask is None and x.scheme is None):
         # nothing L x L to bound (a rotary encoder on an unpadded batch): one call, one block
         return max(1, x.shape[0] * x.shape[1] * x.shape[2] * x.shape[3] * 4)
     return _torch_budget(x, asked)
@@ -763,6 +789,8 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
     Grouped K/V (a decoder-only model's): the query heads of each key head are folded into its rows, and a
     block's mask rows with them (:func:`fold_rows`), so sdpa reads the keys and values in place (its own
     ``enable_gqa`` may repeat them on the CPU)."""
+    if x.causal:
+        return _open_sdpa_causal(x)
     query, key, value, tau = x.query, x.key, x.value, x.tau
     scale = 1.0
     if tau is not None:
@@ -836,6 +864,43 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
         out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
         if groups > 1:
             out = out.view(b, h, c, value.shape[-1])
+        return Block(r0, r1, out=out)
+
+    return rows
+
+
+def _open_sdpa_causal(x: Inputs) -> Rows:
+    """A causal prefill (:func:`sdpa_prefill`) through ``sdpa``: rows ``[r0, r1)`` see keys ``0 .. r0 + i``, so a
+    block of rows takes the first ``r1`` keys and values, with ``is_causal`` from row 0 (the prefix of a call whose
+    later rows a recorder reads, or the whole call) and a boolean mask of the block's own diagonal past it.
+    Grouped K/V go to ``enable_gqa`` (folding query heads into rows, as :func:`_open_sdpa` does, would break the
+    causal order of the rows). One temperature for every row and head is sdpa's ``scale``; per head or per row,
+    q is divided by it (one copy of q per call)."""
+    query, key, value, tau = x.query, x.key, x.value, x.tau
+    scale = 1.0
+    if tau is not None:
+        t = tau.view(-1)
+        if bool((t == t[0]).all()):
+            scale = 1.0 / float(t[0])
+        else:
+            query = query / tau.to(query.dtype)
+    grouped = x.grouped
+
+    def rows(r0: int, r1: int) -> Block:
+        q = query[:, :, r0:r1]
+        mask = None
+        if r0 > 0:
+            keys = torch.arange(r1, device=q.device)
+            mask = keys[None, :] <= torch.arange(r0, r1, device=q.device)[:, None]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            key[:, :, :r1],
+            value[:, :, :r1],
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=grouped,
+        )
         return Block(r0, r1, out=out)
 
     return rows

@@ -120,19 +120,12 @@ def measure(
 _ROW_STATS = ProbeSpec(heatmap=False, sorted_logits=False, cosine_hist_bins=0, kind=DECODER)
 
 
-def question_rows(enc: engine.Encoded) -> tuple[int, int]:
-    """The rows a decoder-only LM's statistics are read on: the question's tokens, or every token when the
-    document has no question (a language-modelling prefix)."""
-    q = enc.question_tokens
-    return (q[0], q[1]) if q is not None and q[1] > q[0] else (0, enc.n)
-
-
 def decoder_records(
     loaded: Loaded, encoded: list[engine.Encoded], choice: Choice, rows: list[tuple[int, int]] | None = None
 ) -> list[ProbeRecord]:
     """One prefill per document (no answer) of a decoder-only LM under ``choice`` (its tau, scheme and targets,
     read for the model by :func:`core.runs.engine.choice_for`), Pmax and H recorded on ``rows`` only (default:
-    :func:`question_rows`), through the same attention call and position-scheme pass as the engine's.
+    :attr:`core.runs.engine.Encoded.question_rows`), through the same attention call and position-scheme pass as the engine's.
 
     Why not :func:`core.runs.engine.run_encoded`: its recorder averages over every real row of the prompt, and a
     recorder weighing only some rows is this module's concern (the question's rows against the same rows at L_tr);
@@ -144,7 +137,7 @@ def decoder_records(
     how = Pass(probes=_ROW_STATS, generate=False)
     out = []
     for i, enc in enumerate(encoded):
-        a, b = rows[i] if rows is not None else question_rows(enc)
+        a, b = rows[i] if rows is not None else enc.question_rows
         mask = torch.zeros(1, enc.n, dtype=torch.bool)
         mask[0, a:b] = True
         recorder = Recorder(_ROW_STATS, mask)

@@ -66,6 +66,14 @@ class Encoded:
     def n(self) -> int:
         return len(self.input_ids)
 
+    @property
+    def question_rows(self) -> tuple[int, int]:
+        """The rows a decoder-only LM's Pmax and H are read on when only the question's are asked
+        (:attr:`ProbeSpec.question_rows <core.mechanics.probes.ProbeSpec>`, Algorithm 1's calibration): the
+        question's tokens, or every token when the document has no question (a language-modelling prefix)."""
+        q = self.question_tokens
+        return (q[0], q[1]) if q is not None and q[1] > q[0] else (0, self.n)
+
 
 @dataclass
 class Result:
@@ -329,7 +337,7 @@ def run(
     t0 = time.perf_counter()
     enc = encoded or encode(loaded, document)
     probes = how.probes
-    if probes.profile_rows is None and enc.question_tokens is not None:
+    if probes.profile_rows is None and not probes.question_rows and enc.question_tokens is not None:
         how = replace(how, probes=replace(probes, profile_rows=enc.question_tokens))
     t_tok = time.perf_counter() - t0
     (res,) = run_encoded(loaded, [document], [enc], choice, how)
@@ -634,7 +642,7 @@ def _run_decoder(
         raise UserError(
             f"The tau schedule does not fit the model ({loaded.n_layers} layers x {loaded.n_heads} heads): {err}"
         ) from None
-    recorder = Recorder(how.probes, mask.bool()) if how.probes.wanted else None
+    recorder = Recorder(how.probes, _recorded_rows(mask, encs, order, how.probes)) if how.probes.wanted else None
     generating = how.generate and how.max_new_tokens > 0
     mark = _Prefill()
     finite = True
@@ -680,6 +688,21 @@ def _run_decoder(
         if generating:
             timing.record(timing.model_key(loaded), e.n, t_gen / len(encs), timing.GENERATE)
     return _results(loaded, docs, encs, choice, answers, pieces, record, nll, t_pre, t_gen, generating, order)
+
+
+def _recorded_rows(mask: torch.Tensor, encs: list[Encoded], order: list[int], probes: ProbeSpec) -> torch.Tensor:
+    """The rows of a left-padded decoder batch whose statistics the recorder weighs: every real token, or with
+    :attr:`ProbeSpec.question_rows <core.mechanics.probes.ProbeSpec>` each item's question
+    (:attr:`Encoded.question_rows`, shifted past its padding)."""
+    if not probes.question_rows:
+        return mask.bool()
+    rows = torch.zeros(mask.shape, dtype=torch.bool)
+    n = mask.shape[1]
+    for k, i in enumerate(order):
+        a, b = encs[i].question_rows
+        pad = n - encs[i].n
+        rows[k, pad + a : pad + b] = True
+    return rows
 
 
 def check_decoder_scheme(loaded: Loaded, scheme: positions.Scheme) -> None:

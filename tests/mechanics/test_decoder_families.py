@@ -195,7 +195,8 @@ def test_generate_with_cache_equals_eager(family, kernel_path):
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_kernel_serves_the_cached_steps(family, monkeypatch):
     """With the kernel built, a cached decoding step (one query row, grouped K/V, Gemma 2's soft-cap) takes the
-    C++ kernel, and the prefill (causal rows) does not: the backends chosen are counted."""
+    C++ kernel; the prefill nobody probes (causal rows) takes ``sdpa``, soft-capped ones the kernel: the backends
+    chosen are counted."""
     if not fused_softmax.available():
         pytest.skip("the fused kernel does not build here")
     chosen: list[str] = []
@@ -211,11 +212,13 @@ def test_kernel_serves_the_cached_steps(family, monkeypatch):
     with apply(model, tau=TAU):
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
     layers = model.config.num_hidden_layers
-    # the prefill's causal rows take the kernel too; a sliding-window layer (Gemma 2's every other one) stays on
-    # torch: transformers hands a window over as a whole L x L mask, which the kernel does not read
+    # the prefill's causal rows take sdpa (the kernel where soft-capped: sdpa cannot cap); a sliding-window layer
+    # (Gemma 2's every other one) stays on torch: transformers hands a window over as a whole L x L mask, which
+    # the kernel does not read
     types = getattr(model.config, "layer_types", None) or ["full_attention"] * layers
+    causal = softmax_block.CPU_KERNEL if getattr(model.config, "attn_logit_softcapping", None) else softmax_block.SDPA
     for i, kind in enumerate(types):
-        want = {softmax_block.TORCH, softmax_block.SDPA} if kind == "sliding_attention" else {softmax_block.CPU_KERNEL}
+        want = {softmax_block.TORCH, softmax_block.SDPA} if kind == "sliding_attention" else {causal}
         assert chosen[i] in want, (i, kind, chosen[:layers])
     assert chosen[layers:] == [softmax_block.CPU_KERNEL] * (2 * layers)
 
@@ -273,7 +276,7 @@ def test_every_backend_serves_grouped_causal_rows(backend, case, monkeypatch):
         kwargs["softcap"] = 1.5
     if case == "sinks":
         kwargs["s_aux"] = torch.randn(8, generator=g)
-    unsupported = (backend == softmax_block.SDPA and case in ("causal", "softcap", "softcap-step", "sinks")) or (
+    unsupported = (backend == softmax_block.SDPA and case in ("softcap", "softcap-step", "sinks")) or (
         backend == softmax_block.CPU_KERNEL and case in ("window", "chunk", "sinks")
     )
     if unsupported:

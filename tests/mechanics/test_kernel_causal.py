@@ -89,6 +89,12 @@ def chosen(monkeypatch):
     return seen
 
 
+def _unprobed(model) -> str:
+    """The backend of a prefill nobody probes: ``sdpa`` (:func:`softmax_block.sdpa_prefill`), the kernel where the
+    logits are soft-capped (Gemma 2), which sdpa cannot do."""
+    return softmax_block.CPU_KERNEL if getattr(model.config, "attn_logit_softcapping", None) else softmax_block.SDPA
+
+
 def _spec() -> ProbeSpec:
     """Every probe a decoder's prefill has: Pmax and H per layer, layer 1's map, the question rows' profile."""
     return ProbeSpec(
@@ -116,9 +122,9 @@ def test_the_kernel_serves_the_prefill_equal_to_eager_and_to_torch(family, tau, 
     got, probes = _probed(model, tau)
     assert chosen == [softmax_block.CPU_KERNEL] * layers
     torch.testing.assert_close(got, expect, rtol=TOL, atol=TOL)
-    with torch.no_grad(), apply(model, tau=tau, chunk_bytes=CHUNK):  # nothing probed: the kernel too
+    with torch.no_grad(), apply(model, tau=tau, chunk_bytes=CHUNK):  # nothing probed: sdpa (soft-capped: the kernel)
         plain = model(input_ids=_ids()).logits
-    assert chosen[layers:] == [softmax_block.CPU_KERNEL] * layers
+    assert chosen[layers:] == [_unprobed(model)] * layers
     torch.testing.assert_close(plain, expect, rtol=TOL, atol=TOL)
 
     monkeypatch.setenv(fused_softmax.ENV_SWITCH, "0")
@@ -249,8 +255,8 @@ def test_the_causal_kernel_makes_no_tensor_of_every_row_and_key(monkeypatch):
 
 def test_no_mask_of_every_row_and_key_reaches_the_attention(chosen):
     """An unpadded prefill, with an attention mask of ones as ``generate`` hands one over or with none: transformers'
-    mask function (ours, through ``compact_mask``) hands over no mask, so no ``L x L`` mask is ever made and the
-    kernel takes causal rows; a padded batch's mask (rows of its own) is not the kernel's."""
+    mask function (ours, through ``compact_mask``) hands over no mask, so no ``L x L`` mask is ever made and
+    ``sdpa`` takes the causal rows (``is_causal``); a padded batch's mask (rows of its own) is not the kernel's."""
     model = _model("llama")
     ids = _ids()
     seen: list = []
@@ -269,4 +275,42 @@ def test_no_mask_of_every_row_and_key_reaches_the_attention(chosen):
         attention.register()
     layers = model.config.num_hidden_layers
     assert seen == [None] * (2 * layers)
-    assert chosen == [softmax_block.CPU_KERNEL] * (2 * layers)
+    assert chosen == [softmax_block.SDPA] * (2 * layers)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_question_rows_probed_after_an_unprobed_prefix(tau, monkeypatch):
+    """A recorder reading Pmax and H on some rows only (a decoder's question, :mod:`core.runs.calibration`): the
+    rows before them go through ``sdpa`` unprobed, one block a layer (counted), and the logits and the statistics
+    equal those of the same pass with every row through the probed backend."""
+    model = _model("llama")
+    layers = model.config.num_hidden_layers
+    ids = _ids()
+    spec = ProbeSpec(kind=DECODER, heatmap=False, sorted_logits=False, cosine_hist_bins=0)
+    rows = torch.zeros_like(ids, dtype=torch.bool)
+    rows[0, 30:36] = True
+
+    def probed() -> tuple[torch.Tensor, dict]:
+        rec = Recorder(spec, rows)
+        with torch.no_grad(), apply(model, tau=tau, recorder=rec, chunk_bytes=CHUNK):
+            logits = model(input_ids=ids).logits
+        return logits, rec.finish().named
+
+    prefixes: list[int] = []
+    real = attention._fused
+
+    def fused(x, step):
+        prefixes.append(step)
+        return real(x, step)
+
+    monkeypatch.setattr(attention, "_fused", fused)
+    got, stats = probed()
+    assert prefixes == [30] * layers  # one sdpa block of the 30 rows before the question, every layer
+    monkeypatch.setattr(attention, "_unread_prefix", lambda x: 0)
+    expect, reference = probed()
+    assert prefixes == [30] * layers
+    torch.testing.assert_close(got, expect, rtol=TOL, atol=TOL)
+    for i in range(layers):
+        for stat in ("pmax", "entropy"):
+            name = f"decoder.{i}.{stat}"
+            np.testing.assert_allclose(stats[name], reference[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -49,7 +49,7 @@ def _eager_rows(llama_dir, ids: np.ndarray, rows: tuple[int, int], tau: float = 
 
 def test_measure_reads_the_question_rows_as_eager_does(llama, llama_dir, doc):
     enc = engine.encode(llama, doc)
-    q = calibration.question_rows(enc)
+    q = enc.question_rows
     assert enc.question_tokens is not None and q == enc.question_tokens and q[1] - q[0] < enc.n // 4
     meas = calibration.measure(llama, [doc])
     for tau in (1.0, 0.6):
@@ -67,15 +67,15 @@ def test_reference_is_the_same_question_at_train_length(llama, doc):
     enc, ref_enc = engine.encode(llama, doc), engine.encode(llama, ref)
     # the task counts the tokenizer's end token, which a decoder's prompt drops
     assert llama.train_length - 1 <= ref_enc.n <= llama.train_length and 399 <= enc.n <= 400
-    a, b = calibration.question_rows(enc)
-    c, d = calibration.question_rows(ref_enc)
+    a, b = enc.question_rows
+    c, d = ref_enc.question_rows
     assert list(enc.input_ids[a:b]) == list(ref_enc.input_ids[c:d])  # the same question's tokens
 
 
 def test_a_document_without_question_is_read_on_every_row(llama, llama_dir):
     lm = tasks.make("lm", llama.tokenizer, 300, seed=2, continuation=8)
     enc = engine.encode(llama, lm)
-    assert calibration.question_rows(enc) == (0, enc.n)
+    assert enc.question_rows == (0, enc.n)
     (rec,) = calibration.decoder_records(llama, [enc], Choice.of(tau=1.0))
     pmax, _ = _eager_rows(llama_dir, enc.input_ids, (0, enc.n))
     np.testing.assert_allclose(rec.layer_pmax, pmax, rtol=1e-4)
@@ -109,3 +109,28 @@ def test_prop1_and_prop2_are_refused_in_one_line(llama, doc):
         with pytest.raises(UserError, match="decoder-only") as err:
             methods.resolve(llama, doc, name)
         assert "\n" not in str(err.value)
+
+
+def test_a_run_with_question_rows_reads_them_as_eager_does(llama, llama_dir, doc):
+    """``ProbeSpec.stats_only(question_rows=True)`` (what a sweep asks of a decoder-only LM): the run's per-layer Pmax
+    and H are eager's on the question's rows, the answer is the plain run's, and a left-padded batch reads each
+    item's own question (its rows shifted past the padding)."""
+    from core.mechanics.probes import ProbeSpec
+
+    enc = engine.encode(llama, doc)
+    choice = Choice.of(tau=0.7, targets=("decoder",))
+    how = engine.Pass(probes=ProbeSpec.stats_only(question_rows=True), max_new_tokens=4)
+    res = engine.run(llama, doc, choice, how, encoded=enc)
+    pmax, ent = _eager_rows(llama_dir, enc.input_ids, enc.question_rows, tau=0.7)
+    np.testing.assert_allclose(res.probes.layer_pmax, pmax, rtol=1e-4)
+    np.testing.assert_allclose(res.probes.layer_entropy, ent, rtol=1e-4)
+    every = engine.run(llama, doc, choice, engine.Pass(probes=ProbeSpec.stats_only(), max_new_tokens=4), encoded=enc)
+    assert res.answer == every.answer
+    assert not np.allclose(res.probes.layer_pmax, every.probes.layer_pmax, rtol=1e-3)
+    short = tasks.make("passkey", llama.tokenizer, 250, depth=0.6, seed=4)
+    encs = [enc, engine.encode(llama, short)]
+    both = engine.run_encoded(llama, [doc, short], encs, choice, how)
+    for r, e in zip(both, encs):
+        p, h = _eager_rows(llama_dir, e.input_ids, e.question_rows, tau=0.7)
+        np.testing.assert_allclose(r.pmax, p.mean(), rtol=1e-4)
+        np.testing.assert_allclose(r.entropy, h.mean(), rtol=1e-4)
