@@ -406,8 +406,9 @@ def attention_per_pair(
     One call of the model's shape over ``tokens`` rows (``causal``: a decoder-only LM's causal rows with its
     query and grouped key/value heads, :func:`decoder_shape`; otherwise an encoder's all-pairs rows,
     :func:`encoder_shape`, with a relative position bias read in place when the model has one, as T5's), through
-    the backend the pass's attention takes for it (:func:`core.mechanics.softmax_block.choose_backend`: the C++
-    kernel on the CPU; with ``probed``, the row statistics asked as a probed pass asks them), timed the second
+    the backend the pass's attention takes for it (:func:`core.mechanics.softmax_block.choose_backend`: ``sdpa``
+    for a causal prefill nobody probes, else the C++ kernel on the CPU; with ``probed``, the row statistics asked
+    as a probed pass asks them, on every row: a pass reading only its question's rows costs less), timed the second
     time it runs, times the layers, over ``tokens ** 2``. Why measured apart: in a decoder's short pass the
     attention is a small share of the time (a fifth at 1,024 tokens on SmolLM2), so two short passes cannot tell
     its growth from their noise, while at 8k it is half of the pass and at 32k most of it."""
