@@ -30,6 +30,12 @@ step $R sweep $K2 --lengths 1x --methods log-n-rows --schemes yarn-rope
 step $R perplexity $PP --lengths 2x --methods none,log-length
 step $R perplexity $PP --lengths 2x --methods none,log-n-rows --schemes yarn-rope
 step $R perplexity $PP --lengths 2x --methods none --schemes dynamic-ntk
+# a second cell re-run on other sequences (100-102; the first re-run, at 0.5x and 1x, is the same command's rows)
+step $R perplexity --model $M --sequences 3 --samples 2 --batch-size 1 --seed 100 --lengths 2x --methods none \
+  --out assets/results/smollm2-perplexity-rerun.csv --resume
+# dispersion of the question's rows at 2x under log-length's tau (tau = 1's rows at 0.5x, 1x, 2x are there)
+step nice -n 19 python bench/dispersion.py --model $M --multiples 2 --documents 2 --methods log-length \
+  --out assets/results/smollm2-dispersion.csv --resume
 step $R sweep $K1 --lengths 2x --methods none --schemes none,yarn-rope,dynamic-ntk
 step $R sweep $K1 --lengths 2x --methods log-length
 step $R sweep $K1 --lengths 2x --methods log-n-rows --schemes yarn-rope
