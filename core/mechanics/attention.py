@@ -616,8 +616,8 @@ def _unread_prefix(x: softmax_block.Inputs) -> int:
     if needs is None or needs.rows is None or needs.raw_rows is not None or needs.probs:
         return 0
     first = min(needs.rows[0], x.shape[2])
-    if first <= 0 or not softmax_block.sdpa_prefill(dataclasses.replace(x, needs=None)):
-        return 0
+    if first <= 0 or softmax_block.choose_backend(dataclasses.replace(x, needs=None)) != softmax_block.SDPA:
+        return 0  # (on a GPU the Triton kernel gives every row's statistics at the unprobed cost: no split there)
     return first
 
 
