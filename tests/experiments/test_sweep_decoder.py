@@ -80,3 +80,23 @@ def test_a_plain_plan_keeps_the_columns():
         SweepPlan(
             model="m", task="passkey", lengths=[64], depths=[0.5], seeds=[0], methods=["none"], schemes=("pi", "pi")
         ).validated()
+
+
+def test_a_decoder_rows_pmax_and_entropy_are_the_questions(llama, tmp_path):
+    """A decoder-only LM's sweep row reads Pmax and H on the question's rows (as Algorithm 1 does, issue 57's
+    dispersion), not on every prompt row: the row equals a run asking the question's rows, and differs from one
+    asking every row."""
+    from core.data import tasks
+    from core.mechanics.probes import ProbeSpec
+    from core.runs import engine
+    from core.values.choice import Choice
+
+    plan = SweepPlan(model="tiny", task="passkey", lengths=[300], depths=[0.5], seeds=[0], methods=["tau=0.8"])
+    (row,) = run_sweep(llama, plan, out=tmp_path / "s.csv").to_dict("records")
+    doc = tasks.make("passkey", llama.tokenizer, 300, depth=0.5, seed=0)
+    choice = Choice.of(tau=0.8, method="tau=0.8")
+    stats = {}
+    for question in (True, False):
+        res = engine.run(llama, doc, choice, engine.Pass(probes=ProbeSpec.stats_only(question_rows=question)))
+        stats[question] = (round(res.pmax, 5), round(res.entropy, 5))
+    assert (row["pmax"], row["entropy"]) == stats[True] != stats[False]
