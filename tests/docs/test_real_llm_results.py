@@ -75,6 +75,8 @@ def test_the_sections_tables_are_the_csvs():
 #: The README's real-model rows: which table and which cell each is.
 README_ROWS = {
     "NLL, tau = 1": ("perplexity", "none"),
+    "NLL, log-length": ("perplexity", "log-length"),
+    "NLL, YaRN": ("perplexity", "yarn-rope + none"),
     "pass key, tau = 1": ("passkey", "none"),
     "pass key, YaRN": ("passkey", "yarn-rope + none"),
 }
@@ -147,3 +149,22 @@ def test_the_dispersion_figures_are_the_csvs():
         grow = h[b] - h[a]
         assert f"H grows by {grow.mean():.2f} nats on the layers' mean" in section, (a, b)
         assert f"{int((grow > 0).sum())} of {len(grow)} layers" in section, (a, b)
+
+
+def test_the_dispersion_under_a_methods_tau_is_the_csvs():
+    """The text's figures for the question's rows at 2x under log-length's tau: its tau, the layers' mean Pmax and
+    H, how far below tau = 1's H it is and in how many layers, from the dispersion CSV's log-length rows."""
+    d = pd.read_csv(RESULTS / "smollm2-dispersion.csv")
+    got = d[(d["method"] == "log-length") & (d["tokens"] == 16384)]
+    if got.empty:
+        return
+    plain = d[(d["method"] == "none") & (d["tokens"] == 16384)].set_index("layer")["entropy"]
+    drop = plain - got.set_index("layer")["entropy"]
+    section = " ".join(_section().split())
+    said = (
+        f"({got['tau'].iloc[0]:.3f}; `--multiples 2 --methods log-length`, the same 2 documents) the question's rows "
+        f"sharpen in every layer but come back only a little: Pmax {got['pmax'].mean():.3f} and H "
+        f"{got['entropy'].mean():.3f} nats on the layers' mean, H lower than tau = 1's by {drop.mean():.2f} nats, in "
+        f"{int((drop > 0).sum())} of {len(drop)} layers"
+    )
+    assert said in section, said
