@@ -168,3 +168,21 @@ def test_the_dispersion_under_a_methods_tau_is_the_csvs():
         f"{int((drop > 0).sum())} of {len(drop)} layers"
     )
     assert said in section, said
+
+
+def test_the_pass_key_rows_attention_figures_are_the_csvs():
+    """The question rows' Pmax and H the pass-key paragraph quotes (the mean over a cell's documents): tau = 1 at 1x
+    and 2x, YaRN and YaRN + log-n at 2x, each pair to the digits shown."""
+    d = pd.read_csv(RESULTS / "smollm2-passkey.csv", keep_default_na=False)
+    section = " ".join(_section().split())
+    for tokens, scheme, method in (
+        (8192, "none", "none"),
+        (16384, "none", "none"),
+        (16384, "yarn-rope", "none"),
+        (16384, "yarn-rope", "log-n-rows"),
+    ):
+        cell = d[(d["tokens"] == tokens) & (d["scheme"] == scheme) & (d["method"] == method)]
+        if cell.empty:
+            continue
+        pmax, h = cell["pmax"].astype(float).mean(), cell["entropy"].astype(float).mean()
+        assert f"{pmax:.3f}" in section and f"{h:.3f}" in section, (tokens, scheme, method, pmax, h)
