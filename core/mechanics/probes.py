@@ -96,7 +96,7 @@ _STATS = ("pmax", "entropy")
 #: only row statistics computes on demand: :attr:`Block.probs_rows <core.mechanics.softmax_block.Block>`).
 _PROB_VIEWS = frozenset({"map"})
 #: What a recorder may ask with only some rows' blocks computed by it (:attr:`Needs.rows`): the two statistics.
-_ROW_STATS = frozenset(_STATS)
+_STATS_ONLY = frozenset(_STATS)
 COSINE_BINS = 60
 #: Most rows of item 0 the sorted-logits probe sorts per layer (see :meth:`Recorder._sorted_rows`).
 SORTED_ROWS = 1024  # cosine_hist bins when asked by name with ProbeSpec.cosine_hist_bins = 0
@@ -400,7 +400,7 @@ class Recorder:
 
         probs = not want.isdisjoint(_PROB_VIEWS)
         # only Pmax and H, weighed on some rows of one document (a decoder's question): the blocks of those rows
-        rows = self._read_rows if kind == self.doc and raw_rows is None and not probs and want <= _ROW_STATS else None
+        rows = self._read_rows if kind == self.doc and raw_rows is None and not probs and want <= _STATS_ONLY else None
         return Needs(stats=not want.isdisjoint(_STATS), raw_rows=raw_rows, probs=probs, rows=rows)
 
     def end_layer(self, layer: int, kind: str = ENCODER) -> None:

@@ -791,14 +791,9 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
     ``enable_gqa`` may repeat them on the CPU)."""
     if x.causal:
         return _open_sdpa_causal(x)
-    query, key, value, tau = x.query, x.key, x.value, x.tau
-    scale = 1.0
+    key, value, tau = x.key, x.value, x.tau
+    query, scale = _tempered_query(x)
     if tau is not None:
-        t = tau.view(-1)
-        if bool((t == t[0]).all()):
-            scale = 1.0 / float(t[0])  # exact: no rounding of q in low precision
-        else:
-            query = query / tau.to(query.dtype)
         tau = tau.to(query.dtype)
     scratch: dict[str, torch.Tensor] | None = None if x.grad else {}
     groups = query.shape[1] // key.shape[1]
@@ -869,21 +864,27 @@ def _open_sdpa(x: Inputs, step: int) -> Rows:
     return rows
 
 
+def _tempered_query(x: Inputs) -> tuple[torch.Tensor, float]:
+    """``(q, scale)`` such that ``sdpa(q, k, v, scale=scale)`` divides the logits by the call's tau: one value for
+    every row and head is sdpa's ``scale`` (exact: no rounding of q in low precision); per head or per row, q over
+    tau (one copy of q per call)."""
+    tau = x.tau
+    if tau is None:
+        return x.query, 1.0
+    t = tau.view(-1)
+    if bool((t == t[0]).all()):
+        return x.query, 1.0 / float(t[0])
+    return x.query / tau.to(x.query.dtype), 1.0
+
+
 def _open_sdpa_causal(x: Inputs) -> Rows:
     """A causal prefill (:func:`sdpa_prefill`) through ``sdpa``: rows ``[r0, r1)`` see keys ``0 .. r0 + i``, so a
     block of rows takes the first ``r1`` keys and values, with ``is_causal`` from row 0 (the prefix of a call whose
     later rows a recorder reads, or the whole call) and a boolean mask of the block's own diagonal past it.
     Grouped K/V go to ``enable_gqa`` (folding query heads into rows, as :func:`_open_sdpa` does, would break the
-    causal order of the rows). One temperature for every row and head is sdpa's ``scale``; per head or per row,
-    q is divided by it (one copy of q per call)."""
-    query, key, value, tau = x.query, x.key, x.value, x.tau
-    scale = 1.0
-    if tau is not None:
-        t = tau.view(-1)
-        if bool((t == t[0]).all()):
-            scale = 1.0 / float(t[0])
-        else:
-            query = query / tau.to(query.dtype)
+    causal order of the rows). tau: :func:`_tempered_query`."""
+    key, value = x.key, x.value
+    query, scale = _tempered_query(x)
     grouped = x.grouped
 
     def rows(r0: int, r1: int) -> Block:
