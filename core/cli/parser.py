@@ -259,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     _methods_option(s, methods.SWEEP_DEFAULT, "; with --data: the --settings/--tau/--method choice")
     s.add_argument("--out", help="CSV written row by row")
     s.add_argument("--resume", action="store_true", help="skip rows already in --out")
+    s.add_argument(
+        "--calib-samples",
+        type=_samples,
+        default=4,
+        help="documents a measured method (Algorithm 1, ...) calibrates on at each length (seeds apart from the scored)",
+    )
     _scheme_options(s)
     _budget_option(s, _ROWS_STAY)
     s.add_argument("--data", help="JSONL of your own documents (see docs/cli.md, batch runs)")

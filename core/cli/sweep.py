@@ -58,6 +58,7 @@ def command(args) -> int:
             seeds=[(chosen.document.seed or 0) + i for i in range(args.samples)],
             methods=names,
             haystack=chosen.document.haystack,
+            calib_samples=args.calib_samples,
             params=args.params_,
             **({"schemes": tuple(schemes)} if schemes else {}),
         )

@@ -55,3 +55,26 @@ def test_resuming_a_csv_without_the_new_columns_is_refused_in_one_line(tiny, tmp
     msg = str(err.value)
     assert "\n" not in msg and "use another --out" in msg
     assert old.read_bytes() == text.encode()  # left alone
+
+
+@pytest.mark.parametrize("n_calib", [1, 3])
+def test_calib_samples_option_sets_the_calibration_documents(n_calib, tiny, tiny_dir, tmp_path, one_thread, capsys):
+    """``sweep --calib-samples N``: Algorithm 1's tau and gap in the rows are those of N calibration documents
+    (the default is 4). Two counts give two gaps, so an option the sweep ignored would fail one of them."""
+    from core.cli import main
+
+    out = tmp_path / f"c{n_calib}.csv"
+    argv = ["sweep", "--model", str(tiny_dir), "--task", "passkey", "--lengths", "4x", "--methods", "pmax"]
+    assert main([*argv, "--calib-samples", str(n_calib), "--out", str(out)]) == 0
+    with out.open(newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    n = 4 * tiny.train_length
+    calib = tasks.make("passkey", tiny.tokenizer, n, depth=0.5, seed=SweepPlan.calib_seed + n)
+    tau, info = methods.resolve(tiny, calib, "pmax", samples=n_calib)
+    assert float(row["gap"]) == pytest.approx(info["gap"], abs=1e-6)
+    assert float(row["tau"]) == pytest.approx(tau.mean(int(row["actual_tokens"])))
+    other = methods.resolve(tiny, calib, "pmax", samples=4 if n_calib == 1 else 1)[1]
+    assert other["gap"] != pytest.approx(info["gap"], abs=1e-6)  # the count matters on this model
+    capsys.readouterr()
+    assert main([*argv, "--calib-samples", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
