@@ -41,17 +41,40 @@ def command(args) -> int:
         **({"schemes": tuple(schemes)} if schemes else {}),
     )
     bars: list = []
+    calib: list = []  # the calibration bar drawn now, closed when the sequences move again
 
     def progress(done: int, total: int, row) -> None:
+        while calib:
+            calib.pop().close()
         if not bars:
             bars.append(tqdm(total=total, desc="perplexity (sequences)", file=sys.stderr))
         bars[0].n = done
         bars[0].refresh()
 
+    def calibrating(tokens: int, method: str, scheme):
+        """A measured method's calibration: one sentence of its passes and their time, then a bar of its search."""
+        from core.runs import timing
+
+        def step(fraction: float) -> None:
+            if not calib:
+                what = f"calibrating {method}{'' if scheme.is_plain else ' under ' + scheme.name} at {tokens:,} tokens"
+                here, at_train = methods.costs([method], loaded.n_layers, loaded.n_heads, plan.calib_samples)[0]
+                note = timing.plan_note(
+                    what, timing.model_key(loaded), [(here, tokens), (at_train, loaded.train_length)]
+                )
+                tqdm.write(note, file=sys.stderr)
+                calib.append(tqdm(total=100, desc="calibrating", unit="%", file=sys.stderr))
+            calib[0].n = round(100 * min(1.0, fraction))
+            calib[0].refresh()
+
+        return step
+
     try:
-        df = run_perplexity(loaded, plan, out=args.out, resume=args.resume, progress=progress)
+        df = run_perplexity(
+            loaded, plan, out=args.out, resume=args.resume, progress=progress, calibrating=calibrating
+        )
     finally:
-        for bar in bars:
+        for bar in calib + bars:
             bar.close()
     if args.json:
         print(json.dumps(summary(loaded, df), indent=2))

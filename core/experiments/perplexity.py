@@ -79,7 +79,7 @@ from core.kinds import ENCODER
 from core.mechanics.probes import ProbeSpec
 from core.mechanics.run_pass import Pass
 from core.models import Loaded
-from core.runs import engine, methods
+from core.runs import engine, methods, timing
 from core.runs.methods import method_label
 from core.values.choice import Choice
 from core.values.positions import PLAIN_SCHEME, Scheme
@@ -307,7 +307,10 @@ def score(
     if loaded.decoder_only:
         losses = []
         for enc in encs:
+            t = time.perf_counter()
             lost = token_nll(loaded, enc.input_ids, choice)
+            # a pass timed, as engine.run times its own: what the note before a calibration scales
+            timing.record(timing.model_key(loaded), enc.n, time.perf_counter() - t)
             losses.append(lost)
             per_doc.append((float(lost.sum()), len(lost)))
             if step:
@@ -345,12 +348,15 @@ def run_perplexity(
     progress: Callable[[int, int, dict | None], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     guard: Callable[[], ContextManager] = contextlib.nullcontext,
+    calibrating: Callable[[int, str, Scheme], methods.Progress] | None = None,
 ) -> pd.DataFrame:
     """Run the plan; append one row per length x method to ``out`` (CSV) as it finishes; return the table.
 
     ``progress(done, total, row)`` counts sequences (called after each batch,
     ``row`` set when a cell ends); ``should_stop()`` is polled between cells;
-    ``guard()`` wraps each cell's passes (the app's pass gate)."""
+    ``guard()`` wraps each cell's passes (the app's pass gate). ``calibrating(tokens, method, scheme)``: the
+    progress of a measured method's calibration at that length (told 0.0 as its passes start, then its search's
+    steps); why: at 2x L_tr of a real LM it is many minutes of passes before the cell's first sequence."""
 
     plan = plan.validated()
     if plan.lengths and plan.methods:
@@ -401,7 +407,16 @@ def run_perplexity(
 
                 base = Choice.of(targets=plan.targets, scheme=scheme)
                 with guard():
-                    tau, outcome = resolve_for(loaded, plan, n, m, docs[0], taus, None if scheme.is_plain else base)
+                    tau, outcome = resolve_for(
+                        loaded,
+                        plan,
+                        n,
+                        m,
+                        docs[0],
+                        taus,
+                        None if scheme.is_plain else base,
+                        calibrating(n, m, scheme) if calibrating else None,
+                    )
                     choice = base.with_(tau=tau, method=m)
                     lengths = sorted({e.n for e in encs})  # each sequence's pass binds its scheme to its length
                     plain = all(choice.acts_plain(loaded.config, loaded.train_length, k) for k in lengths)

@@ -504,13 +504,15 @@ def resolve_for(
     doc: tasks.Document | None,
     cache: dict,
     base: Choice | None = None,
+    progress: methods.Progress | None = None,
 ) -> tuple[Schedule, dict]:
     """``(schedule, {"reached", "gap"})`` of a method at length n; a measured one resolved once per length on
     calibration documents (seeds disjoint from the test seeds) and cached as that pair. ``reached`` / ``gap``
     are those of its search (:meth:`core.runs.temperature.Calibration.to_dict`), empty strings for a method that
     is not a search (none, a fixed tau, closed forms, Prop. 1/2). ``plan.params``: a method's own number (gamma),
     given to the methods that take it. ``base``: the choice a measured method's passes run under (a position
-    scheme: its tau is then matched under that scheme, and cached apart)."""
+    scheme: its tau is then matched under that scheme, and cached apart). ``progress(fraction)``: told 0.0 when a
+    calibration's passes start (not when the pair is cached or needs none), then the search's own steps."""
     name, value = methods.parse(method)
     if not methods.get(name).measured:
         tau, info = methods.resolve(loaded, doc, name, value, params=methods.own_params(name, plan.params))
@@ -523,12 +525,15 @@ def resolve_for(
         if _own_reference(loaded, calib_doc, plan.calib_samples, base):
             cache[key] = (Schedule.of(1.0), {"reached": True, "gap": 0.0})
             return cache[key]
+        if progress:
+            progress(0.0)
         tau, info = methods.resolve(
             loaded,
             calib_doc,
             method,
             samples=plan.calib_samples,
             base=base,
+            progress=progress,
             params=methods.own_params(name, plan.params),
         )
         cache[key] = (tau, _outcome(info))

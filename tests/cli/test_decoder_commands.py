@@ -110,3 +110,17 @@ def engine_tokens(engine, loaded, memory, monkeypatch, free: float) -> int:
     """The longest sequence ``engine.max_tokens`` allows one at a time with ``free`` bytes free."""
     monkeypatch.setattr(memory, "free_bytes", lambda device: free)
     return engine.max_tokens(loaded)
+
+
+def test_perplexity_says_before_a_calibration_what_it_runs_and_shows_its_progress(llama_dir, tmp_path, capsys):
+    """Algorithm 1 at 2x is minutes of passes on a real LM before a cell's first sequence (on SmolLM2, about 5 of
+    3.5 min each): the command says how many passes, then draws the search's bar, rather than sitting at 0/3."""
+    args = ["perplexity", "--model", str(llama_dir), "--train-length", "128", "--lengths", "2x"]
+    args += ["--methods", "none,pmax", "--sequences", "2", "--samples", "1", "--out", str(tmp_path / "p.csv")]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    note = next((line for line in err.splitlines() if line.startswith("calibrating pmax at 256 tokens will run")), "")
+    assert "encoder passes at 256 tokens" in note and "on this machine" in note, err  # tau = 1's cell timed a pass
+    assert "calibrating: 100%" in err, err
+    assert main([*args, "--resume"]) == 0
+    assert "calibrating" not in capsys.readouterr().err  # nothing left to calibrate
