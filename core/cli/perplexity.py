@@ -70,9 +70,7 @@ def command(args) -> int:
         return step
 
     try:
-        df = run_perplexity(
-            loaded, plan, out=args.out, resume=args.resume, progress=progress, calibrating=calibrating
-        )
+        df = run_perplexity(loaded, plan, out=args.out, resume=args.resume, progress=progress, calibrating=calibrating)
     finally:
         for bar in calib + bars:
             bar.close()
