@@ -5,6 +5,7 @@ digits shown, and a cell the CSV does not hold says "not run"."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -186,3 +187,28 @@ def test_the_pass_key_rows_attention_figures_are_the_csvs():
             continue
         pmax, h = cell["pmax"].astype(float).mean(), cell["entropy"].astype(float).mean()
         assert f"{pmax:.3f}" in section and f"{h:.3f}" in section, (tokens, scheme, method, pmax, h)
+
+
+#: The header of the section's table of every method's question rows at 2x (from the pass-key CSV).
+BY_METHOD = "| method, at 16,384 tokens (2x) | tau | Pmax | H (nats) |"
+
+
+def test_the_dispersion_by_method_is_the_pass_key_csv():
+    """The dispersion of the question's rows under each of the six methods at 2x: the mean over a cell's documents
+    of the pass-key rows' tau, Pmax and H (each the mean over layers), to the digits shown; "not run" where the CSV
+    holds no such cell."""
+    d = pd.read_csv(RESULTS / "smollm2-passkey.csv", keep_default_na=False)
+    d["cell"] = d["scheme"] + " + " + d["method"]
+    lines = _section().splitlines()
+    start = lines.index(BY_METHOD)
+    table = itertools.takewhile(lambda r: r.startswith("| "), lines[start + 2 :])
+    rows = [[c.strip() for c in r.strip().strip("|").split("|")] for r in table]
+    assert [r[0] for r in rows] == list(NAMES)
+    for name, *cells in rows:
+        label = NAMES[name]
+        cell = d[(d["tokens"] == 16384) & (d["cell"] == (label if " + " in label else "none + " + label))]
+        if cells[0] == NOT_RUN:
+            assert cell.empty, (name, "the CSV holds it")
+            continue
+        want = [f"{cell[c].astype(float).mean():.3f}" for c in ("tau", "pmax", "entropy")]
+        assert cells[:3] == want, (name, cells, want)
