@@ -77,6 +77,7 @@ def test_the_sections_tables_are_the_csvs():
 README_ROWS = {
     "NLL, tau = 1": ("perplexity", "none"),
     "NLL, log-length": ("perplexity", "log-length"),
+    "NLL, Algorithm 1 (Pmax)": ("perplexity", "pmax"),
     "NLL, YaRN": ("perplexity", "yarn-rope + none"),
     "pass key, tau = 1": ("passkey", "none"),
     "pass key, YaRN": ("passkey", "yarn-rope + none"),
@@ -212,3 +213,23 @@ def test_the_dispersion_by_method_is_the_pass_key_csv():
             continue
         want = [f"{cell[c].astype(float).mean():.3f}" for c in ("tau", "pmax", "entropy")]
         assert cells[:3] == want, (name, cells, want)
+
+
+def test_a_temperatures_figures_at_2x_are_the_csvs():
+    """The temperatures' paragraph at 2x: log-length's and Algorithm 1's NLL by position bucket ("a / b before L_tr,
+    c past it"), Algorithm 1's tau and how far its NLL is from tau = 1's, to the digits shown."""
+    df = pd.read_csv(RESULTS / "smollm2-perplexity.csv", keep_default_na=False)
+    section = " ".join(_section().split())
+    at2 = df[(df["tokens"] == 16384) & (df["scheme"] == "none")].set_index("method")
+    for m in ("log-length", "pmax"):
+        if m not in at2.index:
+            continue
+        r = at2.loc[m]
+        said = f"{float(r['nll_0-0.5x']):.3f} / {float(r['nll_0.5-1x']):.3f} before L_tr, {float(r['nll_1-2x']):.3f}"
+        assert said in section, (m, said)
+    if "pmax" in at2.index:
+        r = at2.loc["pmax"]
+        assert f"it is **{float(r['tau']):.2f}**" in section
+        worse = float(r["nll_per_token"]) - float(at2.loc["none", "nll_per_token"])
+        assert f"{worse:.3f} nats worse than tau = 1" in section
+        assert r["reached"] == "True" and f"within {abs(float(r['gap'])):.4f}" in section
