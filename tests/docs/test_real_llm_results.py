@@ -81,6 +81,7 @@ README_ROWS = {
     "NLL, YaRN": ("perplexity", "yarn-rope + none"),
     "pass key, tau = 1": ("passkey", "none"),
     "pass key, YaRN": ("passkey", "yarn-rope + none"),
+    "pass key, Algorithm 1 (Pmax)": ("passkey", "pmax"),
 }
 
 
@@ -182,6 +183,7 @@ def test_the_pass_key_rows_attention_figures_are_the_csvs():
         (16384, "none", "none"),
         (16384, "yarn-rope", "none"),
         (16384, "yarn-rope", "log-n-rows"),
+        (16384, "none", "pmax"),
     ):
         cell = d[(d["tokens"] == tokens) & (d["scheme"] == scheme) & (d["method"] == method)]
         if cell.empty:
@@ -233,3 +235,17 @@ def test_a_temperatures_figures_at_2x_are_the_csvs():
         worse = float(r["nll_per_token"]) - float(at2.loc["none", "nll_per_token"])
         assert f"{worse:.3f} nats worse than tau = 1" in section
         assert r["reached"] == "True" and f"within {abs(float(r['gap'])):.4f}" in section
+
+
+def test_algorithm_1s_pass_key_calibration_is_the_csvs():
+    """The pass-key paragraph's Algorithm 1 at 2x: the tau its calibration picked and the gap it left (one per
+    length, the same on every row), and whether it reached the 1x level, to the digits shown."""
+    d = pd.read_csv(RESULTS / "smollm2-passkey.csv", keep_default_na=False)
+    cell = d[(d["tokens"] == 16384) & (d["scheme"] == "none") & (d["method"] == "pmax")]
+    if cell.empty:
+        return
+    assert cell["tau"].nunique() == 1 and cell["gap"].nunique() == 1
+    r = cell.iloc[0]
+    section = " ".join(_section().split())
+    assert f"tau = **{float(r['tau']):.2f}**" in section
+    assert f"gap {float(r['gap']):.3f}, `reached` {r['reached']}" in section
