@@ -13,7 +13,8 @@ P=assets/results/smollm2-perplexity.csv
 K=assets/results/smollm2-passkey.csv
 R="nice -n 19 python -m core"
 PP="--model $M --sequences 3 --samples 2 --batch-size 1 --out $P --resume"
-# pass key: 5 depths x 1 seed first (5 documents a cell), then the second seed (10 a cell)
+# pass key: 5 depths x 1 seed first (5 documents a cell), then the second seed (10 a cell) (2026-11-29 the second seed ran
+# depth by depth, 0.5, 0.9, 0.1, 0.7, 0.3, across the five cells, with --depths D: the same rows, another order)
 K1="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 1 --out $K --resume"
 K2="--model $M --task passkey --depths 0.1,0.3,0.5,0.7,0.9 --samples 2 --out $K --resume"
 step() { echo "=== $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg): $*"; "$@"; echo "=== rc $? at $(date -u +%H:%M:%S)"; }
@@ -46,4 +47,6 @@ step $R sweep $K2 --lengths 2x --methods log-n-rows --schemes yarn-rope
 # pass-key documents (the question's rows), so that the two fit one session of this CPU
 step $R perplexity $PP --lengths 2x --methods pmax --samples 1
 step $R sweep $K2 --lengths 2x --methods pmax --calib-samples 2
+# Llama 4's temperature tuning (a tau per query row past its floor scale, here L_tr): not shared at 1x
+step $R perplexity $PP --lengths 1x,2x --methods llama4
 echo "=== all done $(date -u +%H:%M:%S)"
