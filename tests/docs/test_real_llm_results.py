@@ -249,3 +249,23 @@ def test_algorithm_1s_pass_key_calibration_is_the_csvs():
     section = " ".join(_section().split())
     assert f"tau = **{float(r['tau']):.2f}**" in section
     assert f"gap {float(r['gap']):.3f}, `reached` {r['reached']}" in section
+
+
+def test_the_per_layer_figures_are_the_dispersion_csv():
+    """bench/dispersion_figure.py's figures (the PNGs docs/results.md shows): per layer, the bars are log-length's
+    rows at 2x, the reference tau = 1's at 1x and the baseline tau = 1's at 2x, for Pmax and H alike."""
+    from tests.conftest import bench_module
+
+    d = pd.read_csv(RESULTS / "smollm2-dispersion.csv")
+    figs = bench_module("dispersion_figure").figures(d, "log-length", 16384)
+
+    def rows(method: str, tokens: int, stat: str) -> list[float]:
+        return d[(d["method"] == method) & (d["tokens"] == tokens)].sort_values("layer")[stat].tolist()
+
+    for stat, fig in figs.items():
+        bars, ref, base = fig.data
+        assert list(bars.y) == pytest.approx(rows("log-length", 16384, stat))
+        assert list(ref.y) == pytest.approx(rows("none", 8192, stat))
+        assert list(base.y) == pytest.approx(rows("none", 16384, stat))
+        assert (RESULTS / f"smollm2-dispersion-{stat}.png").stat().st_size > 10_000
+    assert "smollm2-dispersion-entropy.png" in _section() and "smollm2-dispersion-pmax.png" in _section()
