@@ -49,4 +49,11 @@ step $R perplexity $PP --lengths 2x --methods pmax --samples 1
 step $R sweep $K2 --lengths 2x --methods pmax --calib-samples 2
 # Llama 4's temperature tuning (a tau per query row past its floor scale, here L_tr): not shared at 1x
 step $R perplexity $PP --lengths 1x,2x --methods llama4
+# 0.5x L_tr for the other methods (all but Algorithm 1 share tau = 1's pass there)
+step $R perplexity $PP --lengths 0.5x --methods none,log-length,pmax
+step $R perplexity $PP --lengths 0.5x --methods none,log-n-rows --schemes yarn-rope
+step $R perplexity $PP --lengths 0.5x --methods none --schemes dynamic-ntk
+step $R sweep $K2 --lengths 0.5x --methods none --schemes none,yarn-rope,dynamic-ntk
+step $R sweep $K2 --lengths 0.5x --methods log-length,pmax --calib-samples 2
+step $R sweep $K2 --lengths 0.5x --methods log-n-rows --schemes yarn-rope
 echo "=== all done $(date -u +%H:%M:%S)"
