@@ -24,6 +24,7 @@ NAMES = {
     "YaRN": "yarn-rope + none",
     "YaRN + log-n": "yarn-rope + log-n-rows",  # Qwen's log-n by query position, as a causal decoder applies it
     "dynamic NTK": "dynamic-ntk + none",
+    "Llama 4 tuning": "llama4",  # a tau per query row past L_tr, on the model's own frequencies
 }
 NOT_RUN = "not run"
 
@@ -223,12 +224,14 @@ def test_a_temperatures_figures_at_2x_are_the_csvs():
     df = pd.read_csv(RESULTS / "smollm2-perplexity.csv", keep_default_na=False)
     section = " ".join(_section().split())
     at2 = df[(df["tokens"] == 16384) & (df["scheme"] == "none")].set_index("method")
-    for m in ("log-length", "pmax"):
+    for m in ("log-length", "pmax", "llama4"):
         if m not in at2.index:
             continue
         r = at2.loc[m]
         said = f"{float(r['nll_0-0.5x']):.3f} / {float(r['nll_0.5-1x']):.3f} before L_tr, {float(r['nll_1-2x']):.3f}"
         assert said in section, (m, said)
+    if "llama4" in at2.index:
+        assert f"tau {float(at2.loc['llama4', 'tau']):.3f} on the rows' mean" in section
     if "pmax" in at2.index:
         r = at2.loc["pmax"]
         assert f"it is **{float(r['tau']):.2f}**" in section
