@@ -230,6 +230,9 @@ def test_a_temperatures_figures_at_2x_are_the_csvs():
         r = at2.loc[m]
         said = f"{float(r['nll_0-0.5x']):.3f} / {float(r['nll_0.5-1x']):.3f} before L_tr, {float(r['nll_1-2x']):.3f}"
         assert said in section, (m, said)
+    half = df[(df["tokens"] == 4096) & (df["method"] == "pmax")]
+    if not half.empty:
+        assert f"gap {float(half['gap'].iloc[0]):.3f}, where tau does not go past 1" in section
     if "llama4" in at2.index:
         assert f"tau {float(at2.loc['llama4', 'tau']):.3f} on the rows' mean" in section
     if "pmax" in at2.index:
