@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))  # core, also without an installed package
 
 import pandas as pd  # noqa: E402
 
+from core.runs import methods  # noqa: E402
 from core.views import plots  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -44,8 +45,8 @@ def figures(df: pd.DataFrame, method: str, tokens: int) -> dict:
     for stat, name in STATS.items():
         chosen, ref, base = (
             per_layer(method, tokens, stat),
-            per_layer("none", train, stat),
-            per_layer("none", tokens, stat),
+            per_layer(methods.AS_TRAINED, train, stat),
+            per_layer(methods.AS_TRAINED, tokens, stat),
         )
         tau = float(df[(df["method"] == method) & (df["tokens"] == tokens)]["tau"].iloc[0])
         fig = plots.layer_meters(
@@ -84,7 +85,7 @@ def render(figs: dict, stem: str, width: int = 1100, height: int = 520) -> list[
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--csv", default=str(ROOT / "assets/results/smollm2-dispersion.csv"))
-    p.add_argument("--method", default="log-length", help="the method whose rows are the bars")
+    p.add_argument("--method", default=methods.BASELINE, help="the method whose rows are the bars")
     p.add_argument("--tokens", type=int, default=16384, help="the length of those rows")
     p.add_argument("--out", default=str(ROOT / "assets/results/smollm2-dispersion"), help="PNG path stem")
     args = p.parse_args(argv)
