@@ -415,7 +415,7 @@ def run_perplexity(
                         docs[0],
                         taus,
                         None if scheme.is_plain else base,
-                        calibrating(n, m, scheme) if calibrating else None,
+                        progress=calibrating(n, m, scheme) if calibrating else None,
                     )
                     choice = base.with_(tau=tau, method=m)
                     lengths = sorted({e.n for e in encs})  # each sequence's pass binds its scheme to its length
