@@ -22,6 +22,11 @@ app_pages/, ui/, core/) outside this module (only ``streamlit`` itself and
   (:mod:`ui.prefetch`) is shared by every session of the process and drops
   the wishes of a browser tab that has closed. ``st.context`` has no session
   id, and only the runtime knows which sessions are still connected.
+* :func:`share_run`: a thread that draws into this run (the progress bar's
+  clock, :func:`ui.long_work.layer_progress`, moving the bar while this run's
+  thread is inside a layer's kernels). Streamlit's multithreading guide
+  (docs.streamlit.io, "Multithreading in Streamlit") does it so; no public
+  API attaches a run's context to a thread.
 
 Each answers safely outside a Streamlit run (scripts, benchmarks, plain tests):
 not a fragment rerun, no session (""), every session alive.
@@ -64,3 +69,12 @@ def session_alive(session: str) -> bool:
         return bool(Runtime.instance().is_active_session(session))
     except Exception:  # an API change must not stop prefetching; at worst a closed tab's grid is finished
         return True
+
+
+def share_run(thread) -> None:
+    """Let ``thread`` (not started yet) draw into this script run (nothing outside a Streamlit run)."""
+    from streamlit.runtime.scriptrunner import add_script_run_ctx
+
+    ctx = _run_ctx()
+    if ctx is not None:
+        add_script_run_ctx(thread, ctx)

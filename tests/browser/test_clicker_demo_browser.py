@@ -97,29 +97,38 @@ def test_a_clicker_pages_down_through_a_filling_grid_to_its_end(server, page):
     assert float(values[-1]) == 0.5, values
 
 
+#: Every value the page's progress bars show, in order, from the first paint on (a MutationObserver, so no value
+#: the browser drew is missed between two of the test's reads: CI's polling saw only 75 and 97 of a starved page).
+BAR_VALUES = """() => { window.__bar = []; const note = () => {
+    for (const b of document.querySelectorAll('[data-testid="stProgress"] [role="progressbar"]')) {
+        const v = Number(b.getAttribute('aria-valuenow'));
+        if (!Number.isNaN(v) && window.__bar[window.__bar.length - 1] !== v) window.__bar.push(v); } };
+    new MutationObserver(note).observe(document, {subtree: true, childList: true, attributes: true,
+        attributeFilter: ['aria-valuenow']}); }"""
+
+
 def test_the_progress_bar_rises_during_a_long_first_pass(server, page):
-    """Issue 59 point 2: a 32x document's first pass (the background grid's identical tau = 1 pass, waited on; ~70 s
-    on the 2-core machine) moves the bar: its value rises at least twice (it stayed at 0 %, "starting...", at 16x,
-    32x and 64x). The tab closes at the end, so the server drops the rest of the pass at its next layer."""
+    """Issue 59 point 2: a 32x document's first pass (the background grid's identical tau = 1 pass, waited on, or
+    the person's own; ~10-70 s on the 2-core machine) moves the bar: its value rises at least twice (it stayed at
+    0 %, "starting...", at 16x, 32x and 64x; then, moved only once a layer, it showed 75 % and 97 % on a busy CI
+    machine). The tab closes at the end, so the server drops the rest of the pass at its next layer."""
     deadline = Deadline(BUDGET_S)
+    page.add_init_script(f"({BAR_VALUES})()")
     page.goto(f"{server}/?tokens=32x&seed=5", wait_until="domcontentloaded", timeout=deadline.ms())
     _confirm_if_asked(page, deadline)
     bar = page.locator('[data-testid="stProgress"] [role="progressbar"]')
     bar.first.wait_for(timeout=deadline.ms())
-    seen = []
     end = time.monotonic() + 120
-    while time.monotonic() < end and bar.count():
-        try:
-            v = bar.first.get_attribute("aria-valuenow", timeout=2000)
-        except Exception:  # noqa: BLE001 (the bar went: the pass is over)
-            break
-        if v is not None and (not seen or float(v) != seen[-1]):
-            seen.append(float(v))
-        if len(seen) >= 3:
+    seen: list[float] = []
+    while time.monotonic() < end:
+        seen = page.evaluate("() => window.__bar.slice()")
+        if len(seen) >= 3 or not bar.count():
             break
         page.wait_for_timeout(200)
     _shot(page, "progress_bar")
-    assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] > seen[0], seen
+    # a document's second first pass (the chosen tau's) starts the same bar again from 0: the first pass's values
+    first = seen[: next((i for i in range(1, len(seen)) if seen[i] < seen[i - 1]), len(seen))]
+    assert len(first) >= 3, seen  # rising (consecutive repeats are not recorded)
 
 
 def test_a_model_switch_keeps_the_multiple_and_hides_the_old_cards(server, page):

@@ -127,6 +127,10 @@ def test_outside_a_run_they_answer_safely():
     assert sp.session_id() == ""
     assert sp.history_navigation() is False
     assert sp.session_alive("anything") is True
+    t = __import__("threading").Thread(target=lambda: None)
+    sp.share_run(t)  # nothing to share: the thread is left as it was
+    t.start()
+    t.join()
 
 
 def test_a_real_runtime_tells_a_closed_session_from_an_open_one(monkeypatch):
