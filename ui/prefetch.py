@@ -301,9 +301,11 @@ class Prefetcher:
             except Exception as err:  # noqa: BLE001 (too long, out of memory, or a bug): stop this grid, say why
                 # The scrubber reads it (failure) and stops polling for frames that will not come: before, a grid
                 # that failed left the page polling every POLL_MS for good (a browser test never settled).
-                self.failed[job.key] = str(err) or type(err).__name__
+                # Logged before the failure is published: whoever reads ``failure`` finds the log's record too
+                # (tests/ui/test_prefetch_errors.py read it between the two once on CI).
                 if not isinstance(err, (UserError, ValueError, RuntimeError)):
                     _log.exception("a background grid pass failed; that document's grid stops here")
+                self.failed[job.key] = str(err) or type(err).__name__
             finally:
                 gate.release_background()
 

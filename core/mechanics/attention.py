@@ -640,15 +640,23 @@ def _kernel_blocks(x: softmax_block.Inputs, step: int) -> softmax_block.Rows:
 
 @dataclass(frozen=True)
 class _SchemeOps:
-    """A bound position scheme as one attention call applies it (see :class:`_Call`): ``mask(r0, r1)``
-    gives the allowed keys of rows ``[r0, r1)`` (bool ``[rows, k_len]``) or None; ``logits(r0, r1, allowed)`` the
-    rows' float32 logits from unrotated q and k (rectified schemes) or None: the plain matmul; ``rotated(q, k)``
-    q and k at their own positions (what probes that take whole q and k see)."""
+    """A bound position scheme as one attention call applies it (see :class:`_Call`): ``mask(r0, r1, cols)``
+    gives the allowed keys of rows ``[r0, r1)`` (bool ``[rows, k_len]``, or ``[rows, len(cols)]`` for the keys
+    ``cols``) or None; ``logits(r0, r1, allowed, cols)`` the rows' float32 logits from unrotated q and k (rectified
+    schemes) or None: the plain matmul; ``rotated(q, k)`` q and k at their own positions (what probes that take
+    whole q and k see); ``columns(r0, r1)`` the only keys rows ``[r0, r1)`` can see (ascending int64 positions:
+    a band's, causal rows' cut at the row), or None: any key, or so many that a gather would not pay."""
 
     bound: "rope_positions.Bound"
-    mask: Callable[[int, int], torch.Tensor | None]
-    logits: Callable[[int, int, torch.Tensor | None], torch.Tensor] | None
+    mask: Callable[..., torch.Tensor | None]
+    logits: Callable[..., torch.Tensor] | None
     rotated: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    columns: Callable[[int, int], torch.Tensor | None] = lambda r0, r1: None
+
+
+#: A block of rows reads only its band's keys (:attr:`_SchemeOps.columns`) when they are at most this share of all
+#: keys; past it, the gather of keys and values would cost more than the columns it saves.
+BAND_SHARE = 0.75
 
 
 def _layer_type(config, layer: int) -> str | None:
@@ -682,25 +690,38 @@ def _scheme_of(
     k_len, device = key.shape[-2], query.device
     shift = k_len - query.shape[-2] if decoder else 0
 
-    def mask(r0: int, r1: int) -> torch.Tensor | None:
-        return bound.mask_rows(shift + r0, shift + r1, k_len, device)
+    def mask(r0: int, r1: int, cols: torch.Tensor | None = None) -> torch.Tensor | None:
+        return bound.mask_rows(shift + r0, shift + r1, k_len, device, cols)
+
+    def columns(r0: int, r1: int) -> torch.Tensor | None:
+        span = bound.key_span(shift + r0, shift + r1, k_len)
+        if span is None:
+            return None
+        s, lo, hi = span
+        if decoder:  # causal rows: no key after the block's last row
+            hi, s = min(hi, shift + r1), min(s, shift + r1)
+            lo = min(lo, hi)
+        if s + hi - lo > BAND_SHARE * k_len:
+            return None
+        return torch.cat((torch.arange(s, device=device), torch.arange(lo, hi, device=device)))
 
     if not bound.rectified:
-        return _SchemeOps(bound, mask, None, lambda q, k: (q, k))
+        return _SchemeOps(bound, mask, None, lambda q, k: (q, k), columns)
     config = module.config
     inv, a = bound.frequencies(config, _layer_type(config, int(getattr(module, "layer_idx", 0) or 0)))
     k_rot = rope_positions.rotate(key, torch.arange(k_len, device=device), inv, a)
 
-    def logits(r0: int, r1: int, allowed: torch.Tensor | None) -> torch.Tensor:
-        distances = bound.capped_positions(shift + r0, shift + r1, k_len, device)
+    def logits(r0: int, r1: int, allowed: torch.Tensor | None, cols: torch.Tensor | None = None) -> torch.Tensor:
+        distances = bound.capped_positions(shift + r0, shift + r1, k_len, device, cols)
+        k0, kr = (key, k_rot) if cols is None else (key.index_select(2, cols), k_rot.index_select(2, cols))
         return rope_positions.rectified_logits(
-            query, key, inv, distances, r0, a, allowed=allowed, k_rotated=k_rot, shift=shift
+            query, k0, inv, distances, r0, a, allowed=allowed, k_rotated=kr, shift=shift, key_positions=cols
         )
 
     def rotated(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_positions.rotate(q, torch.arange(shift, shift + q.shape[-2], device=device), inv, a), k_rot
 
-    return _SchemeOps(bound, mask, logits, rotated)
+    return _SchemeOps(bound, mask, logits, rotated, columns)
 
 
 def compact_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:

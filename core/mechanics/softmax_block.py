@@ -383,20 +383,26 @@ def _sdpa_budget(x: Inputs, asked: int | None) -> int:
 
 
 def _block_scores(
-    x: Inputs, keyT: torch.Tensor, r0: int, r1: int, raw_rows: torch.Tensor | None
+    x: Inputs,
+    keyT: torch.Tensor,
+    r0: int,
+    r1: int,
+    raw_rows: torch.Tensor | None,
+    cols: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(raw, scores)`` of query rows ``[r0, r1)``: scores = (q.k + bias) / tau + mask (float32), raw = the
     rows ``raw_rows`` of q.k + bias (a copy taken before tau), or None.
 
     Written in place on the one fresh tensor the matmul returns, so a block costs one matmul and one pass
     per step (add, scale, mask) and no copies. A position scheme's mask rows are ANDed into the mask, and a
-    rectified scheme's logits replace the matmul (raw is then those logits)."""
+    rectified scheme's logits replace the matmul (raw is then those logits). ``cols``: only these keys' columns
+    (a band's, :func:`_band_columns`; no bias then)."""
     scheme = x.scheme
-    allowed = None if scheme is None else scheme.mask(r0, r1)
+    allowed = None if scheme is None else scheme.mask(r0, r1, cols)
     if scheme is not None and scheme.logits is not None:
-        scores = scheme.logits(r0, r1, allowed)
+        scores = scheme.logits(r0, r1, allowed, cols)
     else:
-        scores = grouped_matmul(x.query[:, :, r0:r1], keyT)
+        scores = grouped_matmul(x.query[:, :, r0:r1], keyT if cols is None else keyT.index_select(-1, cols))
     if scores.dtype != torch.float32:
         scores = scores.float()
     if x.bias is not None:
@@ -409,6 +415,8 @@ def _block_scores(
     m = x.mask
     if m is not None:
         m = m[:, :, r0:r1] if m.shape[-2] > 1 else m
+        if cols is not None:
+            m = m.index_select(-1, cols.to(m.device))
         if m.dtype == torch.bool:
             scores.masked_fill_(~m, torch.finfo(scores.dtype).min)
         else:
@@ -416,8 +424,8 @@ def _block_scores(
     elif x.causal:
         k_len, q_len = keyT.shape[-1], x.query.shape[-2]
         rows = torch.arange(r0, r1, device=scores.device)[:, None] + (k_len - q_len)
-        cols = torch.arange(k_len, device=scores.device)[None, :]
-        scores.masked_fill_(cols > rows, torch.finfo(scores.dtype).min)
+        keys = torch.arange(k_len, device=scores.device) if cols is None else cols.to(scores.device)
+        scores.masked_fill_(keys[None, :] > rows, torch.finfo(scores.dtype).min)
     if allowed is not None:
         scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
     return raw, scores
@@ -480,6 +488,7 @@ def _open_torch(x: Inputs, step: int) -> Rows:
     unnormalised = (
         x.needs is not None or x.sinks is not None or (x.rectified and not (x.weights or x.grad or x.dropout))
     )
+    banded = _bandable(x)
     reuse = not x.grad
     # gpt-oss's sink logits as one more column per row, over the same tau as the row's keys: [1, H, 1, 1]
     sinks = None if x.sinks is None else x.sinks.to(torch.float32).view(1, -1, 1, 1)
@@ -488,6 +497,9 @@ def _open_torch(x: Inputs, step: int) -> Rows:
 
     def rows(r0: int, r1: int) -> Block:
         want = None if x.needs is None or x.needs.raw_rows is None else x.needs.raw_rows(r0, r1)
+        cols = x.scheme.columns(r0, r1) if banded and want is None else None
+        if cols is not None:
+            return _band_block(x, r0, r1, cols, keyT, buf)
         raw, scores = _block_scores(x, keyT, r0, r1, want)
         if x.adaptive:  # this backend's option: a first softmax pass over the block gives each row its beta
             scores = adaptive_rows(scores)
@@ -528,6 +540,51 @@ def _open_torch(x: Inputs, step: int) -> Rows:
         return Block(r0, r1, out=out, exp=e, total=total, top=top, dot=dot, raw=raw, weights=weights)
 
     return rows
+
+
+def _bandable(x: Inputs) -> bool:
+    """Whether this call's blocks may read only their band's keys (:func:`_band_block`): a position scheme's mask
+    bounds them, and nothing asks for a whole row (autograd, dropout, whole weights, T5's bias, adaptive rows,
+    sinks)."""
+    return (
+        x.scheme is not None
+        and x.bias is None
+        and not (x.grad or x.dropout or x.weights or x.adaptive or x.sinks is not None)
+        and x.softcap is None
+    )
+
+
+def _band_block(x: Inputs, r0: int, r1: int, cols: torch.Tensor, keyT: torch.Tensor, buf: list) -> Block:
+    """Rows ``[r0, r1)`` over the keys ``cols`` only (the band and sinks a scheme's mask lets them see, causal
+    rows cut at the row: :attr:`core.mechanics.attention._SchemeOps.columns`): the same softmax, since every other
+    key has weight exp(-inf) = 0, at the cost of the band rather than of every key (a StreamingLLM pass of a decoder
+    over 4,096 tokens with a window of 251 was 12x its plain pass). A recorder that reads the rows' probabilities
+    (a map, a profile) gets them over every key, the others 0; Pmax and H come from the rows' sums as ever."""
+    _, scores = _block_scores(x, keyT, r0, r1, None, cols)
+    stats = x.needs is not None and x.needs.stats
+    # exp in place where nothing else reads the shifted logits; the entropy's dot product needs both
+    top, shifted, e, total = _exp_rows(scores, torch.empty_like(scores) if stats else scores)
+    dot = torch.einsum("bhck,bhck->bhc", e, shifted).unsqueeze(-1) if stats else None
+    vdt = x.value.dtype
+    out = grouped_matmul(e.to(vdt), x.value.index_select(2, cols)) / total.to(vdt)
+    k_len = x.key.shape[-2]
+    if x.needs is None:
+        return Block(r0, r1, out=out)
+    if not x.needs.probs:  # row statistics, and a profile's few rows over every key on demand
+
+        def probs_rows(a: int, b: int, k: int | None) -> torch.Tensor:
+            p = e[0, :, a - r0 : b - r0] / total[0, :, a - r0 : b - r0]
+            whole = p.new_zeros(p.shape[0], b - a, k_len).index_copy_(-1, cols, p)
+            return whole[..., :k]
+
+        return Block(r0, r1, out=out, total=total, top=top, dot=dot, probs_rows=probs_rows)
+    b, h, c, _ = e.shape
+    n = b * h * c * k_len
+    if not buf or buf[0].numel() < n:
+        buf[:] = [torch.empty(n, dtype=e.dtype, device=e.device)]
+    full = buf[0][:n].view(b, h, c, k_len).zero_()
+    full.index_copy_(-1, cols, e)
+    return Block(r0, r1, out=out, exp=full, total=total, top=top, dot=dot)
 
 
 # -- cpu-kernel ----------------------------------------------------------------------------------------------

@@ -197,34 +197,46 @@ def _fit_rotary(config: Any, params: dict, layer_type: str | None) -> dict:
 # ---- masks and distances: plain functions of the query rows ---------------------------------------------------
 
 
-def _index(r0: int, r1: int, k_len: int, device=None) -> tuple["torch.Tensor", "torch.Tensor"]:
+def _index(r0: int, r1: int, k_len: int, device=None, cols=None) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Row positions ``[r1 - r0, 1]`` and key positions ``[1, n]``: every key, or only ``cols`` (ascending int64
+    key positions, :meth:`Bound.key_span`'s)."""
     import torch
 
     if not (0 <= r0 <= r1) or k_len < 0:
         raise ValueError(f"rows [{r0}, {r1}) of {k_len} keys")
-    return (torch.arange(r0, r1, device=device)[:, None], torch.arange(k_len, device=device)[None, :])
+    j = torch.arange(k_len, device=device) if cols is None else cols.to(device)
+    return torch.arange(r0, r1, device=device)[:, None], j[None, :]
 
 
-def relative_positions(r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor":
-    """``i - j`` for query rows ``[r0, r1)`` and every key: the distance RoPE's logit (q at i, k at j) depends on."""
-    i, j = _index(r0, r1, k_len, device)
+def relative_positions(r0: int, r1: int, k_len: int, device=None, cols=None) -> "torch.Tensor":
+    """``i - j`` for query rows ``[r0, r1)`` and every key (or the keys ``cols``): the distance RoPE's logit (q at
+    i, k at j) depends on."""
+    i, j = _index(r0, r1, k_len, device, cols)
     return i - j
 
 
-def band_mask(r0: int, r1: int, k_len: int, window: int, sinks: int = 0, device=None) -> "torch.Tensor":
+def band_mask(r0: int, r1: int, k_len: int, window: int, sinks: int = 0, device=None, cols=None) -> "torch.Tensor":
     """Rows ``[r0, r1)`` of the bidirectional band ``|i - j| <= window``, plus the first ``sinks`` keys for every
-    row (bool ``[r1 - r0, k_len]``, True = attend). ``sinks = 0``: windowed attention; ``sinks > 0``: StreamingLLM's
-    and LM-Infinite's Lambda shape. Sinks are keys every row sees; the sink tokens' own rows keep their band."""
-    i, j = _index(r0, r1, k_len, device)
+    row (bool ``[r1 - r0, k_len]``, True = attend; ``cols``: only those keys' columns). ``sinks = 0``: windowed
+    attention; ``sinks > 0``: StreamingLLM's and LM-Infinite's Lambda shape. Sinks are keys every row sees; the
+    sink tokens' own rows keep their band."""
+    i, j = _index(r0, r1, k_len, device, cols)
     return ((i - j).abs() <= window) | (j < sinks)
 
 
-def capped_distances(r0: int, r1: int, k_len: int, cap: int, device=None) -> "torch.Tensor":
+def band_span(r0: int, r1: int, k_len: int, window: int, sinks: int = 0) -> tuple[int, int, int]:
+    """The keys rows ``[r0, r1)`` of :func:`band_mask` can see, as ``(s, lo, hi)``: the sinks ``[0, s)`` and the
+    band's keys ``[lo, hi)``, with ``s <= lo`` (sinks inside the band are counted there)."""
+    lo, hi = max(0, min(k_len, r0 - window)), max(0, min(k_len, r1 + window))
+    return min(sinks, lo), lo, max(lo, hi)
+
+
+def capped_distances(r0: int, r1: int, k_len: int, cap: int, device=None, cols=None) -> "torch.Tensor":
     """ReRoPE's and LM-Infinite's distances: ``clip(i - j, -cap, cap)``: true within the cap, the cap beyond it."""
-    return relative_positions(r0, r1, k_len, device).clamp(-cap, cap)
+    return relative_positions(r0, r1, k_len, device, cols).clamp(-cap, cap)
 
 
-def cache_distances(r0: int, r1: int, k_len: int, window: int, sinks: int, device=None) -> "torch.Tensor":
+def cache_distances(r0: int, r1: int, k_len: int, window: int, sinks: int, device=None, cols=None) -> "torch.Tensor":
     """StreamingLLM's distances (Xiao et al. 2024, Sec. 3.2: positions within the cache, not the text).
 
     The cache seen from row i holds the sinks and the band ``i - window .. i + window``, in text order; a
@@ -234,8 +246,8 @@ def cache_distances(r0: int, r1: int, k_len: int, window: int, sinks: int, devic
     other key keeps its true distance (keys outside band and sinks are masked anyway)."""
     import torch
 
-    rel = relative_positions(r0, r1, k_len, device)
-    j = torch.arange(k_len, device=device)[None, :]
+    i, j = _index(r0, r1, k_len, device, cols)
+    rel = i - j
     far_sink = (j < sinks) & (rel.abs() > window)
     return torch.where(far_sink, rel.sign() * torch.minimum(rel.abs(), window + sinks - j), rel)
 
@@ -274,6 +286,7 @@ def rectified_logits(
     allowed: "torch.Tensor | None" = None,
     k_rotated: "torch.Tensor | None" = None,
     shift: int = 0,
+    key_positions: "torch.Tensor | None" = None,
 ) -> "torch.Tensor":
     """Logits of query rows ``[r0, r0 + distances.shape[0])`` at the given relative ``distances`` (float32).
 
@@ -288,6 +301,9 @@ def rectified_logits(
     the end of the keys); ``distances`` are then those of positions ``[shift + r0, ...)`` (what
     :meth:`Bound.capped_positions` gives for them). 0 for a whole pass.
 
+    ``key_positions``: the positions of ``k0``'s keys (ascending int64; ``k0`` and ``k_rotated`` then hold only
+    those keys, and ``distances`` only their columns: a band's, :meth:`Bound.key_span`), None: ``0 .. L_k - 1``.
+
     Grouped K/V (a decoder-only model's: fewer key heads than query heads) are read in place: each key head's
     query heads are folded into its rows for the matmuls (:func:`_grouped_logits`), never repeated in memory.
     """
@@ -298,12 +314,13 @@ def rectified_logits(
     k_len = k0.shape[-2]
     device = q0.device
     distances = distances.to(device)
+    positions = torch.arange(k_len, device=device) if key_positions is None else key_positions.to(device)
     if k_rotated is None:
-        k_rotated = rotate(k0, torch.arange(k_len, device=device), inv_freq, scale)
+        k_rotated = rotate(k0, positions, inv_freq, scale)
     p0 = shift + r0
     q_rot = rotate(qb, torch.arange(p0, p0 + rows, device=device), inv_freq, scale)
     out = _grouped_logits(q_rot, k_rotated).float()
-    moved = distances != relative_positions(p0, p0 + rows, k_len, device)
+    moved = distances != relative_positions(p0, p0 + rows, k_len, device, key_positions)
     if allowed is not None:
         moved &= allowed.to(device)
     if not bool(moved.any()):
@@ -354,7 +371,9 @@ class PositionScheme:
     ``rope``: ``(bound, the model's rope params of one layer type, d) -> (rope params, seq_len)``, the
     parameters of a config copy whose transformers rope function gives its frequencies at this input
     (:meth:`Bound.frequencies`); None: it keeps the model's.
-    ``mask``/``distances``: ``(bound, r0, r1, k_len, device) -> tensor`` for rows ``[r0, r1)``; None: none.
+    ``mask``/``distances``: ``(bound, r0, r1, k_len, device, cols) -> tensor`` for rows ``[r0, r1)`` (``cols``: only
+    those keys' columns, or None: every key); None: none. ``span``: ``(bound, r0, r1, k_len) -> (s, lo, hi)``, the
+    only keys the mask lets rows ``[r0, r1)`` see (the sinks ``[0, s)`` and ``[lo, hi)``), or None: any key.
     ``available``: False for schemes that need their own training, with ``reason``.
     ``same_as``: in this encoder, at its defaults, it gives exactly that scheme's numbers (tables show one).
     """
@@ -370,6 +389,7 @@ class PositionScheme:
     rope: Callable[["Bound", dict, int], tuple[dict, int | None]] | None = None
     mask: Callable[..., "torch.Tensor"] | None = None
     distances: Callable[..., "torch.Tensor"] | None = None
+    span: Callable[..., tuple[int, int, int]] | None = None
     available: bool = True
     reason: str = ""
     same_as: str | None = None
@@ -505,17 +525,27 @@ class Bound:
         return True
 
     # -- masks and distances --
-    def mask_rows(self, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor | None":
-        """The scheme's mask for query rows ``[r0, r1)`` (bool ``[r1 - r0, k_len]``, True = attend), or None."""
-        return None if self.scheme.mask is None else self.scheme.mask(self, r0, r1, k_len, device)
+    def mask_rows(self, r0: int, r1: int, k_len: int, device=None, cols=None) -> "torch.Tensor | None":
+        """The scheme's mask for query rows ``[r0, r1)`` (bool ``[r1 - r0, k_len]``, True = attend; ``cols``: only
+        those keys' columns), or None."""
+        return None if self.scheme.mask is None else self.scheme.mask(self, r0, r1, k_len, device, cols)
+
+    def key_span(self, r0: int, r1: int, k_len: int) -> tuple[int, int, int] | None:
+        """``(s, lo, hi)``: rows ``[r0, r1)`` see only the keys ``[0, s)`` and ``[lo, hi)`` (a band's and its
+        sinks), or None: any key may be seen.
+
+        Why: a band's rows need only its columns. Computed over every key, a StreamingLLM pass of a decoder was
+        12x its plain pass (4,096 tokens, a window of 251); over the band's keys it costs what the band holds."""
+        return None if self.scheme.span is None else self.scheme.span(self, r0, r1, k_len)
 
     def mask(self, q_len: int, k_len: int, device=None) -> "torch.Tensor | None":
         """The whole mask ``[q_len, k_len]``: for small inputs and drawings only (a pass uses :meth:`mask_rows`)."""
         return self.mask_rows(0, q_len, k_len, device)
 
-    def capped_positions(self, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor | None":
-        """Relative distances ``[r1 - r0, k_len]`` the logits of rows ``[r0, r1)`` use, or None: the true ones."""
-        return None if self.scheme.distances is None else self.scheme.distances(self, r0, r1, k_len, device)
+    def capped_positions(self, r0: int, r1: int, k_len: int, device=None, cols=None) -> "torch.Tensor | None":
+        """Relative distances ``[r1 - r0, k_len]`` the logits of rows ``[r0, r1)`` use (``cols``: only those keys'
+        columns), or None: the true ones."""
+        return None if self.scheme.distances is None else self.scheme.distances(self, r0, r1, k_len, device, cols)
 
 
 def configured(config: Any, bound: Bound) -> Any:
@@ -559,8 +589,12 @@ def _yarn(b: Bound, base: dict, dim: int) -> tuple[dict, int | None]:
     return params, None
 
 
-def _band(b: Bound, r0: int, r1: int, k_len: int, device=None) -> "torch.Tensor":
-    return band_mask(r0, r1, k_len, b.window, b.sinks, device)
+def _band(b: Bound, r0: int, r1: int, k_len: int, device=None, cols=None) -> "torch.Tensor":
+    return band_mask(r0, r1, k_len, b.window, b.sinks, device, cols)
+
+
+def _band_span(b: Bound, r0: int, r1: int, k_len: int) -> tuple[int, int, int]:
+    return band_span(r0, r1, k_len, b.window, b.sinks)
 
 
 REGISTRY: dict[str, PositionScheme] = {
@@ -630,7 +664,7 @@ REGISTRY: dict[str, PositionScheme] = {
             changes=(DISTANCES,),
             params=("window",),
             defaults=lambda lt: {"window": lt // 2},
-            distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.window, dev),
+            distances=lambda b, r0, r1, k, dev=None, cols=None: capped_distances(r0, r1, k, b.window, dev, cols),
         ),
         PositionScheme(
             "window",
@@ -643,6 +677,7 @@ REGISTRY: dict[str, PositionScheme] = {
             params=("window",),
             defaults=lambda lt: {"window": lt - 1},
             mask=_band,
+            span=_band_span,
         ),
         PositionScheme(
             "streaming-llm",
@@ -656,7 +691,10 @@ REGISTRY: dict[str, PositionScheme] = {
             params=("window", "sinks"),
             defaults=lambda lt: {"sinks": 4, "window": max(0, lt - 1 - 4)},
             mask=_band,
-            distances=lambda b, r0, r1, k, dev=None: cache_distances(r0, r1, k, b.window, b.sinks, dev),
+            span=_band_span,
+            distances=lambda b, r0, r1, k, dev=None, cols=None: cache_distances(
+                r0, r1, k, b.window, b.sinks, dev, cols
+            ),
         ),
         PositionScheme(
             "lm-infinite",
@@ -669,7 +707,8 @@ REGISTRY: dict[str, PositionScheme] = {
             params=("window", "sinks", "cap"),
             defaults=lambda lt: {"sinks": 5, "window": lt - 1, "cap": lt - 1},
             mask=_band,
-            distances=lambda b, r0, r1, k, dev=None: capped_distances(r0, r1, k, b.cap, dev),
+            span=_band_span,
+            distances=lambda b, r0, r1, k, dev=None, cols=None: capped_distances(r0, r1, k, b.cap, dev, cols),
         ),
         PositionScheme(
             "alibi",
