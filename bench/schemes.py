@@ -1,7 +1,7 @@
 """What a position scheme costs a decoder's pass, beside plain RoPE: band schemes reading only their band's keys.
 
     python bench/schemes.py                                   # a tiny random Llama, 4,096 tokens, L_tr 256
-    python bench/schemes.py --model smollm2-135m --tokens 16384 --reps 1
+    python bench/schemes.py --model smollm2-135m --tokens 16384 --reps 1 --schemes streaming-llm --every-key no
 
 Each scheme's pass (the perplexity's: no probes, every row scored) is timed ``--reps`` times after a warm-up, and
 the band schemes (windowed attention, StreamingLLM, LM-Infinite) also with the band's gather off
@@ -73,7 +73,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--train-length", type=int, default=256, help="the tiny Llama's L_tr")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma list (plain RoPE is always timed)")
+    ap.add_argument("--every-key", choices=("yes", "no"), default="yes", help="also time band schemes over every key")
     args = ap.parse_args(argv)
+    schemes = [s for s in args.schemes.split(",") if s and s != "none"]
 
     import torch
 
@@ -91,10 +94,11 @@ def main(argv=None) -> int:
         share = attention.BAND_SHARE
         rows = []
         base = _time(loaded, ids, "none", args.reps)
-        for scheme in SCHEMES:
-            t = base if scheme == "none" else _time(loaded, ids, scheme, args.reps)
+        rows.append(("none", base, None))
+        for scheme in schemes:
+            t = _time(loaded, ids, scheme, args.reps)
             full = None
-            if scheme in BANDED:
+            if scheme in BANDED and args.every_key == "yes":
                 attention.BAND_SHARE = -1.0
                 try:
                     full = _time(loaded, ids, scheme, args.reps)
