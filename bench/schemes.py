@@ -71,7 +71,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a registry name or folder (default: a tiny random Llama)")
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--train-length", type=int, default=256, help="the tiny Llama's L_tr")
+    ap.add_argument(
+        "--train-length", type=int, default=None, help="L_tr (the tiny Llama's: 256; a model's own by default)"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma list (plain RoPE is always timed)")
     ap.add_argument("--every-key", choices=("yes", "no"), default="yes", help="also time band schemes over every key")
@@ -85,8 +87,17 @@ def main(argv=None) -> int:
 
     before = machine()
     with tempfile.TemporaryDirectory() as tmp:
-        where = args.model or _tiny_llama(Path(tmp), args.train_length)
-        loaded = load(where, device="cpu")
+        where = args.model or _tiny_llama(Path(tmp), args.train_length or 256)
+        loaded = load(where, device="cpu", train_length=args.train_length)
+        name = f"{args.model or 'a tiny random Llama'} (L_tr {loaded.train_length:,})"
+        print(
+            f"{name}, {args.tokens:,} tokens, one pass (no probes), median of {args.reps}; torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads\nmachine before: {before}",
+            flush=True,
+        )
+        print(
+            "| scheme | s | vs plain | every key (s) | vs plain | band's gain |\n|---|---|---|---|---|---|", flush=True
+        )
         ids = torch.randint(
             3, min(384, loaded.model.config.vocab_size), (1, args.tokens), generator=torch.Generator().manual_seed(0)
         )
@@ -95,6 +106,7 @@ def main(argv=None) -> int:
         rows = []
         base = _time(loaded, ids, "none", args.reps)
         rows.append(("none", base, None))
+        _row(*rows[-1], base)
         for scheme in schemes:
             t = _time(loaded, ids, scheme, args.reps)
             full = None
@@ -105,20 +117,17 @@ def main(argv=None) -> int:
                 finally:
                     attention.BAND_SHARE = share
             rows.append((scheme, t, full))
-    name = args.model or f"tiny random Llama (L_tr {args.train_length})"
-    print(
-        f"{name}, {args.tokens:,} tokens, one pass (no probes), median of {args.reps}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
-    )
-    print(f"machine before: {before}\nmachine after:  {machine()}")
-    print("| scheme | s | vs plain | every key (s) | vs plain | band's gain |")
-    print("|---|---|---|---|---|---|")
-    for scheme, t, full in rows:
-        if full is None:
-            print(f"| {scheme} | {t:.2f} | {t / base:.2f} | | | |")
-        else:
-            print(f"| {scheme} | {t:.2f} | {t / base:.2f} | {full:.2f} | {full / base:.2f} | {full / t:.1f}x |")
+            _row(*rows[-1], base)
+    print(f"machine after:  {machine()}")
     return 0
+
+
+def _row(scheme: str, t: float, full: float | None, base: float) -> None:
+    """One table row, printed as soon as it is measured (a 16k pass of a real model takes minutes)."""
+    if full is None:
+        print(f"| {scheme} | {t:.2f} | {t / base:.2f} | | | |", flush=True)
+    else:
+        print(f"| {scheme} | {t:.2f} | {t / base:.2f} | {full:.2f} | {full / base:.2f} | {full / t:.1f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -645,7 +645,8 @@ class _SchemeOps:
     ``cols``) or None; ``logits(r0, r1, allowed, cols)`` the rows' float32 logits from unrotated q and k (rectified
     schemes) or None: the plain matmul; ``rotated(q, k)`` q and k at their own positions (what probes that take
     whole q and k see); ``columns(r0, r1)`` the only keys rows ``[r0, r1)`` can see (ascending int64 positions:
-    a band's, causal rows' cut at the row), or None: any key, or so many that a gather would not pay."""
+    a band's and its sinks, a decoder's causal rows' cut at their last row), or None: any key, or so many that a
+    gather would not pay."""
 
     bound: "rope_positions.Bound"
     mask: Callable[..., torch.Tensor | None]
@@ -695,10 +696,10 @@ def _scheme_of(
 
     def columns(r0: int, r1: int) -> torch.Tensor | None:
         span = bound.key_span(shift + r0, shift + r1, k_len)
-        if span is None:
+        if span is None and not decoder:
             return None
-        s, lo, hi = span
-        if decoder:  # causal rows: no key after the block's last row
+        s, lo, hi = (0, 0, k_len) if span is None else span
+        if decoder:  # causal rows: no key after the block's last row (ReRoPE's too, which has no band)
             hi, s = min(hi, shift + r1), min(s, shift + r1)
             lo = min(lo, hi)
         if s + hi - lo > BAND_SHARE * k_len:

@@ -291,10 +291,10 @@ def test_mask_and_distance_schemes_equal_the_reference(models, reference_model, 
 
 
 @needs_rows
-@pytest.mark.parametrize("name", ["window", "lm-infinite", "streaming-llm"])
+@pytest.mark.parametrize("name", ["window", "lm-infinite", "streaming-llm", "rerope"])
 def test_band_blocks_equal_the_reference(models, reference_model, name, monkeypatch):
-    """Blocks of 16 rows, each reading only the sinks and the band its rows see (``softmax_block._band_block``;
-    tests/runs/test_band_columns.py), give the reference's prefill logits too."""
+    """Blocks of 16 rows, each reading only the sinks and the band its rows see, or (ReRoPE) the keys up to its last
+    row (``softmax_block._band_block``; tests/runs/test_band_columns.py), give the reference's prefill logits too."""
     loaded = models["llama"]
     ids = _ids(110, seed=5)
     rows = 16 * (softmax_block.RECTIFIED_BLOCK_SHARE if name != "window" else 1)
@@ -305,7 +305,7 @@ def test_band_blocks_equal_the_reference(models, reference_model, name, monkeypa
     choice = engine.choice_for(loaded, Choice.of(scheme=SPEC[name]))
     with torch.no_grad(), rope_pass.scheme_pass(loaded, choice, how, None, ids.shape[1]):
         got = loaded.model(input_ids=ids).logits
-    assert len(ran) >= 2 * loaded.n_layers, "the band's blocks ran"
+    assert len(ran) >= 2 * loaded.n_layers, "the band's blocks ran"  # the first blocks' keys: under 3/4 of all
     torch.testing.assert_close(got, _reference_logits(reference_model, name, ids), atol=REF_TOL, rtol=REF_TOL)
 
 
