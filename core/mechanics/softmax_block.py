@@ -33,7 +33,6 @@ it is valid until the next block of the same call is asked for.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -397,7 +396,7 @@ def _block_scores(
     Written in place on the one fresh tensor the matmul returns, so a block costs one matmul and one pass
     per step (add, scale, mask) and no copies. A position scheme's mask rows are ANDed into the mask, and a
     rectified scheme's logits replace the matmul (raw is then those logits). ``cols``: only these keys' columns
-    (a band's, :func:`_band_block`; no bias then)."""
+    (a band's, :func:`_band_columns`; no bias then)."""
     scheme = x.scheme
     allowed = None if scheme is None else scheme.mask(r0, r1, cols)
     if scheme is not None and scheme.logits is not None:
@@ -511,7 +510,10 @@ def _open_torch(x: Inputs, step: int) -> Rows:
             return Block(r0, r1, out=grouped_matmul(p, x.value), probs=probs, raw=raw, weights=p if x.weights else None)
         into = None
         if reuse:
-            into = _reused(buf, scores.shape, scores)
+            n = scores.numel()
+            if not buf or buf[0].numel() < n:
+                buf[:] = [torch.empty(n, dtype=scores.dtype, device=scores.device)]
+            into = buf[0][:n].view(scores.shape)
         sink = None
         if sinks is not None:
             sink = sinks if x.tau is None else sinks / _rows(x.tau, r0, r1).unsqueeze(0)
@@ -538,15 +540,6 @@ def _open_torch(x: Inputs, step: int) -> Rows:
         return Block(r0, r1, out=out, exp=e, total=total, top=top, dot=dot, raw=raw, weights=weights)
 
     return rows
-
-
-def _reused(buf: list[torch.Tensor], shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """A ``shape`` view of the call's one block buffer ``buf`` (grown when too small; dtype and device of ``like``):
-    every block of a call writes its exponents there, so a pass allocates it once, not once per block."""
-    n = math.prod(shape)
-    if not buf or buf[0].numel() < n:
-        buf[:] = [torch.empty(n, dtype=like.dtype, device=like.device)]
-    return buf[0][:n].view(shape)
 
 
 def _bandable(x: Inputs) -> bool:
@@ -585,7 +578,11 @@ def _band_block(x: Inputs, r0: int, r1: int, cols: torch.Tensor, keyT: torch.Ten
             return whole[..., :k]
 
         return Block(r0, r1, out=out, total=total, top=top, dot=dot, probs_rows=probs_rows)
-    full = _reused(buf, (*e.shape[:-1], k_len), e).zero_()
+    b, h, c, _ = e.shape
+    n = b * h * c * k_len
+    if not buf or buf[0].numel() < n:
+        buf[:] = [torch.empty(n, dtype=e.dtype, device=e.device)]
+    full = buf[0][:n].view(b, h, c, k_len).zero_()
     full.index_copy_(-1, cols, e)
     return Block(r0, r1, out=out, exp=full, total=total, top=top, dot=dot)
 

@@ -409,9 +409,7 @@ def attention_per_pair(
     the backend the pass's attention takes for it (:func:`core.mechanics.softmax_block.choose_backend`: ``sdpa``
     for a causal prefill nobody probes, else the C++ kernel on the CPU; with ``probed``, the row statistics asked
     as a probed pass asks them, on every row: a pass reading only its question's rows costs less), timed the second
-    and third time it runs (the faster: one timing of a short call is at one scheduler hiccup's mercy, and
-    tests/runs/test_timing_decoder.py once saw a call 60x its rate inside the suite), times the layers, over
-    ``tokens ** 2``. Why measured apart: in a decoder's short pass the
+    time it runs, times the layers, over ``tokens ** 2``. Why measured apart: in a decoder's short pass the
     attention is a small share of the time (a fifth at 1,024 tokens on SmolLM2), so two short passes cannot tell
     its growth from their noise, while at 8k it is half of the pass and at 32k most of it."""
     import torch
@@ -434,7 +432,7 @@ def attention_per_pair(
     step = sb.rows_per_block(name, x, None)
     seconds = []
     with torch.inference_mode():
-        for _ in range(3):
+        for _ in range(2):
             t0 = _now()
             rows = sb.open_backend(name, x, step)
             for r0 in range(0, tokens, step):
@@ -442,7 +440,7 @@ def attention_per_pair(
             if device != "cpu":
                 torch.cuda.synchronize()
             seconds.append(_now() - t0)
-    return layers * min(seconds[1:]) / tokens**2
+    return layers * seconds[-1] / tokens**2
 
 
 def quadratic_fit(samples: list[tuple[int, float]], c: float) -> tuple[float, float, float]:
