@@ -396,7 +396,7 @@ def _block_scores(
     Written in place on the one fresh tensor the matmul returns, so a block costs one matmul and one pass
     per step (add, scale, mask) and no copies. A position scheme's mask rows are ANDed into the mask, and a
     rectified scheme's logits replace the matmul (raw is then those logits). ``cols``: only these keys' columns
-    (a band's, :func:`_band_columns`; no bias then)."""
+    (a band's, :func:`_band_block`; no bias then)."""
     scheme = x.scheme
     allowed = None if scheme is None else scheme.mask(r0, r1, cols)
     if scheme is not None and scheme.logits is not None:
